@@ -1,0 +1,121 @@
+// Model and Program: the user-facing way to compile and run a graph.
+//
+//   Graph g; ... build ...; Var loss = cross_entropy(logits, labels);
+//   Model m(std::move(g), {.seed = 1});
+//   Program train = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)});
+//   train.set_input("x", batch); train.set_input("y", labels); train.run();
+//
+// A Model owns the parameters, their gradients, the optimizer state and the running
+// statistics; every Program compiled from it (training, evaluation) shares them.
+#pragma once
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "seam/error.h"
+#include "seam/graph.h"
+#include "seam/plan.h"
+
+namespace seam {
+
+enum class Mode : uint8_t { train, eval };
+
+// Everything the step reads that changes from step to step.
+struct StepState {
+  int64_t step = 0;      // optimizer updates done; also the dropout RNG offset
+  uint64_t seed = 0;     // dropout and initialization seed
+  double lr = 0.0;       // learning rate of the last update
+  double grad_norm = 0;  // global gradient L2 norm of the last update (before clipping)
+};
+
+struct CompileOptions {
+  Mode mode = Mode::train;
+  ValueId loss = -1;                         // train: differentiate this scalar
+  std::optional<OptimizerConfig> optimizer;  // train: update step (none: gradients only)
+  std::vector<ValueId> outputs;              // values to read after a run
+  bool reuse_memory = true;                  // false: no arena reuse (planner checks)
+};
+
+struct ModelOptions {
+  uint64_t seed = 0;
+};
+
+class Backend;
+class Executable;
+
+class Model {
+ public:
+  explicit Model(Graph graph, ModelOptions options = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const Graph& graph() const { return graph_; }
+  const Layout& layout() const { return layout_; }
+  StepState& state() { return state_; }
+
+  class Program compile(const CompileOptions& options);
+
+  // Host copies of parameters and state tensors, by name, in their dtype.
+  std::vector<std::byte> read_param(const std::string& name) const;
+  void write_param(const std::string& name, std::span<const std::byte> data);
+  std::vector<std::byte> read_state(const std::string& name) const;
+  void write_state(const std::string& name, std::span<const std::byte> data);
+  // Re-initializes every parameter and state from the seed, clears optimizer state.
+  void reset();
+
+ private:
+  friend class Program;
+  struct Storage;
+  Graph graph_;
+  Layout layout_;
+  StepState state_;
+  std::shared_ptr<Backend> backend_;
+  std::unique_ptr<Storage> storage_;
+};
+
+class Program {
+ public:
+  Program(Program&&) noexcept;
+  Program& operator=(Program&&) noexcept;
+  ~Program();
+
+  const Plan& plan() const { return *plan_; }
+  void set_input(const std::string& name, std::span<const std::byte> data);
+  template <class T>
+  void set_input(const std::string& name, std::span<const T> data) {
+    set_input(name, std::as_bytes(data));
+  }
+  // Runs the step once; a plan with an optimizer advances the step counter.
+  void run();
+  std::vector<std::byte> read(const std::string& output) const;
+  std::vector<std::byte> read_grad(const std::string& param) const;
+  template <class T>
+  std::vector<T> read_as(const std::string& output) const {
+    return cast_bytes<T>(read(output));
+  }
+  template <class T>
+  std::vector<T> grad_as(const std::string& param) const {
+    return cast_bytes<T>(read_grad(param));
+  }
+
+  template <class T>
+  static std::vector<T> cast_bytes(const std::vector<std::byte>& b) {
+    std::vector<T> r(b.size() / sizeof(T));
+    std::memcpy(r.data(), b.data(), r.size() * sizeof(T));
+    return r;
+  }
+
+ private:
+  friend class Model;
+  Program(Model& m, Plan plan);
+  Model* model_;
+  std::unique_ptr<Plan> plan_;  // stable address: the executable refers to it
+  std::byte* arena_ = nullptr;
+  std::unique_ptr<Executable> exe_;
+};
+
+}  // namespace seam

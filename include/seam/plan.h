@@ -1,0 +1,74 @@
+// A Plan is the compiled training (or evaluation) step: a flat list of kernel steps whose
+// operands are fixed places in a few regions, plus an optional optimizer update. It is
+// what backends execute, and it is printable and testable without any device.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "seam/attrs.h"
+#include "seam/dtype.h"
+#include "seam/graph.h"
+#include "seam/op.h"
+#include "seam/optim.h"
+
+namespace seam {
+
+// arena: every intermediate and input, placed by the memory planner; params, grads:
+// the flat parameter and gradient buffers (same layout); state: running statistics.
+enum class Region : uint8_t { arena, params, grads, state };
+const char* region_name(Region r);
+
+struct BufferRef {
+  Region region = Region::arena;
+  size_t offset = 0;  // bytes from the region's start
+  TensorType type;
+  size_t bytes() const { return type.bytes(); }
+};
+
+struct PlanStep {
+  Op op;
+  Attrs attrs;
+  std::vector<BufferRef> in, out;
+  std::string name;  // the graph node's name
+  double flops = 0;
+};
+
+struct Binding {
+  std::string name;
+  BufferRef ref;
+};
+
+// Where each parameter and state tensor lives; shared by every plan of a model.
+struct Slot {
+  std::string name;
+  TensorType type;
+  size_t offset = 0;  // bytes
+  Init init;
+  bool decay = true;
+};
+struct Layout {
+  std::vector<Slot> params, states;
+  size_t param_bytes = 0, state_bytes = 0;
+  size_t decay_bytes = 0;  // params [0, decay_bytes) get weight decay
+  DType param_dtype = DType::f32;
+  int64_t param_count() const;
+  const Slot* param(const std::string& name) const;
+  const Slot* state(const std::string& name) const;
+};
+
+struct Plan {
+  std::vector<PlanStep> steps;
+  std::vector<Binding> inputs, outputs, grads;  // grads: by parameter name
+  std::optional<OptimizerConfig> optimizer;
+  Layout layout;
+  size_t arena_bytes = 0;  // peak of the memory plan
+  size_t naive_bytes = 0;  // what the arena would need without reuse
+  double flops() const;
+  const Binding* input(const std::string& name) const;
+  const Binding* output(const std::string& name) const;
+  const Binding* grad(const std::string& name) const;
+  std::string str() const;  // every step with shapes and offsets, then a summary
+};
+
+}  // namespace seam

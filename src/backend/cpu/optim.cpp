@@ -1,0 +1,70 @@
+// The optimizer update over the flat buffers, on the CPU. Formulas follow PyTorch's
+// documented torch.optim.SGD, Adam and AdamW; clipping follows clip_grad_norm_.
+#include <cmath>
+
+#include "backend/cpu/optim.h"
+
+namespace seam::cpu {
+
+namespace {
+
+template <class T>
+void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st) {
+  const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(T));
+  const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(T));
+  T* p = reinterpret_cast<T*>(r.params);
+  T* g = reinterpret_cast<T*>(r.grads);
+  T* m = reinterpret_cast<T*>(r.opt);
+  T* v = m + n;
+
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  st.grad_norm = std::sqrt(sq);
+  if (c.clip_norm > 0) {
+    double coef = c.clip_norm / (st.grad_norm + 1e-6);
+    if (coef < 1)
+      for (int64_t i = 0; i < n; ++i) g[i] = static_cast<T>(g[i] * coef);
+  }
+
+  const int64_t t = st.step;
+  const double lr = c.schedule.lr_at(c.lr, t);
+  st.lr = lr;
+  const double wd = c.weight_decay;
+  if (c.kind == OptimizerConfig::Kind::sgd) {
+    for (int64_t i = 0; i < n; ++i) {
+      double gi = g[i];
+      if (wd != 0 && i < n_decay) gi += wd * p[i];
+      if (c.momentum != 0) {
+        double b = t == 0 ? gi : c.momentum * m[i] + (1 - c.dampening) * gi;
+        m[i] = static_cast<T>(b);
+        gi = c.nesterov ? gi + c.momentum * b : b;
+      }
+      p[i] = static_cast<T>(p[i] - lr * gi);
+    }
+    return;
+  }
+  const bool decoupled = c.kind == OptimizerConfig::Kind::adamw;
+  const double bc1 = 1 - std::pow(c.beta1, static_cast<double>(t + 1));
+  const double bc2 = 1 - std::pow(c.beta2, static_cast<double>(t + 1));
+  const double step_size = lr / bc1, sqrt_bc2 = std::sqrt(bc2);
+  for (int64_t i = 0; i < n; ++i) {
+    double gi = g[i], pi = p[i];
+    if (wd != 0 && i < n_decay) {
+      if (decoupled) pi *= 1 - lr * wd;
+      else gi += wd * pi;
+    }
+    double mi = c.beta1 * m[i] + (1 - c.beta1) * gi;
+    double vi = c.beta2 * v[i] + (1 - c.beta2) * gi * gi;
+    m[i] = static_cast<T>(mi);
+    v[i] = static_cast<T>(vi);
+    p[i] = static_cast<T>(pi - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + c.eps));
+  }
+}
+
+}  // namespace
+
+void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st) {
+  dispatch_float(layout.param_dtype, [&]<class T>() { update_typed<T>(c, layout, r, st); });
+}
+
+}  // namespace seam::cpu

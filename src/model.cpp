@@ -1,0 +1,263 @@
+// Model: storage of parameters, gradients, optimizer moments and running statistics;
+// compile() runs the pipeline graph -> mode -> autodiff -> lower -> plan -> executable.
+#include "seam/model.h"
+
+#include <cmath>
+#include <set>
+
+#include "autodiff/autodiff.h"
+#include "backend/backend.h"
+#include "common/half.h"
+#include "common/philox.h"
+#include "ops/registry.h"
+#include "passes/passes.h"
+#include "plan/lower.h"
+
+namespace seam {
+
+struct Model::Storage {
+  std::shared_ptr<Backend> backend;
+  std::byte* params = nullptr;
+  std::byte* grads = nullptr;
+  std::byte* state = nullptr;
+  std::byte* opt = nullptr;
+  ~Storage() {
+    for (std::byte* p : {params, grads, state, opt})
+      if (p) backend->release(p);
+  }
+};
+
+namespace {
+
+constexpr int kOptSlots = 2;  // the most any optimizer keeps per parameter
+
+// Host values of an initializer; element j of tensor `index` is drawn from Philox with
+// counter (j/4, index, domain tag), so each tensor is independent of every other.
+std::vector<double> init_values(const Init& init, int64_t n, uint64_t seed, uint32_t index) {
+  std::vector<double> v(static_cast<size_t>(n));
+  auto uniform = [&](int64_t j) {
+    uint64_t block = static_cast<uint64_t>(j) >> 2;
+    Philox4 r = philox4x32({{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), index, 0x1A17u}},
+                           static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    return (static_cast<double>(r.v[j & 3]) + 0.5) / 4294967296.0;  // (0, 1)
+  };
+  for (int64_t j = 0; j < n; ++j) {
+    switch (init.kind) {
+      case Init::Kind::zeros: v[static_cast<size_t>(j)] = 0; break;
+      case Init::Kind::ones: v[static_cast<size_t>(j)] = 1; break;
+      case Init::Kind::constant: v[static_cast<size_t>(j)] = init.a; break;
+      case Init::Kind::uniform: v[static_cast<size_t>(j)] = init.a + (init.b - init.a) * uniform(j); break;
+      case Init::Kind::normal: {
+        // Box-Muller on the pair (2j, 2j+1) of the stream.
+        double u1 = uniform(2 * j), u2 = uniform(2 * j + 1);
+        v[static_cast<size_t>(j)] = init.a + init.b * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
+        break;
+      }
+    }
+  }
+  return v;
+}
+
+std::vector<std::byte> encode(const std::vector<double>& v, DType t) {
+  std::vector<std::byte> out(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::byte* p = out.data() + i * dtype_size(t);
+    switch (t) {
+      case DType::f32: { float f = static_cast<float>(v[i]); std::memcpy(p, &f, 4); break; }
+      case DType::f64: std::memcpy(p, &v[i], 8); break;
+      case DType::bf16: { uint16_t h = float_to_bf16(static_cast<float>(v[i])); std::memcpy(p, &h, 2); break; }
+      case DType::f16: { uint16_t h = float_to_f16(static_cast<float>(v[i])); std::memcpy(p, &h, 2); break; }
+      case DType::i32: { auto x = static_cast<int32_t>(v[i]); std::memcpy(p, &x, 4); break; }
+      case DType::u8: { auto x = static_cast<uint8_t>(v[i]); std::memcpy(p, &x, 1); break; }
+    }
+  }
+  return out;
+}
+
+const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, const char* what) {
+  for (auto& s : slots)
+    if (s.name == name) return s;
+  std::string known;
+  for (auto& s : slots) known += (known.empty() ? "" : ", ") + s.name;
+  fail("no ", what, " named '", name, "' (the model has: ", known.empty() ? "none" : known, ")");
+}
+
+}  // namespace
+
+Model::Model(Graph graph, ModelOptions options) : graph_(std::move(graph)) {
+  graph_.verify();
+  layout_ = make_layout(graph_);
+  state_.seed = options.seed;
+  backend_ = make_cpu_backend();
+  storage_ = std::make_unique<Storage>();
+  storage_->backend = backend_;
+  storage_->params = backend_->alloc(layout_.param_bytes);
+  storage_->grads = backend_->alloc(layout_.param_bytes);
+  storage_->state = backend_->alloc(layout_.state_bytes);
+  reset();
+}
+
+Model::~Model() = default;
+
+void Model::reset() {
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    const Slot& s = layout_.params[i];
+    // Seeded by position in the graph, not in the layout, so that the decay order
+    // does not change the values.
+    auto index = static_cast<uint32_t>(*graph_.find(s.name));
+    auto bytes = encode(init_values(s.init, s.type.numel(), state_.seed, index), s.type.dtype);
+    backend_->upload(storage_->params + s.offset, bytes.data(), bytes.size());
+  }
+  for (const Slot& s : layout_.states) {
+    auto index = static_cast<uint32_t>(*graph_.find(s.name));
+    auto bytes = encode(init_values(s.init, s.type.numel(), state_.seed, index), s.type.dtype);
+    backend_->upload(storage_->state + s.offset, bytes.data(), bytes.size());
+  }
+  if (storage_->opt) backend_->fill_zero(storage_->opt, kOptSlots * layout_.param_bytes);
+  state_.step = 0;
+}
+
+std::vector<std::byte> Model::read_param(const std::string& name) const {
+  const Slot& s = find_slot(layout_.params, name, "parameter");
+  std::vector<std::byte> out(s.type.bytes());
+  backend_->download(out.data(), storage_->params + s.offset, out.size());
+  return out;
+}
+
+void Model::write_param(const std::string& name, std::span<const std::byte> data) {
+  const Slot& s = find_slot(layout_.params, name, "parameter");
+  if (data.size() != s.type.bytes())
+    fail("parameter '", name, "' is ", s.type.str(), " (", s.type.bytes(), " bytes), got ", data.size(), " bytes");
+  backend_->upload(storage_->params + s.offset, data.data(), data.size());
+}
+
+std::vector<std::byte> Model::read_state(const std::string& name) const {
+  const Slot& s = find_slot(layout_.states, name, "state tensor");
+  std::vector<std::byte> out(s.type.bytes());
+  backend_->download(out.data(), storage_->state + s.offset, out.size());
+  return out;
+}
+
+void Model::write_state(const std::string& name, std::span<const std::byte> data) {
+  const Slot& s = find_slot(layout_.states, name, "state tensor");
+  if (data.size() != s.type.bytes())
+    fail("state '", name, "' is ", s.type.str(), " (", s.type.bytes(), " bytes), got ", data.size(), " bytes");
+  backend_->upload(storage_->state + s.offset, data.data(), data.size());
+}
+
+Program Model::compile(const CompileOptions& o) {
+  Graph g = graph_;
+  const auto nv = static_cast<ValueId>(graph_.values().size());
+  auto check_id = [&](ValueId id, const char* what) {
+    if (id < 0 || id >= nv) fail("compile: ", what, " ", id, " is not a value of this model's graph");
+  };
+  apply_mode(g, o.mode);
+  LowerRequest req;
+  req.reuse_memory = o.reuse_memory;
+  for (ValueId id : o.outputs) check_id(id, "output");
+  req.outputs = o.outputs;
+  if (o.loss >= 0) {
+    check_id(o.loss, "loss");
+    if (std::find(req.outputs.begin(), req.outputs.end(), o.loss) == req.outputs.end()) req.outputs.push_back(o.loss);
+  }
+  if (o.optimizer) {
+    if (o.mode != Mode::train) fail("compile: an optimizer needs mode train");
+    if (o.loss < 0) fail("compile: an optimizer needs a loss to differentiate");
+    o.optimizer->validate();
+    req.optimizer = o.optimizer;
+  }
+  if (o.mode == Mode::train && o.loss >= 0) {
+    std::vector<ValueId> wrt;
+    for (const Slot& s : layout_.params) wrt.push_back(*g.find(s.name));
+    std::vector<ValueId> grads = autodiff(g, o.loss, wrt);
+    std::set<ValueId> pinned;
+    for (size_t i = 0; i < wrt.size(); ++i) {
+      ValueId gv = grads[i];
+      const TensorType& t = g.value(wrt[i]).type;
+      // Each gradient is written by a node of its own straight into the gradient buffer;
+      // values that are views, leaves or another parameter's gradient are copied there.
+      if (gv < 0) {
+        gv = full(g, t.shape, 0.0, t.dtype).id();
+      } else {
+        const Value& v = g.value(gv);
+        bool own = v.kind == ValueKind::intermediate && op_def(g.node(v.node).op).view_of < 0;
+        if (!own || pinned.count(gv)) gv = copy(g.var(gv)).id();
+      }
+      pinned.insert(gv);
+      req.grads.emplace_back(gv, i);
+    }
+  }
+  return Program(*this, lower(g, layout_, req));
+}
+
+Program::Program(Model& m, Plan plan) : model_(&m), plan_(std::make_unique<Plan>(std::move(plan))) {
+  Model::Storage& st = *m.storage_;
+  if (plan_->optimizer && plan_->optimizer->state_slots() > 0 && !st.opt)
+    st.opt = m.backend_->alloc(kOptSlots * m.layout_.param_bytes);
+  arena_ = m.backend_->alloc(plan_->arena_bytes);
+  Regions r{arena_, st.params, st.grads, st.state, st.opt};
+  exe_ = m.backend_->prepare(*plan_, r);
+}
+
+Program::Program(Program&& o) noexcept
+    : model_(o.model_), plan_(std::move(o.plan_)), arena_(std::exchange(o.arena_, nullptr)), exe_(std::move(o.exe_)) {}
+Program& Program::operator=(Program&& other) noexcept {
+  if (this != &other) {
+    exe_.reset();
+    if (arena_) model_->backend_->release(arena_);
+    model_ = other.model_;
+    plan_ = std::move(other.plan_);
+    arena_ = std::exchange(other.arena_, nullptr);
+    exe_ = std::move(other.exe_);
+  }
+  return *this;
+}
+
+Program::~Program() {
+  exe_.reset();
+  if (arena_) model_->backend_->release(arena_);
+}
+
+void Program::set_input(const std::string& name, std::span<const std::byte> data) {
+  const Binding* b = plan_->input(name);
+  if (!b) {
+    auto id = model_->graph().find(name);
+    if (id && model_->graph().value(*id).kind == ValueKind::input) return;  // not needed by this plan
+    std::string known;
+    for (ValueId i : model_->graph().inputs()) known += (known.empty() ? "" : ", ") + model_->graph().value(i).name;
+    fail("no input named '", name, "' (the model's inputs: ", known, ")");
+  }
+  if (data.size() != b->ref.bytes())
+    fail("input '", name, "' is ", b->ref.type.str(), " (", b->ref.bytes(), " bytes), got ", data.size(), " bytes");
+  model_->backend_->upload(arena_ + b->ref.offset, data.data(), data.size());
+}
+
+void Program::run() { exe_->run(model_->state_); }
+
+namespace {
+std::vector<std::byte> read_ref(Backend& be, const Regions& r, const BufferRef& ref) {
+  std::vector<std::byte> out(ref.bytes());
+  be.download(out.data(), r.base(ref.region) + ref.offset, out.size());
+  return out;
+}
+}  // namespace
+
+std::vector<std::byte> Program::read(const std::string& output) const {
+  const Binding* b = plan_->output(output);
+  if (!b) {
+    std::string known;
+    for (auto& o : plan_->outputs) known += (known.empty() ? "" : ", ") + o.name;
+    fail("no output named '", output, "' (this program's outputs: ", known, ")");
+  }
+  Model::Storage& st = *model_->storage_;
+  return read_ref(*model_->backend_, {arena_, st.params, st.grads, st.state, st.opt}, b->ref);
+}
+
+std::vector<std::byte> Program::read_grad(const std::string& param) const {
+  const Binding* b = plan_->grad(param);
+  if (!b) fail("this program computes no gradient for '", param, "'");
+  Model::Storage& st = *model_->storage_;
+  return read_ref(*model_->backend_, {arena_, st.params, st.grads, st.state, st.opt}, b->ref);
+}
+
+}  // namespace seam

@@ -1,0 +1,101 @@
+// conv2d, NCHW, with stride, padding, dilation and groups. Its gradients are separate
+// ops so that a first layer's input gradient is never computed.
+#include "ops/geometry.h"
+#include "ops/registry.h"
+
+namespace seam {
+
+namespace {
+
+std::vector<AttrSpec> conv_attrs() {
+  return {{"stride", std::vector<int64_t>{1, 1}},
+          {"padding", std::vector<int64_t>{0, 0}},
+          {"dilation", std::vector<int64_t>{1, 1}},
+          {"groups", int64_t{1}}};
+}
+
+// Checks x [N, C, H, W] against w [O, C/g, kh, kw]; returns the output shape.
+Shape conv_out_shape(const InferCtx& c, const Shape& x, const Shape& w) {
+  const auto& st = c.attrs.ints("stride");
+  const auto& pd = c.attrs.ints("padding");
+  const auto& dl = c.attrs.ints("dilation");
+  int64_t g = c.attrs.i("groups");
+  if (st.size() != 2 || pd.size() != 2 || dl.size() != 2) c.fail("stride, padding and dilation need 2 entries each");
+  for (int i = 0; i < 2; ++i)
+    if (st[i] < 1 || pd[i] < 0 || dl[i] < 1) c.fail("stride and dilation must be >= 1, padding >= 0");
+  if (x.size() != 4) c.fail("x must be [N, C, H, W], got ", shape_str(x));
+  if (w.size() != 4) c.fail("w must be [C_out, C_in/groups, kh, kw], got ", shape_str(w));
+  if (g < 1 || x[1] % g || w[0] % g) c.fail("groups=", g, " must divide C_in=", x[1], " and C_out=", w[0]);
+  if (w[1] * g != x[1]) c.fail("w expects ", w[1] * g, " input channels, x has ", x[1]);
+  Shape y{x[0], w[0], window_out(x[2], w[2], st[0], pd[0], dl[0]), window_out(x[3], w[3], st[1], pd[1], dl[1])};
+  if (y[2] < 1 || y[3] < 1) c.fail("the kernel does not fit the padded input (output ", shape_str(y), ")");
+  return y;
+}
+
+double conv_flops(const Shape& y, const Shape& w) {
+  return 2.0 * static_cast<double>(numel(y)) * static_cast<double>(w[1] * w[2] * w[3]);
+}
+
+}  // namespace
+
+void register_conv(OpTable& t) {
+  {
+    OpDef& d = def(t, Op::conv2d);
+    d.name = "conv2d";
+    d.inputs = {"x", "w", "b?"};
+    d.outputs = {"y"};
+    d.attrs = conv_attrs();
+    d.doc = "2D cross-correlation, NCHW (as torch.nn.functional.conv2d)";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      Shape y = conv_out_shape(c, c.shape(0), c.shape(1));
+      if (c.n() == 3 && c.shape(2) != Shape{y[1]}) c.fail("b must have shape [", y[1], "]");
+      return std::vector<TensorType>{{c.type(0).dtype, y}};
+    };
+    d.flops = [](const OpCostCtx& c) { return conv_flops(c.out[0].shape, c.in[1].shape); };
+    d.grad = [](GradCtx& c) {
+      Var x = c.x(0), w = c.x(1), dy = c.dy();
+      if (c.needs(0)) {
+        Attrs a = c.attrs();
+        a.set("shape", x.shape());
+        c.set(0, c.g.add1(Op::conv2d_grad_input, {dy.id(), w.id()}, a));
+      }
+      if (c.needs(1)) {
+        Attrs a = c.attrs();
+        a.set("shape", w.shape());
+        c.set(1, c.g.add1(Op::conv2d_grad_weight, {dy.id(), x.id()}, a));
+      }
+      if (c.needs(2)) c.set(2, sum(dy, {0, 2, 3}));
+    };
+  }
+  for (Op op : {Op::conv2d_grad_input, Op::conv2d_grad_weight}) {
+    OpDef& d = def(t, op);
+    d.name = op_name(op);
+    bool input = op == Op::conv2d_grad_input;
+    d.inputs = {"dy", input ? "w" : "x"};
+    d.outputs = {input ? "dx" : "dw"};
+    d.attrs = conv_attrs();
+    d.attrs.push_back({"shape", std::vector<int64_t>{}, true});
+    d.doc = input ? "gradient of conv2d with respect to x" : "gradient of conv2d with respect to w";
+    d.infer = [input](const InferCtx& c) {
+      c.expect_same_dtype();
+      const Shape& s = c.attrs.ints("shape");
+      Shape y = input ? conv_out_shape(c, s, c.shape(1)) : conv_out_shape(c, c.shape(1), s);
+      if (y != c.shape(0)) c.fail("dy has shape ", shape_str(c.shape(0)), ", the convolution gives ", shape_str(y));
+      return std::vector<TensorType>{{c.type(0).dtype, s}};
+    };
+    d.flops = [input](const OpCostCtx& c) {
+      return conv_flops(c.in[0].shape, input ? c.in[1].shape : c.out[0].shape);
+    };
+  }
+}
+
+Var conv2d(Var x, Var w, std::optional<Var> b, const Conv2dOptions& o) {
+  std::vector<ValueId> in{x.id(), w.id()};
+  if (b) in.push_back(b->id());
+  return x.graph().add1(Op::conv2d, in,
+                        {{"stride", o.stride}, {"padding", o.padding}, {"dilation", o.dilation}, {"groups", o.groups}});
+}
+
+}  // namespace seam

@@ -1,0 +1,28 @@
+// Index arithmetic shared by shape inference and every backend's kernels, so that the
+// output size a schema promises is the one a kernel computes.
+#pragma once
+#include <cstdint>
+
+namespace seam {
+
+// Python-style slice of an axis of length `dim`: negative indices count from the end,
+// bounds clamp. `count` is the number of selected elements (0 if empty).
+struct SliceRange {
+  int64_t start = 0, step = 1, count = 0;
+};
+inline SliceRange normalize_slice(int64_t start, int64_t end, int64_t step, int64_t dim) {
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  start = start < 0 ? 0 : (start > dim ? dim : start);
+  end = end < 0 ? 0 : (end > dim ? dim : end);
+  int64_t count = end > start ? (end - start + step - 1) / step : 0;
+  return {start, step, count};
+}
+
+// Output length of a convolution or pooling window along one axis (floor mode).
+inline int64_t window_out(int64_t in, int64_t kernel, int64_t stride, int64_t pad,
+                          int64_t dilation = 1) {
+  return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
+}
+
+}  // namespace seam

@@ -1,0 +1,84 @@
+// Losses, reduced to a scalar by the mean (cross_entropy: over non-ignored rows).
+#include "ops/registry.h"
+
+namespace seam {
+
+void register_loss(OpTable& t) {
+  {
+    OpDef& d = def(t, Op::cross_entropy);
+    d.name = "cross_entropy";
+    d.inputs = {"logits", "labels"};
+    d.outputs = {"loss"};
+    d.attrs = {{"ignore_index", int64_t{-100}}, {"label_smoothing", 0.0}};
+    d.doc = "mean over rows with label != ignore_index of -log softmax(logits)[label] "
+            "(label smoothing as in PyTorch); 0 if every row is ignored";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_dtype(1, DType::i32);
+      Shape rows(c.shape(0).begin(), c.shape(0).end() - (c.shape(0).empty() ? 0 : 1));
+      if (c.shape(0).empty() || rows != c.shape(1))
+        c.fail("labels must have the shape of logits without its last (class) dim: expected ",
+               shape_str(rows), ", got ", shape_str(c.shape(1)));
+      double ls = c.attrs.f("label_smoothing");
+      if (ls < 0 || ls > 1) c.fail("label_smoothing must be in [0, 1], got ", ls);
+      return std::vector<TensorType>{{c.type(0).dtype, {}}};
+    };
+    d.flops = [](const OpCostCtx& c) { return 4.0 * static_cast<double>(c.in[0].numel()); };
+    d.grad = [](GradCtx& c) {
+      c.set(0, c.g.add1(Op::cross_entropy_grad, {c.dy().id(), c.x(0).id(), c.x(1).id()}, c.attrs()));
+    };
+  }
+  {
+    OpDef& d = def(t, Op::cross_entropy_grad);
+    d.name = "cross_entropy_grad";
+    d.inputs = {"dy", "logits", "labels"};
+    d.outputs = {"dlogits"};
+    d.attrs = def(t, Op::cross_entropy).attrs;
+    d.doc = "dlogits = dy * (softmax(logits) - target) / rows";
+    d.infer = [](const InferCtx& c) {
+      if (!c.shape(0).empty()) c.fail("dy must be a scalar");
+      return std::vector<TensorType>{c.type(1)};
+    };
+    d.flops = [](const OpCostCtx& c) { return 4.0 * static_cast<double>(c.in[1].numel()); };
+  }
+  {
+    OpDef& d = def(t, Op::mse);
+    d.name = "mse";
+    d.inputs = {"prediction", "target"};
+    d.outputs = {"loss"};
+    d.doc = "mean((prediction - target)^2)";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      if (c.shape(0) != c.shape(1)) c.fail("prediction and target differ in shape");
+      return std::vector<TensorType>{{c.type(0).dtype, {}}};
+    };
+    d.flops = [](const OpCostCtx& c) { return 3.0 * static_cast<double>(c.in[0].numel()); };
+    d.grad = [](GradCtx& c) {
+      Var dp = c.g.add1(Op::mse_grad, {c.dy().id(), c.x(0).id(), c.x(1).id()});
+      c.set(0, dp);
+      if (c.needs(1)) c.set(1, neg(dp));
+    };
+  }
+  {
+    OpDef& d = def(t, Op::mse_grad);
+    d.name = "mse_grad";
+    d.inputs = {"dy", "prediction", "target"};
+    d.outputs = {"dprediction"};
+    d.doc = "dprediction = dy * 2 (prediction - target) / n";
+    d.infer = [](const InferCtx& c) {
+      if (!c.shape(0).empty()) c.fail("dy must be a scalar");
+      return std::vector<TensorType>{c.type(1)};
+    };
+  }
+}
+
+Var cross_entropy(Var logits, Var labels, int64_t ignore_index, double label_smoothing) {
+  return logits.graph().add1(Op::cross_entropy, {logits.id(), labels.id()},
+                             {{"ignore_index", ignore_index}, {"label_smoothing", label_smoothing}});
+}
+Var mse(Var prediction, Var target) {
+  return prediction.graph().add1(Op::mse, {prediction.id(), target.id()});
+}
+
+}  // namespace seam

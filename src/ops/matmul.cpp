@@ -1,0 +1,121 @@
+// matmul and linear: schema, shapes, gradients. Gradients are themselves matmuls; for a
+// weight shared across leading dims ([B, T, K] x [K, N]) the weight gradient is one GEMM
+// over M = B*T through free reshapes, never per-batch GEMMs plus a reduction.
+#include "ops/registry.h"
+
+namespace seam {
+
+namespace {
+
+struct MatmulDims {
+  Shape batch;  // broadcast batch dims of the output
+  int64_t m, n, k;
+};
+
+MatmulDims matmul_dims(const InferCtx& c) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(1);
+  if (a.size() < 2 || b.size() < 2) c.fail("both operands need rank >= 2");
+  bool ta = c.attrs.i("transpose_a") != 0, tb = c.attrs.i("transpose_b") != 0;
+  int64_t m = a[a.size() - (ta ? 1 : 2)], ka = a[a.size() - (ta ? 2 : 1)];
+  int64_t kb = b[b.size() - (tb ? 1 : 2)], n = b[b.size() - (tb ? 2 : 1)];
+  if (ka != kb)
+    c.fail("inner dimensions differ: a gives K=", ka, ", b gives K=", kb,
+           ta || tb ? " (after transposes)" : "");
+  Shape ba(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+  auto batch = broadcast_shapes(ba, bb);
+  if (!batch) c.fail("batch dimensions ", shape_str(ba), " and ", shape_str(bb), " do not broadcast");
+  return {*batch, m, n, ka};
+}
+
+}  // namespace
+
+void register_matmul(OpTable& t) {
+  {
+    OpDef& d = def(t, Op::matmul);
+    d.name = "matmul";
+    d.inputs = {"a", "b"};
+    d.outputs = {"y"};
+    d.attrs = {{"transpose_a", int64_t{0}}, {"transpose_b", int64_t{0}}};
+    d.doc = "y = op(a) op(b) over the last two dims, batch dims broadcast";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      MatmulDims md = matmul_dims(c);
+      Shape s = md.batch;
+      s.push_back(md.m);
+      s.push_back(md.n);
+      return std::vector<TensorType>{{c.type(0).dtype, s}};
+    };
+    d.flops = [](const OpCostCtx& c) {
+      const Shape& a = c.in[0].shape;
+      int64_t k = a[a.size() - (c.attrs.i("transpose_a") ? 2 : 1)];
+      return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(k);
+    };
+    d.grad = [](GradCtx& c) {
+      Var a = c.x(0), b = c.x(1), dy = c.dy();
+      bool ta = c.attrs().i("transpose_a") != 0, tb = c.attrs().i("transpose_b") != 0;
+      // A weight shared over a's leading dims: fold them into M for both gradients.
+      bool fold = b.rank() == 2 && a.rank() > 2 && !ta;
+      if (c.needs(0)) {
+        Var da = ta ? matmul(b, dy, tb, true) : matmul(dy, b, false, !tb);
+        c.set(0, sum_to(da, a.shape()));
+      }
+      if (c.needs(1)) {
+        Var db;
+        if (fold) {
+          int64_t k = a.dim(-1), n = dy.dim(-1), m = a.type().numel() / k;
+          Var a2 = reshape(a, {m, k}), dy2 = reshape(dy, {m, n});
+          db = tb ? matmul(dy2, a2, true, false) : matmul(a2, dy2, true, false);
+        } else {
+          db = tb ? matmul(dy, a, true, ta) : matmul(a, dy, !ta, false);
+        }
+        c.set(1, sum_to(db, b.shape()));
+      }
+    };
+  }
+  {
+    OpDef& d = def(t, Op::linear);
+    d.name = "linear";
+    d.inputs = {"x", "w", "b?"};
+    d.outputs = {"y"};
+    d.doc = "y = x w^T + b, w [out, in]";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      if (c.shape(0).empty()) c.fail("x needs rank >= 1");
+      c.expect_rank(1, 2);
+      int64_t in = c.shape(0).back(), out = c.shape(1)[0];
+      if (c.shape(1)[1] != in)
+        c.fail("x has ", in, " features but w is ", shape_str(c.shape(1)), " ([out, in] expected)");
+      if (c.n() == 3 && c.shape(2) != Shape{out})
+        c.fail("b must have shape [", out, "], got ", shape_str(c.shape(2)));
+      Shape s = c.shape(0);
+      s.back() = out;
+      return std::vector<TensorType>{{c.type(0).dtype, s}};
+    };
+    d.flops = [](const OpCostCtx& c) {
+      return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(c.in[1].shape[1]);
+    };
+    d.grad = [](GradCtx& c) {
+      Var x = c.x(0), w = c.x(1), dy = c.dy();
+      int64_t in = w.dim(1), out = w.dim(0), m = x.type().numel() / in;
+      if (c.needs(0)) c.set(0, reshape(matmul(reshape(dy, {m, out}), w), x.shape()));
+      if (c.needs(1)) c.set(1, matmul(reshape(dy, {m, out}), reshape(x, {m, in}), true, false));
+      if (c.needs(2)) c.set(2, sum(reshape(dy, {m, out}), {0}));
+    };
+  }
+}
+
+Var matmul(Var a, Var b, bool transpose_a, bool transpose_b) {
+  return a.graph().add1(Op::matmul, {a.id(), b.id()},
+                        {{"transpose_a", int64_t{transpose_a}}, {"transpose_b", int64_t{transpose_b}}});
+}
+
+Var linear(Var x, Var w, std::optional<Var> b) {
+  std::vector<ValueId> in{x.id(), w.id()};
+  if (b) in.push_back(b->id());
+  return x.graph().add1(Op::linear, in);
+}
+
+}  // namespace seam

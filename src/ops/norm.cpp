@@ -1,0 +1,104 @@
+// layer_norm (over the last dim) and batch_norm (per channel, axis 1). Both save the
+// mean and reciprocal standard deviation as extra outputs for their backward nodes.
+#include "ops/registry.h"
+
+namespace seam {
+
+void register_norm(OpTable& t) {
+  {
+    OpDef& d = def(t, Op::layer_norm);
+    d.name = "layer_norm";
+    d.inputs = {"x", "gamma", "beta"};
+    d.outputs = {"y", "mean", "rstd"};
+    d.attrs = {{"eps", 1e-5}};
+    d.doc = "y = (x - mean) * rstd * gamma + beta over the last dim";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      if (c.shape(0).empty()) c.fail("x needs rank >= 1");
+      Shape dim{c.shape(0).back()};
+      if (c.shape(1) != dim || c.shape(2) != dim)
+        c.fail("gamma and beta must have shape ", shape_str(dim));
+      Shape rows(c.shape(0).begin(), c.shape(0).end() - 1);
+      DType t = c.type(0).dtype;
+      return std::vector<TensorType>{c.type(0), {t, rows}, {t, rows}};
+    };
+    d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
+    d.grad = [](GradCtx& c) {
+      auto out = c.g.add(Op::layer_norm_grad,
+                         {c.dy().id(), c.x(0).id(), c.y(1).id(), c.y(2).id(), c.x(1).id()}, c.attrs());
+      for (size_t i = 0; i < 3; ++i) c.set(i, c.g.var(out[i]));
+    };
+  }
+  {
+    OpDef& d = def(t, Op::layer_norm_grad);
+    d.name = "layer_norm_grad";
+    d.inputs = {"dy", "x", "mean", "rstd", "gamma"};
+    d.outputs = {"dx", "dgamma", "dbeta"};
+    d.attrs = {{"eps", 1e-5}};
+    d.doc = "gradients of layer_norm";
+    d.infer = [](const InferCtx& c) {
+      c.expect_same_dtype();
+      if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
+      return std::vector<TensorType>{c.type(1), c.type(4), c.type(4)};
+    };
+    d.flops = [](const OpCostCtx& c) { return 10.0 * static_cast<double>(c.in[0].numel()); };
+  }
+  {
+    OpDef& d = def(t, Op::batch_norm);
+    d.name = "batch_norm";
+    d.inputs = {"x", "gamma", "beta", "running_mean", "running_var"};
+    d.outputs = {"y", "mean", "invstd"};
+    d.attrs = {{"momentum", 0.1}, {"eps", 1e-5}, {"training", int64_t{1}}};
+    d.doc = "per-channel normalization of [N, C, ...]; training uses batch statistics and "
+            "updates the running ones (unbiased variance), evaluation uses the running ones";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      const Shape& x = c.shape(0);
+      if (x.size() < 2) c.fail("x needs rank >= 2 ([N, C, ...])");
+      Shape ch{x[1]};
+      for (size_t i = 1; i < 5; ++i)
+        if (c.shape(i) != ch) c.fail("input ", i, " must have shape ", shape_str(ch));
+      for (size_t i = 3; i < 5; ++i)
+        if (c.g.value(c.in[i]).kind != ValueKind::state)
+          c.fail(i == 3 ? "running_mean" : "running_var", " must be a state value (Graph::state)");
+      DType t = c.type(0).dtype;
+      return std::vector<TensorType>{c.type(0), {t, ch}, {t, ch}};
+    };
+    d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
+    d.grad = [](GradCtx& c) {
+      auto out = c.g.add(Op::batch_norm_grad,
+                         {c.dy().id(), c.x(0).id(), c.x(1).id(), c.y(1).id(), c.y(2).id()},
+                         {{"training", c.attrs().i("training")}});
+      for (size_t i = 0; i < 3; ++i) c.set(i, c.g.var(out[i]));
+    };
+  }
+  {
+    OpDef& d = def(t, Op::batch_norm_grad);
+    d.name = "batch_norm_grad";
+    d.inputs = {"dy", "x", "gamma", "mean", "invstd"};
+    d.outputs = {"dx", "dgamma", "dbeta"};
+    d.attrs = {{"training", int64_t{1}}};
+    d.doc = "gradients of batch_norm (through the batch statistics when training)";
+    d.infer = [](const InferCtx& c) {
+      c.expect_same_dtype();
+      if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
+      return std::vector<TensorType>{c.type(1), c.type(2), c.type(2)};
+    };
+    d.flops = [](const OpCostCtx& c) { return 10.0 * static_cast<double>(c.in[0].numel()); };
+  }
+}
+
+Var layer_norm(Var x, Var gamma, Var beta, double eps) {
+  return x.graph().add1(Op::layer_norm, {x.id(), gamma.id(), beta.id()}, {{"eps", eps}});
+}
+
+Var batch_norm(Var x, Var gamma, Var beta, Var running_mean, Var running_var, double momentum,
+               double eps) {
+  return x.graph().add1(Op::batch_norm,
+                        {x.id(), gamma.id(), beta.id(), running_mean.id(), running_var.id()},
+                        {{"momentum", momentum}, {"eps", eps}});
+}
+
+}  // namespace seam

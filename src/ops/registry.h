@@ -1,0 +1,113 @@
+// The op registry: for every Op, its schema (inputs, outputs, attributes with defaults),
+// shape inference, gradient rule and cost. Each op family fills its entries in
+// src/ops/<family>.cpp; the registry refuses to start if any op of ops.def is missing.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "seam/error.h"
+#include "seam/graph.h"
+#include "seam/ops.h"
+
+namespace seam {
+
+struct AttrSpec {
+  std::string name;
+  AttrValue def;
+  bool required = false;
+};
+
+// What shape inference sees of a node being added.
+struct InferCtx {
+  const Graph& g;
+  Op op;
+  const std::string& node_name;
+  const std::vector<ValueId>& in;
+  const Attrs& attrs;
+
+  size_t n() const { return in.size(); }
+  const TensorType& type(size_t i) const { return g.value(in.at(i)).type; }
+  const Shape& shape(size_t i) const { return type(i).shape; }
+  // Throws a seam::Error that names the op, the node, every operand and its type.
+  template <class... Parts>
+  [[noreturn]] void fail(const Parts&... parts) const {
+    seam::fail(where(), ": ", parts...);
+  }
+  std::string where() const;
+  // Checks that input i is floating point / of a given dtype, with a clear message.
+  void expect_float(size_t i) const;
+  void expect_dtype(size_t i, DType t) const;
+  void expect_rank(size_t i, size_t rank) const;
+  void expect_same_dtype() const;  // all inputs
+  int axis(const std::string& attr, size_t rank) const;  // normalized, checked
+};
+
+// What a gradient rule sees: the node (copied: the graph grows while rules run), handles
+// to its inputs and outputs, the incoming gradients, and where to put the results.
+struct GradCtx {
+  Graph& g;
+  Node node;
+  std::vector<ValueId> dys;   // gradient of each output, -1 where none flows
+  std::vector<bool> wants;    // which inputs need a gradient
+  std::vector<ValueId> dxs;   // results, -1 where none
+
+  Var x(size_t i) { return g.var(node.in.at(i)); }
+  Var y(size_t i = 0) { return g.var(node.out.at(i)); }
+  bool has_dy(size_t i = 0) const { return dys.at(i) >= 0; }
+  Var dy(size_t i = 0);  // throws if no gradient flows into output i
+  bool needs(size_t i) const { return i < wants.size() && wants[i]; }
+  void set(size_t i, Var dx) {
+    if (needs(i)) dxs.at(i) = dx.id();
+  }
+  const Attrs& attrs() const { return node.attrs; }
+};
+
+struct OpCostCtx {
+  const std::vector<TensorType>& in;
+  const std::vector<TensorType>& out;
+  const Attrs& attrs;
+};
+
+struct OpDef {
+  std::string name;
+  // Input names; "b?" marks an optional trailing input, "xs..." a variadic one.
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+  std::vector<AttrSpec> attrs;
+  std::function<std::vector<TensorType>(const InferCtx&)> infer;
+  // Empty: no gradient flows through this op (integer outputs, stop_gradient, grads).
+  std::function<void(GradCtx&)> grad;
+  // Floating-point operations of one execution; empty: one per output element.
+  std::function<double(const OpCostCtx&)> flops;
+  // >= 0: output 0 is a view of that input's storage (no kernel, no copy).
+  int view_of = -1;
+  std::string doc;
+
+  std::string signature() const;  // "conv2d(x, w, b?; stride=[1,1], ...) -> y"
+};
+
+const OpDef& op_def(Op op);
+
+// Family registration, one per src/ops/<family>.cpp.
+using OpTable = std::vector<OpDef>;
+void register_elementwise(OpTable& t);
+void register_misc(OpTable& t);
+void register_matmul(OpTable& t);
+void register_reduce(OpTable& t);
+void register_shape(OpTable& t);
+void register_softmax(OpTable& t);
+void register_loss(OpTable& t);
+void register_norm(OpTable& t);
+void register_conv(OpTable& t);
+void register_pool(OpTable& t);
+
+inline OpDef& def(OpTable& t, Op op) { return t.at(static_cast<size_t>(op)); }
+
+// Helpers shared by gradient rules.
+// Sums g (at a broadcast shape) back down to `shape` (numpy broadcasting in reverse).
+Var sum_to(Var g, const Shape& shape);
+// Numpy broadcast of two shapes; empty optional if incompatible.
+std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b);
+
+}  // namespace seam

@@ -1,0 +1,155 @@
+// Lowering a graph to a Plan: dead-node elimination, storage placement, memory planning.
+#include "plan/lower.h"
+
+#include <algorithm>
+
+#include "ops/registry.h"
+#include "passes/memplan.h"
+
+namespace seam {
+
+namespace {
+constexpr size_t kAlign = 256;  // cuBLAS/cuDNN-friendly, and 16-byte vector access
+size_t align_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+Layout make_layout(const Graph& g) {
+  Layout l;
+  if (!g.params().empty()) l.param_dtype = g.value(g.params()[0]).type.dtype;
+  for (bool decay : {true, false})
+    for (ValueId id : g.params()) {
+      const Value& v = g.value(id);
+      if (v.decay != decay) continue;
+      if (v.type.dtype != l.param_dtype)
+        fail("parameter ", g.describe(id), " differs in dtype from ", g.describe(g.params()[0]),
+             ": all parameters of a model share one dtype");
+      l.params.push_back({v.name, v.type, l.param_bytes, v.init, v.decay});
+      l.param_bytes += align_up(v.type.bytes());
+      if (decay) l.decay_bytes = l.param_bytes;
+    }
+  for (ValueId id : g.states()) {
+    const Value& v = g.value(id);
+    l.states.push_back({v.name, v.type, l.state_bytes, v.init, false});
+    l.state_bytes += align_up(v.type.bytes());
+  }
+  return l;
+}
+
+Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
+  const size_t nv = g.values().size();
+  const int nn = static_cast<int>(g.nodes().size());
+
+  // 1. Which nodes are needed.
+  std::vector<bool> needed(nv, false);
+  for (ValueId o : req.outputs) needed[static_cast<size_t>(o)] = true;
+  for (auto& [v, slot] : req.grads) needed[static_cast<size_t>(v)] = true;
+  std::vector<bool> live_node(static_cast<size_t>(nn), false);
+  for (int k = nn - 1; k >= 0; --k) {
+    const Node& n = g.node(k);
+    bool any = false;
+    for (ValueId o : n.out) any = any || needed[static_cast<size_t>(o)];
+    if (!any) continue;
+    live_node[static_cast<size_t>(k)] = true;
+    for (ValueId i : n.in) needed[static_cast<size_t>(i)] = true;
+  }
+
+  // 2. Where each needed value lives. Views resolve to the value they alias.
+  std::vector<ValueId> root(nv);
+  for (size_t v = 0; v < nv; ++v) root[v] = static_cast<ValueId>(v);
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = g.node(k);
+    int view = op_def(n.op).view_of;
+    if (view >= 0 && live_node[static_cast<size_t>(k)])
+      root[static_cast<size_t>(n.out[0])] = root[static_cast<size_t>(n.in[static_cast<size_t>(view)])];
+  }
+  std::vector<BufferRef> place(nv);
+  std::vector<bool> placed(nv, false);
+  auto fixed = [&](ValueId v, Region r, size_t off) {
+    place[static_cast<size_t>(v)] = {r, off, g.value(v).type};
+    placed[static_cast<size_t>(v)] = true;
+  };
+  for (ValueId id : g.params())
+    if (needed[static_cast<size_t>(id)]) fixed(id, Region::params, layout.param(g.value(id).name)->offset);
+  for (ValueId id : g.states())
+    if (needed[static_cast<size_t>(id)]) fixed(id, Region::state, layout.state(g.value(id).name)->offset);
+  Plan plan;
+  plan.layout = layout;
+  plan.optimizer = req.optimizer;
+  for (auto& [v, slot] : req.grads) {
+    const Slot& s = layout.params.at(slot);
+    if (root[static_cast<size_t>(v)] != v || g.value(v).kind != ValueKind::intermediate)
+      fail("internal error: gradient of '", s.name, "' is not an intermediate of its own");
+    fixed(v, Region::grads, s.offset);
+    plan.grads.push_back({s.name, place[static_cast<size_t>(v)]});
+  }
+
+  // 3. Steps, and the lifetime of every arena value (by its root).
+  std::vector<int> first(nv, -1), last(nv, -2);
+  auto use = [&](ValueId v, int step) {
+    auto r = static_cast<size_t>(root[static_cast<size_t>(v)]);
+    last[r] = std::max(last[r], step);
+  };
+  for (ValueId id : g.inputs())
+    if (needed[static_cast<size_t>(id)]) first[static_cast<size_t>(id)] = -1, last[static_cast<size_t>(id)] = -1;
+  std::vector<std::pair<int, int>> step_values;  // (node, step)
+  for (int k = 0; k < nn; ++k) {
+    if (!live_node[static_cast<size_t>(k)]) continue;
+    const Node& n = g.node(k);
+    const OpDef& d = op_def(n.op);
+    if (d.view_of >= 0) continue;
+    int s = static_cast<int>(plan.steps.size());
+    PlanStep step{n.op, n.attrs, {}, {}, n.name, 0};
+    for (ValueId i : n.in) use(i, s);
+    for (ValueId o : n.out) {
+      first[static_cast<size_t>(o)] = s;
+      last[static_cast<size_t>(o)] = std::max(last[static_cast<size_t>(o)], s);
+    }
+    plan.steps.push_back(std::move(step));
+    step_values.emplace_back(k, s);
+  }
+  const int end = static_cast<int>(plan.steps.size());
+  for (ValueId o : req.outputs) use(o, end);
+  // Values read by views live as long as the views' readers: handled by root in use().
+
+  // 4. Arena placement.
+  std::vector<Lifetime> life;
+  std::vector<ValueId> who;
+  for (size_t v = 0; v < nv; ++v) {
+    if (!needed[v] || placed[v] || root[v] != static_cast<ValueId>(v)) continue;
+    if (last[v] < -1) last[v] = std::max(first[v], -1);  // produced but unread (extra outputs)
+    Lifetime l{g.value(static_cast<ValueId>(v)).type.bytes(), first[v], last[v]};
+    if (!req.reuse_memory) l.first = -1, l.last = end;
+    life.push_back(l);
+    who.push_back(static_cast<ValueId>(v));
+  }
+  MemPlan mp = plan_memory(life, kAlign);
+  for (size_t i = 0; i < who.size(); ++i) fixed(who[i], Region::arena, mp.offsets[i]);
+  plan.arena_bytes = mp.peak;
+  plan.naive_bytes = mp.naive;
+  for (size_t v = 0; v < nv; ++v) {
+    if (!needed[v] || placed[v]) continue;
+    BufferRef r = place[static_cast<size_t>(root[v])];
+    SEAM_ASSERT(placed[static_cast<size_t>(root[v])]);
+    r.type = g.value(static_cast<ValueId>(v)).type;
+    place[v] = r;
+    placed[v] = true;
+  }
+
+  // 5. Operands of every step; bindings.
+  for (auto& [k, s] : step_values) {
+    const Node& n = g.node(k);
+    PlanStep& step = plan.steps[static_cast<size_t>(s)];
+    std::vector<TensorType> in_t, out_t;
+    for (ValueId i : n.in) step.in.push_back(place[static_cast<size_t>(i)]), in_t.push_back(g.value(i).type);
+    for (ValueId o : n.out) step.out.push_back(place[static_cast<size_t>(o)]), out_t.push_back(g.value(o).type);
+    const OpDef& d = op_def(n.op);
+    OpCostCtx cc{in_t, out_t, n.attrs};
+    step.flops = d.flops ? d.flops(cc) : static_cast<double>(out_t[0].numel());
+  }
+  for (ValueId id : g.inputs())
+    if (needed[static_cast<size_t>(id)]) plan.inputs.push_back({g.value(id).name, place[static_cast<size_t>(id)]});
+  for (ValueId o : req.outputs) plan.outputs.push_back({g.value(o).name, place[static_cast<size_t>(o)]});
+  return plan;
+}
+
+}  // namespace seam

@@ -1,0 +1,28 @@
+// Lowering: from a graph (forward and, for training, backward nodes) to a Plan.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "seam/graph.h"
+#include "seam/plan.h"
+
+namespace seam {
+
+// Where each parameter and state tensor of a graph lives. Parameters that get weight
+// decay come first, so one boundary offset tells the optimizer which ones decay.
+Layout make_layout(const Graph& g);
+
+struct LowerRequest {
+  std::vector<ValueId> outputs;  // readable after a run (kept alive to the end)
+  // Final gradient value of each parameter, by Layout::params index; each must be an
+  // intermediate of its own (the compiler inserts copies to make it so).
+  std::vector<std::pair<ValueId, size_t>> grads;
+  std::optional<OptimizerConfig> optimizer;
+  bool reuse_memory = true;
+};
+
+// Keeps only the nodes the requested values need, places every value, and plans the
+// arena. Views (reshape, flatten, stop_gradient) become aliases, not steps.
+Plan lower(const Graph& g, const Layout& layout, const LowerRequest& request);
+
+}  // namespace seam

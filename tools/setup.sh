@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what seam needs to build and test on Debian or Ubuntu: compiler, CMake,
+# Ninja, OpenBLAS, GoogleTest, CLI11, nlohmann/json, zlib and the Fashion-MNIST data.
+set -euo pipefail
+
+packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libgtest-dev googletest
+          libcli11-dev nlohmann-json3-dev zlib1g-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test that needs no GPU. Tests labelled `gpu` are
+# excluded here and reported as skipped; tools/device/run.sh runs them on a GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+build=${SEAM_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build"
+gpu_tests=$(ctest --test-dir "$build" -N -L gpu | awk '/Total Tests:/ {print $3}')
+if [ "${gpu_tests:-0}" != "0" ]; then
+  echo "test: skipping ${gpu_tests} gpu-labelled tests (no GPU here; they run through tools/device/run.sh)"
+fi
+ctest --test-dir "$build" --output-on-failure -LE gpu -j"$(nproc)"
