@@ -64,6 +64,7 @@ struct Plan {
   Layout layout;
   size_t arena_bytes = 0;  // peak of the memory plan
   size_t naive_bytes = 0;  // what the arena would need without reuse
+  size_t live_bytes = 0;   // bytes live at the busiest step: the best any placement can do
   double flops() const;
   const Binding* input(const std::string& name) const;
   const Binding* output(const std::string& name) const;

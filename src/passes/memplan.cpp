@@ -42,6 +42,19 @@ MemPlan plan_memory(const std::vector<Lifetime>& life, size_t align) {
     placed.push_back({offset, offset + size, l.first, l.last});
     p.peak = std::max(p.peak, offset + size);
   }
+  // Bytes live at each step; the busiest step bounds every placement from below.
+  std::vector<std::pair<int, long long>> events;
+  for (auto& l : life) {
+    events.emplace_back(l.first, static_cast<long long>(aligned(l.bytes)));
+    events.emplace_back(l.last + 1, -static_cast<long long>(aligned(l.bytes)));
+  }
+  std::sort(events.begin(), events.end());
+  long long live = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    live += events[i].second;
+    if (i + 1 == events.size() || events[i + 1].first != events[i].first)
+      p.lower_bound = std::max(p.lower_bound, static_cast<size_t>(live));
+  }
   return p;
 }
 

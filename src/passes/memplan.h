@@ -16,6 +16,7 @@ struct MemPlan {
   std::vector<size_t> offsets;  // one per lifetime
   size_t peak = 0;              // arena size
   size_t naive = 0;             // sum of the (aligned) sizes
+  size_t lower_bound = 0;       // bytes live at the busiest step: no placement does better
 };
 
 // Greedy by size: largest buffers first, each at the lowest offset that does not overlap

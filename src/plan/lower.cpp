@@ -126,6 +126,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   for (size_t i = 0; i < who.size(); ++i) fixed(who[i], Region::arena, mp.offsets[i]);
   plan.arena_bytes = mp.peak;
   plan.naive_bytes = mp.naive;
+  plan.live_bytes = mp.lower_bound;
   for (size_t v = 0; v < nv; ++v) {
     if (!needed[v] || placed[v]) continue;
     BufferRef r = place[static_cast<size_t>(root[v])];

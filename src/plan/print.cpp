@@ -85,7 +85,8 @@ std::string Plan::str() const {
   for (auto& b : outputs) s << " " << b.name << "=" << ref_str(b.ref);
   s << "\nparameters: " << layout.param_count() << " (" << bytes_str(layout.param_bytes) << ")"
     << ", state: " << bytes_str(layout.state_bytes) << "\n"
-    << "arena peak: " << bytes_str(arena_bytes) << " (without reuse: " << bytes_str(naive_bytes) << ")\n"
+    << "arena peak: " << bytes_str(arena_bytes) << " (busiest step: " << bytes_str(live_bytes)
+    << ", without reuse: " << bytes_str(naive_bytes) << ")\n"
     << "flops per step: " << flops() << "\n";
   return s.str();
 }

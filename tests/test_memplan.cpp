@@ -1,0 +1,158 @@
+// The memory planner: live buffers never overlap (property test over random lifetimes
+// and random graphs), reuse changes no result, and reuse pays off on real models.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "passes/memplan.h"
+#include "seam/seam.h"
+
+using namespace seam;
+
+TEST(MemPlan, LiveBuffersNeverOverlap) {
+  std::mt19937_64 rng(1);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::uniform_int_distribution<int> count(1, 60), step(-1, 40), size(1, 1 << 16);
+    std::vector<Lifetime> life(static_cast<size_t>(count(rng)));
+    for (auto& l : life) {
+      int a = step(rng), b = step(rng);
+      l = {static_cast<size_t>(size(rng)), std::min(a, b), std::max(a, b)};
+    }
+    MemPlan p = plan_memory(life, 256);
+    size_t max_live = 0;
+    for (int t = -1; t <= 40; ++t) {
+      size_t live = 0;
+      for (auto& l : life)
+        if (l.first <= t && t <= l.last) live += (l.bytes + 255) / 256 * 256;
+      max_live = std::max(max_live, live);
+    }
+    for (size_t i = 0; i < life.size(); ++i) {
+      ASSERT_EQ(p.offsets[i] % 256, 0u);
+      ASSERT_LE(p.offsets[i] + life[i].bytes, p.peak);
+      for (size_t j = i + 1; j < life.size(); ++j) {
+        bool same_time = life[i].first <= life[j].last && life[j].first <= life[i].last;
+        bool same_place = p.offsets[i] < p.offsets[j] + life[j].bytes && p.offsets[j] < p.offsets[i] + life[i].bytes;
+        ASSERT_FALSE(same_time && same_place) << "trial " << trial << ": buffers " << i << " and " << j;
+      }
+    }
+    EXPECT_EQ(p.lower_bound, max_live);
+    EXPECT_GE(p.peak, max_live);  // no plan can do better than the busiest step
+    EXPECT_LE(p.peak, p.naive);
+  }
+}
+
+namespace {
+
+// A random differentiable graph over a few inputs: elementwise chains, broadcasting,
+// matmuls, reductions, views, concat/slice, with values used several times.
+Var random_graph(Graph& g, std::mt19937_64& rng, std::vector<Var>& params) {
+  const int64_t n = 6;
+  std::vector<Var> pool;
+  for (int i = 0; i < 3; ++i) {
+    params.push_back(g.param("p" + std::to_string(i), {n, n}, Init::uniform(-1, 1), true, DType::f64));
+    pool.push_back(params.back());
+  }
+  pool.push_back(g.param("row", {n}, Init::uniform(-1, 1), true, DType::f64));
+  params.push_back(pool.back());
+  std::uniform_int_distribution<int> op(0, 9);
+  auto pick = [&] { return pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)]; };
+  auto square = [&] {  // an [n, n] operand
+    for (int k = 0; k < 20; ++k) {
+      Var v = pick();
+      if (v.shape() == Shape{n, n}) return v;
+    }
+    return pool[0];
+  };
+  for (int i = 0; i < 25; ++i) {
+    Var v;
+    switch (op(rng)) {
+      case 0: v = add(square(), pick()); break;
+      case 1: v = mul(square(), pick()); break;
+      case 2: v = seam::tanh(square()); break;
+      case 3: v = matmul(square(), square(), rng() % 2, rng() % 2); break;
+      case 4: v = sigmoid(square()); break;
+      case 5: v = sum(square(), {static_cast<int64_t>(rng() % 2)}); break;
+      case 6: v = reshape(transpose(reshape(square(), {n, n})), {n, n}); break;
+      case 7: v = slice(concat({square(), square()}, 0), 0, 3, 3 + n); break;
+      case 8: v = sub(square(), broadcast_to(pick(), {n, n})); break;
+      default: v = scale(square(), 0.5); break;
+    }
+    pool.push_back(v);
+  }
+  Var total = sum(pool.back());
+  for (size_t i = pool.size() - 6; i + 1 < pool.size(); ++i) total = add(total, mean(pool[i]));
+  return total;
+}
+
+std::vector<double> run_all(Model& m, Var loss, const std::vector<Var>& params, bool reuse, Plan* plan_out) {
+  Program p = m.compile({.loss = loss.id(), .reuse_memory = reuse});
+  p.run();
+  std::vector<double> out = p.read_as<double>(loss.name());
+  for (auto& v : params) {
+    auto g = p.grad_as<double>(v.name());
+    out.insert(out.end(), g.begin(), g.end());
+  }
+  if (plan_out) *plan_out = p.plan();
+  return out;
+}
+
+}  // namespace
+
+TEST(MemPlan, ReuseChangesNoResultOnRandomGraphs) {
+  std::mt19937_64 rng(2);
+  size_t saved = 0, naive = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    Graph g;
+    std::vector<Var> params;
+    Var loss = random_graph(g, rng, params);
+    Model m(g, {.seed = static_cast<uint64_t>(trial)});
+    Plan with, without;
+    auto a = run_all(m, loss, params, true, &with);
+    auto b = run_all(m, loss, params, false, &without);
+    ASSERT_EQ(a, b) << "trial " << trial << "\n" << with.str();
+    EXPECT_LE(with.arena_bytes, without.arena_bytes);
+    saved += with.arena_bytes;
+    naive += without.arena_bytes;
+  }
+  EXPECT_LT(saved, naive);
+}
+
+namespace {
+// Prints the peak next to the sum of all intermediates and the busiest step's bytes;
+// the planner must stay close to that bound.
+void check_peak(const char* what, Model& m, Var loss, double max_fraction) {
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)});
+  const Plan& plan = p.plan();
+  std::printf("%s: %zu steps, arena peak %.2f MiB, sum of all intermediates %.2f MiB (%.0f%%), busiest step %.2f MiB\n",
+              what, plan.steps.size(), plan.arena_bytes / 1048576.0, plan.naive_bytes / 1048576.0,
+              100.0 * static_cast<double>(plan.arena_bytes) / static_cast<double>(plan.naive_bytes),
+              plan.live_bytes / 1048576.0);
+  EXPECT_LT(static_cast<double>(plan.arena_bytes), max_fraction * static_cast<double>(plan.naive_bytes)) << plan.str();
+  EXPECT_LT(static_cast<double>(plan.arena_bytes), 1.15 * static_cast<double>(plan.live_bytes)) << plan.str();
+}
+}  // namespace
+
+TEST(MemPlan, PeakIsWellUnderTheSumOfIntermediatesForAnMlp) {
+  Graph g;
+  Var x = g.input("x", {128, 784});
+  Var y = g.input("y", {128}, DType::i32);
+  Var h = relu(nn::linear(x, 1024, "fc1"));
+  h = relu(nn::linear(h, 1024, "fc2"));
+  Var loss = cross_entropy(nn::linear(h, 10, "fc3"), y);
+  Model m(g);
+  check_peak("MLP 784-1024-1024-10, batch 128", m, loss, 0.6);
+}
+
+TEST(MemPlan, PeakIsWellUnderTheSumOfIntermediatesForACnn) {
+  Graph g;
+  Var x = g.input("x", {64, 1, 28, 28});
+  Var y = g.input("y", {64}, DType::i32);
+  Var h = relu(nn::batch_norm(nn::conv2d(x, 32, 3, "conv1", {.padding = {1, 1}}), "bn1"));
+  h = max_pool2d(h, {2, 2});
+  h = relu(nn::batch_norm(nn::conv2d(h, 64, 3, "conv2", {.padding = {1, 1}}), "bn2"));
+  h = max_pool2d(h, {2, 2});
+  h = relu(nn::linear(flatten(h), 128, "fc1"));
+  Var loss = cross_entropy(nn::linear(dropout(h, 0.25), 10, "fc2"), y);
+  Model m(g);
+  check_peak("CNN conv32-conv64-fc128, batch 64", m, loss, 0.5);
+}
