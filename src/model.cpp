@@ -3,6 +3,7 @@
 #include "seam/model.h"
 
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "autodiff/autodiff.h"
@@ -145,6 +146,68 @@ void Model::write_state(const std::string& name, std::span<const std::byte> data
   backend_->upload(storage_->state + s.offset, data.data(), data.size());
 }
 
+namespace {
+const char* const kMomentNames[kOptSlots] = {"optimizer.m/", "optimizer.v/"};
+}
+
+std::vector<HostTensor> Model::save_tensors() const {
+  std::vector<HostTensor> out;
+  for (const Slot& s : layout_.params) out.push_back({s.name, s.type, read_param(s.name)});
+  for (const Slot& s : layout_.states) out.push_back({s.name, s.type, read_state(s.name)});
+  if (storage_->opt)
+    for (int k = 0; k < kOptSlots; ++k)
+      for (const Slot& s : layout_.params) {
+        HostTensor t{kMomentNames[k] + s.name, s.type, std::vector<std::byte>(s.type.bytes())};
+        backend_->download(t.data.data(), storage_->opt + k * layout_.param_bytes + s.offset, t.data.size());
+        out.push_back(std::move(t));
+      }
+  return out;
+}
+
+void Model::load_tensors(const std::vector<HostTensor>& tensors) {
+  std::map<std::string, const HostTensor*> by_name;
+  for (auto& t : tensors) by_name[t.name] = &t;
+  auto check = [&](const Slot& s, const std::string& name, bool required) -> const HostTensor* {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      if (required) fail("tensor '", name, "' (", s.type.str(), ") is missing");
+      return nullptr;
+    }
+    const HostTensor& t = *it->second;
+    if (!(t.type == s.type)) fail("tensor '", name, "' is ", t.type.str(), " but the model needs ", s.type.str());
+    if (t.data.size() != s.type.bytes()) fail("tensor '", name, "' has ", t.data.size(), " bytes for ", s.type.str());
+    return &t;
+  };
+  // Validate everything first: a failed load must change nothing.
+  bool moments = false;
+  for (const Slot& s : layout_.params) {
+    check(s, s.name, true);
+    for (auto* m : kMomentNames) moments = check(s, m + s.name, false) || moments;
+  }
+  for (const Slot& s : layout_.states) check(s, s.name, true);
+  if (moments)
+    for (const Slot& s : layout_.params)
+      for (auto* m : kMomentNames) check(s, m + s.name, true);
+  std::set<std::string> known;
+  for (const Slot& s : layout_.params) {
+    known.insert(s.name);
+    for (auto* m : kMomentNames) known.insert(m + s.name);
+  }
+  for (const Slot& s : layout_.states) known.insert(s.name);
+  for (auto& t : tensors)
+    if (!known.count(t.name)) fail("tensor '", t.name, "' does not belong to this model");
+
+  for (const Slot& s : layout_.params) backend_->upload(storage_->params + s.offset, by_name[s.name]->data.data(), s.type.bytes());
+  for (const Slot& s : layout_.states) backend_->upload(storage_->state + s.offset, by_name[s.name]->data.data(), s.type.bytes());
+  if (moments) {
+    if (!storage_->opt) storage_->opt = backend_->alloc(kOptSlots * layout_.param_bytes);
+    for (int k = 0; k < kOptSlots; ++k)
+      for (const Slot& s : layout_.params)
+        backend_->upload(storage_->opt + k * layout_.param_bytes + s.offset, by_name[kMomentNames[k] + s.name]->data.data(),
+                         s.type.bytes());
+  }
+}
+
 Program Model::compile(const CompileOptions& o) {
   Graph g = graph_;
   const auto nv = static_cast<ValueId>(graph_.values().size());
@@ -166,7 +229,8 @@ Program Model::compile(const CompileOptions& o) {
     o.optimizer->validate();
     req.optimizer = o.optimizer;
   }
-  if (o.mode == Mode::train && o.loss >= 0) {
+  if (o.optimizer || o.gradients) {
+    if (o.loss < 0) fail("compile: gradients need a loss to differentiate");
     std::vector<ValueId> wrt;
     for (const Slot& s : layout_.params) wrt.push_back(*g.find(s.name));
     std::vector<ValueId> grads = autodiff(g, o.loss, wrt);

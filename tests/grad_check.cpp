@@ -53,7 +53,7 @@ size_t check_gradients(const std::function<Var(GradCase&)>& build, const GradChe
   for (ValueId id : c.g.params()) params.push_back(c.g.value(id).name);
 
   Model m(c.g, {.seed = 3});
-  Program p = m.compile({.mode = o.mode, .loss = loss.id()});
+  Program p = m.compile({.mode = o.mode, .loss = loss.id(), .gradients = true});
   auto feed = [&] {
     for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
   };

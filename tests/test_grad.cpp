@@ -150,7 +150,7 @@ TEST(MiscGrad, StopGradientBlocksOnlyItsBranch) {
   Var x = g.param("x", {3, 7}, Init::uniform(-1, 1), true, DType::f64);
   Var loss = sum(mul(x, stop_gradient(seam::exp(x))));
   Model m(g, {.seed = 5});
-  Program p = m.compile({.loss = loss.id()});
+  Program p = m.compile({.loss = loss.id(), .gradients = true});
   p.run();
   auto xs = Program::cast_bytes<double>(m.read_param("x"));
   auto gx = p.grad_as<double>("x");
@@ -160,10 +160,10 @@ TEST(MiscGrad, StopGradientBlocksOnlyItsBranch) {
 TEST(MiscGrad, NoGradientIntoStoppedOrIntegerValues) {
   Graph g;
   Var w = g.param("w", {4}, Init::ones(), true, DType::f64);
-  Var unused = g.param("unused", {2}, Init::ones(), true, DType::f64);
+  g.param("unused", {2}, Init::ones(), true, DType::f64);
   Var loss = sum(stop_gradient(w) * 2.0);
   Model m(g);
-  Program p = m.compile({.loss = loss.id()});
+  Program p = m.compile({.loss = loss.id(), .gradients = true});
   p.run();
   for (double v : p.grad_as<double>("w")) EXPECT_EQ(v, 0.0);
   for (double v : p.grad_as<double>("unused")) EXPECT_EQ(v, 0.0);

@@ -85,7 +85,7 @@ Var random_graph(Graph& g, std::mt19937_64& rng, std::vector<Var>& params) {
 }
 
 std::vector<double> run_all(Model& m, Var loss, const std::vector<Var>& params, bool reuse, Plan* plan_out) {
-  Program p = m.compile({.loss = loss.id(), .reuse_memory = reuse});
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .reuse_memory = reuse});
   p.run();
   std::vector<double> out = p.read_as<double>(loss.name());
   for (auto& v : params) {

@@ -23,6 +23,13 @@ namespace seam {
 
 enum class Mode : uint8_t { train, eval };
 
+// A named tensor on the host, as checkpoints store it.
+struct HostTensor {
+  std::string name;
+  TensorType type;
+  std::vector<std::byte> data;
+};
+
 // Everything the step reads that changes from step to step.
 struct StepState {
   int64_t step = 0;      // optimizer updates done; also the dropout RNG offset
@@ -33,8 +40,9 @@ struct StepState {
 
 struct CompileOptions {
   Mode mode = Mode::train;
-  ValueId loss = -1;                         // train: differentiate this scalar
-  std::optional<OptimizerConfig> optimizer;  // train: update step (none: gradients only)
+  ValueId loss = -1;                         // the scalar to differentiate (and to read)
+  std::optional<OptimizerConfig> optimizer;  // train: update step after the gradients
+  bool gradients = false;                    // gradients of the loss without an update
   std::vector<ValueId> outputs;              // values to read after a run
   bool reuse_memory = true;                  // false: no arena reuse (planner checks)
 };
@@ -66,6 +74,14 @@ class Model {
   void write_state(const std::string& name, std::span<const std::byte> data);
   // Re-initializes every parameter and state from the seed, clears optimizer state.
   void reset();
+
+  // The model's whole training state as named tensors: parameters and state tensors
+  // under their names, optimizer moments as "optimizer.m/<param>", "optimizer.v/<param>".
+  std::vector<HostTensor> save_tensors() const;
+  // Restores what save_tensors wrote. Every parameter and state tensor must be present
+  // with its exact dtype and shape (moments are optional); everything is checked before
+  // anything is written, so a failed load changes nothing.
+  void load_tensors(const std::vector<HostTensor>& tensors);
 
  private:
   friend class Program;

@@ -27,9 +27,15 @@ Shape conv_out_shape(const InferCtx& c, const Shape& x, const Shape& w) {
   if (w.size() != 4) c.fail("w must be [C_out, C_in/groups, kh, kw], got ", shape_str(w));
   if (g < 1 || x[1] % g || w[0] % g) c.fail("groups=", g, " must divide C_in=", x[1], " and C_out=", w[0]);
   if (w[1] * g != x[1]) c.fail("w expects ", w[1] * g, " input channels, x has ", x[1]);
-  Shape y{x[0], w[0], window_out(x[2], w[2], st[0], pd[0], dl[0]), window_out(x[3], w[3], st[1], pd[1], dl[1])};
-  if (y[2] < 1 || y[3] < 1) c.fail("the kernel does not fit the padded input (output ", shape_str(y), ")");
-  return y;
+  // Checked before window_out: its division truncates toward zero, so a kernel
+  // overhanging the input by less than a stride would still get an output of 1.
+  for (int i = 0; i < 2; ++i) {
+    int64_t extent = dl[i] * (w[2 + i] - 1) + 1;
+    if (x[2 + i] + 2 * pd[i] < extent)
+      c.fail("the kernel (", w[2 + i], " with dilation ", dl[i], " spans ", extent, ") does not fit the padded input (",
+             x[2 + i], " + 2*", pd[i], ") along ", i == 0 ? "H" : "W");
+  }
+  return {x[0], w[0], window_out(x[2], w[2], st[0], pd[0], dl[0]), window_out(x[3], w[3], st[1], pd[1], dl[1])};
 }
 
 double conv_flops(const Shape& y, const Shape& w) {

@@ -26,9 +26,13 @@ Shape pool_out_shape(const InferCtx& c, const Shape& x) {
     if (k[i] < 1 || st[i] < 1 || pd[i] < 0) c.fail("kernel and stride must be >= 1, padding >= 0");
     if (2 * pd[i] > k[i]) c.fail("padding ", pd[i], " is more than half the kernel ", k[i]);
   }
-  Shape y{x[0], x[1], window_out(x[2], k[0], st[0], pd[0]), window_out(x[3], k[1], st[1], pd[1])};
-  if (y[2] < 1 || y[3] < 1) c.fail("the window does not fit the padded input");
-  return y;
+  // Checked before window_out: its division truncates toward zero, so a window
+  // overhanging the input by less than a stride would still get an output of 1.
+  for (int i = 0; i < 2; ++i)
+    if (x[2 + i] + 2 * pd[i] < k[i])
+      c.fail("the window ", k[i], " does not fit the padded input (", x[2 + i], " + 2*", pd[i], ") along ",
+             i == 0 ? "H" : "W");
+  return {x[0], x[1], window_out(x[2], k[0], st[0], pd[0]), window_out(x[3], k[1], st[1], pd[1])};
 }
 
 }  // namespace

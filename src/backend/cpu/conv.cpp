@@ -1,8 +1,178 @@
-// CPU kernels of the conv family (being written).
+// conv2d and its two gradients on the CPU: im2col (or col2im) per image, then one BLAS
+// GEMM per group.
+#include <cblas.h>
+
+#include <algorithm>
+
 #include "backend/cpu/cpu.h"
 
 namespace seam::cpu {
 
-void register_conv(KernelTable&) {}
+namespace {
+
+// Row-major C = A' B' + beta C, where ' is an optional transpose.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float beta, float* c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
+              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double beta,
+          double* c) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a,
+              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
+}
+
+// The geometry of one convolution, read from the attributes and the x / w shapes.
+struct ConvGeom {
+  int64_t n, c, h, w;     // x
+  int64_t o, kh, kw;      // w: [o, c / groups, kh, kw]
+  int64_t oh, ow;         // y
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+  int64_t cg() const { return c / groups; }
+  int64_t og() const { return o / groups; }
+  int64_t k() const { return cg() * kh * kw; }  // GEMM depth of one group
+  int64_t p() const { return oh * ow; }         // output pixels per image
+  // A 1x1 kernel with unit stride and no padding reads x itself as the column matrix.
+  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+};
+
+ConvGeom conv_geom(const Attrs& a, const Shape& x, const Shape& w, const Shape& y) {
+  const auto& st = a.ints("stride");
+  const auto& pd = a.ints("padding");
+  const auto& dl = a.ints("dilation");
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3],
+          st[0], st[1], pd[0], pd[1], dl[0], dl[1], a.i("groups")};
+}
+
+// col[(c * kh + i) * kw + j][oy * ow + ox] = x[c][oy * sh - ph + i * dh][ox * sw - pw + j * dw],
+// zero where that falls in the padding. x is one image, all channels.
+template <class T>
+void im2col(const ConvGeom& g, const T* x, T* col) {
+  for (int64_t c = 0; c < g.c; ++c)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
+        for (int64_t oy = 0; oy < g.oh; ++oy) {
+          int64_t iy = oy * g.sh - g.ph + i * g.dh;
+          T* out = row + oy * g.ow;
+          if (iy < 0 || iy >= g.h) {
+            std::fill(out, out + g.ow, T(0));
+            continue;
+          }
+          const T* in = x + (c * g.h + iy) * g.w;
+          for (int64_t ox = 0; ox < g.ow; ++ox) {
+            int64_t ix = ox * g.sw - g.pw + j * g.dw;
+            out[ox] = ix >= 0 && ix < g.w ? in[ix] : T(0);
+          }
+        }
+      }
+}
+
+// The adjoint of im2col: adds every column entry back to the pixel it was read from.
+// x must be zeroed by the caller; overlapping windows accumulate.
+template <class T>
+void col2im(const ConvGeom& g, const T* col, T* x) {
+  for (int64_t c = 0; c < g.c; ++c)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
+        for (int64_t oy = 0; oy < g.oh; ++oy) {
+          int64_t iy = oy * g.sh - g.ph + i * g.dh;
+          if (iy < 0 || iy >= g.h) continue;
+          T* out = x + (c * g.h + iy) * g.w;
+          const T* in = row + oy * g.ow;
+          for (int64_t ox = 0; ox < g.ow; ++ox) {
+            int64_t ix = ox * g.sw - g.pw + j * g.dw;
+            if (ix >= 0 && ix < g.w) out[ix] += in[ox];
+          }
+        }
+      }
+}
+
+// inputs: x, w, b?
+void conv2d(const KernelArgs& a) {
+  const ConvGeom g = conv_geom(a.attrs(), a.in[0].shape(), a.in[1].shape(), a.out[0].shape());
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* x = a.in[0].as<T>();
+    const T* w = a.in[1].as<T>();
+    T* y = a.out[0].as<T>();
+    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+    for (int64_t n = 0; n < g.n; ++n) {
+      const T* xn = x + n * g.c * g.h * g.w;
+      T* yn = y + n * g.o * g.p();
+      const T* cols = xn;
+      if (!g.pointwise()) {
+        im2col(g, xn, col.data());
+        cols = col.data();
+      }
+      for (int64_t gr = 0; gr < g.groups; ++gr)
+        gemm(false, false, g.og(), g.p(), g.k(), w + gr * g.og() * g.k(), cols + gr * g.k() * g.p(), T(0),
+             yn + gr * g.og() * g.p());
+      if (a.in.size() == 3) {
+        const T* b = a.in[2].as<T>();
+        for (int64_t o = 0; o < g.o; ++o)
+          for (int64_t q = 0; q < g.p(); ++q) yn[o * g.p() + q] += b[o];
+      }
+    }
+  });
+}
+
+// inputs: dy, w; attribute shape = x's shape.
+void conv2d_grad_input(const KernelArgs& a) {
+  const ConvGeom g = conv_geom(a.attrs(), a.out[0].shape(), a.in[1].shape(), a.in[0].shape());
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* dy = a.in[0].as<T>();
+    const T* w = a.in[1].as<T>();
+    T* dx = a.out[0].as<T>();
+    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+    for (int64_t n = 0; n < g.n; ++n) {
+      const T* dyn = dy + n * g.o * g.p();
+      T* dxn = dx + n * g.c * g.h * g.w;
+      // Pointwise: the column matrix is dx itself, so the GEMM writes it directly.
+      T* cols = g.pointwise() ? dxn : col.data();
+      for (int64_t gr = 0; gr < g.groups; ++gr)
+        gemm(true, false, g.k(), g.p(), g.og(), w + gr * g.og() * g.k(), dyn + gr * g.og() * g.p(), T(0),
+             cols + gr * g.k() * g.p());
+      if (!g.pointwise()) {
+        std::fill(dxn, dxn + g.c * g.h * g.w, T(0));
+        col2im(g, col.data(), dxn);
+      }
+    }
+  });
+}
+
+// inputs: dy, x; attribute shape = w's shape.
+void conv2d_grad_weight(const KernelArgs& a) {
+  const ConvGeom g = conv_geom(a.attrs(), a.in[1].shape(), a.out[0].shape(), a.in[0].shape());
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* dy = a.in[0].as<T>();
+    const T* x = a.in[1].as<T>();
+    T* dw = a.out[0].as<T>();
+    std::fill(dw, dw + a.out[0].numel(), T(0));
+    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+    for (int64_t n = 0; n < g.n; ++n) {
+      const T* xn = x + n * g.c * g.h * g.w;
+      const T* dyn = dy + n * g.o * g.p();
+      const T* cols = xn;
+      if (!g.pointwise()) {
+        im2col(g, xn, col.data());
+        cols = col.data();
+      }
+      // Summed over the batch: beta = 1 adds each image's contribution.
+      for (int64_t gr = 0; gr < g.groups; ++gr)
+        gemm(false, true, g.og(), g.k(), g.p(), dyn + gr * g.og() * g.p(), cols + gr * g.k() * g.p(), T(1),
+             dw + gr * g.og() * g.k());
+    }
+  });
+}
+
+}  // namespace
+
+void register_conv(KernelTable& t) {
+  set(t, Op::conv2d, conv2d);
+  set(t, Op::conv2d_grad_input, conv2d_grad_input);
+  set(t, Op::conv2d_grad_weight, conv2d_grad_weight);
+}
 
 }  // namespace seam::cpu

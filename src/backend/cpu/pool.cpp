@@ -1,8 +1,143 @@
-// CPU kernels of the pool family (being written).
+// Pooling kernels on the CPU: max and average over 2D windows (with their gradients) and
+// the global average. Loops over one (image, channel) plane at a time.
+#include <algorithm>
+#include <cmath>
+
 #include "backend/cpu/cpu.h"
 
 namespace seam::cpu {
 
-void register_pool(KernelTable&) {}
+namespace {
+
+// The geometry of one pooling op; x [N, C, H, W] -> y [N, C, OH, OW].
+struct PoolGeom {
+  int64_t planes, h, w, oh, ow;
+  int64_t kh, kw, sh, sw, ph, pw;
+  bool count_include_pad = true;
+
+  // The window of output (oy, ox) clipped to the unpadded input: rows [y0, y1), cols [x0, x1).
+  struct Window {
+    int64_t y0, y1, x0, x1;
+  };
+  Window window(int64_t oy, int64_t ox) const {
+    int64_t ys = oy * sh - ph, xs = ox * sw - pw;
+    return {std::max<int64_t>(ys, 0), std::min(ys + kh, h), std::max<int64_t>(xs, 0), std::min(xs + kw, w)};
+  }
+  // The divisor of an average window, as PyTorch (floor mode: windows never pass the padding).
+  int64_t divisor(const Window& win) const {
+    return count_include_pad ? kh * kw : (win.y1 - win.y0) * (win.x1 - win.x0);
+  }
+};
+
+PoolGeom pool_geom(const Attrs& a, const Shape& x, const Shape& y) {
+  const auto& k = a.ints("kernel");
+  auto st = a.ints("stride");
+  if (st.empty()) st = k;
+  const auto& pd = a.ints("padding");
+  PoolGeom g{x[0] * x[1], x[2], x[3], y[2], y[3], k[0], k[1], st[0], st[1], pd[0], pd[1]};
+  if (a.has("count_include_pad")) g.count_include_pad = a.i("count_include_pad") != 0;
+  return g;
+}
+
+// Offset (within the plane) of the first maximum of a window in row-major order; a NaN
+// wins so that it propagates, as in PyTorch. Padding never wins.
+template <class T>
+int64_t argmax(const PoolGeom& g, const T* x, const PoolGeom::Window& win) {
+  int64_t best = -1;
+  for (int64_t iy = win.y0; iy < win.y1; ++iy)
+    for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+      int64_t i = iy * g.w + ix;
+      if (best < 0 || x[i] > x[best] || (std::isnan(x[i]) && !std::isnan(x[best]))) best = i;
+    }
+  return best;
+}
+
+void max_pool2d(const KernelArgs& a) {
+  const PoolGeom g = pool_geom(a.attrs(), a.in[0].shape(), a.out[0].shape());
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      const T* x = a.in[0].as<T>() + pl * g.h * g.w;
+      T* y = a.out[0].as<T>() + pl * g.oh * g.ow;
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        for (int64_t ox = 0; ox < g.ow; ++ox) y[oy * g.ow + ox] = x[argmax(g, x, g.window(oy, ox))];
+    }
+  });
+}
+
+// inputs: dy, x. Overlapping windows that share a maximum both add to it.
+void max_pool2d_grad(const KernelArgs& a) {
+  const PoolGeom g = pool_geom(a.attrs(), a.in[1].shape(), a.in[0].shape());
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    std::fill(a.out[0].as<T>(), a.out[0].as<T>() + a.out[0].numel(), T(0));
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      const T* dy = a.in[0].as<T>() + pl * g.oh * g.ow;
+      const T* x = a.in[1].as<T>() + pl * g.h * g.w;
+      T* dx = a.out[0].as<T>() + pl * g.h * g.w;
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        for (int64_t ox = 0; ox < g.ow; ++ox) dx[argmax(g, x, g.window(oy, ox))] += dy[oy * g.ow + ox];
+    }
+  });
+}
+
+void avg_pool2d(const KernelArgs& a) {
+  const PoolGeom g = pool_geom(a.attrs(), a.in[0].shape(), a.out[0].shape());
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      const T* x = a.in[0].as<T>() + pl * g.h * g.w;
+      T* y = a.out[0].as<T>() + pl * g.oh * g.ow;
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const auto win = g.window(oy, ox);
+          double s = 0;
+          for (int64_t iy = win.y0; iy < win.y1; ++iy)
+            for (int64_t ix = win.x0; ix < win.x1; ++ix) s += x[iy * g.w + ix];
+          y[oy * g.ow + ox] = static_cast<T>(s / static_cast<double>(g.divisor(win)));
+        }
+    }
+  });
+}
+
+// inputs: dy; attribute shape = x's shape.
+void avg_pool2d_grad(const KernelArgs& a) {
+  const PoolGeom g = pool_geom(a.attrs(), a.out[0].shape(), a.in[0].shape());
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    std::fill(a.out[0].as<T>(), a.out[0].as<T>() + a.out[0].numel(), T(0));
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      const T* dy = a.in[0].as<T>() + pl * g.oh * g.ow;
+      T* dx = a.out[0].as<T>() + pl * g.h * g.w;
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const auto win = g.window(oy, ox);
+          const T share = dy[oy * g.ow + ox] / static_cast<T>(g.divisor(win));
+          for (int64_t iy = win.y0; iy < win.y1; ++iy)
+            for (int64_t ix = win.x0; ix < win.x1; ++ix) dx[iy * g.w + ix] += share;
+        }
+    }
+  });
+}
+
+void global_avg_pool(const KernelArgs& a) {
+  const Shape& s = a.in[0].shape();
+  const int64_t planes = s[0] * s[1], hw = s[2] * s[3];
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* x = a.in[0].as<T>();
+    T* y = a.out[0].as<T>();
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      double sum = 0;
+      for (int64_t i = 0; i < hw; ++i) sum += x[pl * hw + i];
+      y[pl] = static_cast<T>(sum / static_cast<double>(hw));
+    }
+  });
+}
+
+}  // namespace
+
+void register_pool(KernelTable& t) {
+  set(t, Op::max_pool2d, max_pool2d);
+  set(t, Op::max_pool2d_grad, max_pool2d_grad);
+  set(t, Op::avg_pool2d, avg_pool2d);
+  set(t, Op::avg_pool2d_grad, avg_pool2d_grad);
+  set(t, Op::global_avg_pool, global_avg_pool);
+}
 
 }  // namespace seam::cpu
