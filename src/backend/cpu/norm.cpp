@@ -1,8 +1,192 @@
-// CPU kernels of the norm family (being written).
+// CPU kernels of layer_norm (over the last dim) and batch_norm (per channel, axis 1), and
+// their gradients. Statistics and the sums of the backward pass accumulate in double.
+#include <cmath>
+#include <vector>
+
 #include "backend/cpu/cpu.h"
 
 namespace seam::cpu {
 
-void register_norm(KernelTable&) {}
+namespace {
+
+// Outputs y, mean, rstd; the variance is biased (divides by the row length), as PyTorch.
+void layer_norm(const KernelArgs& a) {
+  const int64_t dim = a.in[0].shape().back();
+  const int64_t rows = a.out[1].numel();
+  const double eps = a.attrs().f("eps");
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* x = a.in[0].as<T>();
+    const T* gamma = a.in[1].as<T>();
+    const T* beta = a.in[2].as<T>();
+    T* y = a.out[0].as<T>();
+    T* mean_out = a.out[1].as<T>();
+    T* rstd_out = a.out[2].as<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * dim;
+      double sum = 0;
+      for (int64_t j = 0; j < dim; ++j) sum += static_cast<double>(xr[j]);
+      const double mean = sum / static_cast<double>(dim);
+      // Two passes: the centred sum of squares does not cancel catastrophically.
+      double sq = 0;
+      for (int64_t j = 0; j < dim; ++j) {
+        const double d = static_cast<double>(xr[j]) - mean;
+        sq += d * d;
+      }
+      const double rstd = 1.0 / std::sqrt(sq / static_cast<double>(dim) + eps);
+      for (int64_t j = 0; j < dim; ++j) {
+        const double xhat = (static_cast<double>(xr[j]) - mean) * rstd;
+        y[r * dim + j] = static_cast<T>(xhat * static_cast<double>(gamma[j]) + static_cast<double>(beta[j]));
+      }
+      mean_out[r] = static_cast<T>(mean);
+      rstd_out[r] = static_cast<T>(rstd);
+    }
+  });
+}
+
+// With xhat = (x - mean) * rstd and g = dy * gamma, per row:
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma, dbeta sum over rows.
+void layer_norm_grad(const KernelArgs& a) {
+  const int64_t dim = a.in[1].shape().back();
+  const int64_t rows = a.in[2].numel();
+  dispatch_float(a.in[1].dtype(), [&]<class T>() {
+    const T* dy = a.in[0].as<T>();
+    const T* x = a.in[1].as<T>();
+    const T* mean = a.in[2].as<T>();
+    const T* rstd = a.in[3].as<T>();
+    const T* gamma = a.in[4].as<T>();
+    T* dx = a.out[0].as<T>();
+    std::vector<double> dgamma(static_cast<size_t>(dim), 0.0), dbeta(static_cast<size_t>(dim), 0.0);
+    std::vector<double> xhat(static_cast<size_t>(dim));
+    for (int64_t r = 0; r < rows; ++r) {
+      const double m = static_cast<double>(mean[r]), s = static_cast<double>(rstd[r]);
+      double g_sum = 0, gx_sum = 0;
+      for (int64_t j = 0; j < dim; ++j) {
+        const auto k = static_cast<size_t>(j);
+        const double d = static_cast<double>(dy[r * dim + j]);
+        xhat[k] = (static_cast<double>(x[r * dim + j]) - m) * s;
+        const double g = d * static_cast<double>(gamma[j]);
+        g_sum += g;
+        gx_sum += g * xhat[k];
+        dgamma[k] += d * xhat[k];
+        dbeta[k] += d;
+      }
+      const double g_mean = g_sum / static_cast<double>(dim), gx_mean = gx_sum / static_cast<double>(dim);
+      for (int64_t j = 0; j < dim; ++j) {
+        const double g = static_cast<double>(dy[r * dim + j]) * static_cast<double>(gamma[j]);
+        dx[r * dim + j] = static_cast<T>(s * (g - g_mean - xhat[static_cast<size_t>(j)] * gx_mean));
+      }
+    }
+    for (int64_t j = 0; j < dim; ++j) {
+      a.out[1].as<T>()[j] = static_cast<T>(dgamma[static_cast<size_t>(j)]);
+      a.out[2].as<T>()[j] = static_cast<T>(dbeta[static_cast<size_t>(j)]);
+    }
+  });
+}
+
+// x is [N, C, inner...]: element (n, c, k) sits at (n * C + c) * inner + k.
+struct ChannelLayout {
+  int64_t batch, channels, inner;
+  explicit ChannelLayout(const Shape& s) : batch(s[0]), channels(s[1]), inner(1) {
+    for (size_t d = 2; d < s.size(); ++d) inner *= s[d];
+  }
+  int64_t count() const { return batch * inner; }  // elements per channel
+  // Calls f(offset) for every element of channel c.
+  template <class F>
+  void each(int64_t c, F&& f) const {
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t k = 0; k < inner; ++k) f((n * channels + c) * inner + k);
+  }
+};
+
+// Outputs y, mean, invstd. Training normalizes with the batch statistics and updates the
+// running ones in place (inputs 3 and 4 are persistent state), as torch.nn.BatchNorm;
+// evaluation normalizes with the running statistics and reports them.
+void batch_norm(const KernelArgs& a) {
+  const ChannelLayout l(a.in[0].shape());
+  const bool training = a.attrs().i("training") != 0;
+  const double momentum = a.attrs().f("momentum"), eps = a.attrs().f("eps");
+  const auto n = static_cast<double>(l.count());
+  if (training && l.count() < 2)
+    fail("batch_norm in training needs more than 1 value per channel, got input ", shape_str(a.in[0].shape()));
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* x = a.in[0].as<T>();
+    const T* gamma = a.in[1].as<T>();
+    const T* beta = a.in[2].as<T>();
+    T* running_mean = a.in[3].as<T>();
+    T* running_var = a.in[4].as<T>();
+    T* y = a.out[0].as<T>();
+    for (int64_t c = 0; c < l.channels; ++c) {
+      double mean, invstd;
+      if (training) {
+        double sum = 0, sq = 0;
+        l.each(c, [&](int64_t i) { sum += static_cast<double>(x[i]); });
+        mean = sum / n;
+        l.each(c, [&](int64_t i) {
+          const double d = static_cast<double>(x[i]) - mean;
+          sq += d * d;
+        });
+        const double var = sq / n;
+        invstd = 1.0 / std::sqrt(var + eps);
+        // The running variance is unbiased (n / (n - 1)), the normalization is not.
+        running_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_mean[c]) + momentum * mean);
+        running_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_var[c]) + momentum * sq / (n - 1));
+      } else {
+        mean = static_cast<double>(running_mean[c]);
+        invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
+      }
+      const double g = static_cast<double>(gamma[c]), b = static_cast<double>(beta[c]);
+      l.each(c, [&](int64_t i) { y[i] = static_cast<T>((static_cast<double>(x[i]) - mean) * invstd * g + b); });
+      a.out[1].as<T>()[c] = static_cast<T>(mean);
+      a.out[2].as<T>()[c] = static_cast<T>(invstd);
+    }
+  });
+}
+
+// With xhat = (x - mean) * invstd, per channel: dbeta = sum(dy), dgamma = sum(dy * xhat).
+// Training (mean and invstd depend on x): dx = gamma * invstd / n * (n dy - dbeta - xhat dgamma).
+// Evaluation (they are constants): dx = dy * gamma * invstd.
+void batch_norm_grad(const KernelArgs& a) {
+  const ChannelLayout l(a.in[1].shape());
+  const bool training = a.attrs().i("training") != 0;
+  const auto n = static_cast<double>(l.count());
+  dispatch_float(a.in[1].dtype(), [&]<class T>() {
+    const T* dy = a.in[0].as<T>();
+    const T* x = a.in[1].as<T>();
+    const T* gamma = a.in[2].as<T>();
+    const T* mean = a.in[3].as<T>();
+    const T* invstd = a.in[4].as<T>();
+    T* dx = a.out[0].as<T>();
+    for (int64_t c = 0; c < l.channels; ++c) {
+      const double m = static_cast<double>(mean[c]), s = static_cast<double>(invstd[c]);
+      const double scale = static_cast<double>(gamma[c]) * s;
+      double dbeta = 0, dgamma = 0;
+      l.each(c, [&](int64_t i) {
+        const double d = static_cast<double>(dy[i]);
+        dbeta += d;
+        dgamma += d * (static_cast<double>(x[i]) - m) * s;
+      });
+      l.each(c, [&](int64_t i) {
+        const double d = static_cast<double>(dy[i]);
+        if (training) {
+          const double xhat = (static_cast<double>(x[i]) - m) * s;
+          dx[i] = static_cast<T>(scale / n * (n * d - dbeta - xhat * dgamma));
+        } else {
+          dx[i] = static_cast<T>(scale * d);
+        }
+      });
+      a.out[1].as<T>()[c] = static_cast<T>(dgamma);
+      a.out[2].as<T>()[c] = static_cast<T>(dbeta);
+    }
+  });
+}
+
+}  // namespace
+
+void register_norm(KernelTable& t) {
+  set(t, Op::layer_norm, layer_norm);
+  set(t, Op::layer_norm_grad, layer_norm_grad);
+  set(t, Op::batch_norm, batch_norm);
+  set(t, Op::batch_norm_grad, batch_norm_grad);
+}
 
 }  // namespace seam::cpu
