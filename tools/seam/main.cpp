@@ -1,10 +1,12 @@
-// The seam command line. `seam ops` lists every op; training commands build on the
-// same library the C++ API uses.
+// The seam command line: train, eval, plan, ops. Every command reports bad input as one
+// clear line on stderr and a non-zero exit status.
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "data/fashion_mnist.h"
 #include "ops/registry.h"
 #include "seam/seam.h"
+#include "train/trainer.h"
 #ifdef SEAM_HAS_CUDA
 #include "backend/cuda/device.h"
 #endif
@@ -29,13 +31,11 @@ void print_version() {
 
 void print_ops(bool with_grads) {
   for (int i = 0; i < seam::kNumOps; ++i) {
-    auto op = static_cast<seam::Op>(i);
-    const seam::OpDef& d = seam::op_def(op);
-    std::string name = d.name;
-    bool is_grad = name.find("_grad") != std::string::npos;
+    const seam::OpDef& d = seam::op_def(static_cast<seam::Op>(i));
+    bool is_grad = d.name.find("_grad") != std::string::npos;
     if (is_grad && !with_grads) continue;
     std::cout << d.signature() << "\n    " << d.doc;
-    if (!is_grad) std::cout << (d.grad ? "" : "  [no gradient]");
+    if (!is_grad && !d.grad) std::cout << "  [no gradient]";
     if (d.view_of >= 0) std::cout << "  [view: no copy]";
     std::cout << "\n";
   }
@@ -48,27 +48,82 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   bool version = false;
   app.add_flag("--version", version, "print the version and the devices seam sees");
+
+  seam::train::TrainOptions t;
+  t.data_dir = seam::data::default_fashion_mnist_dir();
+  std::string train_model;
+  bool quiet = false, json = false;
+  auto* train = app.add_subcommand("train", "train a model file on Fashion-MNIST (default: examples/fmnist_mlp.json)");
+  train->add_option("model", train_model, "model file (JSON)");
+  train->add_option("--epochs", t.epochs, "number of epochs")->check(CLI::PositiveNumber);
+  train->add_option("--batch", t.batch, "batch size")->check(CLI::PositiveNumber);
+  train->add_option("--lr", t.lr, "learning rate")->check(CLI::NonNegativeNumber);
+  train->add_option("--seed", t.seed, "seed for initialization, data order and dropout");
+  train->add_option("--device", t.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
+  train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
+  train->add_option("--data", t.data_dir, "folder with the four Fashion-MNIST IDX files");
+  train->add_option("--val-split", t.val_split, "fraction of the training set held out for validation")->check(CLI::Range(0.0, 0.99));
+  train->add_option("--max-steps", t.max_steps, "stop after this many steps and write a checkpoint")->check(CLI::PositiveNumber);
+  train->add_option("--limit-train", t.limit_train, "train on the first N samples only")->check(CLI::PositiveNumber);
+  train->add_option("--limit-test", t.limit_test, "evaluate on the first N test samples only")->check(CLI::PositiveNumber);
+  train->add_flag("--quiet", quiet, "print only errors");
+  train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
+
+  seam::train::EvalOptions e;
+  e.data_dir = seam::data::default_fashion_mnist_dir();
+  std::string eval_model;
+  auto* eval = app.add_subcommand("eval", "test accuracy, loss and confusion matrix of a checkpoint");
+  eval->add_option("model", eval_model, "model file (default: the one stored in the checkpoint)");
+  eval->add_option("--checkpoint", e.checkpoint, "checkpoint (safetensors)")->required();
+  eval->add_option("--data", e.data_dir, "folder with the Fashion-MNIST IDX files");
+  eval->add_option("--batch", e.batch, "batch size")->check(CLI::PositiveNumber);
+  eval->add_option("--limit-test", e.limit_test, "evaluate on the first N test samples only")->check(CLI::PositiveNumber);
+  eval->add_flag("--json", e.json, "print one JSON object");
+
+  std::string plan_model;
+  std::optional<int64_t> plan_batch;
+  bool plan_eval = false;
+  auto* plan = app.add_subcommand("plan", "print the compiled training step: steps, shapes, arena offsets, memory, FLOPs");
+  plan->add_option("model", plan_model, "model file (JSON)")->required();
+  plan->add_option("--batch", plan_batch, "batch size")->check(CLI::PositiveNumber);
+  plan->add_flag("--eval", plan_eval, "print the evaluation step instead");
+
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;
   ops->add_flag("--grads", grads, "include the gradient ops that autodiff inserts");
+
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  } catch (const CLI::ParseError& err) {
+    return app.exit(err);
   }
   try {
     if (version) {
       print_version();
       return 0;
     }
+    if (*train) {
+      if (!train_model.empty()) t.model_path = train_model;
+      t.output = json ? seam::train::Output::json : quiet ? seam::train::Output::quiet : seam::train::Output::bar;
+      return seam::train::run_train(t);
+    }
+    if (*eval) {
+      if (!eval_model.empty()) e.model_path = eval_model;
+      return seam::train::run_eval(e);
+    }
+    if (*plan) return seam::train::run_plan(plan_model, plan_batch, plan_eval);
     if (*ops) {
       print_ops(grads);
       return 0;
     }
     std::cout << app.help();
     return 0;
-  } catch (const seam::Error& e) {
-    std::cerr << "seam: error: " << e.what() << "\n";
+  } catch (const seam::Error& err) {
+    std::cerr << "seam: error: " << err.what() << "\n";
+    return 1;
+  } catch (const std::exception& err) {
+    std::cerr << "seam: error: " << err.what() << "\n";
     return 1;
   }
 }

@@ -1,0 +1,338 @@
+// Model files: parsing, checking, and building the graph.
+#include "io/model_file.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/strings.h"
+#include "ops/registry.h"
+#include "seam/nn.h"
+#include "seam/ops.h"
+
+namespace seam::io {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "output", "loss",
+                                            "optimizer", "batch_size", "epochs", "seed", "device", "precision",
+                                            "data", "description"};
+// Layers that create their own parameters, with the settings each accepts.
+const std::map<std::string, std::vector<std::string>> kLayers = {
+    {"linear", {"out", "bias"}},
+    {"conv2d", {"out", "kernel", "stride", "padding", "dilation", "groups", "bias"}},
+    {"batch_norm", {"momentum", "eps"}},
+    {"layer_norm", {"eps"}},
+    {"embedding", {"num", "dim"}},
+};
+const std::vector<std::string> kNodeKeys = {"op", "name", "inputs", "input"};
+
+std::vector<std::string> keys_of(const std::map<std::string, std::vector<std::string>>& m) {
+  std::vector<std::string> k;
+  for (auto& [a, b] : m) k.push_back(a);
+  return k;
+}
+
+[[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& name,
+                          const std::vector<std::string>& known) {
+  std::string near = nearest_names(name, known);
+  fail(where, ": unknown ", what, " '", name, "'", near.empty() ? "" : "; did you mean " + near + "?");
+}
+
+void check_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) {
+  for (auto& [k, v] : obj.items())
+    if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) unknown(where, "key", k, allowed);
+}
+
+template <class T>
+T get(const json& obj, const std::string& key, T def, const std::string& where) {
+  if (!obj.contains(key)) return def;
+  try {
+    return obj.at(key).get<T>();
+  } catch (const json::exception&) {
+    fail(where, ": '", key, "' has the wrong type (", obj.at(key).dump(), ")");
+  }
+}
+
+// Line and column of a byte offset, for JSON syntax errors.
+std::string line_col(const std::string& text, size_t byte) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < byte && i < text.size(); ++i) {
+    if (text[i] == '\n') ++line, col = 1;
+    else ++col;
+  }
+  return std::to_string(line) + ":" + std::to_string(col);
+}
+
+Schedule parse_schedule(const json& s, const std::string& where) {
+  check_keys(s, {"type", "warmup_steps", "step_size", "gamma", "total_steps", "min_lr"}, where);
+  Schedule r;
+  std::string type = get<std::string>(s, "type", "constant", where);
+  if (type == "constant") r.kind = Schedule::Kind::constant;
+  else if (type == "step") r.kind = Schedule::Kind::step;
+  else if (type == "cosine") r.kind = Schedule::Kind::cosine;
+  else unknown(where, "schedule type", type, {"constant", "step", "cosine"});
+  r.warmup_steps = get<int64_t>(s, "warmup_steps", 0, where);
+  r.step_size = get<int64_t>(s, "step_size", 1, where);
+  r.gamma = get<double>(s, "gamma", 0.1, where);
+  r.total_steps = get<int64_t>(s, "total_steps", 0, where);
+  r.min_lr = get<double>(s, "min_lr", 0.0, where);
+  return r;
+}
+
+OptimizerConfig parse_optimizer(const json& o, const std::string& where, bool* total_from_run) {
+  check_keys(o, {"type", "lr", "momentum", "dampening", "nesterov", "betas", "eps", "weight_decay", "clip_norm", "schedule"},
+             where);
+  OptimizerConfig c;
+  std::string type = get<std::string>(o, "type", "adam", where);
+  if (type == "sgd") c = OptimizerConfig::sgd(0.01);
+  else if (type == "adam") c = OptimizerConfig::adam(1e-3);
+  else if (type == "adamw") c = OptimizerConfig::adamw(1e-3);
+  else unknown(where, "optimizer type", type, {"sgd", "adam", "adamw"});
+  c.lr = get<double>(o, "lr", c.lr, where);
+  c.momentum = get<double>(o, "momentum", c.momentum, where);
+  c.dampening = get<double>(o, "dampening", c.dampening, where);
+  c.nesterov = get<bool>(o, "nesterov", c.nesterov, where);
+  auto betas = get<std::vector<double>>(o, "betas", {c.beta1, c.beta2}, where);
+  if (betas.size() != 2) fail(where, ": 'betas' needs two numbers");
+  c.beta1 = betas[0], c.beta2 = betas[1];
+  c.eps = get<double>(o, "eps", c.eps, where);
+  c.weight_decay = get<double>(o, "weight_decay", c.weight_decay, where);
+  c.clip_norm = get<double>(o, "clip_norm", c.clip_norm, where);
+  if (o.contains("schedule")) c.schedule = parse_schedule(o["schedule"], where + ".schedule");
+  *total_from_run = c.schedule.kind == Schedule::Kind::cosine && c.schedule.total_steps == 0;
+  if (*total_from_run) c.schedule.total_steps = 1;  // set from the run length later
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
+  return c;
+}
+
+// A JSON value as an op attribute of the schema's type; a single int fills a list
+// attribute's entries ("kernel": 3 means [3, 3]).
+AttrValue to_attr(const json& v, const AttrValue& like, const std::string& where, const std::string& key) {
+  auto bad = [&] { fail(where, ": '", key, "' must be a ", attr_type_name(like), ", got ", v.dump()); };
+  switch (like.index()) {
+    case 0:
+      if (!v.is_number_integer() && !v.is_boolean()) bad();
+      return v.is_boolean() ? int64_t{v.get<bool>()} : v.get<int64_t>();
+    case 1:
+      if (!v.is_number()) bad();
+      return v.get<double>();
+    case 2: {
+      if (v.is_number_integer()) {
+        auto n = std::get<std::vector<int64_t>>(like).size();
+        return std::vector<int64_t>(n == 0 ? 2 : n, v.get<int64_t>());
+      }
+      if (!v.is_array()) bad();
+      std::vector<int64_t> r;
+      for (auto& e : v) {
+        if (!e.is_number_integer()) bad();
+        r.push_back(e.get<int64_t>());
+      }
+      return r;
+    }
+    default:
+      if (!v.is_string()) bad();
+      return v.get<std::string>();
+  }
+}
+
+std::vector<std::string> forward_ops() {
+  std::vector<std::string> r;
+  for (int i = 0; i < kNumOps; ++i) {
+    std::string n = op_name(static_cast<Op>(i));
+    if (n.find("_grad") == std::string::npos) r.push_back(n);
+  }
+  for (auto& [k, v] : kLayers) r.push_back(k);
+  return r;
+}
+
+}  // namespace
+
+ModelSpec parse_model_json(const std::string& text, const std::string& source) {
+  ModelSpec s;
+  s.source = source;
+  try {
+    s.json = json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string msg = e.what();
+    auto cut = msg.find("parse error");
+    fail(source, ":", line_col(text, e.byte == 0 ? 0 : e.byte - 1), ": malformed JSON: ",
+         cut == std::string::npos ? msg : msg.substr(cut));
+  }
+  const json& j = s.json;
+  if (!j.is_object()) fail(source, ": a model file is a JSON object");
+  check_keys(j, kTopKeys, source);
+  s.name = get<std::string>(j, "name", "model", source);
+  if (!j.contains("input")) fail(source, ": 'input' is missing (e.g. \"input\": {\"shape\": [1, 28, 28]})");
+  const json& in = j["input"];
+  check_keys(in, {"shape"}, source + ": input");
+  s.input_shape = get<std::vector<int64_t>>(in, "shape", {}, source + ": input");
+  if (s.input_shape.empty()) fail(source, ": input.shape must list the sample dims, e.g. [784] or [1, 28, 28]");
+  for (int64_t d : s.input_shape)
+    if (d <= 0) fail(source, ": input.shape ", shape_str(s.input_shape), " has a non-positive dim");
+  s.classes = get<int64_t>(j, "classes", 10, source);
+  if (j.contains("layers") == j.contains("nodes")) fail(source, ": give exactly one of 'layers' (a sequence) or 'nodes' (a graph)");
+  const json& layers = j.contains("layers") ? j["layers"] : j["nodes"];
+  if (!layers.is_array() || layers.empty()) fail(source, ": '", j.contains("layers") ? "layers" : "nodes", "' must be a non-empty list");
+  s.batch_size = get<int64_t>(j, "batch_size", 128, source);
+  s.epochs = get<int64_t>(j, "epochs", 10, source);
+  s.seed = get<uint64_t>(j, "seed", 0, source);
+  s.device = get<std::string>(j, "device", "auto", source);
+  if (s.device != "auto" && s.device != "cpu" && s.device != "cuda") unknown(source, "device", s.device, {"auto", "cpu", "cuda"});
+  s.precision = get<std::string>(j, "precision", "f32", source);
+  if (s.precision != "f32") unknown(source, "precision", s.precision, {"f32"});
+  if (s.batch_size < 1) fail(source, ": batch_size must be >= 1");
+  if (s.epochs < 1) fail(source, ": epochs must be >= 1");
+  if (j.contains("loss")) {
+    const json& l = j["loss"];
+    check_keys(l, {"op", "label_smoothing"}, source + ": loss");
+    std::string op = get<std::string>(l, "op", "cross_entropy", source + ": loss");
+    if (op != "cross_entropy") unknown(source + ": loss", "loss", op, {"cross_entropy"});
+    s.label_smoothing = get<double>(l, "label_smoothing", 0.0, source + ": loss");
+  }
+  s.optimizer = j.contains("optimizer") ? parse_optimizer(j["optimizer"], source + ": optimizer", &s.cosine_total_from_run)
+                                        : OptimizerConfig::adam(1e-3);
+  if (j.contains("data")) {
+    check_keys(j["data"], {"val_split"}, source + ": data");
+    s.val_split = get<double>(j["data"], "val_split", 0.0, source + ": data");
+    if (s.val_split < 0 || s.val_split >= 1) fail(source, ": data.val_split must be in [0, 1)");
+  }
+  build_graph(s, 2);  // checks every layer and shape now, not at training time
+  return s;
+}
+
+ModelSpec parse_model_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail(path, ": cannot open model file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_model_json(ss.str(), path);
+}
+
+BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
+  BuiltGraph b;
+  Graph& g = b.graph;
+  Shape xs{batch};
+  xs.insert(xs.end(), s.input_shape.begin(), s.input_shape.end());
+  Var x = g.input("x", xs);
+  Var y = g.input("y", {batch}, DType::i32);
+  b.x = x.id(), b.y = y.id();
+  const bool sequential = s.json.contains("layers");
+  const json& layers = sequential ? s.json["layers"] : s.json["nodes"];
+  std::map<std::string, Var> named{{"x", x}};
+  Var prev = x;
+  static const std::vector<std::string> known_ops = forward_ops();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const json& L = layers[i];
+    std::string where = s.source + ": layer " + std::to_string(i);
+    if (!L.is_object() || !L.contains("op") || !L["op"].is_string()) fail(where, ": needs \"op\": \"<name>\"");
+    std::string op = L["op"].get<std::string>();
+    std::string name = get<std::string>(L, "name", "", where);
+    if (!name.empty()) where += " ('" + name + "')";
+    where += " " + op;
+    if (name.empty()) name = op + std::to_string(i);
+    if (named.count(name)) fail(where, ": the name '", name, "' is used twice");
+    // Operands: explicit "inputs", else the previous layer.
+    std::vector<Var> ins;
+    if (L.contains("inputs")) {
+      for (auto& r : L["inputs"]) {
+        if (!r.is_string()) fail(where, ": 'inputs' must be a list of node names");
+        auto it = named.find(r.get<std::string>());
+        if (it == named.end()) {
+          std::vector<std::string> names;
+          for (auto& [k, v] : named) names.push_back(k);
+          unknown(where, "input", r.get<std::string>(), names);
+        }
+        ins.push_back(it->second);
+      }
+    } else if (!sequential && i > 0) {
+      fail(where, ": a node of a 'nodes' graph needs \"inputs\"");
+    } else {
+      ins.push_back(prev);
+    }
+    if (ins.empty()) fail(where, ": needs at least one input");
+    Var out;
+    try {
+      auto scope = g.scope(name);
+      auto layer = kLayers.find(op);
+      if (layer != kLayers.end()) {
+        std::vector<std::string> keys = kNodeKeys;
+        keys.insert(keys.end(), layer->second.begin(), layer->second.end());
+        check_keys(L, keys, where);
+        if (ins.size() != 1) fail(where, ": takes one input");
+        Var in = ins[0];
+        if (op == "linear") {
+          if (!L.contains("out")) fail(where, ": 'out' (output features) is required");
+          out = nn::linear(in, get<int64_t>(L, "out", 0, where), name, get<bool>(L, "bias", true, where));
+        } else if (op == "conv2d") {
+          if (!L.contains("out") || !L.contains("kernel")) fail(where, ": 'out' and 'kernel' are required");
+          Conv2dOptions o;
+          auto pair = [&](const char* k, std::vector<int64_t> def) {
+            return L.contains(k) ? std::get<std::vector<int64_t>>(to_attr(L[k], def, where, k)) : def;
+          };
+          o.stride = pair("stride", {1, 1});
+          o.padding = pair("padding", {0, 0});
+          o.dilation = pair("dilation", {1, 1});
+          o.groups = get<int64_t>(L, "groups", 1, where);
+          auto k = pair("kernel", {1, 1});
+          if (k[0] != k[1]) fail(where, ": only square kernels are supported by the conv2d layer");
+          out = nn::conv2d(in, get<int64_t>(L, "out", 0, where), k[0], name, o, get<bool>(L, "bias", true, where));
+        } else if (op == "batch_norm") {
+          out = nn::batch_norm(in, name, get<double>(L, "momentum", 0.1, where), get<double>(L, "eps", 1e-5, where));
+        } else if (op == "layer_norm") {
+          out = nn::layer_norm(in, name, get<double>(L, "eps", 1e-5, where));
+        } else {
+          if (in.dtype() != DType::i32) fail(where, ": embedding ids must be i32");
+          out = nn::embedding(in, get<int64_t>(L, "num", 0, where), get<int64_t>(L, "dim", 0, where), name);
+        }
+      } else {
+        auto parsed = parse_op(op);
+        if (!parsed || op.find("_grad") != std::string::npos) unknown(where.substr(0, where.rfind(' ')), "op", op, known_ops);
+        const OpDef& d = op_def(*parsed);
+        Attrs attrs;
+        std::vector<std::string> allowed = kNodeKeys;
+        for (auto& a : d.attrs) allowed.push_back(a.name);
+        check_keys(L, allowed, where);
+        for (auto& a : d.attrs)
+          if (L.contains(a.name)) attrs.set(a.name, to_attr(L[a.name], a.def, where, a.name));
+        if (*parsed == Op::dropout) attrs.set("stream", static_cast<int64_t>(i));
+        std::vector<ValueId> ids;
+        for (auto& v : ins) ids.push_back(v.id());
+        out = g.add1(*parsed, ids, attrs);
+      }
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      if (msg.rfind(s.source, 0) == 0) throw;
+      fail(where, ": ", msg);
+    }
+    named[name] = out;
+    b.layer_names.push_back(name);
+    prev = out;
+  }
+  Var logits = prev;
+  if (s.json.contains("output")) {
+    std::string o = get<std::string>(s.json, "output", "", s.source);
+    auto it = named.find(o);
+    if (it == named.end()) {
+      std::vector<std::string> names;
+      for (auto& [k, v] : named) names.push_back(k);
+      unknown(s.source, "output", o, names);
+    }
+    logits = it->second;
+  }
+  if (logits.shape() != Shape{batch, s.classes})
+    fail(s.source, ": the network's output is ", logits.type().str(), " but must be [batch, classes] = [", batch, ", ",
+         s.classes, "]");
+  b.logits = logits.id();
+  b.loss = cross_entropy(logits, y, -100, s.label_smoothing).id();
+  b.prediction = argmax(logits).id();
+  return b;
+}
+
+}  // namespace seam::io

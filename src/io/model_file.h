@@ -1,0 +1,48 @@
+// Model files: JSON describing the network (a sequential list of layers, or named nodes
+// with explicit inputs for residual connections), the loss, the optimizer and schedule,
+// and the run settings. Parsing checks everything and reports errors with the file,
+// line and column, or the layer and the nearest known names.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "seam/graph.h"
+#include "seam/optim.h"
+
+namespace seam::io {
+
+struct ModelSpec {
+  std::string source;        // file name, for messages
+  nlohmann::ordered_json json;  // the parsed file
+  std::string name;
+  Shape input_shape;         // one sample, e.g. [1, 28, 28]
+  int64_t classes = 10;
+  int64_t batch_size = 128;
+  int64_t epochs = 10;
+  uint64_t seed = 0;
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "f32";
+  OptimizerConfig optimizer;
+  bool cosine_total_from_run = false;  // schedule.total_steps was left to the run length
+  double label_smoothing = 0.0;
+  double val_split = 0.0;
+};
+
+// Parses and checks a model file; throws seam::Error with file:line:column for JSON
+// syntax errors and the layer index/name for everything else.
+ModelSpec parse_model_file(const std::string& path);
+ModelSpec parse_model_json(const std::string& text, const std::string& source);
+
+struct BuiltGraph {
+  Graph graph;
+  ValueId x = -1, y = -1, logits = -1, loss = -1, prediction = -1;
+  std::vector<std::string> layer_names;
+};
+
+// The graph for a batch size: input "x" [batch, input_shape...], labels "y" [batch],
+// the layers, logits [batch, classes], the loss and argmax predictions.
+BuiltGraph build_graph(const ModelSpec& spec, int64_t batch);
+
+}  // namespace seam::io

@@ -1,0 +1,401 @@
+// The training loop: data, model, programs, per-step feedback, per-epoch evaluation,
+// metrics and checkpoints. A checkpoint holds everything the next step depends on
+// (parameters, optimizer moments, running statistics, the step counter, the position in
+// the data order and the epoch's running sums), so a resumed run continues bitwise.
+#include "train/trainer.h"
+
+#include <atomic>
+#include <cmath>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/fashion_mnist.h"
+#include "io/safetensors.h"
+#include "seam/model.h"
+#include "train/default_model.h"
+#include "train/progress.h"
+
+namespace seam::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted = true; }
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Doubles travel through checkpoint metadata as hex floats: exact, so sums resume bitwise.
+std::string hexfloat(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+double parse_double(const std::string& s) { return std::strtod(s.c_str(), nullptr); }
+
+struct Position {
+  int64_t epoch = 0, batch = 0;  // next batch to run
+  double loss_sum = 0;           // this epoch so far: sum of per-batch mean losses
+  int64_t correct = 0, seen = 0, batches = 0;
+  double train_seconds = 0;      // whole run so far
+};
+
+struct Checkpoint {
+  std::string model_json;
+  Position pos;
+  int64_t step = 0;
+  uint64_t seed = 0;
+  int64_t batch_size = 0, train_samples = 0;
+  std::vector<HostTensor> tensors;
+};
+
+void write_checkpoint(const std::string& path, Model& m, const io::ModelSpec& spec, const Position& pos,
+                      int64_t batch, int64_t train_samples) {
+  io::TensorFile f;
+  f.tensors = m.save_tensors();
+  f.metadata = {{"format", "seam-checkpoint-1"},
+                {"model", spec.json.dump()},
+                {"step", std::to_string(m.state().step)},
+                {"seed", std::to_string(m.state().seed)},
+                {"epoch", std::to_string(pos.epoch)},
+                {"batch", std::to_string(pos.batch)},
+                {"batch_size", std::to_string(batch)},
+                {"train_samples", std::to_string(train_samples)},
+                {"data_order", "permutation(seed, epoch) of the training indices, splitmix64 Fisher-Yates"},
+                {"epoch_loss_sum", hexfloat(pos.loss_sum)},
+                {"epoch_correct", std::to_string(pos.correct)},
+                {"epoch_seen", std::to_string(pos.seen)},
+                {"epoch_batches", std::to_string(pos.batches)},
+                {"train_seconds", hexfloat(pos.train_seconds)}};
+  io::write_safetensors(path, f);
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  io::TensorFile f = io::read_safetensors(path);
+  auto meta = [&](const char* k) -> const std::string& {
+    auto it = f.metadata.find(k);
+    if (it == f.metadata.end()) fail(path, ": not a seam checkpoint (metadata '", k, "' missing)");
+    return it->second;
+  };
+  if (meta("format") != "seam-checkpoint-1") fail(path, ": unknown checkpoint format '", meta("format"), "'");
+  auto integer = [&](const char* k) {
+    try {
+      return std::stoll(meta(k));
+    } catch (const std::exception&) {
+      fail(path, ": corrupt metadata '", k, "'");
+    }
+  };
+  Checkpoint c;
+  c.model_json = meta("model");
+  c.step = integer("step");
+  c.seed = static_cast<uint64_t>(std::stoull(meta("seed")));
+  c.pos.epoch = integer("epoch");
+  c.pos.batch = integer("batch");
+  c.pos.correct = integer("epoch_correct");
+  c.pos.seen = integer("epoch_seen");
+  c.pos.batches = integer("epoch_batches");
+  c.pos.loss_sum = parse_double(meta("epoch_loss_sum"));
+  c.pos.train_seconds = parse_double(meta("train_seconds"));
+  c.batch_size = integer("batch_size");
+  c.train_samples = integer("train_samples");
+  c.tensors = std::move(f.tensors);
+  return c;
+}
+
+std::string resolve_device(const std::string& requested) {
+  if (requested == "auto" || requested == "cpu") return "cpu";
+  fail("--device ", requested, ": this build runs plans on the CPU backend only; use --device cpu");
+}
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t samples = 0;
+  std::vector<int64_t> confusion;  // classes x classes, row = true label
+};
+
+EvalResult evaluate(Program& eval, const io::BuiltGraph& bg, data::BatchLoader& loader, int64_t classes) {
+  EvalResult r;
+  r.confusion.assign(static_cast<size_t>(classes * classes), 0);
+  const std::string loss_name = eval.plan().outputs[0].name, pred_name = eval.plan().outputs[1].name;
+  (void)bg;
+  loader.start_epoch(0);
+  data::Batch b;
+  double loss_sum = 0;
+  while (loader.next(b)) {
+    eval.set_input("x", std::as_bytes(std::span(b.x)));
+    eval.set_input("y", std::as_bytes(std::span(b.y)));
+    eval.run();
+    loss_sum += static_cast<double>(eval.read_as<float>(loss_name)[0]) * static_cast<double>(b.rows);
+    auto pred = eval.read_as<int32_t>(pred_name);
+    for (int64_t i = 0; i < b.rows; ++i) {
+      int32_t t = b.y[static_cast<size_t>(i)], p = pred[static_cast<size_t>(i)];
+      r.confusion[static_cast<size_t>(t * classes + p)]++;
+      r.accuracy += t == p;
+    }
+    r.samples += b.rows;
+  }
+  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.samples, 1));
+  r.accuracy /= static_cast<double>(std::max<int64_t>(r.samples, 1));
+  return r;
+}
+
+std::vector<int64_t> first_n(int64_t n, int64_t limit) {
+  int64_t k = limit > 0 ? std::min(n, limit) : n;
+  std::vector<int64_t> v(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+void check_input(const io::ModelSpec& spec, const data::ImageData& d) {
+  int64_t n = 1;
+  for (int64_t s : spec.input_shape) n *= s;
+  if (n != d.train.pixels())
+    fail(spec.source, ": input shape ", shape_str(spec.input_shape), " holds ", n, " values but the images have ",
+         d.train.rows, "x", d.train.cols, " = ", d.train.pixels(), " pixels");
+  if (spec.classes != d.classes) fail(spec.source, ": classes = ", spec.classes, " but the data has ", d.classes);
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  const auto t0 = Clock::now();
+  std::optional<Checkpoint> ck;
+  if (o.resume) ck = read_checkpoint(*o.resume);
+  io::ModelSpec spec = o.model_path ? io::parse_model_file(*o.model_path)
+                       : ck        ? io::parse_model_json(ck->model_json, *o.resume + " (stored model)")
+                                   : io::parse_model_json(kDefaultModelJson, std::string(kDefaultModelName) + " (built in)");
+  if (o.epochs) spec.epochs = *o.epochs;
+  if (o.batch) spec.batch_size = *o.batch;
+  if (o.lr) spec.optimizer.lr = *o.lr;
+  if (o.seed) spec.seed = *o.seed;
+  if (o.device) spec.device = *o.device;
+  if (o.val_split) spec.val_split = *o.val_split;
+  if (spec.epochs < 1 || spec.batch_size < 1) fail("epochs and batch size must be >= 1");
+  spec.optimizer.validate();
+  if (ck) {
+    if (ck->batch_size != spec.batch_size)
+      fail(*o.resume, ": was trained with batch size ", ck->batch_size, ", not ", spec.batch_size, " (resuming exactly needs the same)");
+    if (ck->seed != spec.seed) fail(*o.resume, ": was trained with seed ", ck->seed, ", not ", spec.seed);
+  }
+  const std::string device = resolve_device(spec.device);
+  data::ImageData data = data::load_image_data(o.data_dir);
+  check_input(spec, data);
+
+  // Training indices (optionally a seeded validation split held out of them).
+  std::vector<int64_t> train_idx = first_n(data.train.n, o.limit_train), val_idx;
+  if (spec.val_split > 0) {
+    auto perm = data::permutation(static_cast<int64_t>(train_idx.size()), spec.seed, ~uint64_t{0});
+    auto nval = static_cast<size_t>(static_cast<double>(train_idx.size()) * spec.val_split);
+    std::vector<int64_t> kept;
+    for (size_t i = 0; i < perm.size(); ++i) (i < nval ? val_idx : kept).push_back(train_idx[static_cast<size_t>(perm[i])]);
+    train_idx = std::move(kept);
+  }
+  if (ck && ck->train_samples != static_cast<int64_t>(train_idx.size()))
+    fail(*o.resume, ": was trained on ", ck->train_samples, " samples, this run has ", train_idx.size());
+  const int64_t B = spec.batch_size;
+  data::BatchLoader train_loader(data.train, train_idx, {.batch = B, .shuffle = true, .drop_last = true, .seed = spec.seed});
+  data::BatchLoader test_loader(data.test, first_n(data.test.n, o.limit_test), {.batch = B, .shuffle = false, .drop_last = false});
+  std::optional<data::BatchLoader> val_loader;
+  if (!val_idx.empty()) val_loader.emplace(data.train, val_idx, data::BatchLoader::Options{.batch = B, .shuffle = false, .drop_last = false});
+
+  const int64_t steps_per_epoch = train_loader.batches_per_epoch();
+  if (spec.cosine_total_from_run)
+    spec.optimizer.schedule.total_steps = std::max<int64_t>(1, spec.epochs * steps_per_epoch - spec.optimizer.schedule.warmup_steps);
+
+  io::BuiltGraph bg = io::build_graph(spec, B);
+  Model model(bg.graph, {.seed = spec.seed});
+  Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
+  Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
+  const std::string loss_name = bg.graph.value(bg.loss).name, pred_name = bg.graph.value(bg.prediction).name;
+
+  Position pos;
+  if (ck) {
+    try {
+      model.load_tensors(ck->tensors);
+    } catch (const Error& e) {
+      fail(*o.resume, " does not fit ", spec.source, ": ", e.what());
+    }
+    model.state().step = ck->step;
+    pos = ck->pos;
+    if (pos.epoch >= spec.epochs) fail(*o.resume, ": the run already finished its ", spec.epochs, " epochs (pass --epochs to train longer)");
+  }
+
+  const std::string out_dir = o.out_dir.empty() ? "runs/" + spec.name : o.out_dir;
+  std::filesystem::create_directories(out_dir);
+  const std::string ckpt_path = out_dir + "/checkpoint.safetensors", csv_path = out_dir + "/metrics.csv";
+  const bool fresh_csv = !ck || !std::filesystem::exists(csv_path);
+  std::ofstream csv(csv_path, fresh_csv ? std::ios::trunc : std::ios::app);
+  if (!csv) fail(csv_path, ": cannot write");
+  if (fresh_csv) csv << "epoch,step,lr,train_loss,train_accuracy,val_accuracy,test_loss,test_accuracy,epoch_seconds,samples_per_second\n";
+
+  const bool bar = o.output == Output::bar, json = o.output == Output::json;
+  const auto& layout = model.layout();
+  if (!json && o.output != Output::quiet)
+    std::printf("seam: training %s on %s: %lld parameters, batch %lld, %lld steps/epoch, %lld epochs, %s\n",
+                spec.name.c_str(), device.c_str(), static_cast<long long>(layout.param_count()), static_cast<long long>(B),
+                static_cast<long long>(steps_per_epoch), static_cast<long long>(spec.epochs), spec.optimizer.str().c_str());
+  if (json)
+    std::cout << nlohmann::json{{"event", "start"}, {"model", spec.name}, {"device", device}, {"parameters", layout.param_count()},
+                                {"batch", B}, {"steps_per_epoch", steps_per_epoch}, {"epochs", spec.epochs},
+                                {"resumed_at_step", model.state().step}}
+                     .dump()
+              << std::endl;
+
+  g_interrupted = false;
+  auto old_handler = std::signal(SIGINT, on_sigint);
+  int64_t steps_this_run = 0;
+  double last_test_acc = 0;
+  int exit_code = 0;
+  for (; pos.epoch < spec.epochs; ++pos.epoch, pos.batch = 0, pos.loss_sum = 0, pos.correct = pos.seen = pos.batches = 0) {
+    const auto te = Clock::now();
+    const int64_t first_batch = pos.batch;
+    train_loader.start_epoch(pos.epoch, pos.batch);
+    ProgressBar progress("epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs), steps_per_epoch, B, bar);
+    data::Batch b;
+    bool stop = false;
+    while (train_loader.next(b)) {
+      train.set_input("x", std::as_bytes(std::span(b.x)));
+      train.set_input("y", std::as_bytes(std::span(b.y)));
+      train.run();
+      const float loss = train.read_as<float>(loss_name)[0];
+      auto pred = train.read_as<int32_t>(pred_name);
+      for (int64_t i = 0; i < b.rows; ++i) pos.correct += pred[static_cast<size_t>(i)] == b.y[static_cast<size_t>(i)];
+      pos.seen += b.rows;
+      pos.loss_sum += loss;
+      pos.batches++;
+      pos.batch = b.index + 1;
+      ++steps_this_run;
+      if (!std::isfinite(loss)) {
+        progress.finish();
+        fail("the loss became ", loss, " at step ", model.state().step, " (epoch ", pos.epoch + 1,
+             "); lower the learning rate or check the data. The last checkpoint, if any, is unchanged.");
+      }
+      char status[96];
+      std::snprintf(status, sizeof status, "loss %.4f  acc %.4f", pos.loss_sum / static_cast<double>(pos.batches),
+                    static_cast<double>(pos.correct) / static_cast<double>(pos.seen));
+      progress.update(pos.batch, status);
+      if (json)
+        std::cout << nlohmann::json{{"event", "step"}, {"step", model.state().step}, {"epoch", pos.epoch + 1},
+                                    {"loss", loss}, {"lr", model.state().lr}}
+                         .dump()
+                  << '\n';
+      if (g_interrupted || (o.max_steps > 0 && steps_this_run >= o.max_steps)) {
+        stop = true;
+        break;
+      }
+    }
+    progress.finish();
+    pos.train_seconds += seconds_since(te);
+    if (stop) {
+      write_checkpoint(ckpt_path, model, spec, pos, B, static_cast<int64_t>(train_idx.size()));
+      std::fprintf(stderr, "seam: %s after step %lld (epoch %lld, batch %lld of %lld); checkpoint written to %s; continue with --resume %s\n",
+                   g_interrupted ? "interrupted" : "stopped", static_cast<long long>(model.state().step),
+                   static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.batch),
+                   static_cast<long long>(steps_per_epoch), ckpt_path.c_str(), ckpt_path.c_str());
+      exit_code = g_interrupted ? 130 : 0;
+      break;
+    }
+    const double epoch_seconds = seconds_since(te);
+    const double train_loss = pos.loss_sum / static_cast<double>(std::max<int64_t>(pos.batches, 1));
+    const double train_acc = static_cast<double>(pos.correct) / static_cast<double>(std::max<int64_t>(pos.seen, 1));
+    const double sps = static_cast<double>((steps_per_epoch - first_batch) * B) / std::max(epoch_seconds, 1e-9);
+    std::optional<EvalResult> val;
+    if (val_loader) val = evaluate(eval, bg, *val_loader, spec.classes);
+    EvalResult test = evaluate(eval, bg, test_loader, spec.classes);
+    last_test_acc = test.accuracy;
+    csv << pos.epoch + 1 << ',' << model.state().step << ',' << model.state().lr << ',' << train_loss << ',' << train_acc << ','
+        << (val ? std::to_string(val->accuracy) : "") << ',' << test.loss << ',' << test.accuracy << ',' << epoch_seconds << ','
+        << sps << '\n';
+    csv.flush();
+    if (json) {
+      nlohmann::json j{{"event", "epoch"}, {"epoch", pos.epoch + 1}, {"step", model.state().step}, {"train_loss", train_loss},
+                       {"train_accuracy", train_acc}, {"test_loss", test.loss}, {"test_accuracy", test.accuracy},
+                       {"seconds", epoch_seconds}, {"samples_per_second", sps}};
+      if (val) j["val_accuracy"] = val->accuracy;
+      std::cout << j.dump() << std::endl;
+    } else if (o.output != Output::quiet) {
+      std::printf("epoch %lld/%lld  train loss %.4f  train acc %.4f  %stest loss %.4f  test acc %.4f  %.1fs (%.0f samples/s)\n",
+                  static_cast<long long>(pos.epoch + 1), static_cast<long long>(spec.epochs), train_loss, train_acc,
+                  val ? ("val acc " + std::to_string(val->accuracy).substr(0, 6) + "  ").c_str() : "", test.loss, test.accuracy,
+                  epoch_seconds, sps);
+      std::fflush(stdout);
+    }
+    Position next = pos;
+    next.epoch++, next.batch = 0, next.loss_sum = 0, next.correct = next.seen = next.batches = 0;
+    write_checkpoint(ckpt_path, model, spec, next, B, static_cast<int64_t>(train_idx.size()));
+  }
+  std::signal(SIGINT, old_handler);
+  const double total = seconds_since(t0);
+  if (exit_code == 0 && pos.epoch >= spec.epochs) {
+    if (json)
+      std::cout << nlohmann::json{{"event", "done"}, {"test_accuracy", last_test_acc}, {"seconds", total},
+                                  {"train_seconds", pos.train_seconds}, {"checkpoint", ckpt_path}}
+                       .dump()
+                << std::endl;
+    else if (o.output != Output::quiet)
+      std::printf("seam: done in %s (training %s): test accuracy %.4f; checkpoint %s, metrics %s\n", format_duration(total).c_str(),
+                  format_duration(pos.train_seconds).c_str(), last_test_acc, ckpt_path.c_str(), csv_path.c_str());
+  }
+  return exit_code;
+}
+
+int run_eval(const EvalOptions& o) {
+  Checkpoint ck = read_checkpoint(o.checkpoint);
+  io::ModelSpec spec = o.model_path ? io::parse_model_file(*o.model_path)
+                                    : io::parse_model_json(ck.model_json, o.checkpoint + " (stored model)");
+  if (o.batch) spec.batch_size = *o.batch;
+  data::ImageData data = data::load_image_data(o.data_dir);
+  check_input(spec, data);
+  io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
+  Model model(bg.graph, {.seed = spec.seed});
+  try {
+    model.load_tensors(ck.tensors);
+  } catch (const Error& e) {
+    fail(o.checkpoint, " does not fit ", spec.source, ": ", e.what());
+  }
+  Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
+  data::BatchLoader loader(data.test, first_n(data.test.n, o.limit_test), {.batch = spec.batch_size, .shuffle = false, .drop_last = false});
+  EvalResult r = evaluate(eval, bg, loader, spec.classes);
+  if (o.json) {
+    nlohmann::json j{{"samples", r.samples}, {"accuracy", r.accuracy}, {"loss", r.loss}, {"confusion", nlohmann::json::array()}};
+    for (int64_t t = 0; t < spec.classes; ++t) {
+      std::vector<int64_t> row(r.confusion.begin() + t * spec.classes, r.confusion.begin() + (t + 1) * spec.classes);
+      j["confusion"].push_back(row);
+    }
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
+  std::printf("%s on %lld test samples: accuracy %.4f, loss %.4f\n", o.checkpoint.c_str(), static_cast<long long>(r.samples),
+              r.accuracy, r.loss);
+  std::printf("confusion matrix (rows: true class, columns: predicted)\n      ");
+  for (int64_t p = 0; p < spec.classes; ++p) std::printf("%6lld", static_cast<long long>(p));
+  std::printf("\n");
+  for (int64_t t = 0; t < spec.classes; ++t) {
+    std::printf("%6lld", static_cast<long long>(t));
+    for (int64_t p = 0; p < spec.classes; ++p) std::printf("%6lld", static_cast<long long>(r.confusion[static_cast<size_t>(t * spec.classes + p)]));
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval) {
+  io::ModelSpec spec = io::parse_model_file(model_path);
+  const int64_t B = batch.value_or(spec.batch_size);
+  if (spec.cosine_total_from_run)  // as a run over the 60000 Fashion-MNIST training images would set it
+    spec.optimizer.schedule.total_steps = std::max<int64_t>(1, spec.epochs * (60000 / B) - spec.optimizer.schedule.warmup_steps);
+  io::BuiltGraph bg = io::build_graph(spec, B);
+  Model model(bg.graph, {.seed = spec.seed});
+  Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
+                   : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
+  std::printf("%s (%s step, batch %lld)\n%s", spec.name.c_str(), eval ? "evaluation" : "training", static_cast<long long>(B),
+              p.plan().str().c_str());
+  return 0;
+}
+
+}  // namespace seam::train

@@ -1,0 +1,49 @@
+// Training and evaluation of image classifiers from model files: the loop behind
+// `seam train` and `seam eval`, with checkpoints that resume exactly.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/model_file.h"
+
+namespace seam::train {
+
+enum class Output { bar, quiet, json };
+
+struct TrainOptions {
+  std::optional<std::string> model_path;  // empty: the model stored in the checkpoint
+  std::string data_dir;
+  std::string out_dir;                    // empty: runs/<model name>
+  std::optional<std::string> resume;      // checkpoint to continue from
+  std::optional<int64_t> epochs, batch;
+  std::optional<double> lr;
+  std::optional<uint64_t> seed;
+  std::optional<std::string> device;
+  std::optional<double> val_split;
+  Output output = Output::bar;
+  int64_t max_steps = 0;    // > 0: stop after this many steps in all, checkpointing
+  int64_t limit_train = 0;  // > 0: use only the first N training samples
+  int64_t limit_test = 0;   // > 0: evaluate on the first N test samples
+};
+
+// Runs the whole training; returns the process exit code (0, or 130 when interrupted).
+int run_train(const TrainOptions& o);
+
+struct EvalOptions {
+  std::optional<std::string> model_path;
+  std::string checkpoint;
+  std::string data_dir;
+  std::optional<int64_t> batch;
+  int64_t limit_test = 0;
+  bool json = false;
+};
+
+// Evaluates a checkpoint on the test set: accuracy, loss, confusion matrix.
+int run_eval(const EvalOptions& o);
+
+// Prints the compiled step of a model file (training plan, or evaluation with eval).
+int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval);
+
+}  // namespace seam::train
