@@ -294,3 +294,18 @@ TEST_F(Cli, CheckpointErrorsLeaveEverythingAsItWas) {
   EXPECT_EQ(slurp(ck), good);
   EXPECT_EQ(slurp(dir / "run" / "metrics.csv"), csv);
 }
+
+// A short run on the real Fashion-MNIST (installed by tools/setup.sh): a broken trainer
+// stays near 0.1; a working one passes 0.8 after two epochs on 20000 images.
+TEST_F(Cli, FashionMnistShortRunLearns) {
+  const char* fmnist = "/usr/share/datasets/fashion-mnist";
+  ASSERT_TRUE(fs::exists(fs::path(fmnist) / "train-images-idx3-ubyte.gz"))
+      << "Fashion-MNIST is missing: tools/setup.sh installs it (apt-get install dataset-fashion-mnist)";
+  Result r = run(std::string("train ") + SEAM_EXAMPLES "/fmnist_mlp.json --epochs 2 --limit-train 20000 --limit-test 2000 --json --out " +
+                 (dir / "run").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto lines = json_lines(r.out);
+  double acc = lines.back()["test_accuracy"];
+  std::printf("Fashion-MNIST short run: test accuracy %.4f\n", acc);
+  EXPECT_GE(acc, 0.8);
+}

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libgtest-dev googletest
-          libcli11-dev nlohmann-json3-dev zlib1g-dev)
+          libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist)
 
 missing=()
 for p in "${packages[@]}"; do
