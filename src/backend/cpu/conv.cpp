@@ -1,27 +1,14 @@
-// conv2d and its two gradients on the CPU: im2col (or col2im) per image, then one BLAS
-// GEMM per group.
-#include <cblas.h>
+// conv2d and its two gradients on the CPU: im2col (or col2im) per image, then one GEMM
+// per group.
 
 #include <algorithm>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/gemm.h"
 
 namespace seam::cpu {
 
 namespace {
-
-// Row-major C = A' B' + beta C, where ' is an optional transpose.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float beta, float* c) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
-              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double beta,
-          double* c) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a,
-              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
-}
 
 // The geometry of one convolution, read from the attributes and the x / w shapes.
 struct ConvGeom {

@@ -1,22 +1,10 @@
-// matmul and linear on the CPU through BLAS (row-major GEMM).
-#include <cblas.h>
-
+// matmul and linear on the CPU through GEMM (backend/cpu/gemm.h).
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/gemm.h"
 
 namespace seam::cpu {
 
 namespace {
-
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
-              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), 0.0f, c, static_cast<int>(n));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a,
-              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), 0.0, c, static_cast<int>(n));
-}
 
 void matmul(const KernelArgs& x) {
   const Shape& as = x.in[0].shape();
@@ -30,12 +18,12 @@ void matmul(const KernelArgs& x) {
     const T* b = x.in[1].as<T>();
     T* y = x.out[0].as<T>();
     if (bs.size() == 2 && !ta) {  // a's batch dims fold into M: one GEMM
-      gemm(false, tb, x.in[0].numel() / k, n, k, a, b, y);
+      gemm(false, tb, x.in[0].numel() / k, n, k, a, b, T(0), y);
       return;
     }
     Shape batch(ys.begin(), ys.end() - 2), ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
     for_each_broadcast<2>(batch, {&ab, &bb}, [&](int64_t i, const std::array<int64_t, 2>& o) {
-      gemm(ta, tb, m, n, k, a + o[0] * m * k, b + o[1] * k * n, y + i * m * n);
+      gemm(ta, tb, m, n, k, a + o[0] * m * k, b + o[1] * k * n, T(0), y + i * m * n);
     });
   });
 }
@@ -45,7 +33,7 @@ void linear(const KernelArgs& x) {
   int64_t rows = x.in[0].numel() / in;
   dispatch_float(x.in[0].dtype(), [&]<class T>() {
     T* y = x.out[0].as<T>();
-    gemm(false, true, rows, out, in, x.in[0].as<T>(), x.in[1].as<T>(), y);
+    gemm(false, true, rows, out, in, x.in[0].as<T>(), x.in[1].as<T>(), T(0), y);
     if (x.in.size() == 3) {
       const T* b = x.in[2].as<T>();
       for (int64_t r = 0; r < rows; ++r)

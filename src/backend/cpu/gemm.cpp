@@ -1,0 +1,62 @@
+// GEMM through CBLAS, or a blocked fallback accumulating in double.
+#include "backend/cpu/gemm.h"
+
+#include <cstddef>
+#include <vector>
+
+#ifdef SEAM_HAS_BLAS
+#include <cblas.h>
+#endif
+
+namespace seam::cpu {
+
+namespace {
+
+#ifndef SEAM_HAS_BLAS
+// i-l-j order walks b and c rows contiguously; transposed operands are first packed so
+// the inner loop always reads memory in order.
+template <class T>
+void gemm_loops(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T beta, T* c) {
+  std::vector<double> acc(static_cast<size_t>(n));
+  std::vector<T> bt;
+  if (tb) {
+    bt.resize(static_cast<size_t>(k * n));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t l = 0; l < k; ++l) bt[static_cast<size_t>(l * n + j)] = b[j * k + l];
+    b = bt.data();
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] = beta == T(0) ? 0.0 : static_cast<double>(beta * c[i * n + j]);
+    for (int64_t l = 0; l < k; ++l) {
+      const double av = ta ? a[l * m + i] : a[i * k + l];
+      const T* brow = b + l * n;
+      for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += av * static_cast<double>(brow[j]);
+    }
+    for (int64_t j = 0; j < n; ++j) c[i * n + j] = static_cast<T>(acc[static_cast<size_t>(j)]);
+  }
+}
+#endif
+
+}  // namespace
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float beta, float* c) {
+#ifdef SEAM_HAS_BLAS
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
+#else
+  gemm_loops(ta, tb, m, n, k, a, b, beta, c);
+#endif
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, const double* b, double beta, double* c) {
+#ifdef SEAM_HAS_BLAS
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
+#else
+  gemm_loops(ta, tb, m, n, k, a, b, beta, c);
+#endif
+}
+
+}  // namespace seam::cpu
