@@ -100,9 +100,36 @@ void register_matmul(OpTable& t) {
     d.grad = [](GradCtx& c) {
       Var x = c.x(0), w = c.x(1), dy = c.dy();
       int64_t in = w.dim(1), out = w.dim(0), m = x.type().numel() / in;
-      if (c.needs(0)) c.set(0, reshape(matmul(reshape(dy, {m, out}), w), x.shape()));
-      if (c.needs(1)) c.set(1, matmul(reshape(dy, {m, out}), reshape(x, {m, in}), true, false));
-      if (c.needs(2)) c.set(2, sum(reshape(dy, {m, out}), {0}));
+      Var dy2 = reshape(dy, {m, out});
+      if (c.needs(0)) c.set(0, reshape(matmul(dy2, w), x.shape()));
+      if (c.needs(1) && c.needs(2)) {
+        // One GEMM gives both: cuBLASLt's BGRADB epilogue sums dy while it multiplies.
+        auto out2 = c.g.add(Op::linear_grad_weight_bias, {dy2.id(), reshape(x, {m, in}).id()});
+        c.set(1, c.g.var(out2[0]));
+        c.set(2, c.g.var(out2[1]));
+      } else {
+        if (c.needs(1)) c.set(1, matmul(dy2, reshape(x, {m, in}), true, false));
+        if (c.needs(2)) c.set(2, sum(dy2, {0}));
+      }
+    };
+  }
+  {
+    OpDef& d = def(t, Op::linear_grad_weight_bias);
+    d.name = "linear_grad_weight_bias";
+    d.inputs = {"dy", "x"};
+    d.outputs = {"dw", "db"};
+    d.doc = "dw = dy^T x and db = sum over rows of dy, for dy [M, out], x [M, in]";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      c.expect_rank(0, 2);
+      c.expect_rank(1, 2);
+      if (c.shape(0)[0] != c.shape(1)[0]) c.fail("dy and x need the same number of rows");
+      DType t = c.type(0).dtype;
+      return std::vector<TensorType>{{t, {c.shape(0)[1], c.shape(1)[1]}}, {t, {c.shape(0)[1]}}};
+    };
+    d.flops = [](const OpCostCtx& c) {
+      return 2.0 * static_cast<double>(c.in[0].numel()) * static_cast<double>(c.in[1].shape[1]);
     };
   }
 }

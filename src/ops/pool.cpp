@@ -61,17 +61,18 @@ void register_pool(OpTable& t) {
         a.set("shape", c.x(0).shape());
         c.set(0, c.g.add1(Op::avg_pool2d_grad, {c.dy().id()}, a));
       } else {
-        c.set(0, c.g.add1(Op::max_pool2d_grad, {c.dy().id(), c.x(0).id()}, a));
+        c.set(0, c.g.add1(Op::max_pool2d_grad, {c.dy().id(), c.x(0).id(), c.y().id()}, a));
       }
     };
   }
   {
     OpDef& d = def(t, Op::max_pool2d_grad);
     d.name = "max_pool2d_grad";
-    d.inputs = {"dy", "x"};
+    d.inputs = {"dy", "x", "y"};
     d.outputs = {"dx"};
     d.attrs = pool_attrs(false);
-    d.doc = "routes dy to the first maximum of each window";
+    d.doc = "routes dy to the first maximum of each window (y: the forward output, which "
+            "library kernels such as cuDNN's read)";
     d.infer = [](const InferCtx& c) {
       if (pool_out_shape(c, c.shape(1)) != c.shape(0)) c.fail("dy does not match the pooled shape of x");
       return std::vector<TensorType>{c.type(1)};

@@ -182,7 +182,10 @@ void register_shape(OpTable& t) {
   }
 }
 
-Var reshape(Var x, Shape shape) { return x.graph().add1(Op::reshape, {x.id()}, {{"shape", shape}}); }
+Var reshape(Var x, Shape shape) {
+  if (shape == x.shape()) return x;  // no node for a reshape that changes nothing
+  return x.graph().add1(Op::reshape, {x.id()}, {{"shape", shape}});
+}
 Var flatten(Var x, int64_t start_dim, int64_t end_dim) {
   return x.graph().add1(Op::flatten, {x.id()}, {{"start_dim", start_dim}, {"end_dim", end_dim}});
 }

@@ -1,4 +1,6 @@
 // matmul and linear on the CPU through GEMM (backend/cpu/gemm.h).
+#include <vector>
+
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm.h"
 
@@ -42,11 +44,26 @@ void linear(const KernelArgs& x) {
   });
 }
 
+// dw = dy^T x, db = column sums of dy (double accumulation).
+void linear_grad_weight_bias(const KernelArgs& a) {
+  int64_t m = a.in[0].shape()[0], out = a.in[0].shape()[1], in = a.in[1].shape()[1];
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* dy = a.in[0].as<T>();
+    gemm(true, false, out, in, m, dy, a.in[1].as<T>(), T(0), a.out[0].as<T>());
+    std::vector<double> acc(static_cast<size_t>(out), 0.0);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < out; ++j) acc[static_cast<size_t>(j)] += static_cast<double>(dy[r * out + j]);
+    T* db = a.out[1].as<T>();
+    for (int64_t j = 0; j < out; ++j) db[j] = static_cast<T>(acc[static_cast<size_t>(j)]);
+  });
+}
+
 }  // namespace
 
 void register_matmul(KernelTable& t) {
   set(t, Op::matmul, matmul);
   set(t, Op::linear, linear);
+  set(t, Op::linear_grad_weight_bias, linear_grad_weight_bias);
 }
 
 }  // namespace seam::cpu

@@ -64,7 +64,8 @@ void max_pool2d(const KernelArgs& a) {
   });
 }
 
-// inputs: dy, x. Overlapping windows that share a maximum both add to it.
+// inputs: dy, x, y (y unused here: the argmax is recomputed from x). Overlapping
+// windows that share a maximum both add to it.
 void max_pool2d_grad(const KernelArgs& a) {
   const PoolGeom g = pool_geom(a.attrs(), a.in[1].shape(), a.in[0].shape());
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
