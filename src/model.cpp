@@ -22,11 +22,29 @@ struct Model::Storage {
   std::byte* grads = nullptr;
   std::byte* state = nullptr;
   std::byte* opt = nullptr;
+  std::byte* counters = nullptr;  // the backend's copy of step and seed, if it keeps one
+  StepState synced{-1, 0, 0, 0};  // what `counters` holds (step -1: nothing yet)
   ~Storage() {
-    for (std::byte* p : {params, grads, state, opt})
+    for (std::byte* p : {params, grads, state, opt, counters})
       if (p) backend->release(p);
   }
+  Regions regions(std::byte* arena) { return {arena, params, grads, state, opt, counters, &synced}; }
 };
+
+const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
+
+Device default_device() {
+#ifdef SEAM_HAS_CUDA
+  try {
+    make_cuda_backend();
+    return Device::cuda;
+  } catch (const Error&) {
+    return Device::cpu;
+  }
+#else
+  return Device::cpu;
+#endif
+}
 
 namespace {
 
@@ -85,16 +103,17 @@ const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, c
 
 }  // namespace
 
-Model::Model(Graph graph, ModelOptions options) : graph_(std::move(graph)) {
+Model::Model(Graph graph, ModelOptions options) : graph_(std::move(graph)), device_(options.device) {
   graph_.verify();
   layout_ = make_layout(graph_);
   state_.seed = options.seed;
-  backend_ = make_cpu_backend();
+  backend_ = device_ == Device::cuda ? make_cuda_backend(options.tf32) : make_cpu_backend();
   storage_ = std::make_unique<Storage>();
   storage_->backend = backend_;
   storage_->params = backend_->alloc(layout_.param_bytes);
   storage_->grads = backend_->alloc(layout_.param_bytes);
   storage_->state = backend_->alloc(layout_.state_bytes);
+  storage_->counters = backend_->alloc(64);
   reset();
 }
 
@@ -258,9 +277,13 @@ Program::Program(Model& m, Plan plan) : model_(&m), plan_(std::make_unique<Plan>
   Model::Storage& st = *m.storage_;
   if (plan_->optimizer && plan_->optimizer->state_slots() > 0 && !st.opt)
     st.opt = m.backend_->alloc(kOptSlots * m.layout_.param_bytes);
-  arena_ = m.backend_->alloc(plan_->arena_bytes);
-  Regions r{arena_, st.params, st.grads, st.state, st.opt};
-  exe_ = m.backend_->prepare(*plan_, r);
+  try {
+    arena_ = m.backend_->alloc(plan_->arena_bytes);
+  } catch (const Error& e) {
+    fail("cannot allocate the arena of ", plan_->arena_bytes, " bytes (the plan's peak; parameters take ",
+         m.layout_.param_bytes, " more): ", e.what());
+  }
+  exe_ = m.backend_->prepare(*plan_, st.regions(arena_));
 }
 
 Program::Program(Program&& o) noexcept
@@ -313,15 +336,17 @@ std::vector<std::byte> Program::read(const std::string& output) const {
     for (auto& o : plan_->outputs) known += (known.empty() ? "" : ", ") + o.name;
     fail("no output named '", output, "' (this program's outputs: ", known, ")");
   }
-  Model::Storage& st = *model_->storage_;
-  return read_ref(*model_->backend_, {arena_, st.params, st.grads, st.state, st.opt}, b->ref);
+  auto out = read_ref(*model_->backend_, model_->storage_->regions(arena_), b->ref);
+  exe_->check();
+  return out;
 }
 
 std::vector<std::byte> Program::read_grad(const std::string& param) const {
   const Binding* b = plan_->grad(param);
   if (!b) fail("this program computes no gradient for '", param, "'");
-  Model::Storage& st = *model_->storage_;
-  return read_ref(*model_->backend_, {arena_, st.params, st.grads, st.state, st.opt}, b->ref);
+  auto out = read_ref(*model_->backend_, model_->storage_->regions(arena_), b->ref);
+  exe_->check();
+  return out;
 }
 
 }  // namespace seam

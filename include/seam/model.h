@@ -47,8 +47,15 @@ struct CompileOptions {
   bool reuse_memory = true;                  // false: no arena reuse (planner checks)
 };
 
+enum class Device : uint8_t { cpu, cuda };
+const char* device_name(Device d);
+// The GPU when this build has the CUDA backend and the runtime sees a GPU, else the CPU.
+Device default_device();
+
 struct ModelOptions {
   uint64_t seed = 0;
+  Device device = Device::cpu;
+  bool tf32 = true;  // f32 GEMMs and convolutions may use TF32 tensor cores (CUDA)
 };
 
 class Backend;
@@ -64,6 +71,7 @@ class Model {
   const Graph& graph() const { return graph_; }
   const Layout& layout() const { return layout_; }
   StepState& state() { return state_; }
+  Device device() const { return device_; }
 
   class Program compile(const CompileOptions& options);
 
@@ -89,6 +97,7 @@ class Model {
   Graph graph_;
   Layout layout_;
   StepState state_;
+  Device device_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<Storage> storage_;
 };

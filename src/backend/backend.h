@@ -15,14 +15,22 @@ struct Regions {
   std::byte* grads = nullptr;
   std::byte* state = nullptr;
   std::byte* opt = nullptr;  // optimizer moments: slot s at s * layout.param_bytes
+  // Backends that keep the step counter and seed in their own memory (CUDA) keep them
+  // here, and record in `synced` the host state they last received or produced.
+  std::byte* counters = nullptr;
+  StepState* synced = nullptr;
   std::byte* base(Region r) const;
 };
 
 class Executable {
  public:
   virtual ~Executable() = default;
-  // Runs every step, then the optimizer update if the plan has one.
+  // Runs every step, then the optimizer update if the plan has one. May return before
+  // the work is done; reading results waits for it.
   virtual void run(StepState& state) = 0;
+  // Throws the first bad-input error a kernel reported since the last check (after the
+  // work is done); backends whose kernels throw directly have none.
+  virtual void check() {}
 };
 
 class Backend {
@@ -38,5 +46,8 @@ class Backend {
 };
 
 std::shared_ptr<Backend> make_cpu_backend();
+// Throws seam::Error if the build has no CUDA backend or no GPU is usable. tf32: f32
+// GEMMs and convolutions may use TF32 tensor cores.
+std::shared_ptr<Backend> make_cuda_backend(bool tf32 = true);
 
 }  // namespace seam

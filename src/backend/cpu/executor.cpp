@@ -83,4 +83,8 @@ class CpuBackend : public Backend {
 
 std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<cpu::CpuBackend>(); }
 
+#ifndef SEAM_HAS_CUDA
+std::shared_ptr<Backend> make_cuda_backend(bool) { fail("this build of seam has no CUDA backend (nvcc was not found)"); }
+#endif
+
 }  // namespace seam

@@ -1,0 +1,129 @@
+// The CUDA backend's kernel interface. For each plan step a preparer runs once, when a
+// plan is prepared: it checks dtypes, builds library descriptors, picks algorithms and
+// reserves scratch memory, and returns a Launch that only enqueues work on a stream.
+// Launches capture everything by value, so the same sequence can be replayed or
+// captured into a CUDA Graph.
+//
+// Kernels cannot throw: one that meets bad data (an embedding id or a label out of range)
+// records it in the device error slot with report_error(); the host turns the first such
+// report into a seam::Error when it next reads results.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "seam/plan.h"
+
+namespace seam::cuda {
+
+struct DeviceTensor {
+  void* data = nullptr;
+  TensorType type;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+  int64_t numel() const { return type.numel(); }
+  const Shape& shape() const { return type.shape; }
+  DType dtype() const { return type.dtype; }
+};
+
+// Step-to-step state in device memory, read and advanced by kernels (so a captured graph
+// stays valid): the optimizer step, the dropout seed, the learning rate it used.
+struct DeviceCounters {
+  int64_t step;
+  uint64_t seed;
+  float lr;
+  float grad_norm;
+};
+
+// The first bad input a kernel met: which step, what, and two numbers for the message.
+struct DeviceError {
+  int32_t step;  // plan step index, -1 if none
+  int32_t code;
+  int64_t a, b, c;
+};
+
+enum ErrorCode : int32_t {
+  kNoError = 0,
+  kEmbeddingId = 1,   // a: position, b: id, c: rows
+  kLabelRange = 2,    // a: row, b: label, c: classes
+};
+
+class GemmCache;
+class ConvCache;
+
+// Shared by every step of one prepared plan.
+class Context {
+ public:
+  cudaStream_t stream = nullptr;
+  void* cublaslt = nullptr;  // cublasLtHandle_t
+  void* cudnn = nullptr;     // cudnnHandle_t
+  GemmCache* gemm_cache = nullptr;
+  ConvCache* conv_cache = nullptr;
+  bool tf32 = true;  // f32 GEMMs and convolutions may use TF32 tensor cores
+  DeviceCounters* counters = nullptr;
+  DeviceError* error = nullptr;
+  int sm_count = 0;
+
+  // Persistent device memory for one step's own use (zeroed); freed with the plan.
+  void* scratch(size_t bytes);
+  // One workspace shared by all steps (they run one after another on one stream); a
+  // launch reads workspace() when it runs, after every step has stated its need.
+  void need_workspace(size_t bytes) { workspace_need_ = std::max(workspace_need_, bytes); }
+  void* workspace() const { return workspace_; }
+  size_t workspace_size() const { return workspace_size_; }
+
+  ~Context();
+  void finish_prepare();  // allocates the workspace
+
+ private:
+  std::vector<void*> scratch_;
+  size_t workspace_need_ = 0, workspace_size_ = 0;
+  void* workspace_ = nullptr;
+};
+
+struct StepArgs {
+  const PlanStep& step;
+  int index;  // position in the plan, for error reports
+  std::vector<DeviceTensor> in, out;
+  Context& ctx;
+};
+
+using Launch = std::function<void(cudaStream_t)>;
+using Preparer = Launch (*)(const StepArgs&);
+using PreparerTable = std::vector<Preparer>;
+
+// The preparer for an op; throws if the CUDA backend has none.
+Preparer preparer_for(Op op);
+
+void register_elementwise(PreparerTable& t);
+void register_reduce(PreparerTable& t);
+void register_shape(PreparerTable& t);
+void register_misc(PreparerTable& t);
+void register_matmul(PreparerTable& t);
+void register_softmax(PreparerTable& t);
+void register_loss(PreparerTable& t);
+void register_norm(PreparerTable& t);        // layer_norm
+void register_batch_norm(PreparerTable& t);  // batch_norm (cuDNN)
+void register_conv(PreparerTable& t);
+void register_pool(PreparerTable& t);
+
+inline void set(PreparerTable& t, Op op, Preparer p) { t.at(static_cast<size_t>(op)) = p; }
+
+// Throws unless every input and output is f32: the dtypes the CUDA kernels compute in.
+void expect_f32(const StepArgs& a);
+
+// Blocks of `threads` covering n items, capped to a grid the GPU keeps busy with
+// grid-stride loops.
+inline unsigned blocks_for(int64_t n, int threads, int cap = 65535) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+}  // namespace seam::cuda

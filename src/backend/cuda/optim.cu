@@ -1,0 +1,123 @@
+// The optimizer update on the GPU. Same formulas as the CPU reference
+// (src/backend/cpu/optim.cpp: PyTorch's SGD, Adam, AdamW and clip_grad_norm_), in f32
+// with the bias corrections and learning rate computed once per launch in double.
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/optim.h"
+
+namespace seam::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Everything the update needs besides the buffers; passed by value.
+struct Hyper {
+  int kind;  // OptimizerConfig::Kind
+  float momentum, dampening, beta1, beta2, eps, weight_decay, clip_norm;
+  bool nesterov;
+  double lr;
+  int sched_kind;
+  int64_t warmup, step_size, total;
+  double gamma, min_lr;
+};
+
+__device__ double lr_at(const Hyper& h, int64_t step) {
+  if (step < h.warmup) return h.lr * static_cast<double>(step + 1) / static_cast<double>(h.warmup);
+  const int64_t t = step - h.warmup;
+  if (h.sched_kind == static_cast<int>(Schedule::Kind::step))
+    return h.lr * pow(h.gamma, static_cast<double>(t / (h.step_size > 0 ? h.step_size : 1)));
+  if (h.sched_kind == static_cast<int>(Schedule::Kind::cosine)) {
+    double p = fmin(1.0, static_cast<double>(t) / static_cast<double>(h.total > 0 ? h.total : 1));
+    return h.min_lr + (h.lr - h.min_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * p));
+  }
+  return h.lr;
+}
+
+// Squared norm of the gradients: per-block partial sums, then one block adds them up,
+// in a fixed order so the result is the same on every run.
+__global__ void sumsq_partial(const float* __restrict__ g, int64_t n, float* __restrict__ partial) {
+  float s = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    s += g[i] * g[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sumsq_final(const float* __restrict__ partial, int blocks, DeviceCounters* c) {
+  double s = 0;
+  for (int i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) c->grad_norm = static_cast<float>(sqrt(s));
+}
+
+__global__ void update(float* __restrict__ p, float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                       int64_t n, int64_t n_decay, Hyper h, const DeviceCounters* __restrict__ c) {
+  const int64_t t = c->step;
+  const float lr = static_cast<float>(lr_at(h, t));
+  float scale = 1.f;  // gradient clipping
+  if (h.clip_norm > 0.f) scale = fminf(1.f, h.clip_norm / (c->grad_norm + 1e-6f));
+  const float bc1 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta1), static_cast<double>(t + 1)));
+  const float sqrt_bc2 = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(h.beta2), static_cast<double>(t + 1))));
+  const float step_size = lr / bc1;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float gi = g[i] * scale, pi = p[i];
+    const float wd = i < n_decay ? h.weight_decay : 0.f;
+    if (h.kind == static_cast<int>(OptimizerConfig::Kind::sgd)) {
+      gi += wd * pi;
+      if (h.momentum != 0.f) {
+        float b = t == 0 ? gi : h.momentum * m[i] + (1.f - h.dampening) * gi;
+        m[i] = b;
+        gi = h.nesterov ? gi + h.momentum * b : b;
+      }
+      p[i] = pi - lr * gi;
+    } else {
+      if (h.kind == static_cast<int>(OptimizerConfig::Kind::adamw)) pi *= 1.f - lr * wd;
+      else gi += wd * pi;
+      float mi = h.beta1 * m[i] + (1.f - h.beta1) * gi;
+      float vi = h.beta2 * v[i] + (1.f - h.beta2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = pi - step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
+    }
+    if (scale != 1.f) g[i] = gi;  // the clipped gradient, as the CPU leaves it
+  }
+}
+
+__global__ void advance(DeviceCounters* c, Hyper h) {
+  c->lr = static_cast<float>(lr_at(h, c->step));
+  c->step += 1;
+}
+
+}  // namespace
+
+Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx) {
+  if (layout.param_dtype != DType::f32)
+    fail("the CUDA optimizer updates f32 parameters, the model's are ", dtype_name(layout.param_dtype));
+  Hyper h{static_cast<int>(c.kind), static_cast<float>(c.momentum), static_cast<float>(c.dampening),
+          static_cast<float>(c.beta1), static_cast<float>(c.beta2), static_cast<float>(c.eps),
+          static_cast<float>(c.weight_decay), static_cast<float>(c.clip_norm), c.nesterov, c.lr,
+          static_cast<int>(c.schedule.kind), c.schedule.warmup_steps, c.schedule.step_size, c.schedule.total_steps,
+          c.schedule.gamma, c.schedule.min_lr};
+  const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(float));
+  const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(float));
+  float* p = reinterpret_cast<float*>(r.params);
+  float* g = reinterpret_cast<float*>(r.grads);
+  float* m = reinterpret_cast<float*>(r.opt);
+  float* v = m ? m + n : nullptr;
+  DeviceCounters* counters = ctx.counters;
+  const unsigned blocks = blocks_for(n, kThreads, ctx.sm_count * 8);
+  float* partial = c.clip_norm > 0 ? static_cast<float*>(ctx.scratch(blocks * sizeof(float))) : nullptr;
+  return [=](cudaStream_t s) {
+    if (partial) {
+      sumsq_partial<<<blocks, kThreads, 0, s>>>(g, n, partial);
+      sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), counters);
+    }
+    update<<<blocks, kThreads, 0, s>>>(p, g, m, v, n, n_decay, h, counters);
+    advance<<<1, 1, 0, s>>>(counters, h);
+  };
+}
+
+}  // namespace seam::cuda

@@ -1,0 +1,12 @@
+// The optimizer update on the GPU: one kernel over the flat parameter, gradient and
+// moment buffers (multi-tensor by construction), with the learning rate computed on the
+// device from the step counter in device memory, and the counter advanced there.
+#pragma once
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+
+namespace seam::cuda {
+
+Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx);
+
+}  // namespace seam::cuda

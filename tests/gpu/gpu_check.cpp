@@ -1,0 +1,115 @@
+// GPU against CPU comparisons.
+#include "gpu_check.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace seam::gpu_testing {
+
+namespace {
+template <class T>
+std::vector<std::byte> bytes_of(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+}  // namespace
+
+Var GpuCase::param(const std::string& name, Shape shape, double lo, double hi, bool decay) {
+  return g.param(name, std::move(shape), Init::uniform(lo, hi), decay);
+}
+
+Var GpuCase::data(const std::string& name, Shape shape, double lo, double hi) {
+  Var v = g.input(name, shape);
+  std::uniform_real_distribution<float> d(static_cast<float>(lo), static_cast<float>(hi));
+  std::vector<float> x(static_cast<size_t>(numel(shape)));
+  for (auto& e : x) e = d(rng_);
+  feeds.emplace_back(name, bytes_of(x));
+  return v;
+}
+
+Var GpuCase::labels(const std::string& name, Shape shape, int32_t n) {
+  std::uniform_int_distribution<int32_t> d(0, n - 1);
+  std::vector<int32_t> x(static_cast<size_t>(numel(shape)));
+  for (auto& e : x) e = d(rng_);
+  return ints(name, std::move(shape), std::move(x));
+}
+
+Var GpuCase::ints(const std::string& name, Shape shape, std::vector<int32_t> values) {
+  Var v = g.input(name, shape, DType::i32);
+  feeds.emplace_back(name, bytes_of(values));
+  return v;
+}
+
+Var GpuCase::state(const std::string& name, Shape shape, Init init) { return g.state(name, std::move(shape), init); }
+
+double expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, const Tolerance& tol,
+                    const std::string& what) {
+  EXPECT_EQ(gpu.size(), cpu.size()) << what;
+  if (gpu.size() != cpu.size()) return INFINITY;
+  double diff = 0, ref = 0;
+  size_t worst = 0;
+  double worst_excess = 0;
+  bool finite = true;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    double d = static_cast<double>(gpu[i]) - cpu[i];
+    finite = finite && std::isfinite(gpu[i]);
+    diff += d * d;
+    ref += static_cast<double>(cpu[i]) * cpu[i];
+    double excess = std::abs(d) - (tol.atol + 10 * tol.rel * std::abs(cpu[i]));
+    if (excess > worst_excess) worst_excess = excess, worst = i;
+  }
+  double rel = std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
+  EXPECT_TRUE(finite) << what << ": the GPU produced NaN or inf";
+  EXPECT_LE(rel, tol.rel) << what << ": relative L2 error " << rel;
+  EXPECT_LE(worst_excess, 0.0) << what << "[" << worst << "]: GPU " << gpu[worst] << ", CPU " << cpu[worst];
+  return rel;
+}
+
+double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const CompareOptions& o) {
+  GpuCase c(17);
+  Var out = build(c);
+  Var loss;
+  std::vector<ValueId> outputs{out.id()};
+  if (o.gradients) {
+    Var r = c.data("__weights", out.shape(), 0.5, 1.5);
+    loss = sum(mul(out, r));
+  }
+  std::vector<std::string> params;
+  for (ValueId id : c.g.params()) params.push_back(c.g.value(id).name);
+  const std::string out_name = out.name();
+
+  auto run = [&](Device d, std::vector<std::vector<float>>& results) {
+    Model m(c.g, {.seed = 23, .device = d});
+    CompileOptions co{.mode = o.mode, .outputs = outputs};
+    if (o.gradients) co.loss = loss.id(), co.gradients = true;
+    Program p = m.compile(co);
+    for (int k = 0; k < o.runs; ++k) {
+      for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
+      p.run();
+    }
+    if (out.dtype() == DType::i32) {
+      auto v = p.read_as<int32_t>(out_name);
+      results.emplace_back(v.begin(), v.end());
+    } else {
+      results.push_back(p.read_as<float>(out_name));
+    }
+    if (o.gradients)
+      for (auto& name : params) results.push_back(p.grad_as<float>(name));
+    for (ValueId id : c.g.states()) results.push_back(Program::cast_bytes<float>(m.read_state(c.g.value(id).name)));
+  };
+  std::vector<std::vector<float>> cpu, gpu;
+  run(Device::cpu, cpu);
+  run(Device::cuda, gpu);
+  std::vector<std::string> names{"output " + out_name};
+  if (o.gradients)
+    for (auto& p : params) names.push_back("gradient of " + p);
+  for (ValueId id : c.g.states()) names.push_back("state " + c.g.value(id).name);
+  double worst = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) worst = std::max(worst, expect_close(gpu[i], cpu[i], o.tol, names[i]));
+  return worst;
+}
+
+}  // namespace seam::gpu_testing

@@ -1,0 +1,1 @@
+// Placeholder: GPU tests of this family are being written.
