@@ -11,6 +11,7 @@
 #include "common/half.h"
 #include "common/philox.h"
 #include "ops/registry.h"
+#include "passes/fuse.h"
 #include "passes/passes.h"
 #include "plan/lower.h"
 
@@ -269,6 +270,14 @@ Program Model::compile(const CompileOptions& o) {
       pinned.insert(gv);
       req.grads.emplace_back(gv, i);
     }
+  }
+  if (o.fuse) {
+    std::vector<ValueId> keep = req.outputs;
+    for (auto& [v, slot] : req.grads) keep.push_back(v);
+    FuseResult f = fuse_epilogues(g, keep);
+    g = std::move(f.graph);
+    for (ValueId& v : req.outputs) v = f.map[static_cast<size_t>(v)];
+    for (auto& [v, slot] : req.grads) v = f.map[static_cast<size_t>(v)];
   }
   return Program(*this, lower(g, layout_, req));
 }

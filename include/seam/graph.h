@@ -92,6 +92,9 @@ class Graph {
   // Adds a node: fills default attributes, rejects unknown ones, infers and checks the
   // output types. Returns the output values.
   std::vector<ValueId> add(Op op, const std::vector<ValueId>& inputs, Attrs attrs = {});
+  // The same with the node's name given (it must be new to the graph); used by passes
+  // that rebuild a graph and keep its names.
+  std::vector<ValueId> add_named(Op op, const std::vector<ValueId>& inputs, Attrs attrs, const std::string& name);
   Var add1(Op op, const std::vector<ValueId>& inputs, Attrs attrs = {}) {
     return Var(this, add(op, inputs, std::move(attrs)).at(0));
   }
@@ -131,6 +134,7 @@ class Graph {
 
  private:
   ValueId new_leaf(const std::string& name, TensorType type, ValueKind kind);
+  std::vector<ValueId> add_impl(Op op, const std::vector<ValueId>& inputs, Attrs attrs, std::string name);
   std::string unique_name(const std::string& base);
 
   std::vector<Value> values_;

@@ -45,6 +45,7 @@ struct CompileOptions {
   bool gradients = false;                    // gradients of the loss without an update
   std::vector<ValueId> outputs;              // values to read after a run
   bool reuse_memory = true;                  // false: no arena reuse (planner checks)
+  bool fuse = true;                          // GEMM epilogue fusion (src/passes/fuse.h)
 };
 
 enum class Device : uint8_t { cpu, cuda };

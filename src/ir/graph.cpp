@@ -150,8 +150,16 @@ Attrs complete_attrs(const OpDef& d, const Attrs& given, const std::string& node
 }  // namespace
 
 std::vector<ValueId> Graph::add(Op op, const std::vector<ValueId>& inputs, Attrs attrs) {
+  return add_impl(op, inputs, std::move(attrs), unique_name(op_def(op).name));
+}
+
+std::vector<ValueId> Graph::add_named(Op op, const std::vector<ValueId>& inputs, Attrs attrs, const std::string& name) {
+  if (by_name_.count(name)) fail("duplicate node name '", name, "'");
+  return add_impl(op, inputs, std::move(attrs), name);
+}
+
+std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, Attrs attrs, std::string name) {
   const OpDef& d = op_def(op);
-  std::string name = unique_name(d.name);
   for (ValueId id : inputs)
     if (id < 0 || static_cast<size_t>(id) >= values_.size())
       fail(d.name, " node '", name, "': operand ", id, " does not belong to this graph");

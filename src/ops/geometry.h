@@ -25,4 +25,10 @@ inline int64_t window_out(int64_t in, int64_t kernel, int64_t stride, int64_t pa
   return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
 }
 
+// The auxiliary record a fused linear + activation keeps for its backward GEMM, laid out
+// as cuBLASLt's epilogues write it: for relu a bit per element (bit j of row i at bit
+// i * ld + j, ld = N rounded up to 128), for gelu_tanh the pre-activation itself (this
+// needs N % 8 == 0, so that the record is exactly the [M, N] matrix).
+inline int64_t relu_mask_row_bytes(int64_t n) { return (n + 127) / 128 * 16; }
+
 }  // namespace seam

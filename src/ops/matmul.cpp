@@ -1,6 +1,7 @@
 // matmul and linear: schema, shapes, gradients. Gradients are themselves matmuls; for a
 // weight shared across leading dims ([B, T, K] x [K, N]) the weight gradient is one GEMM
 // over M = B*T through free reshapes, never per-batch GEMMs plus a reduction.
+#include "ops/geometry.h"
 #include "ops/registry.h"
 
 namespace seam {
@@ -29,6 +30,8 @@ MatmulDims matmul_dims(const InferCtx& c) {
 }
 
 }  // namespace
+
+void register_fused_matmul(OpTable& t);
 
 void register_matmul(OpTable& t) {
   {
@@ -130,6 +133,70 @@ void register_matmul(OpTable& t) {
     };
     d.flops = [](const OpCostCtx& c) {
       return 2.0 * static_cast<double>(c.in[0].numel()) * static_cast<double>(c.in[1].shape[1]);
+    };
+  }
+  register_fused_matmul(t);  // after linear: it borrows linear's shape rule and cost
+}
+
+namespace {
+
+// Checks the act attribute of the fused ops.
+const std::string& act_of(const InferCtx& c) {
+  const std::string& a = c.attrs.s("act");
+  if (a != "relu" && a != "gelu_tanh") c.fail("act must be relu or gelu_tanh, got '", a, "'");
+  return a;
+}
+
+std::vector<TensorType> infer_linear(const InferCtx& c) { return op_def(Op::linear).infer(c); }
+
+TensorType aux_type(const std::string& act, int64_t rows, int64_t n, DType t) {
+  if (act == "relu") return {DType::u8, {rows, relu_mask_row_bytes(n)}};
+  return {t, {rows, n}};
+}
+
+}  // namespace
+
+void register_fused_matmul(OpTable& t) {
+  for (Op op : {Op::linear_act, Op::linear_act_aux}) {
+    OpDef& d = def(t, op);
+    bool aux = op == Op::linear_act_aux;
+    d.name = op_name(op);
+    d.inputs = {"x", "w", "b?"};
+    d.outputs = aux ? std::vector<std::string>{"y", "aux"} : std::vector<std::string>{"y"};
+    d.attrs = {{"act", std::string("relu")}};
+    d.doc = aux ? "y = act(x w^T + b), and the record its backward GEMM needs (made by fusion)"
+                : "y = act(x w^T + b) in one GEMM epilogue (made by fusion)";
+    d.infer = [aux](const InferCtx& c) {
+      const std::string& act = act_of(c);
+      auto y = infer_linear(c);
+      if (!aux) return y;
+      int64_t n = y[0].shape.back(), rows = y[0].numel() / n;
+      if (act == "gelu_tanh" && n % 8) c.fail("gelu_tanh's record needs out % 8 == 0, got ", n);
+      return std::vector<TensorType>{y[0], aux_type(act, rows, n, y[0].dtype)};
+    };
+    d.flops = def(t, Op::linear).flops;
+  }
+  {
+    OpDef& d = def(t, Op::matmul_act_grad);
+    d.name = "matmul_act_grad";
+    d.inputs = {"dy", "w", "aux"};
+    d.outputs = {"dx"};
+    d.attrs = {{"act", std::string("relu")}};
+    d.doc = "dx = (dy w) * act'(pre-activation recorded in aux): a linear layer's input gradient "
+            "through the activation before it, in one GEMM epilogue (made by fusion)";
+    d.infer = [](const InferCtx& c) {
+      const std::string& act = act_of(c);
+      c.expect_float(0);
+      c.expect_rank(0, 2);
+      c.expect_rank(1, 2);
+      if (c.shape(0)[1] != c.shape(1)[0]) c.fail("dy [M, N] and w [N, K] do not chain");
+      int64_t m = c.shape(0)[0], k = c.shape(1)[1];
+      TensorType want = aux_type(act, m, k, c.type(0).dtype);
+      if (!(c.type(2) == want)) c.fail("aux must be ", want.str(), " for act ", act);
+      return std::vector<TensorType>{{c.type(0).dtype, {m, k}}};
+    };
+    d.flops = [](const OpCostCtx& c) {
+      return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(c.in[0].shape[1]);
     };
   }
 }

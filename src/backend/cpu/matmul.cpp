@@ -1,8 +1,18 @@
 // matmul and linear on the CPU through GEMM (backend/cpu/gemm.h).
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm.h"
+#include "ops/geometry.h"
+
+namespace seam_ew {
+using std::erf;
+using std::exp;
+using std::tanh;
+}  // namespace seam_ew
+#include "ops/ew_math.h"
 
 namespace seam::cpu {
 
@@ -58,9 +68,54 @@ void linear_grad_weight_bias(const KernelArgs& a) {
   });
 }
 
+// Fused linear + activation (relu or gelu_tanh), optionally keeping the record for the
+// backward GEMM (see relu_mask_row_bytes). Same arithmetic as linear then relu/gelu_tanh.
+template <bool Aux>
+void linear_act(const KernelArgs& a) {
+  linear(a);
+  const bool relu = a.attrs().s("act") == "relu";
+  const int64_t n = a.out[0].shape().back(), rows = a.out[0].numel() / n;
+  dispatch_float(a.out[0].dtype(), [&]<class T>() {
+    T* y = a.out[0].as<T>();
+    if (Aux && relu) {
+      const int64_t ld = relu_mask_row_bytes(n);
+      uint8_t* mask = a.out[1].as<uint8_t>();
+      std::memset(mask, 0, static_cast<size_t>(rows * ld));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          if (y[i * n + j] > T(0)) mask[i * ld + j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+    }
+    if (Aux && !relu) std::memcpy(a.out[1].data, y, static_cast<size_t>(rows * n) * sizeof(T));
+    for (int64_t i = 0; i < rows * n; ++i) y[i] = relu ? (y[i] > T(0) ? y[i] : T(0)) : seam_ew::gelu_tanh(y[i]);
+  });
+}
+
+// dx = (dy w) * act'(pre), with pre recorded by linear_act_aux.
+void matmul_act_grad(const KernelArgs& a) {
+  const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
+  const bool relu = a.attrs().s("act") == "relu";
+  dispatch_float(a.out[0].dtype(), [&]<class T>() {
+    T* dx = a.out[0].as<T>();
+    gemm(false, false, m, k, n, a.in[0].as<T>(), a.in[1].as<T>(), T(0), dx);
+    if (relu) {
+      const int64_t ld = relu_mask_row_bytes(k);
+      const uint8_t* mask = a.in[2].as<uint8_t>();
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < k; ++j)
+          if (!(mask[i * ld + j / 8] >> (j % 8) & 1)) dx[i * k + j] = T(0);
+    } else {
+      const T* pre = a.in[2].as<T>();
+      for (int64_t i = 0; i < m * k; ++i) dx[i] = dx[i] * seam_ew::gelu_tanh_grad(pre[i]);
+    }
+  });
+}
+
 }  // namespace
 
 void register_matmul(KernelTable& t) {
+  set(t, Op::linear_act, linear_act<false>);
+  set(t, Op::linear_act_aux, linear_act<true>);
+  set(t, Op::matmul_act_grad, matmul_act_grad);
   set(t, Op::matmul, matmul);
   set(t, Op::linear, linear);
   set(t, Op::linear_grad_weight_bias, linear_grad_weight_bias);

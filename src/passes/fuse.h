@@ -1,0 +1,23 @@
+// Epilogue fusion: a linear layer followed by relu or gelu_tanh becomes one GEMM with the
+// activation in its epilogue (linear_act), and in backward the next layer's input
+// gradient GEMM absorbs the activation's derivative (matmul_act_grad), reading the
+// record the forward epilogue kept (linear_act_aux). Bias gradients already come out of
+// the weight-gradient GEMM (linear_grad_weight_bias). The pass only rewrites the graph;
+// every backend runs the fused ops, so fused and unfused plans can be compared anywhere.
+#pragma once
+#include <vector>
+
+#include "seam/graph.h"
+
+namespace seam {
+
+struct FuseResult {
+  Graph graph;
+  std::vector<ValueId> map;  // old value id -> new value id (-1: absorbed into a fused op)
+  int forward = 0, backward = 0;  // fusions made
+};
+
+// `keep`: values that must survive as they are (requested outputs, pinned gradients).
+FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
+
+}  // namespace seam
