@@ -82,8 +82,8 @@ double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const Compare
   const std::string out_name = out.name();
 
   auto run = [&](Device d, std::vector<std::vector<float>>& results) {
-    Model m(c.g, {.seed = 23, .device = d});
-    CompileOptions co{.mode = o.mode, .outputs = outputs};
+    Model m(c.g, {.seed = 23, .device = d, .tf32 = o.tf32});
+    CompileOptions co{.mode = o.mode, .outputs = outputs, .fuse = o.fuse};
     if (o.gradients) co.loss = loss.id(), co.gradients = true;
     Program p = m.compile(co);
     for (int k = 0; k < o.runs; ++k) {

@@ -44,6 +44,8 @@ struct CompareOptions {
   Mode mode = Mode::train;
   bool gradients = true;  // also compare d(sum(out * r))/d(each param)
   int runs = 1;           // runs before comparing (e.g. running statistics)
+  bool tf32 = true;       // the GPU model may use TF32 for f32 GEMMs and convolutions
+  bool fuse = true;       // epilogue fusion on both sides
 };
 
 // Adds a gtest failure per mismatching tensor; returns the largest relative error seen.
