@@ -108,9 +108,10 @@ Checkpoint read_checkpoint(const std::string& path) {
   return c;
 }
 
-std::string resolve_device(const std::string& requested) {
-  if (requested == "auto" || requested == "cpu") return "cpu";
-  fail("--device ", requested, ": this build runs plans on the CPU backend only; use --device cpu");
+Device resolve_device(const std::string& requested) {
+  if (requested == "cpu") return Device::cpu;
+  if (requested == "cuda") return Device::cuda;  // the Model reports a missing GPU
+  return default_device();
 }
 
 struct EvalResult {
@@ -183,7 +184,8 @@ int run_train(const TrainOptions& o) {
       fail(*o.resume, ": was trained with batch size ", ck->batch_size, ", not ", spec.batch_size, " (resuming exactly needs the same)");
     if (ck->seed != spec.seed) fail(*o.resume, ": was trained with seed ", ck->seed, ", not ", spec.seed);
   }
-  const std::string device = resolve_device(spec.device);
+  const Device dev = resolve_device(spec.device);
+  const std::string device = device_name(dev);
   data::ImageData data = data::load_image_data(o.data_dir);
   check_input(spec, data);
 
@@ -209,7 +211,7 @@ int run_train(const TrainOptions& o) {
     spec.optimizer.schedule.total_steps = std::max<int64_t>(1, spec.epochs * steps_per_epoch - spec.optimizer.schedule.warmup_steps);
 
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed});
+  Model model(bg.graph, {.seed = spec.seed, .device = dev});
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   const std::string loss_name = bg.graph.value(bg.loss).name, pred_name = bg.graph.value(bg.prediction).name;
@@ -353,7 +355,7 @@ int run_eval(const EvalOptions& o) {
   data::ImageData data = data::load_image_data(o.data_dir);
   check_input(spec, data);
   io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
-  Model model(bg.graph, {.seed = spec.seed});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device)});
   try {
     model.load_tensors(ck.tensors);
   } catch (const Error& e) {
@@ -384,17 +386,17 @@ int run_eval(const EvalOptions& o) {
   return 0;
 }
 
-int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval) {
+int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device) {
   io::ModelSpec spec = io::parse_model_file(model_path);
   const int64_t B = batch.value_or(spec.batch_size);
   if (spec.cosine_total_from_run)  // as a run over the 60000 Fashion-MNIST training images would set it
     spec.optimizer.schedule.total_steps = std::max<int64_t>(1, spec.epochs * (60000 / B) - spec.optimizer.schedule.warmup_steps);
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device)});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
                    : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
-  std::printf("%s (%s step, batch %lld)\n%s", spec.name.c_str(), eval ? "evaluation" : "training", static_cast<long long>(B),
-              p.plan().str().c_str());
+  std::printf("%s (%s step, batch %lld, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training", static_cast<long long>(B),
+              device_name(model.device()), p.plan().str().c_str());
   return 0;
 }
 

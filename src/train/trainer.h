@@ -38,12 +38,14 @@ struct EvalOptions {
   std::optional<int64_t> batch;
   int64_t limit_test = 0;
   bool json = false;
+  std::string device = "auto";
 };
 
 // Evaluates a checkpoint on the test set: accuracy, loss, confusion matrix.
 int run_eval(const EvalOptions& o);
 
 // Prints the compiled step of a model file (training plan, or evaluation with eval).
-int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval);
+// device: where the plan's kernels are prepared (cpu, cuda, auto).
+int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device);
 
 }  // namespace seam::train

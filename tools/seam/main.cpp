@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   train->add_option("--batch", t.batch, "batch size")->check(CLI::PositiveNumber);
   train->add_option("--lr", t.lr, "learning rate")->check(CLI::NonNegativeNumber);
   train->add_option("--seed", t.seed, "seed for initialization, data order and dropout");
-  train->add_option("--device", t.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  train->add_option("--device", t.device, "cpu, cuda or auto (default: the model file's, auto = the GPU if there is one)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
   train->add_option("--data", t.data_dir, "folder with the four Fashion-MNIST IDX files");
@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
   eval->add_option("--batch", e.batch, "batch size")->check(CLI::PositiveNumber);
   eval->add_option("--limit-test", e.limit_test, "evaluate on the first N test samples only")->check(CLI::PositiveNumber);
   eval->add_flag("--json", e.json, "print one JSON object");
+  eval->add_option("--device", e.device, "cpu, cuda or auto (default: the GPU if there is one)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
 
   std::string plan_model;
   std::optional<int64_t> plan_batch;
@@ -88,6 +90,9 @@ int main(int argc, char** argv) {
   plan->add_option("model", plan_model, "model file (JSON)")->required();
   plan->add_option("--batch", plan_batch, "batch size")->check(CLI::PositiveNumber);
   plan->add_flag("--eval", plan_eval, "print the evaluation step instead");
+  std::string plan_device = "cpu";
+  plan->add_option("--device", plan_device, "prepare the plan's kernels for cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
 
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;
@@ -112,7 +117,7 @@ int main(int argc, char** argv) {
       if (!eval_model.empty()) e.model_path = eval_model;
       return seam::train::run_eval(e);
     }
-    if (*plan) return seam::train::run_plan(plan_model, plan_batch, plan_eval);
+    if (*plan) return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device);
     if (*ops) {
       print_ops(grads);
       return 0;

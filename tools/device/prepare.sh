@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Prepares what the GPU machine needs and lacks (it has no package manager and no
+# network): builds seam with CUDA for sm_90a (+ PTX) here, without OpenBLAS (the GPU
+# machine has none; the CPU reference kernels then use their plain GEMM), and copies the
+# binaries and the Fashion-MNIST files into .deps/, an ignored folder that travels with
+# the source tree (`carry: [".deps"]`). Then tools/device/run.sh runs there.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+tools/setup.sh
+build=build-gpu
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEAM_CUDA=ON -DSEAM_BLAS=OFF >/dev/null
+cmake --build "$build" --target seam seam_gpu_tests seam_tests
+rm -rf .deps/bin && mkdir -p .deps/bin .deps/fashion-mnist
+cp "$build/seam" "$build/tests/seam_gpu_tests" "$build/tests/seam_tests" .deps/bin/
+strip .deps/bin/*
+cp /usr/share/datasets/fashion-mnist/*.gz .deps/fashion-mnist/
+git rev-parse --short HEAD > .deps/commit
+git diff --quiet && git diff --cached --quiet || echo "+uncommitted" >> .deps/commit
+du -sh .deps

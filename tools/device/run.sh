@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
+#   tools/device/run.sh [tests] [sanitize] [train] [bench] ...   (default: tests train)
+# Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
+# from the GPU machine) and prints a short summary last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/.cache}
+bin=.deps/bin
+data=.deps/fashion-mnist
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests train)
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+{
+  echo "commit: $(cat .deps/commit 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -1
+  "$bin/seam" --version
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests)
+      # The gpu-labelled tests (one binary holds all of them), against the CPU reference.
+      "$bin/seam_gpu_tests" > "$out/gpu_tests.log" 2>&1
+      rc=$?
+      note "gpu tests: rc=$rc, $(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_tests.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | head -30
+      ;;
+    sanitize)
+      filter=${SEAM_SANITIZE_FILTER:-*}
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/seam_gpu_tests" --gtest_filter="$filter" \
+          > "$out/sanitize_$tool.log" 2>&1
+        rc=$?
+        note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+      done
+      ;;
+    train)
+      # Both examples on the GPU; epoch lines (not step lines) go to train.log.
+      for model in fmnist_mlp fmnist_cnn; do
+        run_dir=$(mktemp -d)
+        echo "### $model" >> "$out/train.log"
+        "$bin/seam" train "examples/$model.json" --device cuda --data "$data" --out "$run_dir" --json \
+          2> "$run_dir/stderr" | grep -v '"event":"step"' >> "$out/train.log"
+        rc=${PIPESTATUS[0]}
+        cat "$run_dir/stderr" >> "$out/train.log"
+        note "train $model: rc=$rc $(grep '"event":"done"' "$out/train.log" | tail -1)"
+        [ "$rc" -ne 0 ] && tail -5 "$run_dir/stderr"
+        rm -rf "$run_dir"
+      done
+      ;;
+    *)
+      note "unknown step '$step'"
+      ;;
+  esac
+done
+
+echo
+echo "summary:"
+for s in "${summary[@]}"; do echo "  $s"; done
