@@ -1,8 +1,408 @@
-// CUDA kernels of the misc family (being written).
+// CUDA kernels of the small ops: full, cast, copy, argmax, dropout, embedding and its
+// gradient. Same results as the CPU reference (src/backend/cpu/misc.cpp), bit for bit
+// where the CPU's result is exact: casts follow its rounding rules, dropout draws the
+// same Philox numbers (seed and step read on the device from DeviceCounters).
+#include <cmath>
+#include <cstring>
+
+#include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/device_util.cuh"
+#include "common/half.h"
+#include "common/philox.h"
 
 namespace seam::cuda {
 
-void register_misc(PreparerTable&) {}
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_cap(const Context& ctx) { return static_cast<unsigned>(std::max(ctx.sm_count, 1) * 8); }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- full --------------------------------------------------------------------------
+
+template <class U>
+__global__ void __launch_bounds__(kThreads) fill_kernel(U* y, U v, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = v;
+}
+
+template <class U>
+Launch fill_launch(void* y, U v, int64_t n, unsigned cap) {
+  const unsigned blocks = blocks_for(n, kThreads, static_cast<int>(cap));
+  U* p = static_cast<U*>(y);
+  return [=](cudaStream_t stream) {
+    fill_kernel<U><<<blocks, kThreads, 0, stream>>>(p, v, n);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// The CPU's store rules: floats round to nearest even; integers truncate toward zero and
+// saturate, NaN to 0.
+int32_t to_i32(double v) {
+  return std::isnan(v) ? 0 : static_cast<int32_t>(std::fmax(-2147483648.0, std::fmin(2147483647.0, std::trunc(v))));
+}
+uint8_t to_u8(double v) {
+  return std::isnan(v) ? 0 : static_cast<uint8_t>(std::fmax(0.0, std::fmin(255.0, std::trunc(v))));
+}
+
+Launch full(const StepArgs& a) {
+  const double v = a.step.attrs.f("value");
+  void* y = a.out[0].data;
+  const int64_t n = a.out[0].numel();
+  const size_t bytes = a.out[0].type.bytes();
+  const unsigned cap = grid_cap(a.ctx);
+  // The element's bits, converted once here.
+  uint64_t bits = 0;
+  switch (a.out[0].dtype()) {
+    case DType::f32: {
+      const auto f = static_cast<float>(v);
+      std::memcpy(&bits, &f, 4);
+      break;
+    }
+    case DType::f64: std::memcpy(&bits, &v, 8); break;
+    case DType::bf16: bits = float_to_bf16(static_cast<float>(v)); break;
+    case DType::f16: bits = float_to_f16(static_cast<float>(v)); break;
+    case DType::i32: bits = static_cast<uint32_t>(to_i32(v)); break;
+    case DType::u8: bits = to_u8(v); break;
+  }
+  const size_t es = dtype_size(a.out[0].dtype());
+  if (bits == 0 || es == 1) {
+    const int byte = static_cast<int>(bits & 0xff);
+    return [=](cudaStream_t stream) { SEAM_CUDA_CHECK(cudaMemsetAsync(y, byte, bytes, stream)); };
+  }
+  switch (es) {
+    case 2: return fill_launch<uint16_t>(y, static_cast<uint16_t>(bits), n, cap);
+    case 4: return fill_launch<uint32_t>(y, static_cast<uint32_t>(bits), n, cap);
+    default: return fill_launch<unsigned long long>(y, static_cast<unsigned long long>(bits), n, cap);
+  }
+}
+
+// ---- cast --------------------------------------------------------------------------
+// Device copies of common/half.h's conversions (same bit manipulations, same results).
+
+__device__ __forceinline__ uint16_t dev_float_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if (isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+__device__ __forceinline__ float dev_bf16_to_float(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+
+__device__ __forceinline__ uint16_t dev_float_to_f16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t mag = u & 0x7FFFFFFFu;
+  if (mag >= 0x7F800000u) return static_cast<uint16_t>(sign | (mag > 0x7F800000u ? 0x7E00u : 0x7C00u));
+  if (mag >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to inf
+  if (mag < 0x38800000u) {  // subnormal or zero in f16: round at 2^-24 granularity
+    const float v = __uint_as_float(mag) * 16777216.0f;  // in units of 2^-24, exact
+    const auto q = static_cast<uint32_t>(rintf(v));      // to nearest even
+    return static_cast<uint16_t>(sign | q);
+  }
+  const uint32_t e = ((mag >> 23) - 112) << 10;
+  const uint32_t m = mag & 0x7FFFFFu;
+  uint32_t h = e | (m >> 13);
+  const uint32_t rest = m & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+__device__ __forceinline__ float dev_f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0) return (sign ? -1.0f : 1.0f) * static_cast<float>(m) / 16777216.0f;
+  if (e == 31) return __uint_as_float(sign | 0x7F800000u | (m << 13));
+  return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ double load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::bf16: return dev_bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return dev_f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32: return static_cast<const int32_t*>(p)[i];
+    case DType::u8: return static_cast<const uint8_t*>(p)[i];
+  }
+  return 0;
+}
+
+__device__ __forceinline__ void store(void* p, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case DType::f64: static_cast<double*>(p)[i] = v; return;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = dev_float_to_bf16(static_cast<float>(v)); return;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = dev_float_to_f16(static_cast<float>(v)); return;
+    case DType::i32:
+      static_cast<int32_t*>(p)[i] = isnan(v) ? 0 : static_cast<int32_t>(fmax(-2147483648.0, fmin(2147483647.0, trunc(v))));
+      return;
+    case DType::u8:
+      static_cast<uint8_t*>(p)[i] = isnan(v) ? 0 : static_cast<uint8_t>(fmax(0.0, fmin(255.0, trunc(v))));
+      return;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) cast_kernel(const void* x, DType from, void* y, DType to, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    store(y, to, i, load(x, from, i));
+}
+
+Launch cast(const StepArgs& a) {
+  const void* x = a.in[0].data;
+  void* y = a.out[0].data;
+  const DType from = a.in[0].dtype(), to = a.out[0].dtype();
+  const int64_t n = a.out[0].numel();
+  if (from == to) {
+    const size_t bytes = a.out[0].type.bytes();
+    return [=](cudaStream_t stream) {
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
+    };
+  }
+  const unsigned blocks = blocks_for(n, kThreads, static_cast<int>(grid_cap(a.ctx)));
+  return [=](cudaStream_t stream) {
+    cast_kernel<<<blocks, kThreads, 0, stream>>>(x, from, y, to, n);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// ---- copy --------------------------------------------------------------------------
+
+Launch copy(const StepArgs& a) {
+  const void* x = a.in[0].data;
+  void* y = a.out[0].data;
+  const size_t bytes = a.out[0].type.bytes();
+  return [=](cudaStream_t stream) {
+    if (x != y) SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+}
+
+// ---- argmax ------------------------------------------------------------------------
+// The CPU scans j = 1.. keeping `best` while !(x[j] > x[best]): the first index of the
+// largest value, NaNs never chosen, except that a NaN at index 0 stays the answer.
+
+// Is (v, j) ahead of (bv, bj)? Larger value first, then smaller index.
+__device__ __forceinline__ bool ahead(float v, int64_t j, float bv, int64_t bj) {
+  return v > bv || (v == bv && j < bj);
+}
+
+// inner == 1: one warp per row of `len` contiguous values.
+__global__ void __launch_bounds__(kThreads) argmax_rows(const float* x, int32_t* y, int64_t rows, int64_t len) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t o = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5; o < rows; o += warps) {
+    const float* p = x + o * len;
+    float bv = -INFINITY;
+    int64_t bj = INT64_MAX;  // none yet; any real element, even -inf, is ahead of it
+    for (int64_t j = lane; j < len; j += 32) {
+      const float v = p[j];
+      if (!isnan(v) && ahead(v, j, bv, bj)) bv = v, bj = j;
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, s);
+      const int64_t oj = __shfl_xor_sync(0xffffffffu, bj, s);
+      if (ahead(ov, oj, bv, bj)) bv = ov, bj = oj;
+    }
+    if (lane == 0) y[o] = isnan(p[0]) ? 0 : static_cast<int32_t>(bj);
+  }
+}
+
+// inner > 1: one thread per output, the CPU's loop (coalesced across the inner index).
+__global__ void __launch_bounds__(kThreads)
+    argmax_strided(const float* x, int32_t* y, int64_t outputs, int64_t len, int64_t inner) {
+  for (int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; o < outputs;
+       o += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t outer = o / inner, i = o - outer * inner;
+    const float* p = x + outer * len * inner + i;
+    int64_t best = 0;
+    float bv = p[0];
+    for (int64_t j = 1; j < len; ++j) {
+      const float v = p[j * inner];
+      if (v > bv) best = j, bv = v;
+    }
+    y[o] = static_cast<int32_t>(best);
+  }
+}
+
+Launch argmax(const StepArgs& a) {
+  expect_f32(a);
+  const Shape& s = a.in[0].shape();
+  const int axis = normalize_axis(a.step.attrs.i("axis"), s.size());
+  SEAM_ASSERT(axis >= 0);
+  int64_t outer = 1, len = s[static_cast<size_t>(axis)], inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= s[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
+  const float* x = a.in[0].as<const float>();
+  int32_t* y = a.out[0].as<int32_t>();
+  const unsigned cap = grid_cap(a.ctx);
+  if (inner == 1 && len >= 32) {
+    const unsigned blocks = blocks_for(outer * 32, kThreads, static_cast<int>(cap));
+    return [=](cudaStream_t stream) {
+      argmax_rows<<<blocks, kThreads, 0, stream>>>(x, y, outer, len);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  }
+  const int64_t outputs = outer * inner;
+  const unsigned blocks = blocks_for(outputs, kThreads, static_cast<int>(cap));
+  return [=](cudaStream_t stream) {
+    argmax_strided<<<blocks, kThreads, 0, stream>>>(x, y, outputs, len, inner);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// ---- dropout -----------------------------------------------------------------------
+// y = u >= p ? x * (1 / (1 - p)) : 0 with u = dropout_uniform(seed, step, stream, i):
+// one Philox call gives the four draws of elements 4g .. 4g+3 (word i % 4 of counter
+// (i / 4, step, stream)), exactly as dropout_uniform computes each.
+
+__global__ void __launch_bounds__(kThreads)
+    dropout_kernel(const float* x, float* y, int64_t n, float p, float keep_scale, uint32_t stream,
+                   const DeviceCounters* counters, bool vec) {
+  const uint64_t seed = counters->seed;
+  const auto step = static_cast<uint64_t>(counters->step);
+  const auto k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  const int64_t groups = (n + 3) / 4;
+  for (int64_t g = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
+    const auto block = static_cast<uint64_t>(g);
+    const Philox4 r = philox4x32(
+        {{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(step), stream}}, k0,
+        k1);
+    const int64_t i = g * 4;
+    if (vec && i + 4 <= n) {
+      float4 v = reinterpret_cast<const float4*>(x)[g];
+      v.x = philox_uniform(r.v[0]) >= p ? v.x * keep_scale : 0.0f;
+      v.y = philox_uniform(r.v[1]) >= p ? v.y * keep_scale : 0.0f;
+      v.z = philox_uniform(r.v[2]) >= p ? v.z * keep_scale : 0.0f;
+      v.w = philox_uniform(r.v[3]) >= p ? v.w * keep_scale : 0.0f;
+      reinterpret_cast<float4*>(y)[g] = v;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i + k < n) y[i + k] = philox_uniform(r.v[k]) >= p ? x[i + k] * keep_scale : 0.0f;
+    }
+  }
+}
+
+// dropout and dropout_grad: the same computation (the mask recomputed, never stored).
+Launch dropout(const StepArgs& a) {
+  expect_f32(a);
+  const double p = a.step.attrs.f("p");
+  const bool training = a.step.attrs.i("training") != 0;
+  const auto stream_id = static_cast<uint32_t>(a.step.attrs.i("stream"));
+  const float* x = a.in[0].as<const float>();
+  float* y = a.out[0].as<float>();
+  const int64_t n = a.out[0].numel();
+  if (!training || p == 0) {
+    const size_t bytes = a.out[0].type.bytes();
+    return [=](cudaStream_t stream) {
+      if (x != y) SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
+    };
+  }
+  const auto pf = static_cast<float>(p);
+  const auto keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  const bool vec = aligned16(x) && aligned16(y);
+  const DeviceCounters* counters = a.ctx.counters;
+  const unsigned blocks = blocks_for((n + 3) / 4, kThreads, static_cast<int>(grid_cap(a.ctx)));
+  return [=](cudaStream_t stream) {
+    dropout_kernel<<<blocks, kThreads, 0, stream>>>(x, y, n, pf, keep_scale, stream_id, counters, vec);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// ---- embedding ---------------------------------------------------------------------
+// Thread per (position, unit of the row); U is float4 when rows are 16-byte multiples
+// and aligned, else float. A bad id is reported once (unit 0) and its row written as 0.
+
+template <class U>
+__global__ void __launch_bounds__(kThreads)
+    embedding_kernel(const int32_t* ids, const U* w, U* y, int64_t n, int64_t rows, int64_t units,
+                     DeviceError* err, int step_index) {
+  const int64_t total = n * units;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e / units, c = e - i * units;
+    const int64_t id = ids[i];
+    if (id < 0 || id >= rows) {
+      if (c == 0) report_error(err, step_index, kEmbeddingId, i, id, rows);
+      y[e] = U{};
+    } else {
+      y[e] = w[id * units + c];
+    }
+  }
+}
+
+Launch embedding(const StepArgs& a) {
+  expect_f32(a);
+  const int32_t* ids = a.in[0].as<const int32_t>();
+  const int64_t rows = a.in[1].shape()[0], dim = a.in[1].shape()[1], n = a.in[0].numel();
+  const float* w = a.in[1].as<const float>();
+  float* y = a.out[0].as<float>();
+  DeviceError* err = a.ctx.error;
+  const int index = a.index;
+  const unsigned cap = grid_cap(a.ctx);
+  if (dim % 4 == 0 && aligned16(w) && aligned16(y)) {
+    const int64_t units = dim / 4;
+    const unsigned blocks = blocks_for(n * units, kThreads, static_cast<int>(cap));
+    const auto* w4 = reinterpret_cast<const float4*>(w);
+    auto* y4 = reinterpret_cast<float4*>(y);
+    return [=](cudaStream_t stream) {
+      embedding_kernel<float4><<<blocks, kThreads, 0, stream>>>(ids, w4, y4, n, rows, units, err, index);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  }
+  const unsigned blocks = blocks_for(n * dim, kThreads, static_cast<int>(cap));
+  return [=](cudaStream_t stream) {
+    embedding_kernel<float><<<blocks, kThreads, 0, stream>>>(ids, w, y, n, rows, dim, err, index);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// dweight zeroed, then dweight[ids[i], :] += dy[i, :] with atomics (the order of adds to
+// a repeated id's row varies from run to run, within float rounding).
+__global__ void __launch_bounds__(kThreads)
+    embedding_grad_kernel(const float* dy, const int32_t* ids, float* dw, int64_t n, int64_t rows, int64_t dim,
+                          DeviceError* err, int step_index) {
+  const int64_t total = n * dim;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e / dim, c = e - i * dim;
+    const int64_t id = ids[i];
+    if (id < 0 || id >= rows) {
+      if (c == 0) report_error(err, step_index, kEmbeddingId, i, id, rows);
+    } else {
+      atomicAdd(dw + id * dim + c, dy[e]);
+    }
+  }
+}
+
+Launch embedding_grad(const StepArgs& a) {
+  expect_f32(a);
+  const float* dy = a.in[0].as<const float>();
+  const int32_t* ids = a.in[1].as<const int32_t>();
+  float* dw = a.out[0].as<float>();
+  const int64_t rows = a.out[0].shape()[0], dim = a.out[0].shape()[1], n = a.in[1].numel();
+  const size_t bytes = a.out[0].type.bytes();
+  DeviceError* err = a.ctx.error;
+  const int index = a.index;
+  const unsigned blocks = blocks_for(n * dim, kThreads, static_cast<int>(grid_cap(a.ctx)));
+  return [=](cudaStream_t stream) {
+    SEAM_CUDA_CHECK(cudaMemsetAsync(dw, 0, bytes, stream));
+    embedding_grad_kernel<<<blocks, kThreads, 0, stream>>>(dy, ids, dw, n, rows, dim, err, index);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+}  // namespace
+
+void register_misc(PreparerTable& t) {
+  set(t, Op::full, full);
+  set(t, Op::cast, cast);
+  set(t, Op::copy, copy);
+  set(t, Op::argmax, argmax);
+  set(t, Op::dropout, dropout);
+  set(t, Op::dropout_grad, dropout);
+  set(t, Op::embedding, embedding);
+  set(t, Op::embedding_grad, embedding_grad);
+}
 
 }  // namespace seam::cuda

@@ -1,8 +1,335 @@
-// CUDA kernels of the reduce family (being written).
+// sum, mean and broadcast_to on the GPU. Same results as the CPU reference
+// (src/backend/cpu/reduce.cpp): every reduction accumulates in double (bandwidth-bound,
+// so double adds cost nothing on the GPUs we target) and is deterministic: a fixed
+// partition of the work and fixed-order combines, no atomics.
+//
+// The input's dims are first collapsed into alternating kept/reduced groups (size-1
+// dims dropped, neighbours of the same kind merged). Then:
+//  - the innermost group kept and at least 32 wide (axes=[0] of [M, N], (0, 2) of
+//    [A, B, C]): column tiles, 32 threads across the kept index (coalesced) by 8 down
+//    the reduced rows, split into row chunks whose double partials a second kernel adds
+//    up in chunk order when there are few columns;
+//  - otherwise one thread (L <= 16 reduced elements), one warp (L <= 4096) or one block
+//    per output element (larger L, split into chunks plus the same second pass when
+//    there are few outputs), walking the reduced elements through their strides.
+#include <array>
+#include <vector>
+
+#include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/device_util.cuh"
 
 namespace seam::cuda {
 
-void register_reduce(PreparerTable&) {}
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxDims = 8;
+
+// A set of dims (innermost first) with element strides: maps a row-major index over the
+// dims to an element offset.
+struct Dims {
+  int n = 0;
+  int64_t size[kMaxDims] = {};
+  int64_t st[kMaxDims] = {};
+  int64_t count() const {
+    int64_t c = 1;
+    for (int d = 0; d < n; ++d) c *= size[d];
+    return c;
+  }
+  void push(int64_t sz, int64_t stride) {  // the next dim outwards
+    if (n == kMaxDims) fail("reduction: more than ", kMaxDims, " dims after collapsing");
+    size[n] = sz;
+    st[n] = stride;
+    ++n;
+  }
+};
+
+__device__ __forceinline__ int64_t offset_of(const Dims& m, int64_t i) {
+  if (m.n == 1) return i * m.st[0];
+  int64_t off = 0;
+#pragma unroll
+  for (int d = 0; d < kMaxDims; ++d) {
+    if (d >= m.n) break;
+    const int64_t q = i / m.size[d];
+    off += (i - q * m.size[d]) * m.st[d];
+    i = q;
+  }
+  return off;
+}
+
+// One thread per output element.
+__global__ void __launch_bounds__(kThreads)
+    reduce_thread(const float* x, float* y, Dims kept, Dims red, int64_t outputs, int64_t len, double scale) {
+  for (int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; o < outputs;
+       o += int64_t{gridDim.x} * blockDim.x) {
+    const float* p = x + offset_of(kept, o);
+    double acc = 0;
+    for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(p[offset_of(red, j)]);
+    y[o] = static_cast<float>(acc * scale);
+  }
+}
+
+// One warp per output element.
+__global__ void __launch_bounds__(kThreads)
+    reduce_warp(const float* x, float* y, Dims kept, Dims red, int64_t outputs, int64_t len, double scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t o = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5; o < outputs; o += warps) {
+    const float* p = x + offset_of(kept, o);
+    double acc = 0;
+    for (int64_t j = lane; j < len; j += 32) acc += static_cast<double>(p[offset_of(red, j)]);
+    acc = warp_sum(acc);
+    if (lane == 0) y[o] = static_cast<float>(acc * scale);
+  }
+}
+
+// One block per (output element, chunk of `rows` reduced elements); grid (outputs,
+// chunks). With one chunk it writes the output, else its partial [chunk][output].
+__global__ void __launch_bounds__(kThreads)
+    reduce_block(const float* x, float* y, double* partial, Dims kept, Dims red, int64_t outputs, int64_t len,
+                 int64_t rows, double scale) {
+  const int64_t o = blockIdx.x;
+  const int64_t c = blockIdx.y;
+  const int64_t j0 = c * rows;
+  const int64_t j1 = min(len, j0 + rows);
+  const float* p = x + offset_of(kept, o);
+  double acc = 0;
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) acc += static_cast<double>(p[offset_of(red, j)]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) {
+    if (gridDim.y == 1) y[o] = static_cast<float>(acc * scale);
+    else partial[c * outputs + o] = acc;
+  }
+}
+
+// The innermost kept group (k, `width` wide, stride 1) in tiles of 32, by 8 threads down
+// a chunk of `rows` reduced elements. Block (32, 8); grid.x = (outer kept index, tile of
+// k), grid.y = chunks.
+__global__ void __launch_bounds__(kThreads)
+    reduce_columns(const float* x, float* y, double* partial, Dims outer, int64_t width, int64_t tiles, Dims red,
+                   int64_t outputs, int64_t len, int64_t rows, double scale) {
+  __shared__ double sum[8][32];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t oo = blockIdx.x / tiles;
+  const int64_t k = (blockIdx.x % tiles) * 32 + tx;
+  const int64_t c = blockIdx.y;
+  const int64_t j0 = c * rows;
+  const int64_t j1 = min(len, j0 + rows);
+  double acc = 0;
+  if (k < width) {
+    const float* p = x + offset_of(outer, oo) + k;
+#pragma unroll 4
+    for (int64_t j = j0 + ty; j < j1; j += 8) acc += static_cast<double>(p[offset_of(red, j)]);
+  }
+  sum[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && k < width) {
+    double s = 0;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) s += sum[t][tx];
+    const int64_t o = oo * width + k;
+    if (gridDim.y == 1) y[o] = static_cast<float>(s * scale);
+    else partial[c * outputs + o] = s;
+  }
+}
+
+// Adds the chunks' partials of each output in chunk order.
+__global__ void __launch_bounds__(kThreads)
+    reduce_partials(const double* partial, float* y, int64_t outputs, int64_t chunks, double scale) {
+  for (int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; o < outputs;
+       o += int64_t{gridDim.x} * blockDim.x) {
+    double s = 0;
+    for (int64_t c = 0; c < chunks; ++c) s += partial[c * outputs + o];
+    y[o] = static_cast<float>(s * scale);
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+Launch prepare_reduce(const StepArgs& a, bool mean) {
+  expect_f32(a);
+  const Shape& s = a.in[0].shape();
+  const size_t r = s.size();
+  const auto& axes = a.step.attrs.ints("axes");
+  std::vector<bool> red(r, axes.empty());
+  for (int64_t ax : axes) {
+    const int d = normalize_axis(ax, r);
+    if (d < 0) fail(op_name(a.step.op), " '", a.step.name, "': axis ", ax, " is out of range for rank ", r);
+    red[static_cast<size_t>(d)] = true;
+  }
+  const double scale =
+      mean ? static_cast<double>(a.out[0].numel()) / static_cast<double>(a.in[0].numel()) : 1.0;
+  const float* x = a.in[0].as<const float>();
+  float* y = a.out[0].as<float>();
+
+  // Groups of neighbouring dims of one kind, outermost first: {size, stride, reduced}.
+  struct Group {
+    int64_t size, stride;
+    bool red;
+  };
+  std::vector<Group> groups;
+  int64_t stride = 1;
+  std::vector<int64_t> st(r);
+  for (size_t d = r; d-- > 0;) {
+    st[d] = stride;
+    stride *= s[d];
+  }
+  for (size_t d = 0; d < r; ++d) {
+    if (s[d] == 1) continue;
+    if (!groups.empty() && groups.back().red == red[d]) {
+      groups.back().size *= s[d];
+      groups.back().stride = st[d];
+    } else {
+      groups.push_back({s[d], st[d], red[d]});
+    }
+  }
+  Dims kept, reduced;
+  for (size_t g = groups.size(); g-- > 0;) (groups[g].red ? reduced : kept).push(groups[g].size, groups[g].stride);
+  const int64_t outputs = kept.count(), len = reduced.count();
+  SEAM_ASSERT(outputs == a.out[0].numel());
+
+  const size_t bytes = a.out[0].type.bytes();
+  if (len == 1)  // nothing to add up (and scale == 1)
+    return [=](cudaStream_t stream) {
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
+    };
+
+  const int64_t sms = std::max(a.ctx.sm_count, 1);
+  const int64_t target = sms * 8;  // blocks that keep every SM busy
+  const unsigned cap = static_cast<unsigned>(target);
+
+  if (!groups.back().red && groups.back().size >= 32) {
+    // Column tiles over the innermost kept group.
+    const int64_t width = groups.back().size;
+    Dims outer;
+    for (int d = 1; d < kept.n; ++d) outer.push(kept.size[d], kept.st[d]);
+    const int64_t tiles = ceil_div(width, 32);
+    const int64_t blocks_x = tiles * outer.count();
+    if (blocks_x > 0x7fffffff) fail(op_name(a.step.op), " '", a.step.name, "': too many columns");
+    int64_t chunks = std::clamp<int64_t>(ceil_div(target, blocks_x), 1, std::min<int64_t>(ceil_div(len, 64), 65535));
+    const int64_t rows = ceil_div(len, chunks);
+    chunks = ceil_div(len, rows);
+    double* partial =
+        chunks > 1 ? static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * outputs) * sizeof(double)))
+                   : nullptr;
+    const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(chunks));
+    const unsigned fin = blocks_for(outputs, kThreads, static_cast<int>(cap));
+    return [=](cudaStream_t stream) {
+      reduce_columns<<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced, outputs, len,
+                                                      rows, scale);
+      SEAM_CUDA_LAUNCH_CHECK();
+      if (chunks > 1) {
+        reduce_partials<<<fin, kThreads, 0, stream>>>(partial, y, outputs, chunks, scale);
+        SEAM_CUDA_LAUNCH_CHECK();
+      }
+    };
+  }
+  if (len <= 16) {
+    const unsigned blocks = blocks_for(outputs, kThreads, static_cast<int>(cap));
+    return [=](cudaStream_t stream) {
+      reduce_thread<<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  }
+  if (len <= 4096) {
+    const unsigned blocks = blocks_for(outputs * 32, kThreads, static_cast<int>(cap));
+    return [=](cudaStream_t stream) {
+      reduce_warp<<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  }
+  if (outputs > 0x7fffffff) fail(op_name(a.step.op), " '", a.step.name, "': too many outputs");
+  int64_t chunks = std::clamp<int64_t>(ceil_div(target, outputs), 1, std::min<int64_t>(ceil_div(len, 4096), 65535));
+  const int64_t rows = ceil_div(len, chunks);
+  chunks = ceil_div(len, rows);
+  double* partial =
+      chunks > 1 ? static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * outputs) * sizeof(double)))
+                 : nullptr;
+  const dim3 grid(static_cast<unsigned>(outputs), static_cast<unsigned>(chunks));
+  const unsigned fin = blocks_for(outputs, kThreads, static_cast<int>(cap));
+  return [=](cudaStream_t stream) {
+    reduce_block<<<grid, kThreads, 0, stream>>>(x, y, partial, kept, reduced, outputs, len, rows, scale);
+    SEAM_CUDA_LAUNCH_CHECK();
+    if (chunks > 1) {
+      reduce_partials<<<fin, kThreads, 0, stream>>>(partial, y, outputs, chunks, scale);
+      SEAM_CUDA_LAUNCH_CHECK();
+    }
+  };
+}
+
+Launch sum(const StepArgs& a) { return prepare_reduce(a, false); }
+Launch mean(const StepArgs& a) { return prepare_reduce(a, true); }
+
+// broadcast_to: output element i reads the input at its broadcast offset.
+template <class I>
+__global__ void __launch_bounds__(kThreads) broadcast_kernel(const float* x, float* y, Dims m, I n) {
+  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    I off = 0, rest = i;
+#pragma unroll
+    for (int d = 0; d < kMaxDims; ++d) {
+      if (d >= m.n) break;
+      const I sz = static_cast<I>(m.size[d]);
+      const I q = rest / sz;
+      off += (rest - q * sz) * static_cast<I>(m.st[d]);
+      rest = q;
+    }
+    y[i] = x[off];
+  }
+}
+
+Launch broadcast_to(const StepArgs& a) {
+  expect_f32(a);
+  const Shape& in = a.in[0].shape();
+  const Shape& out = a.out[0].shape();
+  const size_t r = out.size();
+  SEAM_ASSERT(in.size() <= r);
+  // The input's strides in the output's index space (0 on broadcast dims), then the dims
+  // collapsed: size-1 dims dropped, neighbours the input walks contiguously merged.
+  std::vector<int64_t> st(r, 0);
+  const size_t lead = r - in.size();
+  int64_t s = 1;
+  for (size_t d = in.size(); d-- > 0;) {
+    st[lead + d] = in[d] == 1 ? 0 : s;
+    s *= in[d];
+  }
+  Dims m;
+  for (size_t d = r; d-- > 0;) {
+    if (out[d] == 1) continue;
+    if (m.n > 0 && st[d] == m.st[m.n - 1] * m.size[m.n - 1]) {
+      m.size[m.n - 1] *= out[d];
+      continue;
+    }
+    m.push(out[d], st[d]);
+  }
+  const float* x = a.in[0].as<const float>();
+  float* y = a.out[0].as<float>();
+  const int64_t n = a.out[0].numel();
+  if (m.n == 0 || (m.n == 1 && m.st[0] == 1)) {  // the same elements: a copy
+    const size_t bytes = a.out[0].type.bytes();
+    return [=](cudaStream_t stream) {
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
+    };
+  }
+  const unsigned blocks = blocks_for(n, kThreads, std::max(a.ctx.sm_count, 1) * 8);
+  if (n < (int64_t{1} << 31))
+    return [=](cudaStream_t stream) {
+      broadcast_kernel<uint32_t><<<blocks, kThreads, 0, stream>>>(x, y, m, static_cast<uint32_t>(n));
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  return [=](cudaStream_t stream) {
+    broadcast_kernel<int64_t><<<blocks, kThreads, 0, stream>>>(x, y, m, n);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+}  // namespace
+
+void register_reduce(PreparerTable& t) {
+  set(t, Op::sum, sum);
+  set(t, Op::mean, mean);
+  set(t, Op::broadcast_to, broadcast_to);
+}
 
 }  // namespace seam::cuda
