@@ -2,6 +2,7 @@
 // and random graphs), reuse changes no result, and reuse pays off on real models.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "passes/memplan.h"
@@ -155,4 +156,26 @@ TEST(MemPlan, PeakIsWellUnderTheSumOfIntermediatesForACnn) {
   Var loss = cross_entropy(nn::linear(dropout(h, 0.25), 10, "fc2"), y);
   Model m(g);
   check_peak("CNN conv32-conv64-fc128, batch 64", m, loss, 0.5);
+}
+
+TEST(MemPlan, OutputsNobodyReadsStillGetTheirOwnPlace) {
+  // In evaluation nothing reads batch_norm's saved mean and invstd; they are written all
+  // the same and must not land on live values (here: y, which relu reads next).
+  Graph g;
+  Var x = g.input("x", {4, 3});
+  Var gamma = g.param("gamma", {3}, Init::ones());
+  Var beta = g.param("beta", {3}, Init::zeros());
+  Var rm = g.state("rm", {3}, Init::constant(0.5));
+  Var rv = g.state("rv", {3}, Init::constant(4.0));
+  Var z = relu(batch_norm(relu(x), gamma, beta, rm, rv));
+  Model m(g);
+  Program p = m.compile({.mode = Mode::eval, .outputs = {z.id()}});
+  for (auto& s : p.plan().steps)
+    for (auto& o : s.out) EXPECT_GT(o.type.numel(), 0) << s.name;
+  std::vector<float> xs{1, 2, 3, -1, 5, 6, 7, 8, 9, 10, 11, 12};
+  p.set_input("x", std::span<const float>(xs));
+  p.run();
+  auto out = p.read_as<float>(z.name());
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_NEAR(out[i], std::max(0.0f, (std::max(0.0f, xs[i]) - 0.5f) / std::sqrt(4.0f + 1e-5f)), 1e-6) << i;
 }

@@ -52,6 +52,11 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     live_node[static_cast<size_t>(k)] = true;
     for (ValueId i : n.in) needed[static_cast<size_t>(i)] = true;
   }
+  // A live node writes all its outputs, read or not (batch norm's saved statistics in
+  // evaluation): each needs a place of its own.
+  for (int k = 0; k < nn; ++k)
+    if (live_node[static_cast<size_t>(k)])
+      for (ValueId o : g.node(k).out) needed[static_cast<size_t>(o)] = true;
 
   // 2. Where each needed value lives. Views resolve to the value they alias.
   std::vector<ValueId> root(nv);
