@@ -1,8 +1,639 @@
-// CUDA kernels of the conv family (being written).
+// conv2d and its two gradients on cuDNN's classic convolution API (NCHW, f32).
+//
+// Each step builds its descriptors once, then picks an algorithm for its shape: the
+// fastest one cudnnFind*AlgorithmEx measures on the step's own buffers (the arena holds
+// nothing live at prepare time; an output outside it, a gradient, is measured into a
+// temporary buffer instead), among the deterministic ones when there is any. The choice is kept in a process-wide cache keyed
+// by (pass, x/w/y shapes, stride, padding, dilation, groups, dtype, math) and saved to
+// $XDG_CACHE_HOME/seam/ (else $HOME/.cache/seam/), one text file per GPU name and cuDNN
+// version, so a later run measures nothing it has measured before.
+//
+// Cache file: a header line, then one line per choice, e.g.
+//   # seam cudnn conv algorithms v1 gpu=NVIDIA_H200 cudnn=91400
+//   fwd x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=tf32 algo=1 algo_math=0 ws=4096
+// A file whose header differs is ignored; a line that does not parse, or whose geometry
+// is not a valid convolution, is skipped (its shape is measured again and the file
+// rewritten). A cached algorithm is still checked with cuDNN before use.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/cudnn_util.h"
+#include "ops/geometry.h"
 
 namespace seam::cuda {
 
-void register_conv(PreparerTable&) {}
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Keys and cached choices
+
+enum class Pass : int { fwd = 0, bwd_data = 1, bwd_filter = 2 };
+constexpr const char* kPassName[] = {"fwd", "bwd_data", "bwd_filter"};
+
+int algo_count(Pass p) {
+  switch (p) {
+    case Pass::fwd:
+      return CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+    case Pass::bwd_data:
+      return CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+    case Pass::bwd_filter:
+      return CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  }
+  return 0;
+}
+
+struct ConvKey {
+  Pass pass = Pass::fwd;
+  int64_t x[4]{}, w[4]{}, y[4]{};  // roles: x-shaped, filter, y-shaped (dy for gradients)
+  int64_t stride[2]{}, pad[2]{}, dil[2]{};
+  int64_t groups = 1;
+  std::string dtype = "f32";
+  bool tf32 = true;  // the requested math: TF32 allowed (DEFAULT_MATH) or not (FMA_MATH)
+
+  // x [N, C, H, W], w [O, C/g, kh, kw] and y [N, O, OH, OW] form a valid convolution.
+  bool valid() const {
+    for (int i = 0; i < 4; ++i)
+      if (x[i] < 1 || w[i] < 1 || y[i] < 1 || x[i] > INT32_MAX || w[i] > INT32_MAX || y[i] > INT32_MAX) return false;
+    for (int i = 0; i < 2; ++i)
+      if (stride[i] < 1 || pad[i] < 0 || dil[i] < 1 || stride[i] > INT32_MAX || pad[i] > INT32_MAX ||
+          dil[i] > INT32_MAX)
+        return false;
+    if (groups < 1 || groups > INT32_MAX || x[1] % groups || w[0] % groups || w[1] * groups != x[1]) return false;
+    if (y[0] != x[0] || y[1] != w[0]) return false;
+    for (int i = 0; i < 2; ++i) {
+      if (x[2 + i] + 2 * pad[i] < dil[i] * (w[2 + i] - 1) + 1) return false;
+      if (y[2 + i] != window_out(x[2 + i], w[2 + i], stride[i], pad[i], dil[i])) return false;
+    }
+    return dtype == "f32";
+  }
+
+  std::string str() const {
+    std::ostringstream s;
+    auto list = [&](const char* name, const int64_t* v, int n) {
+      s << ' ' << name << '=';
+      for (int i = 0; i < n; ++i) s << (i ? "," : "") << v[i];
+    };
+    s << kPassName[static_cast<int>(pass)];
+    list("x", x, 4);
+    list("w", w, 4);
+    list("y", y, 4);
+    list("stride", stride, 2);
+    list("pad", pad, 2);
+    list("dil", dil, 2);
+    s << " groups=" << groups << " dtype=" << dtype << " math=" << (tf32 ? "tf32" : "fma");
+    return s.str();
+  }
+};
+
+struct ConvChoice {
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;  // as Find reported it
+  size_t workspace = 0;                       // informational; re-queried before use
+};
+
+bool valid_math(int64_t m) {
+  return m == CUDNN_DEFAULT_MATH || m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
+         m == CUDNN_FMA_MATH;
+}
+
+// ---------------------------------------------------------------------------------------
+// Parsing one cache line, strictly
+
+template <class T>
+bool parse_num(std::string_view s, T& out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// "name=v1,v2,..." with exactly n integers.
+bool parse_list(std::string_view tok, std::string_view name, int64_t* out, int n) {
+  if (tok.size() <= name.size() + 1 || tok.substr(0, name.size()) != name || tok[name.size()] != '=') return false;
+  std::string_view rest = tok.substr(name.size() + 1);
+  for (int i = 0; i < n; ++i) {
+    size_t comma = rest.find(',');
+    if ((i + 1 < n) != (comma != std::string_view::npos)) return false;
+    if (!parse_num(rest.substr(0, comma), out[i])) return false;
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  return rest.empty();
+}
+
+bool parse_word(std::string_view tok, std::string_view name, std::string_view& out) {
+  if (tok.size() <= name.size() + 1 || tok.substr(0, name.size()) != name || tok[name.size()] != '=') return false;
+  out = tok.substr(name.size() + 1);
+  return true;
+}
+
+std::optional<std::pair<std::string, ConvChoice>> parse_line(const std::string& line) {
+  std::vector<std::string_view> tok;
+  std::string_view rest(line);
+  while (!rest.empty()) {
+    size_t sp = rest.find(' ');
+    std::string_view t = rest.substr(0, sp);
+    if (t.empty()) return std::nullopt;  // canonical lines have single spaces, no padding
+    tok.push_back(t);
+    rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
+    if (sp != std::string_view::npos && rest.empty()) return std::nullopt;
+  }
+  if (tok.size() != 13) return std::nullopt;
+  ConvKey k;
+  int p = -1;
+  for (int i = 0; i < 3; ++i)
+    if (tok[0] == kPassName[i]) p = i;
+  if (p < 0) return std::nullopt;
+  k.pass = static_cast<Pass>(p);
+  std::string_view dtype, math;
+  if (!parse_list(tok[1], "x", k.x, 4) || !parse_list(tok[2], "w", k.w, 4) || !parse_list(tok[3], "y", k.y, 4) ||
+      !parse_list(tok[4], "stride", k.stride, 2) || !parse_list(tok[5], "pad", k.pad, 2) ||
+      !parse_list(tok[6], "dil", k.dil, 2) || !parse_list(tok[7], "groups", &k.groups, 1) ||
+      !parse_word(tok[8], "dtype", dtype) || !parse_word(tok[9], "math", math))
+    return std::nullopt;
+  k.dtype = std::string(dtype);
+  if (math != "tf32" && math != "fma") return std::nullopt;
+  k.tf32 = math == "tf32";
+  if (!k.valid()) return std::nullopt;
+  int64_t algo = -1, algo_math = -1;
+  uint64_t ws = 0;
+  std::string_view ws_text;
+  if (!parse_list(tok[10], "algo", &algo, 1) || !parse_list(tok[11], "algo_math", &algo_math, 1) ||
+      !parse_word(tok[12], "ws", ws_text) || !parse_num(ws_text, ws))
+    return std::nullopt;
+  if (algo < 0 || algo >= algo_count(k.pass) || !valid_math(algo_math)) return std::nullopt;
+  if (!k.tf32 && algo_math != CUDNN_FMA_MATH) return std::nullopt;  // never TF32 where it was not allowed
+  std::string key = k.str();
+  // The key must be written exactly as this build writes it (no leading zeros, '+' signs).
+  std::string want_prefix = key + " ";
+  if (line.compare(0, want_prefix.size(), want_prefix) != 0) return std::nullopt;
+  return std::make_pair(std::move(key),
+                        ConvChoice{static_cast<int>(algo), static_cast<cudnnMathType_t>(algo_math), static_cast<size_t>(ws)});
+}
+
+std::string format_line(const std::string& key, const ConvChoice& c) {
+  return key + " algo=" + std::to_string(c.algo) + " algo_math=" + std::to_string(static_cast<int>(c.math)) +
+         " ws=" + std::to_string(c.workspace);
+}
+
+// ---------------------------------------------------------------------------------------
+// The process-wide cache, one store per GPU name and cuDNN version
+
+std::string sanitize(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                    ch == '.';
+    out += ok ? ch : '_';
+  }
+  return out.empty() ? "unknown" : out;
+}
+
+std::filesystem::path cache_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && xdg[0] == '/') return std::filesystem::path(xdg) / "seam";  // relative ones are ignored (XDG spec)
+  const char* home = std::getenv("HOME");
+  if (home && home[0]) return std::filesystem::path(home) / ".cache" / "seam";
+  return {};
+}
+
+class ConvAlgoCache {
+ public:
+  static ConvAlgoCache& instance() {
+    static ConvAlgoCache c;
+    return c;
+  }
+
+  std::optional<ConvChoice> find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Store& s = store();
+    auto it = s.entries.find(key);
+    if (it == s.entries.end()) return std::nullopt;
+    return it->second;
+  }
+
+  void remember(const std::string& key, const ConvChoice& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Store& s = store();
+    s.entries[key] = c;
+    save(s);
+  }
+
+ private:
+  struct Store {
+    std::string header;
+    std::filesystem::path path;  // empty: memory only
+    std::map<std::string, ConvChoice> entries;
+  };
+
+  // The store of the current device; read from disk on first use.
+  Store& store() {
+    int dev = 0;
+    SEAM_CUDA_CHECK(cudaGetDevice(&dev));
+    auto it = stores_.find(dev);
+    if (it != stores_.end()) return it->second;
+    cudaDeviceProp prop{};
+    SEAM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    const std::string gpu = sanitize(prop.name);
+    const std::string ver = std::to_string(cudnnGetVersion());
+    Store s;
+    s.header = "# seam cudnn conv algorithms v1 gpu=" + gpu + " cudnn=" + ver;
+    std::filesystem::path dir = cache_dir();
+    if (!dir.empty()) s.path = dir / ("conv-" + gpu + "-cudnn" + ver + ".txt");
+    load(s, s.entries);
+    return stores_.emplace(dev, std::move(s)).first->second;
+  }
+
+  // Adds the valid entries of the file to `into` (those already there win). A missing
+  // file, a wrong header or a bad line costs only re-measuring.
+  static void load(const Store& s, std::map<std::string, ConvChoice>& into) {
+    if (s.path.empty()) return;
+    std::ifstream in(s.path);
+    if (!in) return;
+    std::string line;
+    if (!std::getline(in, line) || line != s.header) return;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      if (auto e = parse_line(line)) into.emplace(std::move(e->first), e->second);
+    }
+  }
+
+  // Writes every entry (ours, plus any another process saved meanwhile) to a temporary
+  // file and renames it over the cache file, so readers never see half a file.
+  void save(Store& s) {
+    if (s.path.empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(s.path.parent_path(), ec);
+    if (ec) return warn(s, "cannot create " + s.path.parent_path().string() + ": " + ec.message());
+    load(s, s.entries);
+    static std::atomic<int> counter{0};
+    std::filesystem::path tmp = s.path;
+    tmp += ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << s.header << '\n';
+      for (auto& [key, c] : s.entries) out << format_line(key, c) << '\n';
+      out.flush();
+      if (!out) {
+        std::filesystem::remove(tmp, ec);
+        return warn(s, "cannot write " + tmp.string());
+      }
+    }
+    std::filesystem::rename(tmp, s.path, ec);
+    if (ec) {
+      std::error_code ignore;
+      std::filesystem::remove(tmp, ignore);
+      return warn(s, "cannot rename onto " + s.path.string() + ": " + ec.message());
+    }
+  }
+
+  void warn(const Store&, const std::string& what) {
+    if (warned_) return;
+    warned_ = true;
+    std::fprintf(stderr, "seam: the cuDNN convolution algorithm cache is not saved (%s)\n", what.c_str());
+  }
+
+  std::mutex mu_;
+  std::map<int, Store> stores_;
+  bool warned_ = false;
+};
+
+// ---------------------------------------------------------------------------------------
+// Descriptors, measuring and choosing
+
+struct ConvSetup {
+  Pass pass = Pass::fwd;
+  TensorDesc x, y, bias;  // x-shaped, y-shaped, [1, O, 1, 1]
+  FilterDesc w;
+  ConvDesc conv;
+};
+
+// The workspace cuDNN says `algo` needs with the descriptor's current math type.
+cudnnStatus_t workspace_size(cudnnHandle_t h, const ConvSetup& s, int algo, size_t* bytes) {
+  *bytes = 0;
+  switch (s.pass) {
+    case Pass::fwd:
+      return cudnnGetConvolutionForwardWorkspaceSize(h, s.x, s.w, s.conv, s.y,
+                                                     static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+    case Pass::bwd_data:
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, s.w, s.y, s.conv, s.x,
+                                                          static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+    case Pass::bwd_filter:
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s.x, s.y, s.conv, s.w,
+                                                            static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+  }
+  return CUDNN_STATUS_BAD_PARAM;
+}
+
+struct Perf {
+  int algo;
+  cudnnStatus_t status;
+  float time;
+  size_t memory;
+  cudnnDeterminism_t determinism;
+  cudnnMathType_t math;
+};
+
+template <class P>
+Perf to_perf(const P& p) {
+  return {static_cast<int>(p.algo), p.status, p.time, p.memory, p.determinism, p.mathType};
+}
+
+// Device memory for Find's trials, freed (after the stream is idle) when done.
+struct TrialWorkspace {
+  void* p = nullptr;
+  size_t bytes = 0;
+  cudaStream_t stream = nullptr;
+  ~TrialWorkspace() {
+    if (p) {
+      cudaStreamSynchronize(stream);
+      cudaFree(p);
+    }
+  }
+};
+
+constexpr size_t kMaxTrialWorkspace = size_t{1} << 30;  // 1 GiB
+
+// Measures every algorithm on the step's buffers (x, w, y by role) and returns cuDNN's
+// results, fastest first.
+std::vector<Perf> measure(cudnnHandle_t h, cudaStream_t stream, const ConvSetup& s, void* x, void* w, void* y) {
+  // As much workspace as the hungriest algorithm asks for, within limits: an algorithm
+  // that needs more is simply not among the results.
+  size_t want = 0;
+  for (int algo = 0; algo < algo_count(s.pass); ++algo) {
+    size_t b = 0;
+    if (workspace_size(h, s, algo, &b) == CUDNN_STATUS_SUCCESS) want = std::max(want, b);
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  SEAM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  want = std::min({want, kMaxTrialWorkspace, free_bytes / 2});
+  TrialWorkspace ws;
+  ws.stream = stream;
+  while (want > 0) {
+    cudaError_t e = cudaMalloc(&ws.p, want);
+    if (e == cudaSuccess) {
+      ws.bytes = want;
+      break;
+    }
+    if (e != cudaErrorMemoryAllocation) SEAM_CUDA_CHECK(e);
+    cudaGetLastError();  // clear the allocation failure
+    ws.p = nullptr;
+    want /= 2;
+  }
+  // The step's inputs were uploaded or zeroed on this stream; let that finish first.
+  SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int n = algo_count(s.pass);
+  int returned = 0;
+  std::vector<Perf> out;
+  switch (s.pass) {
+    case Pass::fwd: {
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> r(static_cast<size_t>(n));
+      SEAM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, s.x, x, s.w, w, s.conv, s.y, y, n, &returned,
+                                                              r.data(), ws.p, ws.bytes));
+      for (int i = 0; i < returned; ++i) out.push_back(to_perf(r[static_cast<size_t>(i)]));
+      break;
+    }
+    case Pass::bwd_data: {
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(static_cast<size_t>(n));
+      SEAM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, s.w, w, s.y, y, s.conv, s.x, x, n, &returned,
+                                                                   r.data(), ws.p, ws.bytes));
+      for (int i = 0; i < returned; ++i) out.push_back(to_perf(r[static_cast<size_t>(i)]));
+      break;
+    }
+    case Pass::bwd_filter: {
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(static_cast<size_t>(n));
+      SEAM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, s.x, x, s.y, y, s.conv, s.w, w, n, &returned,
+                                                                     r.data(), ws.p, ws.bytes));
+      for (int i = 0; i < returned; ++i) out.push_back(to_perf(r[static_cast<size_t>(i)]));
+      break;
+    }
+  }
+  SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (auto& p : out)
+    if (p.status == CUDNN_STATUS_SUCCESS && p.memory > ws.bytes) p.status = CUDNN_STATUS_ALLOC_FAILED;
+  std::stable_sort(out.begin(), out.end(), [](const Perf& a, const Perf& b) {
+    const bool ok_a = a.status == CUDNN_STATUS_SUCCESS, ok_b = b.status == CUDNN_STATUS_SUCCESS;
+    if (ok_a != ok_b) return ok_a;
+    return ok_a && a.time < b.time;
+  });
+  return out;
+}
+
+// The fastest successful deterministic result; the fastest successful one if no
+// deterministic algorithm works for this shape.
+std::optional<Perf> pick(const std::vector<Perf>& results) {
+  for (auto& p : results)
+    if (p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC) return p;
+  for (auto& p : results)
+    if (p.status == CUDNN_STATUS_SUCCESS) return p;
+  return std::nullopt;
+}
+
+struct Chosen {
+  int algo;
+  size_t workspace;
+};
+
+// Sets the descriptor's math type for `c` and returns the algorithm with its workspace,
+// or nothing if cuDNN no longer accepts it.
+std::optional<Chosen> apply(cudnnHandle_t h, const ConvSetup& s, bool tf32, const ConvChoice& c) {
+  const cudnnMathType_t math = tf32 ? c.math : CUDNN_FMA_MATH;
+  if (cudnnSetConvolutionMathType(s.conv, math) != CUDNN_STATUS_SUCCESS) return std::nullopt;
+  size_t bytes = 0;
+  if (workspace_size(h, s, c.algo, &bytes) != CUDNN_STATUS_SUCCESS) return std::nullopt;
+  return Chosen{c.algo, bytes};
+}
+
+// The algorithm for this step: from the cache, else measured now (and remembered).
+// x, w, y: the buffers by role; the step's output is one of them, which Find overwrites.
+// That is harmless in the arena (nothing is live there at prepare time), but an output
+// elsewhere (a gradient buffer, which another program of the model may still hold for
+// reading) is replaced by a temporary buffer for the measurement.
+Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x, void* w, void* y) {
+  cudnnHandle_t h = cudnn_of(a.ctx);
+  const bool tf32 = key.tf32;
+  const std::string text = key.str();
+  ConvAlgoCache& cache = ConvAlgoCache::instance();
+  if (auto c = cache.find(text))
+    if (auto chosen = apply(h, s, tf32, *c)) return *chosen;
+  SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  TrialWorkspace out_copy;  // frees itself after the stream is idle
+  out_copy.stream = a.ctx.stream;
+  if (a.step.out.at(0).region != Region::arena) {
+    const size_t bytes = a.out[0].type.bytes();
+    SEAM_CUDA_CHECK(cudaMalloc(&out_copy.p, std::max<size_t>(bytes, 256)));
+    void*& out = s.pass == Pass::fwd ? y : (s.pass == Pass::bwd_data ? x : w);
+    out = out_copy.p;
+  }
+  std::vector<Perf> results = measure(h, a.ctx.stream, s, x, w, y);
+  std::optional<Perf> best = pick(results);
+  if (!best) {
+    std::string why;
+    for (auto& p : results) why += " algo " + std::to_string(p.algo) + ": " + cudnnGetErrorString(p.status) + ";";
+    fail(op_name(a.step.op), " '", a.step.name, "': cuDNN has no working algorithm for ", text, " (", why, ")");
+  }
+  ConvChoice c{best->algo, tf32 ? best->math : CUDNN_FMA_MATH, best->memory};
+  auto chosen = apply(h, s, tf32, c);
+  if (!chosen)
+    fail(op_name(a.step.op), " '", a.step.name, "': cuDNN measured algorithm ", best->algo, " for ", text,
+         " but rejects its workspace query");
+  c.workspace = chosen->workspace;
+  cache.remember(text, c);
+  return *chosen;
+}
+
+// ---------------------------------------------------------------------------------------
+// Preparers
+
+void check_4d(const StepArgs& a, const Shape& s, const char* what) {
+  if (s.size() != 4) fail(op_name(a.step.op), " '", a.step.name, "': ", what, " must be 4-d, got ", shape_str(s));
+}
+
+// Descriptors and key of one step. xs / ws / ys: the x-shaped, filter and y-shaped
+// operands, whichever buffers play those roles in this pass.
+std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, const Shape& ws, const Shape& ys,
+                                 ConvKey& key) {
+  expect_f32(a);
+  for (auto* list : {&a.in, &a.out})
+    for (auto& t : *list)
+      if (t.dtype() != DType::f32)
+        fail(op_name(a.step.op), " '", a.step.name, "': cuDNN convolutions here take f32, got ", t.type.str());
+  check_4d(a, xs, "x");
+  check_4d(a, ws, "w");
+  check_4d(a, ys, "y");
+  const Attrs& at = a.step.attrs;
+  const auto& st = at.ints("stride");
+  const auto& pd = at.ints("padding");
+  const auto& dl = at.ints("dilation");
+  const int64_t groups = at.i("groups");
+  if (st.size() != 2 || pd.size() != 2 || dl.size() != 2)
+    fail(op_name(a.step.op), " '", a.step.name, "': stride, padding and dilation need 2 entries each");
+
+  key.pass = pass;
+  for (int i = 0; i < 4; ++i) {
+    key.x[i] = xs[static_cast<size_t>(i)];
+    key.w[i] = ws[static_cast<size_t>(i)];
+    key.y[i] = ys[static_cast<size_t>(i)];
+  }
+  for (int i = 0; i < 2; ++i) {
+    key.stride[i] = st[static_cast<size_t>(i)];
+    key.pad[i] = pd[static_cast<size_t>(i)];
+    key.dil[i] = dl[static_cast<size_t>(i)];
+  }
+  key.groups = groups;
+  key.dtype = dtype_name(DType::f32);
+  key.tf32 = a.ctx.tf32;
+  if (!key.valid())
+    fail(op_name(a.step.op), " '", a.step.name, "': not a convolution cuDNN can run: ", key.str());
+
+  auto s = std::make_shared<ConvSetup>();
+  s->pass = pass;
+  set_nchw(a, s->x, xs);
+  set_nchw(a, s->y, ys);
+  check_cudnn_count(a, {ws[0], ws[1], ws[2], ws[3]});
+  SEAM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(s->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, cudnn_dim(a, ws[0], "C_out"),
+                                              cudnn_dim(a, ws[1], "C_in/groups"), cudnn_dim(a, ws[2], "kh"),
+                                              cudnn_dim(a, ws[3], "kw")));
+  SEAM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      s->conv, static_cast<int>(pd[0]), static_cast<int>(pd[1]), static_cast<int>(st[0]), static_cast<int>(st[1]),
+      static_cast<int>(dl[0]), static_cast<int>(dl[1]), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  SEAM_CUDNN_CHECK(cudnnSetConvolutionGroupCount(s->conv, static_cast<int>(groups)));
+  SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s->conv, a.ctx.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  // cuDNN's own idea of the output must be the one the schema promised.
+  int n = 0, c = 0, h = 0, w = 0;
+  SEAM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s->conv, s->x, s->w, &n, &c, &h, &w));
+  if (n != ys[0] || c != ys[1] || h != ys[2] || w != ys[3])
+    fail(op_name(a.step.op), " '", a.step.name, "': cuDNN computes the output as [", n, ", ", c, ", ", h, ", ", w,
+         "], the graph has ", shape_str(ys));
+  return s;
+}
+
+// inputs: x, w, b?
+Launch prepare_conv2d(const StepArgs& a) {
+  ConvKey key;
+  auto s = setup(a, Pass::fwd, a.in[0].shape(), a.in[1].shape(), a.out[0].shape(), key);
+  void* x = a.in[0].data;
+  void* w = a.in[1].data;
+  void* y = a.out[0].data;
+  const void* b = a.in.size() == 3 ? a.in[2].data : nullptr;
+  if (b) set_nchw(a, s->bias, 1, a.in[1].shape()[0], 1, 1);
+  const Chosen ch = choose(a, *s, key, x, w, y);
+  a.ctx.need_workspace(ch.workspace);
+  Context* ctx = &a.ctx;
+  cudnnHandle_t h = cudnn_of(a.ctx);
+  const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ch.algo);
+  const size_t ws = ch.workspace;
+  return [s, ctx, h, algo, ws, x, w, y, b](cudaStream_t stream) {
+    SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
+    void* work = ws ? ctx->workspace() : nullptr;
+    SEAM_CUDNN_CHECK(
+        cudnnConvolutionForward(h, &kOne, s->x, x, s->w, w, s->conv, algo, work, ws, &kZero, s->y, y));
+    if (b) SEAM_CUDNN_CHECK(cudnnAddTensor(h, &kOne, s->bias, b, &kOne, s->y, y));
+  };
+}
+
+// inputs: dy, w; attribute shape = x's shape.
+Launch prepare_conv2d_grad_input(const StepArgs& a) {
+  ConvKey key;
+  auto s = setup(a, Pass::bwd_data, a.out[0].shape(), a.in[1].shape(), a.in[0].shape(), key);
+  void* dy = a.in[0].data;
+  void* w = a.in[1].data;
+  void* dx = a.out[0].data;
+  const Chosen ch = choose(a, *s, key, dx, w, dy);
+  a.ctx.need_workspace(ch.workspace);
+  Context* ctx = &a.ctx;
+  cudnnHandle_t h = cudnn_of(a.ctx);
+  const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(ch.algo);
+  const size_t ws = ch.workspace;
+  return [s, ctx, h, algo, ws, dy, w, dx](cudaStream_t stream) {
+    SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
+    void* work = ws ? ctx->workspace() : nullptr;
+    SEAM_CUDNN_CHECK(
+        cudnnConvolutionBackwardData(h, &kOne, s->w, w, s->y, dy, s->conv, algo, work, ws, &kZero, s->x, dx));
+  };
+}
+
+// inputs: dy, x; attribute shape = w's shape.
+Launch prepare_conv2d_grad_weight(const StepArgs& a) {
+  ConvKey key;
+  auto s = setup(a, Pass::bwd_filter, a.in[1].shape(), a.out[0].shape(), a.in[0].shape(), key);
+  void* dy = a.in[0].data;
+  void* x = a.in[1].data;
+  void* dw = a.out[0].data;
+  const Chosen ch = choose(a, *s, key, x, dw, dy);
+  a.ctx.need_workspace(ch.workspace);
+  Context* ctx = &a.ctx;
+  cudnnHandle_t h = cudnn_of(a.ctx);
+  const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(ch.algo);
+  const size_t ws = ch.workspace;
+  return [s, ctx, h, algo, ws, dy, x, dw](cudaStream_t stream) {
+    SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
+    void* work = ws ? ctx->workspace() : nullptr;
+    SEAM_CUDNN_CHECK(
+        cudnnConvolutionBackwardFilter(h, &kOne, s->x, x, s->y, dy, s->conv, algo, work, ws, &kZero, s->w, dw));
+  };
+}
+
+}  // namespace
+
+void register_conv(PreparerTable& t) {
+  set(t, Op::conv2d, prepare_conv2d);
+  set(t, Op::conv2d_grad_input, prepare_conv2d_grad_input);
+  set(t, Op::conv2d_grad_weight, prepare_conv2d_grad_weight);
+}
 
 }  // namespace seam::cuda

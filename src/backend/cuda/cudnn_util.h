@@ -1,0 +1,77 @@
+// Small helpers shared by the cuDNN-backed kernels (conv.cu, pool.cu, batch_norm.cu):
+// owning descriptor wrappers that launches keep alive through a shared_ptr, 4-d f32
+// NCHW tensor descriptors with their dimensions checked against cuDNN's int range, and
+// the host-side blend factors cuDNN reads when a call is made.
+#pragma once
+#include <cudnn.h>
+
+#include <climits>
+#include <cstdint>
+#include <initializer_list>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda.h"
+
+namespace seam::cuda {
+
+inline cudnnHandle_t cudnn_of(const Context& ctx) { return static_cast<cudnnHandle_t>(ctx.cudnn); }
+
+// alpha = 1, beta = 0 / 1 for f32 data (cuDNN reads them on the host during the call).
+inline const float kOne = 1.0f;
+inline const float kZero = 0.0f;
+
+// One cuDNN descriptor, destroyed with its owner; not copyable (launches share it).
+template <class T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class CudnnDesc {
+ public:
+  CudnnDesc() { SEAM_CUDNN_CHECK(Create(&d_)); }
+  ~CudnnDesc() {
+    if (d_) Destroy(d_);
+  }
+  CudnnDesc(const CudnnDesc&) = delete;
+  CudnnDesc& operator=(const CudnnDesc&) = delete;
+  T get() const { return d_; }
+  operator T() const { return d_; }
+
+ private:
+  T d_ = nullptr;
+};
+
+using TensorDesc = CudnnDesc<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc = CudnnDesc<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc =
+    CudnnDesc<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
+using PoolDesc = CudnnDesc<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor>;
+
+// cuDNN's 4-d descriptors take int dimensions and int strides: every dimension and the
+// element count must fit. Fails naming the step otherwise.
+inline int cudnn_dim(const StepArgs& a, int64_t v, const char* what) {
+  if (v < 1 || v > INT_MAX)
+    fail(op_name(a.step.op), " '", a.step.name, "': ", what, " = ", v, " is outside what cuDNN takes (1..", INT_MAX,
+         ")");
+  return static_cast<int>(v);
+}
+
+inline void check_cudnn_count(const StepArgs& a, std::initializer_list<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    n *= d;
+    if (n > INT_MAX)
+      fail(op_name(a.step.op), " '", a.step.name, "': a tensor of more than ", INT_MAX,
+           " elements is outside what cuDNN's 4-d descriptors take");
+  }
+}
+
+// A packed f32 NCHW tensor descriptor.
+inline void set_nchw(const StepArgs& a, const TensorDesc& d, int64_t n, int64_t c, int64_t h, int64_t w) {
+  check_cudnn_count(a, {n, c, h, w});
+  SEAM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, cudnn_dim(a, n, "N"),
+                                              cudnn_dim(a, c, "C"), cudnn_dim(a, h, "H"), cudnn_dim(a, w, "W")));
+}
+
+inline void set_nchw(const StepArgs& a, const TensorDesc& d, const Shape& s) {
+  if (s.size() != 4) fail(op_name(a.step.op), " '", a.step.name, "': expected an NCHW tensor, got ", shape_str(s));
+  set_nchw(a, d, s[0], s[1], s[2], s[3]);
+}
+
+}  // namespace seam::cuda
