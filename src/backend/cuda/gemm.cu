@@ -1,10 +1,618 @@
-// cuBLASLt GEMMs (being written).
+// cuBLASLt GEMMs: descriptors, algorithm choice by timing, and the algorithm cache kept
+// in memory for the process and on disk per GPU and cuBLASLt version (see gemm.h).
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+
+#include "backend/cuda/check.h"
 #include "backend/cuda/gemm.h"
 
 namespace seam::cuda {
 
-struct GemmCache::Impl {};
-GemmCache::GemmCache() : impl_(new Impl) {}
-GemmCache::~GemmCache() { delete impl_; }
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Statistics
+
+struct Counters {
+  std::atomic<int64_t> tuned{0}, memory_hits{0}, disk_hits{0}, rejected{0}, malformed_lines{0}, files_written{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------
+// The key: every property of a GEMM that the choice of algorithm may depend on, as
+// name=value fields in a fixed order. The same text is the in-memory key and the line
+// prefix on disk.
+
+constexpr std::array<const char*, 22> kKeyNames = {
+    "ta",  "tb",      "m",   "n",     "k",    "lda", "ldb", "ldc", "batch", "sa",    "sb",
+    "sc",  "type",    "compute", "epi", "auxld", "bias", "aa", "ab", "ad",  "abias", "aaux"};
+constexpr size_t kKeyFields = kKeyNames.size();
+using KeyValues = std::array<int64_t, kKeyFields>;
+
+std::string key_text(const KeyValues& v) {
+  std::string s;
+  for (size_t i = 0; i < kKeyFields; ++i) {
+    if (i) s += ' ';
+    s += kKeyNames[i];
+    s += '=';
+    s += std::to_string(v[i]);
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Cache entries and the process-wide tables, one per cache file.
+
+struct Entry {
+  cublasLtMatmulAlgo_t algo{};
+  uint64_t workspace = 0;  // bytes the algorithm needs
+  int64_t ns = 0;          // measured time of one run (informational)
+  bool checked = false;    // chosen or verified in this process (false: as read from disk)
+};
+
+struct Store {
+  std::mutex mu;
+  std::string path;    // empty: memory only
+  std::string header;  // first line of the file
+  std::map<std::string, Entry> entries;
+  bool dirty = false;  // learned something the file does not hold
+};
+
+struct DeviceId {
+  std::string name;
+  int major = 0, minor = 0, sms = 0;
+};
+
+DeviceId current_device() {
+  int dev = 0;
+  SEAM_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  SEAM_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  return {p.name, p.major, p.minor, p.multiProcessorCount};
+}
+
+std::string sanitize(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-';
+    r += ok ? c : '_';
+  }
+  return r.empty() ? "gpu" : r;
+}
+
+std::string cache_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && xdg[0] == '/') return std::string(xdg) + "/seam";
+  const char* home = std::getenv("HOME");
+  if (home && home[0] == '/') return std::string(home) + "/.cache/seam";
+  return {};
+}
+
+std::string file_path(const DeviceId& d) {
+  std::string dir = cache_dir();
+  if (dir.empty()) return {};
+  return dir + "/gemm-" + sanitize(d.name) + "-sm" + std::to_string(d.major) + std::to_string(d.minor) + "-" +
+         std::to_string(d.sms) + "sm-lt" + std::to_string(cublasLtGetVersion()) + ".txt";
+}
+
+std::string header_line(const DeviceId& d) {
+  return "# seam gemm algorithm cache v1; gpu " + d.name + "; sm_" + std::to_string(d.major) +
+         std::to_string(d.minor) + " x" + std::to_string(d.sms) + "; cuBLASLt " +
+         std::to_string(cublasLtGetVersion());
+}
+
+template <class T>
+bool parse_int(std::string_view s, T& out, int base = 10) {
+  if (s.empty()) return false;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), out, base);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+// "name=value" with an integer value.
+template <class T>
+bool parse_field(std::string_view tok, const char* name, T& out) {
+  const size_t n = std::char_traits<char>::length(name);
+  if (tok.size() <= n + 1 || tok.compare(0, n, name) != 0 || tok[n] != '=') return false;
+  return parse_int(tok.substr(n + 1), out);
+}
+
+std::vector<std::string_view> split_spaces(std::string_view line) {
+  std::vector<std::string_view> t;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    size_t j = i;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t') ++j;
+    if (j > i) t.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return t;
+}
+
+// One line of the file: the key fields, algo=<8 words>, ws=, ns=. Anything else: false.
+bool parse_line(std::string_view line, std::string& key, Entry& e) {
+  auto t = split_spaces(line);
+  if (t.size() != 1 + kKeyFields + 3 || t[0] != "gemm") return false;
+  KeyValues v{};
+  for (size_t i = 0; i < kKeyFields; ++i)
+    if (!parse_field(t[1 + i], kKeyNames[i], v[i])) return false;
+  std::string_view algo = t[1 + kKeyFields];
+  if (algo.size() != 5 + 8 * 16 + 7 || algo.substr(0, 5) != "algo=") return false;
+  for (size_t w = 0; w < 8; ++w) {
+    std::string_view word = algo.substr(5 + w * 17, 16);
+    for (char c : word)
+      if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    if (!parse_int(word, e.algo.data[w], 16)) return false;
+    if (w < 7 && algo[5 + w * 17 + 16] != ':') return false;
+  }
+  if (!parse_field(t[2 + kKeyFields], "ws", e.workspace)) return false;
+  if (!parse_field(t[3 + kKeyFields], "ns", e.ns) || e.ns < 0) return false;
+  if (e.workspace > kGemmWorkspaceBytes) return false;
+  key = key_text(v);
+  e.checked = false;
+  return true;
+}
+
+std::string format_line(const std::string& key, const Entry& e) {
+  std::string s = "gemm " + key + " algo=";
+  char buf[24];
+  for (size_t w = 0; w < 8; ++w) {
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(e.algo.data[w]));
+    if (w) s += ':';
+    s += buf;
+  }
+  s += " ws=" + std::to_string(e.workspace) + " ns=" + std::to_string(e.ns);
+  return s;
+}
+
+// Reads the valid entries of a cache file; counts the lines it drops. A missing file is
+// no error; a file with another header is dropped whole.
+std::map<std::string, Entry> read_file(const std::string& path, const std::string& header) {
+  std::map<std::string, Entry> out;
+  if (path.empty()) return out;
+  std::error_code ec;
+  auto size = std::filesystem::file_size(path, ec);
+  if (ec) return out;
+  constexpr uintmax_t kMaxFile = uintmax_t{16} << 20;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return out;
+  int64_t dropped = 0;
+  if (size > kMaxFile) {
+    counters().malformed_lines += 1;
+    return out;
+  }
+  std::string line;
+  bool first = true, header_ok = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (first) {
+      first = false;
+      header_ok = line == header;
+      if (!header_ok) ++dropped;
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    std::string key;
+    Entry e;
+    if (!header_ok || line.size() > 4096 || !parse_line(line, key, e)) {
+      ++dropped;
+      continue;
+    }
+    out.emplace(key, e);  // the first line for a key wins
+  }
+  counters().malformed_lines += dropped;
+  return out;
+}
+
+// Writes the table (merged with entries the file gained meanwhile) through a temp file
+// and a rename, so that readers never see half a file. Errors leave the old file.
+void save(Store& s) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.dirty || s.path.empty()) return;
+  std::error_code ec;
+  std::filesystem::path p(s.path);
+  std::filesystem::create_directories(p.parent_path(), ec);
+  if (ec) return;
+  for (auto& [key, e] : read_file(s.path, s.header)) s.entries.emplace(key, e);  // keeps ours
+  std::string tmp = s.path + ".tmp" + std::to_string(static_cast<long long>(getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return;
+    out << s.header << '\n';
+    out << "# gemm <key fields> algo=<cublasLtMatmulAlgo_t, 8 words in hex> ws=<workspace bytes> ns=<time>\n";
+    for (auto& [key, e] : s.entries) out << format_line(key, e) << '\n';
+    out.flush();
+    if (!out) {
+      out.close();
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, s.path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return;
+  }
+  s.dirty = false;
+  counters().files_written += 1;
+}
+
+// One table per cache file for the whole process (never destroyed: GemmCaches may be
+// destroyed during static destruction).
+std::shared_ptr<Store> store_for(const std::string& path, const std::string& header) {
+  static std::mutex* mu = new std::mutex;
+  static auto* stores = new std::map<std::string, std::shared_ptr<Store>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  const std::string id = path.empty() ? "memory:" + header : path;
+  auto it = stores->find(id);
+  if (it != stores->end()) return it->second;
+  auto s = std::make_shared<Store>();
+  s->path = path;
+  s->header = header;
+  s->entries = read_file(path, header);
+  stores->emplace(id, s);
+  return s;
+}
+
+uint32_t low_bit_alignment(uint64_t v) {
+  if (v == 0) return 256;
+  uint64_t b = v & (~v + 1);
+  return static_cast<uint32_t>(std::min<uint64_t>(b, 256));
+}
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+    case CUBLASLT_EPILOGUE_RELU: return "RELU";
+    case CUBLASLT_EPILOGUE_RELU_AUX: return "RELU_AUX";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_RELU_BIAS: return "RELU_BIAS";
+    case CUBLASLT_EPILOGUE_RELU_AUX_BIAS: return "RELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DRELU: return "DRELU";
+    case CUBLASLT_EPILOGUE_DRELU_BGRAD: return "DRELU_BGRAD";
+    case CUBLASLT_EPILOGUE_GELU: return "GELU";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_BIAS: return "GELU_BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "DGELU_BGRAD";
+    case CUBLASLT_EPILOGUE_BGRADA: return "BGRADA";
+    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    default: return "?";
+  }
+}
+
+bool uses_aux(cublasLtEpilogue_t e) { return (static_cast<uint32_t>(e) & 128u) != 0; }
+bool uses_bias(cublasLtEpilogue_t e) {
+  const auto v = static_cast<uint32_t>(e);
+  return (v & (4u | 16u | 256u | 512u)) != 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// A prepared GEMM: descriptors, the buffers of each run, the chosen algorithm.
+
+struct GemmPlan {
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  std::vector<GemmOperands> calls;
+  cublasLtMatmulAlgo_t algo{};
+
+  GemmPlan() = default;
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  ~GemmPlan() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+
+  // Enqueues every call with `al`; the first failing status, or success.
+  cublasStatus_t run(const cublasLtMatmulAlgo_t& al, void* ws, size_t ws_bytes, cudaStream_t s) const {
+    static const float one = 1.0f, zero = 0.0f;
+    for (const GemmOperands& c : calls) {
+      cublasStatus_t st = cublasLtMatmul(lt, desc, &one, c.a, a, c.b, b, &zero, c.d, d, c.d, d, &al, ws, ws_bytes, s);
+      if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+  }
+};
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    SEAM_CUDA_CHECK(cudaEventCreate(&start));
+    SEAM_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    cudaEventDestroy(stop);
+    cudaEventDestroy(start);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+// Milliseconds per run of `al` (all calls), or a negative number if it fails to launch.
+float time_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& al, void* ws, cudaStream_t s, EventPair& ev) {
+  if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;  // warm-up
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
+  if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
+  SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+  float once = 0;
+  SEAM_CUDA_CHECK(cudaEventElapsedTime(&once, ev.start, ev.stop));
+  // Enough back-to-back runs for ~0.3 ms, so that tiny GEMMs are not timed by the event
+  // resolution alone.
+  const int reps = std::clamp(static_cast<int>(0.3f / std::max(once, 1e-4f)), 2, 30);
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
+  for (int r = 0; r < reps; ++r)
+    if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
+  SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+  float total = 0;
+  SEAM_CUDA_CHECK(cudaEventElapsedTime(&total, ev.start, ev.stop));
+  return total / static_cast<float>(reps);
+}
+
+std::string describe(const GemmShape& g, bool tf32, const std::string& what) {
+  std::ostringstream s;
+  s << what << ": cuBLASLt GEMM m=" << g.m << " n=" << g.n << " k=" << g.k << " op(A)=" << (g.trans_a ? "T" : "N")
+    << " op(B)=" << (g.trans_b ? "T" : "N") << " lda=" << g.lda << " ldb=" << g.ldb << " ldc=" << g.ldc;
+  if (g.batch > 1) s << " batch=" << g.batch << " strides=" << g.stride_a << "," << g.stride_b << "," << g.stride_c;
+  s << " epilogue=" << epilogue_name(g.epilogue) << (tf32 ? " (TF32)" : " (FP32)");
+  return s.str();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+
+struct GemmCache::Impl {
+  std::shared_ptr<Store> store;
+  void* workspace = nullptr;  // for timing and trial runs at prepare time
+
+  void* tuning_workspace() {
+    if (!workspace) SEAM_CUDA_CHECK(cudaMalloc(&workspace, kGemmWorkspaceBytes));
+    return workspace;
+  }
+};
+
+GemmCache::GemmCache() : impl_(new Impl) {
+  try {
+    DeviceId d = current_device();
+    impl_->store = store_for(file_path(d), header_line(d));
+  } catch (...) {
+    delete impl_;
+    throw;
+  }
+}
+
+GemmCache::~GemmCache() {
+  try {
+    if (impl_->store) save(*impl_->store);
+  } catch (...) {  // a cache that cannot be written is only a slower next start
+  }
+  if (impl_->workspace) cudaFree(impl_->workspace);
+  delete impl_;
+}
+
+GemmCacheStats gemm_cache_stats() {
+  Counters& c = counters();
+  return {c.tuned.load(), c.memory_hits.load(), c.disk_hits.load(), c.rejected.load(), c.malformed_lines.load(),
+          c.files_written.load()};
+}
+
+std::string gemm_cache_path() { return file_path(current_device()); }
+
+Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, GemmEpilogueData epi,
+                    const std::string& what) {
+  SEAM_ASSERT(ctx.gemm_cache != nullptr && ctx.cublaslt != nullptr);
+  SEAM_ASSERT(!calls.empty());
+  SEAM_ASSERT(g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1 && g.batch <= INT32_MAX);
+  SEAM_ASSERT(g.lda >= (g.trans_a ? g.k : g.m) && g.ldb >= (g.trans_b ? g.n : g.k) && g.ldc >= g.m);
+  SEAM_ASSERT(uses_aux(g.epilogue) == (epi.aux != nullptr) && uses_bias(g.epilogue) == (epi.bias != nullptr));
+  SEAM_ASSERT(g.batch == 1 || g.epilogue == CUBLASLT_EPILOGUE_DEFAULT);
+  const bool tf32 = ctx.tf32;
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t type = CUDA_R_32F;
+
+  auto p = std::make_shared<GemmPlan>();
+  p->lt = static_cast<cublasLtHandle_t>(ctx.cublaslt);
+  p->calls = std::move(calls);
+
+  // Descriptors.
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
+  const int32_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const uint32_t epilogue = static_cast<uint32_t>(g.epilogue);
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  if (epi.bias)
+    SEAM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias, sizeof epi.bias));
+  if (epi.aux) {
+    const int64_t aux_ld = g.aux_ld;
+    SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &epi.aux,
+                                                     sizeof epi.aux));
+    SEAM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  // Stored (pre-op) shapes: A is [m, k] or, transposed, [k, m]; B is [k, n] or [n, k].
+  auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, u(g.trans_a ? g.k : g.m), u(g.trans_a ? g.m : g.k), g.lda));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, u(g.trans_b ? g.n : g.k), u(g.trans_b ? g.k : g.n), g.ldb));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, type, u(g.m), u(g.n), g.ldc));
+  if (g.batch > 1) {
+    const int32_t count = static_cast<int32_t>(g.batch);
+    const std::array<std::pair<cublasLtMatrixLayout_t, int64_t>, 3> layouts = {
+        {{p->a, g.stride_a}, {p->b, g.stride_b}, {p->d, g.stride_c}}};
+    for (auto& [l, stride] : layouts) {
+      SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      SEAM_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    }
+  }
+
+  // Alignments the algorithm may assume: of every call's pointers and, in a batch, of
+  // each matrix after the first.
+  uint64_t bits_a = 0, bits_b = 0, bits_d = 0;
+  for (const GemmOperands& c : p->calls) {
+    bits_a |= reinterpret_cast<uintptr_t>(c.a);
+    bits_b |= reinterpret_cast<uintptr_t>(c.b);
+    bits_d |= reinterpret_cast<uintptr_t>(c.d);
+  }
+  if (g.batch > 1) {
+    bits_a |= static_cast<uint64_t>(g.stride_a) * sizeof(float);
+    bits_b |= static_cast<uint64_t>(g.stride_b) * sizeof(float);
+    bits_d |= static_cast<uint64_t>(g.stride_c) * sizeof(float);
+  }
+  const uint32_t align_a = low_bit_alignment(bits_a), align_b = low_bit_alignment(bits_b),
+                 align_d = low_bit_alignment(bits_d);
+  const int64_t align_bias = epi.bias ? low_bit_alignment(reinterpret_cast<uintptr_t>(epi.bias)) : 0;
+  const int64_t align_aux = epi.aux ? low_bit_alignment(reinterpret_cast<uintptr_t>(epi.aux)) : 0;
+
+  const KeyValues kv = {g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b,
+                        g.stride_c, static_cast<int64_t>(type), static_cast<int64_t>(compute),
+                        static_cast<int64_t>(epilogue), epi.aux ? g.aux_ld : 0, epi.bias != nullptr, align_a, align_b,
+                        align_d, align_bias, align_aux};
+  const std::string key = key_text(kv);
+
+  GemmCache::Impl& cache = ctx.gemm_cache->impl();
+  Store& store = *cache.store;
+  cudaStream_t stream = ctx.stream;
+
+  // 1. The table: an entry chosen or verified in this process is used as it is; one read
+  //    from the file must pass the library's check and a trial run first.
+  bool have = false;
+  std::optional<Entry> found;
+  {
+    std::lock_guard<std::mutex> lock(store.mu);
+    auto it = store.entries.find(key);
+    if (it != store.entries.end()) found = it->second;
+  }
+  if (found && found->checked) {
+    p->algo = found->algo;
+    have = true;
+    counters().memory_hits += 1;
+  } else if (found) {
+    cublasLtMatmulHeuristicResult_t r{};
+    bool ok = cublasLtMatmulAlgoCheck(p->lt, p->desc, p->a, p->b, p->d, p->d, &found->algo, &r) ==
+                  CUBLAS_STATUS_SUCCESS &&
+              r.workspaceSize <= kGemmWorkspaceBytes;
+    if (ok) {
+      ok = p->run(found->algo, cache.tuning_workspace(), kGemmWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
+      SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    std::lock_guard<std::mutex> lock(store.mu);
+    if (ok) {
+      Entry e = *found;
+      e.checked = true;
+      e.workspace = r.workspaceSize;
+      store.entries[key] = e;
+      p->algo = e.algo;
+      have = true;
+      counters().disk_hits += 1;
+    } else {
+      store.entries.erase(key);
+      store.dirty = true;
+      counters().rejected += 1;
+    }
+  }
+
+  // 2. Otherwise the heuristic's candidates, timed on these buffers.
+  if (!have) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    SEAM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    std::array<cublasLtMatmulHeuristicResult_t, kGemmCandidates> res{};
+    int returned = 0;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    {
+      const uint64_t max_ws = kGemmWorkspaceBytes;
+      auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, v, n);
+      };
+      set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof max_ws);
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a);
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b);
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d);
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d);
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->a, p->b, p->d, p->d, pref, kGemmCandidates, res.data(),
+                                            &returned);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || returned <= 0)
+      fail(describe(g, tf32, what), ": cuBLASLt offers no algorithm (",
+           st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(st) : "no candidates", ")");
+
+    std::vector<int> usable;
+    for (int i = 0; i < returned; ++i)
+      if (res[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS &&
+          res[static_cast<size_t>(i)].workspaceSize <= kGemmWorkspaceBytes)
+        usable.push_back(i);
+    if (usable.empty()) fail(describe(g, tf32, what), ": cuBLASLt's candidates all report failure");
+
+    int best = -1;
+    float best_ms = 0;
+    if (usable.size() == 1) {
+      best = usable[0];
+    } else {
+      void* ws = cache.tuning_workspace();
+      EventPair ev;
+      std::vector<float> ms(usable.size(), -1.0f);
+      for (int round = 0; round < 2; ++round)  // the minimum of two rounds evens out noise
+        for (size_t c = 0; c < usable.size(); ++c) {
+          if (round > 0 && ms[c] < 0) continue;  // failed in the first round
+          float t = time_algo(*p, res[static_cast<size_t>(usable[c])].algo, ws, stream, ev);
+          if (t < 0) {
+            ms[c] = -1.0f;
+            continue;
+          }
+          ms[c] = round == 0 ? t : std::min(ms[c], t);
+        }
+      for (size_t c = 0; c < usable.size(); ++c)
+        if (ms[c] >= 0 && (best < 0 || ms[c] < best_ms)) best = usable[c], best_ms = ms[c];
+      if (best < 0) fail(describe(g, tf32, what), ": none of cuBLASLt's ", usable.size(), " candidates ran");
+    }
+    Entry e;
+    e.algo = res[static_cast<size_t>(best)].algo;
+    e.workspace = res[static_cast<size_t>(best)].workspaceSize;
+    e.ns = static_cast<int64_t>(static_cast<double>(best_ms) * 1e6);
+    e.checked = true;
+    p->algo = e.algo;
+    {
+      std::lock_guard<std::mutex> lock(store.mu);
+      store.entries[key] = e;
+      store.dirty = true;
+    }
+    counters().tuned += 1;
+  }
+
+  ctx.need_workspace(kGemmWorkspaceBytes);
+  Context* c = &ctx;
+  std::shared_ptr<const GemmPlan> plan = p;
+  return [plan, c](cudaStream_t s) {
+    SEAM_CUBLAS_CHECK(plan->run(plan->algo, c->workspace(), c->workspace_size(), s));
+  };
+}
 
 }  // namespace seam::cuda

@@ -1,8 +1,29 @@
 // GEMMs on cuBLASLt for the CUDA backend (matmul.cu uses them): descriptors built once
-// per shape, the algorithm chosen once per (shapes, dtypes, layouts, epilogue) and kept
-// in a cache that is saved to disk and read back on the next run.
+// per shape, the algorithm chosen once per (shapes, dtypes, layouts, epilogue, pointer
+// alignments) and kept in a cache that is saved to disk and read back on the next run.
+//
+// How an algorithm is chosen: cuBLASLt's heuristic proposes up to kGemmCandidates
+// algorithms; each is timed with CUDA events on the plan's stream, on the step's real
+// buffers (a GEMM run at prepare time only writes its outputs: arena or gradient buffers,
+// never parameters), and the fastest is kept. A candidate that fails to run is skipped.
+//
+// The cache: one process-wide table per cache file (shared by every Model of the
+// process), read when the first GemmCache for that file is constructed and written back
+// (temp file + rename, merged with what the file holds by then) when a GemmCache that
+// learned something is destroyed. The file is
+//   $XDG_CACHE_HOME/seam/ (or $HOME/.cache/seam/) gemm-<GPU>-sm<cc>-<SMs>sm-lt<cuBLASLt version>.txt
+// with a header line naming the GPU and cuBLASLt version, then one GEMM a line:
+//   gemm ta=0 tb=1 m=256 n=1024 k=784 ... aaux=0 algo=<8 x 16 hex digits, ':'-separated> ws=<bytes> us=<time>
+// (see key fields in gemm.cu). The file is never trusted: a malformed line or a file
+// with another header is dropped, and an entry read from it is used only after
+// cublasLtMatmulAlgoCheck accepts it for the real descriptors and a trial run succeeds;
+// otherwise the GEMM is timed again and the entry replaced.
 #pragma once
+#include <cublasLt.h>
+
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda.h"
 
@@ -20,5 +41,68 @@ class GemmCache {
  private:
   Impl* impl_;
 };
+
+// The workspace every GEMM may use (cuBLAS recommends 32 MiB on Hopper).
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+// Heuristic candidates timed per GEMM.
+inline constexpr int kGemmCandidates = 8;
+
+// One GEMM in cuBLASLt's own column-major terms:
+//   D[m, n] = epilogue(op(A) [m, k] . op(B) [k, n]), `batch` times,
+// A stored as [m, k] (trans_a false) or [k, m] (trans_a true), column-major with leading
+// dimension lda; B likewise ([k, n] or [n, k], ldb); D [m, n] with ldc. Batch i reads
+// A + i * stride_a, B + i * stride_b and writes D + i * stride_c (elements; a stride of 0
+// broadcasts that operand). All matrices f32; C is D with beta = 0.
+//
+// A row-major buffer X[r, c] read column-major is X^T [c, r] with ld c: the preparers in
+// matmul.cu derive each op's mapping from that.
+struct GemmShape {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  // Leading dimension of the epilogue's auxiliary matrix (laid out like D): bits for the
+  // relu mask (a multiple of 128), elements for gelu's pre-activation (a multiple of 8).
+  int64_t aux_ld = 0;
+};
+
+// The buffers of one run of the GEMM.
+struct GemmOperands {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+};
+
+// The epilogue's vectors, fixed in the descriptor: bias (BIAS*: read, length m; BGRADB:
+// written, length n) and aux (*_AUX: written; DRELU / DGELU: read).
+struct GemmEpilogueData {
+  void* bias = nullptr;
+  void* aux = nullptr;
+};
+
+// Prepares a GEMM that runs once per entry of `calls`, in order, with the same shape and
+// epilogue data (a batch broadcast that one strided batch cannot express): builds the
+// descriptors, picks the algorithm (from the cache, or by timing on calls[0]'s buffers
+// and every call's epilogue data), reserves the workspace, and returns the launch.
+// `what` names the step in error messages.
+Launch prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperands> calls, GemmEpilogueData epilogue,
+                    const std::string& what);
+
+// What the GEMM caches of this process did (for tests and diagnostics).
+struct GemmCacheStats {
+  int64_t tuned = 0;            // GEMMs whose algorithm was chosen by timing
+  int64_t memory_hits = 0;      // found already checked in the process-wide table
+  int64_t disk_hits = 0;        // found as read from the file, checked and used
+  int64_t rejected = 0;         // read from the file but refused by the check or a trial run
+  int64_t malformed_lines = 0;  // lines of cache files dropped when read
+  int64_t files_written = 0;
+};
+GemmCacheStats gemm_cache_stats();
+
+// The cache file for the current device and cuBLASLt version under the current
+// environment ($XDG_CACHE_HOME, $HOME); empty if neither names a folder.
+std::string gemm_cache_path();
 
 }  // namespace seam::cuda
