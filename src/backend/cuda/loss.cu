@@ -1,8 +1,380 @@
-// CUDA kernels of the loss family (being written).
-#include "backend/cuda/cuda.h"
+// CUDA kernels of the losses: cross_entropy (ignore_index, PyTorch's label smoothing) and
+// mse, each reduced to a scalar mean, and their gradients. Same formulas as the CPU
+// reference (src/backend/cpu/loss.cpp).
+//
+// Reductions are deterministic: per-row (or per-block) values go to scratch and one block
+// adds them in a fixed order, in double. The gradients read the upstream scalar dy on the
+// device and recount the rows there, so nothing waits for the host.
+//
+// cross_entropy rows: one warp per row when C <= 1024, else one block per row; the row's
+// max and sum of exp come from one pass (online log-sum-exp), the gradient reads it once
+// more to write dlogits.
+// A label outside [0, C) that is not ignore_index is reported with report_error and its
+// row left out; the host turns the report into a seam::Error on its next read.
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device_util.cuh"
 
 namespace seam::cuda {
 
-void register_loss(PreparerTable&) {}
+namespace {
+
+constexpr int kWarpBlock = 256;   // warp-per-row kernels: 8 rows in flight per block
+constexpr int kRowBlock = 512;    // block-per-row kernels
+constexpr int kReduceBlock = 1024;
+constexpr int kThreads = 256;     // elementwise kernels
+constexpr int64_t kMaxWarpClasses = 1024;
+
+// Log-sum-exp in one pass: (m, s) with s = sum(exp(v - m)) over the values seen so far,
+// (-inf, 0) for none. A new maximum rescales s. Sums use explicit roundings (no FMA
+// contraction), so merging (a, b) and (b, a) gives the same bits and every lane of a
+// butterfly ends with the same pair.
+__device__ inline void lse_add(float& m, float& s, float v) {
+  if (v > m) {
+    s = __fadd_rn(__fmul_rn(s, expf(m - v)), 1.f);  // from m = -inf: 0 * 0 + 1
+    m = v;
+  } else {
+    s = __fadd_rn(s, v == -INFINITY ? 0.f : expf(v - m));  // a NaN v propagates
+  }
+}
+
+__device__ inline void lse_merge(float& m, float& s, float m2, float s2) {
+  const float nm = fmaxf(m, m2);
+  if (nm == -INFINITY) return;  // both empty
+  s = __fadd_rn(__fmul_rn(s, expf(m - nm)), __fmul_rn(s2, expf(m2 - nm)));
+  m = nm;
+}
+
+__device__ inline void warp_lse(float& m, float& s) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_merge(m, s, m2, s2);
+  }
+}
+
+// Over a block whose size is a multiple of 32; every thread gets the result.
+__device__ inline void block_lse(float& m, float& s) {
+  __shared__ float pm[32], ps[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  warp_lse(m, s);
+  __syncthreads();  // pm, ps may still be read by a previous call
+  if (lane == 0) {
+    pm[warp] = m;
+    ps[warp] = s;
+  }
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  m = lane < warps ? pm[lane] : -INFINITY;
+  s = lane < warps ? ps[lane] : 0.f;
+  warp_lse(m, s);
+}
+
+// A group of threads that handles one row at a time: a warp or a whole block. Rows are
+// distributed first(), first() + stride(), ...; every branch that depends only on the row
+// is uniform over the group, so the group's reductions are reached by all its threads.
+struct WarpGroup {
+  __device__ int rank() const { return threadIdx.x & 31; }
+  __device__ int size() const { return 32; }
+  __device__ int64_t first() const { return blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); }
+  __device__ int64_t stride() const { return int64_t{gridDim.x} * (blockDim.x >> 5); }
+  __device__ float sum(float v) const { return warp_sum(v); }
+  __device__ void lse(float& m, float& s) const { warp_lse(m, s); }
+};
+
+struct BlockGroup {
+  __device__ int rank() const { return threadIdx.x; }
+  __device__ int size() const { return blockDim.x; }
+  __device__ int64_t first() const { return blockIdx.x; }
+  __device__ int64_t stride() const { return gridDim.x; }
+  __device__ float sum(float v) const { return block_sum(v); }
+  __device__ void lse(float& m, float& s) const { block_lse(m, s); }
+};
+
+// Whether a row counts; reports (once, from rank 0) a label that is neither a class nor
+// ignore_index.
+template <class G>
+__device__ bool row_counts(const G& g, int32_t label, int64_t row, int64_t classes, int64_t ignore_index,
+                           DeviceError* err, int step) {
+  if (static_cast<int64_t>(label) == ignore_index) return false;
+  if (label < 0 || label >= classes) {
+    if (g.rank() == 0) report_error(err, step, kLabelRange, row, label, classes);
+    return false;
+  }
+  return true;
+}
+
+// The row's max m and sum(exp(z - m)) (and sum(z) when wanted), known to every thread of
+// the group; one read of the row.
+template <class G, bool WithSum>
+__device__ void row_stats(const G& g, const float* __restrict__ z, int64_t classes, float& m, float& s, float& zsum) {
+  m = -INFINITY;
+  s = 0.f;
+  zsum = 0.f;
+  // Four loads in flight per thread before their values are used: the sum is a serial
+  // chain, and one load at a time would leave the row's read latency-bound.
+  const int64_t step = g.size();
+  int64_t c = g.rank();
+  for (; c + 3 * step < classes; c += 4 * step) {
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = z[c + k * step];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      lse_add(m, s, v[k]);
+      if constexpr (WithSum) zsum += v[k];
+    }
+  }
+  for (; c < classes; c += step) {
+    const float v = z[c];
+    lse_add(m, s, v);
+    if constexpr (WithSum) zsum += v;
+  }
+  g.lse(m, s);
+  if constexpr (WithSum) zsum = g.sum(zsum);
+}
+
+// Per row: (1 - eps) * -log p[label] + eps * mean_c(-log p[c]), with -log p[c] = m + log(s)
+// - z[c]; into row_loss[row] (0 for rows that do not count) and row_used[row] (0 or 1).
+template <class G>
+__global__ void ce_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+                        int64_t classes, int64_t ignore_index, double smoothing, double* __restrict__ row_loss,
+                        int* __restrict__ row_used, DeviceError* err, int step) {
+  const G g{};
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    const int32_t label = labels[r];
+    if (!row_counts(g, label, r, classes, ignore_index, err, step)) {
+      if (g.rank() == 0) {
+        row_loss[r] = 0.0;
+        row_used[r] = 0;
+      }
+      continue;
+    }
+    const float* z = logits + r * classes;
+    float m, s, zsum;
+    if (smoothing != 0.0) row_stats<G, true>(g, z, classes, m, s, zsum);
+    else row_stats<G, false>(g, z, classes, m, s, zsum);
+    if (g.rank() == 0) {
+      const double ls = log(static_cast<double>(s));
+      const double nll = static_cast<double>(m - z[label]) + ls;
+      const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
+      row_loss[r] = (1.0 - smoothing) * nll + smoothing * smooth;
+      row_used[r] = 1;
+    }
+  }
+}
+
+// One block: loss = sum(row_loss) / sum(row_used), 0 if no row counts.
+__global__ void __launch_bounds__(kReduceBlock)
+    ce_mean(const double* __restrict__ row_loss, const int* __restrict__ row_used, int64_t rows,
+            float* __restrict__ out) {
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    total += row_loss[i];
+    count += row_used[i];
+  }
+  total = block_sum(total);
+  count = block_sum(count);
+  if (threadIdx.x == 0) out[0] = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
+}
+
+// One block: counts the rows of the gradient (reporting bad labels as the forward does)
+// and stores scale = dy / count (0 if none) for ce_grad_rows.
+__global__ void __launch_bounds__(kReduceBlock)
+    ce_grad_scale(const float* __restrict__ dy, const int32_t* __restrict__ labels, int64_t rows, int64_t classes,
+                  int64_t ignore_index, double* __restrict__ scale, DeviceError* err, int step) {
+  int64_t count = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    const int32_t l = labels[i];
+    if (static_cast<int64_t>(l) == ignore_index) continue;
+    if (l < 0 || l >= classes) report_error(err, step, kLabelRange, i, l, classes);
+    else ++count;
+  }
+  count = block_sum(count);
+  if (threadIdx.x == 0) scale[0] = count > 0 ? static_cast<double>(dy[0]) / static_cast<double>(count) : 0.0;
+}
+
+// dlogits = scale * (softmax(z) - target), target = (1 - eps) * onehot(label) + eps / C;
+// zero rows for ignored (or bad) labels.
+template <class G>
+__global__ void ce_grad_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+                             int64_t classes, int64_t ignore_index, double smoothing, const double* __restrict__ scale,
+                             float* __restrict__ dz) {
+  const G g{};
+  const double sc = scale[0];
+  const double off_target = smoothing / static_cast<double>(classes);
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    const int32_t label = labels[r];
+    float* d = dz + r * classes;
+    const bool counts = static_cast<int64_t>(label) != ignore_index && label >= 0 && label < classes;
+    if (!counts) {
+      for (int64_t c = g.rank(); c < classes; c += g.size()) d[c] = 0.f;
+      continue;
+    }
+    const float* z = logits + r * classes;
+    float m, s, unused;
+    row_stats<G, false>(g, z, classes, m, s, unused);
+#pragma unroll 4
+    for (int64_t c = g.rank(); c < classes; c += g.size()) {
+      const double p = static_cast<double>(expf(z[c] - m)) / static_cast<double>(s);
+      const double target = off_target + (c == label ? 1.0 - smoothing : 0.0);
+      d[c] = static_cast<float>(sc * (p - target));
+    }
+  }
+}
+
+// mse: per-block partial sums of (p - t)^2 in double, then one block adds them in order.
+__global__ void __launch_bounds__(kThreads)
+    mse_partial(const float* __restrict__ p, const float* __restrict__ t, int64_t n, double* __restrict__ partial) {
+  double s = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double d = static_cast<double>(p[i]) - static_cast<double>(t[i]);
+    s += d * d;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(kReduceBlock)
+    mse_mean(const double* __restrict__ partial, int blocks, int64_t n, float* __restrict__ out) {
+  double s = 0;
+  for (int i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) out[0] = n > 0 ? static_cast<float>(s / static_cast<double>(n)) : 0.f;
+}
+
+// dp = dy * 2 (p - t) / n
+__global__ void __launch_bounds__(kThreads)
+    mse_grad_kernel(const float* __restrict__ dy, const float* __restrict__ p, const float* __restrict__ t,
+                    float* __restrict__ dp, int64_t n) {
+  const double scale = 2.0 * static_cast<double>(dy[0]) / static_cast<double>(n);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    dp[i] = static_cast<float>(scale * (static_cast<double>(p[i]) - static_cast<double>(t[i])));
+}
+
+// ---- preparers ----
+
+void expect_dtype(const StepArgs& a, const DeviceTensor& t, DType want) {
+  if (t.dtype() != want)
+    fail(op_name(a.step.op), " '", a.step.name, "': the CUDA kernel takes ", dtype_name(want), " here, got ",
+         t.type.str());
+}
+
+// Rows, classes and attributes of cross_entropy(_grad); logits/labels are the inputs.
+struct CeShape {
+  int64_t rows, classes, ignore_index;
+  double smoothing;
+  bool warp;          // one warp per row, else one block per row
+  unsigned blocks;    // of the row kernels
+};
+
+CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTensor& labels) {
+  expect_f32(a);
+  expect_dtype(a, logits, DType::f32);
+  expect_dtype(a, labels, DType::i32);
+  CeShape c{};
+  c.rows = labels.numel();
+  c.classes = logits.shape().back();
+  c.ignore_index = a.step.attrs.i("ignore_index");
+  c.smoothing = a.step.attrs.f("label_smoothing");
+  c.warp = c.classes <= kMaxWarpClasses;
+  const int sms = std::max(a.ctx.sm_count, 1);
+  c.blocks = c.warp ? blocks_for(c.rows, kWarpBlock / 32, sms * 16)
+                    : static_cast<unsigned>(std::clamp<int64_t>(c.rows, 1, int64_t{sms} * 4));
+  return c;
+}
+
+Launch prepare_cross_entropy(const StepArgs& a) {
+  const CeShape c = ce_shape(a, a.in[0], a.in[1]);
+  expect_dtype(a, a.out[0], DType::f32);
+  const float* logits = a.in[0].as<float>();
+  const int32_t* labels = a.in[1].as<int32_t>();
+  float* out = a.out[0].as<float>();
+  auto* row_loss = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(double)));
+  auto* row_used = static_cast<int*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(int)));
+  DeviceError* err = a.ctx.error;
+  const int step = a.index;
+  return [=](cudaStream_t st) {
+    if (c.warp)
+      ce_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                          c.smoothing, row_loss, row_used, err, step);
+    else
+      ce_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                          c.smoothing, row_loss, row_used, err, step);
+    SEAM_CUDA_LAUNCH_CHECK();
+    ce_mean<<<1, kReduceBlock, 0, st>>>(row_loss, row_used, c.rows, out);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+Launch prepare_cross_entropy_grad(const StepArgs& a) {
+  const CeShape c = ce_shape(a, a.in[1], a.in[2]);
+  expect_dtype(a, a.in[0], DType::f32);
+  expect_dtype(a, a.out[0], DType::f32);
+  const float* dy = a.in[0].as<float>();
+  const float* logits = a.in[1].as<float>();
+  const int32_t* labels = a.in[2].as<int32_t>();
+  float* dz = a.out[0].as<float>();
+  auto* scale = static_cast<double*>(a.ctx.scratch(sizeof(double)));
+  DeviceError* err = a.ctx.error;
+  const int step = a.index;
+  if (a.out[0].numel() == 0) return [](cudaStream_t) {};
+  return [=](cudaStream_t st) {
+    ce_grad_scale<<<1, kReduceBlock, 0, st>>>(dy, labels, c.rows, c.classes, c.ignore_index, scale, err, step);
+    SEAM_CUDA_LAUNCH_CHECK();
+    if (c.warp)
+      ce_grad_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                               c.smoothing, scale, dz);
+    else
+      ce_grad_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                               c.smoothing, scale, dz);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+Launch prepare_mse(const StepArgs& a) {
+  expect_f32(a);
+  for (auto* t : {&a.in[0], &a.in[1], &a.out[0]}) expect_dtype(a, *t, DType::f32);
+  const int64_t n = a.in[0].numel();
+  const float* p = a.in[0].as<float>();
+  const float* t = a.in[1].as<float>();
+  float* out = a.out[0].as<float>();
+  // Fixed at prepare time, so the summation order is the same every run.
+  const unsigned blocks = blocks_for(n, kThreads, std::max(a.ctx.sm_count, 1) * 4);
+  auto* partial = static_cast<double*>(a.ctx.scratch(blocks * sizeof(double)));
+  return [=](cudaStream_t st) {
+    mse_partial<<<blocks, kThreads, 0, st>>>(p, t, n, partial);
+    SEAM_CUDA_LAUNCH_CHECK();
+    mse_mean<<<1, kReduceBlock, 0, st>>>(partial, static_cast<int>(blocks), n, out);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+Launch prepare_mse_grad(const StepArgs& a) {
+  expect_f32(a);
+  for (auto* t : {&a.in[0], &a.in[1], &a.in[2], &a.out[0]}) expect_dtype(a, *t, DType::f32);
+  const int64_t n = a.in[1].numel();
+  const float* dy = a.in[0].as<float>();
+  const float* p = a.in[1].as<float>();
+  const float* t = a.in[2].as<float>();
+  float* dp = a.out[0].as<float>();
+  if (n == 0) return [](cudaStream_t) {};
+  const unsigned blocks = blocks_for(n, kThreads, std::max(a.ctx.sm_count, 1) * 8);
+  return [=](cudaStream_t st) {
+    mse_grad_kernel<<<blocks, kThreads, 0, st>>>(dy, p, t, dp, n);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+}  // namespace
+
+void register_loss(PreparerTable& t) {
+  set(t, Op::cross_entropy, prepare_cross_entropy);
+  set(t, Op::cross_entropy_grad, prepare_cross_entropy_grad);
+  set(t, Op::mse, prepare_mse);
+  set(t, Op::mse_grad, prepare_mse_grad);
+}
 
 }  // namespace seam::cuda

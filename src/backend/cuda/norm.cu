@@ -1,8 +1,401 @@
-// CUDA kernels of layer_norm (being written).
-#include "backend/cuda/cuda.h"
+// CUDA kernels of layer_norm (over the last dim D) and its gradient. Same formulas as the
+// CPU reference (src/backend/cpu/norm.cpp): biased variance from a second, centred pass;
+// outputs y, mean [rows], rstd [rows].
+//
+//   D <= 1024: one warp per row, the row in registers (N values per lane: ceil(D/32)
+//              rounded up to 1, 2, 4, 8, 12, 16, 24 or 32);
+//   D >  1024: one block per row, passes over the row through L1.
+// The backward computes dx row by row and the column sums dgamma = sum_rows dy * xhat,
+// dbeta = sum_rows dy deterministically: every block adds its rows' contributions in a
+// fixed order into its own slice of scratch ([blocks][2][D], double), then a second
+// kernel sums the slices in block order. No atomics.
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device_util.cuh"
 
 namespace seam::cuda {
 
-void register_norm(PreparerTable&) {}
+namespace {
+
+constexpr int kWarpBlock = 256;  // warp path: 8 warps (rows in flight) per block
+constexpr int kWarps = kWarpBlock / 32;
+constexpr int kRowBlock = 512;   // block path
+constexpr int kMaxWarpDim = 1024;
+
+// ---- forward ----
+
+template <int N>
+__global__ void __launch_bounds__(kWarpBlock)
+    ln_warp(const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
+            float* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int dim,
+            double eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); r < rows; r += stride) {
+    const float* xr = x + r * dim;
+    float v[N];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int j = lane + 32 * k;
+      v[k] = j < dim ? xr[j] : 0.f;
+      s += v[k];
+    }
+    const float mean = warp_sum(s) / static_cast<float>(dim);
+    float sq = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int j = lane + 32 * k;
+      v[k] = j < dim ? v[k] - mean : 0.f;
+      sq += v[k] * v[k];
+    }
+    const float var = warp_sum(sq) / static_cast<float>(dim);
+    const float rstd = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
+    float* yr = y + r * dim;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int j = lane + 32 * k;
+      if (j < dim) yr[j] = fmaf(v[k] * rstd, gamma[j], beta[j]);
+    }
+    if (lane == 0) {
+      mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  }
+}
+
+// One block per row; the row loop is block-uniform, so every thread meets the barriers
+// inside block_sum.
+__global__ void __launch_bounds__(kRowBlock)
+    ln_block(const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
+             float* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
+             int64_t dim, double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * dim;
+    float s = 0.f;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) s += xr[j];
+    const float mean = block_sum(s) / static_cast<float>(dim);
+    float sq = 0.f;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      const float d = xr[j] - mean;
+      sq += d * d;
+    }
+    const float var = block_sum(sq) / static_cast<float>(dim);
+    const float rstd = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
+    float* yr = y + r * dim;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = fmaf((xr[j] - mean) * rstd, gamma[j], beta[j]);
+    if (threadIdx.x == 0) {
+      mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  }
+}
+
+// ---- backward ----
+
+// The column sums add one term per row. In f32 the rounding of each term (xhat, dy * xhat)
+// alone, summed over thousands of rows, shows as an error of 1e-3 or more relative to a
+// column whose sum nearly cancels. So the terms of dgamma are formed from
+// (x - mean) * rstd in double and every column sum accumulates in double, as the CPU
+// does; the row sums of dx stay in f32.
+
+// Warp w of block b handles rows (b * kWarps + w) + k * gridDim.x * kWarps; each lane keeps
+// its columns' dgamma/dbeta sums in registers. At the end the block's warps add theirs
+// into shared memory one warp after another (warp 0 first), and the block writes the sums
+// to partial[b][0][:] (dgamma) and partial[b][1][:] (dbeta). The second pass over a row
+// (dx) reads dy and x again, from L1: keeping them in registers too would spill.
+template <int N>
+__global__ void __launch_bounds__(kWarpBlock)
+    ln_grad_warp(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
+                 const float* __restrict__ rstd, const float* __restrict__ gamma, float* __restrict__ dx,
+                 double* __restrict__ partial, int64_t rows, int dim) {
+  __shared__ double cols[2][kMaxWarpDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double acc_g[N], acc_b[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) acc_g[k] = acc_b[k] = 0.0;
+  const int64_t stride = int64_t{gridDim.x} * kWarps;
+  for (int64_t r = blockIdx.x * int64_t{kWarps} + warp; r < rows; r += stride) {
+    const float m = mean[r], s = rstd[r];
+    const float* dyr = dy + r * dim;
+    const float* xr = x + r * dim;
+    float g_sum = 0.f, gx_sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int j = lane + 32 * k;
+      if (j < dim) {
+        const float d = dyr[j], xv = xr[j];
+        const float xh = (xv - m) * s, g = d * gamma[j];
+        g_sum += g;
+        gx_sum += g * xh;
+        acc_g[k] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
+        acc_b[k] += d;
+      }
+    }
+    const float g_mean = warp_sum(g_sum) / static_cast<float>(dim);
+    const float gx_mean = warp_sum(gx_sum) / static_cast<float>(dim);
+    float* dxr = dx + r * dim;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int j = lane + 32 * k;
+      if (j < dim) {
+        const float xh = (xr[j] - m) * s;
+        dxr[j] = s * (dyr[j] * gamma[j] - g_mean - xh * gx_mean);
+      }
+    }
+  }
+  // Fixed-order sum over the block's warps. Every thread reaches each barrier.
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const int j = lane + 32 * k;
+        if (j < dim) {
+          cols[0][j] = w == 0 ? acc_g[k] : cols[0][j] + acc_g[k];
+          cols[1][j] = w == 0 ? acc_b[k] : cols[1][j] + acc_b[k];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  double* pg = partial + blockIdx.x * (2 * int64_t{dim});
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+    pg[j] = cols[0][j];
+    pg[dim + j] = cols[1][j];
+  }
+}
+
+// One block per row (rows blockIdx.x + k * gridDim.x). Thread t owns columns t + i *
+// blockDim.x and accumulates their dgamma/dbeta in registers when M > 0 (dim <= M *
+// blockDim.x), else directly in its block's slice of partial (only it touches those
+// addresses, so no synchronization is needed).
+template <int M>
+__global__ void __launch_bounds__(kRowBlock)
+    ln_grad_block(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
+                  const float* __restrict__ rstd, const float* __restrict__ gamma, float* __restrict__ dx,
+                  double* __restrict__ partial, int64_t rows, int64_t dim) {
+  double* pg = partial + blockIdx.x * (2 * dim);
+  double* pb = pg + dim;
+  constexpr int kRegs = M > 0 ? M : 1;
+  double acc_g[kRegs], acc_b[kRegs];
+#pragma unroll
+  for (int k = 0; k < kRegs; ++k) acc_g[k] = acc_b[k] = 0.0;
+  if constexpr (M == 0)
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) pg[j] = pb[j] = 0.0;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float m = mean[r], s = rstd[r];
+    const float* dyr = dy + r * dim;
+    const float* xr = x + r * dim;
+    float g_sum = 0.f, gx_sum = 0.f;
+    if constexpr (M > 0) {
+#pragma unroll
+      for (int k = 0; k < M; ++k) {
+        const int64_t j = threadIdx.x + int64_t{k} * blockDim.x;
+        if (j < dim) {
+          const float d = dyr[j], xv = xr[j];
+          const float xh = (xv - m) * s, g = d * gamma[j];
+          g_sum += g;
+          gx_sum += g * xh;
+          acc_g[k] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
+          acc_b[k] += d;
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float d = dyr[j], xv = xr[j];
+        const float xh = (xv - m) * s, g = d * gamma[j];
+        g_sum += g;
+        gx_sum += g * xh;
+        pg[j] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
+        pb[j] += d;
+      }
+    }
+    const float g_mean = block_sum(g_sum) / static_cast<float>(dim);
+    const float gx_mean = block_sum(gx_sum) / static_cast<float>(dim);
+    float* dxr = dx + r * dim;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      const float xh = (xr[j] - m) * s;
+      dxr[j] = s * (dyr[j] * gamma[j] - g_mean - xh * gx_mean);
+    }
+  }
+  if constexpr (M > 0) {
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+      const int64_t j = threadIdx.x + int64_t{k} * blockDim.x;
+      if (j < dim) {
+        pg[j] = acc_g[k];
+        pb[j] = acc_b[k];
+      }
+    }
+  }
+}
+
+// dgamma[j] = sum over b of partial[b][0][j], dbeta[j] likewise with [1], in block order.
+// Block (32, 8) covers 32 columns of one of the two outputs (blockIdx.y); thread row ty
+// sums slices ty, ty + 8, ..., then thread row 0 adds the eight in order.
+constexpr int kColRows = 8;
+__global__ void __launch_bounds__(32 * kColRows)
+    ln_grad_columns(const double* __restrict__ partial, int parts, int64_t dim, float* __restrict__ dgamma,
+                    float* __restrict__ dbeta) {
+  __shared__ double sums[kColRows][32];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * int64_t{32} + tx;
+  const int which = blockIdx.y;  // 0: dgamma, 1: dbeta
+  double s = 0;
+  if (j < dim)
+    for (int p = ty; p < parts; p += kColRows) s += partial[(int64_t{p} * 2 + which) * dim + j];
+  sums[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && j < dim) {
+    double t = 0;
+    for (int k = 0; k < kColRows; ++k) t += sums[k][tx];
+    (which == 0 ? dgamma : dbeta)[j] = static_cast<float>(t);
+  }
+}
+
+// ---- preparers ----
+
+template <int N>
+void launch_ln_warp(cudaStream_t st, unsigned blocks, const float* x, const float* gamma, const float* beta, float* y,
+                    float* mean, float* rstd, int64_t rows, int dim, double eps) {
+  ln_warp<N><<<blocks, kWarpBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
+  SEAM_CUDA_LAUNCH_CHECK();
+}
+
+template <int N>
+void launch_ln_grad_warp(cudaStream_t st, unsigned blocks, const float* dy, const float* x, const float* mean,
+                         const float* rstd, const float* gamma, float* dx, double* partial, int64_t rows, int dim) {
+  ln_grad_warp<N><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+  SEAM_CUDA_LAUNCH_CHECK();
+}
+
+template <int M>
+void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const float* dy, const float* x, const float* mean,
+                          const float* rstd, const float* gamma, float* dx, double* partial, int64_t rows,
+                          int64_t dim) {
+  ln_grad_block<M><<<blocks, kRowBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+  SEAM_CUDA_LAUNCH_CHECK();
+}
+
+// Values per lane of the warp path: the smallest of 1, 2, 4, 8, 12, 16, 24, 32 groups of
+// 32 elements that covers dim (<= 1024).
+int lane_groups(int64_t dim) {
+  for (int n : {1, 2, 4, 8, 12, 16, 24})
+    if (32 * n >= dim) return n;
+  return 32;
+}
+
+void expect_all_f32(const StepArgs& a) {
+  expect_f32(a);
+  for (auto* list : {&a.in, &a.out})
+    for (auto& t : *list)
+      if (t.dtype() != DType::f32)
+        fail(op_name(a.step.op), " '", a.step.name, "': the CUDA kernel takes f32, got ", t.type.str());
+}
+
+Launch prepare_layer_norm(const StepArgs& a) {
+  expect_all_f32(a);
+  const int64_t dim = a.in[0].shape().back();
+  const int64_t rows = a.out[1].numel();
+  const double eps = a.step.attrs.f("eps");
+  const float* x = a.in[0].as<float>();
+  const float* gamma = a.in[1].as<float>();
+  const float* beta = a.in[2].as<float>();
+  float* y = a.out[0].as<float>();
+  float* mean = a.out[1].as<float>();
+  float* rstd = a.out[2].as<float>();
+  const int sms = std::max(a.ctx.sm_count, 1);
+  if (rows == 0 || dim == 0) return [](cudaStream_t) {};  // no row, or rows of nothing (the CPU's 0/0)
+  if (dim <= kMaxWarpDim) {
+    const unsigned blocks = blocks_for(rows, kWarps, sms * 16);
+    const int d = static_cast<int>(dim);
+    const int n = lane_groups(dim);
+    return [=](cudaStream_t st) {
+      switch (n) {
+        case 1: launch_ln_warp<1>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+        case 2: launch_ln_warp<2>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+        case 4: launch_ln_warp<4>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+        case 8: launch_ln_warp<8>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+        case 12: launch_ln_warp<12>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+        case 16: launch_ln_warp<16>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+        case 24: launch_ln_warp<24>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+        default: launch_ln_warp<32>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
+      }
+    };
+  }
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{sms} * 4));
+  return [=](cudaStream_t st) {
+    ln_block<<<blocks, kRowBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+Launch prepare_layer_norm_grad(const StepArgs& a) {
+  expect_all_f32(a);
+  const int64_t dim = a.in[1].shape().back();
+  const int64_t rows = a.in[2].numel();
+  const float* dy = a.in[0].as<float>();
+  const float* x = a.in[1].as<float>();
+  const float* mean = a.in[2].as<float>();
+  const float* rstd = a.in[3].as<float>();
+  const float* gamma = a.in[4].as<float>();
+  float* dx = a.out[0].as<float>();
+  float* dgamma = a.out[1].as<float>();
+  float* dbeta = a.out[2].as<float>();
+  const int sms = std::max(a.ctx.sm_count, 1);
+  if (dim == 0) return [](cudaStream_t) {};
+  // Blocks (and so partial slices) fixed here: the summation order is the same every run.
+  // With no rows the kernels still run: they write zero partials, so dgamma = dbeta = 0.
+  const bool warp_path = dim <= kMaxWarpDim;
+  const int64_t want = warp_path ? (rows + kWarps - 1) / kWarps : rows;
+  const int parts = static_cast<int>(std::clamp<int64_t>(want, 1, int64_t{sms} * 2));
+  auto* partial = static_cast<double*>(
+      a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
+  const dim3 col_grid(static_cast<unsigned>((dim + 31) / 32), 2);
+  const dim3 col_block(32, kColRows);
+  auto columns = [=](cudaStream_t st) {
+    ln_grad_columns<<<col_grid, col_block, 0, st>>>(partial, parts, dim, dgamma, dbeta);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+  const auto blocks = static_cast<unsigned>(parts);
+  if (warp_path) {
+    const int d = static_cast<int>(dim);
+    const int n = lane_groups(dim);
+    return [=](cudaStream_t st) {
+      switch (n) {
+        case 1: launch_ln_grad_warp<1>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+        case 2: launch_ln_grad_warp<2>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+        case 4: launch_ln_grad_warp<4>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+        case 8: launch_ln_grad_warp<8>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+        case 12: launch_ln_grad_warp<12>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+        case 16: launch_ln_grad_warp<16>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+        case 24: launch_ln_grad_warp<24>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+        default: launch_ln_grad_warp<32>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
+      }
+      columns(st);
+    };
+  }
+  const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
+  return [=](cudaStream_t st) {
+    if (per_thread <= 4) launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+    else if (per_thread <= 8) launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+    else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+    else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+    columns(st);
+  };
+}
+
+}  // namespace
+
+void register_norm(PreparerTable& t) {
+  set(t, Op::layer_norm, prepare_layer_norm);
+  set(t, Op::layer_norm_grad, prepare_layer_norm_grad);
+}
 
 }  // namespace seam::cuda
