@@ -34,10 +34,12 @@ for step in "${steps[@]}"; do
       grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | head -30
       ;;
     sanitize)
+      # Both tools over the gpu tests (SEAM_SANITIZE_FILTER narrows them), each bounded in
+      # time: the sanitizers slow kernels down by one or two orders of magnitude.
       filter=${SEAM_SANITIZE_FILTER:-*}
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/seam_gpu_tests" --gtest_filter="$filter" \
-          > "$out/sanitize_$tool.log" 2>&1
+        timeout "${SEAM_SANITIZE_SECONDS:-240}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+          "$bin/seam_gpu_tests" --gtest_filter="$filter" > "$out/sanitize_$tool.log" 2>&1
         rc=$?
         note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
       done
