@@ -2,8 +2,32 @@
 // output size a schema promises is the one a kernel computes.
 #pragma once
 #include <cstdint>
+#include <vector>
+
+#include "seam/dtype.h"
 
 namespace seam {
+
+// Row-major strides of a shape, in elements.
+inline std::vector<int64_t> row_major_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size(), 1);
+  for (size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
+  return st;
+}
+
+// A shape split at `axis` into (outer, axis length, inner) element counts.
+struct AxisSplit {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+inline AxisSplit split_at(const Shape& s, int axis) {
+  AxisSplit p;
+  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
+    if (d < axis) p.outer *= s[static_cast<size_t>(d)];
+    else if (d == axis) p.len = s[static_cast<size_t>(d)];
+    else p.inner *= s[static_cast<size_t>(d)];
+  }
+  return p;
+}
 
 // Python-style slice of an axis of length `dim`: negative indices count from the end,
 // bounds clamp. `count` is the number of selected elements (0 if empty).

@@ -9,6 +9,7 @@
 
 #include "seam/error.h"
 #include "seam/model.h"
+#include "ops/geometry.h"
 #include "seam/plan.h"
 
 namespace seam::cpu {
@@ -61,8 +62,6 @@ void dispatch_float(DType t, F&& f) {
   }
 }
 
-// Row-major strides of a shape, in elements.
-std::vector<int64_t> strides_of(const Shape& s);
 
 // Visits every element of a tensor of shape `out` in row-major order, with the element
 // offsets of N operands whose strides (in out's index space) are given:
@@ -116,7 +115,7 @@ void for_each_broadcast(const Shape& out, const std::array<const Shape*, N>& ins
   std::array<std::vector<int64_t>, N> st;
   for (size_t k = 0; k < N; ++k) {
     st[k].assign(r, 0);
-    auto own = strides_of(*ins[k]);
+    auto own = row_major_strides(*ins[k]);
     size_t lead = r - ins[k]->size();
     for (size_t d = lead; d < r; ++d)
       if ((*ins[k])[d - lead] != 1) st[k][d] = own[d - lead];

@@ -11,7 +11,7 @@ namespace {
 
 void transpose(const KernelArgs& a) {
   const auto& perm = a.attrs().ints("perm");
-  auto in_st = strides_of(a.in[0].shape());
+  auto in_st = row_major_strides(a.in[0].shape());
   const size_t r = perm.size();
   std::vector<int64_t> st(r);
   for (size_t d = 0; d < r; ++d) st[d] = in_st[static_cast<size_t>(normalize_axis(perm[d], r))];
@@ -22,27 +22,13 @@ void transpose(const KernelArgs& a) {
   });
 }
 
-// Splits a shape at `axis` into (outer, axis length, inner) element counts.
-struct Split {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-Split split_at(const Shape& s, int axis) {
-  Split p;
-  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
-    if (d < axis) p.outer *= s[static_cast<size_t>(d)];
-    else if (d == axis) p.len = s[static_cast<size_t>(d)];
-    else p.inner *= s[static_cast<size_t>(d)];
-  }
-  return p;
-}
-
 void concat(const KernelArgs& a) {
   int axis = normalize_axis(a.attrs().i("axis"), a.out[0].shape().size());
   const size_t es = dtype_size(a.out[0].dtype());
-  Split out = split_at(a.out[0].shape(), axis);
+  AxisSplit out = split_at(a.out[0].shape(), axis);
   int64_t at = 0;  // elements along the axis already filled
   for (auto& in : a.in) {
-    Split p = split_at(in.shape(), axis);
+    AxisSplit p = split_at(in.shape(), axis);
     const size_t chunk = static_cast<size_t>(p.len * p.inner) * es;
     for (int64_t o = 0; o < p.outer; ++o)
       std::memcpy(a.out[0].data + static_cast<size_t>((o * out.len + at) * out.inner) * es,
@@ -54,7 +40,7 @@ void concat(const KernelArgs& a) {
 // Copies between a full tensor and its slice; `to_slice` picks the direction.
 void slice_copy(const KernelArgs& a, const TensorView& full, const TensorView& part, bool to_slice) {
   int axis = normalize_axis(a.attrs().i("axis"), full.shape().size());
-  Split f = split_at(full.shape(), axis);
+  AxisSplit f = split_at(full.shape(), axis);
   auto r = normalize_slice(a.attrs().i("start"), a.attrs().i("end"), a.attrs().i("step"), f.len);
   const size_t es = dtype_size(full.dtype());
   const size_t row = static_cast<size_t>(f.inner) * es;
@@ -75,12 +61,6 @@ void slice_grad(const KernelArgs& a) {
 }
 
 }  // namespace
-
-std::vector<int64_t> strides_of(const Shape& s) {
-  std::vector<int64_t> st(s.size(), 1);
-  for (size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
-  return st;
-}
 
 void register_shape(KernelTable& t) {
   set(t, Op::transpose, transpose);

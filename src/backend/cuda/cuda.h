@@ -119,6 +119,9 @@ inline void set(PreparerTable& t, Op op, Preparer p) { t.at(static_cast<size_t>(
 // Throws unless every input and output is f32: the dtypes the CUDA kernels compute in.
 void expect_f32(const StepArgs& a);
 
+// The most blocks a grid-stride kernel needs to fill the GPU: a few per multiprocessor.
+inline unsigned grid_cap(const Context& ctx) { return static_cast<unsigned>(std::max(ctx.sm_count, 1) * 8); }
+
 // Blocks of `threads` covering n items, capped to a grid the GPU keeps busy with
 // grid-stride loops.
 inline unsigned blocks_for(int64_t n, int threads, int cap = 65535) {

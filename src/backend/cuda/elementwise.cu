@@ -242,7 +242,6 @@ Strided<N> collapse(const Shape& out, const std::array<std::vector<int64_t>, N>&
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-unsigned grid_cap(const Context& ctx) { return static_cast<unsigned>(std::max(ctx.sm_count, 1) * 8); }
 
 template <class G>
 Launch prepare_ew(const StepArgs& a, G g) {

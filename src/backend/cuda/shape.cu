@@ -106,13 +106,7 @@ Strided collapse(const Shape& shape, const std::vector<int64_t>& dst_st, const s
   return s;
 }
 
-std::vector<int64_t> row_major(const Shape& s) {
-  std::vector<int64_t> st(s.size(), 1);
-  for (size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
-  return st;
-}
 
-unsigned grid_cap(const Context& ctx) { return static_cast<unsigned>(std::max(ctx.sm_count, 1) * 8); }
 
 template <class U>
 Launch copy_launch_as(std::byte* dst, const std::byte* src, const Strided& s, int64_t n, unsigned cap) {
@@ -204,13 +198,13 @@ Launch transpose(const StepArgs& a) {
   const Shape& out = a.out[0].shape();
   const size_t r = perm.size();
   SEAM_ASSERT(r == in.size() && r == out.size());
-  const auto in_st = row_major(in);
+  const auto in_st = row_major_strides(in);
   std::vector<int64_t> src_st(r);
   for (size_t d = 0; d < r; ++d) src_st[d] = in_st[static_cast<size_t>(normalize_axis(perm[d], r))];
   const size_t es = dtype_size(a.in[0].dtype());
   std::byte* dst = a.out[0].as<std::byte>();
   const std::byte* src = a.in[0].as<const std::byte>();
-  const Strided s = collapse(out, row_major(out), src_st, "transpose");
+  const Strided s = collapse(out, row_major_strides(out), src_st, "transpose");
   if (s.rank >= 2 && s.st[1][0] != 1 && s.st[1][1] == 1) {
     switch (es) {
       case 1: return transpose_tiled_launch<uint8_t>(dst, src, s);
@@ -220,32 +214,18 @@ Launch transpose(const StepArgs& a) {
       default: break;
     }
   }
-  return strided_copy(dst, src, es, out, row_major(out), src_st, grid_cap(a.ctx), "transpose");
-}
-
-// Splits a shape at `axis` into (outer, axis length, inner) element counts.
-struct Split {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-Split split_at(const Shape& s, int axis) {
-  Split p;
-  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
-    if (d < axis) p.outer *= s[static_cast<size_t>(d)];
-    else if (d == axis) p.len = s[static_cast<size_t>(d)];
-    else p.inner *= s[static_cast<size_t>(d)];
-  }
-  return p;
+  return strided_copy(dst, src, es, out, row_major_strides(out), src_st, grid_cap(a.ctx), "transpose");
 }
 
 Launch concat(const StepArgs& a) {
   const int axis = normalize_axis(a.step.attrs.i("axis"), a.out[0].shape().size());
   SEAM_ASSERT(axis >= 0);
   const size_t es = dtype_size(a.out[0].dtype());
-  const Split out = split_at(a.out[0].shape(), axis);
+  const AxisSplit out = split_at(a.out[0].shape(), axis);
   std::vector<Launch> parts;
   int64_t at = 0;  // elements along the axis already filled
   for (auto& in : a.in) {
-    const Split p = split_at(in.shape(), axis);
+    const AxisSplit p = split_at(in.shape(), axis);
     // Index space [outer, len * inner]: row o of this input lands at row o of the output,
     // `at * inner` elements in.
     std::byte* dst = a.out[0].as<std::byte>() + static_cast<size_t>(at * out.inner) * es;
@@ -263,7 +243,7 @@ Launch concat(const StepArgs& a) {
 Launch slice_copy(const StepArgs& a, const DeviceTensor& full, const DeviceTensor& part, bool to_slice) {
   const int axis = normalize_axis(a.step.attrs.i("axis"), full.shape().size());
   SEAM_ASSERT(axis >= 0);
-  const Split f = split_at(full.shape(), axis);
+  const AxisSplit f = split_at(full.shape(), axis);
   const auto r = normalize_slice(a.step.attrs.i("start"), a.step.attrs.i("end"), a.step.attrs.i("step"), f.len);
   SEAM_ASSERT(r.count == part.shape()[static_cast<size_t>(axis)]);
   const size_t es = dtype_size(full.dtype());
