@@ -329,6 +329,7 @@ void Program::set_input(const std::string& name, std::span<const std::byte> data
 }
 
 void Program::run() { exe_->run(model_->state_); }
+void Program::check() { exe_->check(); }
 
 namespace {
 std::vector<std::byte> read_ref(Backend& be, const Regions& r, const BufferRef& ref) {

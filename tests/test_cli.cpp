@@ -147,7 +147,7 @@ TEST_F(Cli, ResumedRunGivesTheBitwiseSameLossCurve) {
   fs::path data = make_data();
   for (const char* spec : {kSmallMlp, kSmallCnn}) {
     fs::path model = write("model.json", spec);
-    std::string common = " --data " + data.string() + " --json";
+    std::string common = " --data " + data.string() + " --json --log-every 4";
     Result whole = run("train " + model.string() + common + " --out " + (dir / "whole").string());
     ASSERT_EQ(whole.code, 0) << whole.err;
     // Stop mid-epoch, then resume twice (once across the epoch boundary).

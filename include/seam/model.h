@@ -115,8 +115,12 @@ class Program {
   void set_input(const std::string& name, std::span<const T> data) {
     set_input(name, std::as_bytes(data));
   }
-  // Runs the step once; a plan with an optimizer advances the step counter.
+  // Runs the step once; a plan with an optimizer advances the step counter. On a GPU it
+  // returns as soon as the work is queued.
   void run();
+  // Waits for the work queued so far and throws the first bad-input error a kernel
+  // reported (reads do this too).
+  void check();
   std::vector<std::byte> read(const std::string& output) const;
   std::vector<std::byte> read_grad(const std::string& param) const;
   template <class T>

@@ -44,6 +44,9 @@ Var cast(Var x, DType to);
 Var copy(Var x);
 Var stop_gradient(Var x);
 Var argmax(Var x, int64_t axis = -1);  // i32, no gradient
+Var count_equal(Var a, Var b);         // i32 scalar: positions where a == b and b >= 0
+// acc[i] += xs[i] in every training step (acc: an f32 state of one entry per scalar).
+void accumulate(Var acc, const std::vector<Var>& xs);
 
 // Linear algebra. matmul: a [..., M, K] x b [K, N] (leading dims of a folded into M), or
 // a [B, M, K] x b [B, M, K] batched; transposes apply to the last two dims.

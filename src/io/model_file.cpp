@@ -332,6 +332,8 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
   b.logits = logits.id();
   b.loss = cross_entropy(logits, y, -100, s.label_smoothing).id();
   b.prediction = argmax(logits).id();
+  Var loss = g.var(b.loss), pred = g.var(b.prediction);
+  accumulate(g.state(kTrainMetrics, {2}, Init::zeros()), {loss, count_equal(pred, y)});
   return b;
 }
 

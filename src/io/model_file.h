@@ -35,6 +35,10 @@ struct ModelSpec {
 ModelSpec parse_model_file(const std::string& path);
 ModelSpec parse_model_json(const std::string& text, const std::string& source);
 
+// The state tensor the training step adds its loss and correct-prediction count to
+// (summed on the device; the trainer reads and clears it).
+inline constexpr const char* kTrainMetrics = "train.metrics";
+
 struct BuiltGraph {
   Graph graph;
   ValueId x = -1, y = -1, logits = -1, loss = -1, prediction = -1;

@@ -72,6 +72,36 @@ void register_misc(OpTable& t) {
     };
   }
   {
+    OpDef& d = def(t, Op::count_equal);
+    d.name = "count_equal";
+    d.inputs = {"a", "b"};
+    d.outputs = {"count"};
+    d.doc = "number of positions where a == b, counting only b >= 0 (ignored labels are negative), i32";
+    d.infer = [](const InferCtx& c) {
+      c.expect_dtype(0, DType::i32);
+      c.expect_dtype(1, DType::i32);
+      if (c.shape(0) != c.shape(1)) c.fail("a and b differ in shape");
+      return std::vector<TensorType>{{DType::i32, {}}};
+    };
+  }
+  {
+    OpDef& d = def(t, Op::accumulate);
+    d.name = "accumulate";
+    d.inputs = {"acc", "xs..."};
+    d.attrs = {{"training", int64_t{1}}};
+    d.side_effect = true;
+    d.doc = "acc[i] += xs[i] for scalars xs (any number type) into an f32 state, in training "
+            "only: step metrics summed on the device, read back every few steps";
+    d.infer = [](const InferCtx& c) {
+      if (c.g.value(c.in[0]).kind != ValueKind::state) c.fail("acc must be a state value (Graph::state)");
+      c.expect_dtype(0, DType::f32);
+      if (c.shape(0) != Shape{static_cast<int64_t>(c.n() - 1)}) c.fail("acc must have one entry per value, [", c.n() - 1, "]");
+      for (size_t i = 1; i < c.n(); ++i)
+        if (c.type(i).numel() != 1) c.fail("input ", i, " must be a scalar");
+      return std::vector<TensorType>{};
+    };
+  }
+  {
     OpDef& d = def(t, Op::dropout);
     d.name = "dropout";
     d.inputs = {"x"};
@@ -141,6 +171,12 @@ Var cast(Var x, DType to) {
 Var copy(Var x) { return x.graph().add1(Op::copy, {x.id()}); }
 Var stop_gradient(Var x) { return x.graph().add1(Op::stop_gradient, {x.id()}); }
 Var argmax(Var x, int64_t axis) { return x.graph().add1(Op::argmax, {x.id()}, {{"axis", axis}}); }
+Var count_equal(Var a, Var b) { return a.graph().add1(Op::count_equal, {a.id(), b.id()}); }
+void accumulate(Var acc, const std::vector<Var>& xs) {
+  std::vector<ValueId> in{acc.id()};
+  for (auto& x : xs) in.push_back(x.id());
+  acc.graph().add(Op::accumulate, in);
+}
 Var dropout(Var x, double p) {
   // The node's position is unique in its graph, so it names this dropout's random stream.
   auto stream = static_cast<int64_t>(x.graph().nodes().size());

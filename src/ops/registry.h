@@ -82,6 +82,9 @@ struct OpDef {
   std::function<double(const OpCostCtx&)> flops;
   // >= 0: output 0 is a view of that input's storage (no kernel, no copy).
   int view_of = -1;
+  // Writes persistent state (input 0) and has no outputs: kept in a plan although no
+  // output is read, unless its `training` attribute says the plan's mode skips it.
+  bool side_effect = false;
   std::string doc;
 
   std::string signature() const;  // "conv2d(x, w, b?; stride=[1,1], ...) -> y"

@@ -46,7 +46,8 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   std::vector<bool> live_node(static_cast<size_t>(nn), false);
   for (int k = nn - 1; k >= 0; --k) {
     const Node& n = g.node(k);
-    bool any = false;
+    const OpDef& d = op_def(n.op);
+    bool any = d.side_effect && !(n.attrs.has("training") && n.attrs.i("training") == 0);
     for (ValueId o : n.out) any = any || needed[static_cast<size_t>(o)];
     if (!any) continue;
     live_node[static_cast<size_t>(k)] = true;
@@ -150,7 +151,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     for (ValueId o : n.out) step.out.push_back(place[static_cast<size_t>(o)]), out_t.push_back(g.value(o).type);
     const OpDef& d = op_def(n.op);
     OpCostCtx cc{in_t, out_t, n.attrs};
-    step.flops = d.flops ? d.flops(cc) : static_cast<double>(out_t[0].numel());
+    step.flops = d.flops ? d.flops(cc) : out_t.empty() ? 0.0 : static_cast<double>(out_t[0].numel());
   }
   for (ValueId id : g.inputs())
     if (needed[static_cast<size_t>(id)]) plan.inputs.push_back({g.value(id).name, place[static_cast<size_t>(id)]});

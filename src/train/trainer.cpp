@@ -39,10 +39,10 @@ std::string hexfloat(double v) {
 }
 double parse_double(const std::string& s) { return std::strtod(s.c_str(), nullptr); }
 
+// Where a run stands. The epoch's loss and accuracy sums live on the device, in the
+// model's state tensor io::kTrainMetrics, so they travel in checkpoints as tensors.
 struct Position {
   int64_t epoch = 0, batch = 0;  // next batch to run
-  double loss_sum = 0;           // this epoch so far: sum of per-batch mean losses
-  int64_t correct = 0, seen = 0, batches = 0;
   double train_seconds = 0;      // whole run so far
 };
 
@@ -68,10 +68,6 @@ void write_checkpoint(const std::string& path, Model& m, const io::ModelSpec& sp
                 {"batch_size", std::to_string(batch)},
                 {"train_samples", std::to_string(train_samples)},
                 {"data_order", "permutation(seed, epoch) of the training indices, splitmix64 Fisher-Yates"},
-                {"epoch_loss_sum", hexfloat(pos.loss_sum)},
-                {"epoch_correct", std::to_string(pos.correct)},
-                {"epoch_seen", std::to_string(pos.seen)},
-                {"epoch_batches", std::to_string(pos.batches)},
                 {"train_seconds", hexfloat(pos.train_seconds)}};
   io::write_safetensors(path, f);
 }
@@ -97,10 +93,6 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.seed = static_cast<uint64_t>(std::stoull(meta("seed")));
   c.pos.epoch = integer("epoch");
   c.pos.batch = integer("batch");
-  c.pos.correct = integer("epoch_correct");
-  c.pos.seen = integer("epoch_seen");
-  c.pos.batches = integer("epoch_batches");
-  c.pos.loss_sum = parse_double(meta("epoch_loss_sum"));
   c.pos.train_seconds = parse_double(meta("train_seconds"));
   c.batch_size = integer("batch_size");
   c.train_samples = integer("train_samples");
@@ -212,9 +204,15 @@ int run_train(const TrainOptions& o) {
 
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = dev});
-  Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
+  Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
-  const std::string loss_name = bg.graph.value(bg.loss).name, pred_name = bg.graph.value(bg.prediction).name;
+  // The epoch's sums so far, read from the device only at log points: [loss, correct].
+  auto read_metrics = [&] {
+    train.check();
+    auto m = Program::cast_bytes<float>(model.read_state(io::kTrainMetrics));
+    return std::pair<double, double>{m[0], m[1]};
+  };
+  const std::vector<float> zero_metrics(2, 0.0f);
 
   Position pos;
   if (ck) {
@@ -254,39 +252,41 @@ int run_train(const TrainOptions& o) {
   int64_t steps_this_run = 0;
   double last_test_acc = 0;
   int exit_code = 0;
-  for (; pos.epoch < spec.epochs; ++pos.epoch, pos.batch = 0, pos.loss_sum = 0, pos.correct = pos.seen = pos.batches = 0) {
+  for (; pos.epoch < spec.epochs; ++pos.epoch, pos.batch = 0) {
     const auto te = Clock::now();
     const int64_t first_batch = pos.batch;
+    if (pos.batch == 0) model.write_state(io::kTrainMetrics, std::as_bytes(std::span(zero_metrics)));
     train_loader.start_epoch(pos.epoch, pos.batch);
     ProgressBar progress("epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs), steps_per_epoch, B, bar);
     data::Batch b;
     bool stop = false;
-    while (train_loader.next(b)) {
-      train.set_input("x", std::as_bytes(std::span(b.x)));
-      train.set_input("y", std::as_bytes(std::span(b.y)));
-      train.run();
-      const float loss = train.read_as<float>(loss_name)[0];
-      auto pred = train.read_as<int32_t>(pred_name);
-      for (int64_t i = 0; i < b.rows; ++i) pos.correct += pred[static_cast<size_t>(i)] == b.y[static_cast<size_t>(i)];
-      pos.seen += b.rows;
-      pos.loss_sum += loss;
-      pos.batches++;
-      pos.batch = b.index + 1;
-      ++steps_this_run;
+    // At a log point: the epoch's mean loss and accuracy so far (the same numbers whether
+    // or not the run was interrupted and resumed in between).
+    auto log_point = [&] {
+      auto [loss_sum, correct] = read_metrics();
+      const double loss = loss_sum / static_cast<double>(pos.batch);
+      const double acc = correct / static_cast<double>(pos.batch * B);
       if (!std::isfinite(loss)) {
         progress.finish();
-        fail("the loss became ", loss, " at step ", model.state().step, " (epoch ", pos.epoch + 1,
+        fail("the loss became ", loss, " by step ", model.state().step, " (epoch ", pos.epoch + 1,
              "); lower the learning rate or check the data. The last checkpoint, if any, is unchanged.");
       }
       char status[96];
-      std::snprintf(status, sizeof status, "loss %.4f  acc %.4f", pos.loss_sum / static_cast<double>(pos.batches),
-                    static_cast<double>(pos.correct) / static_cast<double>(pos.seen));
+      std::snprintf(status, sizeof status, "loss %.4f  acc %.4f", loss, acc);
       progress.update(pos.batch, status);
       if (json)
         std::cout << nlohmann::json{{"event", "step"}, {"step", model.state().step}, {"epoch", pos.epoch + 1},
-                                    {"loss", loss}, {"lr", model.state().lr}}
+                                    {"loss", loss}, {"accuracy", acc}, {"lr", model.state().lr}}
                          .dump()
                   << '\n';
+    };
+    while (train_loader.next(b)) {
+      train.set_input("x", std::as_bytes(std::span(b.x)));
+      train.set_input("y", std::as_bytes(std::span(b.y)));
+      train.run();  // returns before the GPU is done; nothing here waits for it
+      pos.batch = b.index + 1;
+      ++steps_this_run;
+      if (model.state().step % o.log_every == 0 || pos.batch == steps_per_epoch) log_point();
       if (g_interrupted || (o.max_steps > 0 && steps_this_run >= o.max_steps)) {
         stop = true;
         break;
@@ -304,8 +304,9 @@ int run_train(const TrainOptions& o) {
       break;
     }
     const double epoch_seconds = seconds_since(te);
-    const double train_loss = pos.loss_sum / static_cast<double>(std::max<int64_t>(pos.batches, 1));
-    const double train_acc = static_cast<double>(pos.correct) / static_cast<double>(std::max<int64_t>(pos.seen, 1));
+    auto [loss_sum, correct] = read_metrics();
+    const double train_loss = loss_sum / static_cast<double>(steps_per_epoch);
+    const double train_acc = correct / static_cast<double>(steps_per_epoch * B);
     const double sps = static_cast<double>((steps_per_epoch - first_batch) * B) / std::max(epoch_seconds, 1e-9);
     std::optional<EvalResult> val;
     if (val_loader) val = evaluate(eval, bg, *val_loader, spec.classes);
@@ -329,7 +330,7 @@ int run_train(const TrainOptions& o) {
       std::fflush(stdout);
     }
     Position next = pos;
-    next.epoch++, next.batch = 0, next.loss_sum = 0, next.correct = next.seen = next.batches = 0;
+    next.epoch++, next.batch = 0;
     write_checkpoint(ckpt_path, model, spec, next, B, static_cast<int64_t>(train_idx.size()));
   }
   std::signal(SIGINT, old_handler);

@@ -24,6 +24,7 @@ struct TrainOptions {
   std::optional<double> val_split;
   Output output = Output::bar;
   int64_t max_steps = 0;    // > 0: stop after this many steps in all, checkpointing
+  int64_t log_every = 50;   // read the metrics from the device every N steps (and per epoch)
   int64_t limit_train = 0;  // > 0: use only the first N training samples
   int64_t limit_test = 0;   // > 0: evaluate on the first N test samples
 };

@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   train->add_option("--max-steps", t.max_steps, "stop after this many steps and write a checkpoint")->check(CLI::PositiveNumber);
   train->add_option("--limit-train", t.limit_train, "train on the first N samples only")->check(CLI::PositiveNumber);
   train->add_option("--limit-test", t.limit_test, "evaluate on the first N test samples only")->check(CLI::PositiveNumber);
+  train->add_option("--log-every", t.log_every, "read loss and accuracy from the device every N steps")
+      ->check(CLI::PositiveNumber);
   train->add_flag("--quiet", quiet, "print only errors");
   train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
 

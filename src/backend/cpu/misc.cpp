@@ -94,6 +94,20 @@ void dropout(const KernelArgs& a) {
   });
 }
 
+void count_equal(const KernelArgs& a) {
+  const int32_t* x = a.in[0].as<int32_t>();
+  const int32_t* y = a.in[1].as<int32_t>();
+  int32_t n = 0;
+  for (int64_t i = 0; i < a.in[0].numel(); ++i) n += y[i] >= 0 && x[i] == y[i];
+  a.out[0].as<int32_t>()[0] = n;
+}
+
+void accumulate(const KernelArgs& a) {
+  if (a.attrs().i("training") == 0) return;
+  float* acc = a.in[0].as<float>();
+  for (size_t i = 1; i < a.in.size(); ++i) acc[i - 1] += static_cast<float>(load(a.in[i], 0));
+}
+
 void embedding(const KernelArgs& a) {
   const int32_t* ids = a.in[0].as<int32_t>();
   const int64_t num = a.in[1].shape()[0], dim = a.in[1].shape()[1], n = a.in[0].numel();
@@ -127,6 +141,8 @@ void register_misc(KernelTable& t) {
   set(t, Op::cast, cast);
   set(t, Op::copy, copy);
   set(t, Op::argmax, argmax);
+  set(t, Op::count_equal, count_equal);
+  set(t, Op::accumulate, accumulate);
   set(t, Op::dropout, dropout);
   set(t, Op::dropout_grad, dropout);
   set(t, Op::embedding, embedding);

@@ -391,6 +391,58 @@ Launch embedding_grad(const StepArgs& a) {
   };
 }
 
+// count_equal: one block counts the positions where a == b and b >= 0.
+__global__ void count_equal_kernel(const int32_t* __restrict__ a, const int32_t* __restrict__ b, int64_t n,
+                                   int32_t* __restrict__ out) {
+  int c = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) c += b[i] >= 0 && a[i] == b[i];
+  c = block_sum(c);
+  if (threadIdx.x == 0) *out = c;
+}
+
+Launch count_equal(const StepArgs& a) {
+  const int32_t* x = a.in[0].as<int32_t>();
+  const int32_t* y = a.in[1].as<int32_t>();
+  int32_t* out = a.out[0].as<int32_t>();
+  const int64_t n = a.in[0].numel();
+  return [=](cudaStream_t stream) {
+    count_equal_kernel<<<1, 1024, 0, stream>>>(x, y, n, out);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// accumulate: acc[i] += xs[i], a handful of scalars of f32 or i32.
+constexpr int kMaxAccumulate = 8;
+struct AccInputs {
+  const void* p[kMaxAccumulate];
+  bool is_int[kMaxAccumulate];
+  int n;
+};
+
+__global__ void accumulate_kernel(float* acc, AccInputs in) {
+  for (int i = 0; i < in.n; ++i)
+    acc[i] += in.is_int[i] ? static_cast<float>(*static_cast<const int32_t*>(in.p[i])) : *static_cast<const float*>(in.p[i]);
+}
+
+Launch accumulate(const StepArgs& a) {
+  if (a.step.attrs.i("training") == 0) return [](cudaStream_t) {};
+  if (a.in.size() - 1 > kMaxAccumulate) fail("accumulate '", a.step.name, "': at most ", kMaxAccumulate, " values");
+  AccInputs in{};
+  in.n = static_cast<int>(a.in.size() - 1);
+  for (int i = 0; i < in.n; ++i) {
+    const DeviceTensor& t = a.in[static_cast<size_t>(i) + 1];
+    if (t.dtype() != DType::f32 && t.dtype() != DType::i32)
+      fail("accumulate '", a.step.name, "': values must be f32 or i32, got ", t.type.str());
+    in.p[i] = t.data;
+    in.is_int[i] = t.dtype() == DType::i32;
+  }
+  float* acc = a.in[0].as<float>();
+  return [=](cudaStream_t stream) {
+    accumulate_kernel<<<1, 1, 0, stream>>>(acc, in);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
 }  // namespace
 
 void register_misc(PreparerTable& t) {
@@ -398,6 +450,8 @@ void register_misc(PreparerTable& t) {
   set(t, Op::cast, cast);
   set(t, Op::copy, copy);
   set(t, Op::argmax, argmax);
+  set(t, Op::count_equal, count_equal);
+  set(t, Op::accumulate, accumulate);
   set(t, Op::dropout, dropout);
   set(t, Op::dropout_grad, dropout);
   set(t, Op::embedding, embedding);
