@@ -108,7 +108,7 @@ Model::Model(Graph graph, ModelOptions options) : graph_(std::move(graph)), devi
   graph_.verify();
   layout_ = make_layout(graph_);
   state_.seed = options.seed;
-  backend_ = device_ == Device::cuda ? make_cuda_backend(options.tf32) : make_cpu_backend();
+  backend_ = device_ == Device::cuda ? make_cuda_backend({options.tf32, options.cuda_graph}) : make_cpu_backend();
   storage_ = std::make_unique<Storage>();
   storage_->backend = backend_;
   storage_->params = backend_->alloc(layout_.param_bytes);
@@ -325,7 +325,7 @@ void Program::set_input(const std::string& name, std::span<const std::byte> data
   }
   if (data.size() != b->ref.bytes())
     fail("input '", name, "' is ", b->ref.type.str(), " (", b->ref.bytes(), " bytes), got ", data.size(), " bytes");
-  model_->backend_->upload(arena_ + b->ref.offset, data.data(), data.size());
+  exe_->set_input(static_cast<size_t>(b - plan_->inputs.data()), data);
 }
 
 void Program::run() { exe_->run(model_->state_); }

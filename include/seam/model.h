@@ -56,7 +56,8 @@ Device default_device();
 struct ModelOptions {
   uint64_t seed = 0;
   Device device = Device::cpu;
-  bool tf32 = true;  // f32 GEMMs and convolutions may use TF32 tensor cores (CUDA)
+  bool tf32 = true;        // f32 GEMMs and convolutions may use TF32 tensor cores (CUDA)
+  bool cuda_graph = true;  // replay each step as one captured CUDA Graph (CUDA)
 };
 
 class Backend;
@@ -110,6 +111,7 @@ class Program {
   ~Program();
 
   const Plan& plan() const { return *plan_; }
+  Executable& executable() { return *exe_; }
   void set_input(const std::string& name, std::span<const std::byte> data);
   template <class T>
   void set_input(const std::string& name, std::span<const T> data) {

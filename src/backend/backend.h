@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "seam/model.h"
 #include "seam/plan.h"
@@ -22,15 +24,28 @@ struct Regions {
   std::byte* base(Region r) const;
 };
 
+// What a prepared plan launches per step, for benchmarks and `seam plan`.
+struct ExecStats {
+  int kernels = 0;  // kernel launches per step (library calls count their kernels)
+  int nodes = 0;    // all operations per step (kernels, copies, memsets)
+  bool graph = false;
+};
+
 class Executable {
  public:
   virtual ~Executable() = default;
+  // Sets the plan's input `index` (Plan::inputs order) for the next run; on a GPU the
+  // copy overlaps the step in flight.
+  virtual void set_input(size_t index, std::span<const std::byte> data) = 0;
   // Runs every step, then the optimizer update if the plan has one. May return before
   // the work is done; reading results waits for it.
   virtual void run(StepState& state) = 0;
   // Throws the first bad-input error a kernel reported since the last check (after the
   // work is done); backends whose kernels throw directly have none.
   virtual void check() {}
+  virtual ExecStats stats() { return {}; }
+  // Times each plan step alone (median of `reps` runs, milliseconds), for breakdowns.
+  virtual std::vector<double> time_steps(int reps) = 0;
 };
 
 class Backend {
@@ -46,8 +61,11 @@ class Backend {
 };
 
 std::shared_ptr<Backend> make_cpu_backend();
-// Throws seam::Error if the build has no CUDA backend or no GPU is usable. tf32: f32
-// GEMMs and convolutions may use TF32 tensor cores.
-std::shared_ptr<Backend> make_cuda_backend(bool tf32 = true);
+struct CudaOptions {
+  bool tf32 = true;   // f32 GEMMs and convolutions may use TF32 tensor cores
+  bool graph = true;  // replay each step as one captured CUDA Graph
+};
+// Throws seam::Error if the build has no CUDA backend or no GPU is usable.
+std::shared_ptr<Backend> make_cuda_backend(CudaOptions options = {});
 
 }  // namespace seam

@@ -1,4 +1,6 @@
 // The CPU backend: host memory and a straight walk over the plan's steps.
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -32,6 +34,30 @@ class CpuExecutable : public Executable {
       steps_.push_back(std::move(p));
     }
   }
+
+  void set_input(size_t index, std::span<const std::byte> data) override {
+    const BufferRef& b = plan_.inputs.at(index).ref;
+    std::memcpy(regions_.arena + b.offset, data.data(), data.size());
+  }
+
+  std::vector<double> time_steps(int reps) override {
+    std::vector<double> ms;
+    StepState state;
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      KernelArgs args{plan_.steps[i], steps_[i].in, steps_[i].out, state};
+      std::vector<double> t;
+      for (int r = 0; r < reps; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        steps_[i].kernel(args);
+        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
+      ms.push_back(t[t.size() / 2]);
+    }
+    return ms;
+  }
+
+  ExecStats stats() override { return {static_cast<int>(steps_.size()), static_cast<int>(steps_.size()), false}; }
 
   void run(StepState& state) override {
     for (size_t i = 0; i < steps_.size(); ++i) {
@@ -84,7 +110,7 @@ class CpuBackend : public Backend {
 std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<cpu::CpuBackend>(); }
 
 #ifndef SEAM_HAS_CUDA
-std::shared_ptr<Backend> make_cuda_backend(bool) { fail("this build of seam has no CUDA backend (nvcc was not found)"); }
+std::shared_ptr<Backend> make_cuda_backend(CudaOptions) { fail("this build of seam has no CUDA backend (nvcc was not found)"); }
 #endif
 
 }  // namespace seam

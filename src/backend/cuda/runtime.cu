@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/optim.h"
+#include "backend/cuda/shared.h"
 
 namespace seam::cuda {
 
@@ -51,23 +52,6 @@ PreparerTable build() {
   return t;
 }
 
-std::string error_message(const DeviceError& e, const Plan& plan) {
-  std::string where = e.step >= 0 && e.step < static_cast<int>(plan.steps.size())
-                          ? "step " + std::to_string(e.step) + " (" + op_name(plan.steps[static_cast<size_t>(e.step)].op) +
-                                " '" + plan.steps[static_cast<size_t>(e.step)].name + "')"
-                          : "a kernel";
-  switch (e.code) {
-    case kEmbeddingId:
-      return where + ": id " + std::to_string(e.b) + " at position " + std::to_string(e.a) + " is outside [0, " +
-             std::to_string(e.c) + ")";
-    case kLabelRange:
-      return where + ": label " + std::to_string(e.b) + " of row " + std::to_string(e.a) + " is outside [0, " +
-             std::to_string(e.c) + ") and is not ignore_index";
-    default:
-      return where + ": device error code " + std::to_string(e.code);
-  }
-}
-
 }  // namespace
 
 Preparer preparer_for(Op op) {
@@ -86,88 +70,14 @@ void expect_f32(const StepArgs& a) {
 
 namespace {
 
-struct Shared {
-  bool tf32 = true;
-  cudaStream_t stream = nullptr;
-  cublasLtHandle_t lt = nullptr;
-  cudnnHandle_t dnn = nullptr;
-  int sm_count = 0;
-  std::unique_ptr<GemmCache> gemm_cache;
-  ~Shared() {
-    if (dnn) cudnnDestroy(dnn);
-    if (lt) cublasLtDestroy(lt);
-    if (stream) cudaStreamDestroy(stream);
-  }
-};
-
-class CudaExecutable : public Executable {
- public:
-  CudaExecutable(std::shared_ptr<Shared> sh, const Plan& plan, const Regions& r) : sh_(std::move(sh)), plan_(plan), r_(r) {
-    ctx_.stream = sh_->stream;
-    ctx_.cublaslt = sh_->lt;
-    ctx_.cudnn = sh_->dnn;
-    ctx_.gemm_cache = sh_->gemm_cache.get();
-    ctx_.tf32 = sh_->tf32;
-    ctx_.sm_count = sh_->sm_count;
-    ctx_.counters = reinterpret_cast<DeviceCounters*>(r.counters);
-    ctx_.error = reinterpret_cast<DeviceError*>(ctx_.scratch(sizeof(DeviceError)));
-    clear_error_ = {-1, kNoError, 0, 0, 0};
-    SEAM_CUDA_CHECK(cudaMemcpy(ctx_.error, &clear_error_, sizeof(DeviceError), cudaMemcpyHostToDevice));
-    for (size_t i = 0; i < plan.steps.size(); ++i) {
-      const PlanStep& s = plan.steps[i];
-      StepArgs a{s, static_cast<int>(i), {}, {}, ctx_};
-      for (auto& b : s.in) a.in.push_back({r.base(b.region) + b.offset, b.type});
-      for (auto& b : s.out) a.out.push_back({r.base(b.region) + b.offset, b.type});
-      launches_.push_back(preparer_for(s.op)(a));
-    }
-    if (plan.optimizer) launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_));
-    ctx_.finish_prepare();
-  }
-
-  void run(StepState& state) override {
-    StepState& dev = *r_.synced;
-    if (dev.step != state.step || dev.seed != state.seed) {  // set on the host (reset, resume)
-      DeviceCounters c{state.step, state.seed, 0.0f, 0.0f};
-      SEAM_CUDA_CHECK(cudaMemcpyAsync(ctx_.counters, &c, sizeof c, cudaMemcpyHostToDevice, sh_->stream));
-      SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));  // c lives on this stack frame
-      dev.step = state.step;
-      dev.seed = state.seed;
-    }
-    for (auto& l : launches_) l(sh_->stream);
-    SEAM_CUDA_LAUNCH_CHECK();
-    if (plan_.optimizer) {
-      // The device advanced its counter; the host mirrors it without reading it back.
-      state.lr = plan_.optimizer->schedule.lr_at(plan_.optimizer->lr, state.step);
-      ++state.step;
-      dev.step = state.step;
-    }
-  }
-
-  void check() override {
-    DeviceError e{};
-    SEAM_CUDA_CHECK(cudaMemcpyAsync(&e, ctx_.error, sizeof e, cudaMemcpyDeviceToHost, sh_->stream));
-    SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
-    if (e.code != kNoError) {
-      SEAM_CUDA_CHECK(cudaMemcpy(ctx_.error, &clear_error_, sizeof(DeviceError), cudaMemcpyHostToDevice));
-      fail(error_message(e, plan_));
-    }
-  }
-
- private:
-  std::shared_ptr<Shared> sh_;
-  const Plan& plan_;
-  Regions r_;
-  Context ctx_;
-  DeviceError clear_error_;
-  std::vector<Launch> launches_;
-};
-
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(bool tf32) : sh_(std::make_shared<Shared>()) {
-    sh_->tf32 = tf32;
+  explicit CudaBackend(CudaOptions o) : sh_(std::make_shared<Shared>()) {
+    sh_->tf32 = o.tf32;
+    sh_->graph = o.graph;
     SEAM_CUDA_CHECK(cudaSetDevice(0));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->stream, cudaStreamNonBlocking));
+    SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->copy_stream, cudaStreamNonBlocking));
     SEAM_CUBLAS_CHECK(cublasLtCreate(&sh_->lt));
     SEAM_CUDNN_CHECK(cudnnCreate(&sh_->dnn));
     SEAM_CUDNN_CHECK(cudnnSetStream(sh_->dnn, sh_->stream));
@@ -207,7 +117,7 @@ class CudaBackend : public Backend {
     SEAM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, sh_->stream));
   }
   std::unique_ptr<Executable> prepare(const Plan& plan, const Regions& r) override {
-    return std::make_unique<CudaExecutable>(sh_, plan, r);
+    return make_executable(sh_, plan, r);
   }
 
  private:
@@ -220,7 +130,7 @@ class CudaBackend : public Backend {
 
 namespace seam {
 
-std::shared_ptr<Backend> make_cuda_backend(bool tf32) {
+std::shared_ptr<Backend> make_cuda_backend(CudaOptions options) {
   std::string why;
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -229,7 +139,7 @@ std::shared_ptr<Backend> make_cuda_backend(bool tf32) {
     fail("no usable GPU: ", e != cudaSuccess ? std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"
                                              : std::string("no CUDA device found"));
   }
-  return std::make_shared<cuda::CudaBackend>(tf32);
+  return std::make_shared<cuda::CudaBackend>(options);
 }
 
 }  // namespace seam

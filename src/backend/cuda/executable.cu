@@ -1,0 +1,255 @@
+// A prepared plan on the GPU. Each step's launches are replayed as one CUDA Graph
+// (captured at the first run; `graph = false` keeps eager launches). Inputs are staged:
+// set_input copies into pinned host memory and uploads on a copy stream into one of two
+// landing buffers, so the next batch's upload overlaps the step in flight; the step
+// starts by copying its landing buffer into the arena (a device copy, inside the graph)
+// and events order the rest. Everything that changes between steps is read from device
+// memory, so the graph stays valid for the whole run.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/optim.h"
+#include "backend/cuda/shared.h"
+
+namespace seam::cuda {
+
+namespace {
+
+std::string error_message(const DeviceError& e, const Plan& plan) {
+  std::string where = e.step >= 0 && e.step < static_cast<int>(plan.steps.size())
+                          ? "step " + std::to_string(e.step) + " (" + op_name(plan.steps[static_cast<size_t>(e.step)].op) +
+                                " '" + plan.steps[static_cast<size_t>(e.step)].name + "')"
+                          : "a kernel";
+  switch (e.code) {
+    case kEmbeddingId:
+      return where + ": id " + std::to_string(e.b) + " at position " + std::to_string(e.a) + " is outside [0, " +
+             std::to_string(e.c) + ")";
+    case kLabelRange:
+      return where + ": label " + std::to_string(e.b) + " of row " + std::to_string(e.a) + " is outside [0, " +
+             std::to_string(e.c) + ") and is not ignore_index";
+    default:
+      return where + ": device error code " + std::to_string(e.code);
+  }
+}
+
+// One input of the plan, double-buffered between host and arena.
+struct StagedInput {
+  size_t bytes = 0;
+  std::byte* arena = nullptr;      // where the plan reads it
+  void* landing[2] = {};           // device
+  void* pinned[2] = {};            // host, page-locked
+  cudaEvent_t uploaded[2] = {};    // copy stream: landing[s] holds the data
+  bool written[2] = {false, false};
+  int last = -1;                   // slot written most recently
+};
+
+class CudaExecutable : public Executable {
+ public:
+  CudaExecutable(std::shared_ptr<Shared> sh, const Plan& plan, const Regions& r) : sh_(std::move(sh)), plan_(plan), r_(r) {
+    ctx_.stream = sh_->stream;
+    ctx_.cublaslt = sh_->lt;
+    ctx_.cudnn = sh_->dnn;
+    ctx_.gemm_cache = sh_->gemm_cache.get();
+    ctx_.tf32 = sh_->tf32;
+    ctx_.sm_count = sh_->sm_count;
+    ctx_.counters = reinterpret_cast<DeviceCounters*>(r.counters);
+    ctx_.error = reinterpret_cast<DeviceError*>(ctx_.scratch(sizeof(DeviceError)));
+    clear_error_ = {-1, kNoError, 0, 0, 0};
+    SEAM_CUDA_CHECK(cudaMemcpy(ctx_.error, &clear_error_, sizeof(DeviceError), cudaMemcpyHostToDevice));
+    for (auto& b : plan.inputs) {
+      StagedInput in;
+      in.bytes = b.ref.bytes();
+      in.arena = r.arena + b.ref.offset;
+      for (int s = 0; s < 2; ++s) {
+        in.landing[s] = ctx_.scratch(in.bytes);
+        SEAM_CUDA_CHECK(cudaMallocHost(&in.pinned[s], std::max<size_t>(in.bytes, 1)));
+        SEAM_CUDA_CHECK(cudaEventCreateWithFlags(&in.uploaded[s], cudaEventDisableTiming));
+      }
+      inputs_.push_back(in);
+    }
+    for (int s = 0; s < 2; ++s) SEAM_CUDA_CHECK(cudaEventCreateWithFlags(&freed_[s], cudaEventDisableTiming));
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      const PlanStep& s = plan.steps[i];
+      StepArgs a{s, static_cast<int>(i), {}, {}, ctx_};
+      for (auto& b : s.in) a.in.push_back({r.base(b.region) + b.offset, b.type});
+      for (auto& b : s.out) a.out.push_back({r.base(b.region) + b.offset, b.type});
+      launches_.push_back(preparer_for(s.op)(a));
+    }
+    if (plan.optimizer) launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_));
+    ctx_.finish_prepare();
+  }
+
+  ~CudaExecutable() override {
+    cudaStreamSynchronize(sh_->stream);
+    cudaStreamSynchronize(sh_->copy_stream);
+    for (int s = 0; s < 2; ++s) {
+      if (exec_[s]) cudaGraphExecDestroy(exec_[s]);
+      if (graph_[s]) cudaGraphDestroy(graph_[s]);
+      cudaEventDestroy(freed_[s]);
+    }
+    for (auto& in : inputs_)
+      for (int s = 0; s < 2; ++s) {
+        cudaFreeHost(in.pinned[s]);
+        cudaEventDestroy(in.uploaded[s]);
+      }
+  }
+
+  void set_input(size_t index, std::span<const std::byte> data) override {
+    StagedInput& in = inputs_.at(index);
+    const int s = slot_;
+    // The pinned buffer may still feed the upload of two steps ago.
+    if (in.written[s]) SEAM_CUDA_CHECK(cudaEventSynchronize(in.uploaded[s]));
+    std::memcpy(in.pinned[s], data.data(), data.size());
+    upload(in, s, in.pinned[s], cudaMemcpyHostToDevice);
+  }
+
+  void run(StepState& state) override {
+    StepState& dev = *r_.synced;
+    if (dev.step != state.step || dev.seed != state.seed) {  // set on the host (reset, resume)
+      DeviceCounters c{state.step, state.seed, 0.0f, 0.0f};
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(ctx_.counters, &c, sizeof c, cudaMemcpyHostToDevice, sh_->stream));
+      SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));  // c lives on this stack frame
+      dev.step = state.step;
+      dev.seed = state.seed;
+    }
+    const int s = slot_;
+    for (auto& in : inputs_) {
+      // An input not set for this step keeps its last value: carry it into this slot.
+      if (in.last >= 0 && in.last != s) upload(in, s, in.landing[in.last], cudaMemcpyDeviceToDevice);
+      if (in.written[s]) SEAM_CUDA_CHECK(cudaStreamWaitEvent(sh_->stream, in.uploaded[s], 0));
+    }
+    if (sh_->graph) {
+      if (!exec_[s]) capture(s);
+      SEAM_CUDA_CHECK(cudaGraphLaunch(exec_[s], sh_->stream));
+    } else {
+      enqueue(s, sh_->stream);
+    }
+    SEAM_CUDA_LAUNCH_CHECK();
+    SEAM_CUDA_CHECK(cudaEventRecord(freed_[s], sh_->stream));
+    slot_ = 1 - s;
+    if (plan_.optimizer) {
+      // The device advanced its counter; the host mirrors it without reading it back.
+      state.lr = plan_.optimizer->schedule.lr_at(plan_.optimizer->lr, state.step);
+      ++state.step;
+      dev.step = state.step;
+    }
+  }
+
+  void check() override {
+    DeviceError e{};
+    SEAM_CUDA_CHECK(cudaMemcpyAsync(&e, ctx_.error, sizeof e, cudaMemcpyDeviceToHost, sh_->stream));
+    SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
+    if (e.code != kNoError) {
+      SEAM_CUDA_CHECK(cudaMemcpy(ctx_.error, &clear_error_, sizeof(DeviceError), cudaMemcpyHostToDevice));
+      fail(error_message(e, plan_));
+    }
+  }
+
+  ExecStats stats() override {
+    ExecStats st;
+    st.graph = sh_->graph;
+    cudaGraph_t g = graph_[0] ? graph_[0] : graph_[1];
+    bool own = false;
+    if (!g) {  // capture once just to count what a step launches
+      SEAM_CUDA_CHECK(cudaStreamBeginCapture(sh_->stream, cudaStreamCaptureModeThreadLocal));
+      enqueue(0, sh_->stream);
+      SEAM_CUDA_CHECK(cudaStreamEndCapture(sh_->stream, &g));
+      own = true;
+    }
+    size_t n = 0;
+    SEAM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    SEAM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+    for (auto node : nodes) {
+      cudaGraphNodeType t;
+      SEAM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+      st.kernels += t == cudaGraphNodeTypeKernel;
+      st.nodes += t != cudaGraphNodeTypeEmpty;
+    }
+    if (own) cudaGraphDestroy(g);
+    return st;
+  }
+
+  std::vector<double> time_steps(int reps) override {
+    cudaEvent_t a, b;
+    SEAM_CUDA_CHECK(cudaEventCreate(&a));
+    SEAM_CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<double> ms;
+    for (auto& l : launches_) {
+      l(sh_->stream);  // warm
+      std::vector<float> t;
+      for (int i = 0; i < reps; ++i) {
+        SEAM_CUDA_CHECK(cudaEventRecord(a, sh_->stream));
+        l(sh_->stream);
+        SEAM_CUDA_CHECK(cudaEventRecord(b, sh_->stream));
+        SEAM_CUDA_CHECK(cudaEventSynchronize(b));
+        float x = 0;
+        SEAM_CUDA_CHECK(cudaEventElapsedTime(&x, a, b));
+        t.push_back(x);
+      }
+      std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
+      ms.push_back(t[t.size() / 2]);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms;
+  }
+
+ private:
+  // Enqueues a copy into landing[s] on the copy stream, once the step that last read
+  // landing[s] has finished with it.
+  void upload(StagedInput& in, int s, const void* src, cudaMemcpyKind kind) {
+    SEAM_CUDA_CHECK(cudaStreamWaitEvent(sh_->copy_stream, freed_[s], 0));
+    SEAM_CUDA_CHECK(cudaMemcpyAsync(in.landing[s], src, in.bytes, kind, sh_->copy_stream));
+    SEAM_CUDA_CHECK(cudaEventRecord(in.uploaded[s], sh_->copy_stream));
+    in.written[s] = true;
+    in.last = s;
+  }
+
+  // The step reading slot s: the inputs into the arena (always all of them, so a graph
+  // captured before an input was first set still copies it later), then every launch.
+  void enqueue(int s, cudaStream_t stream) {
+    for (auto& in : inputs_)
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(in.arena, in.landing[s], in.bytes, cudaMemcpyDeviceToDevice, stream));
+    for (auto& l : launches_) l(stream);
+  }
+
+  void capture(int s) {
+    SEAM_CUDA_CHECK(cudaStreamBeginCapture(sh_->stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue(s, sh_->stream);
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(sh_->stream, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    cudaError_t e = cudaStreamEndCapture(sh_->stream, &graph_[s]);
+    if (e != cudaSuccess)
+      fail("capturing the training step as a CUDA Graph failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
+           "); run with --no-graph to launch the steps one by one");
+    SEAM_CUDA_CHECK(cudaGraphInstantiate(&exec_[s], graph_[s], 0));
+  }
+
+  std::shared_ptr<Shared> sh_;
+  const Plan& plan_;
+  Regions r_;
+  Context ctx_;
+  DeviceError clear_error_;
+  std::vector<Launch> launches_;
+  std::vector<StagedInput> inputs_;
+  int slot_ = 0;
+  cudaEvent_t freed_[2] = {};  // compute stream: the step that read slot s is done
+  cudaGraph_t graph_[2] = {};
+  cudaGraphExec_t exec_[2] = {};
+};
+
+}  // namespace
+
+std::unique_ptr<Executable> make_executable(std::shared_ptr<Shared> sh, const Plan& plan, const Regions& r) {
+  return std::make_unique<CudaExecutable>(std::move(sh), plan, r);
+}
+
+}  // namespace seam::cuda

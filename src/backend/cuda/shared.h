@@ -1,0 +1,33 @@
+// What every plan prepared by one CUDA backend shares: the streams, library handles and
+// caches; and the factory of executables.
+#pragma once
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "backend/cuda/gemm.h"
+
+namespace seam::cuda {
+
+struct Shared {
+  bool tf32 = true;
+  bool graph = true;
+  cudaStream_t stream = nullptr;       // compute
+  cudaStream_t copy_stream = nullptr;  // host-to-device input uploads
+  cublasLtHandle_t lt = nullptr;
+  cudnnHandle_t dnn = nullptr;
+  int sm_count = 0;
+  std::unique_ptr<GemmCache> gemm_cache;
+  ~Shared() {
+    if (dnn) cudnnDestroy(dnn);
+    if (lt) cublasLtDestroy(lt);
+    if (copy_stream) cudaStreamDestroy(copy_stream);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+std::unique_ptr<Executable> make_executable(std::shared_ptr<Shared> sh, const Plan& plan, const Regions& r);
+
+}  // namespace seam::cuda
