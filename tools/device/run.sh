@@ -58,6 +58,19 @@ for step in "${steps[@]}"; do
         rm -rf "$run_dir"
       done
       ;;
+    bench)
+      # seam (graph and eager) and PyTorch on the same workloads, then one ratio table.
+      py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
+      [ -x "$py" ] || py=python3
+      {
+        "$bin/seam" bench --device cuda --csv "$out/bench_seam_graph.csv" --breakdown
+        "$bin/seam" bench --device cuda --no-graph --csv "$out/bench_seam_eager.csv"
+        "$py" bench/compare_torch.py --csv "$out/bench_torch.csv"
+        "$py" bench/report.py "$out/bench_seam_graph.csv" "$out/bench_seam_eager.csv" "$out/bench_torch.csv"
+      } > "$out/bench.log" 2>&1
+      note "bench: rc=$?"
+      sed -n '/seam best/,$p' "$out/bench.log"
+      ;;
     *)
       note "unknown step '$step'"
       ;;

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "bench/bench.h"
 #include "data/fashion_mnist.h"
 #include "ops/registry.h"
 #include "seam/seam.h"
@@ -96,6 +97,19 @@ int main(int argc, char** argv) {
   plan->add_option("--device", plan_device, "prepare the plan's kernels for cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
 
+  seam::bench::BenchOptions bo;
+  bool no_graph = false;
+  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1, W2): ms/step, kernels, TFLOP/s");
+  bench->add_option("workloads", bo.workloads, "W1, W2 (default: all)");
+  bench->add_option("--steps", bo.steps, "timed steps per repetition")->check(CLI::PositiveNumber);
+  bench->add_option("--repeats", bo.repeats, "repetitions; the median is reported")->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bo.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  bench->add_flag("--no-graph", no_graph, "launch each step's kernels one by one instead of replaying a CUDA Graph");
+  bench->add_flag("--upload", bo.upload, "upload a new batch from the host every step");
+  bench->add_flag("--breakdown", bo.breakdown, "also time every step of the plan alone");
+  bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  bench->add_option("--csv", bo.csv, "also write the results as CSV");
+
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;
   ops->add_flag("--grads", grads, "include the gradient ops that autodiff inserts");
@@ -120,6 +134,10 @@ int main(int argc, char** argv) {
       return seam::train::run_eval(e);
     }
     if (*plan) return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device);
+    if (*bench) {
+      bo.graph = !no_graph;
+      return seam::bench::run_bench(bo);
+    }
     if (*ops) {
       print_ops(grads);
       return 0;

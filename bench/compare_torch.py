@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The workloads of `seam bench` in PyTorch, same shapes, precision and optimizer.
+
+Variants: eager with the default (foreach) optimizer; eager with fused=True;
+torch.compile(mode="reduce-overhead"); and the whole step (forward, backward, fused
+capturable optimizer step) captured by hand with torch.cuda.graph and replayed. Timed
+with CUDA events after warm-up; the median of several repetitions of many steps. Data
+stays on the GPU, as in `seam bench` without --upload.
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+WORKLOADS = {
+    "W1": dict(batch=128, dims=[784, 1024, 1024, 10], act="relu", opt="adam", lr=1e-3, wd=0.0, steps=200),
+    "W2": dict(batch=8192, dims=[4096, 4096, 4096, 4096, 1000], act="gelu_tanh", opt="adamw", lr=1e-3, wd=0.01,
+               steps=30),
+}
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, dims, act):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.act = act
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = F.relu(x) if self.act == "relu" else F.gelu(x, approximate="tanh")
+        return x
+
+
+def make(spec, **opt_kwargs):
+    torch.manual_seed(0)
+    model = Mlp(spec["dims"], spec["act"]).cuda()
+    cls = torch.optim.Adam if spec["opt"] == "adam" else torch.optim.AdamW
+    kw = dict(lr=spec["lr"])
+    if spec["opt"] == "adamw":
+        kw["weight_decay"] = spec["wd"]
+    opt = cls(model.parameters(), **kw, **opt_kwargs)
+    x = torch.randn(spec["batch"], spec["dims"][0], device="cuda")
+    y = torch.randint(0, spec["dims"][-1], (spec["batch"],), device="cuda")
+    return model, opt, x, y
+
+
+def timed(step, steps, warmup, repeats):
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(steps):
+            step()
+        b.record()
+        b.synchronize()
+        per.append(a.elapsed_time(b) / steps)
+    return statistics.median(per), min(per), max(per)
+
+
+def variant_eager(spec, fused):
+    model, opt, x, y = make(spec, fused=True) if fused else make(spec, foreach=True)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def variant_compile(spec):
+    model, opt, x, y = make(spec, fused=True)
+    cmodel = torch.compile(model, mode="reduce-overhead")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(cmodel(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def variant_graph(spec):
+    model, opt, x, y = make(spec, fused=True, capturable=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return g.replay
+
+
+VARIANTS = {
+    "eager_foreach": lambda s: variant_eager(s, fused=False),
+    "eager_fused": lambda s: variant_eager(s, fused=True),
+    "compile_reduce_overhead": variant_compile,
+    "cuda_graph_whole_step": variant_graph,
+}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("workloads", nargs="*", default=list(WORKLOADS))
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--csv", default="")
+    a = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
+    rows = []
+    for w in a.workloads:
+        spec = WORKLOADS[w]
+        for v in a.variants:
+            try:
+                ms, lo, hi = timed(VARIANTS[v](spec), spec["steps"], a.warmup, a.repeats)
+            except Exception as e:  # a variant that fails is reported, the others still run
+                print(f"{w} {v}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            print(f"{w} {v:26s} {ms:9.4f} ms/step ({lo:.4f}-{hi:.4f})  {spec['batch'] / ms * 1e3:12.0f} samples/s",
+                  flush=True)
+            rows.append(dict(framework="torch", workload=w, variant=v, device="cuda", ms_per_step=ms, ms_min=lo,
+                             ms_max=hi, samples_per_s=spec["batch"] / ms * 1e3, version=torch.__version__))
+            torch.cuda.empty_cache()
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            out.writeheader()
+            out.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+// `seam bench`: the workloads and their timing.
+#include "bench/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "backend/backend.h"
+#include "seam/seam.h"
+
+namespace seam::bench {
+
+namespace {
+
+struct Workload {
+  const char* name;
+  const char* description;
+  int64_t batch, in, classes;
+  std::function<Var(Graph&, Var)> net;  // logits from x
+  OptimizerConfig opt;
+};
+
+std::vector<Workload> workloads() {
+  return {
+      {"W1", "MLP 784-1024-1024-10, ReLU, cross-entropy, Adam, batch 128, f32 with TF32 GEMMs", 128, 784, 10,
+       [](Graph&, Var x) {
+         Var h = relu(nn::linear(x, 1024, "fc1"));
+         h = relu(nn::linear(h, 1024, "fc2"));
+         return nn::linear(h, 10, "fc3");
+       },
+       OptimizerConfig::adam(1e-3)},
+      {"W2", "MLP 4096-4096-4096-4096-1000, GELU (tanh form) between, AdamW, batch 8192, f32 with TF32 GEMMs", 8192,
+       4096, 1000,
+       [](Graph&, Var x) {
+         Var h = gelu(nn::linear(x, 4096, "fc1"), true);
+         h = gelu(nn::linear(h, 4096, "fc2"), true);
+         h = gelu(nn::linear(h, 4096, "fc3"), true);
+         return nn::linear(h, 1000, "fc4");
+       },
+       OptimizerConfig::adamw(1e-3, 0.01)},
+  };
+}
+
+bool is_gemm(Op op) {
+  return op == Op::linear || op == Op::linear_act || op == Op::linear_act_aux || op == Op::matmul ||
+         op == Op::matmul_act_grad || op == Op::linear_grad_weight_bias;
+}
+
+// Bytes each step reads and writes once, plus the optimizer's pass (p, g, m, v read;
+// p, m, v written): the traffic of the plan as it runs, fusion included.
+double step_bytes(const Plan& p) {
+  double b = 0;
+  for (auto& s : p.steps) {
+    for (auto& r : s.in) b += static_cast<double>(r.bytes());
+    for (auto& r : s.out) b += static_cast<double>(r.bytes());
+  }
+  if (p.optimizer) b += 7.0 * static_cast<double>(p.layout.param_bytes);
+  return b;
+}
+
+struct Result {
+  std::string name, device;
+  bool graph;
+  int64_t batch;
+  double ms, ms_min, ms_max, host_us, tflops, gbps, gemm_ms = -1;
+  int kernels;
+};
+
+Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
+  Graph g;
+  Var x = g.input("x", {w.batch, w.in});
+  Var y = g.input("y", {w.batch}, DType::i32);
+  Var loss = cross_entropy(w.net(g, x), y);
+  Model m(g, {.seed = 1, .device = dev, .tf32 = true, .cuda_graph = o.graph});
+  Program p = m.compile({.loss = loss.id(), .optimizer = w.opt});
+
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> xs[2];
+  std::vector<int32_t> ys[2];
+  for (int k = 0; k < 2; ++k) {
+    xs[k].resize(static_cast<size_t>(w.batch * w.in));
+    for (auto& v : xs[k]) v = nd(rng);
+    ys[k].resize(static_cast<size_t>(w.batch));
+    for (auto& v : ys[k]) v = static_cast<int32_t>(rng() % static_cast<uint64_t>(w.classes));
+  }
+  auto feed = [&](int k) {
+    p.set_input("x", std::span<const float>(xs[k]));
+    p.set_input("y", std::span<const int32_t>(ys[k]));
+  };
+  feed(0);
+  for (int i = 0; i < o.warmup; ++i) {
+    if (o.upload) feed(i % 2);
+    p.run();
+  }
+  p.check();
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> per_step, host;
+  for (int r = 0; r < o.repeats; ++r) {
+    double in_run = 0;
+    auto t0 = Clock::now();
+    for (int i = 0; i < o.steps; ++i) {
+      auto h0 = Clock::now();
+      if (o.upload) feed(i % 2);
+      p.run();
+      in_run += std::chrono::duration<double, std::micro>(Clock::now() - h0).count();
+    }
+    p.check();  // waits for the device
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / o.steps;
+    per_step.push_back(ms);
+    host.push_back(in_run / o.steps);
+  }
+  auto loss_now = p.read_as<float>(loss.name())[0];
+  if (!std::isfinite(loss_now)) fail(w.name, ": the loss is ", loss_now, " after the timed steps");
+  std::vector<double> sorted = per_step;
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(host.begin(), host.end());
+  Result res{w.name, device_name(dev), o.graph && dev == Device::cuda, w.batch, sorted[sorted.size() / 2], sorted.front(),
+             sorted.back(), host[host.size() / 2], 0, 0, -1, p.executable().stats().kernels};
+  res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
+  res.gbps = step_bytes(p.plan()) / (res.ms * 1e-3) / 1e9;
+  if (o.breakdown) {
+    auto t = p.executable().time_steps(20);
+    double gemm = 0, total = 0;
+    std::printf("\n%s: each step alone (median of 20)\n", w.name);
+    for (size_t i = 0; i < p.plan().steps.size(); ++i) {
+      const PlanStep& s = p.plan().steps[i];
+      std::printf("  %8.4f ms  %-24s %-28s %8.3f GFLOP\n", t[i], op_name(s.op), s.name.c_str(), s.flops / 1e9);
+      total += t[i];
+      if (is_gemm(s.op)) gemm += t[i];
+    }
+    if (t.size() > p.plan().steps.size()) std::printf("  %8.4f ms  %-24s\n", t.back(), "optimizer update"), total += t.back();
+    std::printf("  %8.4f ms  sum of steps alone; GEMMs alone %.4f ms (%.0f%% of the measured step)\n", total, gemm,
+                100.0 * gemm / res.ms);
+    res.gemm_ms = gemm;
+  }
+  return res;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  Device dev = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : default_device();
+  std::vector<Result> results;
+  for (const Workload& w : workloads()) {
+    if (!o.workloads.empty() && std::find(o.workloads.begin(), o.workloads.end(), w.name) == o.workloads.end()) continue;
+    std::printf("%s: %s\n", w.name, w.description);
+    std::fflush(stdout);
+    results.push_back(bench_one(w, o, dev));
+  }
+  if (results.empty()) fail("no workload named ", o.workloads.empty() ? "" : o.workloads[0], " (known: W1, W2)");
+  std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s\n", "name", "dev", "graph", "ms/step", "(min-max)",
+              "samples/s", "kernels", "host us", "TFLOP/s", "GB/s");
+  for (auto& r : results)
+    std::printf("%-4s %-5s %-6s %10.4f %4.3f-%-5.3f %14.0f %9d %10.1f %9.2f %9.1f\n", r.name.c_str(), r.device.c_str(),
+                r.graph ? "yes" : "no", r.ms, r.ms_min, r.ms_max, static_cast<double>(r.batch) / (r.ms * 1e-3), r.kernels,
+                r.host_us, r.tflops, r.gbps);
+  if (!o.csv.empty()) {
+    std::ofstream f(o.csv);
+    if (!f) fail(o.csv, ": cannot write");
+    f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
+         "tflops,gbps,gemm_ms\n";
+    for (auto& r : results)
+      f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "") << "," << r.device << ","
+        << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
+        << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "\n";
+  }
+  return 0;
+}
+
+}  // namespace seam::bench

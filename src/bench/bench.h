@@ -1,0 +1,25 @@
+// Named training workloads and `seam bench`: time whole training steps on a device and
+// report ms/step, throughput, kernels and host time per step, and achieved TFLOP/s and
+// GB/s, as a table and as CSV. bench/compare_torch.py runs the same workloads in PyTorch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace seam::bench {
+
+struct BenchOptions {
+  std::vector<std::string> workloads;  // W1, W2 (empty: all)
+  int steps = 200;                     // timed steps per repetition
+  int repeats = 5;                     // the median repetition is reported
+  int warmup = 20;
+  bool graph = true;                   // replay the step as one CUDA Graph
+  bool upload = false;                 // upload a new batch from the host every step
+  bool breakdown = false;              // also time every plan step alone
+  std::string device = "auto";
+  std::string csv;                     // also write the results here
+};
+
+int run_bench(const BenchOptions& o);
+
+}  // namespace seam::bench
