@@ -62,11 +62,13 @@ for step in "${steps[@]}"; do
       # seam (graph and eager) and PyTorch on the same workloads, then one ratio table.
       py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
       [ -x "$py" ] || py=python3
+      csv=$(mktemp -d)
       {
-        "$bin/seam" bench --device cuda --csv "$out/bench_seam_graph.csv" --breakdown
-        "$bin/seam" bench --device cuda --no-graph --csv "$out/bench_seam_eager.csv"
-        "$py" bench/compare_torch.py --csv "$out/bench_torch.csv"
-        "$py" bench/report.py "$out/bench_seam_graph.csv" "$out/bench_seam_eager.csv" "$out/bench_torch.csv"
+        "$bin/seam" bench --device cuda --csv "$csv/seam_graph.csv" --breakdown
+        "$bin/seam" bench --device cuda --no-graph --csv "$csv/seam_eager.csv"
+        "$py" bench/compare_torch.py --csv "$csv/torch.csv"
+        "$py" bench/report.py "$csv/seam_graph.csv" "$csv/seam_eager.csv" "$csv/torch.csv"
+        for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done
       } > "$out/bench.log" 2>&1
       note "bench: rc=$?"
       sed -n '/seam best/,$p' "$out/bench.log"
