@@ -179,3 +179,47 @@ TEST(MemPlan, OutputsNobodyReadsStillGetTheirOwnPlace) {
   for (size_t i = 0; i < xs.size(); ++i)
     EXPECT_NEAR(out[i], std::max(0.0f, (std::max(0.0f, xs[i]) - 0.5f) / std::sqrt(4.0f + 1e-5f)), 1e-6) << i;
 }
+
+TEST(MemPlan, AnInputSetOnceStaysValidForLaterSteps) {
+  Graph g;
+  Var x = g.input("x", {16, 8});
+  Var y = g.input("y", {16}, DType::i32);
+  Var loss = cross_entropy(nn::linear(relu(nn::linear(x, 32, "fc1")), 4, "fc2"), y);
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+  std::vector<int32_t> labels(16);
+  for (int i = 0; i < 16; ++i) labels[static_cast<size_t>(i)] = i % 4;
+  p.set_input("y", std::span<const int32_t>(labels));  // once
+  std::vector<float> xs(16 * 8);
+  for (int s = 0; s < 5; ++s) {
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>((i * 7 + static_cast<size_t>(s)) % 11) / 11.0f;
+    p.set_input("x", std::span<const float>(xs));
+    EXPECT_NO_THROW(p.run()) << "step " << s;  // a clobbered label would be out of range
+  }
+  EXPECT_TRUE(std::isfinite(p.read_as<float>(loss.name())[0]));
+  // No step writes where an input lives.
+  for (auto& in : p.plan().inputs)
+    for (auto& st : p.plan().steps)
+      for (auto& o : st.out)
+        if (o.region == Region::arena)
+          EXPECT_TRUE(o.offset + o.bytes() <= in.ref.offset || in.ref.offset + in.ref.bytes() <= o.offset)
+              << st.name << " writes over input " << in.name;
+}
+
+TEST(MemPlan, InputsAreNotReusedAfterTheirLastRead) {
+  // x is read only by the first step; without its place kept, later values would take it
+  // and a second run without setting x again would compute on garbage.
+  Graph g;
+  Var x = g.input("x", {64, 64});
+  Var w = g.param("w", {64, 64}, Init::uniform(-1, 1));
+  Var loss = sum(mul(seam::tanh(x), w) * 0.5);
+  Model m(g, {.seed = 2});
+  Program p = m.compile({.loss = loss.id(), .gradients = true});
+  std::vector<float> xs(64 * 64);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i % 13) / 13.0f;
+  p.set_input("x", std::span<const float>(xs));
+  p.run();
+  float first = p.read_as<float>(loss.name())[0];
+  p.run();
+  EXPECT_EQ(p.read_as<float>(loss.name())[0], first);
+}

@@ -115,6 +115,10 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   }
   const int end = static_cast<int>(plan.steps.size());
   for (ValueId o : req.outputs) use(o, end);
+  // Inputs keep their place for the whole step, so an input set once stays valid for
+  // every later step until it is set again.
+  for (ValueId id : g.inputs())
+    if (needed[static_cast<size_t>(id)]) use(id, end);
   // Values read by views live as long as the views' readers: handled by root in use().
 
   // 4. Arena placement.
