@@ -35,7 +35,8 @@ struct StepState {
   int64_t step = 0;      // optimizer updates done; also the dropout RNG offset
   uint64_t seed = 0;     // dropout and initialization seed
   double lr = 0.0;       // learning rate of the last update
-  double grad_norm = 0;  // global gradient L2 norm of the last update (before clipping)
+  double grad_norm = 0;  // CPU: global gradient L2 norm of the last update (before clipping);
+                         // the CUDA backend keeps it in device memory, unread
 };
 
 struct CompileOptions {

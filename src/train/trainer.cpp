@@ -112,11 +112,10 @@ struct EvalResult {
   std::vector<int64_t> confusion;  // classes x classes, row = true label
 };
 
-EvalResult evaluate(Program& eval, const io::BuiltGraph& bg, data::BatchLoader& loader, int64_t classes) {
+EvalResult evaluate(Program& eval, data::BatchLoader& loader, int64_t classes) {
   EvalResult r;
   r.confusion.assign(static_cast<size_t>(classes * classes), 0);
   const std::string loss_name = eval.plan().outputs[0].name, pred_name = eval.plan().outputs[1].name;
-  (void)bg;
   loader.start_epoch(0);
   data::Batch b;
   double loss_sum = 0;
@@ -309,8 +308,8 @@ int run_train(const TrainOptions& o) {
     const double train_acc = correct / static_cast<double>(steps_per_epoch * B);
     const double sps = static_cast<double>((steps_per_epoch - first_batch) * B) / std::max(epoch_seconds, 1e-9);
     std::optional<EvalResult> val;
-    if (val_loader) val = evaluate(eval, bg, *val_loader, spec.classes);
-    EvalResult test = evaluate(eval, bg, test_loader, spec.classes);
+    if (val_loader) val = evaluate(eval, *val_loader, spec.classes);
+    EvalResult test = evaluate(eval, test_loader, spec.classes);
     last_test_acc = test.accuracy;
     csv << pos.epoch + 1 << ',' << model.state().step << ',' << model.state().lr << ',' << train_loss << ',' << train_acc << ','
         << (val ? std::to_string(val->accuracy) : "") << ',' << test.loss << ',' << test.accuracy << ',' << epoch_seconds << ','
@@ -364,7 +363,7 @@ int run_eval(const EvalOptions& o) {
   }
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   data::BatchLoader loader(data.test, first_n(data.test.n, o.limit_test), {.batch = spec.batch_size, .shuffle = false, .drop_last = false});
-  EvalResult r = evaluate(eval, bg, loader, spec.classes);
+  EvalResult r = evaluate(eval, loader, spec.classes);
   if (o.json) {
     nlohmann::json j{{"samples", r.samples}, {"accuracy", r.accuracy}, {"loss", r.loss}, {"confusion", nlohmann::json::array()}};
     for (int64_t t = 0; t < spec.classes; ++t) {

@@ -56,7 +56,6 @@ enum ErrorCode : int32_t {
 };
 
 class GemmCache;
-class ConvCache;
 
 // Shared by every step of one prepared plan.
 class Context {
@@ -65,7 +64,6 @@ class Context {
   void* cublaslt = nullptr;  // cublasLtHandle_t
   void* cudnn = nullptr;     // cudnnHandle_t
   GemmCache* gemm_cache = nullptr;
-  ConvCache* conv_cache = nullptr;
   bool tf32 = true;  // f32 GEMMs and convolutions may use TF32 tensor cores
   DeviceCounters* counters = nullptr;
   DeviceError* error = nullptr;
