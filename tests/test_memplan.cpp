@@ -223,3 +223,25 @@ TEST(MemPlan, InputsAreNotReusedAfterTheirLastRead) {
   p.run();
   EXPECT_EQ(p.read_as<float>(loss.name())[0], first);
 }
+
+TEST(MemPlan, TheGradientSeedIsComputedOnceNotEveryStep) {
+  Graph g;
+  Var x = g.input("x", {8, 4});
+  Var w = g.param("w", {4}, Init::uniform(-1, 1));
+  Var unused = g.param("unused", {3}, Init::ones());  // its zero gradient stays a step
+  Var loss = sum(mul(x, w));
+  Model m(g);
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+  int full_steps = 0;
+  for (auto& s : p.plan().steps) full_steps += s.op == Op::full;
+  ASSERT_EQ(p.plan().init.size(), 1u);
+  EXPECT_EQ(p.plan().init[0].op, Op::full);
+  EXPECT_EQ(full_steps, 1) << p.plan().str();  // the zero gradient of `unused`, into the gradient buffer
+  std::vector<float> xs(32, 1.0f);
+  p.set_input("x", std::span<const float>(xs));
+  auto w0 = Program::cast_bytes<float>(m.read_param("w"));
+  for (int s = 0; s < 3; ++s) p.run();
+  auto w3 = Program::cast_bytes<float>(m.read_param("w"));
+  for (size_t i = 0; i < w0.size(); ++i) EXPECT_NEAR(w3[i], w0[i] - 3 * 0.1f * 8, 1e-5);  // d loss/d w = 8 each step
+  (void)unused;
+}

@@ -59,6 +59,7 @@ struct Layout {
 
 struct Plan {
   std::vector<PlanStep> steps;
+  std::vector<PlanStep> init;  // run once when the plan is prepared (constants)
   std::vector<Binding> inputs, outputs, grads;  // grads: by parameter name
   std::optional<OptimizerConfig> optimizer;
   Layout layout;

@@ -98,11 +98,19 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   for (ValueId id : g.inputs())
     if (needed[static_cast<size_t>(id)]) first[static_cast<size_t>(id)] = -1, last[static_cast<size_t>(id)] = -1;
   std::vector<std::pair<int, int>> step_values;  // (node, step)
+  std::vector<int> init_nodes;  // constants: computed once, when the plan is prepared
   for (int k = 0; k < nn; ++k) {
     if (!live_node[static_cast<size_t>(k)]) continue;
     const Node& n = g.node(k);
     const OpDef& d = op_def(n.op);
     if (d.view_of >= 0) continue;
+    // A node of no inputs (the gradient seed) gives the same value every step; its output
+    // keeps its arena place, so it is computed once. (Not into the gradient buffers:
+    // another program of the model may write there.)
+    if (n.in.empty() && !d.side_effect && !placed[static_cast<size_t>(n.out[0])]) {
+      init_nodes.push_back(k);
+      continue;
+    }
     int s = static_cast<int>(plan.steps.size());
     PlanStep step{n.op, n.attrs, {}, {}, n.name, 0};
     for (ValueId i : n.in) use(i, s);
@@ -119,6 +127,8 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   // every later step until it is set again.
   for (ValueId id : g.inputs())
     if (needed[static_cast<size_t>(id)]) use(id, end);
+  for (int k : init_nodes)
+    for (ValueId o : g.node(k).out) first[static_cast<size_t>(o)] = -1, use(o, end);
   // Values read by views live as long as the views' readers: handled by root in use().
 
   // 4. Arena placement.
@@ -147,9 +157,14 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   }
 
   // 5. Operands of every step; bindings.
+  for (int k : init_nodes) {
+    const Node& n = g.node(k);
+    plan.init.push_back({n.op, n.attrs, {}, {}, n.name, 0});
+    step_values.emplace_back(k, -1 - static_cast<int>(plan.init.size() - 1));
+  }
   for (auto& [k, s] : step_values) {
     const Node& n = g.node(k);
-    PlanStep& step = plan.steps[static_cast<size_t>(s)];
+    PlanStep& step = s >= 0 ? plan.steps[static_cast<size_t>(s)] : plan.init[static_cast<size_t>(-1 - s)];
     std::vector<TensorType> in_t, out_t;
     for (ValueId i : n.in) step.in.push_back(place[static_cast<size_t>(i)]), in_t.push_back(g.value(i).type);
     for (ValueId o : n.out) step.out.push_back(place[static_cast<size_t>(o)]), out_t.push_back(g.value(o).type);

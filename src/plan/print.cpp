@@ -67,17 +67,19 @@ const Binding* Plan::grad(const std::string& name) const { return find(grads, na
 
 std::string Plan::str() const {
   std::ostringstream s;
-  s << "plan: " << steps.size() << " steps\n";
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const PlanStep& st = steps[i];
-    s << std::setw(4) << i << "  " << std::left << std::setw(20) << op_name(st.op) << std::right
-      << " " << st.name << "\n        in:";
+  auto print = [&](const PlanStep& st, const std::string& label) {
+    s << std::setw(4) << label << "  " << std::left << std::setw(20) << op_name(st.op) << std::right << " " << st.name
+      << "\n        in:";
     for (auto& r : st.in) s << " " << ref_str(r);
     s << "\n        out:";
     for (auto& r : st.out) s << " " << ref_str(r);
     if (!st.attrs.items().empty()) s << "\n        attrs: " << st.attrs.str();
     s << "\n        flops: " << st.flops << "\n";
-  }
+  };
+  if (!init.empty()) s << "once, when prepared: " << init.size() << " constant(s)\n";
+  for (auto& st : init) print(st, "-");
+  s << "plan: " << steps.size() << " steps\n";
+  for (size_t i = 0; i < steps.size(); ++i) print(steps[i], std::to_string(i));
   if (optimizer) s << "update: " << optimizer->str() << " over " << layout.param_count() << " parameters\n";
   s << "inputs:";
   for (auto& b : inputs) s << " " << b.name << "=" << ref_str(b.ref);

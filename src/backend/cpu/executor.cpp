@@ -33,6 +33,12 @@ class CpuExecutable : public Executable {
       for (auto& b : s.out) p.out.push_back({r.base(b.region) + b.offset, b.type});
       steps_.push_back(std::move(p));
     }
+    StepState none;
+    for (auto& s : plan.init) {
+      std::vector<TensorView> out;
+      for (auto& b : s.out) out.push_back({r.base(b.region) + b.offset, b.type});
+      kernel_for(s.op)(KernelArgs{s, {}, out, none});
+    }
   }
 
   void set_input(size_t index, std::span<const std::byte> data) override {

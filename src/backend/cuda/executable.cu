@@ -78,7 +78,17 @@ class CudaExecutable : public Executable {
       launches_.push_back(preparer_for(s.op)(a));
     }
     if (plan.optimizer) launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_));
+    std::vector<Launch> once;
+    for (size_t i = 0; i < plan.init.size(); ++i) {
+      const PlanStep& s = plan.init[i];
+      StepArgs a{s, -1, {}, {}, ctx_};
+      for (auto& b : s.out) a.out.push_back({r.base(b.region) + b.offset, b.type});
+      once.push_back(preparer_for(s.op)(a));
+    }
     ctx_.finish_prepare();
+    for (auto& l : once) l(sh_->stream);
+    SEAM_CUDA_LAUNCH_CHECK();
+    SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
   }
 
   ~CudaExecutable() override {
