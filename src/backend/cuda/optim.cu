@@ -53,8 +53,10 @@ __global__ void sumsq_final(const float* __restrict__ partial, int blocks, Devic
   if (threadIdx.x == 0) c->grad_norm = static_cast<float>(sqrt(s));
 }
 
+// The last block to finish advances the step counter (every block has read it by then),
+// which saves a launch per step; `done` counts finished blocks and is reset for the next.
 __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                       int64_t n, int64_t n_decay, Hyper h, const DeviceCounters* __restrict__ c) {
+                       int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, unsigned* done) {
   const int64_t t = c->step;
   const float lr = static_cast<float>(lr_at(h, t));
   float scale = 1.f;  // gradient clipping
@@ -84,11 +86,15 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
     }
     if (scale != 1.f) g[i] = gi;  // the clipped gradient, as the CPU leaves it
   }
-}
-
-__global__ void advance(DeviceCounters* c, Hyper h) {
-  c->lr = static_cast<float>(lr_at(h, c->step));
-  c->step += 1;
+  __syncthreads();  // every thread of this block has read c->step
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      c->lr = lr;
+      c->step = t + 1;
+      *done = 0;
+    }
+  }
 }
 
 }  // namespace
@@ -110,13 +116,13 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   DeviceCounters* counters = ctx.counters;
   const unsigned blocks = blocks_for(n, kThreads, ctx.sm_count * 8);
   float* partial = c.clip_norm > 0 ? static_cast<float*>(ctx.scratch(blocks * sizeof(float))) : nullptr;
+  auto* done = static_cast<unsigned*>(ctx.scratch(sizeof(unsigned)));
   return [=](cudaStream_t s) {
     if (partial) {
       sumsq_partial<<<blocks, kThreads, 0, s>>>(g, n, partial);
       sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), counters);
     }
-    update<<<blocks, kThreads, 0, s>>>(p, g, m, v, n, n_decay, h, counters);
-    advance<<<1, 1, 0, s>>>(counters, h);
+    update<<<blocks, kThreads, 0, s>>>(p, g, m, v, n, n_decay, h, counters, done);
   };
 }
 
