@@ -26,9 +26,11 @@ struct TensorView {
   DType dtype() const { return type.dtype; }
 };
 
+// Views into the executable's prepared operands: nothing is copied per step.
 struct KernelArgs {
   const PlanStep& step;
-  std::vector<TensorView> in, out;
+  const std::vector<TensorView>& in;
+  const std::vector<TensorView>& out;
   const StepState& state;
   const Attrs& attrs() const { return step.attrs; }
 };

@@ -4,16 +4,7 @@
 #include "backend/cpu/cpu.h"
 #include "ops/elementwise.h"
 
-namespace seam_ew {
-using std::erf;
-using std::exp;
-using std::log;
-using std::pow;
-using std::sqrt;
-using std::tanh;
-}  // namespace seam_ew
-
-#include "ops/ew_math.h"
+#include "ops/ew_math_std.h"
 
 namespace seam::cpu {
 

@@ -37,7 +37,8 @@ class CpuExecutable : public Executable {
     for (auto& s : plan.init) {
       std::vector<TensorView> out;
       for (auto& b : s.out) out.push_back({r.base(b.region) + b.offset, b.type});
-      kernel_for(s.op)(KernelArgs{s, {}, out, none});
+      const std::vector<TensorView> no_inputs;
+      kernel_for(s.op)(KernelArgs{s, no_inputs, out, none});
     }
   }
 

@@ -7,12 +7,7 @@
 #include "backend/cpu/gemm.h"
 #include "ops/geometry.h"
 
-namespace seam_ew {
-using std::erf;
-using std::exp;
-using std::tanh;
-}  // namespace seam_ew
-#include "ops/ew_math.h"
+#include "ops/ew_math_std.h"
 
 namespace seam::cpu {
 

@@ -15,18 +15,7 @@
 #include "backend/cuda/cuda.h"
 #include "ops/elementwise.h"
 
-// The math functions the expressions of ops.def call, as the CPU file names them: CUDA
-// provides device overloads of std::exp, std::tanh, ... for float.
-namespace seam_ew {
-using std::erf;
-using std::exp;
-using std::log;
-using std::pow;
-using std::sqrt;
-using std::tanh;
-}  // namespace seam_ew
-
-#include "ops/ew_math.h"
+#include "ops/ew_math_std.h"
 
 namespace seam::cuda {
 
