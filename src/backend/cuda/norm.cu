@@ -11,6 +11,8 @@
 // kernel sums the slices in block order. No atomics.
 #include <cmath>
 
+#include <type_traits>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_util.cuh"
 
@@ -291,6 +293,21 @@ int lane_groups(int64_t dim) {
   return 32;
 }
 
+// Calls f(std::integral_constant<int, N>{}) for the register-row width N = lane_groups.
+template <class F>
+void with_lane_groups(int n, F&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 12: f(std::integral_constant<int, 12>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 24: f(std::integral_constant<int, 24>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
+  }
+}
+
 void expect_all_f32(const StepArgs& a) {
   expect_f32(a);
   for (auto* list : {&a.in, &a.out})
@@ -317,16 +334,7 @@ Launch prepare_layer_norm(const StepArgs& a) {
     const int d = static_cast<int>(dim);
     const int n = lane_groups(dim);
     return [=](cudaStream_t st) {
-      switch (n) {
-        case 1: launch_ln_warp<1>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-        case 2: launch_ln_warp<2>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-        case 4: launch_ln_warp<4>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-        case 8: launch_ln_warp<8>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-        case 12: launch_ln_warp<12>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-        case 16: launch_ln_warp<16>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-        case 24: launch_ln_warp<24>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-        default: launch_ln_warp<32>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); break;
-      }
+      with_lane_groups(n, [&](auto w) { launch_ln_warp<decltype(w)::value>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); });
     };
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{sms} * 4));
@@ -368,16 +376,7 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const int d = static_cast<int>(dim);
     const int n = lane_groups(dim);
     return [=](cudaStream_t st) {
-      switch (n) {
-        case 1: launch_ln_grad_warp<1>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-        case 2: launch_ln_grad_warp<2>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-        case 4: launch_ln_grad_warp<4>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-        case 8: launch_ln_grad_warp<8>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-        case 12: launch_ln_grad_warp<12>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-        case 16: launch_ln_grad_warp<16>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-        case 24: launch_ln_grad_warp<24>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-        default: launch_ln_grad_warp<32>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); break;
-      }
+      with_lane_groups(n, [&](auto w) { launch_ln_grad_warp<decltype(w)::value>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); });
       columns(st);
     };
   }
