@@ -309,3 +309,16 @@ TEST_F(Cli, FashionMnistShortRunLearns) {
   std::printf("Fashion-MNIST short run: test accuracy %.4f\n", acc);
   EXPECT_GE(acc, 0.8);
 }
+
+TEST_F(Cli, BenchReportsATableAndCsv) {
+  fs::path csv = dir / "bench.csv";
+  Result r = run("bench W1 --device cpu --steps 2 --repeats 1 --warmup 1 --csv " + csv.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("ms/step"), std::string::npos) << r.out;
+  std::string text = slurp(csv);
+  EXPECT_EQ(text.rfind("framework,workload,variant", 0), 0u) << text;
+  EXPECT_NE(text.find("seam,W1,eager,cpu,"), std::string::npos) << text;
+  Result bad = run("bench W9 --device cpu");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("W9"), std::string::npos) << bad.err;
+}

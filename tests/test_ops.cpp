@@ -275,3 +275,28 @@ TEST(Dropout, DropsAboutPScalesTheRestAndIsReproducible) {
   EXPECT_EQ(eval.read_as<float>(y.name()), ones);  // identity in evaluation
   (void)loss;
 }
+
+TEST(MiscForward, CountEqualSkipsIgnoredLabelsAndAccumulateSumsOnlyInTraining) {
+  Graph g;
+  Var pred = g.input("pred", {5}, DType::i32);
+  Var labels = g.input("labels", {5}, DType::i32);
+  Var v = g.input("v", {});
+  Var n = count_equal(pred, labels);
+  Var acc = g.state("acc", {2}, Init::zeros());
+  accumulate(acc, {v, n});  // no output reads it: the plan keeps it for its effect
+  std::vector<int32_t> p{1, 2, 3, 4, 5}, l{1, 0, 3, -100, 5};
+  std::vector<float> val{0.25f};
+  for (Mode mode : {Mode::train, Mode::eval}) {
+    Model m(g);
+    Program prog = m.compile({.mode = mode, .outputs = {n.id()}});
+    prog.set_input("pred", std::span<const int32_t>(p));
+    prog.set_input("labels", std::span<const int32_t>(l));
+    prog.set_input("v", std::span<const float>(val));
+    prog.run();
+    prog.run();
+    EXPECT_EQ(prog.read_as<int32_t>(n.name())[0], 3);
+    auto a = Program::cast_bytes<float>(m.read_state("acc"));
+    if (mode == Mode::train) EXPECT_EQ(a, (std::vector<float>{0.5f, 6.0f}));
+    else EXPECT_EQ(a, (std::vector<float>{0.0f, 0.0f}));
+  }
+}
