@@ -34,18 +34,7 @@ struct Model::Storage {
 
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
-Device default_device() {
-#ifdef SEAM_HAS_CUDA
-  try {
-    make_cuda_backend();
-    return Device::cuda;
-  } catch (const Error&) {
-    return Device::cpu;
-  }
-#else
-  return Device::cpu;
-#endif
-}
+Device default_device() { return cuda_available() ? Device::cuda : Device::cpu; }
 
 namespace {
 

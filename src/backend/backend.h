@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -67,5 +68,7 @@ struct CudaOptions {
 };
 // Throws seam::Error if the build has no CUDA backend or no GPU is usable.
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions options = {});
+// Whether make_cuda_backend would find a GPU (cheap: creates no context or handles).
+bool cuda_available(std::string* why = nullptr);
 
 }  // namespace seam

@@ -117,6 +117,10 @@ class CpuBackend : public Backend {
 std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<cpu::CpuBackend>(); }
 
 #ifndef SEAM_HAS_CUDA
+bool cuda_available(std::string* why) {
+  if (why) *why = "this build of seam has no CUDA backend (nvcc was not found)";
+  return false;
+}
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions) { fail("this build of seam has no CUDA backend (nvcc was not found)"); }
 #endif
 

@@ -130,15 +130,20 @@ class CudaBackend : public Backend {
 
 namespace seam {
 
-std::shared_ptr<Backend> make_cuda_backend(CudaOptions options) {
-  std::string why;
+bool cuda_available(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    fail("no usable GPU: ", e != cudaSuccess ? std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"
-                                             : std::string("no CUDA device found"));
-  }
+  if (e == cudaSuccess && n > 0) return true;
+  cudaGetLastError();  // clear it, so later calls start clean
+  if (why)
+    *why = e != cudaSuccess ? std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"
+                            : std::string("no CUDA device found");
+  return false;
+}
+
+std::shared_ptr<Backend> make_cuda_backend(CudaOptions options) {
+  std::string why;
+  if (!cuda_available(&why)) fail("no usable GPU: ", why);
   return std::make_shared<cuda::CudaBackend>(options);
 }
 
