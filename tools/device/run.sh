@@ -36,8 +36,9 @@ for step in "${steps[@]}"; do
     sanitize)
       # Both tools over the gpu tests (SEAM_SANITIZE_FILTER narrows them), each bounded in
       # time: the sanitizers slow kernels down by one or two orders of magnitude.
+      # SEAM_SANITIZE_TOOLS picks the tools (default both).
       filter=${SEAM_SANITIZE_FILTER:-*}
-      for tool in memcheck racecheck; do
+      for tool in ${SEAM_SANITIZE_TOOLS:-memcheck racecheck}; do
         timeout "${SEAM_SANITIZE_SECONDS:-240}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
           "$bin/seam_gpu_tests" --gtest_filter="$filter" > "$out/sanitize_$tool.log" 2>&1
         rc=$?
