@@ -97,7 +97,7 @@ Model::Model(Graph graph, ModelOptions options) : graph_(std::move(graph)), devi
   graph_.verify();
   layout_ = make_layout(graph_);
   state_.seed = options.seed;
-  backend_ = device_ == Device::cuda ? make_cuda_backend({options.tf32, options.cuda_graph}) : make_cpu_backend();
+  backend_ = device_ == Device::cuda ? make_cuda_backend({options.tf32, options.cuda_graph, options.epilogue}) : make_cpu_backend();
   storage_ = std::make_unique<Storage>();
   storage_->backend = backend_;
   storage_->params = backend_->alloc(layout_.param_bytes);

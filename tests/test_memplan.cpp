@@ -200,10 +200,11 @@ TEST(MemPlan, AnInputSetOnceStaysValidForLaterSteps) {
   // No step writes where an input lives.
   for (auto& in : p.plan().inputs)
     for (auto& st : p.plan().steps)
-      for (auto& o : st.out)
-        if (o.region == Region::arena)
-          EXPECT_TRUE(o.offset + o.bytes() <= in.ref.offset || in.ref.offset + in.ref.bytes() <= o.offset)
-              << st.name << " writes over input " << in.name;
+      for (auto& o : st.out) {
+        if (o.region != Region::arena) continue;
+        EXPECT_TRUE(o.offset + o.bytes() <= in.ref.offset || in.ref.offset + in.ref.bytes() <= o.offset)
+            << st.name << " writes over input " << in.name;
+      }
 }
 
 TEST(MemPlan, InputsAreNotReusedAfterTheirLastRead) {

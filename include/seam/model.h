@@ -54,11 +54,18 @@ const char* device_name(Device d);
 // The GPU when this build has the CUDA backend and the runtime sees a GPU, else the CPU.
 Device default_device();
 
+// How a GEMM step with a fused epilogue (bias, activation, activation derivative, bias
+// gradient) runs on the GPU: as one library GEMM with the epilogue, as the plain GEMM
+// followed by separate kernels, or whichever of the two is faster for its shape, timed
+// once and cached (CUDA).
+enum class EpiloguePolicy { fastest, fused, split };
+
 struct ModelOptions {
   uint64_t seed = 0;
   Device device = Device::cpu;
   bool tf32 = true;        // f32 GEMMs and convolutions may use TF32 tensor cores (CUDA)
   bool cuda_graph = true;  // replay each step as one captured CUDA Graph (CUDA)
+  EpiloguePolicy epilogue = EpiloguePolicy::fastest;
 };
 
 class Backend;

@@ -74,7 +74,10 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   Var x = g.input("x", {w.batch, w.in});
   Var y = g.input("y", {w.batch}, DType::i32);
   Var loss = cross_entropy(w.net(g, x), y);
-  Model m(g, {.seed = 1, .device = dev, .tf32 = true, .cuda_graph = o.graph});
+  const EpiloguePolicy epilogue = o.epilogue == "fused"   ? EpiloguePolicy::fused
+                                  : o.epilogue == "split" ? EpiloguePolicy::split
+                                                          : EpiloguePolicy::fastest;
+  Model m(g, {.seed = 1, .device = dev, .tf32 = true, .cuda_graph = o.graph, .epilogue = epilogue});
   Program p = m.compile({.loss = loss.id(), .optimizer = w.opt});
 
   std::mt19937_64 rng(7);
@@ -124,11 +127,16 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   res.gbps = step_bytes(p.plan()) / (res.ms * 1e-3) / 1e9;
   if (o.breakdown) {
     auto t = p.executable().time_steps(20);
+    const ExecStats stats = p.executable().stats();
     double gemm = 0, total = 0;
     std::printf("\n%s: each step alone (median of 20)\n", w.name);
     for (size_t i = 0; i < p.plan().steps.size(); ++i) {
       const PlanStep& s = p.plan().steps[i];
-      std::printf("  %8.4f ms  %-24s %-28s %8.3f GFLOP\n", t[i], op_name(s.op), s.name.c_str(), s.flops / 1e9);
+      std::string choice;
+      for (auto& [step, what] : stats.choices)
+        if (step == static_cast<int>(i)) choice = "  " + what;
+      std::printf("  %8.4f ms  %-24s %-28s %8.3f GFLOP%s\n", t[i], op_name(s.op), s.name.c_str(), s.flops / 1e9,
+                  choice.c_str());
       total += t[i];
       if (is_gemm(s.op)) gemm += t[i];
     }
@@ -164,7 +172,8 @@ int run_bench(const BenchOptions& o) {
     f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
          "tflops,gbps,gemm_ms\n";
     for (auto& r : results)
-      f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "") << "," << r.device << ","
+      f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
+        << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string()) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "\n";
   }

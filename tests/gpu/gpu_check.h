@@ -46,6 +46,7 @@ struct CompareOptions {
   int runs = 1;           // runs before comparing (e.g. running statistics)
   bool tf32 = true;       // the GPU model may use TF32 for f32 GEMMs and convolutions
   bool fuse = true;       // epilogue fusion on both sides
+  EpiloguePolicy epilogue = EpiloguePolicy::fastest;  // how the GPU runs fused epilogues
 };
 
 // Adds a gtest failure per mismatching tensor; returns the largest relative error seen.

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/gemm.h"
 #include "gpu_check.h"
 
@@ -64,6 +65,17 @@ CompareOptions exact_transcendental(int64_t k, bool fuse) {
   o.tol.rel = 3e-5;
   return o;
 }
+
+// The ways a GPU plan may compute an MLP: unfused ops, or the fused ops with cuBLASLt's
+// epilogues, or the fused ops as plain GEMMs followed by separate kernels.
+struct Way {
+  bool fuse;
+  EpiloguePolicy epilogue;
+  const char* name;
+};
+constexpr Way kWays[] = {{false, EpiloguePolicy::fastest, "unfused"},
+                         {true, EpiloguePolicy::fused, "fused, epilogues"},
+                         {true, EpiloguePolicy::split, "fused, split"}};
 
 int count(const Plan& p, Op op) {
   int n = 0;
@@ -172,21 +184,27 @@ TEST(GpuLinear, WithAndWithoutBiasMatchTheCpu) {
       }
 }
 
-TEST(GpuLinear, WeightAndBiasGradientComeFromOneGemm) {
+TEST(GpuLinear, WeightAndBiasGradientComeFromOneStep) {
   Graph g;
   Var x = g.input("x", {64, 40});
   Var w = g.param("w", {24, 40}, Init::uniform(-1, 1));
   Var b = g.param("b", {24}, Init::uniform(-1, 1));
   Var loss = sum(linear(x, w, b));
-  Model m(g, {.seed = 1, .device = Device::cuda});
-  Program p = m.compile({.loss = loss.id(), .gradients = true});
-  EXPECT_EQ(count(p.plan(), Op::linear_grad_weight_bias), 1) << p.plan().str();
-  // And the bias gradient is right: d(sum y)/db = the number of rows.
-  std::vector<float> xs(64 * 40, 0.5f);
-  p.set_input("x", std::span<const float>(xs));
-  p.run();
-  for (float v : p.grad_as<float>("b")) EXPECT_FLOAT_EQ(v, 64.0f);
-  for (float v : p.grad_as<float>("w")) EXPECT_FLOAT_EQ(v, 32.0f);
+  // BGRADB in the GEMM, or the plain GEMM and the column sums: both exact here.
+  for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split}) {
+    Model m(g, {.seed = 1, .device = Device::cuda, .epilogue = e});
+    Program p = m.compile({.loss = loss.id(), .gradients = true});
+    EXPECT_EQ(count(p.plan(), Op::linear_grad_weight_bias), 1) << p.plan().str();
+    // And the bias gradient is right: d(sum y)/db = the number of rows.
+    std::vector<float> xs(64 * 40, 0.5f);
+    p.set_input("x", std::span<const float>(xs));
+    p.run();
+    for (float v : p.grad_as<float>("b")) EXPECT_FLOAT_EQ(v, 64.0f);
+    for (float v : p.grad_as<float>("w")) EXPECT_FLOAT_EQ(v, 32.0f);
+    const auto choices = p.executable().stats().choices;
+    ASSERT_EQ(choices.size(), 1u);
+    EXPECT_EQ(choices[0].second, e == EpiloguePolicy::fused ? "fused (forced)" : "split (forced)");
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -252,20 +270,22 @@ const std::vector<Mlp>& mlps() {
 
 TEST(GpuEpilogue, FusedAndUnfusedMlpsMatchTheCpu) {
   for (const Mlp& m : mlps())
-    for (bool fuse : {true, false}) {
-      SCOPED_TRACE(mlp_name(m) + (fuse ? ", fused" : ", unfused"));
+    for (const Way& way : kWays) {
+      SCOPED_TRACE(mlp_name(m) + ", " + way.name);
       const int64_t k = mlp_extent(m);
       const bool gelu = m.act == "gelu";
-      compare_with_cpu([&](GpuCase& c) { return build_mlp(c, m); },
-                       gelu ? exact_transcendental(k, fuse) : exact(k, fuse));
+      CompareOptions o = gelu ? exact_transcendental(k, way.fuse) : exact(k, way.fuse);
+      o.epilogue = way.epilogue;
+      compare_with_cpu([&](GpuCase& c) { return build_mlp(c, m); }, o);
     }
 }
 
 TEST(GpuEpilogue, FusedAndUnfusedMlpsMatchTheCpuInTf32) {
   for (const Mlp& m : mlps())
-    for (bool fuse : {true, false}) {
-      SCOPED_TRACE(mlp_name(m) + (fuse ? ", fused" : ", unfused") + ", tf32");
-      CompareOptions o = tf32(mlp_extent(m), fuse);
+    for (const Way& way : kWays) {
+      SCOPED_TRACE(mlp_name(m) + ", " + way.name + ", tf32");
+      CompareOptions o = tf32(mlp_extent(m), way.fuse);
+      o.epilogue = way.epilogue;
       // TF32 moves pre-activations by ~1e-4; one that changes sign flips relu's
       // derivative, which moves a gradient by a whole term. Forward only for relu.
       if (m.act == "relu") o.gradients = false;
@@ -274,12 +294,15 @@ TEST(GpuEpilogue, FusedAndUnfusedMlpsMatchTheCpuInTf32) {
 }
 
 TEST(GpuEpilogue, ForwardOnlyPlansUseTheEpilogueWithoutRecord) {
-  for (const Mlp& m : mlps()) {
-    SCOPED_TRACE(mlp_name(m));
-    CompareOptions o = m.act == "gelu" ? exact_transcendental(mlp_extent(m), true) : exact(mlp_extent(m), true);
-    o.gradients = false;  // linear_act: RELU(_BIAS), GELU(_BIAS)
-    compare_with_cpu([&](GpuCase& c) { return build_mlp(c, m); }, o);
-  }
+  for (const Mlp& m : mlps())
+    for (const Way& way : kWays) {
+      if (!way.fuse) continue;
+      SCOPED_TRACE(mlp_name(m) + ", " + way.name);
+      CompareOptions o = m.act == "gelu" ? exact_transcendental(mlp_extent(m), true) : exact(mlp_extent(m), true);
+      o.gradients = false;  // linear_act: RELU(_BIAS), GELU(_BIAS)
+      o.epilogue = way.epilogue;
+      compare_with_cpu([&](GpuCase& c) { return build_mlp(c, m); }, o);
+    }
 }
 
 TEST(GpuEpilogue, FusedGpuPlanHasTheFusedSteps) {
@@ -412,6 +435,12 @@ TEST(GpuGemmCache, FileRoundTripsAndCorruptLinesAreIgnored) {
   size_t entries = 0;
   for (auto& l : lines) entries += l.rfind("gemm ", 0) == 0;
   EXPECT_EQ(entries, static_cast<size_t>(s1.tuned - s0.tuned));
+  // The fused steps (relu record, its gradient, weight and bias gradient) timed their
+  // variants and saved the picks.
+  size_t picks = 0;
+  for (auto& l : lines) picks += l.rfind("pick ", 0) == 0;
+  EXPECT_EQ(picks, 3u);
+  EXPECT_EQ(picks, static_cast<size_t>(s1.variants_timed - s0.variants_timed));
 
   // 2. The same file read by a fresh process-wide table (another folder): no timing,
   //    every entry checked and used.
@@ -425,19 +454,29 @@ TEST(GpuGemmCache, FileRoundTripsAndCorruptLinesAreIgnored) {
     EXPECT_EQ(s2.rejected, s1.rejected);
     EXPECT_EQ(s2.malformed_lines, s1.malformed_lines);
     EXPECT_GE(s2.disk_hits - s1.disk_hits, static_cast<int64_t>(entries));
+    EXPECT_EQ(s2.variants_timed, s1.variants_timed);
+    EXPECT_GE(s2.variant_hits - s1.variant_hits, static_cast<int64_t>(picks));
   }
   const auto s2 = cuda::gemm_cache_stats();
 
-  // 3. Corrupt it: garbage lines, a line cut short, bad hex, and one well-formed entry
-  //    whose algorithm is nonsense. Results stay right; the bad entry is timed again.
+  // 3. Corrupt it: garbage lines, a line cut short, bad hex, one well-formed entry whose
+  //    algorithm is nonsense and one pick naming no variant. Results stay right; the bad
+  //    entry and the bad pick are timed again.
   TempCacheHome third;
   std::filesystem::create_directories(third.dir() + "/seam");
   const std::string bad_path = third.dir() + "/seam/" + file_name;
   std::string poisoned;
   {
     std::ofstream out(bad_path);
-    bool poisoned_one = false;
+    bool poisoned_one = false, poisoned_pick = false;
     for (auto& l : lines) {
+      if (!poisoned_pick && l.rfind("pick ", 0) == 0) {
+        size_t at = l.find(" use=");
+        ASSERT_NE(at, std::string::npos) << l;
+        out << l.substr(0, at) << " use=nonsense" << l.substr(l.find(' ', at + 1)) << '\n';
+        poisoned_pick = true;
+        continue;
+      }
       if (!poisoned_one && l.rfind("gemm ", 0) == 0) {
         size_t at = l.find(" algo=");
         ASSERT_NE(at, std::string::npos) << l;
@@ -457,24 +496,32 @@ TEST(GpuGemmCache, FileRoundTripsAndCorruptLinesAreIgnored) {
            "auxld=0 bias=0 aa=256 ab=256 ad=256 abias=0 aaux=0 algo=0:1 ws=0 ns=0\n";
     out << std::string(10000, 'x') << '\n';
     out << "gemm\n";
+    out << "pick two words use=fused ns=1\n";
+    out << "pick k use= ns=1\n";
+    out << "pick k use=fused ns=-4\n";
   }
   compare_with_cpu(cache_case, exact(91));
   const auto s3 = cuda::gemm_cache_stats();
-  EXPECT_GE(s3.malformed_lines - s2.malformed_lines, 5);
+  EXPECT_GE(s3.malformed_lines - s2.malformed_lines, 8);
   EXPECT_EQ(s3.rejected - s2.rejected, 1);
   EXPECT_EQ(s3.tuned - s2.tuned, 1);
+  EXPECT_EQ(s3.variants_timed - s2.variants_timed, 1);
   EXPECT_GE(s3.disk_hits - s2.disk_hits, static_cast<int64_t>(entries) - 1);
   // The file was rewritten without the bad lines.
   std::vector<std::string> rewritten = read_lines(bad_path);
-  size_t good = 0;
+  size_t good = 0, good_picks = 0;
   for (auto& l : rewritten) {
     EXPECT_NE(l, poisoned);
     EXPECT_EQ(l.find("not a cache line"), std::string::npos);
     EXPECT_EQ(l.find("ta=zz"), std::string::npos);
     EXPECT_LT(l.size(), 4096u);
+    EXPECT_EQ(l.find("use=nonsense"), std::string::npos);
+    EXPECT_EQ(l.find("pick k "), std::string::npos);
     good += l.rfind("gemm ", 0) == 0;
+    good_picks += l.rfind("pick ", 0) == 0;
   }
   EXPECT_EQ(good, entries);
+  EXPECT_EQ(good_picks, picks);
 
   // 4. A file of another GPU or cuBLASLt version (another header) is ignored whole.
   TempCacheHome fourth;

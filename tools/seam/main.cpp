@@ -109,6 +109,10 @@ int main(int argc, char** argv) {
   bench->add_flag("--breakdown", bo.breakdown, "also time every step of the plan alone");
   bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
+  bench->add_option("--epilogue", bo.epilogue,
+                    "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
+                    "(fastest), or always one of them")
+      ->check(CLI::IsMember({"fastest", "fused", "split"}));
 
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "seam/model.h"
 #include "seam/plan.h"
 
 namespace seam::cuda {
@@ -65,6 +66,7 @@ class Context {
   void* cudnn = nullptr;     // cudnnHandle_t
   GemmCache* gemm_cache = nullptr;
   bool tf32 = true;  // f32 GEMMs and convolutions may use TF32 tensor cores
+  EpiloguePolicy epilogue = EpiloguePolicy::fastest;  // see choose_variant (gemm.h)
   DeviceCounters* counters = nullptr;
   DeviceError* error = nullptr;
   int sm_count = 0;
@@ -72,17 +74,20 @@ class Context {
   // Persistent device memory for one step's own use (zeroed); freed with the plan.
   void* scratch(size_t bytes);
   // One workspace shared by all steps (they run one after another on one stream); a
-  // launch reads workspace() when it runs, after every step has stated its need.
-  void need_workspace(size_t bytes) { workspace_need_ = std::max(workspace_need_, bytes); }
+  // launch reads workspace() when it runs. It grows as steps state their needs, at once,
+  // so that launches timed while the plan is prepared (choose_variant) can use it.
+  void need_workspace(size_t bytes);
   void* workspace() const { return workspace_; }
   size_t workspace_size() const { return workspace_size_; }
 
+  // What a preparer chose for its step where it had a choice (plan step index -> a line).
+  std::vector<std::pair<int, std::string>> choices;
+
   ~Context();
-  void finish_prepare();  // allocates the workspace
 
  private:
   std::vector<void*> scratch_;
-  size_t workspace_need_ = 0, workspace_size_ = 0;
+  size_t workspace_size_ = 0;
   void* workspace_ = nullptr;
 };
 

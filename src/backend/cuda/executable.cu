@@ -53,6 +53,7 @@ class CudaExecutable : public Executable {
     ctx_.cudnn = sh_->dnn;
     ctx_.gemm_cache = sh_->gemm_cache.get();
     ctx_.tf32 = sh_->tf32;
+    ctx_.epilogue = sh_->epilogue;
     ctx_.sm_count = sh_->sm_count;
     ctx_.counters = reinterpret_cast<DeviceCounters*>(r.counters);
     ctx_.error = reinterpret_cast<DeviceError*>(ctx_.scratch(sizeof(DeviceError)));
@@ -85,7 +86,6 @@ class CudaExecutable : public Executable {
       for (auto& b : s.out) a.out.push_back({r.base(b.region) + b.offset, b.type});
       once.push_back(preparer_for(s.op)(a));
     }
-    ctx_.finish_prepare();
     for (auto& l : once) l(sh_->stream);
     SEAM_CUDA_LAUNCH_CHECK();
     SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
@@ -160,6 +160,7 @@ class CudaExecutable : public Executable {
   ExecStats stats() override {
     ExecStats st;
     st.graph = sh_->graph;
+    st.choices = ctx_.choices;
     cudaGraph_t g = graph_[0] ? graph_[0] : graph_[1];
     bool own = false;
     if (!g) {  // capture once just to count what a step launches

@@ -29,7 +29,8 @@ namespace {
 // Statistics
 
 struct Counters {
-  std::atomic<int64_t> tuned{0}, memory_hits{0}, disk_hits{0}, rejected{0}, malformed_lines{0}, files_written{0};
+  std::atomic<int64_t> tuned{0}, memory_hits{0}, disk_hits{0}, rejected{0}, malformed_lines{0}, files_written{0},
+      variants_timed{0}, variant_hits{0};
 };
 Counters& counters() {
   static Counters c;
@@ -68,11 +69,21 @@ struct Entry {
   bool checked = false;    // chosen or verified in this process (false: as read from disk)
 };
 
-struct Store {
+// Which of a step's equivalent variants was fastest (choose_variant).
+struct Pick {
+  std::string use;  // the variant's name
+  int64_t ns = 0;   // its measured time (informational)
+};
+
+struct Tables {
+  std::map<std::string, Entry> entries;
+  std::map<std::string, Pick> picks;
+};
+
+struct Store : Tables {
   std::mutex mu;
   std::string path;    // empty: memory only
   std::string header;  // first line of the file
-  std::map<std::string, Entry> entries;
   bool dirty = false;  // learned something the file does not hold
 };
 
@@ -171,6 +182,27 @@ bool parse_line(std::string_view line, std::string& key, Entry& e) {
   return true;
 }
 
+// A variant name or pick key: one word of letters, digits and _ , = . : -
+bool is_word(std::string_view w) {
+  if (w.empty() || w.size() > 512) return false;
+  for (char c : w)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == ',' ||
+          c == '=' || c == '.' || c == ':' || c == '-'))
+      return false;
+  return true;
+}
+
+// "pick <key> use=<variant> ns=<time>". Anything else: false.
+bool parse_pick(std::string_view line, std::string& key, Pick& p) {
+  auto t = split_spaces(line);
+  if (t.size() != 4 || t[0] != "pick" || !is_word(t[1])) return false;
+  if (t[2].size() < 5 || t[2].substr(0, 4) != "use=" || !is_word(t[2].substr(4))) return false;
+  if (!parse_field(t[3], "ns", p.ns) || p.ns < 0) return false;
+  key = std::string(t[1]);
+  p.use = std::string(t[2].substr(4));
+  return true;
+}
+
 std::string format_line(const std::string& key, const Entry& e) {
   std::string s = "gemm " + key + " algo=";
   char buf[24];
@@ -183,10 +215,10 @@ std::string format_line(const std::string& key, const Entry& e) {
   return s;
 }
 
-// Reads the valid entries of a cache file; counts the lines it drops. A missing file is
+// Reads the valid lines of a cache file; counts the lines it drops. A missing file is
 // no error; a file with another header is dropped whole.
-std::map<std::string, Entry> read_file(const std::string& path, const std::string& header) {
-  std::map<std::string, Entry> out;
+Tables read_file(const std::string& path, const std::string& header) {
+  Tables out;
   if (path.empty()) return out;
   std::error_code ec;
   auto size = std::filesystem::file_size(path, ec);
@@ -212,11 +244,14 @@ std::map<std::string, Entry> read_file(const std::string& path, const std::strin
     if (line.empty() || line[0] == '#') continue;
     std::string key;
     Entry e;
-    if (!header_ok || line.size() > 4096 || !parse_line(line, key, e)) {
+    Pick pk;
+    if (header_ok && line.size() <= 4096 && parse_line(line, key, e)) {
+      out.entries.emplace(key, e);  // the first line for a key wins
+    } else if (header_ok && line.size() <= 4096 && parse_pick(line, key, pk)) {
+      out.picks.emplace(key, pk);
+    } else {
       ++dropped;
-      continue;
     }
-    out.emplace(key, e);  // the first line for a key wins
   }
   counters().malformed_lines += dropped;
   return out;
@@ -231,7 +266,9 @@ void save(Store& s) {
   std::filesystem::path p(s.path);
   std::filesystem::create_directories(p.parent_path(), ec);
   if (ec) return;
-  for (auto& [key, e] : read_file(s.path, s.header)) s.entries.emplace(key, e);  // keeps ours
+  Tables file = read_file(s.path, s.header);
+  for (auto& [key, e] : file.entries) s.entries.emplace(key, e);  // keeps ours
+  for (auto& [key, p] : file.picks) s.picks.emplace(key, p);
   std::string tmp = s.path + ".tmp" + std::to_string(static_cast<long long>(getpid()));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -239,6 +276,8 @@ void save(Store& s) {
     out << s.header << '\n';
     out << "# gemm <key fields> algo=<cublasLtMatmulAlgo_t, 8 words in hex> ws=<workspace bytes> ns=<time>\n";
     for (auto& [key, e] : s.entries) out << format_line(key, e) << '\n';
+    out << "# pick <step key> use=<fastest variant> ns=<its time>\n";
+    for (auto& [key, p] : s.picks) out << "pick " << key << " use=" << p.use << " ns=" << p.ns << '\n';
     out.flush();
     if (!out) {
       out.close();
@@ -267,7 +306,7 @@ std::shared_ptr<Store> store_for(const std::string& path, const std::string& hea
   auto s = std::make_shared<Store>();
   s->path = path;
   s->header = header;
-  s->entries = read_file(path, header);
+  static_cast<Tables&>(*s) = read_file(path, header);
   stores->emplace(id, s);
   return s;
 }
@@ -351,6 +390,10 @@ struct EventPair {
   EventPair& operator=(const EventPair&) = delete;
 };
 
+// Back-to-back runs for ~0.3 ms given the time of one, so that tiny GEMMs are not timed
+// by the event resolution alone.
+int reps_for(float once_ms) { return std::clamp(static_cast<int>(0.3f / std::max(once_ms, 1e-4f)), 2, 30); }
+
 // Milliseconds per run of `al` (all calls), or a negative number if it fails to launch.
 float time_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& al, void* ws, cudaStream_t s, EventPair& ev) {
   if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;  // warm-up
@@ -360,9 +403,7 @@ float time_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& al, void* ws, cud
   SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
   float once = 0;
   SEAM_CUDA_CHECK(cudaEventElapsedTime(&once, ev.start, ev.stop));
-  // Enough back-to-back runs for ~0.3 ms, so that tiny GEMMs are not timed by the event
-  // resolution alone.
-  const int reps = std::clamp(static_cast<int>(0.3f / std::max(once, 1e-4f)), 2, 30);
+  const int reps = reps_for(once);
   SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
   for (int r = 0; r < reps; ++r)
     if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;
@@ -417,8 +458,9 @@ GemmCache::~GemmCache() {
 
 GemmCacheStats gemm_cache_stats() {
   Counters& c = counters();
-  return {c.tuned.load(), c.memory_hits.load(), c.disk_hits.load(), c.rejected.load(), c.malformed_lines.load(),
-          c.files_written.load()};
+  return {c.tuned.load(),           c.memory_hits.load(),    c.disk_hits.load(),
+          c.rejected.load(),        c.malformed_lines.load(), c.files_written.load(),
+          c.variants_timed.load(),  c.variant_hits.load()};
 }
 
 std::string gemm_cache_path() { return file_path(current_device()); }
@@ -613,6 +655,82 @@ Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> 
   return [plan, c](cudaStream_t s) {
     SEAM_CUBLAS_CHECK(plan->run(plan->algo, c->workspace(), c->workspace_size(), s));
   };
+}
+
+}  // namespace seam::cuda
+
+namespace seam::cuda {
+
+namespace {
+
+float time_launch(const Launch& l, cudaStream_t s, EventPair& ev) {
+  l(s);  // warm-up
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
+  l(s);
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
+  SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+  float once = 0;
+  SEAM_CUDA_CHECK(cudaEventElapsedTime(&once, ev.start, ev.stop));
+  const int reps = reps_for(once);
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
+  for (int r = 0; r < reps; ++r) l(s);
+  SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
+  SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+  float total = 0;
+  SEAM_CUDA_CHECK(cudaEventElapsedTime(&total, ev.start, ev.stop));
+  return total / static_cast<float>(reps);
+}
+
+}  // namespace
+
+Launch choose_variant(Context& ctx, int step, const std::string& key, std::vector<Variant> variants) {
+  SEAM_ASSERT(ctx.gemm_cache != nullptr && !variants.empty() && is_word(key));
+  for (const Variant& v : variants) SEAM_ASSERT(is_word(v.name) && v.launch);
+  Store& store = *ctx.gemm_cache->impl().store;
+  auto named = [&](const std::string& name) -> const Variant* {
+    for (const Variant& v : variants)
+      if (v.name == name) return &v;
+    return nullptr;
+  };
+  if (ctx.epilogue != EpiloguePolicy::fastest) {
+    const Variant* v = named(ctx.epilogue == EpiloguePolicy::fused ? "fused" : "split");
+    SEAM_ASSERT(v != nullptr);
+    ctx.choices.emplace_back(step, v->name + " (forced)");
+    return v->launch;
+  }
+  {
+    std::lock_guard<std::mutex> lock(store.mu);
+    auto it = store.picks.find(key);
+    if (it != store.picks.end()) {
+      if (const Variant* v = named(it->second.use)) {
+        counters().variant_hits += 1;
+        ctx.choices.emplace_back(step, v->name + " (cached pick)");
+        return v->launch;
+      }
+    }
+  }
+  std::vector<float> ms(variants.size(), 0.0f);
+  {
+    EventPair ev;
+    for (int round = 0; round < 2; ++round)  // the minimum of two rounds evens out noise
+      for (size_t i = 0; i < variants.size(); ++i) {
+        const float t = time_launch(variants[i].launch, ctx.stream, ev);
+        ms[i] = round == 0 ? t : std::min(ms[i], t);
+      }
+  }
+  const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  std::ostringstream note;
+  note << variants[best].name << " (timed:";
+  for (size_t i = 0; i < variants.size(); ++i) note << ' ' << variants[i].name << ' ' << ms[i] << " ms";
+  note << ")";
+  ctx.choices.emplace_back(step, note.str());
+  {
+    std::lock_guard<std::mutex> lock(store.mu);
+    store.picks[key] = Pick{variants[best].name, static_cast<int64_t>(static_cast<double>(ms[best]) * 1e6)};
+    store.dirty = true;
+  }
+  counters().variants_timed += 1;
+  return variants[best].launch;
 }
 
 }  // namespace seam::cuda

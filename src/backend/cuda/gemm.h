@@ -45,7 +45,7 @@ class GemmCache {
 // The workspace every GEMM may use (cuBLAS recommends 32 MiB on Hopper).
 inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 // Heuristic candidates timed per GEMM.
-inline constexpr int kGemmCandidates = 8;
+inline constexpr int kGemmCandidates = 16;
 
 // One GEMM in cuBLASLt's own column-major terms:
 //   D[m, n] = epilogue(op(A) [m, k] . op(B) [k, n]), `batch` times,
@@ -90,6 +90,20 @@ struct GemmEpilogueData {
 Launch prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperands> calls, GemmEpilogueData epilogue,
                     const std::string& what);
 
+// Equivalent ways to compute one step: a GEMM with its epilogue fused, and the plain GEMM
+// followed by separate kernels. Which is faster depends on the shape (some of cuBLASLt's
+// epilogue kernels run well below its plain ones), so each variant is timed on the
+// step's buffers and the fastest kept. The pick is saved with the GEMM algorithms under
+// `key` (one word, no spaces; it names the op, shapes and precision) and used without
+// timing on later runs. Records what it chose in ctx.choices for plan step `step`.
+// Running a variant must only write the step's outputs (timing runs it several times).
+// The variants are named "fused" and "split"; ctx.epilogue may force one of them.
+struct Variant {
+  std::string name;  // one word: "fused", "split"
+  Launch launch;
+};
+Launch choose_variant(Context& ctx, int step, const std::string& key, std::vector<Variant> variants);
+
 // What the GEMM caches of this process did (for tests and diagnostics).
 struct GemmCacheStats {
   int64_t tuned = 0;            // GEMMs whose algorithm was chosen by timing
@@ -98,6 +112,8 @@ struct GemmCacheStats {
   int64_t rejected = 0;         // read from the file but refused by the check or a trial run
   int64_t malformed_lines = 0;  // lines of cache files dropped when read
   int64_t files_written = 0;
+  int64_t variants_timed = 0;   // steps whose variant was chosen by timing
+  int64_t variant_hits = 0;     // steps whose variant came from the table
 };
 GemmCacheStats gemm_cache_stats();
 

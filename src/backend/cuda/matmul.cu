@@ -1,6 +1,9 @@
-// CUDA kernels of the matmul family: every one is a single cuBLASLt GEMM (gemm.h), the
-// bias, activation, activation derivative and bias gradient done by its epilogue. Same
-// semantics as the CPU reference (src/backend/cpu/matmul.cpp).
+// CUDA kernels of the matmul family: every one is a cuBLASLt GEMM (gemm.h). The fused
+// ops (linear_act, linear_act_aux, matmul_act_grad, linear_grad_weight_bias) have two
+// variants: the bias, activation, activation derivative or bias gradient done by the
+// GEMM's epilogue ("fused"), or a plain GEMM (BIAS at most) followed by the ops' own
+// kernels ("split"); choose_variant keeps the faster per shape. Same semantics as the
+// CPU reference (src/backend/cpu/matmul.cpp).
 //
 // All tensors are row-major; cuBLASLt is column-major. A row-major buffer X[r, c] read
 // column-major is the matrix X^T [c, r] with leading dimension c. So row-major
@@ -44,6 +47,84 @@ bool is_relu(const StepArgs& a) {
   if (act != "relu" && act != "gelu_tanh")
     fail(what_of(a), ": act must be relu or gelu_tanh, got '", act, "'");
   return act == "relu";
+}
+
+// --------------------------------------------------------------------------------------
+// The pieces of split variants.
+
+// Prepares `op` on the given tensors as a step of its own: a split variant's kernels are
+// the unfused ops' kernels.
+Launch prepare_op(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in, std::vector<DeviceTensor> out) {
+  PlanStep s{op, std::move(attrs), {}, {}, a.step.name, 0};
+  StepArgs sub{s, a.index, std::move(in), std::move(out), a.ctx};
+  return preparer_for(op)(sub);
+}
+
+// The same buffer seen with another shape of as many elements.
+DeviceTensor as_shape(const DeviceTensor& t, const Shape& shape) {
+  DeviceTensor r{t.data, TensorType{t.dtype(), shape}};
+  SEAM_ASSERT(r.numel() == t.numel());
+  return r;
+}
+
+Launch in_order(std::vector<Launch> parts) {
+  return [parts](cudaStream_t s) {
+    for (const Launch& l : parts) l(s);
+  };
+}
+
+// relu in place on y [rows, n] and its record: bit j of row i set where y > 0, in the
+// layout of relu_mask_row_bytes (padding bits zero). One thread per mask byte.
+__global__ void relu_and_mask(float* y, uint8_t* mask, int64_t rows, int64_t n, int64_t row_bytes) {
+  const int64_t total = rows * row_bytes;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = idx / row_bytes, j0 = (idx - i * row_bytes) * 8;
+    float* row = y + i * n;
+    unsigned bits = 0;
+    for (int t = 0; t < 8 && j0 + t < n; ++t) {
+      const float v = row[j0 + t];
+      if (v > 0.0f) bits |= 1u << t;
+      else row[j0 + t] = 0.0f;
+    }
+    mask[idx] = static_cast<uint8_t>(bits);
+  }
+}
+
+// dx [rows, k] zeroed where the relu record's bit is clear. One thread per mask byte.
+__global__ void apply_relu_mask(float* dx, const uint8_t* mask, int64_t rows, int64_t k, int64_t row_bytes) {
+  const int64_t total = rows * row_bytes;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = idx / row_bytes, j0 = (idx - i * row_bytes) * 8;
+    if (j0 >= k) continue;
+    float* row = dx + i * k;
+    const unsigned bits = mask[idx];
+    for (int t = 0; t < 8 && j0 + t < k; ++t)
+      if (!(bits >> t & 1u)) row[j0 + t] = 0.0f;
+  }
+}
+
+Launch relu_mask_kernel(const Context& ctx, bool apply, float* x, uint8_t* mask, int64_t rows, int64_t n) {
+  const int64_t row_bytes = relu_mask_row_bytes(n);
+  const unsigned blocks = blocks_for(rows * row_bytes, 256, static_cast<int>(grid_cap(ctx)));
+  return [=](cudaStream_t s) {
+    if (apply) apply_relu_mask<<<blocks, 256, 0, s>>>(x, mask, rows, n, row_bytes);
+    else relu_and_mask<<<blocks, 256, 0, s>>>(x, mask, rows, n, row_bytes);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// The pick key of a step: its op, act, shapes and precision.
+std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims) {
+  std::string k = op_name(a.step.op);
+  if (a.step.attrs.has("act")) k += ":" + a.step.attrs.s("act");
+  char sep = ':';
+  for (int64_t d : dims) {
+    k += sep + std::to_string(d);
+    sep = ',';
+  }
+  return k + (a.ctx.tf32 ? ":tf32" : ":fp32");
 }
 
 // --------------------------------------------------------------------------------------
@@ -208,6 +289,22 @@ Launch linear_act(const StepArgs& a) {
   GemmShape g = linear_shape(rows, in, out);
   GemmEpilogueData e;
   if (bias) e.bias = a.in[2].data;
+
+  // Split: y (or, for gelu with a record, the record) = the GEMM with BIAS; then the
+  // activation (and for relu the mask) by a separate kernel.
+  GemmShape gs = g;
+  gs.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  GemmEpilogueData es;
+  es.bias = e.bias;
+  const DeviceTensor& y = a.out[0];
+  const bool pre_in_aux = Aux && !relu;
+  if (pre_in_aux && out % 8 != 0) fail(what_of(a), ": gelu_tanh's record needs out % 8 == 0, got ", out);
+  const DeviceTensor pre = pre_in_aux ? as_shape(a.out[1], y.shape()) : y;
+  Launch gemm = prepare_gemm(a.ctx, gs, {{at(a.in[1]), at(a.in[0]), at(pre)}}, es, what_of(a));
+  Launch act = Aux && relu ? relu_mask_kernel(a.ctx, false, at(y), a.out[1].as<uint8_t>(), rows, out)
+                           : prepare_op(a, relu ? Op::relu : Op::gelu_tanh, {}, {pre}, {y});
+  Launch split = in_order({gemm, act});
+
   if (Aux) {
     const DeviceTensor& aux = a.out[1];
     if (relu) {
@@ -226,7 +323,8 @@ Launch linear_act(const StepArgs& a) {
     g.epilogue = relu ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
                       : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
   }
-  return prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, e, what_of(a));
+  Launch fused = prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, e, what_of(a));
+  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}), {{"fused", fused}, {"split", split}});
 }
 
 // --------------------------------------------------------------------------------------
@@ -257,10 +355,17 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
   g.lda = in;
   g.ldb = out;
   g.ldc = in;
+  const GemmOperands ops{at(a.in[1]), at(a.in[0]), at(a.out[0])};
+  // Split: the plain GEMM, then db = the column sums of dy by the reduction kernel.
+  Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
+  Launch sum = prepare_op(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {a.in[0]},
+                          {a.out[1]});
   g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
   GemmEpilogueData e;
   e.bias = a.out[1].data;
-  return prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, e, what_of(a));
+  Launch fused = prepare_gemm(a.ctx, g, {ops}, e, what_of(a));
+  return choose_variant(a.ctx, a.index, variant_key(a, {m, in, out}),
+                        {{"fused", fused}, {"split", in_order({plain, sum})}});
 }
 
 // --------------------------------------------------------------------------------------
@@ -292,6 +397,10 @@ Launch matmul_act_grad(const StepArgs& a) {
   g.ldb = n;
   g.ldc = k;
   const DeviceTensor& aux = a.in[2];
+  const GemmOperands ops{at(a.in[1]), at(a.in[0]), at(a.out[0])};
+  // Split: the plain GEMM into dx, then dx *= act'(pre) in place by a separate kernel.
+  Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
+  const DeviceTensor& dx = a.out[0];
   if (relu) {
     const int64_t row_bytes = relu_mask_row_bytes(k);
     SEAM_ASSERT(aux.dtype() == DType::u8 && aux.numel() == m * row_bytes);
@@ -303,9 +412,12 @@ Launch matmul_act_grad(const StepArgs& a) {
     g.aux_ld = k;
     g.epilogue = CUBLASLT_EPILOGUE_DGELU;
   }
+  Launch scale = relu ? relu_mask_kernel(a.ctx, true, at(dx), static_cast<uint8_t*>(aux.data), m, k)
+                      : prepare_op(a, Op::gelu_tanh_grad, {}, {dx, as_shape(aux, dx.shape())}, {dx});
   GemmEpilogueData e;
   e.aux = aux.data;
-  return prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, e, what_of(a));
+  Launch fused = prepare_gemm(a.ctx, g, {ops}, e, what_of(a));
+  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k}), {{"fused", fused}, {"split", in_order({plain, scale})}});
 }
 
 }  // namespace

@@ -27,11 +27,16 @@ void* Context::scratch(size_t bytes) {
   return p;
 }
 
-void Context::finish_prepare() {
-  if (workspace_need_ > 0) {
-    SEAM_CUDA_CHECK(cudaMalloc(&workspace_, workspace_need_));
-    workspace_size_ = workspace_need_;
+void Context::need_workspace(size_t bytes) {
+  if (bytes <= workspace_size_) return;
+  if (workspace_) {
+    SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));  // a timed launch may still use it
+    SEAM_CUDA_CHECK(cudaFree(workspace_));
+    workspace_ = nullptr;
+    workspace_size_ = 0;
   }
+  SEAM_CUDA_CHECK(cudaMalloc(&workspace_, bytes));
+  workspace_size_ = bytes;
 }
 
 namespace {
@@ -75,6 +80,7 @@ class CudaBackend : public Backend {
   explicit CudaBackend(CudaOptions o) : sh_(std::make_shared<Shared>()) {
     sh_->tf32 = o.tf32;
     sh_->graph = o.graph;
+    sh_->epilogue = o.epilogue;
     SEAM_CUDA_CHECK(cudaSetDevice(0));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->stream, cudaStreamNonBlocking));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->copy_stream, cudaStreamNonBlocking));

@@ -14,6 +14,7 @@ namespace seam::cuda {
 struct Shared {
   bool tf32 = true;
   bool graph = true;
+  EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   cudaStream_t stream = nullptr;       // compute
   cudaStream_t copy_stream = nullptr;  // host-to-device input uploads
   cublasLtHandle_t lt = nullptr;
