@@ -55,10 +55,12 @@ const char* device_name(Device d);
 Device default_device();
 
 // How a GEMM step with a fused epilogue (bias, activation, activation derivative, bias
-// gradient) runs on the GPU: as one library GEMM with the epilogue, as the plain GEMM
-// followed by separate kernels, or whichever of the two is faster for its shape, timed
-// once and cached (CUDA).
-enum class EpiloguePolicy { fastest, fused, split };
+// gradient) runs on the GPU: as one library GEMM with the epilogue ("fused"), as the
+// plain GEMM followed by separate kernels ("split"; for the weight gradient also
+// "split_t": the GEMM reads a transposed copy of dy, which suits TF32 tensor cores), or
+// whichever is fastest for its shape, timed once and cached (CUDA). Forcing split_t
+// gives split where a step has no such variant.
+enum class EpiloguePolicy { fastest, fused, split, split_t };
 
 struct ModelOptions {
   uint64_t seed = 0;

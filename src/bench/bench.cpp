@@ -74,9 +74,10 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   Var x = g.input("x", {w.batch, w.in});
   Var y = g.input("y", {w.batch}, DType::i32);
   Var loss = cross_entropy(w.net(g, x), y);
-  const EpiloguePolicy epilogue = o.epilogue == "fused"   ? EpiloguePolicy::fused
-                                  : o.epilogue == "split" ? EpiloguePolicy::split
-                                                          : EpiloguePolicy::fastest;
+  const EpiloguePolicy epilogue = o.epilogue == "fused"     ? EpiloguePolicy::fused
+                                  : o.epilogue == "split"   ? EpiloguePolicy::split
+                                  : o.epilogue == "split_t" ? EpiloguePolicy::split_t
+                                                            : EpiloguePolicy::fastest;
   Model m(g, {.seed = 1, .device = dev, .tf32 = true, .cuda_graph = o.graph, .epilogue = epilogue});
   Program p = m.compile({.loss = loss.id(), .optimizer = w.opt});
 

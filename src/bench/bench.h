@@ -17,7 +17,7 @@ struct BenchOptions {
   bool upload = false;                 // upload a new batch from the host every step
   bool breakdown = false;              // also time every plan step alone
   std::string device = "auto";
-  std::string epilogue = "fastest";    // fused GEMM epilogues: fastest, fused or split
+  std::string epilogue = "fastest";    // fused GEMM epilogues: fastest, fused, split, split_t
   std::string csv;                     // also write the results here
 };
 

@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   bench->add_option("--epilogue", bo.epilogue,
                     "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
                     "(fastest), or always one of them")
-      ->check(CLI::IsMember({"fastest", "fused", "split"}));
+      ->check(CLI::IsMember({"fastest", "fused", "split", "split_t"}));
 
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;

@@ -71,8 +71,10 @@ class Context {
   DeviceError* error = nullptr;
   int sm_count = 0;
 
-  // Persistent device memory for one step's own use (zeroed); freed with the plan.
+  // Persistent device memory for one step's own use (zeroed); freed with the plan, or
+  // earlier by release() (a variant that was not chosen).
   void* scratch(size_t bytes);
+  void release(void* p);
   // One workspace shared by all steps (they run one after another on one stream); a
   // launch reads workspace() when it runs. It grows as steps state their needs, at once,
   // so that launches timed while the plan is prepared (choose_variant) can use it.

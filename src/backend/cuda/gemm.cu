@@ -692,11 +692,17 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
       if (v.name == name) return &v;
     return nullptr;
   };
+  auto keep = [&](const Variant* v) {
+    for (const Variant& o : variants)
+      if (&o != v && o.unused) o.unused();
+    return v->launch;
+  };
   if (ctx.epilogue != EpiloguePolicy::fastest) {
     const Variant* v = named(ctx.epilogue == EpiloguePolicy::fused ? "fused" : "split");
+    if (ctx.epilogue == EpiloguePolicy::split_t && named("split_t")) v = named("split_t");
     SEAM_ASSERT(v != nullptr);
     ctx.choices.emplace_back(step, v->name + " (forced)");
-    return v->launch;
+    return keep(v);
   }
   {
     std::lock_guard<std::mutex> lock(store.mu);
@@ -705,7 +711,7 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
       if (const Variant* v = named(it->second.use)) {
         counters().variant_hits += 1;
         ctx.choices.emplace_back(step, v->name + " (cached pick)");
-        return v->launch;
+        return keep(v);
       }
     }
   }
@@ -730,7 +736,7 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
     store.dirty = true;
   }
   counters().variants_timed += 1;
-  return variants[best].launch;
+  return keep(&variants[best]);
 }
 
 }  // namespace seam::cuda

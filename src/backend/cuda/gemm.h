@@ -97,10 +97,11 @@ Launch prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperan
 // `key` (one word, no spaces; it names the op, shapes and precision) and used without
 // timing on later runs. Records what it chose in ctx.choices for plan step `step`.
 // Running a variant must only write the step's outputs (timing runs it several times).
-// The variants are named "fused" and "split"; ctx.epilogue may force one of them.
+// Every step offers "fused" and "split" (some also "split_t"); ctx.epilogue may force one.
 struct Variant {
-  std::string name;  // one word: "fused", "split"
+  std::string name;  // one word: "fused", "split", ...
   Launch launch;
+  std::function<void()> unused = {};  // called if another variant is chosen (frees its memory)
 };
 Launch choose_variant(Context& ctx, int step, const std::string& key, std::vector<Variant> variants);
 

@@ -360,12 +360,26 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
   Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
   Launch sum = prepare_op(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {a.in[0]},
                           {a.out[1]});
+  // Split with dy transposed first (split_t): both operands above are M-major (the sum
+  // runs over the rows), and TF32 tensor-core GEMMs read only K-major B' operands at
+  // full speed. B' = dy^T, row-major [out, M], read column-major is dy [M, out]: op N,
+  // stored [k', n'], ldb = M.
+  const DeviceTensor dyt{a.ctx.scratch(bytes_of(a.in[0])), TensorType{DType::f32, {out, m}}};
+  Launch transpose = prepare_op(a, Op::transpose, Attrs{{"perm", std::vector<int64_t>{1, 0}}}, {a.in[0]}, {dyt});
+  GemmShape gt = g;
+  gt.trans_b = false;
+  gt.ldb = m;
+  Launch plain_t = prepare_gemm(a.ctx, gt, {{at(a.in[1]), at(dyt), at(a.out[0])}}, {}, what_of(a));
   g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
   GemmEpilogueData e;
   e.bias = a.out[1].data;
   Launch fused = prepare_gemm(a.ctx, g, {ops}, e, what_of(a));
+  Context* ctx = &a.ctx;
+  void* scratch = dyt.data;
   return choose_variant(a.ctx, a.index, variant_key(a, {m, in, out}),
-                        {{"fused", fused}, {"split", in_order({plain, sum})}});
+                        {{"fused", fused},
+                         {"split", in_order({plain, sum})},
+                         {"split_t", in_order({transpose, plain_t, sum}), [ctx, scratch] { ctx->release(scratch); }}});
 }
 
 // --------------------------------------------------------------------------------------

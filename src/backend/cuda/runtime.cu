@@ -27,6 +27,14 @@ void* Context::scratch(size_t bytes) {
   return p;
 }
 
+void Context::release(void* p) {
+  auto it = std::find(scratch_.begin(), scratch_.end(), p);
+  SEAM_ASSERT(it != scratch_.end());
+  scratch_.erase(it);
+  SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));  // a timed launch may still use it
+  SEAM_CUDA_CHECK(cudaFree(p));
+}
+
 void Context::need_workspace(size_t bytes) {
   if (bytes <= workspace_size_) return;
   if (workspace_) {
