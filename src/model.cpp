@@ -263,10 +263,13 @@ Program Model::compile(const CompileOptions& o) {
   if (o.fuse) {
     std::vector<ValueId> keep = req.outputs;
     for (auto& [v, slot] : req.grads) keep.push_back(v);
-    FuseResult f = fuse_epilogues(g, keep);
-    g = std::move(f.graph);
-    for (ValueId& v : req.outputs) v = f.map[static_cast<size_t>(v)];
-    for (auto& [v, slot] : req.grads) v = f.map[static_cast<size_t>(v)];
+    for (auto pass : {fuse_epilogues, fuse_losses}) {
+      FuseResult f = pass(g, keep);
+      g = std::move(f.graph);
+      for (ValueId& v : req.outputs) v = f.map[static_cast<size_t>(v)];
+      for (auto& [v, slot] : req.grads) v = f.map[static_cast<size_t>(v)];
+      for (ValueId& v : keep) v = f.map[static_cast<size_t>(v)];
+    }
   }
   return Program(*this, lower(g, layout_, req));
 }

@@ -59,9 +59,38 @@ TEST(Fuse, MlpFusesEveryLayerAndChangesNoBit) {
   // fc1's input gradient is never needed; fc2..fc4's input gradients carry the derivative.
   EXPECT_EQ(count(fused.plan, Op::matmul_act_grad), 3) << fused.plan.str();
   EXPECT_EQ(count(fused.plan, Op::relu_grad) + count(fused.plan, Op::gelu_tanh_grad), 0);
+  // The loss and its gradient: one op.
+  EXPECT_EQ(count(fused.plan, Op::cross_entropy_with_grad), 1) << fused.plan.str();
+  EXPECT_EQ(count(fused.plan, Op::cross_entropy) + count(fused.plan, Op::cross_entropy_grad), 0);
+  EXPECT_EQ(count(plain.plan, Op::cross_entropy_with_grad), 0);
   EXPECT_LT(fused.plan.steps.size(), plain.plan.steps.size());
   EXPECT_EQ(fused.losses, plain.losses);
   EXPECT_EQ(fused.params, plain.params);
+}
+
+// The fused loss keeps ignore_index and label smoothing, and is made only where the
+// incoming gradient exists when the forward runs.
+TEST(Fuse, CrossEntropyFusesWhereItsGradientIsReadyAndChangesNoBit) {
+  for (bool scaled : {false, true}) {
+    SCOPED_TRACE(scaled ? "loss = 0.5 * ce + 0.1 * sum(h)" : "loss = ce");
+    Graph g;
+    Var x = g.input("x", {32, 20});
+    Var y = g.input("y", {32}, DType::i32);
+    Var h = nn::linear(x, 10, "fc");
+    Var ce = cross_entropy(h, y, /*ignore_index=*/7, /*label_smoothing=*/0.1);
+    // Scaled, the loss's gradient reaches cross_entropy_grad through nodes that read the
+    // seed after the forward: the pair cannot be one op there.
+    Var loss = scaled ? add(scale(ce, 0.5), scale(sum(h), 0.1)) : ce;
+    Trained fused = train(g, loss, true, 32, 20), plain = train(g, loss, false, 32, 20);
+    EXPECT_EQ(count(fused.plan, Op::cross_entropy_with_grad), scaled ? 0 : 1) << fused.plan.str();
+    EXPECT_EQ(fused.losses, plain.losses);
+    EXPECT_EQ(fused.params, plain.params);
+    for (auto& s : fused.plan.steps)
+      if (s.op == Op::cross_entropy_with_grad) {
+        EXPECT_EQ(s.attrs.i("ignore_index"), 7);
+        EXPECT_DOUBLE_EQ(s.attrs.f("label_smoothing"), 0.1);
+      }
+  }
 }
 
 TEST(Fuse, BatchedInputFusesThroughReshapes) {

@@ -29,12 +29,6 @@ const std::map<std::string, std::vector<std::string>> kLayers = {
 };
 const std::vector<std::string> kNodeKeys = {"op", "name", "inputs", "input"};
 
-std::vector<std::string> keys_of(const std::map<std::string, std::vector<std::string>>& m) {
-  std::vector<std::string> k;
-  for (auto& [a, b] : m) k.push_back(a);
-  return k;
-}
-
 [[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& name,
                           const std::vector<std::string>& known) {
   std::string near = nearest_names(name, known);

@@ -42,6 +42,20 @@ void register_loss(OpTable& t) {
     d.flops = [](const OpCostCtx& c) { return 4.0 * static_cast<double>(c.in[1].numel()); };
   }
   {
+    OpDef& d = def(t, Op::cross_entropy_with_grad);
+    d.name = "cross_entropy_with_grad";
+    d.inputs = {"logits", "labels", "dy"};
+    d.outputs = {"loss", "dlogits"};
+    d.attrs = def(t, Op::cross_entropy).attrs;
+    d.doc = "cross_entropy and cross_entropy_grad in one pass over the logits (made by fusion)";
+    d.infer = [](const InferCtx& c) {
+      if (!c.shape(2).empty()) c.fail("dy must be a scalar");
+      auto loss = op_def(Op::cross_entropy).infer(c);
+      return std::vector<TensorType>{loss[0], c.type(0)};
+    };
+    d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
+  }
+  {
     OpDef& d = def(t, Op::mse);
     d.name = "mse";
     d.inputs = {"prediction", "target"};

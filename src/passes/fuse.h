@@ -20,4 +20,11 @@ struct FuseResult {
 // `keep`: values that must survive as they are (requested outputs, pinned gradients).
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 
+// Loss fusion: cross_entropy and its cross_entropy_grad (same logits, labels and
+// attributes) become one cross_entropy_with_grad at the forward's place, when the
+// incoming gradient exists by then (an input, an earlier value, or a constant such as
+// the loss's seed, which moves ahead). One read of the logits instead of two, one kernel
+// instead of four on the GPU. (src/passes/fuse_loss.cpp)
+FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
+
 }  // namespace seam

@@ -47,6 +47,9 @@ struct CompareOptions {
   bool tf32 = true;       // the GPU model may use TF32 for f32 GEMMs and convolutions
   bool fuse = true;       // epilogue fusion on both sides
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;  // how the GPU runs fused epilogues
+  // The output is a scalar loss whose own gradients are compared (seed 1), rather than
+  // those of sum(out * random weights): the shape loss fusion needs.
+  bool output_is_loss = false;
 };
 
 // Adds a gtest failure per mismatching tensor; returns the largest relative error seen.

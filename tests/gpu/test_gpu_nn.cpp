@@ -51,21 +51,32 @@ std::string describe(const CeCase& k) {
          ", logits in [" + std::to_string(k.lo) + ", " + std::to_string(k.hi) + ")";
 }
 
+// Twice: as the loss itself (the fused cross_entropy_with_grad, seed 1) and weighted by a
+// random factor (cross_entropy and cross_entropy_grad apart: the weight's gradient is
+// made after the forward).
+// Twice: as the loss itself (the fused cross_entropy_with_grad, seed 1) and weighted by a
+// random factor (cross_entropy and cross_entropy_grad apart: the weight's gradient is
+// made after the forward).
 void compare_cross_entropy(const CeCase& k) {
   SCOPED_TRACE(describe(k));
-  compare_with_cpu(
-      [&](GpuCase& c) {
-        Var z = c.param("logits", k.shape, k.lo, k.hi);
-        const Shape rows(k.shape.begin(), k.shape.end() - 1);
-        const auto classes = static_cast<int32_t>(k.shape.back());
-        std::uniform_int_distribution<int32_t> pick(0, classes - 1);
-        std::vector<int32_t> labels(static_cast<size_t>(numel(rows)));
-        for (auto& l : labels) l = pick(c.rng());
-        for (size_t r : k.ignored) labels.at(r) = static_cast<int32_t>(k.ignore_index);
-        Var l = c.ints("labels", rows, labels);
-        return cross_entropy(z, l, k.ignore_index, k.smoothing);
-      },
-      f32());
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused with its gradient" : "forward and gradient apart");
+    CompareOptions o = f32();
+    o.output_is_loss = fused;
+    compare_with_cpu(
+        [&](GpuCase& c) {
+          Var z = c.param("logits", k.shape, k.lo, k.hi);
+          const Shape rows(k.shape.begin(), k.shape.end() - 1);
+          const auto classes = static_cast<int32_t>(k.shape.back());
+          std::uniform_int_distribution<int32_t> pick(0, classes - 1);
+          std::vector<int32_t> labels(static_cast<size_t>(numel(rows)));
+          for (auto& l : labels) l = pick(c.rng());
+          for (size_t r : k.ignored) labels.at(r) = static_cast<int32_t>(k.ignore_index);
+          Var l = c.ints("labels", rows, labels);
+          return cross_entropy(z, l, k.ignore_index, k.smoothing);
+        },
+        o);
+  }
 }
 
 std::vector<size_t> every_row(size_t n) {
@@ -165,6 +176,8 @@ TEST(GpuLoss, CrossEntropyLargeLogits) {
 TEST(GpuLoss, CrossEntropyManyRows) {
   compare_cross_entropy({.shape = {20000, 10}, .smoothing = 0.1, .ignored = {0, 19999}});
   compare_cross_entropy({.shape = {700, 1100}, .ignored = {3}});
+  // More rows than the single fused launch takes: forward and gradient kernels in turn.
+  compare_cross_entropy({.shape = {70000, 10}, .smoothing = 0.1, .ignored = {5, 69999}});
 }
 
 TEST(GpuLoss, MseMatchesTheCpu) {
@@ -177,40 +190,48 @@ TEST(GpuLoss, MseMatchesTheCpu) {
 // The device reports the label; the next read on the host throws naming it, and clears
 // the report so that a good batch reads normally afterwards.
 TEST(GpuLoss, OutOfRangeLabelThrowsOnRead) {
-  for (int32_t bad : {10, -3, 1000}) {
-    SCOPED_TRACE("label " + std::to_string(bad));
-    Graph g;
-    Var z = g.input("logits", {4, 10});
-    Var l = g.input("labels", {4}, DType::i32);
-    Var loss = cross_entropy(z, l);
-    Model m(g, {.device = Device::cuda});
-    CompileOptions o;
-    o.mode = Mode::eval;
-    o.outputs = {loss.id()};
-    Program p = m.compile(o);
-    std::vector<float> logits(40);
-    for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 7) * 0.25f - 0.5f;
-    std::vector<int32_t> labels = {0, 9, bad, -100};
-    p.set_input("logits", std::span<const float>(logits));
-    p.set_input("labels", std::span<const int32_t>(labels));
-    p.run();
-    try {
-      (void)p.read(loss.name());
-      ADD_FAILURE() << "label " << bad << " did not throw";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("label " + std::to_string(bad)), std::string::npos) << msg;
-      EXPECT_NE(msg.find("row 2"), std::string::npos) << msg;
+  for (bool train : {false, true})  // the forward alone; fused with its gradient
+    for (int32_t bad : {10, -3, 1000}) {
+      SCOPED_TRACE("label " + std::to_string(bad) + (train ? ", training" : ", evaluation"));
+      Graph g;
+      Var z = train ? g.param("logits", {4, 10}, Init::uniform(-1, 1)) : g.input("logits", {4, 10});
+      Var l = g.input("labels", {4}, DType::i32);
+      Var loss = cross_entropy(z, l);
+      Model m(g, {.device = Device::cuda});
+      CompileOptions o;
+      o.mode = train ? Mode::train : Mode::eval;
+      o.outputs = {loss.id()};
+      if (train) o.loss = loss.id(), o.gradients = true;
+      Program p = m.compile(o);
+      std::vector<float> logits(40);
+      for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 7) * 0.25f - 0.5f;
+      std::vector<int32_t> labels = {0, 9, bad, -100};
+      if (train) {
+        int fused = 0;
+        for (auto& s : p.plan().steps) fused += s.op == Op::cross_entropy_with_grad;
+        EXPECT_EQ(fused, 1) << p.plan().str();
+      } else {
+        p.set_input("logits", std::span<const float>(logits));
+      }
+      p.set_input("labels", std::span<const int32_t>(labels));
+      p.run();
+      try {
+        (void)p.read(loss.name());
+        ADD_FAILURE() << "label " << bad << " did not throw";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("label " + std::to_string(bad)), std::string::npos) << msg;
+        EXPECT_NE(msg.find("row 2"), std::string::npos) << msg;
+      }
+      labels[2] = 5;
+      p.set_input("labels", std::span<const int32_t>(labels));
+      p.run();
+      std::vector<float> v;
+      EXPECT_NO_THROW(v = p.read_as<float>(loss.name())) << "the report was not cleared";
+      ASSERT_EQ(v.size(), 1u);
+      EXPECT_TRUE(std::isfinite(v[0]));
+      EXPECT_GT(v[0], 0.f);
     }
-    labels[2] = 5;
-    p.set_input("labels", std::span<const int32_t>(labels));
-    p.run();
-    std::vector<float> v;
-    EXPECT_NO_THROW(v = p.read_as<float>(loss.name())) << "the report was not cleared";
-    ASSERT_EQ(v.size(), 1u);
-    EXPECT_TRUE(std::isfinite(v[0]));
-    EXPECT_GT(v[0], 0.f);
-  }
 }
 
 // ---- layer_norm ----

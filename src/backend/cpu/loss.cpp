@@ -93,6 +93,14 @@ void cross_entropy_grad(const KernelArgs& a) {
   });
 }
 
+// The fused op: the same two kernels in turn, so fused and unfused plans agree bitwise.
+void cross_entropy_with_grad(const KernelArgs& a) {
+  const std::vector<TensorView> fwd_in{a.in[0], a.in[1]}, fwd_out{a.out[0]};
+  cross_entropy({a.step, fwd_in, fwd_out, a.state});
+  const std::vector<TensorView> grad_in{a.in[2], a.in[0], a.in[1]}, grad_out{a.out[1]};
+  cross_entropy_grad({a.step, grad_in, grad_out, a.state});
+}
+
 void mse(const KernelArgs& a) {
   const int64_t n = a.in[0].numel();
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
@@ -125,6 +133,7 @@ void mse_grad(const KernelArgs& a) {
 void register_loss(KernelTable& t) {
   set(t, Op::cross_entropy, cross_entropy);
   set(t, Op::cross_entropy_grad, cross_entropy_grad);
+  set(t, Op::cross_entropy_with_grad, cross_entropy_with_grad);
   set(t, Op::mse, mse);
   set(t, Op::mse_grad, mse_grad);
 }

@@ -225,6 +225,68 @@ __global__ void ce_grad_rows(const float* __restrict__ logits, const int32_t* __
   }
 }
 
+// cross_entropy_with_grad in one launch. The gradient's scale dy / count needs the count
+// of rows that count before any row is written, so every block first counts them
+// itself from the labels (a few KB, against the logits' MB); then each row's loss and
+// gradient come from one read of the row; the last block to finish adds the row losses
+// in row order (deterministic) and re-arms the arrival counter for the next launch.
+template <class G>
+__global__ void ce_with_grad_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+                                  int64_t classes, int64_t ignore_index, double smoothing, const float* __restrict__ dy,
+                                  double* __restrict__ row_loss, unsigned* arrived, float* __restrict__ loss,
+                                  float* __restrict__ dz, DeviceError* err, int step) {
+  const G g{};
+  int64_t count = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    const int32_t l = labels[i];
+    count += static_cast<int64_t>(l) != ignore_index && l >= 0 && l < classes;
+  }
+  count = block_sum(count);
+  const double sc = count > 0 ? static_cast<double>(dy[0]) / static_cast<double>(count) : 0.0;
+  const double off_target = smoothing / static_cast<double>(classes);
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    const int32_t label = labels[r];
+    float* d = dz + r * classes;
+    if (!row_counts(g, label, r, classes, ignore_index, err, step)) {
+      if (g.rank() == 0) row_loss[r] = 0.0;
+      for (int64_t c = g.rank(); c < classes; c += g.size()) d[c] = 0.f;
+      continue;
+    }
+    const float* z = logits + r * classes;
+    float m, s, zsum;
+    if (smoothing != 0.0) row_stats<G, true>(g, z, classes, m, s, zsum);
+    else row_stats<G, false>(g, z, classes, m, s, zsum);
+    if (g.rank() == 0) {
+      const double ls = log(static_cast<double>(s));
+      const double nll = static_cast<double>(m - z[label]) + ls;
+      const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
+      row_loss[r] = (1.0 - smoothing) * nll + smoothing * smooth;
+    }
+#pragma unroll 4
+    for (int64_t c = g.rank(); c < classes; c += g.size()) {
+      const double p = static_cast<double>(expf(z[c] - m)) / static_cast<double>(s);
+      const double target = off_target + (c == label ? 1.0 - smoothing : 0.0);
+      d[c] = static_cast<float>(sc * (p - target));
+    }
+  }
+  // The last block to arrive sees every row_loss (each block's writes are fenced before
+  // it arrives).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrived, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  double total = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) total += __ldcg(row_loss + i);
+  total = block_sum(total);
+  if (threadIdx.x == 0) {
+    loss[0] = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
+    *arrived = 0;
+  }
+}
+
 // mse: per-block partial sums of (p - t)^2 in double, then one block adds them in order.
 __global__ void __launch_bounds__(kThreads)
     mse_partial(const float* __restrict__ p, const float* __restrict__ t, int64_t n, double* __restrict__ partial) {
@@ -334,6 +396,46 @@ Launch prepare_cross_entropy_grad(const StepArgs& a) {
   };
 }
 
+// Every block reads all labels, so the single launch suits batches of up to this many
+// rows; larger ones run the forward and gradient kernels in turn.
+constexpr int64_t kMaxFusedRows = 65536;
+
+Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
+  const DeviceTensor &logits_t = a.in[0], &labels_t = a.in[1], &dy_t = a.in[2];
+  if (labels_t.numel() > kMaxFusedRows) {
+    const StepArgs fwd{a.step, a.index, {logits_t, labels_t}, {a.out[0]}, a.ctx};
+    const StepArgs grad{a.step, a.index, {dy_t, logits_t, labels_t}, {a.out[1]}, a.ctx};
+    Launch f = prepare_cross_entropy(fwd), b = prepare_cross_entropy_grad(grad);
+    return [f, b](cudaStream_t st) {
+      f(st);
+      b(st);
+    };
+  }
+  CeShape c = ce_shape(a, logits_t, labels_t);
+  expect_dtype(a, dy_t, DType::f32);
+  const int sms = std::max(a.ctx.sm_count, 1);
+  // Fewer blocks than the row kernels: each one also reads every label.
+  c.blocks = std::min<unsigned>(c.blocks, static_cast<unsigned>(sms * 2));
+  const float* logits = logits_t.as<float>();
+  const int32_t* labels = labels_t.as<int32_t>();
+  const float* dy = dy_t.as<float>();
+  float* loss = a.out[0].as<float>();
+  float* dz = a.out[1].as<float>();
+  auto* row_loss = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(double)));
+  auto* arrived = static_cast<unsigned*>(a.ctx.scratch(sizeof(unsigned)));
+  DeviceError* err = a.ctx.error;
+  const int step = a.index;
+  return [=](cudaStream_t st) {
+    if (c.warp)
+      ce_with_grad_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(
+          logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, dy, row_loss, arrived, loss, dz, err, step);
+    else
+      ce_with_grad_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(
+          logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, dy, row_loss, arrived, loss, dz, err, step);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
 Launch prepare_mse(const StepArgs& a) {
   expect_f32(a);
   for (auto* t : {&a.in[0], &a.in[1], &a.out[0]}) expect_dtype(a, *t, DType::f32);
@@ -373,6 +475,7 @@ Launch prepare_mse_grad(const StepArgs& a) {
 void register_loss(PreparerTable& t) {
   set(t, Op::cross_entropy, prepare_cross_entropy);
   set(t, Op::cross_entropy_grad, prepare_cross_entropy_grad);
+  set(t, Op::cross_entropy_with_grad, prepare_cross_entropy_with_grad);
   set(t, Op::mse, prepare_mse);
   set(t, Op::mse_grad, prepare_mse_grad);
 }
