@@ -225,23 +225,38 @@ __global__ void ce_grad_rows(const float* __restrict__ logits, const int32_t* __
   }
 }
 
-// cross_entropy_with_grad in one launch. The gradient's scale dy / count needs the count
-// of rows that count before any row is written, so every block first counts them
-// itself from the labels (a few KB, against the logits' MB); then each row's loss and
-// gradient come from one read of the row; the last block to finish adds the row losses
-// in row order (deterministic) and re-arms the arrival counter for the next launch.
-template <class G>
-__global__ void ce_with_grad_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
-                                  int64_t classes, int64_t ignore_index, double smoothing, const float* __restrict__ dy,
-                                  double* __restrict__ row_loss, unsigned* arrived, float* __restrict__ loss,
-                                  float* __restrict__ dz, DeviceError* err, int step) {
-  const G g{};
+// The rows of cross_entropy that count (label a class, not ignore_index), over a block.
+__device__ int64_t block_count_rows(const int32_t* __restrict__ labels, int64_t rows, int64_t classes,
+                                    int64_t ignore_index) {
   int64_t count = 0;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
     const int32_t l = labels[i];
     count += static_cast<int64_t>(l) != ignore_index && l >= 0 && l < classes;
   }
-  count = block_sum(count);
+  return block_sum(count);
+}
+
+// One block: the count for ce_with_grad_rows<G, true>.
+__global__ void __launch_bounds__(kReduceBlock)
+    ce_count(const int32_t* __restrict__ labels, int64_t rows, int64_t classes, int64_t ignore_index,
+             int64_t* __restrict__ count) {
+  const int64_t c = block_count_rows(labels, rows, classes, ignore_index);
+  if (threadIdx.x == 0) count[0] = c;
+}
+
+// cross_entropy_with_grad. The gradient's scale dy / count needs the count of rows that
+// count before any row is written: for a small batch every block counts them itself from
+// the labels (one launch in all); for a large one (every block re-reading every label
+// would cost as much as the logits) ce_count runs first (Counted). Then each row's loss
+// and gradient come from one read of the row; the last block to finish adds the row
+// losses in row order (deterministic) and re-arms the arrival counter for the next launch.
+template <class G, bool Counted>
+__global__ void ce_with_grad_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+                                  int64_t classes, int64_t ignore_index, double smoothing, const float* __restrict__ dy,
+                                  const int64_t* __restrict__ counted, double* __restrict__ row_loss, unsigned* arrived,
+                                  float* __restrict__ loss, float* __restrict__ dz, DeviceError* err, int step) {
+  const G g{};
+  const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? static_cast<double>(dy[0]) / static_cast<double>(count) : 0.0;
   const double off_target = smoothing / static_cast<double>(classes);
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
@@ -396,26 +411,14 @@ Launch prepare_cross_entropy_grad(const StepArgs& a) {
   };
 }
 
-// Every block reads all labels, so the single launch suits batches of up to this many
-// rows; larger ones run the forward and gradient kernels in turn.
-constexpr int64_t kMaxFusedRows = 65536;
+// Up to this many rows, every block counts the labels itself (one launch).
+constexpr int64_t kSelfCountRows = 2048;
 
 Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const DeviceTensor &logits_t = a.in[0], &labels_t = a.in[1], &dy_t = a.in[2];
-  if (labels_t.numel() > kMaxFusedRows) {
-    const StepArgs fwd{a.step, a.index, {logits_t, labels_t}, {a.out[0]}, a.ctx};
-    const StepArgs grad{a.step, a.index, {dy_t, logits_t, labels_t}, {a.out[1]}, a.ctx};
-    Launch f = prepare_cross_entropy(fwd), b = prepare_cross_entropy_grad(grad);
-    return [f, b](cudaStream_t st) {
-      f(st);
-      b(st);
-    };
-  }
-  CeShape c = ce_shape(a, logits_t, labels_t);
+  const CeShape c = ce_shape(a, logits_t, labels_t);
   expect_dtype(a, dy_t, DType::f32);
-  const int sms = std::max(a.ctx.sm_count, 1);
-  // Fewer blocks than the row kernels: each one also reads every label.
-  c.blocks = std::min<unsigned>(c.blocks, static_cast<unsigned>(sms * 2));
+  const bool counted = c.rows > kSelfCountRows;
   const float* logits = logits_t.as<float>();
   const int32_t* labels = labels_t.as<int32_t>();
   const float* dy = dy_t.as<float>();
@@ -423,15 +426,21 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   float* dz = a.out[1].as<float>();
   auto* row_loss = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(double)));
   auto* arrived = static_cast<unsigned*>(a.ctx.scratch(sizeof(unsigned)));
+  auto* count = static_cast<int64_t*>(a.ctx.scratch(sizeof(int64_t)));
   DeviceError* err = a.ctx.error;
   const int step = a.index;
+  auto rows_kernel = [&]() {
+    if (c.warp) return counted ? ce_with_grad_rows<WarpGroup, true> : ce_with_grad_rows<WarpGroup, false>;
+    return counted ? ce_with_grad_rows<BlockGroup, true> : ce_with_grad_rows<BlockGroup, false>;
+  }();
+  const int threads = c.warp ? kWarpBlock : kRowBlock;
   return [=](cudaStream_t st) {
-    if (c.warp)
-      ce_with_grad_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(
-          logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, dy, row_loss, arrived, loss, dz, err, step);
-    else
-      ce_with_grad_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(
-          logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, dy, row_loss, arrived, loss, dz, err, step);
+    if (counted) {
+      ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
+      SEAM_CUDA_LAUNCH_CHECK();
+    }
+    rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, dy,
+                                              count, row_loss, arrived, loss, dz, err, step);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
