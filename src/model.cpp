@@ -93,11 +93,13 @@ const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, c
 
 }  // namespace
 
-Model::Model(Graph graph, ModelOptions options) : graph_(std::move(graph)), device_(options.device) {
+Model::Model(Graph graph, ModelOptions options)
+    : graph_(std::move(graph)), device_(options.device),
+      reuse_gap_(options.device == Device::cuda && options.cuda_streams > 1 ? 1 : 0) {
   graph_.verify();
   layout_ = make_layout(graph_);
   state_.seed = options.seed;
-  backend_ = device_ == Device::cuda ? make_cuda_backend({options.tf32, options.cuda_graph, options.epilogue}) : make_cpu_backend();
+  backend_ = device_ == Device::cuda ? make_cuda_backend({options.tf32, options.cuda_graph, options.epilogue, options.cuda_streams}) : make_cpu_backend();
   storage_ = std::make_unique<Storage>();
   storage_->backend = backend_;
   storage_->params = backend_->alloc(layout_.param_bytes);
@@ -226,6 +228,7 @@ Program Model::compile(const CompileOptions& o) {
   apply_mode(g, o.mode);
   LowerRequest req;
   req.reuse_memory = o.reuse_memory;
+  req.reuse_gap = o.reuse_gap >= 0 ? o.reuse_gap : reuse_gap_;
   for (ValueId id : o.outputs) check_id(id, "output");
   req.outputs = o.outputs;
   if (o.loss >= 0) {

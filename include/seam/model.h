@@ -47,6 +47,9 @@ struct CompileOptions {
   std::vector<ValueId> outputs;              // values to read after a run
   bool reuse_memory = true;                  // false: no arena reuse (planner checks)
   bool fuse = true;                          // GEMM epilogue fusion (src/passes/fuse.h)
+  // Steps between a buffer's last read and the reuse of its space (LowerRequest); -1:
+  // the backend's choice (1 where it runs independent steps concurrently, else 0).
+  int reuse_gap = -1;
 };
 
 enum class Device : uint8_t { cpu, cuda };
@@ -68,6 +71,9 @@ struct ModelOptions {
   bool tf32 = true;        // f32 GEMMs and convolutions may use TF32 tensor cores (CUDA)
   bool cuda_graph = true;  // replay each step as one captured CUDA Graph (CUDA)
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
+  // CUDA streams a step may spread independent steps over (step_dependencies): e.g. a
+  // layer's weight gradient beside the input gradient of the layer below. 1: one stream.
+  int cuda_streams = 4;
 };
 
 class Backend;
@@ -110,6 +116,7 @@ class Model {
   Layout layout_;
   StepState state_;
   Device device_;
+  int reuse_gap_ = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<Storage> storage_;
 };

@@ -73,4 +73,23 @@ struct Plan {
   std::string str() const;  // every step with shapes and offsets, then a summary
 };
 
+// For each step, the earlier steps it must run after: those that write what it reads or
+// writes, and those that read what it writes (the arena reuses memory, so a later step
+// may overwrite an earlier step's input). A step writes its outputs and, in place, its
+// inputs in the state region (running statistics, metrics). Steps that do not depend on
+// each other, directly or through others, may run concurrently. (src/plan/deps.cpp)
+std::vector<std::vector<int>> step_dependencies(const Plan& plan);
+
+// Steps spread over up to `lanes` in-order queues (CUDA streams) so that independent
+// steps can overlap: step j runs on lane[j] after the steps before it on that lane, and
+// after waits[j] (steps on other lanes). Every dependency is honoured that way; a step
+// goes to a lane whose last step it follows anyway where one exists, so few false orders
+// are added. Lanes 0..lanes_used-1 are used.
+struct LaneSchedule {
+  std::vector<int> lane;
+  std::vector<std::vector<int>> waits;
+  int lanes_used = 1;
+};
+LaneSchedule schedule_lanes(const std::vector<std::vector<int>>& deps, int lanes);
+
 }  // namespace seam

@@ -30,6 +30,7 @@ struct ExecStats {
   int kernels = 0;  // kernel launches per step (library calls count their kernels)
   int nodes = 0;    // all operations per step (kernels, copies, memsets)
   bool graph = false;
+  int streams = 1;  // streams the step's work is spread over
   // Where a step had equivalent variants (a fused epilogue or separate kernels): the
   // plan step index and what was chosen, with the times that decided it.
   std::vector<std::pair<int, std::string>> choices;
@@ -69,6 +70,7 @@ struct CudaOptions {
   bool tf32 = true;   // f32 GEMMs and convolutions may use TF32 tensor cores
   bool graph = true;  // replay each step as one captured CUDA Graph
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
+  int streams = 4;    // streams a step may spread independent steps over
 };
 // Throws seam::Error if the build has no CUDA backend or no GPU is usable.
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions options = {});

@@ -78,7 +78,12 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
                                   : o.epilogue == "split"   ? EpiloguePolicy::split
                                   : o.epilogue == "split_t" ? EpiloguePolicy::split_t
                                                             : EpiloguePolicy::fastest;
-  Model m(g, {.seed = 1, .device = dev, .tf32 = true, .cuda_graph = o.graph, .epilogue = epilogue});
+  Model m(g, {.seed = 1,
+              .device = dev,
+              .tf32 = true,
+              .cuda_graph = o.graph,
+              .epilogue = epilogue,
+              .cuda_streams = o.streams});
   Program p = m.compile({.loss = loss.id(), .optimizer = w.opt});
 
   std::mt19937_64 rng(7);
@@ -174,7 +179,8 @@ int run_bench(const BenchOptions& o) {
          "tflops,gbps,gemm_ms\n";
     for (auto& r : results)
       f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
-        << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string()) << "," << r.device << ","
+        << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
+        << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string()) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "\n";
   }

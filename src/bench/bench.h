@@ -17,7 +17,8 @@ struct BenchOptions {
   bool upload = false;                 // upload a new batch from the host every step
   bool breakdown = false;              // also time every plan step alone
   std::string device = "auto";
-  std::string epilogue = "fastest";    // fused GEMM epilogues: fastest, fused, split, split_t
+  std::string epilogue = "fastest";
+  int streams = 4;                     // CUDA streams a step may spread over    // fused GEMM epilogues: fastest, fused, split, split_t
   std::string csv;                     // also write the results here
 };
 

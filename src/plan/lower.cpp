@@ -139,6 +139,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     if (last[v] < -1) last[v] = std::max(first[v], -1);  // produced but unread (extra outputs)
     Lifetime l{g.value(static_cast<ValueId>(v)).type.bytes(), first[v], last[v]};
     if (!req.reuse_memory) l.first = -1, l.last = end;
+    else if (l.last >= 0) l.last = std::min(end, l.last + req.reuse_gap);
     life.push_back(l);
     who.push_back(static_cast<ValueId>(v));
   }

@@ -19,6 +19,11 @@ struct LowerRequest {
   std::vector<std::pair<ValueId, size_t>> grads;
   std::optional<OptimizerConfig> optimizer;
   bool reuse_memory = true;
+  // A buffer's space is reused only this many steps after its last reader, so that a
+  // backend running independent steps concurrently (the CUDA lanes) does not find them
+  // ordered by a shared buffer: in backward, a layer's input gradient would otherwise
+  // take the place of the activation the weight gradient beside it still reads.
+  int reuse_gap = 0;
 };
 
 // Keeps only the nodes the requested values need, places every value, and plans the

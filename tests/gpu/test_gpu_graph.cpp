@@ -38,13 +38,24 @@ TEST(GpuGraph, ReplayMatchesEagerLaunchesAndTheCpu) {
   opt.schedule = {Schedule::Kind::cosine, 3, 1, 0.1, 20, 1e-4};
   opt.clip_norm = 1.0;
 
-  std::vector<std::vector<float>> result[3];
+  // Eager and replayed, on one stream and with independent steps side by side on four.
+  constexpr int kRuns = 5;
+  std::vector<std::vector<float>> result[kRuns];
   const struct {
     Device device;
     bool graph;
-  } runs[3] = {{Device::cpu, false}, {Device::cuda, false}, {Device::cuda, true}};
-  for (int k = 0; k < 3; ++k) {
-    Model m(g, {.seed = 4, .device = runs[k].device, .tf32 = false, .cuda_graph = runs[k].graph});
+    int streams;
+  } runs[kRuns] = {{Device::cpu, false, 1},
+                   {Device::cuda, false, 1},
+                   {Device::cuda, true, 1},
+                   {Device::cuda, false, 4},
+                   {Device::cuda, true, 4}};
+  for (int k = 0; k < kRuns; ++k) {
+    Model m(g, {.seed = 4,
+                .device = runs[k].device,
+                .tf32 = false,
+                .cuda_graph = runs[k].graph,
+                .cuda_streams = runs[k].streams});
     Program p = m.compile({.loss = loss.id(), .optimizer = opt});
     std::vector<int32_t> labels(batch);
     for (int64_t i = 0; i < batch; ++i) labels[static_cast<size_t>(i)] = static_cast<int32_t>(i % 10);
@@ -61,13 +72,19 @@ TEST(GpuGraph, ReplayMatchesEagerLaunchesAndTheCpu) {
       ExecStats st = p.executable().stats();
       EXPECT_EQ(st.graph, runs[k].graph);
       EXPECT_GT(st.kernels, 10);
-      std::printf("kernels per step: %d (%d operations)\n", st.kernels, st.nodes);
+      if (runs[k].streams == 1) EXPECT_EQ(st.streams, 1);
+      else EXPECT_GE(st.streams, 2);  // the backward's weight gradients beside the input gradients
+      std::printf("kernels per step: %d (%d operations) on %d streams\n", st.kernels, st.nodes, st.streams);
     }
   }
-  for (size_t i = 0; i < result[0].size(); ++i) {
-    expect_close(result[2][i], result[1][i], {1e-6, 1e-7}, "graph vs eager, tensor " + std::to_string(i));
+  for (int k = 2; k < kRuns; ++k)
+    for (size_t i = 0; i < result[0].size(); ++i) {
+      const std::string what = std::string(runs[k].graph ? "graph" : "eager") + " on " +
+                               std::to_string(runs[k].streams) + " streams vs eager on one, tensor " + std::to_string(i);
+      expect_close(result[k][i], result[1][i], {1e-6, 1e-7}, what);
+    }
+  for (size_t i = 0; i < result[0].size(); ++i)
     expect_close(result[2][i], result[0][i], {1e-4, 1e-5}, "graph vs cpu, tensor " + std::to_string(i));
-  }
 }
 
 TEST(GpuGraph, LearningRateScheduleAdvancesOnTheDevice) {

@@ -67,8 +67,9 @@ for step in "${steps[@]}"; do
       {
         "$bin/seam" bench --device cuda --csv "$csv/seam_graph.csv" --breakdown
         "$bin/seam" bench --device cuda --no-graph --csv "$csv/seam_eager.csv"
+        "$bin/seam" bench --device cuda --streams 1 --csv "$csv/seam_graph_1stream.csv"
         "$py" bench/compare_torch.py --csv "$csv/torch.csv"
-        "$py" bench/report.py "$csv/seam_graph.csv" "$csv/seam_eager.csv" "$csv/torch.csv"
+        "$py" bench/report.py "$csv"/seam_*.csv "$csv/torch.csv"
         for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done
       } > "$out/bench.log" 2>&1
       note "bench: rc=$?"

@@ -113,6 +113,8 @@ int main(int argc, char** argv) {
                     "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
                     "(fastest), or always one of them")
       ->check(CLI::IsMember({"fastest", "fused", "split", "split_t"}));
+  bench->add_option("--streams", bo.streams, "CUDA streams independent steps may run on side by side (1: one)")
+      ->check(CLI::Range(1, 16));
 
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;

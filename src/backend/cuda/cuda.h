@@ -79,8 +79,13 @@ class Context {
   // launch reads workspace() when it runs. It grows as steps state their needs, at once,
   // so that launches timed while the plan is prepared (choose_variant) can use it.
   void need_workspace(size_t bytes);
-  void* workspace() const { return workspace_; }
+  void* workspace() const { return lane_ == 0 ? workspace_ : lane_workspace_[static_cast<size_t>(lane_ - 1)]; }
   size_t workspace_size() const { return workspace_size_; }
+  // Steps may run on several streams (lanes), each with a workspace of its own: the
+  // executable sets the lane before it enqueues a step, whose launch reads workspace().
+  // add_lanes gives lanes 1..count-1 their workspaces, once every step is prepared.
+  void add_lanes(int count);
+  void set_lane(int lane) { lane_ = lane; }
 
   // What a preparer chose for its step where it had a choice (plan step index -> a line).
   std::vector<std::pair<int, std::string>> choices;
@@ -91,6 +96,8 @@ class Context {
   std::vector<void*> scratch_;
   size_t workspace_size_ = 0;
   void* workspace_ = nullptr;
+  std::vector<void*> lane_workspace_;
+  int lane_ = 0;
 };
 
 struct StepArgs {

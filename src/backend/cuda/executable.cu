@@ -5,6 +5,11 @@
 // starts by copying its landing buffer into the arena (a device copy, inside the graph)
 // and events order the rest. Everything that changes between steps is read from device
 // memory, so the graph stays valid for the whole run.
+//
+// Independent steps run side by side: step_dependencies and schedule_lanes (plan.h) put
+// each step on one of the backend's streams (lanes), with event waits for what it needs
+// from other lanes; captured, that is a graph with parallel branches. Each lane has its
+// own workspace. The optimizer update runs after every lane has joined the first.
 #include <algorithm>
 #include <cstring>
 
@@ -79,6 +84,23 @@ class CudaExecutable : public Executable {
       launches_.push_back(preparer_for(s.op)(a));
     }
     if (plan.optimizer) launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_));
+    sched_ = schedule_lanes(step_dependencies(plan), static_cast<int>(sh_->lanes.size()));
+    ctx_.add_lanes(sched_.lanes_used);
+    signals_.assign(plan.steps.size(), false);
+    for (auto& w : sched_.waits)
+      for (int d : w) signals_[static_cast<size_t>(d)] = true;
+    auto event = [] {
+      cudaEvent_t e = nullptr;
+      SEAM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      return e;
+    };
+    done_.assign(plan.steps.size(), nullptr);
+    for (size_t j = 0; j < plan.steps.size(); ++j)
+      if (signals_[j]) done_[j] = event();
+    if (sched_.lanes_used > 1) {
+      fork_ = event();
+      for (int l = 1; l < sched_.lanes_used; ++l) joined_.push_back(event());
+    }
     std::vector<Launch> once;
     for (size_t i = 0; i < plan.init.size(); ++i) {
       const PlanStep& s = plan.init[i];
@@ -99,6 +121,10 @@ class CudaExecutable : public Executable {
       if (graph_[s]) cudaGraphDestroy(graph_[s]);
       cudaEventDestroy(freed_[s]);
     }
+    for (cudaEvent_t e : done_)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : joined_) cudaEventDestroy(e);
+    if (fork_) cudaEventDestroy(fork_);
     for (auto& in : inputs_)
       for (int s = 0; s < 2; ++s) {
         cudaFreeHost(in.pinned[s]);
@@ -160,6 +186,7 @@ class CudaExecutable : public Executable {
   ExecStats stats() override {
     ExecStats st;
     st.graph = sh_->graph;
+    st.streams = sched_.lanes_used;
     st.choices = ctx_.choices;
     cudaGraph_t g = graph_[0] ? graph_[0] : graph_[1];
     bool own = false;
@@ -220,11 +247,36 @@ class CudaExecutable : public Executable {
   }
 
   // The step reading slot s: the inputs into the arena (always all of them, so a graph
-  // captured before an input was first set still copies it later), then every launch.
+  // captured before an input was first set still copies it later), then every launch on
+  // its lane, the lanes forked from `stream` and joined back before the optimizer.
   void enqueue(int s, cudaStream_t stream) {
     for (auto& in : inputs_)
       SEAM_CUDA_CHECK(cudaMemcpyAsync(in.arena, in.landing[s], in.bytes, cudaMemcpyDeviceToDevice, stream));
-    for (auto& l : launches_) l(stream);
+    const int lanes = sched_.lanes_used;
+    auto lane_stream = [&](int l) { return l == 0 ? stream : sh_->lanes[static_cast<size_t>(l)]; };
+    if (lanes > 1) {
+      SEAM_CUDA_CHECK(cudaEventRecord(fork_, stream));
+      for (int l = 1; l < lanes; ++l) SEAM_CUDA_CHECK(cudaStreamWaitEvent(lane_stream(l), fork_, 0));
+    }
+    struct LaneReset {
+      Context& c;
+      ~LaneReset() { c.set_lane(0); }
+    } reset{ctx_};
+    const size_t n = plan_.steps.size();
+    for (size_t j = 0; j < n; ++j) {
+      const int l = sched_.lane[j];
+      cudaStream_t ls = lane_stream(l);
+      for (int d : sched_.waits[j]) SEAM_CUDA_CHECK(cudaStreamWaitEvent(ls, done_[static_cast<size_t>(d)], 0));
+      ctx_.set_lane(l);
+      launches_[j](ls);
+      if (signals_[j]) SEAM_CUDA_CHECK(cudaEventRecord(done_[j], ls));
+    }
+    ctx_.set_lane(0);
+    for (int l = 1; l < lanes; ++l) {
+      SEAM_CUDA_CHECK(cudaEventRecord(joined_[static_cast<size_t>(l - 1)], lane_stream(l)));
+      SEAM_CUDA_CHECK(cudaStreamWaitEvent(stream, joined_[static_cast<size_t>(l - 1)], 0));
+    }
+    for (size_t k = n; k < launches_.size(); ++k) launches_[k](stream);  // the optimizer
   }
 
   void capture(int s) {
@@ -249,7 +301,12 @@ class CudaExecutable : public Executable {
   Regions r_;
   Context ctx_;
   DeviceError clear_error_;
-  std::vector<Launch> launches_;
+  std::vector<Launch> launches_;  // the plan's steps, then the optimizer if any
+  LaneSchedule sched_;
+  std::vector<bool> signals_;        // step j's completion is waited for on another lane
+  std::vector<cudaEvent_t> done_;    // recorded after step j where signals_[j]
+  std::vector<cudaEvent_t> joined_;  // lane l's last work, for lanes 1..
+  cudaEvent_t fork_ = nullptr;
   std::vector<StagedInput> inputs_;
   int slot_ = 0;
   cudaEvent_t freed_[2] = {};  // compute stream: the step that read slot s is done

@@ -35,7 +35,13 @@ void Context::release(void* p) {
   SEAM_CUDA_CHECK(cudaFree(p));
 }
 
+void Context::add_lanes(int count) {
+  SEAM_ASSERT(lane_workspace_.empty());
+  for (int l = 1; l < count; ++l) lane_workspace_.push_back(workspace_size_ ? scratch(workspace_size_) : nullptr);
+}
+
 void Context::need_workspace(size_t bytes) {
+  SEAM_ASSERT(lane_workspace_.empty());  // every step states its need while prepared
   if (bytes <= workspace_size_) return;
   if (workspace_) {
     SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));  // a timed launch may still use it
@@ -92,6 +98,13 @@ class CudaBackend : public Backend {
     SEAM_CUDA_CHECK(cudaSetDevice(0));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->stream, cudaStreamNonBlocking));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->copy_stream, cudaStreamNonBlocking));
+    if (o.streams < 1 || o.streams > 16) fail("cuda_streams must be in [1, 16], got ", o.streams);
+    sh_->lanes.push_back(sh_->stream);
+    for (int i = 1; i < o.streams; ++i) {
+      cudaStream_t s = nullptr;
+      SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      sh_->lanes.push_back(s);
+    }
     SEAM_CUBLAS_CHECK(cublasLtCreate(&sh_->lt));
     SEAM_CUDNN_CHECK(cudnnCreate(&sh_->dnn));
     SEAM_CUDNN_CHECK(cudnnSetStream(sh_->dnn, sh_->stream));

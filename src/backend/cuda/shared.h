@@ -16,6 +16,7 @@ struct Shared {
   bool graph = true;
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   cudaStream_t stream = nullptr;       // compute
+  std::vector<cudaStream_t> lanes;     // compute: lanes[0] = stream, then the side lanes
   cudaStream_t copy_stream = nullptr;  // host-to-device input uploads
   cublasLtHandle_t lt = nullptr;
   cudnnHandle_t dnn = nullptr;
@@ -24,6 +25,7 @@ struct Shared {
   ~Shared() {
     if (dnn) cudnnDestroy(dnn);
     if (lt) cublasLtDestroy(lt);
+    for (size_t i = 1; i < lanes.size(); ++i) cudaStreamDestroy(lanes[i]);
     if (copy_stream) cudaStreamDestroy(copy_stream);
     if (stream) cudaStreamDestroy(stream);
   }
