@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -394,24 +395,55 @@ struct EventPair {
 // by the event resolution alone.
 int reps_for(float once_ms) { return std::clamp(static_cast<int>(0.3f / std::max(once_ms, 1e-4f)), 2, 30); }
 
-// Milliseconds per run of `al` (all calls), or a negative number if it fails to launch.
-float time_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& al, void* ws, cudaStream_t s, EventPair& ev) {
-  if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;  // warm-up
+// Milliseconds per run of `run` (false: it failed to launch; then -1) as a step runs
+// it: `reps` runs captured into one CUDA Graph and replayed. Timed with host launches, a
+// small GEMM's two-kernel algorithm (split-K and its reduction) or a split variant pays a
+// host launch per kernel that a replayed graph does not, and the fastest eagerly is not
+// the fastest in the step; at large sizes both ways agree.
+float time_runs(const std::function<bool(cudaStream_t)>& run, cudaStream_t s, EventPair& ev) {
+  if (!run(s)) return -1.0f;  // warm-up, and the failures of a candidate
   SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
-  if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;
+  if (!run(s)) return -1.0f;
   SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
   SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
   float once = 0;
   SEAM_CUDA_CHECK(cudaEventElapsedTime(&once, ev.start, ev.stop));
   const int reps = reps_for(once);
-  SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
-  for (int r = 0; r < reps; ++r)
-    if (p.run(al, ws, kGemmWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) return -1.0f;
-  SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
-  SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+  cudaGraph_t graph = nullptr;
+  SEAM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  bool ok = true;
+  try {
+    for (int r = 0; r < reps && ok; ++r) ok = run(s);
+  } catch (...) {
+    cudaStreamEndCapture(s, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  SEAM_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  if (!ok) {
+    cudaGraphDestroy(graph);
+    return -1.0f;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  SEAM_CUDA_CHECK(inst);
   float total = 0;
-  SEAM_CUDA_CHECK(cudaEventElapsedTime(&total, ev.start, ev.stop));
+  cudaError_t e = cudaGraphLaunch(exec, s);  // warm
+  if (e == cudaSuccess) e = cudaEventRecord(ev.start, s);
+  if (e == cudaSuccess) e = cudaGraphLaunch(exec, s);
+  if (e == cudaSuccess) e = cudaEventRecord(ev.stop, s);
+  if (e == cudaSuccess) e = cudaEventSynchronize(ev.stop);
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&total, ev.start, ev.stop);
+  cudaGraphExecDestroy(exec);
+  SEAM_CUDA_CHECK(e);
   return total / static_cast<float>(reps);
+}
+
+// Milliseconds per run of `al` (all calls), or a negative number if it fails to launch.
+float time_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& al, void* ws, cudaStream_t s, EventPair& ev) {
+  return time_runs([&](cudaStream_t st) { return p.run(al, ws, kGemmWorkspaceBytes, st) == CUBLAS_STATUS_SUCCESS; },
+                   s, ev);
 }
 
 std::string describe(const GemmShape& g, bool tf32, const std::string& what) {
@@ -664,21 +696,12 @@ namespace seam::cuda {
 namespace {
 
 float time_launch(const Launch& l, cudaStream_t s, EventPair& ev) {
-  l(s);  // warm-up
-  SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
-  l(s);
-  SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
-  SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
-  float once = 0;
-  SEAM_CUDA_CHECK(cudaEventElapsedTime(&once, ev.start, ev.stop));
-  const int reps = reps_for(once);
-  SEAM_CUDA_CHECK(cudaEventRecord(ev.start, s));
-  for (int r = 0; r < reps; ++r) l(s);
-  SEAM_CUDA_CHECK(cudaEventRecord(ev.stop, s));
-  SEAM_CUDA_CHECK(cudaEventSynchronize(ev.stop));
-  float total = 0;
-  SEAM_CUDA_CHECK(cudaEventElapsedTime(&total, ev.start, ev.stop));
-  return total / static_cast<float>(reps);
+  return time_runs(
+      [&](cudaStream_t st) {
+        l(st);
+        return true;
+      },
+      s, ev);
 }
 
 }  // namespace
