@@ -25,6 +25,25 @@ struct ForwardFusion {
 
 }  // namespace
 
+FuseResult start_rebuild(const Graph& g) {
+  FuseResult r;
+  r.map.assign(g.values().size(), -1);
+  for (size_t v = 0; v < g.values().size(); ++v) {
+    const Value& val = g.values()[v];
+    Graph& ng = r.graph;
+    if (val.kind == ValueKind::input) r.map[v] = ng.input(val.name, val.type.shape, val.type.dtype).id();
+    if (val.kind == ValueKind::param) r.map[v] = ng.param(val.name, val.type.shape, val.init, val.decay, val.type.dtype).id();
+    if (val.kind == ValueKind::state) r.map[v] = ng.state(val.name, val.type.shape, val.init, val.type.dtype).id();
+  }
+  return r;
+}
+
+ValueId mapped(const FuseResult& r, ValueId old) {
+  const ValueId m = r.map[static_cast<size_t>(old)];
+  SEAM_ASSERT(m >= 0);
+  return m;
+}
+
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep_list) {
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
@@ -109,20 +128,9 @@ FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep_list)
   }
 
   // Rebuild, keeping every name.
-  FuseResult r;
+  FuseResult r = start_rebuild(g);
   Graph& ng = r.graph;
-  r.map.assign(g.values().size(), -1);
-  auto map = [&](ValueId v) {
-    ValueId m = r.map[static_cast<size_t>(v)];
-    SEAM_ASSERT(m >= 0);
-    return m;
-  };
-  for (size_t v = 0; v < g.values().size(); ++v) {
-    const Value& val = g.values()[v];
-    if (val.kind == ValueKind::input) r.map[v] = ng.input(val.name, val.type.shape, val.type.dtype).id();
-    if (val.kind == ValueKind::param) r.map[v] = ng.param(val.name, val.type.shape, val.init, val.decay, val.type.dtype).id();
-    if (val.kind == ValueKind::state) r.map[v] = ng.state(val.name, val.type.shape, val.init, val.type.dtype).id();
-  }
+  auto map = [&](ValueId v) { return mapped(r, v); };
   std::vector<ValueId> aux_of(found.size(), -1);
   for (int k = 0; k < nn; ++k) {
     const Node& n = nodes[static_cast<size_t>(k)];

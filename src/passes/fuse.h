@@ -17,6 +17,12 @@ struct FuseResult {
   int forward = 0, backward = 0;  // fusions made
 };
 
+// The start of a pass's rebuild of `g`: a result whose graph holds g's inputs, parameters
+// and states under their names, mapped; nodes are the pass's to add.
+FuseResult start_rebuild(const Graph& g);
+// The new id of an old value that has one by now.
+ValueId mapped(const FuseResult& r, ValueId old);
+
 // `keep`: values that must survive as they are (requested outputs, pinned gradients).
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 

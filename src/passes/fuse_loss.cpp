@@ -37,20 +37,9 @@ FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& /*keep*/) {
     if (p > k) early[static_cast<size_t>(p)] = true;
   }
 
-  FuseResult r;
+  FuseResult r = start_rebuild(g);
   Graph& ng = r.graph;
-  r.map.assign(g.values().size(), -1);
-  auto map = [&](ValueId v) {
-    ValueId m = r.map[static_cast<size_t>(v)];
-    SEAM_ASSERT(m >= 0);
-    return m;
-  };
-  for (size_t v = 0; v < g.values().size(); ++v) {
-    const Value& val = g.values()[v];
-    if (val.kind == ValueKind::input) r.map[v] = ng.input(val.name, val.type.shape, val.type.dtype).id();
-    if (val.kind == ValueKind::param) r.map[v] = ng.param(val.name, val.type.shape, val.init, val.decay, val.type.dtype).id();
-    if (val.kind == ValueKind::state) r.map[v] = ng.state(val.name, val.type.shape, val.init, val.type.dtype).id();
-  }
+  auto map = [&](ValueId v) { return mapped(r, v); };
   std::vector<bool> done(static_cast<size_t>(nn), false);
   auto emit = [&](int k) {
     const Node& n = nodes[static_cast<size_t>(k)];

@@ -135,8 +135,22 @@ __device__ void row_stats(const G& g, const float* __restrict__ z, int64_t class
   if constexpr (WithSum) zsum = g.sum(zsum);
 }
 
-// Per row: (1 - eps) * -log p[label] + eps * mean_c(-log p[c]), with -log p[c] = m + log(s)
-// - z[c]; into row_loss[row] (0 for rows that do not count) and row_used[row] (0 or 1).
+// A counting row's stats (known to every thread of the group) and its loss:
+// (1 - eps) * -log p[label] + eps * mean_c(-log p[c]), with -log p[c] = m + log(s) - z[c].
+template <class G>
+__device__ double row_loss_of(const G& g, const float* __restrict__ z, int32_t label, int64_t classes,
+                              double smoothing, float& m, float& s) {
+  float zsum;
+  if (smoothing != 0.0) row_stats<G, true>(g, z, classes, m, s, zsum);
+  else row_stats<G, false>(g, z, classes, m, s, zsum);
+  const double ls = log(static_cast<double>(s));
+  const double nll = static_cast<double>(m - z[label]) + ls;
+  const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
+  return (1.0 - smoothing) * nll + smoothing * smooth;
+}
+
+// Per row: the loss into row_loss[row] (0 for rows that do not count) and row_used[row]
+// (0 or 1).
 template <class G>
 __global__ void ce_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
                         int64_t classes, int64_t ignore_index, double smoothing, double* __restrict__ row_loss,
@@ -151,15 +165,10 @@ __global__ void ce_rows(const float* __restrict__ logits, const int32_t* __restr
       }
       continue;
     }
-    const float* z = logits + r * classes;
-    float m, s, zsum;
-    if (smoothing != 0.0) row_stats<G, true>(g, z, classes, m, s, zsum);
-    else row_stats<G, false>(g, z, classes, m, s, zsum);
+    float m, s;
+    const double loss = row_loss_of(g, logits + r * classes, label, classes, smoothing, m, s);
     if (g.rank() == 0) {
-      const double ls = log(static_cast<double>(s));
-      const double nll = static_cast<double>(m - z[label]) + ls;
-      const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
-      row_loss[r] = (1.0 - smoothing) * nll + smoothing * smooth;
+      row_loss[r] = loss;
       row_used[r] = 1;
     }
   }
@@ -268,15 +277,9 @@ __global__ void ce_with_grad_rows(const float* __restrict__ logits, const int32_
       continue;
     }
     const float* z = logits + r * classes;
-    float m, s, zsum;
-    if (smoothing != 0.0) row_stats<G, true>(g, z, classes, m, s, zsum);
-    else row_stats<G, false>(g, z, classes, m, s, zsum);
-    if (g.rank() == 0) {
-      const double ls = log(static_cast<double>(s));
-      const double nll = static_cast<double>(m - z[label]) + ls;
-      const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
-      row_loss[r] = (1.0 - smoothing) * nll + smoothing * smooth;
-    }
+    float m, s;
+    const double loss = row_loss_of(g, z, label, classes, smoothing, m, s);
+    if (g.rank() == 0) row_loss[r] = loss;
 #pragma unroll 4
     for (int64_t c = g.rank(); c < classes; c += g.size()) {
       const double p = static_cast<double>(expf(z[c] - m)) / static_cast<double>(s);
