@@ -95,6 +95,10 @@ class Graph {
   // The same with the node's name given (it must be new to the graph); used by passes
   // that rebuild a graph and keep its names.
   std::vector<ValueId> add_named(Op op, const std::vector<ValueId>& inputs, Attrs attrs, const std::string& name);
+  // The same with every output's name given (the node takes the first): a fused node
+  // keeps the names of the values it stands for.
+  std::vector<ValueId> add_named(Op op, const std::vector<ValueId>& inputs, Attrs attrs,
+                                 const std::vector<std::string>& out_names);
   Var add1(Op op, const std::vector<ValueId>& inputs, Attrs attrs = {}) {
     return Var(this, add(op, inputs, std::move(attrs)).at(0));
   }
@@ -134,7 +138,8 @@ class Graph {
 
  private:
   ValueId new_leaf(const std::string& name, TensorType type, ValueKind kind);
-  std::vector<ValueId> add_impl(Op op, const std::vector<ValueId>& inputs, Attrs attrs, std::string name);
+  std::vector<ValueId> add_impl(Op op, const std::vector<ValueId>& inputs, Attrs attrs, std::string name,
+                                const std::vector<std::string>* out_names = nullptr);
   std::string unique_name(const std::string& base);
 
   std::vector<Value> values_;

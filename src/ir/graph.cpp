@@ -158,7 +158,16 @@ std::vector<ValueId> Graph::add_named(Op op, const std::vector<ValueId>& inputs,
   return add_impl(op, inputs, std::move(attrs), name);
 }
 
-std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, Attrs attrs, std::string name) {
+std::vector<ValueId> Graph::add_named(Op op, const std::vector<ValueId>& inputs, Attrs attrs,
+                                     const std::vector<std::string>& out_names) {
+  SEAM_ASSERT(!out_names.empty());
+  for (auto& n : out_names)
+    if (by_name_.count(n)) fail("duplicate node name '", n, "'");
+  return add_impl(op, inputs, std::move(attrs), out_names[0], &out_names);
+}
+
+std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, Attrs attrs, std::string name,
+                                     const std::vector<std::string>* out_names) {
   const OpDef& d = op_def(op);
   for (ValueId id : inputs)
     if (id < 0 || static_cast<size_t>(id) >= values_.size())
@@ -167,7 +176,10 @@ std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, 
   Attrs full = complete_attrs(d, attrs, name);
   InferCtx ctx{*this, op, name, inputs, full};
   std::vector<TensorType> types = d.infer(ctx);
-  SEAM_ASSERT(types.size() == d.outputs.size());
+  // A variadic output list ("ys...") takes as many outputs as shape inference gives.
+  const bool variadic = d.outputs.size() == 1 && d.outputs[0].ends_with("...");
+  SEAM_ASSERT(variadic ? !types.empty() : types.size() == d.outputs.size());
+  SEAM_ASSERT(!out_names || out_names->size() == types.size());
   for (auto& t : types)
     for (int64_t dim : t.shape)
       if (dim <= 0) ctx.fail("produces an empty or negative shape ", t.str());
@@ -177,7 +189,7 @@ std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, 
   for (size_t i = 0; i < types.size(); ++i) {
     Value v;
     v.type = types[i];
-    v.name = i == 0 ? name : name + ":" + d.outputs[i];
+    v.name = out_names ? (*out_names)[i] : i == 0 ? name : name + ":" + (variadic ? std::to_string(i) : d.outputs[i]);
     v.node = node_index;
     v.out_index = static_cast<int>(i);
     auto id = static_cast<ValueId>(values_.size());

@@ -27,6 +27,7 @@ OpTable build() {
   register_norm(t);
   register_conv(t);
   register_pool(t);
+  register_fused_elementwise(t);
   for (size_t i = 0; i < t.size(); ++i) {
     if (!t[i].infer) fail("internal error: op '", kOpNames[i], "' has no schema registered");
     if (t[i].name != kOpNames[i])

@@ -33,4 +33,10 @@ FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 // instead of four on the GPU. (src/passes/fuse_loss.cpp)
 FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
 
+// Elementwise fusion: chains of elementwise ops (ops.def's unary and binary ops and their
+// gradients) whose outputs have one shape, operands broadcasting to it, become one
+// fused_elementwise node; values read outside the chain (or kept) are its outputs and
+// keep their names, the others never reach memory. (src/passes/fuse_elementwise.cpp)
+FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep);
+
 }  // namespace seam

@@ -1,0 +1,160 @@
+// fused_elementwise: its program text and its schema.
+#include "ops/fused_ew.h"
+
+#include <charconv>
+#include <cstdio>
+
+#include "ops/elementwise.h"
+#include "ops/registry.h"
+
+namespace seam {
+
+int ew_arity(Op op) {
+  if (const UnaryInfo* u = unary_info(op)) return op == u->op ? 1 : (u->uses == Uses::N ? 1 : 2);
+  if (const BinaryInfo* b = binary_info(op)) return op == b->op ? 2 : 3;
+  return 0;
+}
+
+const char* ew_attr(Op op) {
+  const UnaryInfo* u = unary_info(op);
+  return u ? u->attr : "";
+}
+
+namespace {
+
+std::string number(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string operand(int a) { return a >= 0 ? "i" + std::to_string(a) : "t" + std::to_string(-a - 1); }
+
+}  // namespace
+
+std::string EwProgram::str() const {
+  std::string s;
+  for (size_t k = 0; k < code.size(); ++k) {
+    const EwInstr& in = code[k];
+    if (k) s += ';';
+    s += op_name(in.op);
+    if (*ew_attr(in.op)) s += "[" + number(in.p) + "]";
+    s += '(';
+    for (size_t j = 0; j < in.args.size(); ++j) s += (j ? "," : "") + operand(in.args[j]);
+    s += ')';
+  }
+  s += "->";
+  for (size_t j = 0; j < outputs.size(); ++j) s += (j ? "," : "") + std::string("t") + std::to_string(outputs[j]);
+  return s;
+}
+
+EwProgram EwProgram::parse(const std::string& text) {
+  EwProgram p;
+  size_t i = 0;
+  auto bad = [&](const std::string& what) {
+    fail("fused_elementwise program, at character ", i, " of '", text, "': ", what);
+  };
+  auto integer = [&]() {
+    size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    int v = 0;
+    auto r = std::from_chars(text.data() + i, text.data() + j, v);
+    if (j == i || r.ec != std::errc()) bad("expected a number");
+    i = j;
+    return v;
+  };
+  auto temp = [&](const char* what) {
+    if (i >= text.size() || text[i] != 't') bad(std::string("expected a temp t<k> ") + what);
+    ++i;
+    const int t = integer();
+    if (t >= static_cast<int>(p.code.size())) bad("temp t" + std::to_string(t) + " is not defined yet");
+    return t;
+  };
+  const size_t arrow = text.find("->");
+  if (arrow == std::string::npos) bad("no '->' before the outputs");
+  while (i < arrow) {
+    size_t j = i;
+    while (j < arrow && text[j] != '(' && text[j] != '[') ++j;
+    const std::string name = text.substr(i, j - i);
+    auto op = parse_op(name);
+    if (!op || ew_arity(*op) == 0) bad("'" + name + "' is not an elementwise op");
+    EwInstr in{*op, 0, {}};
+    i = j;
+    if (*ew_attr(*op)) {
+      if (i >= arrow || text[i] != '[') bad(name + " needs its " + ew_attr(*op) + " in [...]");
+      const size_t close = text.find(']', i);
+      if (close == std::string::npos || close > arrow) bad("unclosed [");
+      const std::string num = text.substr(i + 1, close - i - 1);
+      char* end = nullptr;
+      in.p = std::strtod(num.c_str(), &end);
+      if (num.empty() || *end) bad("'" + num + "' is not a number");
+      i = close + 1;
+    }
+    if (i >= arrow || text[i] != '(') bad("expected '('");
+    ++i;
+    while (true) {
+      if (i < arrow && text[i] == 'i') {
+        ++i;
+        const int k = integer();
+        in.args.push_back(k);
+        p.inputs = std::max(p.inputs, k + 1);
+      } else {
+        in.args.push_back(-temp("or an input i<j>") - 1);
+      }
+      if (i < arrow && text[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i < arrow && text[i] == ')') break;
+      bad("expected ',' or ')'");
+    }
+    ++i;
+    if (static_cast<int>(in.args.size()) != ew_arity(*op))
+      bad(name + " takes " + std::to_string(ew_arity(*op)) + " operand(s), got " + std::to_string(in.args.size()));
+    p.code.push_back(std::move(in));
+    if (i < arrow) {
+      if (text[i] != ';') bad("expected ';'");
+      ++i;
+    }
+  }
+  i = arrow + 2;
+  while (i < text.size()) {
+    p.outputs.push_back(temp("as an output"));
+    if (i < text.size()) {
+      if (text[i] != ',') bad("expected ','");
+      ++i;
+    }
+  }
+  if (p.code.empty() || p.outputs.empty()) bad("a program needs an instruction and an output");
+  return p;
+}
+
+void register_fused_elementwise(OpTable& t) {
+  OpDef& d = def(t, Op::fused_elementwise);
+  d.name = "fused_elementwise";
+  d.inputs = {"xs..."};
+  d.outputs = {"ys..."};
+  d.attrs = {{"program", std::string(), true}};
+  d.doc = "a chain of elementwise ops evaluated per element in one kernel, intermediates never "
+          "stored (made by fusion; the program names the ops)";
+  d.infer = [](const InferCtx& c) {
+    EwProgram p = EwProgram::parse(c.attrs.s("program"));
+    if (p.inputs > static_cast<int>(c.n()))
+      c.fail("the program reads input i", p.inputs - 1, " of ", c.n());
+    Shape shape;
+    for (size_t k = 0; k < c.n(); ++k) {
+      if (c.type(k).dtype != c.type(0).dtype) c.fail("inputs differ in dtype");
+      auto b = broadcast_shapes(shape, c.shape(k));
+      if (!b) c.fail("inputs do not broadcast together");
+      shape = *b;
+    }
+    c.expect_float(0);
+    return std::vector<TensorType>(p.outputs.size(), TensorType{c.type(0).dtype, shape});
+  };
+  d.flops = [](const OpCostCtx& c) {
+    return static_cast<double>(c.out[0].numel()) *
+           static_cast<double>(EwProgram::parse(c.attrs.s("program")).code.size());
+  };
+}
+
+}  // namespace seam

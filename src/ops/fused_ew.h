@@ -1,0 +1,40 @@
+// A fused elementwise group (fused_elementwise): a straight-line program over the
+// elementwise ops of ops.def, evaluated per element of one output shape. Its text form is
+// the op's "program" attribute, so plans print it and every backend reads the same:
+//   relu(i0);mul(t0,i1);scale[0.5](t1)->t1,t2
+// Instruction k defines temp t<k>; an operand is i<j> (the op's input j, broadcast to the
+// output shape) or an earlier t<k>. Ops take their unfused operands in the unfused order
+// (a unary gradient: dy then x or y; a binary gradient: dy, a, b) and a scalar attribute
+// in [...], written so that it reads back to the same double. After "->", the temps
+// written out, one output of the op each.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "seam/op.h"
+
+namespace seam {
+
+struct EwInstr {
+  Op op;
+  double p = 0;           // the op's scalar attribute (0 if it has none)
+  std::vector<int> args;  // >= 0: input index; < 0: temp -(arg + 1)
+};
+
+struct EwProgram {
+  std::vector<EwInstr> code;
+  std::vector<int> outputs;  // temp indices
+  int inputs = 0;            // 1 + the largest input index read
+
+  // Throws seam::Error naming the problem and its position in the text.
+  static EwProgram parse(const std::string& text);
+  std::string str() const;
+};
+
+// Whether an op can be part of a fused elementwise program, and how many operands it
+// takes there (0 if it cannot).
+int ew_arity(Op op);
+// The op's scalar attribute name ("" if none).
+const char* ew_attr(Op op);
+
+}  // namespace seam

@@ -1,0 +1,182 @@
+// Elementwise fusion: chains of elementwise ops of one output shape become one
+// fused_elementwise node whose intermediates never reach memory.
+#include <queue>
+#include <set>
+
+#include "ops/fused_ew.h"
+#include "ops/registry.h"
+#include "passes/fuse.h"
+
+namespace seam {
+
+namespace {
+
+// A node the pass may put in a group: an elementwise op on floats whose operands all
+// broadcast to its output's shape (a binary gradient's output is at dy's shape; its sum
+// over broadcast axes is a separate node).
+bool fusable(const Graph& g, const Node& n) {
+  if (ew_arity(n.op) == 0 || n.out.size() != 1) return false;
+  const TensorType& out = g.value(n.out[0]).type;
+  if (!is_float(out.dtype)) return false;
+  for (ValueId v : n.in) {
+    const TensorType& t = g.value(v).type;
+    if (t.dtype != out.dtype) return false;
+    auto b = broadcast_shapes(t.shape, out.shape);
+    if (!b || *b != out.shape) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_list) {
+  const auto& nodes = g.nodes();
+  const int nn = static_cast<int>(nodes.size());
+  const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
+  std::vector<std::vector<int>> users(g.values().size());
+  for (int k = 0; k < nn; ++k)
+    for (ValueId v : nodes[static_cast<size_t>(k)].in) users[static_cast<size_t>(v)].push_back(k);
+  auto producer = [&](ValueId v) { return g.value(v).node; };
+
+  // 1. Groups, in node order: a node joins the group of one of its operands' producers
+  //    when it has that group's shape and joining makes no cycle: none of its other
+  //    operands depends on the group, where a group counts as one node (it runs as one
+  //    kernel, so whatever one member reads, all of it waits for).
+  std::vector<int> group(static_cast<size_t>(nn), -1);
+  std::vector<std::vector<int>> members;
+  std::vector<Shape> group_shape;
+  auto depends_on = [&](int start, int gid) {  // whether node `start` follows group gid
+    std::vector<int> stack{start};
+    std::vector<bool> seen(static_cast<size_t>(nn), false);
+    seen[static_cast<size_t>(start)] = true;
+    auto visit = [&](int p) {
+      if (p >= 0 && !seen[static_cast<size_t>(p)]) seen[static_cast<size_t>(p)] = true, stack.push_back(p);
+    };
+    while (!stack.empty()) {
+      const int k = stack.back();
+      stack.pop_back();
+      const int h = group[static_cast<size_t>(k)];
+      if (h == gid) return true;
+      if (h >= 0)
+        for (int m : members[static_cast<size_t>(h)]) visit(m);
+      for (ValueId v : nodes[static_cast<size_t>(k)].in) visit(producer(v));
+    }
+    return false;
+  };
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    if (!fusable(g, n)) continue;
+    const Shape& shape = g.value(n.out[0]).type.shape;
+    int join = -1;
+    for (ValueId v : n.in) {
+      const int p = producer(v);
+      if (p < 0 || group[static_cast<size_t>(p)] < 0 || join >= 0) continue;
+      const int gid = group[static_cast<size_t>(p)];
+      if (group_shape[static_cast<size_t>(gid)] != shape) continue;
+      bool safe = true;
+      for (ValueId w : n.in) {
+        const int q = producer(w);
+        if (q >= 0 && group[static_cast<size_t>(q)] != gid && depends_on(q, gid)) safe = false;
+      }
+      if (safe) join = gid;
+    }
+    if (join < 0) {
+      join = static_cast<int>(members.size());
+      members.emplace_back();
+      group_shape.push_back(shape);
+    }
+    group[static_cast<size_t>(k)] = join;
+    members[static_cast<size_t>(join)].push_back(k);
+  }
+  for (int k = 0; k < nn; ++k)  // a group of one node stays that node
+    if (group[static_cast<size_t>(k)] >= 0 && members[static_cast<size_t>(group[static_cast<size_t>(k)])].size() < 2)
+      group[static_cast<size_t>(k)] = -1;
+
+  // 2. Emit items (a node, or a whole group at once) in node order as far as their
+  //    operands allow: a group goes out when its last operand from outside exists.
+  FuseResult r = start_rebuild(g);
+  Graph& ng = r.graph;
+  auto ready = [&](ValueId v) { return r.map[static_cast<size_t>(v)] >= 0; };
+  std::vector<bool> done(static_cast<size_t>(nn), false);
+  auto emit_node = [&](int k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    std::vector<ValueId> in;
+    for (ValueId v : n.in) in.push_back(mapped(r, v));
+    auto out = ng.add_named(n.op, in, n.attrs, n.name);
+    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+    done[static_cast<size_t>(k)] = true;
+  };
+  auto emit_group = [&](int gid) {
+    const auto& ms = members[static_cast<size_t>(gid)];
+    std::vector<ValueId> ext;  // operands from outside, in first-use order
+    std::vector<int> temp_of(g.values().size(), -1);
+    EwProgram prog;
+    for (int k : ms) {
+      const Node& n = nodes[static_cast<size_t>(k)];
+      EwInstr in{n.op, *ew_attr(n.op) ? n.attrs.f(ew_attr(n.op)) : 0.0, {}};
+      for (ValueId v : n.in) {
+        const int t = temp_of[static_cast<size_t>(v)];
+        if (t >= 0) {
+          in.args.push_back(-t - 1);
+          continue;
+        }
+        auto it = std::find(ext.begin(), ext.end(), v);
+        if (it == ext.end()) it = ext.insert(ext.end(), v);
+        in.args.push_back(static_cast<int>(it - ext.begin()));
+      }
+      temp_of[static_cast<size_t>(n.out[0])] = static_cast<int>(prog.code.size());
+      prog.code.push_back(std::move(in));
+    }
+    std::vector<ValueId> outs;
+    std::vector<std::string> names;
+    for (int k : ms) {
+      const ValueId v = nodes[static_cast<size_t>(k)].out[0];
+      bool outside = keep.count(v) > 0;
+      for (int u : users[static_cast<size_t>(v)]) outside = outside || group[static_cast<size_t>(u)] != gid;
+      if (!outside) continue;
+      prog.outputs.push_back(temp_of[static_cast<size_t>(v)]);
+      outs.push_back(v);
+      names.push_back(g.value(v).name);
+    }
+    if (outs.empty()) {  // a dead chain: left as it is, for the lowering to drop
+      for (int k : ms) emit_node(k);
+      return;
+    }
+    std::vector<ValueId> in;
+    for (ValueId v : ext) in.push_back(mapped(r, v));
+    auto made = ng.add_named(Op::fused_elementwise, in, {{"program", prog.str()}}, names);
+    for (size_t i = 0; i < outs.size(); ++i) r.map[static_cast<size_t>(outs[i])] = made[i];
+    for (int k : ms) done[static_cast<size_t>(k)] = true;
+    ++r.forward;
+  };
+  auto can_emit = [&](int k) {
+    const int gid = group[static_cast<size_t>(k)];
+    if (gid < 0) {
+      for (ValueId v : nodes[static_cast<size_t>(k)].in)
+        if (!ready(v)) return false;
+      return true;
+    }
+    for (int m : members[static_cast<size_t>(gid)])
+      for (ValueId v : nodes[static_cast<size_t>(m)].in) {
+        const int p = producer(v);
+        if (!ready(v) && (p < 0 || group[static_cast<size_t>(p)] != gid)) return false;
+      }
+    return true;
+  };
+  // The earliest node not yet emitted whose item can go out: the original order where
+  // it holds, a group as soon as its outside operands exist.
+  for (int first = 0;;) {
+    while (first < nn && done[static_cast<size_t>(first)]) ++first;
+    if (first == nn) break;
+    int pick = -1;
+    for (int k = first; k < nn && pick < 0; ++k)
+      if (!done[static_cast<size_t>(k)] && can_emit(k)) pick = k;
+    SEAM_ASSERT(pick >= 0);  // the grouping admits no cycle
+    const int gid = group[static_cast<size_t>(pick)];
+    if (gid < 0) emit_node(pick);
+    else emit_group(gid);
+  }
+  return r;
+}
+
+}  // namespace seam

@@ -1,0 +1,198 @@
+// Elementwise fusion: the program text, and fused plans that compute bitwise what the
+// unfused ones do (values and gradients) on random elementwise graphs, keep the names of
+// the values read outside, and never close a cycle.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "ops/fused_ew.h"
+#include "seam/seam.h"
+
+using namespace seam;
+
+namespace {
+
+int count(const Plan& p, Op op) {
+  int n = 0;
+  for (auto& s : p.steps) n += s.op == op;
+  return n;
+}
+
+void expect_parse_error(const std::string& text, const std::string& part) {
+  try {
+    (void)EwProgram::parse(text);
+    ADD_FAILURE() << "'" << text << "' parsed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at character"), std::string::npos) << e.what();
+  }
+}
+
+// Bitwise equal, except that any NaN equals any NaN: which operand's NaN an add or mul
+// passes on (and so its sign bit) depends on the order the compiler put them in.
+std::string differences(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+  if (a.size() != b.size()) return "sizes differ";
+  std::string s;
+  for (size_t i = 0; i + 4 <= a.size(); i += 4) {
+    float x, y;
+    std::memcpy(&x, a.data() + i, 4);
+    std::memcpy(&y, b.data() + i, 4);
+    if (std::memcmp(&x, &y, 4) != 0 && !(std::isnan(x) && std::isnan(y)))
+      s += "[" + std::to_string(i / 4) + "] " + std::to_string(x) + " vs " + std::to_string(y) + "\n";
+  }
+  return s;
+}
+
+// Runs `loss` (and reads `outputs` and every parameter's gradient) with fusion on and
+// off; returns the fused plan.
+Plan expect_same_bits(const Graph& g, Var loss, const std::vector<Var>& outputs, const std::string& what) {
+  std::vector<std::vector<std::byte>> got[2];
+  Plan fused_plan;
+  for (bool fuse : {false, true}) {
+    Model m(g, {.seed = 5});
+    CompileOptions o{.loss = loss.id(), .gradients = true, .fuse = fuse};
+    for (Var v : outputs) o.outputs.push_back(v.id());
+    Program p = m.compile(o);
+    for (ValueId id : g.inputs()) {
+      const auto& t = g.value(id).type;
+      std::vector<float> x(static_cast<size_t>(t.numel()));
+      std::mt19937 rng(static_cast<uint32_t>(id));
+      for (auto& v : x) v = std::uniform_real_distribution<float>(-2, 2)(rng);
+      p.set_input(g.value(id).name, std::span<const float>(x));
+    }
+    p.run();
+    auto& r = got[fuse];
+    r.push_back(p.read(loss.name()));
+    for (Var v : outputs) r.push_back(p.read(v.name()));
+    for (ValueId id : g.params()) {
+      auto gr = p.grad_as<float>(g.value(id).name);
+      r.emplace_back(reinterpret_cast<const std::byte*>(gr.data()),
+                     reinterpret_cast<const std::byte*>(gr.data()) + gr.size() * sizeof(float));
+    }
+    if (fuse) fused_plan = p.plan();
+  }
+  EXPECT_EQ(got[0].size(), got[1].size());
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    const std::string d = differences(got[0][i], got[1][i]);
+    EXPECT_TRUE(d.empty()) << what << ": tensor " << i << " differs\n" << d << fused_plan.str();
+  }
+  return fused_plan;
+}
+
+}  // namespace
+
+TEST(FusedProgram, TextRoundTripsAndErrorsNameThePlace) {
+  const std::string text = "scale[0.10000000000000001](i0);mul(t0,i1);relu_grad(t1,i0);pow[-3.5](t2)->t1,t3";
+  EwProgram p = EwProgram::parse(text);
+  EXPECT_EQ(p.code.size(), 4u);
+  EXPECT_EQ(p.inputs, 2);
+  EXPECT_EQ(p.code[0].p, 0.1);
+  EXPECT_EQ(p.code[3].p, -3.5);
+  EXPECT_EQ(p.str(), text);
+  EXPECT_EQ(EwProgram::parse(p.str()).str(), text);
+  expect_parse_error("relu(i0)", "no '->'");
+  expect_parse_error("frobnicate(i0)->t0", "'frobnicate' is not an elementwise op");
+  expect_parse_error("softmax(i0)->t0", "not an elementwise op");
+  expect_parse_error("relu(i0,i1)->t0", "takes 1 operand(s), got 2");
+  expect_parse_error("relu(t0)->t0", "t0 is not defined yet");
+  expect_parse_error("relu(i0)->t1", "t1 is not defined yet");
+  expect_parse_error("scale(i0)->t0", "needs its factor");
+  expect_parse_error("scale[abc](i0)->t0", "'abc' is not a number");
+  expect_parse_error("relu(i0)relu(t0)->t1", "expected ';'");
+  expect_parse_error("->", "needs an instruction");
+}
+
+// Random chains over every elementwise op and its gradients, with broadcast operands;
+// the gradients (chains themselves) fuse too.
+TEST(FuseElementwise, RandomGraphsFuseAndChangeNoBit) {
+  std::mt19937_64 rng(11);
+  int fused_total = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    Graph g;
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 5), cols = 1 + static_cast<int64_t>(rng() % 7);
+    std::vector<Var> pool = {g.param("a", {rows, cols}, Init::uniform(0.1, 2)),
+                             g.param("b", {rows, cols}, Init::uniform(-2, 2)),
+                             g.param("row", {cols}, Init::uniform(0.5, 1.5)),
+                             g.input("x", {rows, cols}), g.input("col", {rows, 1})};
+    auto pick = [&] { return pool[rng() % pool.size()]; };
+    auto full_shape = [&] {
+      for (int k = 0; k < 20; ++k) {
+        Var v = pick();
+        if (v.shape() == Shape{rows, cols}) return v;
+      }
+      return pool[0];
+    };
+    std::vector<Var> made;
+    const int steps = 3 + static_cast<int>(rng() % 10);
+    for (int i = 0; i < steps; ++i) {
+      Var v;
+      switch (rng() % 16) {
+        case 0: v = relu(full_shape()); break;
+        case 1: v = leaky_relu(full_shape(), 0.1); break;
+        case 2: v = sigmoid(full_shape()); break;
+        case 3: v = seam::tanh(full_shape()); break;
+        case 4: v = gelu(full_shape(), rng() % 2 == 0); break;
+        case 5: v = silu(full_shape()); break;
+        case 6: v = seam::exp(scale(full_shape(), 0.25)); break;
+        case 7: v = seam::log(add(seam::exp(full_shape()), full_shape())); break;
+        case 8: v = seam::sqrt(add(mul(full_shape(), full_shape()), pick())); break;
+        case 9: v = pow(full_shape(), 2.0); break;
+        case 10: v = add(full_shape(), pick()); break;
+        case 11: v = sub(pick(), full_shape()); break;
+        case 12: v = mul(full_shape(), pick()); break;
+        case 13: v = div(full_shape(), add(pool[0], pool[2])); break;  // a, row > 0
+        case 14: v = maximum(full_shape(), pick()); break;
+        default: v = minimum(neg(full_shape()), pick()); break;
+      }
+      pool.push_back(v);
+      made.push_back(v);
+    }
+    Var loss = sum(made.back());
+    // One value from the middle read outside as well.
+    const Var middle = made[made.size() / 2];
+    loss = add(loss, mean(middle));
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Plan plan = expect_same_bits(g, loss, {middle}, "trial " + std::to_string(trial));
+    fused_total += count(plan, Op::fused_elementwise);
+  }
+  EXPECT_GT(fused_total, 60);  // most graphs fuse something, forward or backward
+}
+
+// bias add -> gelu -> residual add -> scale, with the gelu read by the caller too: one
+// kernel whose outputs are what is read elsewhere, the gelu's value under its own name.
+TEST(FuseElementwise, ValuesReadOutsideKeepTheirNames) {
+  Graph g;
+  Var x = g.input("x", {8, 16});
+  Var bias = g.param("bias", {16}, Init::uniform(-1, 1));
+  Var h = gelu(add(x, bias), true);
+  Var y = scale(add(h, x), 0.5);
+  const Plan plan = expect_same_bits(g, sum(y), {h}, "mlp block");
+  int groups = 0;
+  for (auto& s : plan.steps)
+    if (s.op == Op::fused_elementwise) {
+      ++groups;
+      if (groups == 1) {
+        // x + bias (gelu's gradient reads it), h (read outside) and y.
+        EXPECT_EQ(s.out.size(), 3u) << plan.str();
+        EXPECT_NE(s.attrs.s("program").find("gelu_tanh"), std::string::npos);
+      }
+    }
+  EXPECT_GE(groups, 1) << plan.str();
+  EXPECT_NE(plan.output(h.name()), nullptr) << plan.str();
+  EXPECT_EQ(count(plan, Op::add) + count(plan, Op::gelu_tanh) + count(plan, Op::scale), 0) << plan.str();
+}
+
+// t = relu(x); s = sum(t, over the last dim); u = t * s: u cannot join t's group (s needs
+// the whole group first); a second chain through both stays acyclic too.
+TEST(FuseElementwise, AChainThatWouldCloseACycleStaysApart) {
+  Graph g;
+  Var x = g.param("x", {4, 6}, Init::uniform(-1, 1));
+  Var t = seam::tanh(relu(x));
+  Var s = sum(t, {1}, /*keepdims=*/true);
+  Var u = sigmoid(mul(t, s));
+  Var v = add(u, t);
+  const Plan plan = expect_same_bits(g, sum(v), {}, "cycle");
+  EXPECT_GE(count(plan, Op::fused_elementwise), 2) << plan.str();
+}
