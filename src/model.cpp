@@ -267,9 +267,7 @@ Program Model::compile(const CompileOptions& o) {
     std::vector<ValueId> keep = req.outputs;
     for (auto& [v, slot] : req.grads) keep.push_back(v);
     std::vector<FuseResult (*)(const Graph&, const std::vector<ValueId>&)> passes = {fuse_epilogues, fuse_losses};
-    // Fused elementwise groups run on the CPU; the CUDA backend has no kernel for them yet
-    // (their generated kernels are the next step), so its plans keep the ops apart.
-    if (device_ == Device::cpu) passes.push_back(fuse_elementwise);
+    passes.push_back(fuse_elementwise);
     for (auto pass : passes) {
       FuseResult f = pass(g, keep);
       g = std::move(f.graph);

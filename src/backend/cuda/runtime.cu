@@ -68,6 +68,7 @@ PreparerTable build() {
   register_batch_norm(t);
   register_conv(t);
   register_pool(t);
+  register_fused_elementwise(t);
   return t;
 }
 

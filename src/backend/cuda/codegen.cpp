@@ -1,0 +1,306 @@
+// Generated kernels for fused_elementwise: source, NVRTC, caches (see codegen.h).
+#include "backend/cuda/codegen.h"
+
+#include <nvrtc.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ew_math_source.h"
+#include "ops/elementwise.h"
+
+namespace seam::cuda {
+
+namespace {
+
+struct Counters {
+  std::atomic<int64_t> compiled{0}, memory_hits{0}, disk_hits{0}, rejected_files{0}, files_written{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+std::string literal(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return std::string("T(") + buf + ")";
+}
+
+std::string operand(const std::string& lane, int a) {
+  return a >= 0 ? "i" + std::to_string(a) + lane : "t" + std::to_string(-a - 1) + lane;
+}
+
+// The statements computing every temp of the program from i<k><lane> into t<k><lane>.
+std::string body(const EwProgram& p, const std::string& lane) {
+  std::ostringstream s;
+  for (size_t k = 0; k < p.code.size(); ++k) {
+    const EwInstr& in = p.code[k];
+    auto arg = [&](size_t j) { return operand(lane, in.args[j]); };
+    const std::string t = "t" + std::to_string(k) + lane;
+    s << "    T " << t << ";\n    {\n";
+    if (const UnaryInfo* u = unary_info(in.op)) {
+      s << "      const T p = " << (*u->attr ? literal(in.p) : "T(0)") << ";\n";
+      if (in.op == u->op) {
+        s << "      const T x = " << arg(0) << ";\n      " << t << " = (" << u->value << ");\n";
+      } else {
+        s << "      const T dy = " << arg(0) << ";\n";
+        s << "      const T x = " << (u->uses == Uses::X ? arg(1) : "T(0)") << ";\n";
+        s << "      const T y = " << (u->uses == Uses::Y ? arg(1) : "T(0)") << ";\n";
+        s << "      " << t << " = (" << u->derivative << ");\n";
+      }
+    } else if (const BinaryInfo* b = binary_info(in.op)) {
+      if (in.op == b->op) {
+        s << "      const T a = " << arg(0) << ", b = " << arg(1) << ";\n      " << t << " = (" << b->value << ");\n";
+      } else {
+        s << "      const T dy = " << arg(0) << ", a = " << arg(1) << ", b = " << arg(2) << ";\n";
+        s << "      " << t << " = (" << (in.op == b->grad_a ? b->da : b->db) << ");\n";
+      }
+    }
+    s << "    }\n";
+  }
+  return s.str();
+}
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string cache_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && xdg[0] == '/') return std::string(xdg) + "/seam/kernels";
+  const char* home = std::getenv("HOME");
+  if (home && home[0] == '/') return std::string(home) + "/.cache/seam/kernels";
+  return {};
+}
+
+constexpr const char* kFileHeader = "seam generated kernel v1";
+
+// Reads a cache file; nullopt (and counted) if it is missing or not to be trusted.
+std::optional<GeneratedKernel> read_cached(const std::string& path, const std::string& key) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  auto reject = [] {
+    counters().rejected_files += 1;
+    return std::nullopt;
+  };
+  std::string header, key_line, info;
+  if (!std::getline(in, header) || header != kFileHeader) return reject();
+  if (!std::getline(in, key_line) || key_line != key) return reject();
+  if (!std::getline(in, info)) return reject();
+  GeneratedKernel k;
+  unsigned long long size = 0, sum = 0;
+  if (std::sscanf(info.c_str(), "registers=%d spill=%d bytes=%llu fnv=%llx", &k.registers, &k.spill_bytes, &size,
+                  &sum) != 4 ||
+      size == 0 || size > (64ull << 20))
+    return reject();
+  k.cubin.resize(size);
+  if (!in.read(k.cubin.data(), static_cast<std::streamsize>(size)) || in.peek() != EOF) return reject();
+  if (fnv1a(k.cubin.data(), k.cubin.size()) != sum) return reject();
+  k.key = key;
+  k.from_disk = true;
+  return k;
+}
+
+// Temp file and rename, so that a reader never sees half a file; errors leave none.
+void write_cached(const std::string& path, const GeneratedKernel& k) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) return;
+  const std::string tmp = path + ".tmp" + std::to_string(static_cast<long long>(getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return;
+    out << kFileHeader << '\n' << k.key << '\n';
+    out << "registers=" << k.registers << " spill=" << k.spill_bytes << " bytes=" << k.cubin.size()
+        << " fnv=" << hex(fnv1a(k.cubin.data(), k.cubin.size())) << '\n';
+    out.write(k.cubin.data(), static_cast<std::streamsize>(k.cubin.size()));
+    out.flush();
+    if (!out) {
+      out.close();
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  else counters().files_written += 1;
+}
+
+#define SEAM_NVRTC_CHECK(expr)                                                                       \
+  do {                                                                                               \
+    nvrtcResult seam_r_ = (expr);                                                                    \
+    if (seam_r_ != NVRTC_SUCCESS) fail(__FILE__, ":", __LINE__, ": ", #expr, " failed: ", nvrtcGetErrorString(seam_r_)); \
+  } while (0)
+
+}  // namespace
+
+std::string EwSignature::key() const {
+  std::string s = "ew sm" + std::to_string(arch) + " vec" + std::to_string(vec) + " in" + std::to_string(inputs) + " out" +
+                  std::to_string(outputs) + " strided=";
+  for (bool b : strided) s += b ? '1' : '0';
+  return s + " program=" + program;
+}
+
+std::string ew_source(const EwSignature& s) {
+  const EwProgram p = EwProgram::parse(s.program);
+  SEAM_ASSERT(s.inputs <= kEwMaxInputs && s.outputs <= kEwMaxOutputs && p.inputs <= s.inputs &&
+              static_cast<int>(p.outputs.size()) == s.outputs && static_cast<int>(s.strided.size()) == s.inputs);
+  std::ostringstream o;
+  o << "// fused_elementwise: " << s.program << "\n";
+  o << "#include \"ew_math.h\"\nusing namespace seam_ew;\ntypedef float T;\n";
+  o << "struct EwArgs {\n  const float* in[" << kEwMaxInputs << "];\n  float* out[" << kEwMaxOutputs
+    << "];\n  long long n, nvec;\n  int rank;\n  long long size[" << kEwMaxDims << "];\n  long long st["
+    << kEwMaxInputs << "][" << kEwMaxDims << "];\n};\n";
+  o << "__device__ __forceinline__ long long seam_off(const EwArgs& g, int k, long long e) {\n"
+       "  long long off = 0;\n"
+       "  for (int d = 0; d < g.rank; ++d) {\n"
+       "    const long long q = e / g.size[d];\n"
+       "    off += (e - q * g.size[d]) * g.st[k][d];\n"
+       "    e = q;\n"
+       "  }\n"
+       "  return off;\n}\n";
+  o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
+  o << "  const long long stride = (long long)gridDim.x * blockDim.x;\n";
+  o << "  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n";
+  if (s.vec == 4) {
+    o << "  for (long long v = first; v < args.nvec; v += stride) {\n";
+    for (int k = 0; k < s.inputs; ++k)
+      o << "    const float4 v" << k << " = reinterpret_cast<const float4*>(args.in[" << k << "])[v];\n";
+    for (int j = 0; j < s.outputs; ++j) o << "    float4 r" << j << ";\n";
+    for (const char* lane : {"x", "y", "z", "w"}) {
+      const std::string l = std::string("_") + lane;
+      o << "  {\n";
+      for (int k = 0; k < s.inputs; ++k) o << "    const T i" << k << l << " = v" << k << "." << lane << ";\n";
+      o << body(p, l);
+      for (int j = 0; j < s.outputs; ++j)
+        o << "    r" << j << "." << lane << " = t" << p.outputs[static_cast<size_t>(j)] << l << ";\n";
+      o << "  }\n";
+    }
+    for (int j = 0; j < s.outputs; ++j) o << "    reinterpret_cast<float4*>(args.out[" << j << "])[v] = r" << j << ";\n";
+    o << "  }\n";
+  }
+  o << "  for (long long e = args.nvec * 4 + first; e < args.n; e += stride) {\n";
+  for (int k = 0; k < s.inputs; ++k)
+    o << "    const T i" << k << " = args.in[" << k << "]["
+      << (s.strided[static_cast<size_t>(k)] ? "seam_off(args, " + std::to_string(k) + ", e)" : "e") << "];\n";
+  o << body(p, "");
+  for (int j = 0; j < s.outputs; ++j)
+    o << "    args.out[" << j << "][e] = t" << p.outputs[static_cast<size_t>(j)] << ";\n";
+  o << "  }\n}\n";
+  return o.str();
+}
+
+GeneratedKernel compile_ew(const EwSignature& s) {
+  const std::string src = ew_source(s);
+  const auto t0 = std::chrono::steady_clock::now();
+  nvrtcProgram prog = nullptr;
+  const char* header = kEwMathSource;
+  const char* header_name = "ew_math.h";
+  SEAM_NVRTC_CHECK(nvrtcCreateProgram(&prog, src.c_str(), "seam_ew.cu", 1, &header, &header_name));
+  struct Destroy {
+    nvrtcProgram& p;
+    ~Destroy() { nvrtcDestroyProgram(&p); }
+  } destroy{prog};
+  const std::string arch = "-arch=sm_" + std::to_string(s.arch) + (s.arch == 90 ? "a" : "");
+  // 177: a variable declared but not read (an op's expression may ignore x, y or p).
+  const char* opts[] = {arch.c_str(), "-Xptxas=-v", "--std=c++17", "-default-device", "--diag-suppress=177"};
+  const nvrtcResult r = nvrtcCompileProgram(prog, 5, opts);
+  size_t log_size = 0;
+  SEAM_NVRTC_CHECK(nvrtcGetProgramLogSize(prog, &log_size));
+  std::string log(log_size, '\0');
+  if (log_size) SEAM_NVRTC_CHECK(nvrtcGetProgramLog(prog, log.data()));
+  if (r != NVRTC_SUCCESS)
+    fail("NVRTC could not compile the fused kernel for '", s.program, "': ", nvrtcGetErrorString(r), "\n", log,
+         "\nsource:\n", src);
+  GeneratedKernel k;
+  k.key = s.key();
+  size_t size = 0;
+  SEAM_NVRTC_CHECK(nvrtcGetCUBINSize(prog, &size));
+  k.cubin.resize(size);
+  SEAM_NVRTC_CHECK(nvrtcGetCUBIN(prog, k.cubin.data()));
+  // "ptxas info : Used 24 registers, ..." and "... 0 bytes spill stores, 0 bytes spill loads"
+  if (auto at = log.find("Used "); at != std::string::npos) k.registers = std::atoi(log.c_str() + at + 5);
+  if (auto at = log.find("bytes spill stores"); at != std::string::npos) {
+    size_t start = log.rfind(',', at);
+    start = start == std::string::npos ? 0 : start + 1;
+    k.spill_bytes = std::atoi(log.c_str() + start);
+  }
+  k.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  counters().compiled += 1;
+  return k;
+}
+
+std::string kernel_cache_file(const EwSignature& s) {
+  const std::string dir = cache_dir();
+  if (dir.empty()) return {};
+  const std::string key = s.key();
+  return dir + "/ew-" + hex(fnv1a(key.data(), key.size())) + ".cubin";
+}
+
+namespace {
+std::mutex table_mu;
+// Never destroyed: executables may be destroyed during static destruction.
+auto* const table = new std::map<std::string, std::shared_ptr<GeneratedKernel>>;
+}  // namespace
+
+void forget_loaded_kernels() {
+  std::lock_guard<std::mutex> lock(table_mu);
+  table->clear();
+}
+
+std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s) {
+  const std::string key = s.key();
+  std::lock_guard<std::mutex> lock(table_mu);
+  if (auto it = table->find(key); it != table->end()) {
+    counters().memory_hits += 1;
+    return it->second;
+  }
+  const std::string path = kernel_cache_file(s);
+  auto load = [](GeneratedKernel& k) {
+    cudaLibrary_t lib = nullptr;
+    const cudaError_t e = cudaLibraryLoadData(&lib, k.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (e != cudaSuccess) return e;
+    return cudaLibraryGetKernel(&k.kernel, lib, "seam_fused_ew");  // the library lives as long as the process
+  };
+  std::optional<GeneratedKernel> k = path.empty() ? std::nullopt : read_cached(path, key);
+  if (k && load(*k) != cudaSuccess) {  // a cubin the driver refuses is not trusted either
+    (void)cudaGetLastError();
+    counters().rejected_files += 1;
+    k.reset();
+  }
+  if (k) {
+    counters().disk_hits += 1;
+  } else {
+    k = compile_ew(s);
+    SEAM_CUDA_CHECK(load(*k));
+    if (!path.empty()) write_cached(path, *k);
+  }
+  auto made = std::make_shared<GeneratedKernel>(std::move(*k));
+  table->emplace(key, made);
+  return made;
+}
+
+KernelCacheStats kernel_cache_stats() {
+  Counters& c = counters();
+  return {c.compiled.load(), c.memory_hits.load(), c.disk_hits.load(), c.rejected_files.load(), c.files_written.load()};
+}
+
+}  // namespace seam::cuda

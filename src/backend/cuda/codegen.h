@@ -1,0 +1,80 @@
+// Generated kernels for fused_elementwise groups: CUDA source written from the group's
+// program and the expressions of seam/ops.def (and ew_math.h), compiled by NVRTC into a
+// cubin for this GPU, once per signature, cached in memory and on disk.
+//
+// The signature: the program text, how many inputs and which of them have the output's
+// shape (read at the element's own index) or are broadcast (read through strides), the
+// output count, the vector width (4: float4 loads and stores when every operand has the
+// output's shape and is 16-byte aligned), and the GPU architecture. Its hash names the
+// file: $XDG_CACHE_HOME/seam/kernels/ew-<hash>.cubin (or ~/.cache/seam/...), holding a
+// header line, the signature, what the compiler reported (registers, spill bytes), the
+// cubin's size and checksum, then the cubin. A file whose header, signature, size or
+// checksum does not match is not trusted: the kernel is compiled again and the file
+// rewritten.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/fused_ew.h"
+
+namespace seam::cuda {
+
+inline constexpr int kEwMaxInputs = 16;
+inline constexpr int kEwMaxOutputs = 8;
+inline constexpr int kEwMaxDims = 8;
+
+// The generated kernel's one parameter; the same struct is written into the source.
+struct EwArgs {
+  const float* in[kEwMaxInputs];
+  float* out[kEwMaxOutputs];
+  long long n;     // output elements
+  long long nvec;  // groups of four handled by the vector loop (0 when vec is 1)
+  int rank;        // dims of the index space, innermost first
+  long long size[kEwMaxDims];
+  long long st[kEwMaxInputs][kEwMaxDims];  // element strides of broadcast inputs
+};
+
+struct EwSignature {
+  std::string program;
+  int inputs = 0, outputs = 0;
+  std::vector<bool> strided;  // per input: read through strides (broadcast)
+  int vec = 1;                // 1 or 4
+  int arch = 90;              // compute capability major * 10 + minor
+  std::string key() const;    // one line, every field
+};
+
+struct GeneratedKernel {
+  std::string key;
+  std::vector<char> cubin;
+  int registers = 0, spill_bytes = 0;
+  double compile_ms = 0;  // 0 when it came from a cache
+  bool from_disk = false;
+  cudaKernel_t kernel = nullptr;  // set once loaded on the GPU
+};
+
+// The CUDA source for a signature (the kernel is named seam_fused_ew).
+std::string ew_source(const EwSignature& s);
+
+// Compiles with NVRTC (no GPU needed); fills cubin, registers, spills and compile_ms.
+// Throws seam::Error with NVRTC's log on failure.
+GeneratedKernel compile_ew(const EwSignature& s);
+
+// The kernel for a signature, loaded: from this process's table, else the disk cache,
+// else compiled (and saved). Thread-safe.
+std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s);
+
+struct KernelCacheStats {
+  int64_t compiled = 0, memory_hits = 0, disk_hits = 0, rejected_files = 0, files_written = 0;
+};
+KernelCacheStats kernel_cache_stats();
+// Forgets the kernels this process loaded (they stay valid), so that the next request
+// goes to the disk cache: for tests of the cache.
+void forget_loaded_kernels();
+// The file a signature is cached in (empty if no cache folder is known).
+std::string kernel_cache_file(const EwSignature& s);
+
+}  // namespace seam::cuda

@@ -1,0 +1,84 @@
+// fused_elementwise on the GPU: a kernel generated for the group's program (codegen.h),
+// launched over the output's elements.
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/codegen.h"
+#include "backend/cuda/cuda.h"
+
+namespace seam::cuda {
+
+namespace {
+
+int current_arch() {
+  int dev = 0, major = 0, minor = 0;
+  SEAM_CUDA_CHECK(cudaGetDevice(&dev));
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major * 10 + minor;
+}
+
+Launch prepare_fused_elementwise(const StepArgs& a) {
+  expect_f32(a);
+  const std::string what = std::string("fused_elementwise '") + a.step.name + "'";
+  if (a.in.size() > static_cast<size_t>(kEwMaxInputs) || a.out.size() > static_cast<size_t>(kEwMaxOutputs))
+    fail(what, ": ", a.in.size(), " inputs and ", a.out.size(), " outputs; a generated kernel takes at most ",
+         kEwMaxInputs, " and ", kEwMaxOutputs);
+  const Shape& os = a.out[0].shape();
+  const int64_t n = a.out[0].numel();
+  if (n == 0) return [](cudaStream_t) {};
+  EwSignature s;
+  s.program = a.step.attrs.s("program");
+  s.inputs = static_cast<int>(a.in.size());
+  s.outputs = static_cast<int>(a.out.size());
+  s.arch = current_arch();
+  EwArgs args{};
+  args.n = n;
+  // The index space, innermost dim first, without size-1 dims; each broadcast input's
+  // element strides over it (0 along the dims it is broadcast on).
+  std::vector<int64_t> dims;
+  for (size_t d = os.size(); d-- > 0;)
+    if (os[d] != 1) dims.push_back(static_cast<int64_t>(d));
+  if (dims.size() > static_cast<size_t>(kEwMaxDims)) fail(what, ": more than ", kEwMaxDims, " dims of size > 1");
+  args.rank = static_cast<int>(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) args.size[i] = os[static_cast<size_t>(dims[i])];
+  bool aligned = true;
+  for (size_t k = 0; k < a.in.size(); ++k) {
+    const Shape& is = a.in[k].shape();
+    const bool strided = is != os;
+    s.strided.push_back(strided);
+    args.in[k] = a.in[k].as<const float>();
+    aligned = aligned && !strided && reinterpret_cast<uintptr_t>(args.in[k]) % 16 == 0;
+    if (!strided) continue;
+    const size_t lead = os.size() - is.size();
+    int64_t stride = 1;
+    std::vector<int64_t> own(os.size(), 0);
+    for (size_t d = is.size(); d-- > 0;) {
+      own[lead + d] = is[d] == 1 ? 0 : stride;
+      stride *= is[d];
+    }
+    for (size_t i = 0; i < dims.size(); ++i) args.st[k][i] = own[static_cast<size_t>(dims[i])];
+  }
+  for (size_t j = 0; j < a.out.size(); ++j) {
+    args.out[j] = a.out[j].as<float>();
+    aligned = aligned && reinterpret_cast<uintptr_t>(args.out[j]) % 16 == 0;
+  }
+  s.vec = aligned && n >= 4 ? 4 : 1;
+  args.nvec = s.vec == 4 ? n / 4 : 0;
+  std::shared_ptr<const GeneratedKernel> k = ew_kernel(s);
+  a.ctx.choices.emplace_back(a.index, "generated kernel: " + std::to_string(k->registers) + " registers, " +
+                                          std::to_string(k->spill_bytes) + " bytes spilled, vector width " +
+                                          std::to_string(s.vec));
+  const unsigned blocks = blocks_for(s.vec == 4 ? std::max<int64_t>(args.nvec, 1) : n, 256, static_cast<int>(grid_cap(a.ctx)));
+  return [k, args, blocks](cudaStream_t st) {
+    EwArgs copy = args;
+    void* params[] = {&copy};
+    SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks), dim3(256), params, 0, st));
+  };
+}
+
+}  // namespace
+
+void register_fused_elementwise(PreparerTable& t) { set(t, Op::fused_elementwise, prepare_fused_elementwise); }
+
+}  // namespace seam::cuda

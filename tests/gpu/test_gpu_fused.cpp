@@ -1,0 +1,187 @@
+// Generated kernels of fused_elementwise groups: against the CPU on random chains of every
+// elementwise op (forward and their gradients, broadcast operands, awkward sizes), and the
+// kernel cache: a hit compiles nothing, a new signature compiles, a corrupt file is rebuilt.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "backend/backend.h"
+#include "backend/cuda/codegen.h"
+#include "gpu_check.h"
+
+using namespace seam;
+using namespace seam::gpu_testing;
+
+namespace {
+
+int count(const Plan& p, Op op) {
+  int n = 0;
+  for (auto& s : p.steps) n += s.op == op;
+  return n;
+}
+
+// A random chain over [rows, cols] operands, [cols] and [rows, 1] broadcasts included.
+Var random_chain(GpuCase& c, std::mt19937_64& rng, const Shape& shape) {
+  const Shape row{shape.back()}, col{shape[0], 1};
+  std::vector<Var> pool = {c.param("a", shape, 0.1, 2), c.param("b", shape, -2, 2), c.param("row", row, 0.5, 1.5),
+                           c.data("x", shape, -2, 2), c.data("col", col, -1, 1)};
+  auto pick = [&] { return pool[rng() % pool.size()]; };
+  auto full = [&] {
+    for (int k = 0; k < 20; ++k) {
+      Var v = pick();
+      if (v.shape() == shape) return v;
+    }
+    return pool[0];
+  };
+  const int steps = 3 + static_cast<int>(rng() % 8);
+  for (int i = 0; i < steps; ++i) {
+    Var v;
+    switch (rng() % 12) {
+      case 0: v = relu(full()); break;
+      case 1: v = sigmoid(full()); break;
+      case 2: v = seam::tanh(full()); break;
+      case 3: v = gelu(full(), rng() % 2 == 0); break;
+      case 4: v = silu(full()); break;
+      case 5: v = seam::exp(scale(full(), 0.25)); break;
+      case 6: v = add(full(), pick()); break;
+      case 7: v = sub(pick(), full()); break;
+      case 8: v = mul(full(), pick()); break;
+      case 9: v = div(full(), add(pool[0], pool[2])); break;
+      case 10: v = maximum(full(), pick()); break;
+      default: v = leaky_relu(neg(full()), 0.2); break;
+    }
+    pool.push_back(v);
+  }
+  return pool.back();
+}
+
+CompareOptions tolerant() {
+  CompareOptions o;
+  o.tol = {1e-4, 1e-5};  // chains of transcendental ops, each within a few ulps of the CPU's
+  return o;
+}
+
+class TempCache {
+ public:
+  TempCache() {
+    dir_ = (std::filesystem::temp_directory_path() / ("seam-kernels-" + std::to_string(::getpid()))).string();
+    std::filesystem::remove_all(dir_);
+    const char* old = std::getenv("XDG_CACHE_HOME");
+    if (old) old_ = old, had_ = true;
+    setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
+  }
+  ~TempCache() {
+    if (had_) setenv("XDG_CACHE_HOME", old_.c_str(), 1);
+    else unsetenv("XDG_CACHE_HOME");
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::vector<std::string> kernel_files() const {
+    std::vector<std::string> f;
+    std::error_code ec;
+    for (auto& e : std::filesystem::directory_iterator(dir_ + "/seam/kernels", ec)) f.push_back(e.path().string());
+    return f;
+  }
+
+ private:
+  std::string dir_, old_;
+  bool had_ = false;
+};
+
+}  // namespace
+
+TEST(GpuFused, GeneratedKernelsMatchTheCpu) {
+  std::mt19937_64 rng(3);
+  const std::vector<Shape> shapes = {{1, 1}, {3, 7}, {5, 129}, {64, 100}, {999, 1027}};
+  for (int trial = 0; trial < 30; ++trial) {
+    const Shape shape = shapes[static_cast<size_t>(trial) % shapes.size()];
+    const uint64_t seed = rng();
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", " + shape_str(shape));
+    compare_with_cpu(
+        [&](GpuCase& c) {
+          std::mt19937_64 r(seed);
+          return random_chain(c, r, shape);
+        },
+        tolerant());
+  }
+  // And the GPU plans do use generated kernels.
+  GpuCase c;
+  std::mt19937_64 r(5);
+  Var y = random_chain(c, r, {8, 16});
+  Var loss = sum(mul(y, y));
+  Model m(c.g, {.device = Device::cuda});
+  Program p = m.compile({.loss = loss.id(), .gradients = true});
+  EXPECT_GT(count(p.plan(), Op::fused_elementwise), 0) << p.plan().str();
+}
+
+TEST(GpuFused, KernelCacheHitsCompilesNewSignaturesAndRebuildsCorruptFiles) {
+  TempCache cache;
+  cuda::forget_loaded_kernels();
+  // A factor no other test uses, so that the first compile is this test's.
+  std::random_device rd;
+  const double factor = 1.0 + static_cast<double>(rd() % 100000) * 1e-6;
+  auto run = [&](double f) {
+    return compare_with_cpu(
+        [&](GpuCase& c) {
+          Var x = c.param("x", {33, 65}, -1, 1);
+          return seam::tanh(add(scale(sigmoid(x), f), x));
+        },
+        tolerant());
+  };
+  auto stats = [] { return cuda::kernel_cache_stats(); };
+  const auto s0 = stats();
+  run(factor);
+  const auto s1 = stats();
+  EXPECT_GT(s1.compiled, s0.compiled);
+  EXPECT_GT(s1.files_written, s0.files_written);
+  const auto files = cache.kernel_files();
+  ASSERT_FALSE(files.empty());
+
+  // The same graph again: from this process's table, nothing compiled.
+  run(factor);
+  const auto s2 = stats();
+  EXPECT_EQ(s2.compiled, s1.compiled);
+  EXPECT_GT(s2.memory_hits, s1.memory_hits);
+
+  // A new process's view: the table forgotten, the files read back, nothing compiled.
+  cuda::forget_loaded_kernels();
+  run(factor);
+  const auto s3 = stats();
+  EXPECT_EQ(s3.compiled, s2.compiled);
+  EXPECT_GT(s3.disk_hits, s2.disk_hits);
+
+  // Another signature (another factor in the program) compiles a new kernel.
+  run(factor + 0.5);
+  const auto s4 = stats();
+  EXPECT_GT(s4.compiled, s3.compiled);
+
+  // Corrupt every file: a flipped byte in the cubin, or a cut file. Nothing is trusted:
+  // each is rejected, compiled again, rewritten, and the results stay right.
+  int k = 0;
+  for (const auto& f : cache.kernel_files()) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(0, std::ios::end);
+    const auto size = static_cast<std::streamoff>(io.tellg());
+    if (k++ % 2 == 0) {
+      io.seekp(size - 10);
+      io.put('\x5a');
+    } else {
+      io.close();
+      std::filesystem::resize_file(f, static_cast<uintmax_t>(size / 2));
+    }
+  }
+  cuda::forget_loaded_kernels();
+  run(factor);
+  run(factor + 0.5);
+  const auto s5 = stats();
+  EXPECT_GE(s5.rejected_files - s4.rejected_files, 2);
+  EXPECT_GE(s5.compiled - s4.compiled, 2);
+  // Rewritten and good again.
+  cuda::forget_loaded_kernels();
+  run(factor);
+  const auto s6 = stats();
+  EXPECT_EQ(s6.compiled, s5.compiled);
+  EXPECT_EQ(s6.rejected_files, s5.rejected_files);
+}
