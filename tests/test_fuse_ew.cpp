@@ -8,6 +8,7 @@
 #include <random>
 
 #include "ops/fused_ew.h"
+#include "plan/explain.h"
 #include "seam/seam.h"
 
 using namespace seam;
@@ -195,4 +196,34 @@ TEST(FuseElementwise, AChainThatWouldCloseACycleStaysApart) {
   Var v = add(u, t);
   const Plan plan = expect_same_bits(g, sum(v), {}, "cycle");
   EXPECT_GE(count(plan, Op::fused_elementwise), 2) << plan.str();
+}
+
+// `seam plan`'s table: each kernel with what it covers and why, and the totals against the
+// unfused plan; with CUDA in the build, the generated kernel's registers from NVRTC.
+TEST(ExplainPlan, NamesWhatEachKernelCoversAndTheSavings) {
+  Graph g;
+  Var x = g.input("x", {64, 32});
+  Var bias = g.param("bias", {32}, Init::uniform(-1, 1));
+  Var y = scale(seam::tanh(add(x, bias)), 0.5);
+  Var loss = sum(y);
+  Model m(g);
+  Program fused = m.compile({.loss = loss.id(), .gradients = true});
+  Program plain = m.compile({.loss = loss.id(), .gradients = true, .fuse = false});
+  const std::string text = explain_plan(fused.plan(), plain.plan(), DeviceModel{}, true);
+  EXPECT_NE(text.find("add+tanh+scale"), std::string::npos) << text;
+  EXPECT_NE(text.find("fused: 3 elementwise ops in one pass"), std::string::npos) << text;
+  const size_t at = text.find("fusion: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  int before = 0, after = 0;
+  ASSERT_EQ(std::sscanf(text.c_str() + at, "fusion: %d -> %d kernels", &before, &after), 2) << text;
+  EXPECT_EQ(before, static_cast<int>(plain.plan().steps.size()));
+  EXPECT_EQ(after, static_cast<int>(fused.plan().steps.size()));
+  EXPECT_LT(after, before);
+#ifdef SEAM_HAS_CUDA
+  // The registers column holds a number for the generated kernel.
+  const size_t row = text.find("fused_elementwise");
+  ASSERT_NE(row, std::string::npos) << text;
+  const std::string line = text.substr(row, text.find('\n', row) - row);
+  EXPECT_EQ(line.find("  -      -  "), std::string::npos) << line;
+#endif
 }

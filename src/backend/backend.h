@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <span>
 #include <vector>
@@ -72,6 +73,14 @@ struct CudaOptions {
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   int streams = 4;    // streams a step may spread independent steps over
 };
+// What the compiler reports for the generated kernel of a fused_elementwise step (NVRTC,
+// for the GPU present or sm_90 without one); nullopt in a build without CUDA.
+struct GeneratedKernelReport {
+  int registers = 0, spill_bytes = 0;
+  double compile_ms = 0;  // 0: it came from a cache
+};
+std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& step);
+
 // Throws seam::Error if the build has no CUDA backend or no GPU is usable.
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions options = {});
 // Whether make_cuda_backend would find a GPU (cheap: creates no context or handles).

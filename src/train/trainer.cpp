@@ -2,6 +2,7 @@
 // metrics and checkpoints. A checkpoint holds everything the next step depends on
 // (parameters, optimizer moments, running statistics, the step counter, the position in
 // the data order and the epoch's running sums), so a resumed run continues bitwise.
+#include "plan/explain.h"
 #include "train/trainer.h"
 
 #include <atomic>
@@ -397,6 +398,16 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
                    : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
   std::printf("%s (%s step, batch %lld, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training", static_cast<long long>(B),
               device_name(model.device()), p.plan().str().c_str());
+  // The same step without fusion, for the before/after totals.
+  CompileOptions plain = eval ? CompileOptions{.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}, .fuse = false}
+                              : CompileOptions{.mode = Mode::train,
+                                               .loss = bg.loss,
+                                               .optimizer = spec.optimizer,
+                                               .outputs = {bg.loss, bg.prediction},
+                                               .fuse = false};
+  Model cpu_model(bg.graph, {.seed = spec.seed});
+  Program unfused = cpu_model.compile(plain);
+  std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true).c_str());
   return 0;
 }
 

@@ -2,6 +2,7 @@
 // launched over the output's elements.
 #include <string>
 
+#include "backend/backend.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/cuda.h"
@@ -82,3 +83,33 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
 void register_fused_elementwise(PreparerTable& t) { set(t, Op::fused_elementwise, prepare_fused_elementwise); }
 
 }  // namespace seam::cuda
+
+namespace seam {
+
+// The kernel as the GPU would get it, assuming operands that broadcast are read through
+// strides and the others vectorized (alignment is known only when prepared); for the GPU
+// present, or sm_90 when there is none. Compiling needs no GPU.
+std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& step) {
+  if (step.op != Op::fused_elementwise) return std::nullopt;
+  cuda::EwSignature s;
+  s.program = step.attrs.s("program");
+  s.inputs = static_cast<int>(step.in.size());
+  s.outputs = static_cast<int>(step.out.size());
+  bool all_full = true;
+  for (auto& b : step.in) {
+    s.strided.push_back(b.type.shape != step.out[0].type.shape);
+    all_full = all_full && !s.strided.back();
+  }
+  s.vec = all_full ? 4 : 1;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+    s.arch = major * 10 + minor;
+  else
+    (void)cudaGetLastError();
+  const cuda::GeneratedKernel k = cuda::compile_ew(s);
+  return GeneratedKernelReport{k.registers, k.spill_bytes, k.compile_ms};
+}
+
+}  // namespace seam

@@ -1,0 +1,129 @@
+// `seam plan`'s account of a step: what each kernel covers, what it moves and computes,
+// a roofline estimate, and why it was fused or not; then the totals against the plan
+// compiled without fusion.
+#include "plan/explain.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "ops/elementwise.h"
+#include "ops/fused_ew.h"
+
+namespace seam {
+
+namespace {
+
+bool is_library(Op op) {
+  switch (op) {
+    case Op::matmul: case Op::linear: case Op::linear_act: case Op::linear_act_aux: case Op::matmul_act_grad:
+    case Op::linear_grad_weight_bias: case Op::conv2d: case Op::conv2d_grad_input: case Op::conv2d_grad_weight:
+    case Op::batch_norm: case Op::batch_norm_grad:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool on_tensor_cores(Op op) { return is_library(op) && op != Op::batch_norm && op != Op::batch_norm_grad; }
+
+double step_bytes(const PlanStep& s) {
+  double b = 0;
+  for (auto& r : s.in) b += static_cast<double>(r.bytes());
+  for (auto& r : s.out) b += static_cast<double>(r.bytes());
+  return b;
+}
+
+std::string covers(const PlanStep& s) {
+  const std::string act = s.attrs.has("act") ? s.attrs.s("act") : "";
+  switch (s.op) {
+    case Op::fused_elementwise: {
+      const EwProgram p = EwProgram::parse(s.attrs.s("program"));
+      std::string c;
+      for (auto& in : p.code) c += (c.empty() ? "" : "+") + std::string(op_name(in.op));
+      return c;
+    }
+    case Op::linear_act: case Op::linear_act_aux: return "linear+" + act;
+    case Op::matmul_act_grad: return "matmul+" + act + "_grad";
+    case Op::linear_grad_weight_bias: return "weight_grad+bias_grad";
+    case Op::cross_entropy_with_grad: return "cross_entropy+cross_entropy_grad";
+    default: return op_name(s.op);
+  }
+}
+
+std::string why(const PlanStep& s) {
+  switch (s.op) {
+    case Op::fused_elementwise: {
+      const EwProgram p = EwProgram::parse(s.attrs.s("program"));
+      std::ostringstream o;
+      o << "fused: " << p.code.size() << " elementwise ops in one pass; "
+        << p.code.size() - p.outputs.size() << " of their values stay in registers, " << p.outputs.size()
+        << " written (read elsewhere)";
+      return o.str();
+    }
+    case Op::linear_act: case Op::linear_act_aux:
+      return "fused: bias and activation on the GEMM's output before it is stored (epilogue, or split if faster)";
+    case Op::matmul_act_grad: return "fused: the activation's derivative applied to the GEMM's output before it is stored";
+    case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
+    case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
+    default: break;
+  }
+  if (ew_arity(s.op) > 0) return "alone: no elementwise neighbour of its shape to fuse with";
+  if (is_library(s.op)) return "boundary: a library call (cuBLASLt, cuDNN)";
+  return "own kernel";
+}
+
+struct Totals {
+  int kernels = 0;
+  double bytes = 0, flops = 0, us = 0;
+};
+
+double estimate_us(const PlanStep& s, const DeviceModel& d) {
+  const double peak = on_tensor_cores(s.op) ? d.tensor_tflops : d.simt_tflops;
+  return std::max(step_bytes(s) / (d.bandwidth_gbps * 1e3), s.flops / (peak * 1e6));
+}
+
+Totals totals(const Plan& p, const DeviceModel& d) {
+  Totals t;
+  for (auto& s : p.steps) {
+    ++t.kernels;
+    t.bytes += step_bytes(s);
+    t.flops += s.flops;
+    t.us += estimate_us(s, d);
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceModel& d, bool compile_kernels) {
+  std::ostringstream o;
+  char line[512];
+  std::snprintf(line, sizeof line, "kernels of the step (estimates for %s: %.0f GB/s, %.0f TFLOP/s tensor cores, %.0f TFLOP/s SIMT)\n",
+                d.name.c_str(), d.bandwidth_gbps, d.tensor_tflops, d.simt_tflops);
+  o << line;
+  std::snprintf(line, sizeof line, "%4s  %-24s %-34s %10s %9s %9s %5s %6s  %s\n", "#", "op", "covers", "bytes", "GFLOP",
+                "est. us", "regs", "spill", "why");
+  o << line;
+  for (size_t i = 0; i < fused.steps.size(); ++i) {
+    const PlanStep& s = fused.steps[i];
+    std::string regs = "-", spill = "-";
+    if (compile_kernels && s.op == Op::fused_elementwise)
+      if (auto r = generated_kernel_report(s)) regs = std::to_string(r->registers), spill = std::to_string(r->spill_bytes);
+    std::string c = covers(s);
+    if (c.size() > 34) c = c.substr(0, 31) + "...";
+    std::snprintf(line, sizeof line, "%4zu  %-24s %-34s %10.0f %9.4f %9.2f %5s %6s  %s\n", i, op_name(s.op), c.c_str(),
+                  step_bytes(s), s.flops / 1e9, estimate_us(s, d), regs.c_str(), spill.c_str(), why(s).c_str());
+    o << line;
+  }
+  const Totals a = totals(unfused, d), b = totals(fused, d);
+  std::snprintf(line, sizeof line,
+                "fusion: %d -> %d kernels, %.2f -> %.2f MB moved, roofline estimate %.1f -> %.1f us per step "
+                "(optimizer update not counted)\n",
+                a.kernels, b.kernels, a.bytes / 1e6, b.bytes / 1e6, a.us, b.us);
+  o << line;
+  return o.str();
+}
+
+}  // namespace seam
