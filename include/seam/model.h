@@ -57,12 +57,13 @@ const char* device_name(Device d);
 // The GPU when this build has the CUDA backend and the runtime sees a GPU, else the CPU.
 Device default_device();
 
-// How a GEMM step with a fused epilogue (bias, activation, activation derivative, bias
-// gradient) runs on the GPU: as one library GEMM with the epilogue ("fused"), as the
-// plain GEMM followed by separate kernels ("split"; for the weight gradient also
-// "split_t": the GEMM reads a transposed copy of dy, which suits TF32 tensor cores), or
-// whichever is fastest for its shape, timed once and cached (CUDA). Forcing split_t
-// gives split where a step has no such variant.
+// How a fused step runs on the GPU. A GEMM with a fused epilogue (bias, activation,
+// activation derivative, bias gradient): as one library GEMM with the epilogue ("fused"),
+// as the plain GEMM followed by separate kernels ("split"; for the weight gradient also
+// "split_t": the GEMM reads a transposed copy of dy, which suits TF32 tensor cores). A
+// fused elementwise group: its generated kernel ("fused") or one kernel per op
+// ("split"). Or whichever is fastest for its shape, timed once and cached (CUDA).
+// Forcing split_t gives split where a step has no such variant.
 enum class EpiloguePolicy { fastest, fused, split, split_t };
 
 struct ModelOptions {

@@ -92,19 +92,25 @@ class TempCache {
 
 }  // namespace
 
+// Each group as its generated kernel, as one kernel per op, and as timed.
 TEST(GpuFused, GeneratedKernelsMatchTheCpu) {
   std::mt19937_64 rng(3);
   const std::vector<Shape> shapes = {{1, 1}, {3, 7}, {5, 129}, {64, 100}, {999, 1027}};
   for (int trial = 0; trial < 30; ++trial) {
     const Shape shape = shapes[static_cast<size_t>(trial) % shapes.size()];
     const uint64_t seed = rng();
-    SCOPED_TRACE("trial " + std::to_string(trial) + ", " + shape_str(shape));
-    compare_with_cpu(
-        [&](GpuCase& c) {
-          std::mt19937_64 r(seed);
-          return random_chain(c, r, shape);
-        },
-        tolerant());
+    for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split, EpiloguePolicy::fastest}) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + ", " + shape_str(shape) + ", policy " +
+                   std::to_string(static_cast<int>(e)));
+      CompareOptions o = tolerant();
+      o.epilogue = e;
+      compare_with_cpu(
+          [&](GpuCase& c) {
+            std::mt19937_64 r(seed);
+            return random_chain(c, r, shape);
+          },
+          o);
+    }
   }
   // And the GPU plans do use generated kernels.
   GpuCase c;
@@ -114,6 +120,14 @@ TEST(GpuFused, GeneratedKernelsMatchTheCpu) {
   Model m(c.g, {.device = Device::cuda});
   Program p = m.compile({.loss = loss.id(), .gradients = true});
   EXPECT_GT(count(p.plan(), Op::fused_elementwise), 0) << p.plan().str();
+  // Each says which variant it runs and what the compiler reported.
+  int reported = 0;
+  for (auto& [step, what] : p.executable().stats().choices)
+    if (p.plan().steps.at(static_cast<size_t>(step)).op == Op::fused_elementwise) {
+      EXPECT_NE(what.find(" registers, "), std::string::npos) << what;
+      ++reported;
+    }
+  EXPECT_EQ(reported, count(p.plan(), Op::fused_elementwise));
 }
 
 TEST(GpuFused, KernelCacheHitsCompilesNewSignaturesAndRebuildsCorruptFiles) {

@@ -248,11 +248,15 @@ GeneratedKernel compile_ew(const EwSignature& s) {
   return k;
 }
 
+std::string EwSignature::hash() const {
+  const std::string k = key();
+  return hex(fnv1a(k.data(), k.size()));
+}
+
 std::string kernel_cache_file(const EwSignature& s) {
   const std::string dir = cache_dir();
   if (dir.empty()) return {};
-  const std::string key = s.key();
-  return dir + "/ew-" + hex(fnv1a(key.data(), key.size())) + ".cubin";
+  return dir + "/ew-" + s.hash() + ".cubin";
 }
 
 namespace {

@@ -45,6 +45,7 @@ struct EwSignature {
   int vec = 1;                // 1 or 4
   int arch = 90;              // compute capability major * 10 + minor
   std::string key() const;    // one line, every field
+  std::string hash() const;   // of the key, 16 hex digits
 };
 
 struct GeneratedKernel {

@@ -129,6 +129,13 @@ void register_fused_elementwise(PreparerTable& t);  // generated kernels (codege
 
 inline void set(PreparerTable& t, Op op, Preparer p) { t.at(static_cast<size_t>(op)) = p; }
 
+// Prepares `op` on the given tensors as a step of its own (attributes as given): the
+// kernels of a split variant are the unfused ops' kernels.
+Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in,
+                       std::vector<DeviceTensor> out);
+// One launch running `parts` in turn.
+Launch in_order(std::vector<Launch> parts);
+
 // Throws unless every input and output is f32: the dtypes the CUDA kernels compute in.
 void expect_f32(const StepArgs& a);
 

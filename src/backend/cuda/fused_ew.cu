@@ -6,6 +6,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/gemm.h"
 
 namespace seam::cuda {
 
@@ -67,15 +68,49 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   s.vec = aligned && n >= 4 ? 4 : 1;
   args.nvec = s.vec == 4 ? n / 4 : 0;
   std::shared_ptr<const GeneratedKernel> k = ew_kernel(s);
-  a.ctx.choices.emplace_back(a.index, "generated kernel: " + std::to_string(k->registers) + " registers, " +
-                                          std::to_string(k->spill_bytes) + " bytes spilled, vector width " +
-                                          std::to_string(s.vec));
   const unsigned blocks = blocks_for(s.vec == 4 ? std::max<int64_t>(args.nvec, 1) : n, 256, static_cast<int>(grid_cap(a.ctx)));
-  return [k, args, blocks](cudaStream_t st) {
+  Launch fused = [k, args, blocks](cudaStream_t st) {
     EwArgs copy = args;
     void* params[] = {&copy};
     SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks), dim3(256), params, 0, st));
   };
+
+  // The split variant: each op of the program by its own kernel, temps in scratch.
+  const EwProgram prog = EwProgram::parse(s.program);
+  std::vector<DeviceTensor> temp(prog.code.size());
+  std::vector<void*> scratch;
+  for (size_t j = 0; j < prog.outputs.size(); ++j) temp[static_cast<size_t>(prog.outputs[j])] = a.out[j];
+  for (auto& t : temp)
+    if (!t.data) {
+      t = {a.ctx.scratch(a.out[0].type.bytes()), a.out[0].type};
+      scratch.push_back(t.data);
+    }
+  std::vector<Launch> parts;
+  for (size_t c = 0; c < prog.code.size(); ++c) {
+    const EwInstr& in = prog.code[c];
+    std::vector<DeviceTensor> operands;
+    for (int v : in.args) operands.push_back(v >= 0 ? a.in[static_cast<size_t>(v)] : temp[static_cast<size_t>(-v - 1)]);
+    Attrs attrs;
+    if (*ew_attr(in.op)) attrs.set(ew_attr(in.op), in.p);
+    parts.push_back(prepare_as_step(a, in.op, attrs, operands, {temp[c]}));
+  }
+  Context* ctx = &a.ctx;
+  Variant split{"split", in_order(parts), [ctx, scratch] {
+                  for (void* p : scratch) ctx->release(p);
+                }};
+
+  // A kernel that spills, or whose registers leave room for fewer than a quarter of the
+  // 2048 threads an SM holds (more than 128 a thread), is not kept; otherwise both
+  // variants are timed once and the pick cached (choose_variant).
+  const std::string stats = std::to_string(k->registers) + " registers, " + std::to_string(k->spill_bytes) +
+                            " bytes spilled, vector width " + std::to_string(s.vec);
+  if (k->spill_bytes > 0 || k->registers > 128) {
+    a.ctx.choices.emplace_back(a.index, "split: the generated kernel was rejected (" + stats + ")");
+    return split.launch;
+  }
+  Launch chosen = choose_variant(a.ctx, a.index, "fused_elementwise:" + s.hash(), {{"fused", fused}, split});
+  a.ctx.choices.back().second += "; generated kernel: " + stats;
+  return chosen;
 }
 
 }  // namespace

@@ -52,25 +52,11 @@ bool is_relu(const StepArgs& a) {
 // --------------------------------------------------------------------------------------
 // The pieces of split variants.
 
-// Prepares `op` on the given tensors as a step of its own: a split variant's kernels are
-// the unfused ops' kernels.
-Launch prepare_op(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in, std::vector<DeviceTensor> out) {
-  PlanStep s{op, std::move(attrs), {}, {}, a.step.name, 0};
-  StepArgs sub{s, a.index, std::move(in), std::move(out), a.ctx};
-  return preparer_for(op)(sub);
-}
-
 // The same buffer seen with another shape of as many elements.
 DeviceTensor as_shape(const DeviceTensor& t, const Shape& shape) {
   DeviceTensor r{t.data, TensorType{t.dtype(), shape}};
   SEAM_ASSERT(r.numel() == t.numel());
   return r;
-}
-
-Launch in_order(std::vector<Launch> parts) {
-  return [parts](cudaStream_t s) {
-    for (const Launch& l : parts) l(s);
-  };
 }
 
 // relu in place on y [rows, n] and its record: bit j of row i set where y > 0, in the
@@ -302,7 +288,7 @@ Launch linear_act(const StepArgs& a) {
   const DeviceTensor pre = pre_in_aux ? as_shape(a.out[1], y.shape()) : y;
   Launch gemm = prepare_gemm(a.ctx, gs, {{at(a.in[1]), at(a.in[0]), at(pre)}}, es, what_of(a));
   Launch act = Aux && relu ? relu_mask_kernel(a.ctx, false, at(y), a.out[1].as<uint8_t>(), rows, out)
-                           : prepare_op(a, relu ? Op::relu : Op::gelu_tanh, {}, {pre}, {y});
+                           : prepare_as_step(a, relu ? Op::relu : Op::gelu_tanh, {}, {pre}, {y});
   Launch split = in_order({gemm, act});
 
   if (Aux) {
@@ -358,14 +344,14 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
   const GemmOperands ops{at(a.in[1]), at(a.in[0]), at(a.out[0])};
   // Split: the plain GEMM, then db = the column sums of dy by the reduction kernel.
   Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
-  Launch sum = prepare_op(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {a.in[0]},
+  Launch sum = prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {a.in[0]},
                           {a.out[1]});
   // Split with dy transposed first (split_t): both operands above are M-major (the sum
   // runs over the rows), and TF32 tensor-core GEMMs read only K-major B' operands at
   // full speed. B' = dy^T, row-major [out, M], read column-major is dy [M, out]: op N,
   // stored [k', n'], ldb = M.
   const DeviceTensor dyt{a.ctx.scratch(bytes_of(a.in[0])), TensorType{DType::f32, {out, m}}};
-  Launch transpose = prepare_op(a, Op::transpose, Attrs{{"perm", std::vector<int64_t>{1, 0}}}, {a.in[0]}, {dyt});
+  Launch transpose = prepare_as_step(a, Op::transpose, Attrs{{"perm", std::vector<int64_t>{1, 0}}}, {a.in[0]}, {dyt});
   GemmShape gt = g;
   gt.trans_b = false;
   gt.ldb = m;
@@ -427,7 +413,7 @@ Launch matmul_act_grad(const StepArgs& a) {
     g.epilogue = CUBLASLT_EPILOGUE_DGELU;
   }
   Launch scale = relu ? relu_mask_kernel(a.ctx, true, at(dx), static_cast<uint8_t*>(aux.data), m, k)
-                      : prepare_op(a, Op::gelu_tanh_grad, {}, {dx, as_shape(aux, dx.shape())}, {dx});
+                      : prepare_as_step(a, Op::gelu_tanh_grad, {}, {dx, as_shape(aux, dx.shape())}, {dx});
   GemmEpilogueData e;
   e.aux = aux.data;
   Launch fused = prepare_gemm(a.ctx, g, {ops}, e, what_of(a));

@@ -53,6 +53,19 @@ void Context::need_workspace(size_t bytes) {
   workspace_size_ = bytes;
 }
 
+Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in,
+                       std::vector<DeviceTensor> out) {
+  PlanStep s{op, std::move(attrs), {}, {}, a.step.name, 0};
+  StepArgs sub{s, a.index, std::move(in), std::move(out), a.ctx};
+  return preparer_for(op)(sub);
+}
+
+Launch in_order(std::vector<Launch> parts) {
+  return [parts](cudaStream_t s) {
+    for (const Launch& l : parts) l(s);
+  };
+}
+
 namespace {
 
 PreparerTable build() {
