@@ -4,17 +4,13 @@
 
 #include <random>
 
+#include "plan_count.h"
 #include "seam/seam.h"
 
 using namespace seam;
+using seam::testing::count;
 
 namespace {
-
-int count(const Plan& p, Op op) {
-  int n = 0;
-  for (auto& s : p.steps) n += s.op == op;
-  return n;
-}
 
 struct Trained {
   std::vector<float> losses;

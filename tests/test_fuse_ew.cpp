@@ -9,17 +9,13 @@
 
 #include "ops/fused_ew.h"
 #include "plan/explain.h"
+#include "plan_count.h"
 #include "seam/seam.h"
 
 using namespace seam;
+using seam::testing::count;
 
 namespace {
-
-int count(const Plan& p, Op op) {
-  int n = 0;
-  for (auto& s : p.steps) n += s.op == op;
-  return n;
-}
 
 void expect_parse_error(const std::string& text, const std::string& part) {
   try {

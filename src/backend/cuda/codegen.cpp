@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/cuda.h"
 #include "backend/cuda/ew_math_source.h"
 #include "ops/elementwise.h"
 
@@ -84,11 +85,8 @@ std::string hex(uint64_t v) {
 }
 
 std::string cache_dir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  if (xdg && xdg[0] == '/') return std::string(xdg) + "/seam/kernels";
-  const char* home = std::getenv("HOME");
-  if (home && home[0] == '/') return std::string(home) + "/.cache/seam/kernels";
-  return {};
+  const std::string root = cache_root();
+  return root.empty() ? root : root + "/kernels";
 }
 
 constexpr const char* kFileHeader = "seam generated kernel v1";

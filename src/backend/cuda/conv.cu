@@ -203,13 +203,7 @@ std::string sanitize(const std::string& s) {
   return out.empty() ? "unknown" : out;
 }
 
-std::filesystem::path cache_dir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  if (xdg && xdg[0] == '/') return std::filesystem::path(xdg) / "seam";  // relative ones are ignored (XDG spec)
-  const char* home = std::getenv("HOME");
-  if (home && home[0]) return std::filesystem::path(home) / ".cache" / "seam";
-  return {};
-}
+std::filesystem::path cache_dir() { return cache_root(); }
 
 class ConvAlgoCache {
  public:

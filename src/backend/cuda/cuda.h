@@ -133,6 +133,10 @@ inline void set(PreparerTable& t, Op op, Preparer p) { t.at(static_cast<size_t>(
 // kernels of a split variant are the unfused ops' kernels.
 Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in,
                        std::vector<DeviceTensor> out);
+// Where the backend's caches live: $XDG_CACHE_HOME/seam (an absolute one; relative ones
+// are ignored, as the XDG spec says), else $HOME/.cache/seam; empty if neither is set.
+std::string cache_root();
+
 // One launch running `parts` in turn.
 Launch in_order(std::vector<Launch> parts);
 

@@ -110,13 +110,7 @@ std::string sanitize(const std::string& s) {
   return r.empty() ? "gpu" : r;
 }
 
-std::string cache_dir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  if (xdg && xdg[0] == '/') return std::string(xdg) + "/seam";
-  const char* home = std::getenv("HOME");
-  if (home && home[0] == '/') return std::string(home) + "/.cache/seam";
-  return {};
-}
+std::string cache_dir() { return cache_root(); }
 
 std::string file_path(const DeviceId& d) {
   std::string dir = cache_dir();

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cudnn.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/backend.h"
@@ -58,6 +59,14 @@ Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<Device
   PlanStep s{op, std::move(attrs), {}, {}, a.step.name, 0};
   StepArgs sub{s, a.index, std::move(in), std::move(out), a.ctx};
   return preparer_for(op)(sub);
+}
+
+std::string cache_root() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && xdg[0] == '/') return std::string(xdg) + "/seam";
+  const char* home = std::getenv("HOME");
+  if (home && home[0] == '/') return std::string(home) + "/.cache/seam";
+  return {};
 }
 
 Launch in_order(std::vector<Launch> parts) {
