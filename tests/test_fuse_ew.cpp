@@ -215,6 +215,11 @@ TEST(ExplainPlan, NamesWhatEachKernelCoversAndTheSavings) {
   EXPECT_EQ(before, static_cast<int>(plain.plan().steps.size()));
   EXPECT_EQ(after, static_cast<int>(fused.plan().steps.size()));
   EXPECT_LT(after, before);
+  // With measured times: a column of them and their sum.
+  std::vector<double> ms(fused.plan().steps.size(), 0.002);
+  const std::string timed = explain_plan(fused.plan(), plain.plan(), DeviceModel{}, false, ms);
+  EXPECT_NE(timed.find("meas. us"), std::string::npos) << timed;
+  EXPECT_NE(timed.find("measured: " + std::to_string(2 * ms.size()) + ".0 us"), std::string::npos) << timed;
 #ifdef SEAM_HAS_CUDA
   // The registers column holds a number for the generated kernel.
   const size_t row = text.find("fused_elementwise");

@@ -97,14 +97,16 @@ Totals totals(const Plan& p, const DeviceModel& d) {
 
 }  // namespace
 
-std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceModel& d, bool compile_kernels) {
+std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceModel& d, bool compile_kernels,
+                         const std::vector<double>& measured_ms) {
+  const bool measured = measured_ms.size() >= fused.steps.size();
   std::ostringstream o;
   char line[512];
   std::snprintf(line, sizeof line, "kernels of the step (estimates for %s: %.0f GB/s, %.0f TFLOP/s tensor cores, %.0f TFLOP/s SIMT)\n",
                 d.name.c_str(), d.bandwidth_gbps, d.tensor_tflops, d.simt_tflops);
   o << line;
-  std::snprintf(line, sizeof line, "%4s  %-24s %-34s %10s %9s %9s %5s %6s  %s\n", "#", "op", "covers", "bytes", "GFLOP",
-                "est. us", "regs", "spill", "why");
+  std::snprintf(line, sizeof line, "%4s  %-24s %-34s %10s %9s %9s %9s %5s %6s  %s\n", "#", "op", "covers", "bytes",
+                "GFLOP", "est. us", measured ? "meas. us" : "", "regs", "spill", "why");
   o << line;
   for (size_t i = 0; i < fused.steps.size(); ++i) {
     const PlanStep& s = fused.steps[i];
@@ -113,8 +115,10 @@ std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceMod
       if (auto r = generated_kernel_report(s)) regs = std::to_string(r->registers), spill = std::to_string(r->spill_bytes);
     std::string c = covers(s);
     if (c.size() > 34) c = c.substr(0, 31) + "...";
-    std::snprintf(line, sizeof line, "%4zu  %-24s %-34s %10.0f %9.4f %9.2f %5s %6s  %s\n", i, op_name(s.op), c.c_str(),
-                  step_bytes(s), s.flops / 1e9, estimate_us(s, d), regs.c_str(), spill.c_str(), why(s).c_str());
+    char meas[32] = "";
+    if (measured) std::snprintf(meas, sizeof meas, "%.2f", measured_ms[i] * 1e3);
+    std::snprintf(line, sizeof line, "%4zu  %-24s %-34s %10.0f %9.4f %9.2f %9s %5s %6s  %s\n", i, op_name(s.op), c.c_str(),
+                  step_bytes(s), s.flops / 1e9, estimate_us(s, d), meas, regs.c_str(), spill.c_str(), why(s).c_str());
     o << line;
   }
   const Totals a = totals(unfused, d), b = totals(fused, d);
@@ -123,6 +127,12 @@ std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceMod
                 "(optimizer update not counted)\n",
                 a.kernels, b.kernels, a.bytes / 1e6, b.bytes / 1e6, a.us, b.us);
   o << line;
+  if (measured) {
+    double sum = 0;
+    for (size_t i = 0; i < fused.steps.size(); ++i) sum += measured_ms[i];
+    std::snprintf(line, sizeof line, "measured: %.1f us for the steps each launched alone (median of 20)\n", sum * 1e3);
+    o << line;
+  }
   return o.str();
 }
 

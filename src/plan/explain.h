@@ -3,6 +3,7 @@
 // spills, and why it was fused or not; then kernels and bytes before and after fusion.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "seam/plan.h"
 
@@ -19,6 +20,9 @@ struct DeviceModel {
 
 // `unfused`: the same step compiled without fusion. `compile_kernels`: compile each
 // generated kernel (NVRTC; no GPU needed) to report its registers and spills.
-std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceModel& d, bool compile_kernels);
+// `measured_ms`: each step's measured time (Executable::time_steps), shown next to the
+// estimate when given.
+std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceModel& d, bool compile_kernels,
+                         const std::vector<double>& measured_ms = {});
 
 }  // namespace seam

@@ -2,6 +2,7 @@
 // metrics and checkpoints. A checkpoint holds everything the next step depends on
 // (parameters, optimizer moments, running statistics, the step counter, the position in
 // the data order and the epoch's running sums), so a resumed run continues bitwise.
+#include "backend/backend.h"
 #include "plan/explain.h"
 #include "train/trainer.h"
 
@@ -387,7 +388,8 @@ int run_eval(const EvalOptions& o) {
   return 0;
 }
 
-int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device) {
+int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
+             bool measure) {
   io::ModelSpec spec = io::parse_model_file(model_path);
   const int64_t B = batch.value_or(spec.batch_size);
   if (spec.cosine_total_from_run)  // as a run over the 60000 Fashion-MNIST training images would set it
@@ -407,7 +409,9 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
                                                .fuse = false};
   Model cpu_model(bg.graph, {.seed = spec.seed});
   Program unfused = cpu_model.compile(plain);
-  std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true).c_str());
+  std::vector<double> measured;
+  if (measure) measured = p.executable().time_steps(20);
+  std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
   return 0;
 }
 

@@ -47,6 +47,9 @@ int run_eval(const EvalOptions& o);
 
 // Prints the compiled step of a model file (training plan, or evaluation with eval).
 // device: where the plan's kernels are prepared (cpu, cuda, auto).
-int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device);
+// measure: also time each step alone on the device (a GPU, or the CPU) and show it next to
+// the estimate.
+int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
+             bool measure = false);
 
 }  // namespace seam::train

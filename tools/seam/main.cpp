@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
   plan->add_option("model", plan_model, "model file (JSON)")->required();
   plan->add_option("--batch", plan_batch, "batch size")->check(CLI::PositiveNumber);
   plan->add_flag("--eval", plan_eval, "print the evaluation step instead");
+  bool plan_measure = false;
+  plan->add_flag("--measure", plan_measure, "time each kernel alone on the device and show it next to its estimate");
   std::string plan_device = "cpu";
   plan->add_option("--device", plan_device, "prepare the plan's kernels for cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
@@ -139,7 +141,7 @@ int main(int argc, char** argv) {
       if (!eval_model.empty()) e.model_path = eval_model;
       return seam::train::run_eval(e);
     }
-    if (*plan) return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device);
+    if (*plan) return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure);
     if (*bench) {
       bo.graph = !no_graph;
       return seam::bench::run_bench(bo);
