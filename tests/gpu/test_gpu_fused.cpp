@@ -199,3 +199,23 @@ TEST(GpuFused, KernelCacheHitsCompilesNewSignaturesAndRebuildsCorruptFiles) {
   EXPECT_EQ(s6.compiled, s5.compiled);
   EXPECT_EQ(s6.rejected_files, s5.rejected_files);
 }
+
+// A group wider than a generated kernel takes (here 20 inputs) runs as one kernel per op.
+TEST(GpuFused, GroupsPastTheKernelLimitsRunOpByOp) {
+  compare_with_cpu(
+      [](GpuCase& c) {
+        Var acc = c.param("p0", {9, 11});
+        for (int i = 1; i < 20; ++i) acc = add(seam::tanh(acc), c.param("p" + std::to_string(i), {9, 11}));
+        return acc;
+      },
+      tolerant());
+  GpuCase c;
+  Var acc = c.param("p0", {9, 11});
+  for (int i = 1; i < 20; ++i) acc = add(acc, c.param("p" + std::to_string(i), {9, 11}));
+  Model m(c.g, {.device = Device::cuda});
+  Program p = m.compile({.outputs = {acc.id()}});
+  ASSERT_EQ(count(p.plan(), Op::fused_elementwise), 1) << p.plan().str();
+  bool split = false;
+  for (auto& [step, what] : p.executable().stats().choices) split = split || what.rfind("split: 20 inputs", 0) == 0;
+  EXPECT_TRUE(split);
+}

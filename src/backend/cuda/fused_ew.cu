@@ -20,15 +20,49 @@ int current_arch() {
   return major * 10 + minor;
 }
 
+// The split variant: each op of the program by its own kernel (the unfused ops' kernels),
+// temps in scratch; `unused` frees them if the generated kernel is chosen.
+Variant split_variant(const StepArgs& a, const std::string& program) {
+  const EwProgram prog = EwProgram::parse(program);
+  std::vector<DeviceTensor> temp(prog.code.size());
+  std::vector<void*> scratch;
+  for (size_t j = 0; j < prog.outputs.size(); ++j) temp[static_cast<size_t>(prog.outputs[j])] = a.out[j];
+  for (auto& t : temp)
+    if (!t.data) {
+      t = {a.ctx.scratch(a.out[0].type.bytes()), a.out[0].type};
+      scratch.push_back(t.data);
+    }
+  std::vector<Launch> parts;
+  for (size_t c = 0; c < prog.code.size(); ++c) {
+    const EwInstr& in = prog.code[c];
+    std::vector<DeviceTensor> operands;
+    for (int v : in.args) operands.push_back(v >= 0 ? a.in[static_cast<size_t>(v)] : temp[static_cast<size_t>(-v - 1)]);
+    Attrs attrs;
+    if (*ew_attr(in.op)) attrs.set(ew_attr(in.op), in.p);
+    parts.push_back(prepare_as_step(a, in.op, attrs, operands, {temp[c]}));
+  }
+  Context* ctx = &a.ctx;
+  return {"split", in_order(parts), [ctx, scratch] {
+            for (void* p : scratch) ctx->release(p);
+          }};
+}
+
 Launch prepare_fused_elementwise(const StepArgs& a) {
   expect_f32(a);
-  const std::string what = std::string("fused_elementwise '") + a.step.name + "'";
-  if (a.in.size() > static_cast<size_t>(kEwMaxInputs) || a.out.size() > static_cast<size_t>(kEwMaxOutputs))
-    fail(what, ": ", a.in.size(), " inputs and ", a.out.size(), " outputs; a generated kernel takes at most ",
-         kEwMaxInputs, " and ", kEwMaxOutputs);
   const Shape& os = a.out[0].shape();
   const int64_t n = a.out[0].numel();
   if (n == 0) return [](cudaStream_t) {};
+  // Past the generated kernel's limits, the group runs as one kernel per op.
+  size_t wide_dims = 0;
+  for (int64_t d : os) wide_dims += d != 1;
+  if (a.in.size() > static_cast<size_t>(kEwMaxInputs) || a.out.size() > static_cast<size_t>(kEwMaxOutputs) ||
+      wide_dims > static_cast<size_t>(kEwMaxDims)) {
+    a.ctx.choices.emplace_back(a.index, "split: " + std::to_string(a.in.size()) + " inputs, " +
+                                            std::to_string(a.out.size()) + " outputs, " + std::to_string(wide_dims) +
+                                            " dims exceed a generated kernel's " + std::to_string(kEwMaxInputs) + ", " +
+                                            std::to_string(kEwMaxOutputs) + ", " + std::to_string(kEwMaxDims));
+    return split_variant(a, a.step.attrs.s("program")).launch;
+  }
   EwSignature s;
   s.program = a.step.attrs.s("program");
   s.inputs = static_cast<int>(a.in.size());
@@ -41,7 +75,6 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   std::vector<int64_t> dims;
   for (size_t d = os.size(); d-- > 0;)
     if (os[d] != 1) dims.push_back(static_cast<int64_t>(d));
-  if (dims.size() > static_cast<size_t>(kEwMaxDims)) fail(what, ": more than ", kEwMaxDims, " dims of size > 1");
   args.rank = static_cast<int>(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) args.size[i] = os[static_cast<size_t>(dims[i])];
   bool aligned = true;
@@ -75,29 +108,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks), dim3(256), params, 0, st));
   };
 
-  // The split variant: each op of the program by its own kernel, temps in scratch.
-  const EwProgram prog = EwProgram::parse(s.program);
-  std::vector<DeviceTensor> temp(prog.code.size());
-  std::vector<void*> scratch;
-  for (size_t j = 0; j < prog.outputs.size(); ++j) temp[static_cast<size_t>(prog.outputs[j])] = a.out[j];
-  for (auto& t : temp)
-    if (!t.data) {
-      t = {a.ctx.scratch(a.out[0].type.bytes()), a.out[0].type};
-      scratch.push_back(t.data);
-    }
-  std::vector<Launch> parts;
-  for (size_t c = 0; c < prog.code.size(); ++c) {
-    const EwInstr& in = prog.code[c];
-    std::vector<DeviceTensor> operands;
-    for (int v : in.args) operands.push_back(v >= 0 ? a.in[static_cast<size_t>(v)] : temp[static_cast<size_t>(-v - 1)]);
-    Attrs attrs;
-    if (*ew_attr(in.op)) attrs.set(ew_attr(in.op), in.p);
-    parts.push_back(prepare_as_step(a, in.op, attrs, operands, {temp[c]}));
-  }
-  Context* ctx = &a.ctx;
-  Variant split{"split", in_order(parts), [ctx, scratch] {
-                  for (void* p : scratch) ctx->release(p);
-                }};
+  Variant split = split_variant(a, s.program);
 
   // A kernel that spills, or whose registers leave room for fewer than a quarter of the
   // 2048 threads an SM holds (more than 128 a thread), is not kept; otherwise both
