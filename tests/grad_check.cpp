@@ -1,4 +1,5 @@
 // Gradient checking against central finite differences.
+#include "test_util.h"
 #include "grad_check.h"
 
 #include <gtest/gtest.h>
@@ -7,15 +8,6 @@
 #include <cstring>
 
 namespace seam::testing {
-
-namespace {
-template <class T>
-std::vector<std::byte> bytes_of(const std::vector<T>& v) {
-  std::vector<std::byte> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-}  // namespace
 
 Var GradCase::param(const std::string& name, Shape shape, double lo, double hi) {
   return g.param(name, std::move(shape), Init::uniform(lo, hi), true, DType::f64);

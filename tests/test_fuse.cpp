@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "plan_count.h"
+#include "test_util.h"
 #include "seam/seam.h"
 
 using namespace seam;

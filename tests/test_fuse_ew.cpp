@@ -9,7 +9,7 @@
 
 #include "ops/fused_ew.h"
 #include "plan/explain.h"
-#include "plan_count.h"
+#include "test_util.h"
 #include "seam/seam.h"
 
 using namespace seam;

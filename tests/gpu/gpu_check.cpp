@@ -1,4 +1,5 @@
 // GPU against CPU comparisons.
+#include "../test_util.h"
 #include "gpu_check.h"
 
 #include <gtest/gtest.h>
@@ -8,14 +9,7 @@
 
 namespace seam::gpu_testing {
 
-namespace {
-template <class T>
-std::vector<std::byte> bytes_of(const std::vector<T>& v) {
-  std::vector<std::byte> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-}  // namespace
+using seam::testing::bytes_of;
 
 Var GpuCase::param(const std::string& name, Shape shape, double lo, double hi, bool decay) {
   return g.param(name, std::move(shape), Init::uniform(lo, hi), decay);

@@ -52,6 +52,13 @@ struct CompareOptions {
   bool output_is_loss = false;
 };
 
+// The options for an f32 comparison with gradients.
+inline CompareOptions f32() {
+  CompareOptions o;
+  o.tol = Tolerance::f32();
+  return o;
+}
+
 // Adds a gtest failure per mismatching tensor; returns the largest relative error seen.
 double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const CompareOptions& o = {});
 

@@ -9,18 +9,14 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/codegen.h"
+#include "../test_util.h"
 #include "gpu_check.h"
 
 using namespace seam;
+using seam::testing::count;
 using namespace seam::gpu_testing;
 
 namespace {
-
-int count(const Plan& p, Op op) {
-  int n = 0;
-  for (auto& s : p.steps) n += s.op == op;
-  return n;
-}
 
 // A random chain over [rows, cols] operands, [cols] and [rows, 1] broadcasts included.
 Var random_chain(GpuCase& c, std::mt19937_64& rng, const Shape& shape) {

@@ -18,9 +18,11 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/gemm.h"
+#include "../test_util.h"
 #include "gpu_check.h"
 
 using namespace seam;
+using seam::testing::count;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::GpuCase;
@@ -77,12 +79,6 @@ constexpr Way kWays[] = {{false, EpiloguePolicy::fastest, "unfused"},
                          {true, EpiloguePolicy::fused, "fused, epilogues"},
                          {true, EpiloguePolicy::split, "fused, split"},
                          {true, EpiloguePolicy::split_t, "fused, split, dy transposed"}};
-
-int count(const Plan& p, Op op) {
-  int n = 0;
-  for (auto& s : p.steps) n += s.op == op;
-  return n;
-}
 
 Shape dims2(bool transposed, int64_t rows, int64_t cols) {
   return transposed ? Shape{cols, rows} : Shape{rows, cols};

@@ -14,16 +14,11 @@
 using namespace seam;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
+using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
 using seam::gpu_testing::Tolerance;
 
 namespace {
-
-CompareOptions f32() {
-  CompareOptions o;
-  o.tol = Tolerance::f32();
-  return o;
-}
 
 // softmax or log_softmax of a parameter of `shape` with values in [lo, hi).
 void compare_softmax(const Shape& shape, int64_t axis, bool log, double lo = -1, double hi = 1) {
