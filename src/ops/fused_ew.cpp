@@ -3,6 +3,9 @@
 
 #include <charconv>
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "ops/elementwise.h"
 #include "ops/registry.h"
@@ -129,6 +132,15 @@ EwProgram EwProgram::parse(const std::string& text) {
   return p;
 }
 
+const EwProgram& EwProgram::cached(const std::string& text) {
+  static std::mutex mu;
+  static auto* parsed = new std::map<std::string, std::unique_ptr<const EwProgram>>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = parsed->find(text);
+  if (it == parsed->end()) it = parsed->emplace(text, std::make_unique<const EwProgram>(parse(text))).first;
+  return *it->second;
+}
+
 void register_fused_elementwise(OpTable& t) {
   OpDef& d = def(t, Op::fused_elementwise);
   d.name = "fused_elementwise";
@@ -153,7 +165,7 @@ void register_fused_elementwise(OpTable& t) {
   };
   d.flops = [](const OpCostCtx& c) {
     return static_cast<double>(c.out[0].numel()) *
-           static_cast<double>(EwProgram::parse(c.attrs.s("program")).code.size());
+           static_cast<double>(EwProgram::cached(c.attrs.s("program")).code.size());
   };
 }
 

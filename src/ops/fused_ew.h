@@ -28,6 +28,9 @@ struct EwProgram {
 
   // Throws seam::Error naming the problem and its position in the text.
   static EwProgram parse(const std::string& text);
+  // The same, parsed once per process: for what reads a program every step (the CPU
+  // kernel, the cost rule). Thread-safe; the reference stays valid.
+  static const EwProgram& cached(const std::string& text);
   std::string str() const;
 };
 

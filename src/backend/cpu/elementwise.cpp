@@ -125,7 +125,7 @@ EwEval<T> evaluator(Op op) {
 }
 
 void fused_elementwise(const KernelArgs& a) {
-  const EwProgram prog = EwProgram::parse(a.attrs().s("program"));
+  const EwProgram& prog = EwProgram::cached(a.attrs().s("program"));
   dispatch_float(a.out[0].dtype(), [&]<class T>() {
     const size_t nin = a.in.size(), ncode = prog.code.size();
     std::vector<EwEval<T>> eval;
