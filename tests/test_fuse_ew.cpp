@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <random>
 
@@ -227,4 +228,42 @@ TEST(ExplainPlan, NamesWhatEachKernelCoversAndTheSavings) {
   const std::string line = text.substr(row, text.find('\n', row) - row);
   EXPECT_EQ(line.find("  -      -  "), std::string::npos) << line;
 #endif
+}
+
+// A fused_elementwise node built by hand is checked like any op: its program, the inputs
+// it reads, their shapes and dtypes, each error naming the node.
+TEST(FusedProgram, TheOpRejectsBadProgramsAndOperands) {
+  auto expect_error = [](const std::function<void(Graph&)>& build, const std::string& part) {
+    Graph g;
+    try {
+      build(g);
+      ADD_FAILURE() << "no error; expected one containing '" << part << "'";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(part), std::string::npos) << msg;
+      EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
+    }
+  };
+  auto add = [](Graph& g, const std::vector<Var>& xs, const std::string& program) {
+    std::vector<ValueId> ids;
+    for (Var v : xs) ids.push_back(v.id());
+    g.add_named(Op::fused_elementwise, ids, {{"program", program}}, "fused");
+  };
+  expect_error([&](Graph& g) { add(g, {g.input("a", {4, 3}), g.input("b", {4, 3})}, "add(i0,i2)->t0"); },
+               "reads input i2 of 2");
+  expect_error([&](Graph& g) { add(g, {g.input("a", {4, 3}), g.input("b", {4, 2})}, "add(i0,i1)->t0"); },
+               "do not broadcast");
+  expect_error(
+      [&](Graph& g) { add(g, {g.input("a", {4, 3}), g.input("b", {4, 3}, DType::f64)}, "add(i0,i1)->t0"); },
+      "differ in dtype");
+  expect_error([&](Graph& g) { add(g, {g.input("a", {4, 3})}, "relu(i0)"); }, "no '->'");
+  expect_error([&](Graph& g) { add(g, {g.input("a", {4, 3}, DType::i32)}, "relu(i0)->t0"); }, "i32");
+  // And a good one: outputs at the broadcast shape, one per listed temp, named by the node.
+  Graph g;
+  Var a = g.input("a", {4, 3}), b = g.input("b", {3});
+  auto out = g.add_named(Op::fused_elementwise, {a.id(), b.id()}, {{"program", "mul(i0,i1);relu(t0)->t0,t1"}},
+                         std::vector<std::string>{"prod", "act"});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(g.value(out[1]).type.shape, (Shape{4, 3}));
+  EXPECT_EQ(g.value(out[1]).name, "act");
 }
