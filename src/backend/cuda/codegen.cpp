@@ -113,7 +113,6 @@ std::optional<GeneratedKernel> read_cached(const std::string& path, const std::s
   if (!in.read(k.cubin.data(), static_cast<std::streamsize>(size)) || in.peek() != EOF) return reject();
   if (fnv1a(k.cubin.data(), k.cubin.size()) != sum) return reject();
   k.key = key;
-  k.from_disk = true;
   return k;
 }
 
@@ -151,16 +150,15 @@ void write_cached(const std::string& path, const GeneratedKernel& k) {
 }  // namespace
 
 std::string EwSignature::key() const {
-  std::string s = "ew sm" + std::to_string(arch) + " vec" + std::to_string(vec) + " in" + std::to_string(inputs) + " out" +
-                  std::to_string(outputs) + " strided=";
+  std::string s = "ew sm" + std::to_string(arch) + " vec" + std::to_string(vec) + " strided=";
   for (bool b : strided) s += b ? '1' : '0';
   return s + " program=" + program;
 }
 
 std::string ew_source(const EwSignature& s) {
-  const EwProgram p = EwProgram::parse(s.program);
-  SEAM_ASSERT(s.inputs <= kEwMaxInputs && s.outputs <= kEwMaxOutputs && p.inputs <= s.inputs &&
-              static_cast<int>(p.outputs.size()) == s.outputs && static_cast<int>(s.strided.size()) == s.inputs);
+  const EwProgram& p = EwProgram::cached(s.program);
+  const int inputs = s.inputs(), outputs = static_cast<int>(p.outputs.size());
+  SEAM_ASSERT(inputs <= kEwMaxInputs && outputs <= kEwMaxOutputs && p.inputs <= inputs);
   std::ostringstream o;
   o << "// fused_elementwise: " << s.program << "\n";
   o << "#include \"ew_math.h\"\nusing namespace seam_ew;\ntypedef float T;\n";
@@ -180,27 +178,27 @@ std::string ew_source(const EwSignature& s) {
   o << "  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n";
   if (s.vec == 4) {
     o << "  for (long long v = first; v < args.nvec; v += stride) {\n";
-    for (int k = 0; k < s.inputs; ++k)
+    for (int k = 0; k < inputs; ++k)
       o << "    const float4 v" << k << " = reinterpret_cast<const float4*>(args.in[" << k << "])[v];\n";
-    for (int j = 0; j < s.outputs; ++j) o << "    float4 r" << j << ";\n";
+    for (int j = 0; j < outputs; ++j) o << "    float4 r" << j << ";\n";
     for (const char* lane : {"x", "y", "z", "w"}) {
       const std::string l = std::string("_") + lane;
       o << "  {\n";
-      for (int k = 0; k < s.inputs; ++k) o << "    const T i" << k << l << " = v" << k << "." << lane << ";\n";
+      for (int k = 0; k < inputs; ++k) o << "    const T i" << k << l << " = v" << k << "." << lane << ";\n";
       o << body(p, l);
-      for (int j = 0; j < s.outputs; ++j)
+      for (int j = 0; j < outputs; ++j)
         o << "    r" << j << "." << lane << " = t" << p.outputs[static_cast<size_t>(j)] << l << ";\n";
       o << "  }\n";
     }
-    for (int j = 0; j < s.outputs; ++j) o << "    reinterpret_cast<float4*>(args.out[" << j << "])[v] = r" << j << ";\n";
+    for (int j = 0; j < outputs; ++j) o << "    reinterpret_cast<float4*>(args.out[" << j << "])[v] = r" << j << ";\n";
     o << "  }\n";
   }
   o << "  for (long long e = args.nvec * 4 + first; e < args.n; e += stride) {\n";
-  for (int k = 0; k < s.inputs; ++k)
+  for (int k = 0; k < inputs; ++k)
     o << "    const T i" << k << " = args.in[" << k << "]["
       << (s.strided[static_cast<size_t>(k)] ? "seam_off(args, " + std::to_string(k) + ", e)" : "e") << "];\n";
   o << body(p, "");
-  for (int j = 0; j < s.outputs; ++j)
+  for (int j = 0; j < outputs; ++j)
     o << "    args.out[" << j << "][e] = t" << p.outputs[static_cast<size_t>(j)] << ";\n";
   o << "  }\n}\n";
   return o.str();

@@ -2,9 +2,9 @@
 // program and the expressions of seam/ops.def (and ew_math.h), compiled by NVRTC into a
 // cubin for this GPU, once per signature, cached in memory and on disk.
 //
-// The signature: the program text, how many inputs and which of them have the output's
-// shape (read at the element's own index) or are broadcast (read through strides), the
-// output count, the vector width (4: float4 loads and stores when every operand has the
+// The signature: the program text (which names the outputs), which inputs have the
+// output's shape (read at the element's own index) or are broadcast (read through
+// strides), the vector width (4: float4 loads and stores when every operand has the
 // output's shape and is 16-byte aligned), and the GPU architecture. Its hash names the
 // file: $XDG_CACHE_HOME/seam/kernels/ew-<hash>.cubin (or ~/.cache/seam/...), holding a
 // header line, the signature, what the compiler reported (registers, spill bytes), the
@@ -39,11 +39,11 @@ struct EwArgs {
 };
 
 struct EwSignature {
-  std::string program;
-  int inputs = 0, outputs = 0;
+  std::string program;        // its outputs are the kernel's
   std::vector<bool> strided;  // per input: read through strides (broadcast)
   int vec = 1;                // 1 or 4
   int arch = 90;              // compute capability major * 10 + minor
+  int inputs() const { return static_cast<int>(strided.size()); }
   std::string key() const;    // one line, every field
   std::string hash() const;   // of the key, 16 hex digits
 };
@@ -53,7 +53,6 @@ struct GeneratedKernel {
   std::vector<char> cubin;
   int registers = 0, spill_bytes = 0;
   double compile_ms = 0;  // 0 when it came from a cache
-  bool from_disk = false;
   cudaKernel_t kernel = nullptr;  // set once loaded on the GPU
 };
 

@@ -65,8 +65,6 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   }
   EwSignature s;
   s.program = a.step.attrs.s("program");
-  s.inputs = static_cast<int>(a.in.size());
-  s.outputs = static_cast<int>(a.out.size());
   s.arch = current_arch();
   EwArgs args{};
   args.n = n;
@@ -139,8 +137,6 @@ std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& ste
   if (step.op != Op::fused_elementwise) return std::nullopt;
   cuda::EwSignature s;
   s.program = step.attrs.s("program");
-  s.inputs = static_cast<int>(step.in.size());
-  s.outputs = static_cast<int>(step.out.size());
   bool all_full = true;
   for (auto& b : step.in) {
     s.strided.push_back(b.type.shape != step.out[0].type.shape);
