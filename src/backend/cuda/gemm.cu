@@ -721,16 +721,15 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
     ctx.choices.emplace_back(step, v->name + " (forced)");
     return keep(v);
   }
+  std::string cached;
   {
     std::lock_guard<std::mutex> lock(store.mu);
-    auto it = store.picks.find(key);
-    if (it != store.picks.end()) {
-      if (const Variant* v = named(it->second.use)) {
-        counters().variant_hits += 1;
-        ctx.choices.emplace_back(step, v->name + " (cached pick)");
-        return keep(v);
-      }
-    }
+    if (auto it = store.picks.find(key); it != store.picks.end()) cached = it->second.use;
+  }
+  if (const Variant* v = named(cached)) {  // freeing the others may synchronize: not under the lock
+    counters().variant_hits += 1;
+    ctx.choices.emplace_back(step, v->name + " (cached pick)");
+    return keep(v);
   }
   std::vector<float> ms(variants.size(), 0.0f);
   {
