@@ -96,6 +96,9 @@ const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, c
 Model::Model(Graph graph, ModelOptions options)
     : graph_(std::move(graph)), device_(options.device),
       reuse_gap_(options.device == Device::cuda && options.cuda_streams > 1 ? 1 : 0) {
+  // Checked on every device, so that a bad option fails where it is written.
+  if (options.cuda_streams < 1 || options.cuda_streams > 16)
+    fail("ModelOptions::cuda_streams must be in [1, 16], got ", options.cuda_streams);
   graph_.verify();
   layout_ = make_layout(graph_);
   state_.seed = options.seed;

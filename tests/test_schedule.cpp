@@ -143,3 +143,19 @@ TEST(ScheduleLanes, ADiamondUsesTwoLanes) {
   EXPECT_EQ(s.waits[3].size(), 1u);
   expect_honoured(deps, s, 4);
 }
+
+TEST(ScheduleLanes, AStreamCountOutOfRangeIsRefusedOnEveryDevice) {
+  Graph g;
+  (void)g.input("x", {2});
+  for (int bad : {0, -1, 17}) {
+    try {
+      Model m(g, {.cuda_streams = bad});
+      ADD_FAILURE() << bad << " streams accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda_streams must be in [1, 16], got " + std::to_string(bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  Model ok(g, {.cuda_streams = 16});
+}

@@ -121,7 +121,7 @@ class CudaBackend : public Backend {
     SEAM_CUDA_CHECK(cudaSetDevice(0));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->stream, cudaStreamNonBlocking));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->copy_stream, cudaStreamNonBlocking));
-    if (o.streams < 1 || o.streams > 16) fail("cuda_streams must be in [1, 16], got ", o.streams);
+    SEAM_ASSERT(o.streams >= 1 && o.streams <= 16);  // Model checks ModelOptions::cuda_streams
     sh_->lanes.push_back(sh_->stream);
     for (int i = 1; i < o.streams; ++i) {
       cudaStream_t s = nullptr;
