@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "backend/backend.h"
 #include "ops/fused_ew.h"
 #include "plan/explain.h"
 #include "test_util.h"
@@ -79,6 +80,16 @@ Plan expect_same_bits(const Graph& g, Var loss, const std::vector<Var>& outputs,
   return fused_plan;
 }
 
+// With CUDA in the build: every fused step's generated kernel compiles (NVRTC needs no GPU).
+void expect_kernels_compile(const Plan& plan) {
+#ifdef SEAM_HAS_CUDA
+  for (auto& s : plan.steps)
+    if (auto k = generated_kernel_report(s)) EXPECT_GT(k->registers, 0) << s.attrs.s("program");
+#else
+  (void)plan;
+#endif
+}
+
 }  // namespace
 
 TEST(FusedProgram, TextRoundTripsAndErrorsNameThePlace) {
@@ -100,6 +111,18 @@ TEST(FusedProgram, TextRoundTripsAndErrorsNameThePlace) {
   expect_parse_error("scale[abc](i0)->t0", "'abc' is not a number");
   expect_parse_error("relu(i0)relu(t0)->t1", "expected ';'");
   expect_parse_error("->", "needs an instruction");
+  // Outputs that end in a reduction.
+  const std::string reducing = "mul(i0,i1);relu_grad(t0,i2)->t1,sum(t0),mean(t1)";
+  EwProgram r = EwProgram::parse(reducing);
+  ASSERT_EQ(r.reduce.size(), 3u);
+  EXPECT_EQ(r.reduce[0], EwReduce::none);
+  EXPECT_EQ(r.reduce[1], EwReduce::sum);
+  EXPECT_EQ(r.reduce[2], EwReduce::mean);
+  EXPECT_TRUE(r.reduces());
+  EXPECT_FALSE(p.reduces());
+  EXPECT_EQ(r.str(), reducing);
+  expect_parse_error("relu(i0)->sum(t0", "expected ')'");
+  expect_parse_error("relu(i0)->sum(i0)", "expected a temp");
 }
 
 // Random chains over every elementwise op and its gradients, with broadcast operands;
@@ -151,6 +174,15 @@ TEST(FuseElementwise, RandomGraphsFuseAndChangeNoBit) {
     // One value from the middle read outside as well.
     const Var middle = made[made.size() / 2];
     loss = add(loss, mean(middle));
+    // Reductions of chain values over random axes, each one's result used again.
+    for (int r = static_cast<int>(rng() % 3); r > 0; --r) {
+      const Var v = made[rng() % made.size()];
+      std::vector<int64_t> axes;
+      if (rng() % 2) axes.push_back(static_cast<int64_t>(rng() % 2) - (rng() % 2 ? 2 : 0));
+      const bool keep = rng() % 2;
+      Var red = rng() % 2 ? sum(v, axes, keep) : seam::mean(v, axes, keep);
+      loss = add(loss, sum(seam::tanh(red)));
+    }
     SCOPED_TRACE("trial " + std::to_string(trial));
     const Plan plan = expect_same_bits(g, loss, {middle}, "trial " + std::to_string(trial));
     fused_total += count(plan, Op::fused_elementwise);
@@ -193,6 +225,44 @@ TEST(FuseElementwise, AChainThatWouldCloseACycleStaysApart) {
   Var v = add(u, t);
   const Plan plan = expect_same_bits(g, sum(v), {}, "cycle");
   EXPECT_GE(count(plan, Op::fused_elementwise), 2) << plan.str();
+}
+
+// The backward of y = relu(x * gamma + beta) with per-feature gamma and beta: gamma's
+// gradient is sum over rows of dy * x, beta's the sum of dy. Both sums end the group that
+// computes dy through relu, so no [rows, features] gradient reaches memory.
+TEST(FuseElementwise, BiasGradientSumsEndTheGroup) {
+  Graph g;
+  Var x = g.input("x", {16, 12});
+  Var gamma = g.param("gamma", {12}, Init::uniform(0.5, 1.5));
+  Var beta = g.param("beta", {12}, Init::uniform(-1, 1));
+  Var y = seam::tanh(relu(add(mul(x, gamma), beta)));
+  const Plan plan = expect_same_bits(g, sum(y), {}, "affine");
+  // The group could also end in the loss's sum over every axis; the axes two of its
+  // reductions share win, and the loss sums the stored y.
+  EXPECT_EQ(count(plan, Op::sum), 1) << plan.str();
+  int reducing = 0;
+  for (auto& s : plan.steps)
+    if (s.op == Op::fused_elementwise && EwProgram::parse(s.attrs.s("program")).reduces()) {
+      ++reducing;
+      EXPECT_EQ(s.attrs.ints("axes"), (std::vector<int64_t>{0})) << plan.str();
+      int full = 0;
+      for (auto& o : s.out) full += o.type.shape == Shape{16, 12};
+      EXPECT_EQ(full, 1) << "y alone is stored at full size\n" << plan.str();
+    }
+  EXPECT_EQ(reducing, 1) << plan.str();
+  expect_kernels_compile(plan);
+}
+
+// Two reductions of one group's value over different axes: the first ends the group, the
+// second stays a sum of the stored value.
+TEST(FuseElementwise, OneGroupReducesOverOneSetOfAxes) {
+  Graph g;
+  Var x = g.param("x", {5, 7}, Init::uniform(-1, 1));
+  Var t = seam::exp(relu(x));
+  Var rows = sum(t, {1}, /*keepdims=*/true), cols = seam::mean(t, {0});
+  const Plan plan = expect_same_bits(g, add(sum(seam::tanh(rows)), sum(seam::sqrt(cols))), {}, "two reductions");
+  EXPECT_GE(count(plan, Op::sum) + count(plan, Op::mean), 1) << plan.str();
+  expect_kernels_compile(plan);
 }
 
 // `seam plan`'s table: each kernel with what it covers and why, and the totals against the
@@ -258,6 +328,18 @@ TEST(FusedProgram, TheOpRejectsBadProgramsAndOperands) {
       "differ in dtype");
   expect_error([&](Graph& g) { add(g, {g.input("a", {4, 3})}, "relu(i0)"); }, "no '->'");
   expect_error([&](Graph& g) { add(g, {g.input("a", {4, 3}, DType::i32)}, "relu(i0)->t0"); }, "i32");
+  expect_error(
+      [&](Graph& g) {
+        g.add_named(Op::fused_elementwise, {g.input("a", {4, 3}).id()}, {{"program", "relu(i0)->t0"}, {"axes", std::vector<int64_t>{0}}},
+                    "fused");
+      },
+      "no output of the program is a sum or mean");
+  expect_error(
+      [&](Graph& g) {
+        g.add_named(Op::fused_elementwise, {g.input("a", {4, 3}).id()},
+                    {{"program", "relu(i0)->sum(t0)"}, {"axes", std::vector<int64_t>{2}}}, "fused");
+      },
+      "axis 2 is out of range");
   // And a good one: outputs at the broadcast shape, one per listed temp, named by the node.
   Graph g;
   Var a = g.input("a", {4, 3}), b = g.input("b", {3});
@@ -266,4 +348,11 @@ TEST(FusedProgram, TheOpRejectsBadProgramsAndOperands) {
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(g.value(out[1]).type.shape, (Shape{4, 3}));
   EXPECT_EQ(g.value(out[1]).name, "act");
+  // Reduced outputs at sum's shape.
+  auto red = g.add_named(Op::fused_elementwise, {a.id(), b.id()},
+                         {{"program", "mul(i0,i1)->t0,sum(t0),mean(t0)"}, {"axes", std::vector<int64_t>{0}}},
+                         std::vector<std::string>{"p", "s", "m"});
+  EXPECT_EQ(g.value(red[0]).type.shape, (Shape{4, 3}));
+  EXPECT_EQ(g.value(red[1]).type.shape, (Shape{3}));
+  EXPECT_EQ(g.value(red[2]).type.shape, (Shape{3}));
 }

@@ -1,7 +1,9 @@
 // fused_elementwise: its program text and its schema.
 #include "ops/fused_ew.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -47,8 +49,16 @@ std::string EwProgram::str() const {
     s += ')';
   }
   s += "->";
-  for (size_t j = 0; j < outputs.size(); ++j) s += (j ? "," : "") + std::string("t") + std::to_string(outputs[j]);
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    const std::string t = "t" + std::to_string(outputs[j]);
+    const EwReduce r = reduce[j];
+    s += (j ? "," : "") + (r == EwReduce::none ? t : (r == EwReduce::sum ? "sum(" : "mean(") + t + ")");
+  }
   return s;
+}
+
+bool EwProgram::reduces() const {
+  return std::any_of(reduce.begin(), reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
 }
 
 EwProgram EwProgram::parse(const std::string& text) {
@@ -122,7 +132,18 @@ EwProgram EwProgram::parse(const std::string& text) {
   }
   i = arrow + 2;
   while (i < text.size()) {
+    EwReduce r = EwReduce::none;
+    for (auto [word, kind] : {std::pair{"sum(", EwReduce::sum}, std::pair{"mean(", EwReduce::mean}})
+      if (text.compare(i, std::strlen(word), word) == 0) {
+        r = kind;
+        i += std::strlen(word);
+      }
     p.outputs.push_back(temp("as an output"));
+    p.reduce.push_back(r);
+    if (r != EwReduce::none) {
+      if (i >= text.size() || text[i] != ')') bad("expected ')'");
+      ++i;
+    }
     if (i < text.size()) {
       if (text[i] != ',') bad("expected ','");
       ++i;
@@ -146,9 +167,9 @@ void register_fused_elementwise(OpTable& t) {
   d.name = "fused_elementwise";
   d.inputs = {"xs..."};
   d.outputs = {"ys..."};
-  d.attrs = {{"program", std::string(), true}};
+  d.attrs = {{"program", std::string(), true}, {"axes", std::vector<int64_t>{}}, {"keepdims", int64_t{0}}};
   d.doc = "a chain of elementwise ops evaluated per element in one kernel, intermediates never "
-          "stored (made by fusion; the program names the ops)";
+          "stored, outputs stored or summed over axes (made by fusion; the program names the ops)";
   d.infer = [](const InferCtx& c) {
     EwProgram p = EwProgram::parse(c.attrs.s("program"));
     if (p.inputs > static_cast<int>(c.n()))
@@ -161,11 +182,20 @@ void register_fused_elementwise(OpTable& t) {
       shape = *b;
     }
     c.expect_float(0);
-    return std::vector<TensorType>(p.outputs.size(), TensorType{c.type(0).dtype, shape});
+    if (!p.reduces() && (!c.attrs.ints("axes").empty() || c.attrs.i("keepdims")))
+      c.fail("axes or keepdims given, but no output of the program is a sum or mean");
+    const Shape reduced =
+        reduced_shape(shape, reduce_axes(c.attrs.ints("axes"), shape.size(), &c), c.attrs.i("keepdims") != 0);
+    std::vector<TensorType> out;
+    for (EwReduce r : p.reduce) out.push_back({c.type(0).dtype, r == EwReduce::none ? shape : reduced});
+    return out;
   };
-  d.flops = [](const OpCostCtx& c) {
-    return static_cast<double>(c.out[0].numel()) *
-           static_cast<double>(EwProgram::cached(c.attrs.s("program")).code.size());
+  d.flops = [](const OpCostCtx& c) {  // an op per instruction and an add per reduced element
+    Shape shape;
+    for (const TensorType& t : c.in) shape = broadcast_shapes(shape, t.shape).value_or(shape);
+    const EwProgram& p = EwProgram::cached(c.attrs.s("program"));
+    const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
+    return static_cast<double>(numel(shape)) * static_cast<double>(p.code.size() + static_cast<size_t>(sums));
   };
 }
 

@@ -6,7 +6,10 @@
 // output shape) or an earlier t<k>. Ops take their unfused operands in the unfused order
 // (a unary gradient: dy then x or y; a binary gradient: dy, a, b) and a scalar attribute
 // in [...], written so that it reads back to the same double. After "->", the temps
-// written out, one output of the op each.
+// written out, one output of the op each: t<k> stores the temp at every element;
+// sum(t<k>) and mean(t<k>) store its sum or mean over the op's "axes" (a reduction ending
+// the group, e.g. a bias gradient), at the shape sum would give with "keepdims":
+//   mul(i0,i1);relu_grad(t0,i2)->t1,sum(t1)
 #pragma once
 #include <string>
 #include <vector>
@@ -21,9 +24,12 @@ struct EwInstr {
   std::vector<int> args;  // >= 0: input index; < 0: temp -(arg + 1)
 };
 
+enum class EwReduce { none, sum, mean };
+
 struct EwProgram {
   std::vector<EwInstr> code;
-  std::vector<int> outputs;  // temp indices
+  std::vector<int> outputs;        // temp indices
+  std::vector<EwReduce> reduce;    // per output: stored as is, or summed / averaged
   int inputs = 0;            // 1 + the largest input index read
 
   // Throws seam::Error naming the problem and its position in the text.
@@ -32,6 +38,7 @@ struct EwProgram {
   // kernel, the cost rule). Thread-safe; the reference stays valid.
   static const EwProgram& cached(const std::string& text);
   std::string str() const;
+  bool reduces() const;  // whether some output is a sum or mean
 };
 
 // Whether an op can be part of a fused elementwise program, and how many operands it

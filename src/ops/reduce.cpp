@@ -5,9 +5,6 @@
 
 namespace seam {
 
-namespace {
-
-// The sorted, normalized axes of a reduction; empty attribute = every axis.
 std::vector<int> reduce_axes(const std::vector<int64_t>& axes, size_t rank, const InferCtx* c) {
   std::vector<int> r;
   if (axes.empty())
@@ -37,6 +34,8 @@ Shape reduced_shape(const Shape& in, const std::vector<int>& axes, bool keepdims
   }
   return s;
 }
+
+namespace {
 
 std::vector<TensorType> infer_reduce(const InferCtx& c) {
   c.expect_float(0);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/shapes.h"
 #include "seam/error.h"
 #include "seam/graph.h"
 #include "seam/ops.h"
@@ -111,7 +112,5 @@ inline OpDef& def(OpTable& t, Op op) { return t.at(static_cast<size_t>(op)); }
 // Helpers shared by gradient rules.
 // Sums g (at a broadcast shape) back down to `shape` (numpy broadcasting in reverse).
 Var sum_to(Var g, const Shape& shape);
-// Numpy broadcast of two shapes; empty optional if incompatible.
-std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b);
 
 }  // namespace seam

@@ -1,5 +1,6 @@
 // Elementwise fusion: chains of elementwise ops of one output shape become one
 // fused_elementwise node whose intermediates never reach memory.
+#include <optional>
 #include <queue>
 #include <set>
 
@@ -88,11 +89,68 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     group[static_cast<size_t>(k)] = join;
     members[static_cast<size_t>(join)].push_back(k);
   }
+  // 2. Reductions ending a group: a sum or mean of a member's value joins the group (its
+  //    kernel adds the value up as it goes, and stores it only if it is read elsewhere)
+  //    when the group reduces over no other axes and none of its members depends on the
+  //    reduction: a bias or broadcast operand's gradient, a mean of a loss term.
+  struct Reduction {
+    std::vector<int> axes;
+    bool keepdims = false;
+    bool operator==(const Reduction&) const = default;
+  };
+  std::vector<std::optional<Reduction>> reduction(members.size());
+  auto reaches = [&](int gid, int target) {  // whether a member of gid depends on node target
+    std::vector<int> stack;
+    std::vector<bool> seen(static_cast<size_t>(nn), false);
+    auto visit = [&](int p) {
+      if (p >= 0 && !seen[static_cast<size_t>(p)] && group[static_cast<size_t>(p)] != gid)
+        seen[static_cast<size_t>(p)] = true, stack.push_back(p);
+    };
+    for (int m : members[static_cast<size_t>(gid)])
+      for (ValueId v : nodes[static_cast<size_t>(m)].in) visit(producer(v));
+    while (!stack.empty()) {
+      const int k = stack.back();
+      stack.pop_back();
+      if (k == target) return true;
+      if (const int h = group[static_cast<size_t>(k)]; h >= 0)
+        for (int m : members[static_cast<size_t>(h)]) visit(m);
+      for (ValueId v : nodes[static_cast<size_t>(k)].in) visit(producer(v));
+    }
+    return false;
+  };
+  //    Where a group's value is reduced over several sets of axes, the set most of its
+  //    reductions share wins (the most values kept from memory).
+  std::vector<std::pair<int, Reduction>> candidates;  // (node, what it reduces)
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    if (n.op != Op::sum && n.op != Op::mean) continue;
+    const int p = producer(n.in[0]);
+    if (p < 0 || group[static_cast<size_t>(p)] < 0) continue;
+    candidates.push_back({k, {reduce_axes(n.attrs.ints("axes"), g.value(n.in[0]).type.shape.size(), nullptr),
+                              n.attrs.i("keepdims") != 0}});
+  }
+  for (auto& [k, want] : candidates) {
+    const int gid = group[static_cast<size_t>(producer(nodes[static_cast<size_t>(k)].in[0]))];
+    auto& have = reduction[static_cast<size_t>(gid)];
+    if (!have) {
+      int best = 0;
+      for (auto& [k1, r1] : candidates) {
+        if (group[static_cast<size_t>(producer(nodes[static_cast<size_t>(k1)].in[0]))] != gid) continue;
+        int n = 0;
+        for (auto& [k2, r2] : candidates)
+          n += r2 == r1 && group[static_cast<size_t>(producer(nodes[static_cast<size_t>(k2)].in[0]))] == gid;
+        if (n > best) best = n, have = r1;
+      }
+    }
+    if (!(*have == want) || reaches(gid, k)) continue;
+    group[static_cast<size_t>(k)] = gid;
+    members[static_cast<size_t>(gid)].push_back(k);
+  }
   for (int k = 0; k < nn; ++k)  // a group of one node stays that node
     if (group[static_cast<size_t>(k)] >= 0 && members[static_cast<size_t>(group[static_cast<size_t>(k)])].size() < 2)
       group[static_cast<size_t>(k)] = -1;
 
-  // 2. Emit items (a node, or a whole group at once) in node order as far as their
+  // 3. Emit items (a node, or a whole group at once) in node order as far as their
   //    operands allow: a group goes out when its last operand from outside exists.
   FuseResult r = start_rebuild(g);
   Graph& ng = r.graph;
@@ -111,8 +169,10 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     std::vector<ValueId> ext;  // operands from outside, in first-use order
     std::vector<int> temp_of(g.values().size(), -1);
     EwProgram prog;
+    auto is_reduction = [&](int k) { return ew_arity(nodes[static_cast<size_t>(k)].op) == 0; };
     for (int k : ms) {
       const Node& n = nodes[static_cast<size_t>(k)];
+      if (is_reduction(k)) continue;
       EwInstr in{n.op, *ew_attr(n.op) ? n.attrs.f(ew_attr(n.op)) : 0.0, {}};
       for (ValueId v : n.in) {
         const int t = temp_of[static_cast<size_t>(v)];
@@ -130,11 +190,18 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     std::vector<ValueId> outs;
     std::vector<std::string> names;
     for (int k : ms) {
-      const ValueId v = nodes[static_cast<size_t>(k)].out[0];
-      bool outside = keep.count(v) > 0;
-      for (int u : users[static_cast<size_t>(v)]) outside = outside || group[static_cast<size_t>(u)] != gid;
-      if (!outside) continue;
-      prog.outputs.push_back(temp_of[static_cast<size_t>(v)]);
+      const Node& n = nodes[static_cast<size_t>(k)];
+      const ValueId v = n.out[0];
+      if (is_reduction(k)) {
+        prog.outputs.push_back(temp_of[static_cast<size_t>(n.in[0])]);
+        prog.reduce.push_back(n.op == Op::sum ? EwReduce::sum : EwReduce::mean);
+      } else {
+        bool outside = keep.count(v) > 0;
+        for (int u : users[static_cast<size_t>(v)]) outside = outside || group[static_cast<size_t>(u)] != gid;
+        if (!outside) continue;
+        prog.outputs.push_back(temp_of[static_cast<size_t>(v)]);
+        prog.reduce.push_back(EwReduce::none);
+      }
       outs.push_back(v);
       names.push_back(g.value(v).name);
     }
@@ -144,7 +211,12 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     }
     std::vector<ValueId> in;
     for (ValueId v : ext) in.push_back(mapped(r, v));
-    auto made = ng.add_named(Op::fused_elementwise, in, {{"program", prog.str()}}, names);
+    Attrs attrs{{"program", prog.str()}};
+    if (const auto& red = reduction[static_cast<size_t>(gid)]) {
+      attrs.set("axes", std::vector<int64_t>(red->axes.begin(), red->axes.end()));
+      attrs.set("keepdims", int64_t{red->keepdims});
+    }
+    auto made = ng.add_named(Op::fused_elementwise, in, attrs, names);
     for (size_t i = 0; i < outs.size(); ++i) r.map[static_cast<size_t>(outs[i])] = made[i];
     for (int k : ms) done[static_cast<size_t>(k)] = true;
     ++r.forward;

@@ -42,6 +42,8 @@ std::string covers(const PlanStep& s) {
       const EwProgram p = EwProgram::parse(s.attrs.s("program"));
       std::string c;
       for (auto& in : p.code) c += (c.empty() ? "" : "+") + std::string(op_name(in.op));
+      for (EwReduce r : p.reduce)
+        if (r != EwReduce::none) c += r == EwReduce::sum ? "+sum" : "+mean";
       return c;
     }
     case Op::linear_act: case Op::linear_act_aux: return "linear+" + act;
@@ -57,9 +59,11 @@ std::string why(const PlanStep& s) {
     case Op::fused_elementwise: {
       const EwProgram p = EwProgram::parse(s.attrs.s("program"));
       std::ostringstream o;
-      o << "fused: " << p.code.size() << " elementwise ops in one pass; "
-        << p.code.size() - p.outputs.size() << " of their values stay in registers, " << p.outputs.size()
-        << " written (read elsewhere)";
+      const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
+      const auto stored = static_cast<long>(p.outputs.size()) - sums;
+      o << "fused: " << p.code.size() << " elementwise ops in one pass; " << static_cast<long>(p.code.size()) - stored
+        << " of their values stay in registers, " << stored << " written (read elsewhere)";
+      if (sums) o << ", " << sums << " summed over axes " << shape_str(s.attrs.ints("axes")) << " on the way";
       return o.str();
     }
     case Op::linear_act: case Op::linear_act_aux:

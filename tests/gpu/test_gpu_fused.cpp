@@ -215,3 +215,47 @@ TEST(GpuFused, GroupsPastTheKernelLimitsRunOpByOp) {
   for (auto& [step, what] : p.executable().stats().choices) split = split || what.rfind("split: 20 inputs", 0) == 0;
   EXPECT_TRUE(split);
 }
+
+// Groups ending in sums and means: both walks (the innermost dim kept, or reduced), one
+// chunk and many (partials added by a second kernel), 3-d shapes reduced over middle and
+// outer axes, keepdims or not; each forced fused, split and timed.
+TEST(GpuFused, GroupsEndingInReductionsMatchTheCpu) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> axes;
+    bool keepdims, mean;
+  };
+  const std::vector<Case> cases = {
+      {{4096, 64}, {0}, false, false},   // columns, many chunks (a bias gradient)
+      {{37, 1000}, {0}, true, true},     // columns, one chunk
+      {{64, 8192}, {1}, true, false},    // rows, many chunks
+      {{300, 33}, {-1}, false, true},    // rows, one chunk
+      {{6, 50, 40}, {0, 2}, false, false},  // rows over two reduced groups
+      {{6, 50, 40}, {1}, true, true},    // columns, kept dims on both sides
+      {{128, 257}, {}, false, false},    // everything: one output
+  };
+  for (const Case& k : cases)
+    for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split, EpiloguePolicy::fastest}) {
+      SCOPED_TRACE(shape_str(k.shape) + " axes " + shape_str(k.axes) + (k.mean ? " mean" : " sum") + ", policy " +
+                   std::to_string(static_cast<int>(e)));
+      CompareOptions o = tolerant();
+      o.epilogue = e;
+      compare_with_cpu(
+          [&](GpuCase& c) {
+            Var x = c.data("x", k.shape, -2, 2);
+            Var w = c.param("w", {k.shape.back()}, 0.5, 1.5);
+            Var t = seam::tanh(mul(x, w));
+            Var r = k.mean ? seam::mean(t, k.axes, k.keepdims) : sum(t, k.axes, k.keepdims);
+            return sigmoid(r);
+          },
+          o);
+    }
+  // The forward sum ends the group, as its plan shows.
+  GpuCase c;
+  Var x = c.data("x", {256, 64});
+  Var t = sum(seam::tanh(mul(x, c.param("w", {64}))), {0});
+  Model m(c.g, {.device = Device::cuda});
+  Program p = m.compile({.outputs = {t.id()}});
+  EXPECT_EQ(count(p.plan(), Op::sum), 0) << p.plan().str();
+  EXPECT_EQ(count(p.plan(), Op::fused_elementwise), 1) << p.plan().str();
+}

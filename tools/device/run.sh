@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [bench] ...   (default: tests train)
+#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] ...   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
 set -uo pipefail
@@ -57,6 +57,14 @@ for step in "${steps[@]}"; do
         note "train $model: rc=$rc $(grep '"event":"done"' "$out/train.log" | tail -1)"
         [ "$rc" -ne 0 ] && tail -5 "$run_dir/stderr"
         rm -rf "$run_dir"
+      done
+      ;;
+    plan)
+      # Each example's plan with every kernel's measured time beside its estimate.
+      for model in fmnist_mlp fmnist_cnn; do
+        echo "### $model" >> "$out/plan.log"
+        "$bin/seam" plan "examples/$model.json" --device cuda --measure >> "$out/plan.log" 2>&1
+        note "plan $model: rc=$?"
       done
       ;;
     bench)

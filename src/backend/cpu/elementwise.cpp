@@ -4,6 +4,7 @@
 #include "backend/cpu/cpu.h"
 #include "ops/elementwise.h"
 #include "ops/fused_ew.h"
+#include "ops/shapes.h"
 
 #include "ops/ew_math_std.h"
 
@@ -126,33 +127,46 @@ EwEval<T> evaluator(Op op) {
 
 void fused_elementwise(const KernelArgs& a) {
   const EwProgram& prog = EwProgram::cached(a.attrs().s("program"));
-  dispatch_float(a.out[0].dtype(), [&]<class T>() {
-    const size_t nin = a.in.size(), ncode = prog.code.size();
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const size_t nin = a.in.size(), ncode = prog.code.size(), nout = a.out.size();
     std::vector<EwEval<T>> eval;
     std::vector<T> param;
     for (const EwInstr& in : prog.code) {
       eval.push_back(evaluator<T>(in.op));
       param.push_back(static_cast<T>(in.p));
     }
-    const Shape& out = a.out[0].shape();
-    const size_t r = out.size();
-    // Each input's element strides over the output's dims (0 where it is broadcast).
-    std::vector<std::vector<int64_t>> st(nin, std::vector<int64_t>(r, 0));
-    std::vector<const T*> src(nin);
-    for (size_t k = 0; k < nin; ++k) {
-      src[k] = a.in[k].as<T>();
-      const Shape& s = a.in[k].shape();
+    Shape shape;  // the index space: every input broadcast
+    for (auto& in : a.in) shape = *broadcast_shapes(shape, in.shape());
+    const size_t r = shape.size();
+    // Element strides over the index space of each input (0 where it is broadcast), then
+    // of each output (0 along the reduced axes of a sum or mean).
+    std::vector<std::vector<int64_t>> st(nin + nout, std::vector<int64_t>(r, 0));
+    auto strides_of = [&](std::vector<int64_t>& to, const Shape& s) {
       const auto own = row_major_strides(s);
       const size_t lead = r - s.size();
       for (size_t d = lead; d < r; ++d)
-        if (s[d - lead] != 1) st[k][d] = own[d - lead];
+        if (s[d - lead] != 1) to[d] = own[d - lead];
+    };
+    std::vector<const T*> src(nin);
+    for (size_t k = 0; k < nin; ++k) {
+      src[k] = a.in[k].as<T>();
+      strides_of(st[k], a.in[k].shape());
     }
+    const auto axes = reduce_axes(a.attrs().ints("axes"), r, nullptr);
+    Shape kept = shape;
+    for (int d : axes) kept[static_cast<size_t>(d)] = 1;
     std::vector<T*> dst;
-    for (auto& o : a.out) dst.push_back(o.as<T>());
+    std::vector<std::vector<double>> acc(nout);  // a reduced output's sums, as sum adds them
+    for (size_t o = 0; o < nout; ++o) {
+      dst.push_back(a.out[o].as<T>());
+      const bool reduced = prog.reduce[o] != EwReduce::none;
+      strides_of(st[nin + o], reduced ? kept : shape);
+      if (reduced) acc[o].assign(static_cast<size_t>(a.out[o].numel()), 0.0);
+    }
     std::vector<T> temp(ncode);
-    std::vector<int64_t> idx(r, 0), off(nin, 0);
+    std::vector<int64_t> idx(r, 0), off(nin + nout, 0);
     T args[3];
-    const int64_t n = numel(out);
+    const int64_t n = numel(shape);
     for (int64_t i = 0; i < n; ++i) {
       for (size_t c = 0; c < ncode; ++c) {
         const auto& as = prog.code[c].args;
@@ -162,14 +176,25 @@ void fused_elementwise(const KernelArgs& a) {
         }
         temp[c] = eval[c](args, param[c]);
       }
-      for (size_t o = 0; o < dst.size(); ++o) dst[o][i] = temp[static_cast<size_t>(prog.outputs[o])];
-      for (size_t d = r; d-- > 0;) {  // the next output index, odometer style
+      for (size_t o = 0; o < nout; ++o) {
+        const T v = temp[static_cast<size_t>(prog.outputs[o])];
+        if (prog.reduce[o] == EwReduce::none) dst[o][off[nin + o]] = v;
+        else acc[o][static_cast<size_t>(off[nin + o])] += static_cast<double>(v);
+      }
+      for (size_t d = r; d-- > 0;) {  // the next index, odometer style
         ++idx[d];
-        for (size_t k = 0; k < nin; ++k) off[k] += st[k][d];
-        if (idx[d] < out[d]) break;
-        for (size_t k = 0; k < nin; ++k) off[k] -= st[k][d] * out[d];
+        for (size_t k = 0; k < st.size(); ++k) off[k] += st[k][d];
+        if (idx[d] < shape[d]) break;
+        for (size_t k = 0; k < st.size(); ++k) off[k] -= st[k][d] * shape[d];
         idx[d] = 0;
       }
+    }
+    for (size_t o = 0; o < nout; ++o) {
+      if (prog.reduce[o] == EwReduce::none) continue;
+      // mean's own scale (src/backend/cpu/reduce.cpp), so that fusing changes no bit
+      const double scale =
+          prog.reduce[o] == EwReduce::mean ? static_cast<double>(numel(kept)) / static_cast<double>(n) : 1.0;
+      for (size_t e = 0; e < acc[o].size(); ++e) dst[o][e] = static_cast<T>(acc[o][e] * scale);
     }
   });
 }

@@ -89,7 +89,7 @@ std::string cache_dir() {
   return root.empty() ? root : root + "/kernels";
 }
 
-constexpr const char* kFileHeader = "seam generated kernel v1";
+constexpr const char* kFileHeader = "seam generated kernel v2";
 
 // Reads a cache file; nullopt (and counted) if it is missing or not to be trusted.
 std::optional<GeneratedKernel> read_cached(const std::string& path, const std::string& key) {
@@ -150,21 +150,99 @@ void write_cached(const std::string& path, const GeneratedKernel& k) {
 }  // namespace
 
 std::string EwSignature::key() const {
-  std::string s = "ew sm" + std::to_string(arch) + " vec" + std::to_string(vec) + " strided=";
+  const char* walk = layout == EwLayout::columns ? " columns" : layout == EwLayout::rows ? " rows" : "";
+  std::string s = "ew sm" + std::to_string(arch) + walk + " vec" + std::to_string(vec) + " strided=";
   for (bool b : strided) s += b ? '1' : '0';
   return s + " program=" + program;
 }
+
+namespace {
+
+// The statements reading every input at index-space element e into i<k>.
+std::string loads(const EwSignature& s) {
+  std::string o;
+  for (int k = 0; k < s.inputs(); ++k)
+    o += "    const T i" + std::to_string(k) + " = args.in[" + std::to_string(k) + "][" +
+         (s.strided[static_cast<size_t>(k)] ? "seam_off(args, " + std::to_string(k) + ", e)" : std::string("e")) +
+         "];\n";
+  return o;
+}
+
+// The kernel of a program ending in reductions (layout columns or rows): every element of
+// the index space visited once, stored outputs written, reduced ones summed in double.
+void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p) {
+  const bool cols = s.layout == EwLayout::columns;
+  std::vector<int> red;  // the reduced outputs, in output order
+  for (size_t j = 0; j < p.outputs.size(); ++j)
+    if (p.reduce[j] != EwReduce::none) red.push_back(static_cast<int>(j));
+  const int nred = static_cast<int>(red.size());
+  o << "__device__ __forceinline__ long long seam_dims(int n, const long long* size, const long long* st, long long i) {\n"
+       "  if (n == 1) return i * st[0];\n"
+       "  long long off = 0;\n"
+       "  for (int d = 0; d < n; ++d) {\n"
+       "    const long long q = i / size[d];\n"
+       "    off += (i - q * size[d]) * st[d];\n"
+       "    i = q;\n"
+       "  }\n"
+       "  return off;\n}\n";
+  // A block's sum for reduced output j (the r-th): stored, or a chunk's partial.
+  o << "__device__ __forceinline__ void seam_put(const EwArgs& args, int j, int r, long long o, double v) {\n"
+       "  if (gridDim.y == 1) args.out[j][o] = (float)(v * args.scale[j]);\n"
+       "  else args.partial[((long long)blockIdx.y * " << nred << " + r) * args.kept + o] = v;\n}\n";
+  o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
+  if (cols) {
+    o << "  __shared__ double seam_sh[" << nred << "][8][33];\n";
+    o << "  const long long o = (long long)blockIdx.x * 32 + threadIdx.x;\n";
+    o << "  const int step = 8, lane = threadIdx.y;\n";
+  } else {
+    o << "  const long long o = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);\n";
+    o << "  const int step = 32, lane = threadIdx.x & 31;\n";
+  }
+  o << "  const long long j0 = (long long)blockIdx.y * args.chunk;\n";
+  o << "  const long long j1 = j0 + args.chunk < args.len ? j0 + args.chunk : args.len;\n";
+  for (int r = 0; r < nred; ++r) o << "  double acc" << r << " = 0;\n";
+  o << "  if (o < args.kept) {\n";
+  o << "   const long long base = seam_dims(args.kept_rank, args.kept_size, args.kept_st, o);\n";
+  o << "   for (long long j = j0 + lane; j < j1; j += step) {\n";
+  o << "    const long long e = base + seam_dims(args.red_rank, args.red_size, args.red_st, j);\n";
+  o << loads(s) << body(p, "");
+  for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
+    const std::string t = "t" + std::to_string(p.outputs[j]);
+    if (p.reduce[j] == EwReduce::none) o << "    args.out[" << j << "][e] = " << t << ";\n";
+    else o << "    acc" << r++ << " += (double)" << t << ";\n";
+  }
+  o << "   }\n  }\n";
+  if (cols) {
+    for (int r = 0; r < nred; ++r) o << "  seam_sh[" << r << "][threadIdx.y][threadIdx.x] = acc" << r << ";\n";
+    o << "  __syncthreads();\n  if (threadIdx.y != 0 || o >= args.kept) return;\n";
+    for (int r = 0; r < nred; ++r) {
+      o << "  {\n    double v = 0;\n    for (int y = 0; y < 8; ++y) v += seam_sh[" << r << "][y][threadIdx.x];\n";
+      o << "    seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o, v);\n  }\n";
+    }
+  } else {
+    for (int r = 0; r < nred; ++r)
+      o << "  for (int d = 16; d > 0; d >>= 1) acc" << r << " += __shfl_down_sync(0xffffffffu, acc" << r << ", d);\n";
+    o << "  if (lane != 0 || o >= args.kept) return;\n";
+    for (int r = 0; r < nred; ++r) o << "  seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o, acc" << r << ");\n";
+  }
+  o << "}\n";
+}
+
+}  // namespace
 
 std::string ew_source(const EwSignature& s) {
   const EwProgram& p = EwProgram::cached(s.program);
   const int inputs = s.inputs(), outputs = static_cast<int>(p.outputs.size());
   SEAM_ASSERT(inputs <= kEwMaxInputs && outputs <= kEwMaxOutputs && p.inputs <= inputs);
+  SEAM_ASSERT(p.reduces() == (s.layout != EwLayout::elementwise));
   std::ostringstream o;
   o << "// fused_elementwise: " << s.program << "\n";
   o << "#include \"ew_math.h\"\nusing namespace seam_ew;\ntypedef float T;\n";
   o << "struct EwArgs {\n  const float* in[" << kEwMaxInputs << "];\n  float* out[" << kEwMaxOutputs
     << "];\n  long long n, nvec;\n  int rank;\n  long long size[" << kEwMaxDims << "];\n  long long st["
-    << kEwMaxInputs << "][" << kEwMaxDims << "];\n};\n";
+    << kEwMaxInputs << "][" << kEwMaxDims << "];\n  int kept_rank, red_rank;\n  long long kept_size[" << kEwMaxDims
+    << "], kept_st[" << kEwMaxDims << "], red_size[" << kEwMaxDims << "], red_st[" << kEwMaxDims
+    << "];\n  long long kept, len, chunk;\n  double* partial;\n  double scale[" << kEwMaxOutputs << "];\n};\n";
   o << "__device__ __forceinline__ long long seam_off(const EwArgs& g, int k, long long e) {\n"
        "  long long off = 0;\n"
        "  for (int d = 0; d < g.rank; ++d) {\n"
@@ -173,6 +251,10 @@ std::string ew_source(const EwSignature& s) {
        "    e = q;\n"
        "  }\n"
        "  return off;\n}\n";
+  if (s.layout != EwLayout::elementwise) {
+    reducing_kernel(o, s, p);
+    return o.str();
+  }
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
   o << "  const long long stride = (long long)gridDim.x * blockDim.x;\n";
   o << "  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n";
@@ -194,10 +276,7 @@ std::string ew_source(const EwSignature& s) {
     o << "  }\n";
   }
   o << "  for (long long e = args.nvec * 4 + first; e < args.n; e += stride) {\n";
-  for (int k = 0; k < inputs; ++k)
-    o << "    const T i" << k << " = args.in[" << k << "]["
-      << (s.strided[static_cast<size_t>(k)] ? "seam_off(args, " + std::to_string(k) + ", e)" : "e") << "];\n";
-  o << body(p, "");
+  o << loads(s) << body(p, "");
   for (int j = 0; j < outputs; ++j)
     o << "    args.out[" << j << "][e] = t" << p.outputs[static_cast<size_t>(j)] << ";\n";
   o << "  }\n}\n";

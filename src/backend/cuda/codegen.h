@@ -31,18 +31,35 @@ inline constexpr int kEwMaxDims = 8;
 struct EwArgs {
   const float* in[kEwMaxInputs];
   float* out[kEwMaxOutputs];
-  long long n;     // output elements
+  long long n;     // elements of the index space (every input broadcast)
   long long nvec;  // groups of four handled by the vector loop (0 when vec is 1)
   int rank;        // dims of the index space, innermost first
   long long size[kEwMaxDims];
   long long st[kEwMaxInputs][kEwMaxDims];  // element strides of broadcast inputs
+  // Programs with sum/mean outputs: the index space split into the kept and the reduced
+  // dims (innermost first, with their row-major strides in the index space); each block
+  // reduces `chunk` of the `len` reduced elements of its outputs. One chunk: the block
+  // stores out = sum * scale; more: it stores the double sum in partial[chunk][output][kept]
+  // and a second kernel adds the chunks up in order.
+  int kept_rank, red_rank;
+  long long kept_size[kEwMaxDims], kept_st[kEwMaxDims], red_size[kEwMaxDims], red_st[kEwMaxDims];
+  long long kept, len, chunk;
+  double* partial;
+  double scale[kEwMaxOutputs];
 };
+
+// How the kernel walks its index space: one thread per element (vectorized when it can),
+// or, ending in reductions, by tiles of 32 kept elements x a chunk of reduced ones (the
+// innermost dim kept, bias-gradient style) or by one warp per kept element (the innermost
+// dim reduced).
+enum class EwLayout { elementwise, columns, rows };
 
 struct EwSignature {
   std::string program;        // its outputs are the kernel's
   std::vector<bool> strided;  // per input: read through strides (broadcast)
   int vec = 1;                // 1 or 4
   int arch = 90;              // compute capability major * 10 + minor
+  EwLayout layout = EwLayout::elementwise;
   int inputs() const { return static_cast<int>(strided.size()); }
   std::string key() const;    // one line, every field
   std::string hash() const;   // of the key, 16 hex digits

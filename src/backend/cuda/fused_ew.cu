@@ -1,5 +1,7 @@
 // fused_elementwise on the GPU: a kernel generated for the group's program (codegen.h),
 // launched over the output's elements.
+#include <algorithm>
+#include <functional>
 #include <string>
 
 #include "backend/backend.h"
@@ -7,6 +9,7 @@
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm.h"
+#include "ops/shapes.h"
 
 namespace seam::cuda {
 
@@ -22,14 +25,16 @@ int current_arch() {
 
 // The split variant: each op of the program by its own kernel (the unfused ops' kernels),
 // temps in scratch; `unused` frees them if the generated kernel is chosen.
-Variant split_variant(const StepArgs& a, const std::string& program) {
-  const EwProgram prog = EwProgram::parse(program);
+Variant split_variant(const StepArgs& a, const std::string& program, const Shape& shape) {
+  const EwProgram& prog = EwProgram::cached(program);
   std::vector<DeviceTensor> temp(prog.code.size());
   std::vector<void*> scratch;
-  for (size_t j = 0; j < prog.outputs.size(); ++j) temp[static_cast<size_t>(prog.outputs[j])] = a.out[j];
+  for (size_t j = 0; j < prog.outputs.size(); ++j)
+    if (prog.reduce[j] == EwReduce::none) temp[static_cast<size_t>(prog.outputs[j])] = a.out[j];
+  const TensorType full{a.out[0].type.dtype, shape};
   for (auto& t : temp)
     if (!t.data) {
-      t = {a.ctx.scratch(a.out[0].type.bytes()), a.out[0].type};
+      t = {a.ctx.scratch(std::max<size_t>(full.bytes(), 1)), full};
       scratch.push_back(t.data);
     }
   std::vector<Launch> parts;
@@ -41,40 +46,115 @@ Variant split_variant(const StepArgs& a, const std::string& program) {
     if (*ew_attr(in.op)) attrs.set(ew_attr(in.op), in.p);
     parts.push_back(prepare_as_step(a, in.op, attrs, operands, {temp[c]}));
   }
+  const Attrs reduce_attrs{{"axes", a.step.attrs.ints("axes")}, {"keepdims", a.step.attrs.i("keepdims")}};
+  for (size_t j = 0; j < prog.outputs.size(); ++j)
+    if (prog.reduce[j] != EwReduce::none)
+      parts.push_back(prepare_as_step(a, prog.reduce[j] == EwReduce::sum ? Op::sum : Op::mean, reduce_attrs,
+                                      {temp[static_cast<size_t>(prog.outputs[j])]}, {a.out[j]}));
   Context* ctx = &a.ctx;
   return {"split", in_order(parts), [ctx, scratch] {
             for (void* p : scratch) ctx->release(p);
           }};
 }
 
+// The index space (every input broadcast) and, for a program ending in reductions, its
+// split into kept and reduced dims: the layout and EwArgs fields that do not depend on
+// where the tensors are.
+struct Walk {
+  Shape shape;
+  std::vector<int64_t> dims;  // non-1 dims of shape, innermost first
+  EwLayout layout = EwLayout::elementwise;
+  int64_t kept = 1, len = 1;
+};
+
+Walk walk_of(const std::vector<Shape>& inputs, const Attrs& attrs, EwArgs* args) {
+  Walk w;
+  for (const Shape& s : inputs) w.shape = *broadcast_shapes(w.shape, s);
+  const Shape& os = w.shape;
+  for (size_t d = os.size(); d-- > 0;)
+    if (os[d] != 1) w.dims.push_back(static_cast<int64_t>(d));
+  if (!EwProgram::cached(attrs.s("program")).reduces()) return w;
+  const auto axes = reduce_axes(attrs.ints("axes"), os.size(), nullptr);
+  // Kept and reduced dims, innermost first, neighbours of one kind merged (the index
+  // space is row-major, so they are contiguous).
+  std::vector<std::pair<int64_t, int64_t>> kept, red;  // (size, stride)
+  int last = -1;                                        // 0 kept, 1 reduced
+  int64_t stride = 1;
+  for (int64_t d : w.dims) {
+    const bool r = std::find(axes.begin(), axes.end(), static_cast<int>(d)) != axes.end();
+    auto& to = r ? red : kept;
+    if (last == static_cast<int>(r)) to.back().first *= os[static_cast<size_t>(d)];
+    else to.push_back({os[static_cast<size_t>(d)], stride});
+    if (w.layout == EwLayout::elementwise) w.layout = r ? EwLayout::rows : EwLayout::columns;
+    last = r;
+    stride *= os[static_cast<size_t>(d)];
+  }
+  if (w.layout == EwLayout::elementwise) w.layout = EwLayout::rows;  // a single element
+  if (kept.empty()) kept.push_back({1, 0});
+  if (red.empty()) red.push_back({1, 0});
+  for (auto& [sz, st] : kept) w.kept *= sz;
+  for (auto& [sz, st] : red) w.len *= sz;
+  if (args) {
+    args->kept_rank = static_cast<int>(kept.size());
+    args->red_rank = static_cast<int>(red.size());
+    for (size_t i = 0; i < kept.size(); ++i) args->kept_size[i] = kept[i].first, args->kept_st[i] = kept[i].second;
+    for (size_t i = 0; i < red.size(); ++i) args->red_size[i] = red[i].first, args->red_st[i] = red[i].second;
+    args->kept = w.kept;
+    args->len = w.len;
+  }
+  return w;
+}
+
+// Adds the chunks' double partials up in chunk order: out[j] = sum * scale[j].
+struct FinishArgs {
+  const double* partial;
+  float* out[kEwMaxOutputs];
+  double scale[kEwMaxOutputs];
+  int outputs, chunks;  // reduced outputs
+  long long kept;
+};
+
+__global__ void __launch_bounds__(256) finish_partials(const FinishArgs f) {
+  const long long total = f.kept * f.outputs;
+  for (long long i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int r = static_cast<int>(i / f.kept);
+    const long long o = i - r * f.kept;
+    double v = 0;
+    for (int c = 0; c < f.chunks; ++c) v += f.partial[(static_cast<long long>(c) * f.outputs + r) * f.kept + o];
+    f.out[r][o] = static_cast<float>(v * f.scale[r]);
+  }
+}
+
 Launch prepare_fused_elementwise(const StepArgs& a) {
   expect_f32(a);
-  const Shape& os = a.out[0].shape();
-  const int64_t n = a.out[0].numel();
-  if (n == 0) return [](cudaStream_t) {};
-  // Past the generated kernel's limits, the group runs as one kernel per op.
-  size_t wide_dims = 0;
-  for (int64_t d : os) wide_dims += d != 1;
+  const EwProgram& prog = EwProgram::cached(a.step.attrs.s("program"));
+  std::vector<Shape> in_shapes;
+  for (auto& t : a.in) in_shapes.push_back(t.shape());
+  EwArgs args{};
+  const Walk w = walk_of(in_shapes, a.step.attrs, &args);
+  const Shape& os = w.shape;
+  const int64_t n = numel(os);
+  if (n == 0 && !prog.reduces()) return [](cudaStream_t) {};
+  // Past the generated kernel's limits (or with nothing to walk), the group runs as one
+  // kernel per op.
   if (a.in.size() > static_cast<size_t>(kEwMaxInputs) || a.out.size() > static_cast<size_t>(kEwMaxOutputs) ||
-      wide_dims > static_cast<size_t>(kEwMaxDims)) {
+      w.dims.size() > static_cast<size_t>(kEwMaxDims) || n == 0) {
     a.ctx.choices.emplace_back(a.index, "split: " + std::to_string(a.in.size()) + " inputs, " +
-                                            std::to_string(a.out.size()) + " outputs, " + std::to_string(wide_dims) +
-                                            " dims exceed a generated kernel's " + std::to_string(kEwMaxInputs) + ", " +
-                                            std::to_string(kEwMaxOutputs) + ", " + std::to_string(kEwMaxDims));
-    return split_variant(a, a.step.attrs.s("program")).launch;
+                                            std::to_string(a.out.size()) + " outputs, " + std::to_string(w.dims.size()) +
+                                            " dims, " + std::to_string(n) + " elements; a generated kernel takes " +
+                                            std::to_string(kEwMaxInputs) + ", " + std::to_string(kEwMaxOutputs) + ", " +
+                                            std::to_string(kEwMaxDims) + ", at least 1");
+    return split_variant(a, a.step.attrs.s("program"), os).launch;
   }
   EwSignature s;
   s.program = a.step.attrs.s("program");
   s.arch = current_arch();
-  EwArgs args{};
+  s.layout = w.layout;
   args.n = n;
-  // The index space, innermost dim first, without size-1 dims; each broadcast input's
-  // element strides over it (0 along the dims it is broadcast on).
-  std::vector<int64_t> dims;
-  for (size_t d = os.size(); d-- > 0;)
-    if (os[d] != 1) dims.push_back(static_cast<int64_t>(d));
-  args.rank = static_cast<int>(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) args.size[i] = os[static_cast<size_t>(dims[i])];
+  // Each broadcast input's element strides over the index space (0 along the dims it is
+  // broadcast on).
+  args.rank = static_cast<int>(w.dims.size());
+  for (size_t i = 0; i < w.dims.size(); ++i) args.size[i] = os[static_cast<size_t>(w.dims[i])];
   bool aligned = true;
   for (size_t k = 0; k < a.in.size(); ++k) {
     const Shape& is = a.in[k].shape();
@@ -90,34 +170,87 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
       own[lead + d] = is[d] == 1 ? 0 : stride;
       stride *= is[d];
     }
-    for (size_t i = 0; i < dims.size(); ++i) args.st[k][i] = own[static_cast<size_t>(dims[i])];
+    for (size_t i = 0; i < w.dims.size(); ++i) args.st[k][i] = own[static_cast<size_t>(w.dims[i])];
   }
+  int reduced = 0;
+  FinishArgs fin{};
   for (size_t j = 0; j < a.out.size(); ++j) {
     args.out[j] = a.out[j].as<float>();
     aligned = aligned && reinterpret_cast<uintptr_t>(args.out[j]) % 16 == 0;
+    const EwReduce r = prog.reduce[j];
+    args.scale[j] = r == EwReduce::mean ? static_cast<double>(w.kept) / static_cast<double>(n) : 1.0;
+    if (r == EwReduce::none) continue;
+    fin.out[reduced] = args.out[j];
+    fin.scale[reduced] = args.scale[j];
+    ++reduced;
   }
-  s.vec = aligned && n >= 4 ? 4 : 1;
+  s.vec = w.layout == EwLayout::elementwise && aligned && n >= 4 ? 4 : 1;
   args.nvec = s.vec == 4 ? n / 4 : 0;
   std::shared_ptr<const GeneratedKernel> k = ew_kernel(s);
-  const unsigned blocks = blocks_for(s.vec == 4 ? std::max<int64_t>(args.nvec, 1) : n, 256, static_cast<int>(grid_cap(a.ctx)));
-  Launch fused = [k, args, blocks](cudaStream_t st) {
-    EwArgs copy = args;
-    void* params[] = {&copy};
-    SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks), dim3(256), params, 0, st));
-  };
 
-  Variant split = split_variant(a, s.program);
+  Launch fused;
+  std::function<void()> fused_unused;  // frees the fused variant's partials
+  Variant split = split_variant(a, s.program, os);
+  if (w.layout == EwLayout::elementwise) {
+    const unsigned blocks = blocks_for(s.vec == 4 ? std::max<int64_t>(args.nvec, 1) : n, 256, static_cast<int>(grid_cap(a.ctx)));
+    fused = [k, args, blocks](cudaStream_t st) {
+      EwArgs copy = args;
+      void* params[] = {&copy};
+      SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks), dim3(256), params, 0, st));
+    };
+  } else {
+    // Blocks across the kept elements, and chunks of the reduced ones until about two
+    // blocks per SM are busy, each chunk long enough to hide its partial's round trip.
+    const bool cols = w.layout == EwLayout::columns;
+    const int64_t per_block = cols ? 32 : 8, min_chunk = cols ? 64 : 512;
+    const int64_t bx = (w.kept + per_block - 1) / per_block;
+    const int64_t want = 2 * std::max(a.ctx.sm_count, 1);
+    int64_t chunks = std::clamp<int64_t>((want + bx - 1) / bx, 1, std::max<int64_t>((w.len + min_chunk - 1) / min_chunk, 1));
+    chunks = std::min<int64_t>(chunks, 65535);
+    args.chunk = (w.len + chunks - 1) / chunks;
+    chunks = (w.len + args.chunk - 1) / args.chunk;
+    if (bx > 2147483647) fail("fused_elementwise: ", w.kept, " kept elements are too many for one grid");
+    std::vector<void*> scratch;
+    if (chunks > 1) {
+      args.partial = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * reduced * w.kept) * sizeof(double)));
+      scratch.push_back(args.partial);
+      fin.partial = args.partial;
+      fin.outputs = reduced;
+      fin.chunks = static_cast<int>(chunks);
+      fin.kept = w.kept;
+    }
+    const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks));
+    const dim3 block = cols ? dim3(32, 8) : dim3(256);
+    const unsigned fin_blocks = blocks_for(w.kept * reduced, 256, static_cast<int>(grid_cap(a.ctx)));
+    fused = [k, args, grid, block, fin, fin_blocks](cudaStream_t st) {
+      EwArgs copy = args;
+      void* params[] = {&copy};
+      SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block, params, 0, st));
+      if (grid.y > 1) {
+        finish_partials<<<fin_blocks, 256, 0, st>>>(fin);
+        SEAM_CUDA_CHECK(cudaGetLastError());
+      }
+    };
+    Context* ctx = &a.ctx;
+    fused_unused = [ctx, scratch] {
+      for (void* p : scratch) ctx->release(p);
+    };
+  }
 
   // A kernel that spills, or whose registers leave room for fewer than a quarter of the
   // 2048 threads an SM holds (more than 128 a thread), is not kept; otherwise both
   // variants are timed once and the pick cached (choose_variant).
   const std::string stats = std::to_string(k->registers) + " registers, " + std::to_string(k->spill_bytes) +
-                            " bytes spilled, vector width " + std::to_string(s.vec);
+                            " bytes spilled, " +
+                            (w.layout == EwLayout::elementwise ? "vector width " + std::to_string(s.vec)
+                                                               : std::string("ending in reductions"));
   if (k->spill_bytes > 0 || k->registers > 128) {
+    if (fused_unused) fused_unused();
     a.ctx.choices.emplace_back(a.index, "split: the generated kernel was rejected (" + stats + ")");
     return split.launch;
   }
-  Launch chosen = choose_variant(a.ctx, a.index, "fused_elementwise:" + s.hash(), {{"fused", fused}, split});
+  Launch chosen =
+      choose_variant(a.ctx, a.index, "fused_elementwise:" + s.hash(), {{"fused", fused, fused_unused}, split});
   a.ctx.choices.back().second += "; generated kernel: " + stats;
   return chosen;
 }
@@ -137,12 +270,16 @@ std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& ste
   if (step.op != Op::fused_elementwise) return std::nullopt;
   cuda::EwSignature s;
   s.program = step.attrs.s("program");
+  std::vector<Shape> shapes;
+  for (auto& b : step.in) shapes.push_back(b.type.shape);
+  const cuda::Walk w = cuda::walk_of(shapes, step.attrs, nullptr);
+  s.layout = w.layout;
   bool all_full = true;
   for (auto& b : step.in) {
-    s.strided.push_back(b.type.shape != step.out[0].type.shape);
+    s.strided.push_back(b.type.shape != w.shape);
     all_full = all_full && !s.strided.back();
   }
-  s.vec = all_full ? 4 : 1;
+  s.vec = all_full && w.layout == cuda::EwLayout::elementwise ? 4 : 1;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) == cudaSuccess &&
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
