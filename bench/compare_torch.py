@@ -19,6 +19,7 @@ WORKLOADS = {
     "W1": dict(batch=128, dims=[784, 1024, 1024, 10], act="relu", opt="adam", lr=1e-3, wd=0.0, steps=200),
     "W2": dict(batch=8192, dims=[4096, 4096, 4096, 4096, 1000], act="gelu_tanh", opt="adamw", lr=1e-3, wd=0.01,
                steps=30),
+    "W3": dict(batch=4096, dims=[1024, 1024, 2048, 1000], blocks=4, opt="adamw", lr=1e-3, wd=0.01, steps=50),
 }
 
 
@@ -36,9 +37,32 @@ class Mlp(torch.nn.Module):
         return x
 
 
+class GatedResidual(torch.nn.Module):
+    """W3: in -> blocks of h += gamma * down(silu(gate(h)) * up(h)) -> head."""
+
+    def __init__(self, dims, blocks):
+        super().__init__()
+        d_in, width, hidden, classes = dims
+        self.inp = torch.nn.Linear(d_in, width)
+        self.gate = torch.nn.ModuleList(torch.nn.Linear(width, hidden) for _ in range(blocks))
+        self.up = torch.nn.ModuleList(torch.nn.Linear(width, hidden) for _ in range(blocks))
+        self.down = torch.nn.ModuleList(torch.nn.Linear(hidden, width) for _ in range(blocks))
+        self.gamma = torch.nn.ParameterList(torch.nn.Parameter(torch.full((width,), 0.1)) for _ in range(blocks))
+        self.head = torch.nn.Linear(width, classes)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for gate, up, down, gamma in zip(self.gate, self.up, self.down, self.gamma):
+            h = h + gamma * down(F.silu(gate(h)) * up(h))
+        return self.head(h)
+
+
 def make(spec, **opt_kwargs):
     torch.manual_seed(0)
-    model = Mlp(spec["dims"], spec["act"]).cuda()
+    if "blocks" in spec:
+        model = GatedResidual(spec["dims"], spec["blocks"]).cuda()
+    else:
+        model = Mlp(spec["dims"], spec["act"]).cuda()
     cls = torch.optim.Adam if spec["opt"] == "adam" else torch.optim.AdamW
     kw = dict(lr=spec["lr"])
     if spec["opt"] == "adamw":

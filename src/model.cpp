@@ -270,7 +270,7 @@ Program Model::compile(const CompileOptions& o) {
     std::vector<ValueId> keep = req.outputs;
     for (auto& [v, slot] : req.grads) keep.push_back(v);
     std::vector<FuseResult (*)(const Graph&, const std::vector<ValueId>&)> passes = {fuse_epilogues, fuse_losses};
-    passes.push_back(fuse_elementwise);
+    if (o.fuse_elementwise) passes.push_back(fuse_elementwise);
     for (auto pass : passes) {
       FuseResult f = pass(g, keep);
       g = std::move(f.graph);

@@ -46,7 +46,10 @@ struct CompileOptions {
   bool gradients = false;                    // gradients of the loss without an update
   std::vector<ValueId> outputs;              // values to read after a run
   bool reuse_memory = true;                  // false: no arena reuse (planner checks)
-  bool fuse = true;                          // GEMM epilogue fusion (src/passes/fuse.h)
+  // Fusion (src/passes/fuse.h): GEMM epilogues and the loss with its gradient, then, with
+  // fuse_elementwise, chains of elementwise ops (ending in sums) as generated kernels.
+  bool fuse = true;
+  bool fuse_elementwise = true;
   // Steps between a buffer's last read and the reuse of its space (LowerRequest); -1:
   // the backend's choice (1 where it runs independent steps concurrently, else 0).
   int reuse_gap = -1;

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "plan/explain.h"
 #include "seam/seam.h"
 
 namespace seam::bench {
@@ -39,6 +40,21 @@ std::vector<Workload> workloads() {
          h = gelu(nn::linear(h, 4096, "fc2"), true);
          h = gelu(nn::linear(h, 4096, "fc3"), true);
          return nn::linear(h, 1000, "fc4");
+       },
+       OptimizerConfig::adamw(1e-3, 0.01)},
+      {"W3",
+       "residual gated MLP: 1024 wide, 4 blocks h += gamma * down(silu(gate(h)) * up(h)) with 2048 hidden, 1000 "
+       "classes, AdamW, batch 4096, f32 with TF32 GEMMs",
+       4096, 1024, 1000,
+       [](Graph& g, Var x) {
+         Var h = nn::linear(x, 1024, "in");
+         for (int b = 0; b < 4; ++b) {
+           const std::string n = "block" + std::to_string(b);
+           Var u = mul(silu(nn::linear(h, 2048, n + ".gate")), nn::linear(h, 2048, n + ".up"));
+           Var gamma = g.param(n + ".gamma", {1024}, Init::constant(0.1));
+           h = add(h, mul(gamma, nn::linear(u, 1024, n + ".down")));
+         }
+         return nn::linear(h, 1000, "head");
        },
        OptimizerConfig::adamw(1e-3, 0.01)},
   };
@@ -84,7 +100,10 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
               .cuda_graph = o.graph,
               .epilogue = epilogue,
               .cuda_streams = o.streams});
-  Program p = m.compile({.loss = loss.id(), .optimizer = w.opt});
+  Program p = m.compile({.loss = loss.id(),
+                         .optimizer = w.opt,
+                         .fuse = o.fusion != "none",
+                         .fuse_elementwise = o.fusion == "all"});
 
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0, 1);
@@ -151,6 +170,15 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
                 100.0 * gemm / res.ms);
     res.gemm_ms = gemm;
   }
+  if (o.explain) {
+    // The kernel table against the same step without fusion (planned on the CPU: only its
+    // steps are read), with each kernel's measured time.
+    Model plain_model(g, {.seed = 1});
+    Program plain = plain_model.compile({.loss = loss.id(), .optimizer = w.opt, .fuse = false});
+    const auto measured = p.executable().time_steps(20);
+    std::printf("\n%s: the plan's kernels\n%s", w.name,
+                explain_plan(p.plan(), plain.plan(), DeviceModel{}, true, measured).c_str());
+  }
   return res;
 }
 
@@ -165,7 +193,7 @@ int run_bench(const BenchOptions& o) {
     std::fflush(stdout);
     results.push_back(bench_one(w, o, dev));
   }
-  if (results.empty()) fail("no workload named ", o.workloads.empty() ? "" : o.workloads[0], " (known: W1, W2)");
+  if (results.empty()) fail("no workload named ", o.workloads.empty() ? "" : o.workloads[0], " (known: W1, W2, W3)");
   std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s\n", "name", "dev", "graph", "ms/step", "(min-max)",
               "samples/s", "kernels", "host us", "TFLOP/s", "GB/s");
   for (auto& r : results)
@@ -180,7 +208,8 @@ int run_bench(const BenchOptions& o) {
     for (auto& r : results)
       f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
         << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
-        << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string()) << "," << r.device << ","
+        << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
+        << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string()) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "\n";
   }

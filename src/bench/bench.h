@@ -9,16 +9,18 @@
 namespace seam::bench {
 
 struct BenchOptions {
-  std::vector<std::string> workloads;  // W1, W2 (empty: all)
+  std::vector<std::string> workloads;  // W1, W2, W3 (empty: all)
   int steps = 200;                     // timed steps per repetition
   int repeats = 5;                     // the median repetition is reported
   int warmup = 20;
   bool graph = true;                   // replay the step as one CUDA Graph
   bool upload = false;                 // upload a new batch from the host every step
   bool breakdown = false;              // also time every plan step alone
+  bool explain = false;                // also print the plan's kernel table (seam plan) with times
   std::string device = "auto";
-  std::string epilogue = "fastest";
-  int streams = 4;                     // CUDA streams a step may spread over    // fused GEMM epilogues: fastest, fused, split, split_t
+  std::string epilogue = "fastest";    // fused GEMM epilogues: fastest, fused, split, split_t
+  int streams = 4;                     // CUDA streams a step may spread over
+  std::string fusion = "all";          // all; epilogues (GEMM epilogues and loss only); none
   std::string csv;                     // also write the results here
 };
 

@@ -101,20 +101,25 @@ int main(int argc, char** argv) {
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
-  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1, W2): ms/step, kernels, TFLOP/s");
-  bench->add_option("workloads", bo.workloads, "W1, W2 (default: all)");
+  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1, W2, W3): ms/step, kernels, TFLOP/s");
+  bench->add_option("workloads", bo.workloads, "W1, W2, W3 (default: all)");
   bench->add_option("--steps", bo.steps, "timed steps per repetition")->check(CLI::PositiveNumber);
   bench->add_option("--repeats", bo.repeats, "repetitions; the median is reported")->check(CLI::PositiveNumber);
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   bench->add_flag("--no-graph", no_graph, "launch each step's kernels one by one instead of replaying a CUDA Graph");
   bench->add_flag("--upload", bo.upload, "upload a new batch from the host every step");
   bench->add_flag("--breakdown", bo.breakdown, "also time every step of the plan alone");
+  bench->add_flag("--explain", bo.explain,
+                  "also print each workload's kernel table as `seam plan --measure` does, against the unfused step");
   bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
   bench->add_option("--epilogue", bo.epilogue,
                     "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
                     "(fastest), or always one of them")
       ->check(CLI::IsMember({"fastest", "fused", "split", "split_t"}));
+  bench->add_option("--fusion", bo.fusion,
+                    "which fusions run: all, epilogues (GEMM epilogues and the loss, no elementwise groups) or none")
+      ->check(CLI::IsMember({"all", "epilogues", "none"}));
   bench->add_option("--streams", bo.streams, "CUDA streams independent steps may run on side by side (1: one)")
       ->check(CLI::Range(1, 16));
 
