@@ -253,6 +253,25 @@ TEST(FuseElementwise, BiasGradientSumsEndTheGroup) {
   expect_kernels_compile(plan);
 }
 
+// u = silu(gate) * up, then a GEMM: u's gradient comes from the GEMM, and the gradients
+// for gate and up both read it. They share no producer group, but read the same operand:
+// siblings, one kernel.
+TEST(FuseElementwise, SiblingsReadingOneOperandShareAKernel) {
+  Graph g;
+  Var gate = g.param("gate", {8, 12}, Init::uniform(-2, 2)), up = g.param("up", {8, 12}, Init::uniform(-2, 2));
+  Var w = g.param("w", {12, 5}, Init::uniform(-1, 1));
+  Var y = matmul(mul(silu(gate), up), w);
+  const Plan plan = expect_same_bits(g, sum(y), {}, "gated");
+  bool together = false;
+  for (auto& s : plan.steps)
+    if (s.op == Op::fused_elementwise) {
+      const std::string prog = s.attrs.s("program");
+      together = together || (prog.find("mul_grad_a") != std::string::npos && prog.find("mul_grad_b") != std::string::npos);
+    }
+  EXPECT_TRUE(together) << plan.str();
+  EXPECT_EQ(count(plan, Op::mul_grad_a) + count(plan, Op::mul_grad_b), 0) << plan.str();
+}
+
 // Two reductions of one group's value over different axes: the first ends the group, the
 // second stays a sum of the stored value.
 TEST(FuseElementwise, OneGroupReducesOverOneSetOfAxes) {

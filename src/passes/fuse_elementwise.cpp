@@ -39,10 +39,12 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     for (ValueId v : nodes[static_cast<size_t>(k)].in) users[static_cast<size_t>(v)].push_back(k);
   auto producer = [&](ValueId v) { return g.value(v).node; };
 
-  // 1. Groups, in node order: a node joins the group of one of its operands' producers
-  //    when it has that group's shape and joining makes no cycle: none of its other
-  //    operands depends on the group, where a group counts as one node (it runs as one
-  //    kernel, so whatever one member reads, all of it waits for).
+  // 1. Groups, in node order: a node joins the group of one of its operands' producers,
+  //    or else of an earlier reader of one of its full-size operands (siblings: the kernel
+  //    then reads that operand once for both), when it has that group's shape and joining
+  //    makes no cycle: none of its operands from outside depends on the group, where a
+  //    group counts as one node (it runs as one kernel, so whatever one member reads, all
+  //    of it waits for).
   std::vector<int> group(static_cast<size_t>(nn), -1);
   std::vector<std::vector<int>> members;
   std::vector<Shape> group_shape;
@@ -68,11 +70,17 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     const Node& n = nodes[static_cast<size_t>(k)];
     if (!fusable(g, n)) continue;
     const Shape& shape = g.value(n.out[0]).type.shape;
+    std::vector<int> options;  // candidate groups, producers' first
+    for (ValueId v : n.in)
+      if (const int p = producer(v); p >= 0 && group[static_cast<size_t>(p)] >= 0)
+        options.push_back(group[static_cast<size_t>(p)]);
+    for (ValueId v : n.in)
+      if (g.value(v).type.shape == shape)
+        for (int u : users[static_cast<size_t>(v)])
+          if (u < k && group[static_cast<size_t>(u)] >= 0) options.push_back(group[static_cast<size_t>(u)]);
     int join = -1;
-    for (ValueId v : n.in) {
-      const int p = producer(v);
-      if (p < 0 || group[static_cast<size_t>(p)] < 0 || join >= 0) continue;
-      const int gid = group[static_cast<size_t>(p)];
+    for (int gid : options) {
+      if (join >= 0) break;
       if (group_shape[static_cast<size_t>(gid)] != shape) continue;
       bool safe = true;
       for (ValueId w : n.in) {
