@@ -259,3 +259,24 @@ TEST(GpuFused, GroupsEndingInReductionsMatchTheCpu) {
   EXPECT_EQ(count(p.plan(), Op::sum), 0) << p.plan().str();
   EXPECT_EQ(count(p.plan(), Op::fused_elementwise), 1) << p.plan().str();
 }
+
+// Broadcast operands read four at a time: contiguous along the rows (a float4 at the
+// operand's own offset) and constant along them (one value for the four lanes); rows of
+// a multiple of 4 and not, forward alone so that the group walks elementwise.
+TEST(GpuFused, BroadcastOperandsReadAsVectorsMatchTheCpu) {
+  for (const Shape& shape : std::vector<Shape>{{64, 100}, {33, 1028}, {5, 7}, {3, 4, 8}}) {
+    SCOPED_TRACE(shape_str(shape));
+    CompareOptions o = tolerant();
+    o.gradients = false;
+    compare_with_cpu(
+        [&](GpuCase& c) {
+          Var x = c.data("x", shape);
+          Var row = c.param("row", {shape.back()}, 0.5, 1.5);
+          Shape col_shape = shape;
+          col_shape.back() = 1;
+          Var col = c.param("col", col_shape);
+          return seam::tanh(add(mul(x, row), col));
+        },
+        o);
+  }
+}

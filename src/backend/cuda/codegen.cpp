@@ -151,8 +151,13 @@ void write_cached(const std::string& path, const GeneratedKernel& k) {
 
 std::string EwSignature::key() const {
   const char* walk = layout == EwLayout::columns ? " columns" : layout == EwLayout::rows ? " rows" : "";
-  std::string s = "ew sm" + std::to_string(arch) + walk + " vec" + std::to_string(vec) + " strided=";
+  std::string s = "ew sm" + std::to_string(arch) + walk + " vec" + std::to_string(vec) + (idx32 ? " i32" : " i64") +
+                  " strided=";
   for (bool b : strided) s += b ? '1' : '0';
+  if (vec == 4) {
+    s += " splat=";
+    for (size_t k = 0; k < strided.size(); ++k) s += strided[k] && k < splat.size() && splat[k] ? '1' : '0';
+  }
   return s + " program=" + program;
 }
 
@@ -176,35 +181,36 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   for (size_t j = 0; j < p.outputs.size(); ++j)
     if (p.reduce[j] != EwReduce::none) red.push_back(static_cast<int>(j));
   const int nred = static_cast<int>(red.size());
-  o << "__device__ __forceinline__ long long seam_dims(int n, const long long* size, const long long* st, long long i) {\n"
-       "  if (n == 1) return i * st[0];\n"
-       "  long long off = 0;\n"
+  o << "__device__ __forceinline__ I seam_dims(int n, const long long* size, const long long* st, I i) {\n"
+       "  if (n == 1) return i * (I)st[0];\n"
+       "  I off = 0;\n"
        "  for (int d = 0; d < n; ++d) {\n"
-       "    const long long q = i / size[d];\n"
-       "    off += (i - q * size[d]) * st[d];\n"
+       "    const I q = i / (I)size[d];\n"
+       "    off += (i - q * (I)size[d]) * (I)st[d];\n"
        "    i = q;\n"
        "  }\n"
        "  return off;\n}\n";
   // A block's sum for reduced output j (the r-th): stored, or a chunk's partial.
-  o << "__device__ __forceinline__ void seam_put(const EwArgs& args, int j, int r, long long o, double v) {\n"
+  o << "__device__ __forceinline__ void seam_put(const EwArgs& args, int j, int r, I o, double v) {\n"
        "  if (gridDim.y == 1) args.out[j][o] = (float)(v * args.scale[j]);\n"
        "  else args.partial[((long long)blockIdx.y * " << nred << " + r) * args.kept + o] = v;\n}\n";
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
   if (cols) {
     o << "  __shared__ double seam_sh[" << nred << "][8][33];\n";
-    o << "  const long long o = (long long)blockIdx.x * 32 + threadIdx.x;\n";
+    o << "  const I o = (I)blockIdx.x * 32 + threadIdx.x;\n";
     o << "  const int step = 8, lane = threadIdx.y;\n";
   } else {
-    o << "  const long long o = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);\n";
+    o << "  const I o = (I)blockIdx.x * 8 + (threadIdx.x >> 5);\n";
     o << "  const int step = 32, lane = threadIdx.x & 31;\n";
   }
-  o << "  const long long j0 = (long long)blockIdx.y * args.chunk;\n";
-  o << "  const long long j1 = j0 + args.chunk < args.len ? j0 + args.chunk : args.len;\n";
+  o << "  const I j0 = (I)blockIdx.y * (I)args.chunk;\n";
+  o << "  const I j1 = j0 + (I)args.chunk < (I)args.len ? j0 + (I)args.chunk : (I)args.len;\n";
   for (int r = 0; r < nred; ++r) o << "  double acc" << r << " = 0;\n";
-  o << "  if (o < args.kept) {\n";
-  o << "   const long long base = seam_dims(args.kept_rank, args.kept_size, args.kept_st, o);\n";
-  o << "   for (long long j = j0 + lane; j < j1; j += step) {\n";
-  o << "    const long long e = base + seam_dims(args.red_rank, args.red_size, args.red_st, j);\n";
+  o << "  if (o < (I)args.kept) {\n";
+  o << "   const I base = seam_dims(args.kept_rank, args.kept_size, args.kept_st, o);\n";
+  o << "#pragma unroll 4\n";
+  o << "   for (I j = j0 + lane; j < j1; j += step) {\n";
+  o << "    const I e = base + seam_dims(args.red_rank, args.red_size, args.red_st, j);\n";
   o << loads(s) << body(p, "");
   for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
     const std::string t = "t" + std::to_string(p.outputs[j]);
@@ -214,7 +220,7 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   o << "   }\n  }\n";
   if (cols) {
     for (int r = 0; r < nred; ++r) o << "  seam_sh[" << r << "][threadIdx.y][threadIdx.x] = acc" << r << ";\n";
-    o << "  __syncthreads();\n  if (threadIdx.y != 0 || o >= args.kept) return;\n";
+    o << "  __syncthreads();\n  if (threadIdx.y != 0 || o >= (I)args.kept) return;\n";
     for (int r = 0; r < nred; ++r) {
       o << "  {\n    double v = 0;\n    for (int y = 0; y < 8; ++y) v += seam_sh[" << r << "][y][threadIdx.x];\n";
       o << "    seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o, v);\n  }\n";
@@ -222,7 +228,7 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   } else {
     for (int r = 0; r < nred; ++r)
       o << "  for (int d = 16; d > 0; d >>= 1) acc" << r << " += __shfl_down_sync(0xffffffffu, acc" << r << ", d);\n";
-    o << "  if (lane != 0 || o >= args.kept) return;\n";
+    o << "  if (lane != 0 || o >= (I)args.kept) return;\n";
     for (int r = 0; r < nred; ++r) o << "  seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o, acc" << r << ");\n";
   }
   o << "}\n";
@@ -243,11 +249,13 @@ std::string ew_source(const EwSignature& s) {
     << kEwMaxInputs << "][" << kEwMaxDims << "];\n  int kept_rank, red_rank;\n  long long kept_size[" << kEwMaxDims
     << "], kept_st[" << kEwMaxDims << "], red_size[" << kEwMaxDims << "], red_st[" << kEwMaxDims
     << "];\n  long long kept, len, chunk;\n  double* partial;\n  double scale[" << kEwMaxOutputs << "];\n};\n";
-  o << "__device__ __forceinline__ long long seam_off(const EwArgs& g, int k, long long e) {\n"
-       "  long long off = 0;\n"
+  // Index arithmetic in I: 32-bit divisions cost a fraction of 64-bit ones.
+  o << (s.idx32 ? "typedef unsigned int I;\n" : "typedef long long I;\n");
+  o << "__device__ __forceinline__ I seam_off(const EwArgs& g, int k, I e) {\n"
+       "  I off = 0;\n"
        "  for (int d = 0; d < g.rank; ++d) {\n"
-       "    const long long q = e / g.size[d];\n"
-       "    off += (e - q * g.size[d]) * g.st[k][d];\n"
+       "    const I q = e / (I)g.size[d];\n"
+       "    off += (e - q * (I)g.size[d]) * (I)g.st[k][d];\n"
        "    e = q;\n"
        "  }\n"
        "  return off;\n}\n";
@@ -256,12 +264,21 @@ std::string ew_source(const EwSignature& s) {
     return o.str();
   }
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
-  o << "  const long long stride = (long long)gridDim.x * blockDim.x;\n";
-  o << "  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n";
+  o << "  const I stride = (I)gridDim.x * blockDim.x;\n";
+  o << "  const I first = (I)blockIdx.x * blockDim.x + threadIdx.x;\n";
   if (s.vec == 4) {
-    o << "  for (long long v = first; v < args.nvec; v += stride) {\n";
-    for (int k = 0; k < inputs; ++k)
-      o << "    const float4 v" << k << " = reinterpret_cast<const float4*>(args.in[" << k << "])[v];\n";
+    o << "  for (I v = first; v < (I)args.nvec; v += stride) {\n";
+    for (int k = 0; k < inputs; ++k) {
+      const std::string n = std::to_string(k);
+      if (!s.strided[static_cast<size_t>(k)])
+        o << "    const float4 v" << n << " = reinterpret_cast<const float4*>(args.in[" << n << "])[v];\n";
+      else if (static_cast<size_t>(k) < s.splat.size() && s.splat[static_cast<size_t>(k)])
+        o << "    const float s" << n << " = args.in[" << n << "][seam_off(args, " << n << ", v * 4)];\n"
+          << "    const float4 v" << n << " = make_float4(s" << n << ", s" << n << ", s" << n << ", s" << n << ");\n";
+      else
+        o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(args.in[" << n << "] + seam_off(args, " << n
+          << ", v * 4));\n";
+    }
     for (int j = 0; j < outputs; ++j) o << "    float4 r" << j << ";\n";
     for (const char* lane : {"x", "y", "z", "w"}) {
       const std::string l = std::string("_") + lane;
@@ -275,7 +292,7 @@ std::string ew_source(const EwSignature& s) {
     for (int j = 0; j < outputs; ++j) o << "    reinterpret_cast<float4*>(args.out[" << j << "])[v] = r" << j << ";\n";
     o << "  }\n";
   }
-  o << "  for (long long e = args.nvec * 4 + first; e < args.n; e += stride) {\n";
+  o << "  for (I e = (I)args.nvec * 4 + first; e < (I)args.n; e += stride) {\n";
   o << loads(s) << body(p, "");
   for (int j = 0; j < outputs; ++j)
     o << "    args.out[" << j << "][e] = t" << p.outputs[static_cast<size_t>(j)] << ";\n";

@@ -4,8 +4,10 @@
 //
 // The signature: the program text (which names the outputs), which inputs have the
 // output's shape (read at the element's own index) or are broadcast (read through
-// strides), the vector width (4: float4 loads and stores when every operand has the
-// output's shape and is 16-byte aligned), and the GPU architecture. Its hash names the
+// strides), the vector width (4: float4 loads and stores when every operand is 16-byte
+// aligned and each broadcast one is contiguous or constant along an innermost dim of a
+// multiple of 4), 32- or 64-bit index arithmetic, how the kernel walks its elements
+// (layout), and the GPU architecture. Its hash names the
 // file: $XDG_CACHE_HOME/seam/kernels/ew-<hash>.cubin (or ~/.cache/seam/...), holding a
 // header line, the signature, what the compiler reported (registers, spill bytes), the
 // cubin's size and checksum, then the cubin. A file whose header, signature, size or
@@ -57,7 +59,11 @@ enum class EwLayout { elementwise, columns, rows };
 struct EwSignature {
   std::string program;        // its outputs are the kernel's
   std::vector<bool> strided;  // per input: read through strides (broadcast)
+  // Per input, with vec 4: a broadcast input constant along the innermost dim (one load
+  // for the four lanes) rather than contiguous along it (a float4 at its own offset).
+  std::vector<bool> splat;
   int vec = 1;                // 1 or 4
+  bool idx32 = false;         // the index space fits 32-bit index arithmetic
   int arch = 90;              // compute capability major * 10 + minor
   EwLayout layout = EwLayout::elementwise;
   int inputs() const { return static_cast<int>(strided.size()); }

@@ -105,6 +105,43 @@ Walk walk_of(const std::vector<Shape>& inputs, const Attrs& attrs, EwArgs* args)
   return w;
 }
 
+// The kernel's signature for a walk, and the EwArgs fields that depend only on shapes:
+// each broadcast input's element strides over the index space (0 along the dims it is
+// broadcast on). Vector width 4 where the shapes allow it (the caller checks alignment):
+// an elementwise walk over a multiple of 4 elements whose broadcast inputs are each
+// contiguous or constant along an innermost dim of a multiple of 4.
+EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, const std::string& program, EwArgs& args) {
+  EwSignature s;
+  s.program = program;
+  s.layout = w.layout;
+  const Shape& os = w.shape;
+  args.n = numel(os);
+  args.rank = static_cast<int>(w.dims.size());
+  for (size_t i = 0; i < w.dims.size(); ++i) args.size[i] = os[static_cast<size_t>(w.dims[i])];
+  bool vec = w.layout == EwLayout::elementwise && args.n >= 4;
+  for (size_t k = 0; k < in_shapes.size(); ++k) {
+    const Shape& is = in_shapes[k];
+    const bool strided = is != os;
+    s.strided.push_back(strided);
+    s.splat.push_back(false);
+    if (!strided) continue;
+    const size_t lead = os.size() - is.size();
+    int64_t stride = 1;
+    std::vector<int64_t> own(os.size(), 0);
+    for (size_t d = is.size(); d-- > 0;) {
+      own[lead + d] = is[d] == 1 ? 0 : stride;
+      stride *= is[d];
+    }
+    for (size_t i = 0; i < w.dims.size(); ++i) args.st[k][i] = own[static_cast<size_t>(w.dims[i])];
+    vec = vec && args.rank > 0 && args.size[0] % 4 == 0 && args.st[k][0] <= 1;
+    s.splat.back() = args.rank > 0 && args.st[k][0] == 0;
+  }
+  s.vec = vec ? 4 : 1;
+  if (s.vec == 1) s.splat.clear();
+  s.idx32 = args.n < (int64_t{1} << 31);
+  return s;
+}
+
 // Adds the chunks' double partials up in chunk order: out[j] = sum * scale[j].
 struct FinishArgs {
   const double* partial;
@@ -146,31 +183,15 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
                                             std::to_string(kEwMaxDims) + ", at least 1");
     return split_variant(a, a.step.attrs.s("program"), os).launch;
   }
-  EwSignature s;
-  s.program = a.step.attrs.s("program");
+  EwSignature s = signature_of(w, in_shapes, a.step.attrs.s("program"), args);
   s.arch = current_arch();
-  s.layout = w.layout;
-  args.n = n;
-  // Each broadcast input's element strides over the index space (0 along the dims it is
-  // broadcast on).
-  args.rank = static_cast<int>(w.dims.size());
-  for (size_t i = 0; i < w.dims.size(); ++i) args.size[i] = os[static_cast<size_t>(w.dims[i])];
+  // Vector loads and stores need every full operand, and each broadcast one read as a
+  // float4, 16-byte aligned.
   bool aligned = true;
   for (size_t k = 0; k < a.in.size(); ++k) {
-    const Shape& is = a.in[k].shape();
-    const bool strided = is != os;
-    s.strided.push_back(strided);
     args.in[k] = a.in[k].as<const float>();
-    aligned = aligned && !strided && reinterpret_cast<uintptr_t>(args.in[k]) % 16 == 0;
-    if (!strided) continue;
-    const size_t lead = os.size() - is.size();
-    int64_t stride = 1;
-    std::vector<int64_t> own(os.size(), 0);
-    for (size_t d = is.size(); d-- > 0;) {
-      own[lead + d] = is[d] == 1 ? 0 : stride;
-      stride *= is[d];
-    }
-    for (size_t i = 0; i < w.dims.size(); ++i) args.st[k][i] = own[static_cast<size_t>(w.dims[i])];
+    const bool as_float4 = !s.strided[k] || (s.vec == 4 && !s.splat[k]);
+    aligned = aligned && (!as_float4 || reinterpret_cast<uintptr_t>(args.in[k]) % 16 == 0);
   }
   int reduced = 0;
   FinishArgs fin{};
@@ -184,7 +205,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     fin.scale[reduced] = args.scale[j];
     ++reduced;
   }
-  s.vec = w.layout == EwLayout::elementwise && aligned && n >= 4 ? 4 : 1;
+  if (!aligned) s.vec = 1, s.splat.clear();
   args.nvec = s.vec == 4 ? n / 4 : 0;
   std::shared_ptr<const GeneratedKernel> k = ew_kernel(s);
 
@@ -199,12 +220,14 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
       SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks), dim3(256), params, 0, st));
     };
   } else {
-    // Blocks across the kept elements, and chunks of the reduced ones until about two
-    // blocks per SM are busy, each chunk long enough to hide its partial's round trip.
+    // Blocks across the kept elements, and chunks of the reduced ones until about eight
+    // blocks per SM: a warp's loads are one 128-byte row segment per operand, so it takes
+    // many warps in flight to cover HBM latency. Each chunk stays long enough that its
+    // partial's round trip costs little.
     const bool cols = w.layout == EwLayout::columns;
-    const int64_t per_block = cols ? 32 : 8, min_chunk = cols ? 64 : 512;
+    const int64_t per_block = cols ? 32 : 8, min_chunk = cols ? 32 : 256;
     const int64_t bx = (w.kept + per_block - 1) / per_block;
-    const int64_t want = 2 * std::max(a.ctx.sm_count, 1);
+    const int64_t want = 8 * std::max(a.ctx.sm_count, 1);
     int64_t chunks = std::clamp<int64_t>((want + bx - 1) / bx, 1, std::max<int64_t>((w.len + min_chunk - 1) / min_chunk, 1));
     chunks = std::min<int64_t>(chunks, 65535);
     args.chunk = (w.len + chunks - 1) / chunks;
@@ -263,23 +286,15 @@ void register_fused_elementwise(PreparerTable& t) { set(t, Op::fused_elementwise
 
 namespace seam {
 
-// The kernel as the GPU would get it, assuming operands that broadcast are read through
-// strides and the others vectorized (alignment is known only when prepared); for the GPU
-// present, or sm_90 when there is none. Compiling needs no GPU.
+// The kernel as the GPU would get it, assuming aligned operands (alignment is known only
+// when prepared); for the GPU present, or sm_90 when there is none. Compiling needs no GPU.
 std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& step) {
   if (step.op != Op::fused_elementwise) return std::nullopt;
-  cuda::EwSignature s;
-  s.program = step.attrs.s("program");
   std::vector<Shape> shapes;
   for (auto& b : step.in) shapes.push_back(b.type.shape);
   const cuda::Walk w = cuda::walk_of(shapes, step.attrs, nullptr);
-  s.layout = w.layout;
-  bool all_full = true;
-  for (auto& b : step.in) {
-    s.strided.push_back(b.type.shape != w.shape);
-    all_full = all_full && !s.strided.back();
-  }
-  s.vec = all_full && w.layout == cuda::EwLayout::elementwise ? 4 : 1;
+  cuda::EwArgs args{};
+  cuda::EwSignature s = cuda::signature_of(w, shapes, step.attrs.s("program"), args);
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) == cudaSuccess &&
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
