@@ -76,8 +76,9 @@ struct CudaOptions {
 // What the compiler reports for the generated kernel of a fused_elementwise step (NVRTC,
 // for the GPU present or sm_90 without one); nullopt in a build without CUDA.
 struct GeneratedKernelReport {
-  int registers = 0, spill_bytes = 0;
+  int registers = 0, spill_bytes = 0;  // -1: the compiler's report did not say
   double compile_ms = 0;  // 0: it came from a cache
+  std::string compiler_log;
 };
 std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& step);
 

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "io/model_file.h"
 #include "plan/explain.h"
 #include "seam/seam.h"
 
@@ -17,12 +18,25 @@ namespace seam::bench {
 namespace {
 
 struct Workload {
-  const char* name;
-  const char* description;
+  std::string name;
+  std::string description;
   int64_t batch, in, classes;
   std::function<Var(Graph&, Var)> net;  // logits from x
   OptimizerConfig opt;
+  std::function<io::BuiltGraph()> file = {};  // a model file's graph instead of net
 };
+
+// A model file as a workload: its graph, batch size and optimizer.
+Workload file_workload(const std::string& path) {
+  io::ModelSpec spec = io::parse_model_file(path);
+  if (spec.cosine_total_from_run)  // as a run over the 60000 Fashion-MNIST training images would set it
+    spec.optimizer.schedule.total_steps =
+        std::max<int64_t>(1, spec.epochs * (60000 / spec.batch_size) - spec.optimizer.schedule.warmup_steps);
+  Workload w{spec.name, "model file " + path, spec.batch_size, numel(spec.input_shape), spec.classes,
+             nullptr, spec.optimizer};
+  w.file = [spec] { return io::build_graph(spec, spec.batch_size); };
+  return w;
+}
 
 std::vector<Workload> workloads() {
   return {
@@ -87,9 +101,17 @@ struct Result {
 
 Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   Graph g;
-  Var x = g.input("x", {w.batch, w.in});
-  Var y = g.input("y", {w.batch}, DType::i32);
-  Var loss = cross_entropy(w.net(g, x), y);
+  ValueId loss_id = -1;
+  if (w.file) {
+    io::BuiltGraph b = w.file();
+    g = std::move(b.graph);
+    loss_id = b.loss;
+  } else {
+    Var x = g.input("x", {w.batch, w.in});
+    Var y = g.input("y", {w.batch}, DType::i32);
+    loss_id = cross_entropy(w.net(g, x), y).id();
+  }
+  const Var loss = g.var(loss_id);
   const EpiloguePolicy epilogue = o.epilogue == "fused"     ? EpiloguePolicy::fused
                                   : o.epilogue == "split"   ? EpiloguePolicy::split
                                   : o.epilogue == "split_t" ? EpiloguePolicy::split_t
@@ -154,7 +176,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
     auto t = p.executable().time_steps(20);
     const ExecStats stats = p.executable().stats();
     double gemm = 0, total = 0;
-    std::printf("\n%s: each step alone (median of 20)\n", w.name);
+    std::printf("\n%s: each step alone (median of 20)\n", w.name.c_str());
     for (size_t i = 0; i < p.plan().steps.size(); ++i) {
       const PlanStep& s = p.plan().steps[i];
       std::string choice;
@@ -176,7 +198,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
     Model plain_model(g, {.seed = 1});
     Program plain = plain_model.compile({.loss = loss.id(), .optimizer = w.opt, .fuse = false});
     const auto measured = p.executable().time_steps(20);
-    std::printf("\n%s: the plan's kernels\n%s", w.name,
+    std::printf("\n%s: the plan's kernels\n%s", w.name.c_str(),
                 explain_plan(p.plan(), plain.plan(), DeviceModel{}, true, measured).c_str());
   }
   return res;
@@ -187,13 +209,20 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
 int run_bench(const BenchOptions& o) {
   Device dev = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : default_device();
   std::vector<Result> results;
-  for (const Workload& w : workloads()) {
-    if (!o.workloads.empty() && std::find(o.workloads.begin(), o.workloads.end(), w.name) == o.workloads.end()) continue;
-    std::printf("%s: %s\n", w.name, w.description);
+  std::vector<Workload> chosen;
+  for (const std::string& name : o.workloads) {
+    std::vector<Workload> builtin = workloads();
+    auto it = std::find_if(builtin.begin(), builtin.end(), [&](const Workload& w) { return w.name == name; });
+    if (it != builtin.end()) chosen.push_back(*it);
+    else if (name.ends_with(".json")) chosen.push_back(file_workload(name));
+    else fail("no workload named ", name, " (known: W1, W2, W3, or a model file)");
+  }
+  if (o.workloads.empty()) chosen = workloads();
+  for (const Workload& w : chosen) {
+    std::printf("%s: %s\n", w.name.c_str(), w.description.c_str());
     std::fflush(stdout);
     results.push_back(bench_one(w, o, dev));
   }
-  if (results.empty()) fail("no workload named ", o.workloads.empty() ? "" : o.workloads[0], " (known: W1, W2, W3)");
   std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s\n", "name", "dev", "graph", "ms/step", "(min-max)",
               "samples/s", "kernels", "host us", "TFLOP/s", "GB/s");
   for (auto& r : results)

@@ -124,6 +124,12 @@ TEST(GpuFused, GeneratedKernelsMatchTheCpu) {
       ++reported;
     }
   EXPECT_EQ(reported, count(p.plan(), Op::fused_elementwise));
+  // The plan's report compiles each kernel again and reads the same figures.
+  for (auto& s : p.plan().steps)
+    if (auto r = generated_kernel_report(s)) {
+      EXPECT_GT(r->registers, 0) << r->compiler_log;
+      EXPECT_EQ(r->spill_bytes, 0) << r->compiler_log;
+    }
 }
 
 TEST(GpuFused, KernelCacheHitsCompilesNewSignaturesAndRebuildsCorruptFiles) {

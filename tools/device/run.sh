@@ -73,13 +73,14 @@ for step in "${steps[@]}"; do
       [ -x "$py" ] || py=python3
       csv=$(mktemp -d)
       {
-        "$bin/seam" bench --device cuda --csv "$csv/seam_graph.csv" --breakdown --explain
-        "$bin/seam" bench --device cuda --no-graph --csv "$csv/seam_eager.csv"
+        work=(W1 W2 W3 examples/fmnist_cnn.json)
+        "$bin/seam" bench "${work[@]}" --device cuda --csv "$csv/seam_graph.csv" --breakdown --explain
+        "$bin/seam" bench "${work[@]}" --device cuda --no-graph --csv "$csv/seam_eager.csv"
         # The same step with fewer fusions: GEMM epilogues and the loss only, then none.
-        "$bin/seam" bench --device cuda --fusion epilogues --csv "$csv/seam_graph_epilogues.csv"
-        "$bin/seam" bench --device cuda --fusion none --csv "$csv/seam_graph_unfused.csv"
+        "$bin/seam" bench "${work[@]}" --device cuda --fusion epilogues --csv "$csv/seam_graph_epilogues.csv"
+        "$bin/seam" bench "${work[@]}" --device cuda --fusion none --csv "$csv/seam_graph_unfused.csv"
         [ -n "${SEAM_BENCH_STREAMS:-}" ] &&
-          "$bin/seam" bench --device cuda --streams 1 --csv "$csv/seam_graph_1stream.csv"
+          "$bin/seam" bench "${work[@]}" --device cuda --streams 1 --csv "$csv/seam_graph_1stream.csv"
         "$py" bench/compare_torch.py --csv "$csv/torch.csv"
         "$py" bench/report.py "$csv"/seam_*.csv "$csv/torch.csv"
         for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done

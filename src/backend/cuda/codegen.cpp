@@ -4,10 +4,12 @@
 #include <nvrtc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -329,12 +331,20 @@ GeneratedKernel compile_ew(const EwSignature& s) {
   k.cubin.resize(size);
   SEAM_NVRTC_CHECK(nvrtcGetCUBIN(prog, k.cubin.data()));
   // "ptxas info : Used 24 registers, ..." and "... 0 bytes spill stores, 0 bytes spill loads"
-  if (auto at = log.find("Used "); at != std::string::npos) k.registers = std::atoi(log.c_str() + at + 5);
-  if (auto at = log.find("bytes spill stores"); at != std::string::npos) {
+  // (the largest, should the report name more than one function).
+  k.registers = k.spill_bytes = -1;
+  for (size_t at = log.find("Used "); at != std::string::npos; at = log.find("Used ", at + 1)) {
+    char* end = nullptr;
+    const long r = std::strtol(log.c_str() + at + 5, &end, 10);
+    if (end != log.c_str() + at + 5 && std::strncmp(end, " registers", 10) == 0)
+      k.registers = std::max(k.registers, static_cast<int>(r));
+  }
+  for (size_t at = log.find("bytes spill stores"); at != std::string::npos; at = log.find("bytes spill stores", at + 1)) {
     size_t start = log.rfind(',', at);
     start = start == std::string::npos ? 0 : start + 1;
-    k.spill_bytes = std::atoi(log.c_str() + start);
+    k.spill_bytes = std::max(k.spill_bytes, std::atoi(log.c_str() + start));
   }
+  k.log = log;
   k.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   counters().compiled += 1;
   return k;

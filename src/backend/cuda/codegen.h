@@ -74,8 +74,9 @@ struct EwSignature {
 struct GeneratedKernel {
   std::string key;
   std::vector<char> cubin;
-  int registers = 0, spill_bytes = 0;
+  int registers = 0, spill_bytes = 0;  // -1: not in the compiler's report
   double compile_ms = 0;  // 0 when it came from a cache
+  std::string log;        // NVRTC's, when compiled in this process
   cudaKernel_t kernel = nullptr;  // set once loaded on the GPU
 };
 

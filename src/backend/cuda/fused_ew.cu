@@ -267,7 +267,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
                             " bytes spilled, " +
                             (w.layout == EwLayout::elementwise ? "vector width " + std::to_string(s.vec)
                                                                : std::string("ending in reductions"));
-  if (k->spill_bytes > 0 || k->registers > 128) {
+  if (k->spill_bytes != 0 || k->registers > 128 || k->registers < 0) {
     if (fused_unused) fused_unused();
     a.ctx.choices.emplace_back(a.index, "split: the generated kernel was rejected (" + stats + ")");
     return split.launch;
@@ -303,7 +303,7 @@ std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& ste
   else
     (void)cudaGetLastError();
   const cuda::GeneratedKernel k = cuda::compile_ew(s);
-  return GeneratedKernelReport{k.registers, k.spill_bytes, k.compile_ms};
+  return GeneratedKernelReport{k.registers, k.spill_bytes, k.compile_ms, k.log};
 }
 
 }  // namespace seam
