@@ -321,4 +321,13 @@ TEST_F(Cli, BenchReportsATableAndCsv) {
   Result bad = run("bench W9 --device cpu");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("W9"), std::string::npos) << bad.err;
+  // A model file as the workload, without fusion, with the plan's kernel table.
+  Result file = run("bench " + std::string(SEAM_EXAMPLES) + "/fmnist_mlp.json --device cpu --steps 1 --repeats 1 "
+                    "--warmup 0 --fusion none --explain --csv " + csv.string());
+  ASSERT_EQ(file.code, 0) << file.err;
+  EXPECT_NE(file.out.find("fusion: "), std::string::npos) << file.out;
+  EXPECT_NE(slurp(csv).find("seam,fmnist_mlp,eager+fusion-none,cpu,"), std::string::npos) << slurp(csv);
+  Result missing = run("bench nowhere.json --device cpu");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.err.find("nowhere.json"), std::string::npos) << missing.err;
 }
