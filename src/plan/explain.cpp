@@ -116,7 +116,10 @@ std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceMod
     const PlanStep& s = fused.steps[i];
     std::string regs = "-", spill = "-";
     if (compile_kernels && s.op == Op::fused_elementwise)
-      if (auto r = generated_kernel_report(s)) regs = std::to_string(r->registers), spill = std::to_string(r->spill_bytes);
+      if (auto r = generated_kernel_report(s)) {  // -1: the compiler did not say
+        regs = r->registers < 0 ? "?" : std::to_string(r->registers);
+        spill = r->spill_bytes < 0 ? "?" : std::to_string(r->spill_bytes);
+      }
     std::string c = covers(s);
     if (c.size() > 34) c = c.substr(0, 31) + "...";
     char meas[32] = "";

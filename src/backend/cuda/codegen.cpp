@@ -314,8 +314,10 @@ GeneratedKernel compile_ew(const EwSignature& s) {
     ~Destroy() { nvrtcDestroyProgram(&p); }
   } destroy{prog};
   const std::string arch = "-arch=sm_" + std::to_string(s.arch) + (s.arch == 90 ? "a" : "");
-  // 177: a variable declared but not read (an op's expression may ignore x, y or p).
-  const char* opts[] = {arch.c_str(), "-Xptxas=-v", "--std=c++17", "-default-device", "--diag-suppress=177"};
+  // 177: a variable declared but not read (an op's expression may ignore x, y or p);
+  // 550: a temp set but not read (a program's value only another op reads, in a lane
+  // whose outputs come from elsewhere).
+  const char* opts[] = {arch.c_str(), "-Xptxas=-v", "--std=c++17", "-default-device", "--diag-suppress=177,550"};
   const nvrtcResult r = nvrtcCompileProgram(prog, 5, opts);
   size_t log_size = 0;
   SEAM_NVRTC_CHECK(nvrtcGetProgramLogSize(prog, &log_size));
@@ -402,6 +404,25 @@ std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s) {
   auto made = std::make_shared<GeneratedKernel>(std::move(*k));
   table->emplace(key, made);
   return made;
+}
+
+GeneratedKernel ew_kernel_info(const EwSignature& s) {
+  const std::string key = s.key();
+  {
+    std::lock_guard<std::mutex> lock(table_mu);
+    if (auto it = table->find(key); it != table->end()) {
+      counters().memory_hits += 1;
+      return *it->second;
+    }
+  }
+  const std::string path = kernel_cache_file(s);
+  if (std::optional<GeneratedKernel> k = path.empty() ? std::nullopt : read_cached(path, key)) {
+    counters().disk_hits += 1;
+    return *k;
+  }
+  GeneratedKernel k = compile_ew(s);
+  if (!path.empty()) write_cached(path, k);
+  return k;
 }
 
 KernelCacheStats kernel_cache_stats() {

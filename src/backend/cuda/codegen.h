@@ -91,6 +91,10 @@ GeneratedKernel compile_ew(const EwSignature& s);
 // else compiled (and saved). Thread-safe.
 std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s);
 
+// What the compiler reported for a signature's kernel, without loading it (no GPU
+// needed): from this process's table, else the disk cache, else compiled (and saved).
+GeneratedKernel ew_kernel_info(const EwSignature& s);
+
 struct KernelCacheStats {
   int64_t compiled = 0, memory_hits = 0, disk_hits = 0, rejected_files = 0, files_written = 0;
 };

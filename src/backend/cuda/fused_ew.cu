@@ -267,7 +267,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
                             " bytes spilled, " +
                             (w.layout == EwLayout::elementwise ? "vector width " + std::to_string(s.vec)
                                                                : std::string("ending in reductions"));
-  if (k->spill_bytes != 0 || k->registers > 128 || k->registers < 0) {
+  if (k->spill_bytes > 0 || k->registers > 128) {
     if (fused_unused) fused_unused();
     a.ctx.choices.emplace_back(a.index, "split: the generated kernel was rejected (" + stats + ")");
     return split.launch;
@@ -287,7 +287,8 @@ void register_fused_elementwise(PreparerTable& t) { set(t, Op::fused_elementwise
 namespace seam {
 
 // The kernel as the GPU would get it, assuming aligned operands (alignment is known only
-// when prepared); for the GPU present, or sm_90 when there is none. Compiling needs no GPU.
+// when prepared); for the GPU present, or sm_90 when there is none. Its figures come from
+// the kernel caches where they hold it; compiling needs no GPU.
 std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& step) {
   if (step.op != Op::fused_elementwise) return std::nullopt;
   std::vector<Shape> shapes;
@@ -302,7 +303,7 @@ std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& ste
     s.arch = major * 10 + minor;
   else
     (void)cudaGetLastError();
-  const cuda::GeneratedKernel k = cuda::compile_ew(s);
+  const cuda::GeneratedKernel k = cuda::ew_kernel_info(s);
   return GeneratedKernelReport{k.registers, k.spill_bytes, k.compile_ms, k.log};
 }
 
