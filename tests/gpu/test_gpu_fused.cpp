@@ -222,9 +222,10 @@ TEST(GpuFused, GroupsPastTheKernelLimitsRunOpByOp) {
   EXPECT_TRUE(split);
 }
 
-// Groups ending in sums and means: both walks (the innermost dim kept, or reduced), one
-// chunk and many (partials added by a second kernel), 3-d shapes reduced over middle and
-// outer axes, keepdims or not; each forced fused, split and timed.
+// Groups ending in sums and means: both walks (the innermost dim kept, four columns a
+// thread or one, or the innermost dim reduced), one chunk and many (partials added by a
+// second kernel), 3-d shapes reduced over middle and outer axes, keepdims or not; each
+// forced fused, split and timed.
 TEST(GpuFused, GroupsEndingInReductionsMatchTheCpu) {
   struct Case {
     Shape shape;
@@ -234,6 +235,7 @@ TEST(GpuFused, GroupsEndingInReductionsMatchTheCpu) {
   const std::vector<Case> cases = {
       {{4096, 64}, {0}, false, false},   // columns, many chunks (a bias gradient)
       {{37, 1000}, {0}, true, true},     // columns, one chunk
+      {{301, 1001}, {0}, false, false},  // columns, rows not a multiple of 4: one lane a thread
       {{64, 8192}, {1}, true, false},    // rows, many chunks
       {{300, 33}, {-1}, false, true},    // rows, one chunk
       {{6, 50, 40}, {0, 2}, false, false},  // rows over two reduced groups

@@ -160,7 +160,10 @@ std::string EwSignature::key() const {
     s += " splat=";
     for (size_t k = 0; k < strided.size(); ++k) s += strided[k] && k < splat.size() && splat[k] ? '1' : '0';
   }
-  return s + " program=" + program;
+  // The source's hash too: a kernel cached by an earlier version of this generator (or of
+  // ew_math.h, or of ops.def's expressions) is not this signature's kernel.
+  const std::string src = ew_source(*this) + kEwMathSource;
+  return s + " source=" + hex(fnv1a(src.data(), src.size())) + " program=" + program;
 }
 
 namespace {
@@ -174,6 +177,28 @@ std::string loads(const EwSignature& s) {
          "];\n";
   return o;
 }
+
+// The statements reading every input as a float4 v<k> at index-space element `at` (a
+// multiple of 4): full inputs at `at`, broadcast ones at their own offset, or one value
+// for the four lanes where constant along the innermost dim; then the lanes i<k>_<x..w>.
+std::string vec_loads(const EwSignature& s, const std::string& at) {
+  std::ostringstream o;
+  for (int k = 0; k < s.inputs(); ++k) {
+    const std::string n = std::to_string(k);
+    const std::string in = "args.in[" + n + "]";
+    const std::string off = "seam_off(args, " + n + ", " + at + ")";
+    if (!s.strided[static_cast<size_t>(k)])
+      o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(" << in << " + " << at << ");\n";
+    else if (static_cast<size_t>(k) < s.splat.size() && s.splat[static_cast<size_t>(k)])
+      o << "    const float s" << n << " = " << in << "[" << off << "];\n"
+        << "    const float4 v" << n << " = make_float4(s" << n << ", s" << n << ", s" << n << ", s" << n << ");\n";
+    else
+      o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(" << in << " + " << off << ");\n";
+  }
+  return o.str();
+}
+
+constexpr const char* kLanes[] = {"x", "y", "z", "w"};
 
 // The kernel of a program ending in reductions (layout columns or rows): every element of
 // the index space visited once, stored outputs written, reduced ones summed in double.
@@ -196,10 +221,15 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   o << "__device__ __forceinline__ void seam_put(const EwArgs& args, int j, int r, I o, double v) {\n"
        "  if (gridDim.y == 1) args.out[j][o] = (float)(v * args.scale[j]);\n"
        "  else args.partial[((long long)blockIdx.y * " << nred << " + r) * args.kept + o] = v;\n}\n";
+  // With vec 4 (columns only) each thread takes four neighbouring kept elements: float4
+  // loads and stores, four sums per reduced output.
+  const bool v4 = cols && s.vec == 4;
+  const std::vector<std::string> lanes = v4 ? std::vector<std::string>{"_x", "_y", "_z", "_w"} : std::vector<std::string>{""};
+  const int nl = static_cast<int>(lanes.size());
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
   if (cols) {
-    o << "  __shared__ double seam_sh[" << nred << "][8][33];\n";
-    o << "  const I o = (I)blockIdx.x * 32 + threadIdx.x;\n";
+    o << "  __shared__ double seam_sh[" << nred * nl << "][8][33];\n";
+    o << "  const I o = ((I)blockIdx.x * 32 + threadIdx.x) * " << nl << ";\n";
     o << "  const int step = 8, lane = threadIdx.y;\n";
   } else {
     o << "  const I o = (I)blockIdx.x * 8 + (threadIdx.x >> 5);\n";
@@ -207,26 +237,51 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   }
   o << "  const I j0 = (I)blockIdx.y * (I)args.chunk;\n";
   o << "  const I j1 = j0 + (I)args.chunk < (I)args.len ? j0 + (I)args.chunk : (I)args.len;\n";
-  for (int r = 0; r < nred; ++r) o << "  double acc" << r << " = 0;\n";
+  for (int r = 0; r < nred; ++r)
+    for (auto& l : lanes) o << "  double acc" << r << l << " = 0;\n";
   o << "  if (o < (I)args.kept) {\n";
   o << "   const I base = seam_dims(args.kept_rank, args.kept_size, args.kept_st, o);\n";
   o << "#pragma unroll 4\n";
   o << "   for (I j = j0 + lane; j < j1; j += step) {\n";
   o << "    const I e = base + seam_dims(args.red_rank, args.red_size, args.red_st, j);\n";
-  o << loads(s) << body(p, "");
-  for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
-    const std::string t = "t" + std::to_string(p.outputs[j]);
-    if (p.reduce[j] == EwReduce::none) o << "    args.out[" << j << "][e] = " << t << ";\n";
-    else o << "    acc" << r++ << " += (double)" << t << ";\n";
+  if (v4) {
+    o << vec_loads(s, "e");
+    for (size_t j = 0; j < p.outputs.size(); ++j)
+      if (p.reduce[j] == EwReduce::none) o << "    float4 r" << j << ";\n";
+    for (int l = 0; l < 4; ++l) {
+      const std::string sfx = lanes[static_cast<size_t>(l)];
+      o << "   {\n";
+      for (int k = 0; k < s.inputs(); ++k) o << "    const T i" << k << sfx << " = v" << k << "." << kLanes[l] << ";\n";
+      o << body(p, sfx);
+      for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
+        const std::string t = "t" + std::to_string(p.outputs[j]) + sfx;
+        if (p.reduce[j] == EwReduce::none) o << "    r" << j << "." << kLanes[l] << " = " << t << ";\n";
+        else o << "    acc" << r++ << sfx << " += (double)" << t << ";\n";
+      }
+      o << "   }\n";
+    }
+    for (size_t j = 0; j < p.outputs.size(); ++j)
+      if (p.reduce[j] == EwReduce::none)
+        o << "    *reinterpret_cast<float4*>(args.out[" << j << "] + e) = r" << j << ";\n";
+  } else {
+    o << loads(s) << body(p, "");
+    for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
+      const std::string t = "t" + std::to_string(p.outputs[j]);
+      if (p.reduce[j] == EwReduce::none) o << "    args.out[" << j << "][e] = " << t << ";\n";
+      else o << "    acc" << r++ << " += (double)" << t << ";\n";
+    }
   }
   o << "   }\n  }\n";
   if (cols) {
-    for (int r = 0; r < nred; ++r) o << "  seam_sh[" << r << "][threadIdx.y][threadIdx.x] = acc" << r << ";\n";
+    for (int r = 0; r < nred; ++r)
+      for (int l = 0; l < nl; ++l)
+        o << "  seam_sh[" << r * nl + l << "][threadIdx.y][threadIdx.x] = acc" << r << lanes[static_cast<size_t>(l)] << ";\n";
     o << "  __syncthreads();\n  if (threadIdx.y != 0 || o >= (I)args.kept) return;\n";
-    for (int r = 0; r < nred; ++r) {
-      o << "  {\n    double v = 0;\n    for (int y = 0; y < 8; ++y) v += seam_sh[" << r << "][y][threadIdx.x];\n";
-      o << "    seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o, v);\n  }\n";
-    }
+    for (int r = 0; r < nred; ++r)
+      for (int l = 0; l < nl; ++l) {
+        o << "  {\n    double v = 0;\n    for (int y = 0; y < 8; ++y) v += seam_sh[" << r * nl + l << "][y][threadIdx.x];\n";
+        o << "    seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o + " << l << ", v);\n  }\n";
+      }
   } else {
     for (int r = 0; r < nred; ++r)
       o << "  for (int d = 16; d > 0; d >>= 1) acc" << r << " += __shfl_down_sync(0xffffffffu, acc" << r << ", d);\n";
@@ -270,17 +325,7 @@ std::string ew_source(const EwSignature& s) {
   o << "  const I first = (I)blockIdx.x * blockDim.x + threadIdx.x;\n";
   if (s.vec == 4) {
     o << "  for (I v = first; v < (I)args.nvec; v += stride) {\n";
-    for (int k = 0; k < inputs; ++k) {
-      const std::string n = std::to_string(k);
-      if (!s.strided[static_cast<size_t>(k)])
-        o << "    const float4 v" << n << " = reinterpret_cast<const float4*>(args.in[" << n << "])[v];\n";
-      else if (static_cast<size_t>(k) < s.splat.size() && s.splat[static_cast<size_t>(k)])
-        o << "    const float s" << n << " = args.in[" << n << "][seam_off(args, " << n << ", v * 4)];\n"
-          << "    const float4 v" << n << " = make_float4(s" << n << ", s" << n << ", s" << n << ", s" << n << ");\n";
-      else
-        o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(args.in[" << n << "] + seam_off(args, " << n
-          << ", v * 4));\n";
-    }
+    o << vec_loads(s, "v * 4");
     for (int j = 0; j < outputs; ++j) o << "    float4 r" << j << ";\n";
     for (const char* lane : {"x", "y", "z", "w"}) {
       const std::string l = std::string("_") + lane;

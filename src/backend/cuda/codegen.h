@@ -67,7 +67,7 @@ struct EwSignature {
   int arch = 90;              // compute capability major * 10 + minor
   EwLayout layout = EwLayout::elementwise;
   int inputs() const { return static_cast<int>(strided.size()); }
-  std::string key() const;    // one line, every field
+  std::string key() const;    // one line, every field and the generated source's hash
   std::string hash() const;   // of the key, 16 hex digits
 };
 

@@ -108,8 +108,8 @@ Walk walk_of(const std::vector<Shape>& inputs, const Attrs& attrs, EwArgs* args)
 // The kernel's signature for a walk, and the EwArgs fields that depend only on shapes:
 // each broadcast input's element strides over the index space (0 along the dims it is
 // broadcast on). Vector width 4 where the shapes allow it (the caller checks alignment):
-// an elementwise walk over a multiple of 4 elements whose broadcast inputs are each
-// contiguous or constant along an innermost dim of a multiple of 4.
+// an elementwise or columns walk whose broadcast inputs are each contiguous or constant
+// along an innermost dim of a multiple of 4.
 EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, const std::string& program, EwArgs& args) {
   EwSignature s;
   s.program = program;
@@ -118,7 +118,13 @@ EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, con
   args.n = numel(os);
   args.rank = static_cast<int>(w.dims.size());
   for (size_t i = 0; i < w.dims.size(); ++i) args.size[i] = os[static_cast<size_t>(w.dims[i])];
-  bool vec = w.layout == EwLayout::elementwise && args.n >= 4;
+  // Columns walks take four neighbouring kept elements a thread (the innermost dim is
+  // kept), keeping four sums per reduced output: at most 4 of them, for registers and
+  // shared memory.
+  const EwProgram& prog = EwProgram::cached(program);
+  const auto sums = std::count_if(prog.reduce.begin(), prog.reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
+  bool vec = (w.layout == EwLayout::elementwise && args.n >= 4) ||
+             (w.layout == EwLayout::columns && sums <= 4 && args.rank > 0 && args.size[0] % 4 == 0);
   for (size_t k = 0; k < in_shapes.size(); ++k) {
     const Shape& is = in_shapes[k];
     const bool strided = is != os;
@@ -225,7 +231,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     // many warps in flight to cover HBM latency. Each chunk stays long enough that its
     // partial's round trip costs little.
     const bool cols = w.layout == EwLayout::columns;
-    const int64_t per_block = cols ? 32 : 8, min_chunk = cols ? 32 : 256;
+    const int64_t per_block = cols ? 32 * s.vec : 8, min_chunk = cols ? 32 : 256;
     const int64_t bx = (w.kept + per_block - 1) / per_block;
     const int64_t want = 8 * std::max(a.ctx.sm_count, 1);
     int64_t chunks = std::clamp<int64_t>((want + bx - 1) / bx, 1, std::max<int64_t>((w.len + min_chunk - 1) / min_chunk, 1));
@@ -264,9 +270,10 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   // 2048 threads an SM holds (more than 128 a thread), is not kept; otherwise both
   // variants are timed once and the pick cached (choose_variant).
   const std::string stats = std::to_string(k->registers) + " registers, " + std::to_string(k->spill_bytes) +
-                            " bytes spilled, " +
-                            (w.layout == EwLayout::elementwise ? "vector width " + std::to_string(s.vec)
-                                                               : std::string("ending in reductions"));
+                            " bytes spilled, vector width " + std::to_string(s.vec) +
+                            (w.layout == EwLayout::elementwise ? std::string()
+                             : w.layout == EwLayout::columns   ? ", ending in column sums"
+                                                               : ", ending in row sums");
   if (k->spill_bytes > 0 || k->registers > 128) {
     if (fused_unused) fused_unused();
     a.ctx.choices.emplace_back(a.index, "split: the generated kernel was rejected (" + stats + ")");
