@@ -212,76 +212,94 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     ++reduced;
   }
   if (!aligned) s.vec = 1, s.splat.clear();
-  args.nvec = s.vec == 4 ? n / 4 : 0;
-  std::shared_ptr<const GeneratedKernel> k = ew_kernel(s);
 
-  Launch fused;
-  std::function<void()> fused_unused;  // frees the fused variant's partials
-  Variant split = split_variant(a, s.program, os);
-  if (w.layout == EwLayout::elementwise) {
-    const unsigned blocks = blocks_for(s.vec == 4 ? std::max<int64_t>(args.nvec, 1) : n, 256, static_cast<int>(grid_cap(a.ctx)));
-    fused = [k, args, blocks](cudaStream_t st) {
-      EwArgs copy = args;
-      void* params[] = {&copy};
-      SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks), dim3(256), params, 0, st));
-    };
-  } else {
+  // The generated kernel for a signature as a variant: its launch (and the second kernel
+  // adding chunk partials), or nothing when the compiler's report rules it out: a kernel
+  // that spills, or whose registers leave room for fewer than a quarter of the 2048
+  // threads an SM holds (more than 128 a thread).
+  std::string stats;
+  auto generated = [&](const EwSignature& sig, EwArgs ka, const std::string& name) -> std::optional<Variant> {
+    std::shared_ptr<const GeneratedKernel> k = ew_kernel(sig);
+    stats += (stats.empty() ? "" : "; ") + name + ": " + std::to_string(k->registers) + " registers, " +
+             std::to_string(k->spill_bytes) + " bytes spilled, vector width " + std::to_string(sig.vec) +
+             (w.layout == EwLayout::elementwise ? std::string()
+              : w.layout == EwLayout::columns   ? ", ending in column sums"
+                                                : ", ending in row sums");
+    if (k->spill_bytes > 0 || k->registers > 128) return std::nullopt;
+    ka.nvec = sig.vec == 4 && w.layout == EwLayout::elementwise ? n / 4 : 0;
+    if (w.layout == EwLayout::elementwise) {
+      const unsigned blocks =
+          blocks_for(ka.nvec > 0 ? ka.nvec : n, 256, static_cast<int>(grid_cap(a.ctx)));
+      return Variant{name, [k, ka, blocks](cudaStream_t st) {
+                       EwArgs copy = ka;
+                       void* params[] = {&copy};
+                       SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), dim3(blocks),
+                                                        dim3(256), params, 0, st));
+                     }};
+    }
     // Blocks across the kept elements, and chunks of the reduced ones until about eight
-    // blocks per SM: a warp's loads are one 128-byte row segment per operand, so it takes
-    // many warps in flight to cover HBM latency. Each chunk stays long enough that its
+    // blocks per SM: a warp's loads are one row segment per operand, so it takes many
+    // warps in flight to cover HBM latency. Each chunk stays long enough that its
     // partial's round trip costs little.
     const bool cols = w.layout == EwLayout::columns;
-    const int64_t per_block = cols ? 32 * s.vec : 8, min_chunk = cols ? 32 : 256;
+    const int64_t per_block = cols ? 32 * sig.vec : 8, min_chunk = cols ? 32 * sig.vec : 256;
     const int64_t bx = (w.kept + per_block - 1) / per_block;
     const int64_t want = 8 * std::max(a.ctx.sm_count, 1);
-    int64_t chunks = std::clamp<int64_t>((want + bx - 1) / bx, 1, std::max<int64_t>((w.len + min_chunk - 1) / min_chunk, 1));
+    int64_t chunks =
+        std::clamp<int64_t>((want + bx - 1) / bx, 1, std::max<int64_t>((w.len + min_chunk - 1) / min_chunk, 1));
     chunks = std::min<int64_t>(chunks, 65535);
-    args.chunk = (w.len + chunks - 1) / chunks;
-    chunks = (w.len + args.chunk - 1) / args.chunk;
+    ka.chunk = (w.len + chunks - 1) / chunks;
+    chunks = (w.len + ka.chunk - 1) / ka.chunk;
     if (bx > 2147483647) fail("fused_elementwise: ", w.kept, " kept elements are too many for one grid");
+    FinishArgs f = fin;
     std::vector<void*> scratch;
     if (chunks > 1) {
-      args.partial = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * reduced * w.kept) * sizeof(double)));
-      scratch.push_back(args.partial);
-      fin.partial = args.partial;
-      fin.outputs = reduced;
-      fin.chunks = static_cast<int>(chunks);
-      fin.kept = w.kept;
+      ka.partial = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * reduced * w.kept) * sizeof(double)));
+      scratch.push_back(ka.partial);
+      f.partial = ka.partial;
+      f.outputs = reduced;
+      f.chunks = static_cast<int>(chunks);
+      f.kept = w.kept;
     }
     const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks));
     const dim3 block = cols ? dim3(32, 8) : dim3(256);
     const unsigned fin_blocks = blocks_for(w.kept * reduced, 256, static_cast<int>(grid_cap(a.ctx)));
-    fused = [k, args, grid, block, fin, fin_blocks](cudaStream_t st) {
-      EwArgs copy = args;
-      void* params[] = {&copy};
-      SEAM_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block, params, 0, st));
-      if (grid.y > 1) {
-        finish_partials<<<fin_blocks, 256, 0, st>>>(fin);
-        SEAM_CUDA_CHECK(cudaGetLastError());
-      }
-    };
     Context* ctx = &a.ctx;
-    fused_unused = [ctx, scratch] {
-      for (void* p : scratch) ctx->release(p);
-    };
-  }
+    return Variant{name,
+                   [k, ka, grid, block, f, fin_blocks](cudaStream_t st) {
+                     EwArgs copy = ka;
+                     void* params[] = {&copy};
+                     SEAM_CUDA_CHECK(
+                         cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block, params, 0, st));
+                     if (grid.y > 1) {
+                       finish_partials<<<fin_blocks, 256, 0, st>>>(f);
+                       SEAM_CUDA_CHECK(cudaGetLastError());
+                     }
+                   },
+                   [ctx, scratch] {
+                     for (void* p : scratch) ctx->release(p);
+                   }};
+  };
 
-  // A kernel that spills, or whose registers leave room for fewer than a quarter of the
-  // 2048 threads an SM holds (more than 128 a thread), is not kept; otherwise both
-  // variants are timed once and the pick cached (choose_variant).
-  const std::string stats = std::to_string(k->registers) + " registers, " + std::to_string(k->spill_bytes) +
-                            " bytes spilled, vector width " + std::to_string(s.vec) +
-                            (w.layout == EwLayout::elementwise ? std::string()
-                             : w.layout == EwLayout::columns   ? ", ending in column sums"
-                                                               : ", ending in row sums");
-  if (k->spill_bytes > 0 || k->registers > 128) {
-    if (fused_unused) fused_unused();
+  // The candidates, timed once and the pick cached (choose_variant): the generated
+  // kernel; for column sums four columns a thread, also one; and one kernel per op.
+  std::vector<Variant> variants;
+  if (auto v = generated(s, args, "fused")) variants.push_back(std::move(*v));
+  if (w.layout == EwLayout::columns && s.vec == 4) {
+    EwSignature scalar = s;
+    scalar.vec = 1;
+    scalar.splat.clear();
+    // (named "fused" when the vector kernel was ruled out: a forced policy asks for that name)
+    if (auto v = generated(scalar, args, variants.empty() ? "fused" : "fused_scalar")) variants.push_back(std::move(*v));
+  }
+  Variant split = split_variant(a, s.program, os);
+  if (variants.empty()) {
     a.ctx.choices.emplace_back(a.index, "split: the generated kernel was rejected (" + stats + ")");
     return split.launch;
   }
-  Launch chosen =
-      choose_variant(a.ctx, a.index, "fused_elementwise:" + s.hash(), {{"fused", fused, fused_unused}, split});
-  a.ctx.choices.back().second += "; generated kernel: " + stats;
+  variants.push_back(std::move(split));
+  Launch chosen = choose_variant(a.ctx, a.index, "fused_elementwise:" + s.hash(), std::move(variants));
+  a.ctx.choices.back().second += "; generated kernel " + stats;
   return chosen;
 }
 
