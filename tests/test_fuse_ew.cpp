@@ -122,6 +122,19 @@ TEST(FusedProgram, TextRoundTripsAndErrorsNameThePlace) {
   EXPECT_FALSE(p.reduces());
   EXPECT_EQ(r.str(), reducing);
   expect_parse_error("relu(i0)->sum(t0", "expected ')'");
+  // Ending in a layer norm: three outputs for it.
+  const std::string normed = "add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)";
+  EwProgram ln = EwProgram::parse(normed);
+  ASSERT_EQ(ln.outputs.size(), 4u);  // t0 stored, then y, mean, rstd
+  EXPECT_TRUE(ln.normalizes());
+  EXPECT_EQ(ln.reduce[1], EwReduce::ln_y);
+  EXPECT_EQ(ln.reduce[3], EwReduce::ln_rstd);
+  EXPECT_EQ(ln.ln_gamma, 2);
+  EXPECT_EQ(ln.inputs, 4);
+  EXPECT_EQ(ln.str(), normed);
+  expect_parse_error("relu(i0)->layer_norm[1e-5](t0,i1,i2),sum(t0)", "not both");
+  expect_parse_error("relu(i0)->layer_norm[1e-5](t0,t0,i1)", "expected an input");
+  expect_parse_error("relu(i0)->layer_norm[1e-5](t0,i1,i2),layer_norm[1e-5](t0,i1,i2)", "a second layer norm");
   expect_parse_error("relu(i0)->sum(i0)", "expected a temp");
 }
 
@@ -129,7 +142,7 @@ TEST(FusedProgram, TextRoundTripsAndErrorsNameThePlace) {
 // the gradients (chains themselves) fuse too.
 TEST(FuseElementwise, RandomGraphsFuseAndChangeNoBit) {
   std::mt19937_64 rng(11);
-  int fused_total = 0;
+  int fused_total = 0, normed_total = 0, summed_total = 0;
   for (int trial = 0; trial < 60; ++trial) {
     Graph g;
     const int64_t rows = 1 + static_cast<int64_t>(rng() % 5), cols = 1 + static_cast<int64_t>(rng() % 7);
@@ -174,6 +187,11 @@ TEST(FuseElementwise, RandomGraphsFuseAndChangeNoBit) {
     // One value from the middle read outside as well.
     const Var middle = made[made.size() / 2];
     loss = add(loss, mean(middle));
+    // A layer norm of a chain value now and then, with its statistics read by its gradient.
+    if (rng() % 3 == 0) {
+      Var gamma = g.param("lng", {cols}, Init::uniform(0.5, 1.5)), beta = g.param("lnb", {cols}, Init::uniform(-1, 1));
+      loss = add(loss, sum(seam::tanh(layer_norm(made[rng() % made.size()], gamma, beta, 1e-5))));
+    }
     // Reductions of chain values over random axes, each one's result used again.
     for (int r = static_cast<int>(rng() % 3); r > 0; --r) {
       const Var v = made[rng() % made.size()];
@@ -186,8 +204,16 @@ TEST(FuseElementwise, RandomGraphsFuseAndChangeNoBit) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const Plan plan = expect_same_bits(g, loss, {middle}, "trial " + std::to_string(trial));
     fused_total += count(plan, Op::fused_elementwise);
+    for (auto& st : plan.steps)
+      if (st.op == Op::fused_elementwise) {
+        const EwProgram& p = EwProgram::cached(st.attrs.s("program"));
+        normed_total += p.normalizes();
+        summed_total += p.reduces();
+      }
   }
   EXPECT_GT(fused_total, 60);  // most graphs fuse something, forward or backward
+  EXPECT_GT(normed_total, 5);  // and some end in a layer norm
+  EXPECT_GT(summed_total, 20);  // or in sums
 }
 
 // bias add -> gelu -> residual add -> scale, with the gelu read by the caller too: one
@@ -290,6 +316,28 @@ TEST(FuseElementwise, BroadcastOperandsOfEveryKind) {
     EXPECT_EQ(count(fwd.plan(), Op::fused_elementwise), 1) << fwd.plan().str();
     expect_kernels_compile(fwd.plan());
   }
+}
+
+// h = x + r * s feeds a layer norm and is read on (a residual stream): one kernel computes
+// h, stores it, and normalizes each row; the layer norm's gradient reads the statistics
+// it stored.
+TEST(FuseElementwise, ResidualAddAndLayerNormAreOneKernel) {
+  Graph g;
+  Var x = g.input("x", {6, 16});
+  Var r = g.param("r", {6, 16}, Init::uniform(-1, 1)), s = g.param("s", {16}, Init::uniform(0.5, 1.5));
+  Var h = add(x, mul(r, s));
+  Var y = layer_norm(h, g.param("gamma", {16}, Init::uniform(0.5, 1.5)), g.param("beta", {16}, Init::uniform(-1, 1)),
+                     1e-5);
+  const Plan plan = expect_same_bits(g, add(sum(seam::tanh(y)), mean(h)), {}, "residual + layer norm");
+  EXPECT_EQ(count(plan, Op::layer_norm), 0) << plan.str();
+  bool normed = false;
+  for (auto& st : plan.steps)
+    if (st.op == Op::fused_elementwise && EwProgram::parse(st.attrs.s("program")).normalizes()) {
+      normed = true;
+      EXPECT_EQ(st.out.size(), 4u) << "h, y, mean, rstd\n" << plan.str();
+    }
+  EXPECT_TRUE(normed) << plan.str();
+  expect_kernels_compile(plan);
 }
 
 // Two reductions of one group's value over different axes: the first ends the group, the

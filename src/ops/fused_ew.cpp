@@ -52,13 +52,18 @@ std::string EwProgram::str() const {
   for (size_t j = 0; j < outputs.size(); ++j) {
     const std::string t = "t" + std::to_string(outputs[j]);
     const EwReduce r = reduce[j];
-    s += (j ? "," : "") + (r == EwReduce::none ? t : (r == EwReduce::sum ? "sum(" : "mean(") + t + ")");
+    if (r == EwReduce::ln_mean || r == EwReduce::ln_rstd) continue;  // written with ln_y
+    s += j ? "," : "";
+    if (r == EwReduce::none) s += t;
+    else if (r == EwReduce::ln_y)
+      s += "layer_norm[" + number(ln_eps) + "](" + t + "," + operand(ln_gamma) + "," + operand(ln_beta) + ")";
+    else s += (r == EwReduce::sum ? "sum(" : "mean(") + t + ")";
   }
   return s;
 }
 
 bool EwProgram::reduces() const {
-  return std::any_of(reduce.begin(), reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
+  return std::any_of(reduce.begin(), reduce.end(), [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
 }
 
 EwProgram EwProgram::parse(const std::string& text) {
@@ -131,7 +136,42 @@ EwProgram EwProgram::parse(const std::string& text) {
     }
   }
   i = arrow + 2;
+  auto input = [&](const char* what) {
+    if (i >= text.size() || text[i] != 'i') bad(std::string("expected an input i<j> ") + what);
+    ++i;
+    const int k = integer();
+    p.inputs = std::max(p.inputs, k + 1);
+    return k;
+  };
+  auto expect = [&](char c) {
+    if (i >= text.size() || text[i] != c) bad(std::string("expected '") + c + "'");
+    ++i;
+  };
   while (i < text.size()) {
+    if (text.compare(i, 11, "layer_norm[") == 0) {
+      if (p.normalizes()) bad("a second layer norm");
+      i += 11;
+      const size_t close = text.find(']', i);
+      if (close == std::string::npos) bad("unclosed [");
+      const std::string num = text.substr(i, close - i);
+      char* end = nullptr;
+      p.ln_eps = std::strtod(num.c_str(), &end);
+      if (num.empty() || *end) bad("'" + num + "' is not a number");
+      i = close + 1;
+      expect('(');
+      const int t = temp("to normalize");
+      expect(',');
+      p.ln_gamma = input("as gamma");
+      expect(',');
+      p.ln_beta = input("as beta");
+      expect(')');
+      for (EwReduce r : {EwReduce::ln_y, EwReduce::ln_mean, EwReduce::ln_rstd}) {
+        p.outputs.push_back(t);
+        p.reduce.push_back(r);
+      }
+      if (i < text.size()) expect(',');
+      continue;
+    }
     EwReduce r = EwReduce::none;
     for (auto [word, kind] : {std::pair{"sum(", EwReduce::sum}, std::pair{"mean(", EwReduce::mean}})
       if (text.compare(i, std::strlen(word), word) == 0) {
@@ -150,6 +190,7 @@ EwProgram EwProgram::parse(const std::string& text) {
     }
   }
   if (p.code.empty() || p.outputs.empty()) bad("a program needs an instruction and an output");
+  if (p.normalizes() && p.reduces()) bad("a program ends in sums or in a layer norm, not both");
   return p;
 }
 
@@ -186,16 +227,30 @@ void register_fused_elementwise(OpTable& t) {
       c.fail("axes or keepdims given, but no output of the program is a sum or mean");
     const Shape reduced =
         reduced_shape(shape, reduce_axes(c.attrs.ints("axes"), shape.size(), &c), c.attrs.i("keepdims") != 0);
+    Shape rows = shape;
+    if (p.normalizes()) {
+      if (shape.empty()) c.fail("a layer norm needs rank >= 1");
+      rows.pop_back();
+      const Shape dim{shape.back()};
+      if (c.shape(static_cast<size_t>(p.ln_gamma)) != dim || c.shape(static_cast<size_t>(p.ln_beta)) != dim)
+        c.fail("the layer norm's gamma and beta must have shape ", shape_str(dim));
+    }
     std::vector<TensorType> out;
-    for (EwReduce r : p.reduce) out.push_back({c.type(0).dtype, r == EwReduce::none ? shape : reduced});
+    for (EwReduce r : p.reduce) {
+      const bool stat = r == EwReduce::ln_mean || r == EwReduce::ln_rstd;
+      const bool full = r == EwReduce::none || r == EwReduce::ln_y;
+      out.push_back({c.type(0).dtype, full ? shape : stat ? rows : reduced});
+    }
     return out;
   };
   d.flops = [](const OpCostCtx& c) {  // an op per instruction and an add per reduced element
     Shape shape;
     for (const TensorType& t : c.in) shape = broadcast_shapes(shape, t.shape).value_or(shape);
     const EwProgram& p = EwProgram::cached(c.attrs.s("program"));
-    const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
-    return static_cast<double>(numel(shape)) * static_cast<double>(p.code.size() + static_cast<size_t>(sums));
+    const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(),
+                                    [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
+    const double per = static_cast<double>(p.code.size() + static_cast<size_t>(sums)) + (p.normalizes() ? 8.0 : 0.0);
+    return static_cast<double>(numel(shape)) * per;  // layer_norm counts 8 an element
   };
 }
 

@@ -10,6 +10,10 @@
 // sum(t<k>) and mean(t<k>) store its sum or mean over the op's "axes" (a reduction ending
 // the group, e.g. a bias gradient), at the shape sum would give with "keepdims":
 //   mul(i0,i1);relu_grad(t0,i2)->t1,sum(t1)
+// layer_norm[eps](t<k>,i<g>,i<b>) stores the layer norm of the temp over the last dim
+// with gamma i<g> and beta i<b>: three outputs, as layer_norm's (y, mean, rstd). A
+// program ends in sums or in one layer norm, not both (a residual add + layer norm):
+//   add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)
 #pragma once
 #include <string>
 #include <vector>
@@ -24,13 +28,15 @@ struct EwInstr {
   std::vector<int> args;  // >= 0: input index; < 0: temp -(arg + 1)
 };
 
-enum class EwReduce { none, sum, mean };
+enum class EwReduce { none, sum, mean, ln_y, ln_mean, ln_rstd };
 
 struct EwProgram {
   std::vector<EwInstr> code;
   std::vector<int> outputs;        // temp indices
   std::vector<EwReduce> reduce;    // per output: stored as is, or summed / averaged
   int inputs = 0;            // 1 + the largest input index read
+  int ln_gamma = -1, ln_beta = -1;  // a layer norm's inputs
+  double ln_eps = 0;
 
   // Throws seam::Error naming the problem and its position in the text.
   static EwProgram parse(const std::string& text);
@@ -39,6 +45,7 @@ struct EwProgram {
   static const EwProgram& cached(const std::string& text);
   std::string str() const;
   bool reduces() const;  // whether some output is a sum or mean
+  bool normalizes() const { return ln_gamma >= 0; }  // whether it ends in a layer norm
 };
 
 // Whether an op can be part of a fused elementwise program, and how many operands it

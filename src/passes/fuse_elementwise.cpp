@@ -126,6 +126,26 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     }
     return false;
   };
+  //    A layer norm of a member's value (a residual add + layer norm) ends its group the
+  //    same way, in place of sums: the kernel normalizes each row as it computes it, and
+  //    the layer norm's input is stored only if it is read elsewhere. Its gamma and beta
+  //    become the group's inputs, so they must not depend on the group.
+  std::vector<bool> normalized(members.size(), false);
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    if (n.op != Op::layer_norm) continue;
+    const int p = producer(n.in[0]);
+    if (p < 0 || group[static_cast<size_t>(p)] < 0 || ew_arity(nodes[static_cast<size_t>(p)].op) == 0) continue;
+    const int gid = group[static_cast<size_t>(p)];
+    if (normalized[static_cast<size_t>(gid)] || reaches(gid, k)) continue;
+    bool safe = true;
+    for (size_t i = 1; i < n.in.size(); ++i)
+      if (const int q = producer(n.in[i]); q >= 0 && depends_on(q, gid)) safe = false;
+    if (!safe) continue;
+    normalized[static_cast<size_t>(gid)] = true;
+    group[static_cast<size_t>(k)] = gid;
+    members[static_cast<size_t>(gid)].push_back(k);
+  }
   //    Where a group's value is reduced over several sets of axes, the set most of its
   //    reductions share wins (the most values kept from memory).
   std::vector<std::pair<int, Reduction>> candidates;  // (node, what it reduces)
@@ -133,7 +153,8 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     const Node& n = nodes[static_cast<size_t>(k)];
     if (n.op != Op::sum && n.op != Op::mean) continue;
     const int p = producer(n.in[0]);
-    if (p < 0 || group[static_cast<size_t>(p)] < 0) continue;
+    if (p < 0 || group[static_cast<size_t>(p)] < 0 || normalized[static_cast<size_t>(group[static_cast<size_t>(p)])])
+      continue;
     candidates.push_back({k, {reduce_axes(n.attrs.ints("axes"), g.value(n.in[0]).type.shape.size(), nullptr),
                               n.attrs.i("keepdims") != 0}});
   }
@@ -197,9 +218,28 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     }
     std::vector<ValueId> outs;
     std::vector<std::string> names;
+    auto input_of = [&](ValueId v) {
+      auto it = std::find(ext.begin(), ext.end(), v);
+      if (it == ext.end()) it = ext.insert(ext.end(), v);
+      return static_cast<int>(it - ext.begin());
+    };
     for (int k : ms) {
       const Node& n = nodes[static_cast<size_t>(k)];
       const ValueId v = n.out[0];
+      if (n.op == Op::layer_norm) {  // y, mean and rstd
+        prog.ln_gamma = input_of(n.in[1]);
+        prog.ln_beta = input_of(n.in[2]);
+        prog.ln_eps = n.attrs.f("eps");
+        for (EwReduce kind : {EwReduce::ln_y, EwReduce::ln_mean, EwReduce::ln_rstd}) {
+          prog.outputs.push_back(temp_of[static_cast<size_t>(n.in[0])]);
+          prog.reduce.push_back(kind);
+        }
+        for (ValueId o : n.out) {
+          outs.push_back(o);
+          names.push_back(g.value(o).name);
+        }
+        continue;
+      }
       if (is_reduction(k)) {
         prog.outputs.push_back(temp_of[static_cast<size_t>(n.in[0])]);
         prog.reduce.push_back(n.op == Op::sum ? EwReduce::sum : EwReduce::mean);

@@ -43,7 +43,8 @@ std::string covers(const PlanStep& s) {
       std::string c;
       for (auto& in : p.code) c += (c.empty() ? "" : "+") + std::string(op_name(in.op));
       for (EwReduce r : p.reduce)
-        if (r != EwReduce::none) c += r == EwReduce::sum ? "+sum" : "+mean";
+        if (r == EwReduce::sum || r == EwReduce::mean || r == EwReduce::ln_y)
+          c += r == EwReduce::sum ? "+sum" : r == EwReduce::mean ? "+mean" : "+layer_norm";
       return c;
     }
     case Op::linear_act: case Op::linear_act_aux: return "linear+" + act;
@@ -59,11 +60,13 @@ std::string why(const PlanStep& s) {
     case Op::fused_elementwise: {
       const EwProgram p = EwProgram::parse(s.attrs.s("program"));
       std::ostringstream o;
-      const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
-      const auto stored = static_cast<long>(p.outputs.size()) - sums;
+      const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(),
+                                      [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
+      const auto stored = std::count(p.reduce.begin(), p.reduce.end(), EwReduce::none);
       o << "fused: " << p.code.size() << " elementwise ops in one pass; " << static_cast<long>(p.code.size()) - stored
         << " of their values stay in registers, " << stored << " written (read elsewhere)";
       if (sums) o << ", " << sums << " summed over axes " << shape_str(s.attrs.ints("axes")) << " on the way";
+      if (p.normalizes()) o << ", the last normalized row by row (layer norm) before it is stored";
       return o.str();
     }
     case Op::linear_act: case Op::linear_act_aux:

@@ -157,11 +157,17 @@ void fused_elementwise(const KernelArgs& a) {
     for (int d : axes) kept[static_cast<size_t>(d)] = 1;
     std::vector<T*> dst;
     std::vector<std::vector<double>> acc(nout);  // a reduced output's sums, as sum adds them
+    // A layer norm's input goes to y first, and is normalized in place after the walk.
+    auto summed = [&](size_t o) { return prog.reduce[o] == EwReduce::sum || prog.reduce[o] == EwReduce::mean; };
+    auto stored = [&](size_t o) { return prog.reduce[o] == EwReduce::none || prog.reduce[o] == EwReduce::ln_y; };
     for (size_t o = 0; o < nout; ++o) {
       dst.push_back(a.out[o].as<T>());
-      const bool reduced = prog.reduce[o] != EwReduce::none;
-      strides_of(st[nin + o], reduced ? kept : shape);
-      if (reduced) acc[o].assign(static_cast<size_t>(a.out[o].numel()), 0.0);
+      if (summed(o)) {
+        strides_of(st[nin + o], kept);
+        acc[o].assign(static_cast<size_t>(a.out[o].numel()), 0.0);
+      } else if (stored(o)) {
+        strides_of(st[nin + o], shape);
+      }
     }
     std::vector<T> temp(ncode);
     std::vector<int64_t> idx(r, 0), off(nin + nout, 0);
@@ -178,8 +184,8 @@ void fused_elementwise(const KernelArgs& a) {
       }
       for (size_t o = 0; o < nout; ++o) {
         const T v = temp[static_cast<size_t>(prog.outputs[o])];
-        if (prog.reduce[o] == EwReduce::none) dst[o][off[nin + o]] = v;
-        else acc[o][static_cast<size_t>(off[nin + o])] += static_cast<double>(v);
+        if (stored(o)) dst[o][off[nin + o]] = v;
+        else if (summed(o)) acc[o][static_cast<size_t>(off[nin + o])] += static_cast<double>(v);
       }
       for (size_t d = r; d-- > 0;) {  // the next index, odometer style
         ++idx[d];
@@ -190,7 +196,11 @@ void fused_elementwise(const KernelArgs& a) {
       }
     }
     for (size_t o = 0; o < nout; ++o) {
-      if (prog.reduce[o] == EwReduce::none) continue;
+      if (prog.reduce[o] == EwReduce::ln_y) {  // followed by mean and rstd
+        layer_norm_rows<T>(dst[o], src[static_cast<size_t>(prog.ln_gamma)], src[static_cast<size_t>(prog.ln_beta)],
+                           dst[o], dst[o + 1], dst[o + 2], a.out[o + 1].numel(), shape.back(), prog.ln_eps);
+      }
+      if (!summed(o)) continue;
       // mean's own scale (src/backend/cpu/reduce.cpp), so that fusing changes no bit
       const double scale =
           prog.reduce[o] == EwReduce::mean ? static_cast<double>(numel(kept)) / static_cast<double>(n) : 1.0;

@@ -7,6 +7,34 @@
 
 namespace seam::cpu {
 
+template <class T>
+void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* y, T* mean_out, T* rstd_out, int64_t rows,
+                     int64_t dim, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * dim;
+    double sum = 0;
+    for (int64_t j = 0; j < dim; ++j) sum += static_cast<double>(xr[j]);
+    const double mean = sum / static_cast<double>(dim);
+    // Two passes: the centred sum of squares does not cancel catastrophically.
+    double sq = 0;
+    for (int64_t j = 0; j < dim; ++j) {
+      const double d = static_cast<double>(xr[j]) - mean;
+      sq += d * d;
+    }
+    const double rstd = 1.0 / std::sqrt(sq / static_cast<double>(dim) + eps);
+    for (int64_t j = 0; j < dim; ++j) {
+      const double xhat = (static_cast<double>(xr[j]) - mean) * rstd;
+      y[r * dim + j] = static_cast<T>(xhat * static_cast<double>(gamma[j]) + static_cast<double>(beta[j]));
+    }
+    mean_out[r] = static_cast<T>(mean);
+    rstd_out[r] = static_cast<T>(rstd);
+  }
+}
+template void layer_norm_rows<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
+                                     int64_t, double);
+template void layer_norm_rows<double>(const double*, const double*, const double*, double*, double*, double*,
+                                      int64_t, int64_t, double);
+
 namespace {
 
 // Outputs y, mean, rstd; the variance is biased (divides by the row length), as PyTorch.
@@ -15,31 +43,8 @@ void layer_norm(const KernelArgs& a) {
   const int64_t rows = a.out[1].numel();
   const double eps = a.attrs().f("eps");
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
-    const T* x = a.in[0].as<T>();
-    const T* gamma = a.in[1].as<T>();
-    const T* beta = a.in[2].as<T>();
-    T* y = a.out[0].as<T>();
-    T* mean_out = a.out[1].as<T>();
-    T* rstd_out = a.out[2].as<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * dim;
-      double sum = 0;
-      for (int64_t j = 0; j < dim; ++j) sum += static_cast<double>(xr[j]);
-      const double mean = sum / static_cast<double>(dim);
-      // Two passes: the centred sum of squares does not cancel catastrophically.
-      double sq = 0;
-      for (int64_t j = 0; j < dim; ++j) {
-        const double d = static_cast<double>(xr[j]) - mean;
-        sq += d * d;
-      }
-      const double rstd = 1.0 / std::sqrt(sq / static_cast<double>(dim) + eps);
-      for (int64_t j = 0; j < dim; ++j) {
-        const double xhat = (static_cast<double>(xr[j]) - mean) * rstd;
-        y[r * dim + j] = static_cast<T>(xhat * static_cast<double>(gamma[j]) + static_cast<double>(beta[j]));
-      }
-      mean_out[r] = static_cast<T>(mean);
-      rstd_out[r] = static_cast<T>(rstd);
-    }
+    layer_norm_rows<T>(a.in[0].as<T>(), a.in[1].as<T>(), a.in[2].as<T>(), a.out[0].as<T>(), a.out[1].as<T>(),
+                       a.out[2].as<T>(), rows, dim, eps);
   });
 }
 
