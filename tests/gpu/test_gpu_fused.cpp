@@ -288,3 +288,31 @@ TEST(GpuFused, BroadcastOperandsReadAsVectorsMatchTheCpu) {
         o);
   }
 }
+
+// A residual add + layer norm as one generated kernel (a warp per row, any row length),
+// its statistics read by the layer norm's gradient; fused, split and timed.
+TEST(GpuFused, GroupsEndingInALayerNormMatchTheCpu) {
+  for (const Shape& shape : std::vector<Shape>{{64, 1024}, {33, 100}, {5, 3000}, {7, 1}, {2, 3, 40}})
+    for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split, EpiloguePolicy::fastest}) {
+      SCOPED_TRACE(shape_str(shape) + ", policy " + std::to_string(static_cast<int>(e)));
+      CompareOptions o = tolerant();
+      o.epilogue = e;
+      compare_with_cpu(
+          [&](GpuCase& c) {
+            const Shape dim{shape.back()};
+            Var x = c.data("x", shape);
+            Var h = add(x, mul(c.param("r", shape), c.param("s", dim, 0.5, 1.5)));
+            Var y = layer_norm(h, c.param("gamma", dim, 0.5, 1.5), c.param("beta", dim), 1e-5);
+            return add(seam::tanh(y), h);
+          },
+          o);
+    }
+  GpuCase c;
+  Var x = c.data("x", {16, 64});
+  Var h = add(x, c.param("r", {16, 64}));
+  Var y = layer_norm(h, c.param("gamma", {64}), c.param("beta", {64}), 1e-5);
+  Model m(c.g, {.device = Device::cuda});
+  Program p = m.compile({.outputs = {y.id()}});
+  EXPECT_EQ(count(p.plan(), Op::layer_norm), 0) << p.plan().str();
+  EXPECT_EQ(count(p.plan(), Op::fused_elementwise), 1) << p.plan().str();
+}

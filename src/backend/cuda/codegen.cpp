@@ -152,7 +152,10 @@ void write_cached(const std::string& path, const GeneratedKernel& k) {
 }  // namespace
 
 std::string EwSignature::key() const {
-  const char* walk = layout == EwLayout::columns ? " columns" : layout == EwLayout::rows ? " rows" : "";
+  const char* walk = layout == EwLayout::columns ? " columns"
+                     : layout == EwLayout::rows  ? " rows"
+                     : layout == EwLayout::norm  ? " norm"
+                                                 : "";
   std::string s = "ew sm" + std::to_string(arch) + walk + " vec" + std::to_string(vec) + (idx32 ? " i32" : " i64") +
                   " strided=";
   for (bool b : strided) s += b ? '1' : '0';
@@ -291,13 +294,52 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   o << "}\n";
 }
 
+// The kernel of a program ending in a layer norm: a warp per row. The first pass computes
+// the program along the row, stores its stored outputs, and writes the value to normalize
+// into y (which the same lane reads back: L1/L2 traffic, not HBM) while summing it; then
+// the centred sum of squares, and y normalized in place. Same formulas as layer_norm's
+// kernel (src/backend/cuda/norm.cu).
+void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p) {
+  size_t jy = 0;
+  while (p.reduce[jy] != EwReduce::ln_y) ++jy;
+  char eps[40];
+  std::snprintf(eps, sizeof eps, "%.17g", p.ln_eps);
+  o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
+  o << "  const int seam_lane = threadIdx.x & 31;\n";
+  o << "  const I seam_rows = (I)args.kept, seam_dim = (I)args.len;\n";
+  o << "  const float* seam_gamma = args.in[" << p.ln_gamma << "];\n";
+  o << "  const float* seam_beta = args.in[" << p.ln_beta << "];\n";
+  o << "  for (I seam_r = (I)blockIdx.x * 8 + (threadIdx.x >> 5); seam_r < seam_rows; seam_r += (I)gridDim.x * 8) {\n";
+  o << "   float* seam_y = args.out[" << jy << "] + seam_r * seam_dim;\n";
+  o << "   float seam_s = 0.f;\n";
+  o << "   for (I c = seam_lane; c < seam_dim; c += 32) {\n";
+  o << "    const I e = seam_r * seam_dim + c;\n";
+  o << loads(s) << body(p, "");
+  for (size_t j = 0; j < p.outputs.size(); ++j)
+    if (p.reduce[j] == EwReduce::none) o << "    args.out[" << j << "][e] = t" << p.outputs[j] << ";\n";
+  o << "    seam_y[c] = t" << p.outputs[jy] << ";\n    seam_s += t" << p.outputs[jy] << ";\n   }\n";
+  o << "   for (int d = 16; d > 0; d >>= 1) seam_s += __shfl_xor_sync(0xffffffffu, seam_s, d);\n";
+  o << "   const float seam_mean = seam_s / (float)seam_dim;\n";
+  o << "   float seam_sq = 0.f;\n";
+  o << "   for (I c = seam_lane; c < seam_dim; c += 32) {\n"
+       "    const float d = seam_y[c] - seam_mean;\n"
+       "    seam_sq += d * d;\n   }\n";
+  o << "   for (int d = 16; d > 0; d >>= 1) seam_sq += __shfl_xor_sync(0xffffffffu, seam_sq, d);\n";
+  o << "   const float seam_rstd = (float)(1.0 / sqrt((double)(seam_sq / (float)seam_dim) + " << eps << "));\n";
+  o << "   for (I c = seam_lane; c < seam_dim; c += 32)\n"
+       "    seam_y[c] = fmaf((seam_y[c] - seam_mean) * seam_rstd, seam_gamma[c], seam_beta[c]);\n";
+  o << "   if (seam_lane == 0) {\n    args.out[" << jy + 1 << "][seam_r] = seam_mean;\n    args.out[" << jy + 2
+    << "][seam_r] = seam_rstd;\n   }\n  }\n}\n";
+}
+
 }  // namespace
 
 std::string ew_source(const EwSignature& s) {
   const EwProgram& p = EwProgram::cached(s.program);
   const int inputs = s.inputs(), outputs = static_cast<int>(p.outputs.size());
   SEAM_ASSERT(inputs <= kEwMaxInputs && outputs <= kEwMaxOutputs && p.inputs <= inputs);
-  SEAM_ASSERT(p.reduces() == (s.layout != EwLayout::elementwise));
+  SEAM_ASSERT(p.reduces() == (s.layout == EwLayout::columns || s.layout == EwLayout::rows));
+  SEAM_ASSERT(p.normalizes() == (s.layout == EwLayout::norm));
   std::ostringstream o;
   o << "// fused_elementwise: " << s.program << "\n";
   o << "#include \"ew_math.h\"\nusing namespace seam_ew;\ntypedef float T;\n";
@@ -316,6 +358,10 @@ std::string ew_source(const EwSignature& s) {
        "    e = q;\n"
        "  }\n"
        "  return off;\n}\n";
+  if (s.layout == EwLayout::norm) {
+    norm_kernel(o, s, p);
+    return o.str();
+  }
   if (s.layout != EwLayout::elementwise) {
     reducing_kernel(o, s, p);
     return o.str();

@@ -54,7 +54,8 @@ struct EwArgs {
 // or, ending in reductions, by tiles of 32 kept elements x a chunk of reduced ones (the
 // innermost dim kept, bias-gradient style) or by one warp per kept element (the innermost
 // dim reduced).
-enum class EwLayout { elementwise, columns, rows };
+// A program ending in a layer norm walks by rows (norm): a warp per row of the last dim.
+enum class EwLayout { elementwise, columns, rows, norm };
 
 struct EwSignature {
   std::string program;        // its outputs are the kernel's

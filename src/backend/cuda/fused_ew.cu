@@ -47,10 +47,15 @@ Variant split_variant(const StepArgs& a, const std::string& program, const Shape
     parts.push_back(prepare_as_step(a, in.op, attrs, operands, {temp[c]}));
   }
   const Attrs reduce_attrs{{"axes", a.step.attrs.ints("axes")}, {"keepdims", a.step.attrs.i("keepdims")}};
-  for (size_t j = 0; j < prog.outputs.size(); ++j)
-    if (prog.reduce[j] != EwReduce::none)
-      parts.push_back(prepare_as_step(a, prog.reduce[j] == EwReduce::sum ? Op::sum : Op::mean, reduce_attrs,
-                                      {temp[static_cast<size_t>(prog.outputs[j])]}, {a.out[j]}));
+  for (size_t j = 0; j < prog.outputs.size(); ++j) {
+    const DeviceTensor& t = temp[static_cast<size_t>(prog.outputs[j])];
+    if (prog.reduce[j] == EwReduce::sum || prog.reduce[j] == EwReduce::mean)
+      parts.push_back(prepare_as_step(a, prog.reduce[j] == EwReduce::sum ? Op::sum : Op::mean, reduce_attrs, {t}, {a.out[j]}));
+    if (prog.reduce[j] == EwReduce::ln_y)
+      parts.push_back(prepare_as_step(a, Op::layer_norm, Attrs{{"eps", prog.ln_eps}},
+                                      {t, a.in[static_cast<size_t>(prog.ln_gamma)], a.in[static_cast<size_t>(prog.ln_beta)]},
+                                      {a.out[j], a.out[j + 1], a.out[j + 2]}));
+  }
   Context* ctx = &a.ctx;
   return {"split", in_order(parts), [ctx, scratch] {
             for (void* p : scratch) ctx->release(p);
@@ -73,7 +78,15 @@ Walk walk_of(const std::vector<Shape>& inputs, const Attrs& attrs, EwArgs* args)
   const Shape& os = w.shape;
   for (size_t d = os.size(); d-- > 0;)
     if (os[d] != 1) w.dims.push_back(static_cast<int64_t>(d));
-  if (!EwProgram::cached(attrs.s("program")).reduces()) return w;
+  const EwProgram& prog = EwProgram::cached(attrs.s("program"));
+  if (prog.normalizes()) {  // rows of the last dim
+    w.layout = EwLayout::norm;
+    w.len = os.empty() ? 1 : os.back();
+    w.kept = os.empty() ? 1 : numel(Shape(os.begin(), os.end() - 1));
+    if (args) args->kept = w.kept, args->len = w.len;
+    return w;
+  }
+  if (!prog.reduces()) return w;
   const auto axes = reduce_axes(attrs.ints("axes"), os.size(), nullptr);
   // Kept and reduced dims, innermost first, neighbours of one kind merged (the index
   // space is row-major, so they are contiguous).
@@ -122,7 +135,7 @@ EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, con
   // kept), keeping four sums per reduced output: at most 4 of them, for registers and
   // shared memory.
   const EwProgram& prog = EwProgram::cached(program);
-  const auto sums = std::count_if(prog.reduce.begin(), prog.reduce.end(), [](EwReduce r) { return r != EwReduce::none; });
+  const auto sums = std::count_if(prog.reduce.begin(), prog.reduce.end(), [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
   bool vec = (w.layout == EwLayout::elementwise && args.n >= 4) ||
              (w.layout == EwLayout::columns && sums <= 4 && args.rank > 0 && args.size[0] % 4 == 0);
   for (size_t k = 0; k < in_shapes.size(); ++k) {
@@ -177,7 +190,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   const Walk w = walk_of(in_shapes, a.step.attrs, &args);
   const Shape& os = w.shape;
   const int64_t n = numel(os);
-  if (n == 0 && !prog.reduces()) return [](cudaStream_t) {};
+  if (n == 0 && !prog.reduces() && !prog.normalizes()) return [](cudaStream_t) {};
   // Past the generated kernel's limits (or with nothing to walk), the group runs as one
   // kernel per op.
   if (a.in.size() > static_cast<size_t>(kEwMaxInputs) || a.out.size() > static_cast<size_t>(kEwMaxOutputs) ||
@@ -206,7 +219,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     aligned = aligned && reinterpret_cast<uintptr_t>(args.out[j]) % 16 == 0;
     const EwReduce r = prog.reduce[j];
     args.scale[j] = r == EwReduce::mean ? static_cast<double>(w.kept) / static_cast<double>(n) : 1.0;
-    if (r == EwReduce::none) continue;
+    if (r != EwReduce::sum && r != EwReduce::mean) continue;
     fin.out[reduced] = args.out[j];
     fin.scale[reduced] = args.scale[j];
     ++reduced;
@@ -224,12 +237,14 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
              std::to_string(k->spill_bytes) + " bytes spilled, vector width " + std::to_string(sig.vec) +
              (w.layout == EwLayout::elementwise ? std::string()
               : w.layout == EwLayout::columns   ? ", ending in column sums"
-                                                : ", ending in row sums");
+              : w.layout == EwLayout::rows      ? ", ending in row sums"
+                                                : ", ending in a layer norm");
     if (k->spill_bytes > 0 || k->registers > 128) return std::nullopt;
     ka.nvec = sig.vec == 4 && w.layout == EwLayout::elementwise ? n / 4 : 0;
-    if (w.layout == EwLayout::elementwise) {
+    if (w.layout == EwLayout::elementwise || w.layout == EwLayout::norm) {
       const unsigned blocks =
-          blocks_for(ka.nvec > 0 ? ka.nvec : n, 256, static_cast<int>(grid_cap(a.ctx)));
+          w.layout == EwLayout::norm ? blocks_for(w.kept, 8, std::max(a.ctx.sm_count, 1) * 16)  // 8 rows a block
+                                     : blocks_for(ka.nvec > 0 ? ka.nvec : n, 256, static_cast<int>(grid_cap(a.ctx)));
       return Variant{name, [k, ka, blocks](cudaStream_t st) {
                        EwArgs copy = ka;
                        void* params[] = {&copy};
