@@ -77,6 +77,7 @@ struct CudaOptions {
 // for the GPU present or sm_90 without one); nullopt in a build without CUDA.
 struct GeneratedKernelReport {
   int registers = 0, spill_bytes = 0;  // -1: the compiler's report did not say
+  int shared_bytes = 0;
   double compile_ms = 0;  // 0: it came from a cache
   std::string compiler_log;
 };

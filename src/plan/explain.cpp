@@ -112,8 +112,8 @@ std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceMod
   std::snprintf(line, sizeof line, "kernels of the step (estimates for %s: %.0f GB/s, %.0f TFLOP/s tensor cores, %.0f TFLOP/s SIMT)\n",
                 d.name.c_str(), d.bandwidth_gbps, d.tensor_tflops, d.simt_tflops);
   o << line;
-  std::snprintf(line, sizeof line, "%4s  %-24s %-34s %10s %9s %9s %9s %5s %6s  %s\n", "#", "op", "covers", "bytes",
-                "GFLOP", "est. us", measured ? "meas. us" : "", "regs", "spill", "why");
+  std::snprintf(line, sizeof line, "%4s  %-24s %-34s %10s %9s %9s %9s %5s %10s  %s\n", "#", "op", "covers", "bytes",
+                "GFLOP", "est. us", measured ? "meas. us" : "", "regs", "spill/smem", "why");
   o << line;
   for (size_t i = 0; i < fused.steps.size(); ++i) {
     const PlanStep& s = fused.steps[i];
@@ -122,12 +122,13 @@ std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceMod
       if (auto r = generated_kernel_report(s)) {  // -1: the compiler did not say
         regs = r->registers < 0 ? "?" : std::to_string(r->registers);
         spill = r->spill_bytes < 0 ? "?" : std::to_string(r->spill_bytes);
+        if (r->shared_bytes > 0) spill += "/" + std::to_string(r->shared_bytes);
       }
     std::string c = covers(s);
     if (c.size() > 34) c = c.substr(0, 31) + "...";
     char meas[32] = "";
     if (measured) std::snprintf(meas, sizeof meas, "%.2f", measured_ms[i] * 1e3);
-    std::snprintf(line, sizeof line, "%4zu  %-24s %-34s %10.0f %9.4f %9.2f %9s %5s %6s  %s\n", i, op_name(s.op), c.c_str(),
+    std::snprintf(line, sizeof line, "%4zu  %-24s %-34s %10.0f %9.4f %9.2f %9s %5s %10s  %s\n", i, op_name(s.op), c.c_str(),
                   step_bytes(s), s.flops / 1e9, estimate_us(s, d), meas, regs.c_str(), spill.c_str(), why(s).c_str());
     o << line;
   }

@@ -1,6 +1,6 @@
 // The plan's account of itself, for `seam plan`: per kernel, what it covers, bytes and
-// FLOPs, a roofline estimate on a device model, the generated kernel's registers and
-// spills, and why it was fused or not; then kernels and bytes before and after fusion.
+// FLOPs, a roofline estimate on a device model, the generated kernel's registers,
+// spills and shared memory, and why it was fused or not; then kernels and bytes before and after fusion.
 #pragma once
 #include <string>
 #include <vector>

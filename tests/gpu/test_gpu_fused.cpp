@@ -316,3 +316,13 @@ TEST(GpuFused, GroupsEndingInALayerNormMatchTheCpu) {
   EXPECT_EQ(count(p.plan(), Op::layer_norm), 0) << p.plan().str();
   EXPECT_EQ(count(p.plan(), Op::fused_elementwise), 1) << p.plan().str();
 }
+
+// The occupancy rule the choice applies to a generated kernel's compiler report.
+TEST(GpuFused, ResidentThreadsFollowRegistersAndSharedMemory) {
+  EXPECT_EQ(cuda::resident_threads(32, 0), 2048);
+  EXPECT_EQ(cuda::resident_threads(64, 0), 1024);
+  EXPECT_EQ(cuda::resident_threads(128, 0), 512);  // the least a kept kernel may have
+  EXPECT_LT(cuda::resident_threads(129, 0), 512);
+  EXPECT_EQ(cuda::resident_threads(32, 33792), 1536);  // four column sums' 33 KB a block: 6 blocks
+  EXPECT_EQ(cuda::resident_threads(32, 100 * 1024), 512);
+}

@@ -91,7 +91,7 @@ std::string cache_dir() {
   return root.empty() ? root : root + "/kernels";
 }
 
-constexpr const char* kFileHeader = "seam generated kernel v2";
+constexpr const char* kFileHeader = "seam generated kernel v3";
 
 // Reads a cache file; nullopt (and counted) if it is missing or not to be trusted.
 std::optional<GeneratedKernel> read_cached(const std::string& path, const std::string& key) {
@@ -107,8 +107,8 @@ std::optional<GeneratedKernel> read_cached(const std::string& path, const std::s
   if (!std::getline(in, info)) return reject();
   GeneratedKernel k;
   unsigned long long size = 0, sum = 0;
-  if (std::sscanf(info.c_str(), "registers=%d spill=%d bytes=%llu fnv=%llx", &k.registers, &k.spill_bytes, &size,
-                  &sum) != 4 ||
+  if (std::sscanf(info.c_str(), "registers=%d spill=%d smem=%d bytes=%llu fnv=%llx", &k.registers, &k.spill_bytes,
+                  &k.shared_bytes, &size, &sum) != 5 ||
       size == 0 || size > (64ull << 20))
     return reject();
   k.cubin.resize(size);
@@ -128,7 +128,8 @@ void write_cached(const std::string& path, const GeneratedKernel& k) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) return;
     out << kFileHeader << '\n' << k.key << '\n';
-    out << "registers=" << k.registers << " spill=" << k.spill_bytes << " bytes=" << k.cubin.size()
+    out << "registers=" << k.registers << " spill=" << k.spill_bytes << " smem=" << k.shared_bytes
+        << " bytes=" << k.cubin.size()
         << " fnv=" << hex(fnv1a(k.cubin.data(), k.cubin.size())) << '\n';
     out.write(k.cubin.data(), static_cast<std::streamsize>(k.cubin.size()));
     out.flush();
@@ -432,11 +433,17 @@ GeneratedKernel compile_ew(const EwSignature& s) {
     if (end != log.c_str() + at + 5 && std::strncmp(end, " registers", 10) == 0)
       k.registers = std::max(k.registers, static_cast<int>(r));
   }
-  for (size_t at = log.find("bytes spill stores"); at != std::string::npos; at = log.find("bytes spill stores", at + 1)) {
-    size_t start = log.rfind(',', at);
-    start = start == std::string::npos ? 0 : start + 1;
-    k.spill_bytes = std::max(k.spill_bytes, std::atoi(log.c_str() + start));
-  }
+  // "... used 1 barriers, 2112 bytes smem, ..." (absent when the kernel has none)
+  auto before = [&](const char* what, int& to) {
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) {
+      size_t start = log.rfind(',', at);
+      start = start == std::string::npos ? 0 : start + 1;
+      to = std::max(to, std::atoi(log.c_str() + start));
+    }
+  };
+  before("bytes spill stores", k.spill_bytes);
+  k.shared_bytes = 0;
+  before("bytes smem", k.shared_bytes);
   k.log = log;
   k.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   counters().compiled += 1;
@@ -495,6 +502,14 @@ std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s) {
   auto made = std::make_shared<GeneratedKernel>(std::move(*k));
   table->emplace(key, made);
   return made;
+}
+
+int resident_threads(int registers, int shared_bytes) {
+  // Registers go to warps in units of 256 (8 per thread); blocks are whole.
+  const int per_warp = ((std::max(registers, 1) * 32 + 255) / 256) * 256;
+  const int by_regs = (65536 / per_warp) / 8;  // 8 warps a block
+  const int by_smem = shared_bytes > 0 ? (228 * 1024) / (shared_bytes + 1024) : 8;  // + the 1 KB each block reserves
+  return std::min({8, by_regs, by_smem}) * 256;
 }
 
 GeneratedKernel ew_kernel_info(const EwSignature& s) {

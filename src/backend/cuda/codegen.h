@@ -9,7 +9,8 @@
 // multiple of 4), 32- or 64-bit index arithmetic, how the kernel walks its elements
 // (layout), and the GPU architecture. Its hash names the
 // file: $XDG_CACHE_HOME/seam/kernels/ew-<hash>.cubin (or ~/.cache/seam/...), holding a
-// header line, the signature, what the compiler reported (registers, spill bytes), the
+// header line, the signature, what the compiler reported (registers, spill bytes, shared
+// memory), the
 // cubin's size and checksum, then the cubin. A file whose header, signature, size or
 // checksum does not match is not trusted: the kernel is compiled again and the file
 // rewritten.
@@ -76,6 +77,7 @@ struct GeneratedKernel {
   std::string key;
   std::vector<char> cubin;
   int registers = 0, spill_bytes = 0;  // -1: not in the compiler's report
+  int shared_bytes = 0;                // static shared memory a block
   double compile_ms = 0;  // 0 when it came from a cache
   std::string log;        // NVRTC's, when compiled in this process
   cudaKernel_t kernel = nullptr;  // set once loaded on the GPU
@@ -84,7 +86,8 @@ struct GeneratedKernel {
 // The CUDA source for a signature (the kernel is named seam_fused_ew).
 std::string ew_source(const EwSignature& s);
 
-// Compiles with NVRTC (no GPU needed); fills cubin, registers, spills and compile_ms.
+// Compiles with NVRTC (no GPU needed); fills cubin, registers, spills, shared memory and
+// compile_ms.
 // Throws seam::Error with NVRTC's log on failure.
 GeneratedKernel compile_ew(const EwSignature& s);
 
@@ -95,6 +98,10 @@ std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s);
 // What the compiler reported for a signature's kernel, without loading it (no GPU
 // needed): from this process's table, else the disk cache, else compiled (and saved).
 GeneratedKernel ew_kernel_info(const EwSignature& s);
+
+// Threads of 256-thread blocks one SM (Hopper: 64K registers, 228 KB shared memory,
+// 2048 threads) holds at once with this much per thread and block.
+int resident_threads(int registers, int shared_bytes);
 
 struct KernelCacheStats {
   int64_t compiled = 0, memory_hits = 0, disk_hits = 0, rejected_files = 0, files_written = 0;

@@ -228,18 +228,20 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
 
   // The generated kernel for a signature as a variant: its launch (and the second kernel
   // adding chunk partials), or nothing when the compiler's report rules it out: a kernel
-  // that spills, or whose registers leave room for fewer than a quarter of the 2048
-  // threads an SM holds (more than 128 a thread).
+  // that spills, or whose registers and shared memory leave room for fewer than a quarter
+  // of the 2048 threads an SM holds (more than 128 registers a thread, say).
   std::string stats;
   auto generated = [&](const EwSignature& sig, EwArgs ka, const std::string& name) -> std::optional<Variant> {
     std::shared_ptr<const GeneratedKernel> k = ew_kernel(sig);
+    const int threads = resident_threads(k->registers, k->shared_bytes);
     stats += (stats.empty() ? "" : "; ") + name + ": " + std::to_string(k->registers) + " registers, " +
-             std::to_string(k->spill_bytes) + " bytes spilled, vector width " + std::to_string(sig.vec) +
+             std::to_string(k->shared_bytes) + " bytes shared, " + std::to_string(k->spill_bytes) +
+             " bytes spilled, " + std::to_string(threads) + " threads an SM, vector width " + std::to_string(sig.vec) +
              (w.layout == EwLayout::elementwise ? std::string()
               : w.layout == EwLayout::columns   ? ", ending in column sums"
               : w.layout == EwLayout::rows      ? ", ending in row sums"
                                                 : ", ending in a layer norm");
-    if (k->spill_bytes > 0 || k->registers > 128) return std::nullopt;
+    if (k->spill_bytes > 0 || threads < 512) return std::nullopt;
     ka.nvec = sig.vec == 4 && w.layout == EwLayout::elementwise ? n / 4 : 0;
     if (w.layout == EwLayout::elementwise || w.layout == EwLayout::norm) {
       const unsigned blocks =
@@ -344,7 +346,7 @@ std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& ste
   else
     (void)cudaGetLastError();
   const cuda::GeneratedKernel k = cuda::ew_kernel_info(s);
-  return GeneratedKernelReport{k.registers, k.spill_bytes, k.compile_ms, k.log};
+  return GeneratedKernelReport{k.registers, k.spill_bytes, k.shared_bytes, k.compile_ms, k.log};
 }
 
 }  // namespace seam
