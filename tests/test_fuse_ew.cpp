@@ -9,6 +9,9 @@
 #include <random>
 
 #include "backend/backend.h"
+#ifdef SEAM_HAS_CUDA
+#include "backend/cuda/codegen.h"
+#endif
 #include "ops/fused_ew.h"
 #include "plan/explain.h"
 #include "test_util.h"
@@ -339,6 +342,41 @@ TEST(FuseElementwise, ResidualAddAndLayerNormAreOneKernel) {
   EXPECT_TRUE(normed) << plan.str();
   expect_kernels_compile(plan);
 }
+
+#ifdef SEAM_HAS_CUDA
+// Every walk of the generated kernels compiles with 64-bit index arithmetic too (index
+// spaces of 2^31 elements and more), vectorized or not.
+TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndices) {
+  struct Case {
+    const char* program;
+    cuda::EwLayout layout;
+    int vec;
+  };
+  const Case cases[] = {
+      {"mul(i0,i1);tanh(t0)->t1", cuda::EwLayout::elementwise, 4},
+      {"mul(i0,i1);tanh(t0)->t1", cuda::EwLayout::elementwise, 1},
+      {"mul(i0,i1);relu_grad(t0,i1)->t1,sum(t1),sum(t0)", cuda::EwLayout::columns, 4},
+      {"mul(i0,i1);relu_grad(t0,i1)->t1,mean(t1)", cuda::EwLayout::columns, 1},
+      {"mul(i0,i1);relu_grad(t0,i1)->sum(t1)", cuda::EwLayout::rows, 1},
+      {"add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)", cuda::EwLayout::norm, 1},
+  };
+  for (const Case& c : cases) {
+    cuda::EwSignature s;
+    s.program = c.program;
+    s.strided = {false, true, true, true};
+    s.strided.resize(static_cast<size_t>(EwProgram::cached(c.program).inputs));
+    s.vec = c.vec;
+    if (c.vec == 4) s.splat.assign(s.strided.size(), false);
+    s.layout = c.layout;
+    for (bool idx32 : {true, false}) {
+      s.idx32 = idx32;
+      const cuda::GeneratedKernel k = cuda::compile_ew(s);
+      EXPECT_GT(k.registers, 0) << c.program << (idx32 ? " i32" : " i64") << "\n" << k.log;
+      EXPECT_EQ(k.spill_bytes, 0) << c.program;
+    }
+  }
+}
+#endif
 
 // Two reductions of one group's value over different axes: the first ends the group, the
 // second stays a sum of the stored value.

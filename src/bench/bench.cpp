@@ -29,9 +29,7 @@ struct Workload {
 // A model file as a workload: its graph, batch size and optimizer.
 Workload file_workload(const std::string& path) {
   io::ModelSpec spec = io::parse_model_file(path);
-  if (spec.cosine_total_from_run)  // as a run over the 60000 Fashion-MNIST training images would set it
-    spec.optimizer.schedule.total_steps =
-        std::max<int64_t>(1, spec.epochs * (60000 / spec.batch_size) - spec.optimizer.schedule.warmup_steps);
+  spec.fix_schedule_length(60000 / spec.batch_size);  // as a run over Fashion-MNIST's 60000 images would
   Workload w{spec.name, "model file " + path, spec.batch_size, numel(spec.input_shape), spec.classes,
              nullptr, spec.optimizer};
   w.file = [spec] { return io::build_graph(spec, spec.batch_size); };

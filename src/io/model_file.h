@@ -3,6 +3,7 @@
 // and the run settings. Parsing checks everything and reports errors with the file,
 // line and column, or the layer and the nearest known names.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,6 +27,12 @@ struct ModelSpec {
   std::string precision = "f32";
   OptimizerConfig optimizer;
   bool cosine_total_from_run = false;  // schedule.total_steps was left to the run length
+  // Sets a cosine schedule's total_steps from the run's length when the file left it
+  // out: `steps_per_epoch` optimizer steps an epoch.
+  void fix_schedule_length(int64_t steps_per_epoch) {
+    if (cosine_total_from_run)
+      optimizer.schedule.total_steps = std::max<int64_t>(1, epochs * steps_per_epoch - optimizer.schedule.warmup_steps);
+  }
   double label_smoothing = 0.0;
   double val_split = 0.0;
 };

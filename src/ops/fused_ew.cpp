@@ -63,7 +63,7 @@ std::string EwProgram::str() const {
 }
 
 bool EwProgram::reduces() const {
-  return std::any_of(reduce.begin(), reduce.end(), [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
+  return std::any_of(reduce.begin(), reduce.end(), summed);
 }
 
 EwProgram EwProgram::parse(const std::string& text) {
@@ -247,8 +247,7 @@ void register_fused_elementwise(OpTable& t) {
     Shape shape;
     for (const TensorType& t : c.in) shape = broadcast_shapes(shape, t.shape).value_or(shape);
     const EwProgram& p = EwProgram::cached(c.attrs.s("program"));
-    const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(),
-                                    [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
+    const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(), summed);
     const double per = static_cast<double>(p.code.size() + static_cast<size_t>(sums)) + (p.normalizes() ? 8.0 : 0.0);
     return static_cast<double>(numel(shape)) * per;  // layer_norm counts 8 an element
   };

@@ -29,6 +29,7 @@ struct EwInstr {
 };
 
 enum class EwReduce { none, sum, mean, ln_y, ln_mean, ln_rstd };
+inline bool summed(EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; }
 
 struct EwProgram {
   std::vector<EwInstr> code;

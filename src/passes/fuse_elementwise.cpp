@@ -196,6 +196,11 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
   auto emit_group = [&](int gid) {
     const auto& ms = members[static_cast<size_t>(gid)];
     std::vector<ValueId> ext;  // operands from outside, in first-use order
+    auto input_of = [&](ValueId v) {
+      auto it = std::find(ext.begin(), ext.end(), v);
+      if (it == ext.end()) it = ext.insert(ext.end(), v);
+      return static_cast<int>(it - ext.begin());
+    };
     std::vector<int> temp_of(g.values().size(), -1);
     EwProgram prog;
     auto is_reduction = [&](int k) { return ew_arity(nodes[static_cast<size_t>(k)].op) == 0; };
@@ -209,20 +214,13 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
           in.args.push_back(-t - 1);
           continue;
         }
-        auto it = std::find(ext.begin(), ext.end(), v);
-        if (it == ext.end()) it = ext.insert(ext.end(), v);
-        in.args.push_back(static_cast<int>(it - ext.begin()));
+        in.args.push_back(input_of(v));
       }
       temp_of[static_cast<size_t>(n.out[0])] = static_cast<int>(prog.code.size());
       prog.code.push_back(std::move(in));
     }
     std::vector<ValueId> outs;
     std::vector<std::string> names;
-    auto input_of = [&](ValueId v) {
-      auto it = std::find(ext.begin(), ext.end(), v);
-      if (it == ext.end()) it = ext.insert(ext.end(), v);
-      return static_cast<int>(it - ext.begin());
-    };
     for (int k : ms) {
       const Node& n = nodes[static_cast<size_t>(k)];
       const ValueId v = n.out[0];

@@ -43,7 +43,7 @@ std::string covers(const PlanStep& s) {
       std::string c;
       for (auto& in : p.code) c += (c.empty() ? "" : "+") + std::string(op_name(in.op));
       for (EwReduce r : p.reduce)
-        if (r == EwReduce::sum || r == EwReduce::mean || r == EwReduce::ln_y)
+        if (summed(r) || r == EwReduce::ln_y)
           c += r == EwReduce::sum ? "+sum" : r == EwReduce::mean ? "+mean" : "+layer_norm";
       return c;
     }
@@ -60,12 +60,15 @@ std::string why(const PlanStep& s) {
     case Op::fused_elementwise: {
       const EwProgram p = EwProgram::parse(s.attrs.s("program"));
       std::ostringstream o;
-      const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(),
-                                      [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
+      const auto sums = std::count_if(p.reduce.begin(), p.reduce.end(), summed);
       const auto stored = std::count(p.reduce.begin(), p.reduce.end(), EwReduce::none);
       o << "fused: " << p.code.size() << " elementwise ops in one pass; " << static_cast<long>(p.code.size()) - stored
         << " of their values stay in registers, " << stored << " written (read elsewhere)";
-      if (sums) o << ", " << sums << " summed over axes " << shape_str(s.attrs.ints("axes")) << " on the way";
+      if (sums) {
+        const auto& axes = s.attrs.ints("axes");
+        o << ", " << sums << " summed over " << (axes.empty() ? std::string("every axis") : "axes " + shape_str(axes))
+          << " on the way";
+      }
       if (p.normalizes()) o << ", the last normalized row by row (layer norm) before it is stored";
       return o.str();
     }

@@ -200,8 +200,7 @@ int run_train(const TrainOptions& o) {
   if (!val_idx.empty()) val_loader.emplace(data.train, val_idx, data::BatchLoader::Options{.batch = B, .shuffle = false, .drop_last = false});
 
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
-  if (spec.cosine_total_from_run)
-    spec.optimizer.schedule.total_steps = std::max<int64_t>(1, spec.epochs * steps_per_epoch - spec.optimizer.schedule.warmup_steps);
+  spec.fix_schedule_length(steps_per_epoch);
 
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = dev});
@@ -392,8 +391,7 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
              bool measure) {
   io::ModelSpec spec = io::parse_model_file(model_path);
   const int64_t B = batch.value_or(spec.batch_size);
-  if (spec.cosine_total_from_run)  // as a run over the 60000 Fashion-MNIST training images would set it
-    spec.optimizer.schedule.total_steps = std::max<int64_t>(1, spec.epochs * (60000 / B) - spec.optimizer.schedule.warmup_steps);
+  spec.fix_schedule_length(60000 / B);  // as a run over the 60000 Fashion-MNIST training images would
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device)});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})

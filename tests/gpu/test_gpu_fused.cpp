@@ -234,6 +234,7 @@ TEST(GpuFused, GroupsEndingInReductionsMatchTheCpu) {
   };
   const std::vector<Case> cases = {
       {{4096, 64}, {0}, false, false},   // columns, many chunks (a bias gradient)
+      {{4096, 64}, {0}, true, true},     // columns, many chunks, the mean's scale on the partials
       {{37, 1000}, {0}, true, true},     // columns, one chunk
       {{301, 1001}, {0}, false, false},  // columns, rows not a multiple of 4: one lane a thread
       {{64, 8192}, {1}, true, false},    // rows, many chunks
@@ -250,9 +251,11 @@ TEST(GpuFused, GroupsEndingInReductionsMatchTheCpu) {
       o.epilogue = e;
       compare_with_cpu(
           [&](GpuCase& c) {
+            // The backward sums w's and b's gradients over the batch in one group: two
+            // reduced outputs, through the partials where there are many rows.
             Var x = c.data("x", k.shape, -2, 2);
             Var w = c.param("w", {k.shape.back()}, 0.5, 1.5);
-            Var t = seam::tanh(mul(x, w));
+            Var t = seam::tanh(add(mul(x, w), c.param("b", {k.shape.back()})));
             Var r = k.mean ? seam::mean(t, k.axes, k.keepdims) : sum(t, k.axes, k.keepdims);
             return sigmoid(r);
           },

@@ -54,13 +54,13 @@ void register_misc(KernelTable& t);
 
 inline void set(KernelTable& t, Op op, Kernel k) { t.at(static_cast<size_t>(op)) = k; }
 
-// Calls f.template operator()<T>() with T = float or double for the dtype.
 // layer_norm over rows of `dim` (src/backend/cpu/norm.cpp); y may be x (in place). For
 // the layer_norm kernel and fused groups ending in one, so both give the same bits.
 template <class T>
 void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int64_t rows, int64_t dim,
                      double eps);
 
+// Calls f.template operator()<T>() with T = float or double for the dtype.
 template <class F>
 void dispatch_float(DType t, F&& f) {
   switch (t) {

@@ -158,11 +158,10 @@ void fused_elementwise(const KernelArgs& a) {
     std::vector<T*> dst;
     std::vector<std::vector<double>> acc(nout);  // a reduced output's sums, as sum adds them
     // A layer norm's input goes to y first, and is normalized in place after the walk.
-    auto summed = [&](size_t o) { return prog.reduce[o] == EwReduce::sum || prog.reduce[o] == EwReduce::mean; };
     auto stored = [&](size_t o) { return prog.reduce[o] == EwReduce::none || prog.reduce[o] == EwReduce::ln_y; };
     for (size_t o = 0; o < nout; ++o) {
       dst.push_back(a.out[o].as<T>());
-      if (summed(o)) {
+      if (summed(prog.reduce[o])) {
         strides_of(st[nin + o], kept);
         acc[o].assign(static_cast<size_t>(a.out[o].numel()), 0.0);
       } else if (stored(o)) {
@@ -185,7 +184,7 @@ void fused_elementwise(const KernelArgs& a) {
       for (size_t o = 0; o < nout; ++o) {
         const T v = temp[static_cast<size_t>(prog.outputs[o])];
         if (stored(o)) dst[o][off[nin + o]] = v;
-        else if (summed(o)) acc[o][static_cast<size_t>(off[nin + o])] += static_cast<double>(v);
+        else if (summed(prog.reduce[o])) acc[o][static_cast<size_t>(off[nin + o])] += static_cast<double>(v);
       }
       for (size_t d = r; d-- > 0;) {  // the next index, odometer style
         ++idx[d];
@@ -200,7 +199,7 @@ void fused_elementwise(const KernelArgs& a) {
         layer_norm_rows<T>(dst[o], src[static_cast<size_t>(prog.ln_gamma)], src[static_cast<size_t>(prog.ln_beta)],
                            dst[o], dst[o + 1], dst[o + 2], a.out[o + 1].numel(), shape.back(), prog.ln_eps);
       }
-      if (!summed(o)) continue;
+      if (!summed(prog.reduce[o])) continue;
       // mean's own scale (src/backend/cpu/reduce.cpp), so that fusing changes no bit
       const double scale =
           prog.reduce[o] == EwReduce::mean ? static_cast<double>(numel(kept)) / static_cast<double>(n) : 1.0;

@@ -152,6 +152,33 @@ void write_cached(const std::string& path, const GeneratedKernel& k) {
 
 }  // namespace
 
+namespace {
+
+// NVRTC's options for an architecture (the strings live as long as the process).
+//  177: a variable declared but not read (an op's expression may ignore x, y or p);
+//  550: a temp set but not read (a program's value only another op reads, in a lane
+//       whose outputs come from elsewhere).
+std::vector<const char*> compile_options(int arch) {
+  static std::mutex mu;
+  static auto* names = new std::map<int, std::string>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = names->find(arch);
+  if (it == names->end())
+    it = names->emplace(arch, "-arch=sm_" + std::to_string(arch) + (arch == 90 ? "a" : "")).first;
+  return {it->second.c_str(), "-Xptxas=-v", "--std=c++17", "-default-device", "--diag-suppress=177,550"};
+}
+
+// What else decides the cubin: the compiler's version and options.
+std::string compiler_tag(int arch) {
+  int major = 0, minor = 0;
+  if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) major = minor = -1;
+  std::string t = "nvrtc" + std::to_string(major) + "." + std::to_string(minor);
+  for (const char* o : compile_options(arch)) t += std::string(" ") + o;
+  return t;
+}
+
+}  // namespace
+
 std::string EwSignature::key() const {
   const char* walk = layout == EwLayout::columns ? " columns"
                      : layout == EwLayout::rows  ? " rows"
@@ -165,8 +192,9 @@ std::string EwSignature::key() const {
     for (size_t k = 0; k < strided.size(); ++k) s += strided[k] && k < splat.size() && splat[k] ? '1' : '0';
   }
   // The source's hash too: a kernel cached by an earlier version of this generator (or of
-  // ew_math.h, or of ops.def's expressions) is not this signature's kernel.
-  const std::string src = ew_source(*this) + kEwMathSource;
+  // ew_math.h, or of ops.def's expressions, or built by another compiler or with other
+  // options) is not this signature's kernel.
+  const std::string src = ew_source(*this) + kEwMathSource + compiler_tag(arch);
   return s + " source=" + hex(fnv1a(src.data(), src.size())) + " program=" + program;
 }
 
@@ -405,12 +433,8 @@ GeneratedKernel compile_ew(const EwSignature& s) {
     nvrtcProgram& p;
     ~Destroy() { nvrtcDestroyProgram(&p); }
   } destroy{prog};
-  const std::string arch = "-arch=sm_" + std::to_string(s.arch) + (s.arch == 90 ? "a" : "");
-  // 177: a variable declared but not read (an op's expression may ignore x, y or p);
-  // 550: a temp set but not read (a program's value only another op reads, in a lane
-  // whose outputs come from elsewhere).
-  const char* opts[] = {arch.c_str(), "-Xptxas=-v", "--std=c++17", "-default-device", "--diag-suppress=177,550"};
-  const nvrtcResult r = nvrtcCompileProgram(prog, 5, opts);
+  const std::vector<const char*> opts = compile_options(s.arch);
+  const nvrtcResult r = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
   size_t log_size = 0;
   SEAM_NVRTC_CHECK(nvrtcGetProgramLogSize(prog, &log_size));
   std::string log(log_size, '\0');

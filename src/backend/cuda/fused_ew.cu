@@ -49,7 +49,7 @@ Variant split_variant(const StepArgs& a, const std::string& program, const Shape
   const Attrs reduce_attrs{{"axes", a.step.attrs.ints("axes")}, {"keepdims", a.step.attrs.i("keepdims")}};
   for (size_t j = 0; j < prog.outputs.size(); ++j) {
     const DeviceTensor& t = temp[static_cast<size_t>(prog.outputs[j])];
-    if (prog.reduce[j] == EwReduce::sum || prog.reduce[j] == EwReduce::mean)
+    if (summed(prog.reduce[j]))
       parts.push_back(prepare_as_step(a, prog.reduce[j] == EwReduce::sum ? Op::sum : Op::mean, reduce_attrs, {t}, {a.out[j]}));
     if (prog.reduce[j] == EwReduce::ln_y)
       parts.push_back(prepare_as_step(a, Op::layer_norm, Attrs{{"eps", prog.ln_eps}},
@@ -135,7 +135,7 @@ EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, con
   // kept), keeping four sums per reduced output: at most 4 of them, for registers and
   // shared memory.
   const EwProgram& prog = EwProgram::cached(program);
-  const auto sums = std::count_if(prog.reduce.begin(), prog.reduce.end(), [](EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; });
+  const auto sums = std::count_if(prog.reduce.begin(), prog.reduce.end(), summed);
   bool vec = (w.layout == EwLayout::elementwise && args.n >= 4) ||
              (w.layout == EwLayout::columns && sums <= 4 && args.rank > 0 && args.size[0] % 4 == 0);
   for (size_t k = 0; k < in_shapes.size(); ++k) {
@@ -216,10 +216,11 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   FinishArgs fin{};
   for (size_t j = 0; j < a.out.size(); ++j) {
     args.out[j] = a.out[j].as<float>();
-    aligned = aligned && reinterpret_cast<uintptr_t>(args.out[j]) % 16 == 0;
+    // only stored outputs are written as float4
+    if (prog.reduce[j] == EwReduce::none) aligned = aligned && reinterpret_cast<uintptr_t>(args.out[j]) % 16 == 0;
     const EwReduce r = prog.reduce[j];
     args.scale[j] = r == EwReduce::mean ? static_cast<double>(w.kept) / static_cast<double>(n) : 1.0;
-    if (r != EwReduce::sum && r != EwReduce::mean) continue;
+    if (!summed(r)) continue;
     fin.out[reduced] = args.out[j];
     fin.scale[reduced] = args.scale[j];
     ++reduced;
@@ -315,7 +316,10 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     return split.launch;
   }
   variants.push_back(std::move(split));
-  Launch chosen = choose_variant(a.ctx, a.index, "fused_elementwise:" + s.hash(), std::move(variants));
+  // The pick is per shape too: chunking and the vector kernel's gain depend on it.
+  const std::string pick_key = "fused_elementwise:" + s.hash() + ":n=" + std::to_string(n) +
+                               ",kept=" + std::to_string(w.kept) + ",len=" + std::to_string(w.len);
+  Launch chosen = choose_variant(a.ctx, a.index, pick_key, std::move(variants));
   a.ctx.choices.back().second += "; generated kernel " + stats;
   return chosen;
 }
