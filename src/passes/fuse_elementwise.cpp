@@ -3,6 +3,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <utility>
 
 #include "ops/fused_ew.h"
 #include "ops/registry.h"
@@ -48,23 +49,27 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
   std::vector<int> group(static_cast<size_t>(nn), -1);
   std::vector<std::vector<int>> members;
   std::vector<Shape> group_shape;
-  auto depends_on = [&](int start, int gid) {  // whether node `start` follows group gid
-    std::vector<int> stack{start};
+  // Whether a walk up the graph from `starts` (through operands' producers, a group
+  // counting as one node: reaching a member reaches all of them) meets a node for which
+  // stop(k) holds.
+  auto upstream = [&](std::vector<int> stack, auto&& stop) {
     std::vector<bool> seen(static_cast<size_t>(nn), false);
-    seen[static_cast<size_t>(start)] = true;
     auto visit = [&](int p) {
       if (p >= 0 && !seen[static_cast<size_t>(p)]) seen[static_cast<size_t>(p)] = true, stack.push_back(p);
     };
+    for (int s : std::exchange(stack, {})) visit(s);
     while (!stack.empty()) {
       const int k = stack.back();
       stack.pop_back();
-      const int h = group[static_cast<size_t>(k)];
-      if (h == gid) return true;
-      if (h >= 0)
+      if (stop(k)) return true;
+      if (const int h = group[static_cast<size_t>(k)]; h >= 0)
         for (int m : members[static_cast<size_t>(h)]) visit(m);
       for (ValueId v : nodes[static_cast<size_t>(k)].in) visit(producer(v));
     }
     return false;
+  };
+  auto depends_on = [&](int start, int gid) {  // whether node `start` follows group gid
+    return upstream({start}, [&](int k) { return group[static_cast<size_t>(k)] == gid; });
   };
   for (int k = 0; k < nn; ++k) {
     const Node& n = nodes[static_cast<size_t>(k)];
@@ -108,23 +113,11 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
   };
   std::vector<std::optional<Reduction>> reduction(members.size());
   auto reaches = [&](int gid, int target) {  // whether a member of gid depends on node target
-    std::vector<int> stack;
-    std::vector<bool> seen(static_cast<size_t>(nn), false);
-    auto visit = [&](int p) {
-      if (p >= 0 && !seen[static_cast<size_t>(p)] && group[static_cast<size_t>(p)] != gid)
-        seen[static_cast<size_t>(p)] = true, stack.push_back(p);
-    };
+    std::vector<int> starts;
     for (int m : members[static_cast<size_t>(gid)])
-      for (ValueId v : nodes[static_cast<size_t>(m)].in) visit(producer(v));
-    while (!stack.empty()) {
-      const int k = stack.back();
-      stack.pop_back();
-      if (k == target) return true;
-      if (const int h = group[static_cast<size_t>(k)]; h >= 0)
-        for (int m : members[static_cast<size_t>(h)]) visit(m);
-      for (ValueId v : nodes[static_cast<size_t>(k)].in) visit(producer(v));
-    }
-    return false;
+      for (ValueId v : nodes[static_cast<size_t>(m)].in)
+        if (const int p = producer(v); p >= 0 && group[static_cast<size_t>(p)] != gid) starts.push_back(p);
+    return upstream(std::move(starts), [&](int k) { return k == target; });
   };
   //    A layer norm of a member's value (a residual add + layer norm) ends its group the
   //    same way, in place of sums: the kernel normalizes each row as it computes it, and
@@ -148,32 +141,36 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
   }
   //    Where a group's value is reduced over several sets of axes, the set most of its
   //    reductions share wins (the most values kept from memory).
-  std::vector<std::pair<int, Reduction>> candidates;  // (node, what it reduces)
+  struct Candidate {
+    int node, gid;
+    Reduction r;
+  };
+  std::vector<Candidate> candidates;
   for (int k = 0; k < nn; ++k) {
     const Node& n = nodes[static_cast<size_t>(k)];
     if (n.op != Op::sum && n.op != Op::mean) continue;
     const int p = producer(n.in[0]);
-    if (p < 0 || group[static_cast<size_t>(p)] < 0 || normalized[static_cast<size_t>(group[static_cast<size_t>(p)])])
-      continue;
-    candidates.push_back({k, {reduce_axes(n.attrs.ints("axes"), g.value(n.in[0]).type.shape.size(), nullptr),
-                              n.attrs.i("keepdims") != 0}});
+    if (p < 0 || group[static_cast<size_t>(p)] < 0) continue;
+    const int gid = group[static_cast<size_t>(p)];
+    if (normalized[static_cast<size_t>(gid)]) continue;
+    candidates.push_back({k, gid,
+                          {reduce_axes(n.attrs.ints("axes"), g.value(n.in[0]).type.shape.size(), nullptr),
+                           n.attrs.i("keepdims") != 0}});
   }
-  for (auto& [k, want] : candidates) {
-    const int gid = group[static_cast<size_t>(producer(nodes[static_cast<size_t>(k)].in[0]))];
-    auto& have = reduction[static_cast<size_t>(gid)];
+  auto shared_by = [&](const Candidate& c) {  // how many of its group's candidates reduce as c does
+    return std::count_if(candidates.begin(), candidates.end(),
+                         [&](const Candidate& o) { return o.gid == c.gid && o.r == c.r; });
+  };
+  for (const Candidate& c : candidates) {
+    auto& have = reduction[static_cast<size_t>(c.gid)];
     if (!have) {
-      int best = 0;
-      for (auto& [k1, r1] : candidates) {
-        if (group[static_cast<size_t>(producer(nodes[static_cast<size_t>(k1)].in[0]))] != gid) continue;
-        int n = 0;
-        for (auto& [k2, r2] : candidates)
-          n += r2 == r1 && group[static_cast<size_t>(producer(nodes[static_cast<size_t>(k2)].in[0]))] == gid;
-        if (n > best) best = n, have = r1;
-      }
+      std::ptrdiff_t best = 0;
+      for (const Candidate& o : candidates)
+        if (o.gid == c.gid && shared_by(o) > best) best = shared_by(o), have = o.r;
     }
-    if (!(*have == want) || reaches(gid, k)) continue;
-    group[static_cast<size_t>(k)] = gid;
-    members[static_cast<size_t>(gid)].push_back(k);
+    if (!(*have == c.r) || reaches(c.gid, c.node)) continue;
+    group[static_cast<size_t>(c.node)] = c.gid;
+    members[static_cast<size_t>(c.gid)].push_back(c.node);
   }
   for (int k = 0; k < nn; ++k)  // a group of one node stays that node
     if (group[static_cast<size_t>(k)] >= 0 && members[static_cast<size_t>(group[static_cast<size_t>(k)])].size() < 2)
