@@ -327,6 +327,11 @@ TEST_F(Cli, BenchReportsATableAndCsv) {
   ASSERT_EQ(file.code, 0) << file.err;
   EXPECT_NE(file.out.find("fusion: "), std::string::npos) << file.out;
   EXPECT_NE(slurp(csv).find("seam,fmnist_mlp,eager+fusion-none,cpu,"), std::string::npos) << slurp(csv);
+  // GEMM epilogues and the loss fused, no elementwise groups: its own CSV variant.
+  Result epi = run("bench " + std::string(SEAM_EXAMPLES) + "/fmnist_mlp.json --device cpu --steps 1 --repeats 1 "
+                   "--warmup 0 --fusion epilogues --csv " + csv.string());
+  ASSERT_EQ(epi.code, 0) << epi.err;
+  EXPECT_NE(slurp(csv).find("seam,fmnist_mlp,eager+fusion-epilogues,cpu,"), std::string::npos) << slurp(csv);
   Result missing = run("bench nowhere.json --device cpu");
   EXPECT_NE(missing.code, 0);
   EXPECT_NE(missing.err.find("nowhere.json"), std::string::npos) << missing.err;

@@ -280,6 +280,9 @@ TEST(FuseElementwise, BiasGradientSumsEndTheGroup) {
     }
   EXPECT_EQ(reducing, 1) << plan.str();
   expect_kernels_compile(plan);
+  // The kernel table says that the group sums on the way.
+  const std::string text = explain_plan(plan, plan, DeviceModel{}, false);
+  EXPECT_NE(text.find("2 summed over axes [0] on the way"), std::string::npos) << text;
 }
 
 // u = silu(gate) * up, then a GEMM: u's gradient comes from the GEMM, and the gradients
@@ -341,6 +344,9 @@ TEST(FuseElementwise, ResidualAddAndLayerNormAreOneKernel) {
     }
   EXPECT_TRUE(normed) << plan.str();
   expect_kernels_compile(plan);
+  const std::string text = explain_plan(plan, plan, DeviceModel{}, false);
+  EXPECT_NE(text.find("add+layer_norm"), std::string::npos) << text;
+  EXPECT_NE(text.find("normalized row by row (layer norm)"), std::string::npos) << text;
 }
 
 #ifdef SEAM_HAS_CUDA

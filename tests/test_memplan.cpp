@@ -7,6 +7,7 @@
 
 #include "passes/memplan.h"
 #include "seam/seam.h"
+#include "test_util.h"
 
 using namespace seam;
 
@@ -135,11 +136,7 @@ void check_peak(const char* what, Model& m, Var loss, double max_fraction) {
 
 TEST(MemPlan, PeakIsWellUnderTheSumOfIntermediatesForAnMlp) {
   Graph g;
-  Var x = g.input("x", {128, 784});
-  Var y = g.input("y", {128}, DType::i32);
-  Var h = relu(nn::linear(x, 1024, "fc1"));
-  h = relu(nn::linear(h, 1024, "fc2"));
-  Var loss = cross_entropy(nn::linear(h, 10, "fc3"), y);
+  Var loss = seam::testing::mlp_loss(g, 128, 784, {1024, 1024}, 10);
   Model m(g);
   check_peak("MLP 784-1024-1024-10, batch 128", m, loss, 0.6);
 }

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "seam/seam.h"
+#include "test_util.h"
 
 using namespace seam;
 
@@ -50,11 +51,7 @@ bool overlaps(const BufferRef& a, const BufferRef& b) {
 // reuse_gap 1: the plan a GPU running steps side by side gets.
 Plan mlp_training_plan(int reuse_gap = 1) {
   Graph g;
-  Var x = g.input("x", {64, 32});
-  Var y = g.input("y", {64}, DType::i32);
-  Var h = relu(nn::linear(x, 48, "fc1"));
-  h = relu(nn::linear(h, 40, "fc2"));
-  Var loss = cross_entropy(nn::linear(h, 10, "fc3"), y);
+  Var loss = seam::testing::mlp_loss(g, 64, 32, {48, 40}, 10);
   Model m(g);
   return m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3), .reuse_gap = reuse_gap}).plan();
 }

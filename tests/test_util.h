@@ -1,9 +1,10 @@
 // Small helpers the CPU and GPU tests share.
 #pragma once
 #include <cstring>
+#include <string>
 #include <vector>
 
-#include "seam/plan.h"
+#include "seam/seam.h"
 
 namespace seam::testing {
 
@@ -12,6 +13,16 @@ inline int count(const Plan& p, Op op) {
   int n = 0;
   for (auto& s : p.steps) n += s.op == op;
   return n;
+}
+
+// A classifier MLP on inputs "x" [batch, in] and labels "y" [batch]: ReLU after each
+// hidden layer ("fc1", "fc2", ...), then cross-entropy; returns the loss.
+inline Var mlp_loss(Graph& g, int64_t batch, int64_t in, const std::vector<int64_t>& hidden, int64_t classes) {
+  Var h = g.input("x", {batch, in});
+  Var y = g.input("y", {batch}, DType::i32);
+  int layer = 0;
+  for (int64_t w : hidden) h = relu(nn::linear(h, w, "fc" + std::to_string(++layer)));
+  return cross_entropy(nn::linear(h, classes, "fc" + std::to_string(++layer)), y);
 }
 
 // The bytes of a vector of values, for set_input and write_param.
