@@ -20,6 +20,8 @@ WORKLOADS = {
     "W2": dict(batch=8192, dims=[4096, 4096, 4096, 4096, 1000], act="gelu_tanh", opt="adamw", lr=1e-3, wd=0.01,
                steps=30),
     "W3": dict(batch=4096, dims=[1024, 1024, 2048, 1000], blocks=4, opt="adamw", lr=1e-3, wd=0.01, steps=50),
+    "W4": dict(batch=4096, dims=[1024, 1024, 4096, 1000], blocks=4, norm=True, opt="adamw", lr=1e-3, wd=0.01,
+               steps=50),
 }
 
 
@@ -57,9 +59,30 @@ class GatedResidual(torch.nn.Module):
         return self.head(h)
 
 
+class PostNormResidual(torch.nn.Module):
+    """W4: in -> blocks of h = layer_norm(h + down(gelu_tanh(up(h)))) -> head."""
+
+    def __init__(self, dims, blocks):
+        super().__init__()
+        d_in, width, hidden, classes = dims
+        self.inp = torch.nn.Linear(d_in, width)
+        self.up = torch.nn.ModuleList(torch.nn.Linear(width, hidden) for _ in range(blocks))
+        self.down = torch.nn.ModuleList(torch.nn.Linear(hidden, width) for _ in range(blocks))
+        self.norm = torch.nn.ModuleList(torch.nn.LayerNorm(width, eps=1e-5) for _ in range(blocks))
+        self.head = torch.nn.Linear(width, classes)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for up, down, norm in zip(self.up, self.down, self.norm):
+            h = norm(h + down(F.gelu(up(h), approximate="tanh")))
+        return self.head(h)
+
+
 def make(spec, **opt_kwargs):
     torch.manual_seed(0)
-    if "blocks" in spec:
+    if spec.get("norm"):
+        model = PostNormResidual(spec["dims"], spec["blocks"]).cuda()
+    elif "blocks" in spec:
         model = GatedResidual(spec["dims"], spec["blocks"]).cuda()
     else:
         model = Mlp(spec["dims"], spec["act"]).cuda()

@@ -141,6 +141,31 @@ TEST(FusedProgram, TextRoundTripsAndErrorsNameThePlace) {
   expect_parse_error("relu(i0)->sum(i0)", "expected a temp");
 }
 
+// The bytes the model weighs: one kernel against one kernel per op, counted by hand.
+TEST(FusedProgram, TrafficCountsBothWaysOfRunningAGroup) {
+  const TensorType rows{DType::f32, {64, 32}}, bias{DType::f32, {32}};
+  // add with a broadcast bias, tanh, scale: 3 kernels of 8 KB passes against one.
+  EwTraffic t = ew_traffic(EwProgram::parse("add(i0,i1);tanh(t0);scale[0.5](t1)->t2"), {rows, bias}, {});
+  EXPECT_EQ(t.fused_bytes, 8192 + 128 + 8192);
+  EXPECT_EQ(t.split_bytes, (8192 + 128 + 8192) + 2 * 8192 + 2 * 8192);
+  EXPECT_EQ(t.split_kernels, 3);
+  EXPECT_TRUE(fused_clearly_faster(t));
+  // A product summed over the batch: the split writes and rereads the product; just
+  // short of half, so the GPU times both.
+  t = ew_traffic(EwProgram::parse("mul(i0,i1)->sum(t0)"), {rows, rows}, {0});
+  EXPECT_EQ(t.fused_bytes, 2 * 8192 + 128);
+  EXPECT_EQ(t.split_bytes, 3 * 8192 + 8192 + 128);
+  EXPECT_EQ(t.split_kernels, 2);
+  EXPECT_FALSE(fused_clearly_faster(t));
+  // Residual add + layer norm, the sum also stored: y, mean and rstd from both.
+  const TensorType x{DType::f32, {8, 16}}, g{DType::f32, {16}};
+  t = ew_traffic(EwProgram::parse("add(i0,i1)->t0,layer_norm[1e-5](t0,i2,i3)"), {x, x, g, g}, {});
+  EXPECT_EQ(t.fused_bytes, (512 + 512 + 64 + 64) + 512 + 512 + 32 + 32);
+  EXPECT_EQ(t.split_bytes, 3 * 512 + (512 + 64 + 64 + 512 + 32 + 32));
+  EXPECT_EQ(t.split_kernels, 2);
+  EXPECT_FALSE(fused_clearly_faster(t));
+}
+
 // Random chains over every elementwise op and its gradients, with broadcast operands;
 // the gradients (chains themselves) fuse too.
 TEST(FuseElementwise, RandomGraphsFuseAndChangeNoBit) {
@@ -410,6 +435,7 @@ TEST(ExplainPlan, NamesWhatEachKernelCoversAndTheSavings) {
   const std::string text = explain_plan(fused.plan(), plain.plan(), DeviceModel{}, true);
   EXPECT_NE(text.find("add+tanh+scale"), std::string::npos) << text;
   EXPECT_NE(text.find("fused: 3 elementwise ops in one pass"), std::string::npos) << text;
+  EXPECT_NE(text.find("kept over one kernel per op by the model: 0."), std::string::npos) << text;
   const size_t at = text.find("fusion: ");
   ASSERT_NE(at, std::string::npos) << text;
   int before = 0, after = 0;

@@ -69,6 +69,20 @@ std::vector<Workload> workloads() {
          return nn::linear(h, 1000, "head");
        },
        OptimizerConfig::adamw(1e-3, 0.01)},
+      {"W4",
+       "post-norm residual MLP: 1024 wide, 4 blocks h = layer_norm(h + down(gelu(up(h)))) with 4096 hidden, 1000 "
+       "classes, AdamW, batch 4096, f32 with TF32 GEMMs",
+       4096, 1024, 1000,
+       [](Graph&, Var x) {
+         Var h = nn::linear(x, 1024, "in");
+         for (int b = 0; b < 4; ++b) {
+           const std::string n = "block" + std::to_string(b);
+           Var f = nn::linear(gelu(nn::linear(h, 4096, n + ".up"), true), 1024, n + ".down");
+           h = nn::layer_norm(add(h, f), n + ".norm");
+         }
+         return nn::linear(h, 1000, "head");
+       },
+       OptimizerConfig::adamw(1e-3, 0.01)},
   };
 }
 
@@ -213,7 +227,7 @@ int run_bench(const BenchOptions& o) {
     auto it = std::find_if(builtin.begin(), builtin.end(), [&](const Workload& w) { return w.name == name; });
     if (it != builtin.end()) chosen.push_back(*it);
     else if (name.ends_with(".json")) chosen.push_back(file_workload(name));
-    else fail("no workload named ", name, " (known: W1, W2, W3, or a model file)");
+    else fail("no workload named ", name, " (known: W1, W2, W3, W4, or a model file)");
   }
   if (o.workloads.empty()) chosen = workloads();
   for (const Workload& w : chosen) {

@@ -203,6 +203,41 @@ const EwProgram& EwProgram::cached(const std::string& text) {
   return *it->second;
 }
 
+EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, const std::vector<int64_t>& axes) {
+  SEAM_ASSERT(!inputs.empty() && static_cast<int>(inputs.size()) >= p.inputs);
+  Shape shape;
+  for (const TensorType& t : inputs) shape = broadcast_shapes(shape, t.shape).value_or(shape);
+  const double elem = static_cast<double>(dtype_size(inputs[0].dtype));
+  const double full = static_cast<double>(numel(shape)) * elem;
+  const double reduced = static_cast<double>(numel(reduced_shape(shape, reduce_axes(axes, shape.size(), nullptr), false))) * elem;
+  const double rows = shape.empty() ? 0 : full / static_cast<double>(shape.back());
+  auto in_bytes = [&](int k) { return static_cast<double>(inputs[static_cast<size_t>(k)].bytes()); };
+  EwTraffic t;
+  for (const TensorType& in : inputs) t.fused_bytes += static_cast<double>(in.bytes());
+  for (const EwInstr& in : p.code) {
+    for (int v : in.args) t.split_bytes += v >= 0 ? in_bytes(v) : full;
+    t.split_bytes += full;
+    ++t.split_kernels;
+  }
+  for (EwReduce r : p.reduce) {
+    switch (r) {
+      case EwReduce::none: t.fused_bytes += full; break;
+      case EwReduce::sum: case EwReduce::mean:
+        t.fused_bytes += reduced;
+        t.split_bytes += full + reduced;
+        ++t.split_kernels;
+        break;
+      case EwReduce::ln_y:
+        t.fused_bytes += full;
+        t.split_bytes += full + in_bytes(p.ln_gamma) + in_bytes(p.ln_beta) + full + 2 * rows;
+        ++t.split_kernels;
+        break;
+      case EwReduce::ln_mean: case EwReduce::ln_rstd: t.fused_bytes += rows; break;
+    }
+  }
+  return t;
+}
+
 void register_fused_elementwise(OpTable& t) {
   OpDef& d = def(t, Op::fused_elementwise);
   d.name = "fused_elementwise";

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "seam/dtype.h"
 #include "seam/op.h"
 
 namespace seam {
@@ -48,6 +49,23 @@ struct EwProgram {
   bool reduces() const;  // whether some output is a sum or mean
   bool normalizes() const { return ln_gamma >= 0; }  // whether it ends in a layer norm
 };
+
+// The bytes a group moves as one kernel and as one kernel per op (the split: each op reads
+// its operands and writes its value; a sum or mean reads the value and writes its result;
+// a layer norm reads the value, gamma and beta and writes y and its statistics), counted
+// from the program, its input types and the reduced axes.
+struct EwTraffic {
+  double fused_bytes = 0, split_bytes = 0;
+  int split_kernels = 0;
+};
+EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, const std::vector<int64_t>& axes);
+
+// Where the model decides between the generated kernel and the split without timing them:
+// when the kernel moves at most half the split's bytes. Generated kernels reach 60-85% of
+// the bandwidth roofline and the unfused ops' kernels 85-95% (docs/perf.md), so half the
+// bytes is faster by a margin no efficiency gap closes, before counting the split's extra
+// launches. Closer than that, the GPU times both.
+inline bool fused_clearly_faster(const EwTraffic& t) { return 2 * t.fused_bytes <= t.split_bytes; }
 
 // Whether an op can be part of a fused elementwise program, and how many operands it
 // takes there (0 if it cannot).

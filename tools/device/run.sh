@@ -73,7 +73,7 @@ for step in "${steps[@]}"; do
       [ -x "$py" ] || py=python3
       csv=$(mktemp -d)
       {
-        work=(W1 W2 W3 examples/fmnist_cnn.json)
+        work=(W1 W2 W3 W4 examples/fmnist_cnn.json)
         "$bin/seam" bench "${work[@]}" --device cuda --csv "$csv/seam_graph.csv" --breakdown --explain
         "$bin/seam" bench "${work[@]}" --device cuda --no-graph --csv "$csv/seam_eager.csv"
         # The same step with fewer fusions: GEMM epilogues and the loss only, then none.

@@ -1,6 +1,7 @@
 // fused_elementwise on the GPU: a kernel generated for the group's program (codegen.h),
 // launched over the output's elements.
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -299,8 +300,10 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
                    }};
   };
 
-  // The candidates, timed once and the pick cached (choose_variant): the generated
-  // kernel; for column sums four columns a thread, also one; and one kernel per op.
+  // The candidates: the generated kernel; for column sums four columns a thread, also
+  // one; and one kernel per op. Where the kernel moves at most half the split's bytes the
+  // model rules the split out (fused_clearly_faster); what is left is timed once and the
+  // pick cached (choose_variant).
   std::vector<Variant> variants;
   if (auto v = generated(s, args, "fused")) variants.push_back(std::move(*v));
   if (w.layout == EwLayout::columns && s.vec == 4) {
@@ -310,17 +313,29 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     // (named "fused" when the vector kernel was ruled out: a forced policy asks for that name)
     if (auto v = generated(scalar, args, variants.empty() ? "fused" : "fused_scalar")) variants.push_back(std::move(*v));
   }
-  Variant split = split_variant(a, s.program, os);
   if (variants.empty()) {
     a.ctx.choices.emplace_back(a.index, "split: the generated kernel was rejected (" + stats + ")");
-    return split.launch;
+    return split_variant(a, s.program, os).launch;
   }
-  variants.push_back(std::move(split));
+  std::vector<TensorType> in_types;
+  for (auto& t : a.in) in_types.push_back(t.type);
+  const EwTraffic traffic = ew_traffic(prog, in_types, a.step.attrs.ints("axes"));
+  char ratio[160];
+  std::snprintf(ratio, sizeof ratio, "%.2fx the bytes of one kernel per op (%.1f of %.1f MB, %d kernels)",
+                traffic.fused_bytes / std::max(traffic.split_bytes, 1.0), traffic.fused_bytes / 1e6,
+                traffic.split_bytes / 1e6, traffic.split_kernels);
+  const bool model_decides = a.ctx.epilogue == EpiloguePolicy::fastest && fused_clearly_faster(traffic);
+  if (model_decides && variants.size() == 1) {
+    a.ctx.choices.emplace_back(a.index, "fused (the model: " + std::string(ratio) + "); generated kernel " + stats);
+    return variants.front().launch;
+  }
+  if (!model_decides) variants.push_back(split_variant(a, s.program, os));
   // The pick is per shape too: chunking and the vector kernel's gain depend on it.
   const std::string pick_key = "fused_elementwise:" + s.hash() + ":n=" + std::to_string(n) +
                                ",kept=" + std::to_string(w.kept) + ",len=" + std::to_string(w.len);
   Launch chosen = choose_variant(a.ctx, a.index, pick_key, std::move(variants));
-  a.ctx.choices.back().second += "; generated kernel " + stats;
+  a.ctx.choices.back().second += (model_decides ? "; split ruled out by the model: " : "; too close for the model: ") +
+                                 std::string(ratio) + "; generated kernel " + stats;
   return chosen;
 }
 
