@@ -376,12 +376,13 @@ TEST(FuseElementwise, ResidualAddAndLayerNormAreOneKernel) {
 
 #ifdef SEAM_HAS_CUDA
 // Every walk of the generated kernels compiles with 64-bit index arithmetic too (index
-// spaces of 2^31 elements and more), vectorized or not.
+// spaces of 2^31 elements and more), vectorized or not, rows in registers or not.
 TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndices) {
   struct Case {
     const char* program;
     cuda::EwLayout layout;
     int vec;
+    int row_values = 0;
   };
   const Case cases[] = {
       {"mul(i0,i1);tanh(t0)->t1", cuda::EwLayout::elementwise, 4},
@@ -390,6 +391,8 @@ TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndices) {
       {"mul(i0,i1);relu_grad(t0,i1)->t1,mean(t1)", cuda::EwLayout::columns, 1},
       {"mul(i0,i1);relu_grad(t0,i1)->sum(t1)", cuda::EwLayout::rows, 1},
       {"add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)", cuda::EwLayout::norm, 1},
+      {"add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)", cuda::EwLayout::norm, 1, 32},  // in registers
+      {"add(i0,i1);gelu(t0)->layer_norm[1.0000000000000001e-05](t1,i2,i3)", cuda::EwLayout::norm, 1, 4},
   };
   for (const Case& c : cases) {
     cuda::EwSignature s;
@@ -399,6 +402,7 @@ TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndices) {
     s.vec = c.vec;
     if (c.vec == 4) s.splat.assign(s.strided.size(), false);
     s.layout = c.layout;
+    s.row_values = c.row_values;
     for (bool idx32 : {true, false}) {
       s.idx32 = idx32;
       const cuda::GeneratedKernel k = cuda::compile_ew(s);

@@ -184,7 +184,8 @@ std::string EwSignature::key() const {
                      : layout == EwLayout::rows  ? " rows"
                      : layout == EwLayout::norm  ? " norm"
                                                  : "";
-  std::string s = "ew sm" + std::to_string(arch) + walk + " vec" + std::to_string(vec) + (idx32 ? " i32" : " i64") +
+  std::string s = "ew sm" + std::to_string(arch) + walk +
+                  (layout == EwLayout::norm ? " row" + std::to_string(row_values) : std::string()) + " vec" + std::to_string(vec) + (idx32 ? " i32" : " i64") +
                   " strided=";
   for (bool b : strided) s += b ? '1' : '0';
   if (vec == 4) {
@@ -323,16 +324,24 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   o << "}\n";
 }
 
-// The kernel of a program ending in a layer norm: a warp per row. The first pass computes
-// the program along the row, stores its stored outputs, and writes the value to normalize
-// into y (which the same lane reads back: L1/L2 traffic, not HBM) while summing it; then
-// the centred sum of squares, and y normalized in place. Same formulas as layer_norm's
-// kernel (src/backend/cuda/norm.cu).
+// The kernel of a program ending in a layer norm: a warp per row, as layer_norm's kernel
+// (src/backend/cuda/norm.cu) with the same formulas. The first pass computes the program
+// along the row, stores its stored outputs and sums the value to normalize; then the
+// centred sum of squares, and y. Rows of up to 1024 stay in registers between the passes
+// (row_values a lane, unrolled); longer ones are written to y and read back by the lane
+// that wrote them.
 void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p) {
   size_t jy = 0;
   while (p.reduce[jy] != EwReduce::ln_y) ++jy;
   char eps[40];
   std::snprintf(eps, sizeof eps, "%.17g", p.ln_eps);
+  const int n = s.row_values;
+  const std::string ty = "t" + std::to_string(p.outputs[jy]);
+  // The passes: "for each column c of the row this lane owns", with k its register slot.
+  const std::string each = n > 0 ? "#pragma unroll\n   for (int k = 0; k < " + std::to_string(n) +
+                                       "; ++k) {\n    const I c = seam_lane + 32 * k;\n    if (c >= seam_dim) break;\n"
+                                 : "   for (I c = seam_lane; c < seam_dim; c += 32) {\n";
+  const std::string value = n > 0 ? "seam_v[k]" : "seam_y[c]";
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
   o << "  const int seam_lane = threadIdx.x & 31;\n";
   o << "  const I seam_rows = (I)args.kept, seam_dim = (I)args.len;\n";
@@ -340,23 +349,20 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   o << "  const float* seam_beta = args.in[" << p.ln_beta << "];\n";
   o << "  for (I seam_r = (I)blockIdx.x * 8 + (threadIdx.x >> 5); seam_r < seam_rows; seam_r += (I)gridDim.x * 8) {\n";
   o << "   float* seam_y = args.out[" << jy << "] + seam_r * seam_dim;\n";
+  if (n > 0) o << "   float seam_v[" << n << "];\n";
   o << "   float seam_s = 0.f;\n";
-  o << "   for (I c = seam_lane; c < seam_dim; c += 32) {\n";
-  o << "    const I e = seam_r * seam_dim + c;\n";
+  o << each << "    const I e = seam_r * seam_dim + c;\n";
   o << loads(s) << body(p, "");
   for (size_t j = 0; j < p.outputs.size(); ++j)
     if (p.reduce[j] == EwReduce::none) o << "    args.out[" << j << "][e] = t" << p.outputs[j] << ";\n";
-  o << "    seam_y[c] = t" << p.outputs[jy] << ";\n    seam_s += t" << p.outputs[jy] << ";\n   }\n";
+  o << "    " << value << " = " << ty << ";\n    seam_s += " << ty << ";\n   }\n";
   o << "   for (int d = 16; d > 0; d >>= 1) seam_s += __shfl_xor_sync(0xffffffffu, seam_s, d);\n";
   o << "   const float seam_mean = seam_s / (float)seam_dim;\n";
   o << "   float seam_sq = 0.f;\n";
-  o << "   for (I c = seam_lane; c < seam_dim; c += 32) {\n"
-       "    const float d = seam_y[c] - seam_mean;\n"
-       "    seam_sq += d * d;\n   }\n";
+  o << each << "    const float d = " << value << " - seam_mean;\n    seam_sq += d * d;\n   }\n";
   o << "   for (int d = 16; d > 0; d >>= 1) seam_sq += __shfl_xor_sync(0xffffffffu, seam_sq, d);\n";
   o << "   const float seam_rstd = (float)(1.0 / sqrt((double)(seam_sq / (float)seam_dim) + " << eps << "));\n";
-  o << "   for (I c = seam_lane; c < seam_dim; c += 32)\n"
-       "    seam_y[c] = fmaf((seam_y[c] - seam_mean) * seam_rstd, seam_gamma[c], seam_beta[c]);\n";
+  o << each << "    seam_y[c] = fmaf((" << value << " - seam_mean) * seam_rstd, seam_gamma[c], seam_beta[c]);\n   }\n";
   o << "   if (seam_lane == 0) {\n    args.out[" << jy + 1 << "][seam_r] = seam_mean;\n    args.out[" << jy + 2
     << "][seam_r] = seam_rstd;\n   }\n  }\n}\n";
 }

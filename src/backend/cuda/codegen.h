@@ -68,10 +68,22 @@ struct EwSignature {
   bool idx32 = false;         // the index space fits 32-bit index arithmetic
   int arch = 90;              // compute capability major * 10 + minor
   EwLayout layout = EwLayout::elementwise;
+  // Norm walks: values a lane holds in registers (rows of up to 32 * row_values; see
+  // lane_groups), or 0: the row is written to y and read back.
+  int row_values = 0;
   int inputs() const { return static_cast<int>(strided.size()); }
   std::string key() const;    // one line, every field and the generated source's hash
   std::string hash() const;   // of the key, 16 hex digits
 };
+
+// Values a lane of a warp holds to keep a row of `dim` (<= 1024) in registers: the
+// smallest of 1, 2, 4, 8, 12, 16, 24, 32 groups of 32 that covers it. Few sizes, so few
+// kernels; layer_norm's kernels and generated norm walks share them.
+inline int lane_groups(int64_t dim) {
+  for (int n : {1, 2, 4, 8, 12, 16, 24})
+    if (32 * n >= dim) return n;
+  return 32;
+}
 
 struct GeneratedKernel {
   std::string key;

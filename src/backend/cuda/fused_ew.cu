@@ -159,6 +159,7 @@ EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, con
   s.vec = vec ? 4 : 1;
   if (s.vec == 1) s.splat.clear();
   s.idx32 = args.n < (int64_t{1} << 31);
+  if (w.layout == EwLayout::norm && w.len <= 1024) s.row_values = lane_groups(w.len);
   return s;
 }
 

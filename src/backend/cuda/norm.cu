@@ -6,14 +6,16 @@
 //              rounded up to 1, 2, 4, 8, 12, 16, 24 or 32);
 //   D >  1024: one block per row, passes over the row through L1.
 // The backward computes dx row by row and the column sums dgamma = sum_rows dy * xhat,
-// dbeta = sum_rows dy deterministically: every block adds its rows' contributions in a
-// fixed order into its own slice of scratch ([blocks][2][D], double), then a second
-// kernel sums the slices in block order. No atomics.
+// dbeta = sum_rows dy deterministically: each chunk of rows (D <= 1024: a column kernel
+// over a fixed chunk; else the rows of one block) is added in a fixed order into its own
+// slice of scratch ([chunks][2][D], double), then a last kernel sums the slices in chunk
+// order. No atomics.
 #include <cmath>
 
 #include <type_traits>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/codegen.h"
 #include "backend/cuda/device_util.cuh"
 
 namespace seam::cuda {
@@ -105,37 +107,33 @@ __global__ void __launch_bounds__(kRowBlock)
 // (x - mean) * rstd in double and every column sum accumulates in double, as the CPU
 // does; the row sums of dx stay in f32.
 
-// Warp w of block b handles rows (b * kWarps + w) + k * gridDim.x * kWarps; each lane keeps
-// its columns' dgamma/dbeta sums in registers. At the end the block's warps add theirs
-// into shared memory one warp after another (warp 0 first), and the block writes the sums
-// to partial[b][0][:] (dgamma) and partial[b][1][:] (dbeta). The second pass over a row
-// (dx) reads dy and x again, from L1: keeping them in registers too would spill.
+// Rows of up to 1024 take two kernels. dx: a warp per row, the row's dy * gamma and xhat
+// held in registers between the row sums and the write. dgamma and dbeta: column sums
+// over chunks of rows (ln_grad_params), reading dy and x a second time. One kernel doing
+// both kept 2 * N double sums a lane for its columns: 128 registers at D = 1024, which
+// spilled and ran at a tenth of the bandwidth; the second read of dy and x costs less.
 template <int N>
 __global__ void __launch_bounds__(kWarpBlock)
-    ln_grad_warp(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
-                 const float* __restrict__ rstd, const float* __restrict__ gamma, float* __restrict__ dx,
-                 double* __restrict__ partial, int64_t rows, int dim) {
-  __shared__ double cols[2][kMaxWarpDim];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double acc_g[N], acc_b[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) acc_g[k] = acc_b[k] = 0.0;
+    ln_grad_dx(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
+               const float* __restrict__ rstd, const float* __restrict__ gamma, float* __restrict__ dx, int64_t rows,
+               int dim) {
+  const int lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * kWarps;
-  for (int64_t r = blockIdx.x * int64_t{kWarps} + warp; r < rows; r += stride) {
+  for (int64_t r = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); r < rows; r += stride) {
     const float m = mean[r], s = rstd[r];
     const float* dyr = dy + r * dim;
     const float* xr = x + r * dim;
+    float g[N], xh[N];
     float g_sum = 0.f, gx_sum = 0.f;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int j = lane + 32 * k;
+      g[k] = xh[k] = 0.f;
       if (j < dim) {
-        const float d = dyr[j], xv = xr[j];
-        const float xh = (xv - m) * s, g = d * gamma[j];
-        g_sum += g;
-        gx_sum += g * xh;
-        acc_g[k] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
-        acc_b[k] += d;
+        xh[k] = (xr[j] - m) * s;
+        g[k] = dyr[j] * gamma[j];
+        g_sum += g[k];
+        gx_sum += g[k] * xh[k];
       }
     }
     const float g_mean = warp_sum(g_sum) / static_cast<float>(dim);
@@ -144,31 +142,45 @@ __global__ void __launch_bounds__(kWarpBlock)
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int j = lane + 32 * k;
-      if (j < dim) {
-        const float xh = (xr[j] - m) * s;
-        dxr[j] = s * (dyr[j] * gamma[j] - g_mean - xh * gx_mean);
-      }
+      if (j < dim) dxr[j] = s * (g[k] - g_mean - xh[k] * gx_mean);
     }
   }
-  // Fixed-order sum over the block's warps. Every thread reaches each barrier.
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const int j = lane + 32 * k;
-        if (j < dim) {
-          cols[0][j] = w == 0 ? acc_g[k] : cols[0][j] + acc_g[k];
-          cols[1][j] = w == 0 ? acc_b[k] : cols[1][j] + acc_b[k];
-        }
-      }
+}
+
+// The chunk blockIdx.y of rows (`chunk` rows each) for 32 columns: thread row ty adds
+// rows ty, ty + kColRows, ... in double, then thread row 0 adds the kColRows sums in order
+// into partial[chunk][0][j] (dgamma) and partial[chunk][1][j] (dbeta). A warp's loads
+// are one 128-byte row segment of dy and of x.
+constexpr int kColRows = 8;
+__global__ void __launch_bounds__(32 * kColRows)
+    ln_grad_params(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
+                   const float* __restrict__ rstd, double* __restrict__ partial, int64_t rows, int64_t dim,
+                   int64_t chunk) {
+  __shared__ double sums[2][kColRows][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * int64_t{32} + tx;
+  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  double acc_g = 0, acc_b = 0;
+  if (j < dim) {
+#pragma unroll 4
+    for (int64_t r = r0 + ty; r < r1; r += kColRows) {
+      const float d = dy[r * dim + j];
+      acc_g += static_cast<double>(d) * ((static_cast<double>(x[r * dim + j]) - mean[r]) * rstd[r]);
+      acc_b += d;
     }
-    __syncthreads();
   }
-  double* pg = partial + blockIdx.x * (2 * int64_t{dim});
-  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-    pg[j] = cols[0][j];
-    pg[dim + j] = cols[1][j];
+  sums[0][ty][tx] = acc_g;
+  sums[1][ty][tx] = acc_b;
+  __syncthreads();
+  if (ty != 0 || j >= dim) return;
+  double sg = 0, sb = 0;
+  for (int k = 0; k < kColRows; ++k) {
+    sg += sums[0][k][tx];
+    sb += sums[1][k][tx];
   }
+  double* p = partial + blockIdx.y * (2 * dim);
+  p[j] = sg;
+  p[dim + j] = sb;
 }
 
 // One block per row (rows blockIdx.x + k * gridDim.x). Thread t owns columns t + i *
@@ -241,7 +253,6 @@ __global__ void __launch_bounds__(kRowBlock)
 // dgamma[j] = sum over b of partial[b][0][j], dbeta[j] likewise with [1], in block order.
 // Block (32, 8) covers 32 columns of one of the two outputs (blockIdx.y); thread row ty
 // sums slices ty, ty + 8, ..., then thread row 0 adds the eight in order.
-constexpr int kColRows = 8;
 __global__ void __launch_bounds__(32 * kColRows)
     ln_grad_columns(const double* __restrict__ partial, int parts, int64_t dim, float* __restrict__ dgamma,
                     float* __restrict__ dbeta) {
@@ -271,9 +282,9 @@ void launch_ln_warp(cudaStream_t st, unsigned blocks, const float* x, const floa
 }
 
 template <int N>
-void launch_ln_grad_warp(cudaStream_t st, unsigned blocks, const float* dy, const float* x, const float* mean,
-                         const float* rstd, const float* gamma, float* dx, double* partial, int64_t rows, int dim) {
-  ln_grad_warp<N><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, const float* dy, const float* x, const float* mean,
+                       const float* rstd, const float* gamma, float* dx, int64_t rows, int dim) {
+  ln_grad_dx<N><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, rows, dim);
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
@@ -283,14 +294,6 @@ void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const float* dy, con
                           int64_t dim) {
   ln_grad_block<M><<<blocks, kRowBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, partial, rows, dim);
   SEAM_CUDA_LAUNCH_CHECK();
-}
-
-// Values per lane of the warp path: the smallest of 1, 2, 4, 8, 12, 16, 24, 32 groups of
-// 32 elements that covers dim (<= 1024).
-int lane_groups(int64_t dim) {
-  for (int n : {1, 2, 4, 8, 12, 16, 24})
-    if (32 * n >= dim) return n;
-  return 32;
 }
 
 // Calls f(std::integral_constant<int, N>{}) for the register-row width N = lane_groups.
@@ -361,11 +364,17 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
   // Blocks (and so partial slices) fixed here: the summation order is the same every run.
   // With no rows the kernels still run: they write zero partials, so dgamma = dbeta = 0.
   const bool warp_path = dim <= kMaxWarpDim;
-  const int64_t want = warp_path ? (rows + kWarps - 1) / kWarps : rows;
-  const int parts = static_cast<int>(std::clamp<int64_t>(want, 1, int64_t{sms} * 2));
+  // Warp path: chunks of rows until about eight column blocks an SM, each chunk at least
+  // 64 rows (eight a thread). Block path: a slice per block, blocks as rows up to 2 an SM.
+  const int64_t col_tiles = (dim + 31) / 32;
+  const int64_t chunks = warp_path ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
+                                                         std::max<int64_t>((rows + 63) / 64, 1))
+                                   : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
+  const int64_t chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
+  const int parts = static_cast<int>(warp_path ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
   auto* partial = static_cast<double*>(
       a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
-  const dim3 col_grid(static_cast<unsigned>((dim + 31) / 32), 2);
+  const dim3 col_grid(static_cast<unsigned>(col_tiles), 2);
   const dim3 col_block(32, kColRows);
   auto columns = [=](cudaStream_t st) {
     ln_grad_columns<<<col_grid, col_block, 0, st>>>(partial, parts, dim, dgamma, dbeta);
@@ -375,8 +384,12 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
   if (warp_path) {
     const int d = static_cast<int>(dim);
     const int n = lane_groups(dim);
+    const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
+    const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
     return [=](cudaStream_t st) {
-      with_lane_groups(n, [&](auto w) { launch_ln_grad_warp<decltype(w)::value>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, d); });
+      with_lane_groups(n, [&](auto w) { launch_ln_grad_dx<decltype(w)::value>(st, dx_blocks, dy, x, mean, rstd, gamma, dx, rows, d); });
+      ln_grad_params<<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+      SEAM_CUDA_LAUNCH_CHECK();
       columns(st);
     };
   }
