@@ -147,40 +147,55 @@ __global__ void __launch_bounds__(kWarpBlock)
   }
 }
 
-// The chunk blockIdx.y of rows (`chunk` rows each) for 32 columns: thread row ty adds
+// The chunk blockIdx.y of rows (`chunk` rows each) for 32 * V columns, V neighbouring
+// columns a thread (V = 4: float4 loads, where D is a multiple of 4): thread row ty adds
 // rows ty, ty + kColRows, ... in double, then thread row 0 adds the kColRows sums in order
-// into partial[chunk][0][j] (dgamma) and partial[chunk][1][j] (dbeta). A warp's loads
-// are one 128-byte row segment of dy and of x.
+// into partial[chunk][0][j] (dgamma) and partial[chunk][1][j] (dbeta).
 constexpr int kColRows = 8;
+template <int V>
 __global__ void __launch_bounds__(32 * kColRows)
     ln_grad_params(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
                    const float* __restrict__ rstd, double* __restrict__ partial, int64_t rows, int64_t dim,
                    int64_t chunk) {
-  __shared__ double sums[2][kColRows][33];
+  using Vec = std::conditional_t<V == 4, float4, float>;
+  __shared__ double sums[2][V][kColRows][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * int64_t{32} + tx;
+  const int64_t j = (blockIdx.x * int64_t{32} + tx) * V;
   const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-  double acc_g = 0, acc_b = 0;
+  double acc_g[V] = {}, acc_b[V] = {};
   if (j < dim) {
 #pragma unroll 4
     for (int64_t r = r0 + ty; r < r1; r += kColRows) {
-      const float d = dy[r * dim + j];
-      acc_g += static_cast<double>(d) * ((static_cast<double>(x[r * dim + j]) - mean[r]) * rstd[r]);
-      acc_b += d;
+      const Vec dv = *reinterpret_cast<const Vec*>(dy + r * dim + j);
+      const Vec xv = *reinterpret_cast<const Vec*>(x + r * dim + j);
+      const double m = mean[r], s = rstd[r];
+      const float* d = reinterpret_cast<const float*>(&dv);
+      const float* xs = reinterpret_cast<const float*>(&xv);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        acc_g[v] += static_cast<double>(d[v]) * ((static_cast<double>(xs[v]) - m) * s);
+        acc_b[v] += d[v];
+      }
     }
   }
-  sums[0][ty][tx] = acc_g;
-  sums[1][ty][tx] = acc_b;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    sums[0][v][ty][tx] = acc_g[v];
+    sums[1][v][ty][tx] = acc_b[v];
+  }
   __syncthreads();
   if (ty != 0 || j >= dim) return;
-  double sg = 0, sb = 0;
-  for (int k = 0; k < kColRows; ++k) {
-    sg += sums[0][k][tx];
-    sb += sums[1][k][tx];
-  }
   double* p = partial + blockIdx.y * (2 * dim);
-  p[j] = sg;
-  p[dim + j] = sb;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    double sg = 0, sb = 0;
+    for (int k = 0; k < kColRows; ++k) {
+      sg += sums[0][v][k][tx];
+      sb += sums[1][v][k][tx];
+    }
+    p[j + v] = sg;
+    p[dim + j + v] = sb;
+  }
 }
 
 // One block per row (rows blockIdx.x + k * gridDim.x). Thread t owns columns t + i *
@@ -365,16 +380,18 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
   // With no rows the kernels still run: they write zero partials, so dgamma = dbeta = 0.
   const bool warp_path = dim <= kMaxWarpDim;
   // Warp path: chunks of rows until about eight column blocks an SM, each chunk at least
-  // 64 rows (eight a thread). Block path: a slice per block, blocks as rows up to 2 an SM.
-  const int64_t col_tiles = (dim + 31) / 32;
+  // 32 * V rows (4 * V a thread: shorter chunks' partials cost more than their extra
+  // blocks gain). Block path: a slice per block, blocks as rows up to 2 an SM.
+  const int vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 ? 4 : 1;
+  const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
   const int64_t chunks = warp_path ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
-                                                         std::max<int64_t>((rows + 63) / 64, 1))
+                                                         std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
                                    : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
   const int64_t chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
   const int parts = static_cast<int>(warp_path ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
   auto* partial = static_cast<double*>(
       a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
-  const dim3 col_grid(static_cast<unsigned>(col_tiles), 2);
+  const dim3 col_grid(static_cast<unsigned>((dim + 31) / 32), 2);
   const dim3 col_block(32, kColRows);
   auto columns = [=](cudaStream_t st) {
     ln_grad_columns<<<col_grid, col_block, 0, st>>>(partial, parts, dim, dgamma, dbeta);
@@ -388,7 +405,8 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
     return [=](cudaStream_t st) {
       with_lane_groups(n, [&](auto w) { launch_ln_grad_dx<decltype(w)::value>(st, dx_blocks, dy, x, mean, rstd, gamma, dx, rows, d); });
-      ln_grad_params<<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+      if (vec == 4) ln_grad_params<4><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+      else ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
       SEAM_CUDA_LAUNCH_CHECK();
       columns(st);
     };
