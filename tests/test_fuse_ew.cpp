@@ -407,7 +407,7 @@ TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndices) {
       s.idx32 = idx32;
       const cuda::GeneratedKernel k = cuda::compile_ew(s);
       EXPECT_GT(k.registers, 0) << c.program << (idx32 ? " i32" : " i64") << "\n" << k.log;
-      EXPECT_EQ(k.spill_bytes, 0) << c.program;
+      EXPECT_EQ(k.spill_bytes, 0) << c.program << (idx32 ? " i32" : " i64") << "\n" << k.log;
     }
   }
 }

@@ -201,17 +201,13 @@ std::string EwSignature::key() const {
 
 namespace {
 
-// The statements reading every input at index-space element e into i<k>. Inputs are read
-// through the read-only path (__ldg): no output of a step shares memory with its inputs
-// (a value's space is reused only by values written after its last read), and saying so
-// lets the compiler issue a lane's loads ahead of its stores, which it must otherwise
-// assume alias them (a norm walk stores each column's stored outputs along the row).
+// The statements reading every input at index-space element e into i<k>.
 std::string loads(const EwSignature& s) {
   std::string o;
   for (int k = 0; k < s.inputs(); ++k)
-    o += "    const T i" + std::to_string(k) + " = __ldg(args.in[" + std::to_string(k) + "] + " +
+    o += "    const T i" + std::to_string(k) + " = args.in[" + std::to_string(k) + "][" +
          (s.strided[static_cast<size_t>(k)] ? "seam_off(args, " + std::to_string(k) + ", e)" : std::string("e")) +
-         ");\n";
+         "];\n";
   return o;
 }
 
@@ -225,12 +221,12 @@ std::string vec_loads(const EwSignature& s, const std::string& at) {
     const std::string in = "args.in[" + n + "]";
     const std::string off = "seam_off(args, " + n + ", " + at + ")";
     if (!s.strided[static_cast<size_t>(k)])
-      o << "    const float4 v" << n << " = __ldg(reinterpret_cast<const float4*>(" << in << " + " << at << "));\n";
+      o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(" << in << " + " << at << ");\n";
     else if (static_cast<size_t>(k) < s.splat.size() && s.splat[static_cast<size_t>(k)])
-      o << "    const float s" << n << " = __ldg(" << in << " + " << off << ");\n"
+      o << "    const float s" << n << " = " << in << "[" << off << "];\n"
         << "    const float4 v" << n << " = make_float4(s" << n << ", s" << n << ", s" << n << ", s" << n << ");\n";
     else
-      o << "    const float4 v" << n << " = __ldg(reinterpret_cast<const float4*>(" << in << " + " << off << "));\n";
+      o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(" << in << " + " << off << ");\n";
   }
   return o.str();
 }
@@ -342,12 +338,10 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   const int n = s.row_values;
   const std::string ty = "t" + std::to_string(p.outputs[jy]);
   // The passes: "for each column c of the row this lane owns", with k its register slot.
-  // (Unrolled, each column's work is predicated, not a loop exit: the lane's loads along
-  // the row all go out before the first value comes back.)
   const std::string each = n > 0 ? "#pragma unroll\n   for (int k = 0; k < " + std::to_string(n) +
-                                       "; ++k) {\n    const I c = seam_lane + 32 * k;\n    if (c < seam_dim) {\n"
+                                       "; ++k) {\n    const I c = seam_lane + 32 * k;\n    if (c >= seam_dim) break;\n"
                                  : "   for (I c = seam_lane; c < seam_dim; c += 32) {\n";
-  const std::string done = n > 0 ? "   }}\n" : "   }\n";
+  const std::string done = "   }\n";
   const std::string value = n > 0 ? "seam_v[k]" : "seam_y[c]";
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
   o << "  const int seam_lane = threadIdx.x & 31;\n";
@@ -359,14 +353,21 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   if (n > 0) o << "   float seam_v[" << n << "];\n";
   o << "   float seam_s = 0.f;\n";
   o << each << "    const I e = seam_r * seam_dim + c;\n";
+  // A stored output that is the value to normalize itself (the residual sum, kept for
+  // the backward) is written in the second pass, from registers: stores among the first
+  // pass's loads would hold them back (the compiler cannot tell they do not alias).
+  auto later = [&](size_t j) { return n > 0 && p.outputs[j] == p.outputs[jy]; };
   o << loads(s) << body(p, "");
   for (size_t j = 0; j < p.outputs.size(); ++j)
-    if (p.reduce[j] == EwReduce::none) o << "    args.out[" << j << "][e] = t" << p.outputs[j] << ";\n";
+    if (p.reduce[j] == EwReduce::none && !later(j)) o << "    args.out[" << j << "][e] = t" << p.outputs[j] << ";\n";
   o << "    " << value << " = " << ty << ";\n    seam_s += " << ty << ";\n" << done;
   o << "   for (int d = 16; d > 0; d >>= 1) seam_s += __shfl_xor_sync(0xffffffffu, seam_s, d);\n";
   o << "   const float seam_mean = seam_s / (float)seam_dim;\n";
   o << "   float seam_sq = 0.f;\n";
-  o << each << "    const float d = " << value << " - seam_mean;\n    seam_sq += d * d;\n" << done;
+  o << each << "    const float d = " << value << " - seam_mean;\n    seam_sq += d * d;\n";
+  for (size_t j = 0; j < p.outputs.size(); ++j)
+    if (p.reduce[j] == EwReduce::none && later(j)) o << "    args.out[" << j << "][seam_r * seam_dim + c] = " << value << ";\n";
+  o << done;
   o << "   for (int d = 16; d > 0; d >>= 1) seam_sq += __shfl_xor_sync(0xffffffffu, seam_sq, d);\n";
   o << "   const float seam_rstd = (float)(1.0 / sqrt((double)(seam_sq / (float)seam_dim) + " << eps << "));\n";
   o << each << "    seam_y[c] = fmaf((" << value << " - seam_mean) * seam_rstd, seam_gamma[c], seam_beta[c]);\n" << done;
