@@ -9,7 +9,7 @@
 namespace seam::bench {
 
 struct BenchOptions {
-  std::vector<std::string> workloads;  // W1, W2, W3 (empty: all)
+  std::vector<std::string> workloads;  // W1..W4 or model files (empty: W1..W4)
   int steps = 200;                     // timed steps per repetition
   int repeats = 5;                     // the median repetition is reported
   int warmup = 20;

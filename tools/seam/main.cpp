@@ -101,8 +101,8 @@ int main(int argc, char** argv) {
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
-  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1, W2, W3): ms/step, kernels, TFLOP/s");
-  bench->add_option("workloads", bo.workloads, "W1, W2, W3 (default: all)");
+  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1 to W4, or model files): ms/step, kernels, TFLOP/s");
+  bench->add_option("workloads", bo.workloads, "W1, W2, W3, W4 or MODEL.json files (default: W1 to W4)");
   bench->add_option("--steps", bo.steps, "timed steps per repetition")->check(CLI::PositiveNumber);
   bench->add_option("--repeats", bo.repeats, "repetitions; the median is reported")->check(CLI::PositiveNumber);
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
