@@ -39,51 +39,38 @@ class Mlp(torch.nn.Module):
         return x
 
 
-class GatedResidual(torch.nn.Module):
-    """W3: in -> blocks of h += gamma * down(silu(gate(h)) * up(h)) -> head."""
+class Residual(torch.nn.Module):
+    """W3 (gated): in -> blocks of h += gamma * down(silu(gate(h)) * up(h)) -> head.
+    W4 (norm): in -> blocks of h = layer_norm(h + down(gelu_tanh(up(h)))) -> head."""
 
-    def __init__(self, dims, blocks):
+    def __init__(self, dims, blocks, norm):
         super().__init__()
         d_in, width, hidden, classes = dims
+        self.norm = norm
         self.inp = torch.nn.Linear(d_in, width)
-        self.gate = torch.nn.ModuleList(torch.nn.Linear(width, hidden) for _ in range(blocks))
         self.up = torch.nn.ModuleList(torch.nn.Linear(width, hidden) for _ in range(blocks))
         self.down = torch.nn.ModuleList(torch.nn.Linear(hidden, width) for _ in range(blocks))
-        self.gamma = torch.nn.ParameterList(torch.nn.Parameter(torch.full((width,), 0.1)) for _ in range(blocks))
+        if norm:
+            self.scale = torch.nn.ModuleList(torch.nn.LayerNorm(width, eps=1e-5) for _ in range(blocks))
+        else:
+            self.gate = torch.nn.ModuleList(torch.nn.Linear(width, hidden) for _ in range(blocks))
+            self.scale = torch.nn.ParameterList(torch.nn.Parameter(torch.full((width,), 0.1)) for _ in range(blocks))
         self.head = torch.nn.Linear(width, classes)
 
     def forward(self, x):
         h = self.inp(x)
-        for gate, up, down, gamma in zip(self.gate, self.up, self.down, self.gamma):
-            h = h + gamma * down(F.silu(gate(h)) * up(h))
-        return self.head(h)
-
-
-class PostNormResidual(torch.nn.Module):
-    """W4: in -> blocks of h = layer_norm(h + down(gelu_tanh(up(h)))) -> head."""
-
-    def __init__(self, dims, blocks):
-        super().__init__()
-        d_in, width, hidden, classes = dims
-        self.inp = torch.nn.Linear(d_in, width)
-        self.up = torch.nn.ModuleList(torch.nn.Linear(width, hidden) for _ in range(blocks))
-        self.down = torch.nn.ModuleList(torch.nn.Linear(hidden, width) for _ in range(blocks))
-        self.norm = torch.nn.ModuleList(torch.nn.LayerNorm(width, eps=1e-5) for _ in range(blocks))
-        self.head = torch.nn.Linear(width, classes)
-
-    def forward(self, x):
-        h = self.inp(x)
-        for up, down, norm in zip(self.up, self.down, self.norm):
-            h = norm(h + down(F.gelu(up(h), approximate="tanh")))
+        for b in range(len(self.up)):
+            if self.norm:
+                h = self.scale[b](h + self.down[b](F.gelu(self.up[b](h), approximate="tanh")))
+            else:
+                h = h + self.scale[b] * self.down[b](F.silu(self.gate[b](h)) * self.up[b](h))
         return self.head(h)
 
 
 def make(spec, **opt_kwargs):
     torch.manual_seed(0)
-    if spec.get("norm"):
-        model = PostNormResidual(spec["dims"], spec["blocks"]).cuda()
-    elif "blocks" in spec:
-        model = GatedResidual(spec["dims"], spec["blocks"]).cuda()
+    if "blocks" in spec:
+        model = Residual(spec["dims"], spec["blocks"], spec.get("norm", False)).cuda()
     else:
         model = Mlp(spec["dims"], spec["act"]).cuda()
     cls = torch.optim.Adam if spec["opt"] == "adam" else torch.optim.AdamW

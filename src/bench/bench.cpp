@@ -36,6 +36,13 @@ Workload file_workload(const std::string& path) {
   return w;
 }
 
+// W3's and W4's shape: 1024 wide in, four residual blocks, 1000 classes out.
+Var residual_net(Var x, const std::function<Var(Var, const std::string&)>& block) {
+  Var h = nn::linear(x, 1024, "in");
+  for (int b = 0; b < 4; ++b) h = block(h, "block" + std::to_string(b));
+  return nn::linear(h, 1000, "head");
+}
+
 std::vector<Workload> workloads() {
   return {
       {"W1", "MLP 784-1024-1024-10, ReLU, cross-entropy, Adam, batch 128, f32 with TF32 GEMMs", 128, 784, 10,
@@ -59,14 +66,11 @@ std::vector<Workload> workloads() {
        "classes, AdamW, batch 4096, f32 with TF32 GEMMs",
        4096, 1024, 1000,
        [](Graph& g, Var x) {
-         Var h = nn::linear(x, 1024, "in");
-         for (int b = 0; b < 4; ++b) {
-           const std::string n = "block" + std::to_string(b);
+         return residual_net(x, [&](Var h, const std::string& n) {
            Var u = mul(silu(nn::linear(h, 2048, n + ".gate")), nn::linear(h, 2048, n + ".up"));
            Var gamma = g.param(n + ".gamma", {1024}, Init::constant(0.1));
-           h = add(h, mul(gamma, nn::linear(u, 1024, n + ".down")));
-         }
-         return nn::linear(h, 1000, "head");
+           return add(h, mul(gamma, nn::linear(u, 1024, n + ".down")));
+         });
        },
        OptimizerConfig::adamw(1e-3, 0.01)},
       {"W4",
@@ -74,13 +78,10 @@ std::vector<Workload> workloads() {
        "classes, AdamW, batch 4096, f32 with TF32 GEMMs",
        4096, 1024, 1000,
        [](Graph&, Var x) {
-         Var h = nn::linear(x, 1024, "in");
-         for (int b = 0; b < 4; ++b) {
-           const std::string n = "block" + std::to_string(b);
+         return residual_net(x, [](Var h, const std::string& n) {
            Var f = nn::linear(gelu(nn::linear(h, 4096, n + ".up"), true), 1024, n + ".down");
-           h = nn::layer_norm(add(h, f), n + ".norm");
-         }
-         return nn::linear(h, 1000, "head");
+           return nn::layer_norm(add(h, f), n + ".norm");
+         });
        },
        OptimizerConfig::adamw(1e-3, 0.01)},
   };

@@ -238,6 +238,13 @@ EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, 
   return t;
 }
 
+std::string EwTraffic::str() const {
+  char b[160];
+  std::snprintf(b, sizeof b, "%.2fx the bytes of one kernel per op (%.1f of %.1f MB, %d kernels)",
+                fused_bytes / std::max(split_bytes, 1.0), fused_bytes / 1e6, split_bytes / 1e6, split_kernels);
+  return b;
+}
+
 void register_fused_elementwise(OpTable& t) {
   OpDef& d = def(t, Op::fused_elementwise);
   d.name = "fused_elementwise";

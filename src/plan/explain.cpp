@@ -72,11 +72,9 @@ std::string why(const PlanStep& s) {
       if (p.normalizes()) o << ", the last normalized row by row (layer norm) before it is stored";
       std::vector<TensorType> in;
       for (auto& b : s.in) in.push_back(b.type);
-      const EwTraffic t = ew_traffic(p, in, s.attrs.has("axes") ? s.attrs.ints("axes") : std::vector<int64_t>{});
-      char ratio[96];
-      std::snprintf(ratio, sizeof ratio, "%.2fx the bytes of one kernel per op", t.fused_bytes / std::max(t.split_bytes, 1.0));
+      const EwTraffic t = ew_traffic(p, in, s.attrs.ints("axes"));
       o << (fused_clearly_faster(t) ? "; kept over one kernel per op by the model: " : "; timed against one kernel per op: ")
-        << ratio;
+        << t.str();
       return o.str();
     }
     case Op::linear_act: case Op::linear_act_aux:

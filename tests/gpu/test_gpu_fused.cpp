@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/codegen.h"
+#include "backend/cuda/gemm.h"
 #include "../test_util.h"
 #include "gpu_check.h"
 
@@ -299,6 +300,35 @@ TEST(GpuFused, BroadcastOperandsReadAsVectorsMatchTheCpu) {
         },
         o);
   }
+}
+
+// Where the generated kernel moves at most half the split's bytes, the model keeps it and
+// nothing is timed; a group that stores most of its values is timed against the split.
+TEST(GpuFused, TheModelDecidesClearWinsAndTimesTheRest) {
+  auto choice = [](bool clear) {
+    GpuCase c;
+    Var x = c.data("x", {256, 512});
+    Var b = c.param("b", {512});
+    Var s = add(x, b);
+    Var t = seam::tanh(s);
+    Var y = scale(t, 0.5);
+    Model m(c.g, {.device = Device::cuda});
+    // Alone, y moves a third of the split's bytes; with the sum and tanh's value stored
+    // as well, two thirds.
+    Program p = m.compile(
+        {.outputs = clear ? std::vector<ValueId>{y.id()} : std::vector<ValueId>{y.id(), t.id(), s.id()}});
+    EXPECT_EQ(count(p.plan(), Op::fused_elementwise), 1) << p.plan().str();
+    for (auto& [step, what] : p.executable().stats().choices)
+      if (p.plan().steps.at(static_cast<size_t>(step)).op == Op::fused_elementwise) return what;
+    return std::string("no choice recorded");
+  };
+  const auto before = cuda::gemm_cache_stats();
+  const std::string clear = choice(true);
+  EXPECT_EQ(clear.rfind("fused (the model: 0.", 0), 0u) << clear;
+  EXPECT_EQ(cuda::gemm_cache_stats().variants_timed, before.variants_timed);
+  const std::string close = choice(false);
+  EXPECT_NE(close.find("too close for the model: 0."), std::string::npos) << close;
+  EXPECT_TRUE(close.find("(timed:") != std::string::npos || close.find("(cached pick)") != std::string::npos) << close;
 }
 
 // A residual add + layer norm as one generated kernel (a warp per row, any row length),

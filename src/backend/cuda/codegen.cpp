@@ -341,7 +341,6 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   const std::string each = n > 0 ? "#pragma unroll\n   for (int k = 0; k < " + std::to_string(n) +
                                        "; ++k) {\n    const I c = seam_lane + 32 * k;\n    if (c >= seam_dim) break;\n"
                                  : "   for (I c = seam_lane; c < seam_dim; c += 32) {\n";
-  const std::string done = "   }\n";
   const std::string value = n > 0 ? "seam_v[k]" : "seam_y[c]";
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
   o << "  const int seam_lane = threadIdx.x & 31;\n";
@@ -360,17 +359,17 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   o << loads(s) << body(p, "");
   for (size_t j = 0; j < p.outputs.size(); ++j)
     if (p.reduce[j] == EwReduce::none && !later(j)) o << "    args.out[" << j << "][e] = t" << p.outputs[j] << ";\n";
-  o << "    " << value << " = " << ty << ";\n    seam_s += " << ty << ";\n" << done;
+  o << "    " << value << " = " << ty << ";\n    seam_s += " << ty << ";\n   }\n";
   o << "   for (int d = 16; d > 0; d >>= 1) seam_s += __shfl_xor_sync(0xffffffffu, seam_s, d);\n";
   o << "   const float seam_mean = seam_s / (float)seam_dim;\n";
   o << "   float seam_sq = 0.f;\n";
   o << each << "    const float d = " << value << " - seam_mean;\n    seam_sq += d * d;\n";
   for (size_t j = 0; j < p.outputs.size(); ++j)
     if (p.reduce[j] == EwReduce::none && later(j)) o << "    args.out[" << j << "][seam_r * seam_dim + c] = " << value << ";\n";
-  o << done;
+  o << "   }\n";
   o << "   for (int d = 16; d > 0; d >>= 1) seam_sq += __shfl_xor_sync(0xffffffffu, seam_sq, d);\n";
   o << "   const float seam_rstd = (float)(1.0 / sqrt((double)(seam_sq / (float)seam_dim) + " << eps << "));\n";
-  o << each << "    seam_y[c] = fmaf((" << value << " - seam_mean) * seam_rstd, seam_gamma[c], seam_beta[c]);\n" << done;
+  o << each << "    seam_y[c] = fmaf((" << value << " - seam_mean) * seam_rstd, seam_gamma[c], seam_beta[c]);\n   }\n";
   o << "   if (seam_lane == 0) {\n    args.out[" << jy + 1 << "][seam_r] = seam_mean;\n    args.out[" << jy + 2
     << "][seam_r] = seam_rstd;\n   }\n  }\n}\n";
 }

@@ -137,6 +137,21 @@ Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<Device
 // are ignored, as the XDG spec says), else $HOME/.cache/seam; empty if neither is set.
 std::string cache_root();
 
+// The second kernel of a reduction whose range was cut into chunks, each chunk's sums
+// stored as double partials (deterministic: no atomics, a fixed order):
+//   out[r][o] = scale[r] * sum over chunks c of partial[(c * outputs + r) * kept + o]
+// for r < outputs and o < kept. sum and mean, fused groups ending in sums and layer
+// norm's gamma and beta gradients share it.
+struct PartialSums {
+  static constexpr int kMaxOutputs = 8;
+  const double* partial = nullptr;
+  float* out[kMaxOutputs] = {};
+  double scale[kMaxOutputs] = {};
+  int outputs = 0, chunks = 0;
+  int64_t kept = 0;
+};
+void add_partials(const PartialSums& p, cudaStream_t st);
+
 // One launch running `parts` in turn.
 Launch in_order(std::vector<Launch> parts);
 

@@ -1,7 +1,6 @@
 // fused_elementwise on the GPU: a kernel generated for the group's program (codegen.h),
 // launched over the output's elements.
 #include <algorithm>
-#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -163,25 +162,7 @@ EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, con
   return s;
 }
 
-// Adds the chunks' double partials up in chunk order: out[j] = sum * scale[j].
-struct FinishArgs {
-  const double* partial;
-  float* out[kEwMaxOutputs];
-  double scale[kEwMaxOutputs];
-  int outputs, chunks;  // reduced outputs
-  long long kept;
-};
-
-__global__ void __launch_bounds__(256) finish_partials(const FinishArgs f) {
-  const long long total = f.kept * f.outputs;
-  for (long long i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int r = static_cast<int>(i / f.kept);
-    const long long o = i - r * f.kept;
-    double v = 0;
-    for (int c = 0; c < f.chunks; ++c) v += f.partial[(static_cast<long long>(c) * f.outputs + r) * f.kept + o];
-    f.out[r][o] = static_cast<float>(v * f.scale[r]);
-  }
-}
+static_assert(PartialSums::kMaxOutputs >= kEwMaxOutputs, "every reduced output's partials are added up in one launch");
 
 Launch prepare_fused_elementwise(const StepArgs& a) {
   expect_f32(a);
@@ -215,7 +196,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     aligned = aligned && (!as_float4 || reinterpret_cast<uintptr_t>(args.in[k]) % 16 == 0);
   }
   int reduced = 0;
-  FinishArgs fin{};
+  PartialSums fin;
   for (size_t j = 0; j < a.out.size(); ++j) {
     args.out[j] = a.out[j].as<float>();
     // only stored outputs are written as float4
@@ -271,7 +252,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     ka.chunk = (w.len + chunks - 1) / chunks;
     chunks = (w.len + ka.chunk - 1) / ka.chunk;
     if (bx > 2147483647) fail("fused_elementwise: ", w.kept, " kept elements are too many for one grid");
-    FinishArgs f = fin;
+    PartialSums f = fin;
     std::vector<void*> scratch;
     if (chunks > 1) {
       ka.partial = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * reduced * w.kept) * sizeof(double)));
@@ -283,18 +264,14 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     }
     const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks));
     const dim3 block = cols ? dim3(32, 8) : dim3(256);
-    const unsigned fin_blocks = blocks_for(w.kept * reduced, 256, static_cast<int>(grid_cap(a.ctx)));
     Context* ctx = &a.ctx;
     return Variant{name,
-                   [k, ka, grid, block, f, fin_blocks](cudaStream_t st) {
+                   [k, ka, grid, block, f](cudaStream_t st) {
                      EwArgs copy = ka;
                      void* params[] = {&copy};
                      SEAM_CUDA_CHECK(
                          cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block, params, 0, st));
-                     if (grid.y > 1) {
-                       finish_partials<<<fin_blocks, 256, 0, st>>>(f);
-                       SEAM_CUDA_CHECK(cudaGetLastError());
-                     }
+                     if (grid.y > 1) add_partials(f, st);
                    },
                    [ctx, scratch] {
                      for (void* p : scratch) ctx->release(p);
@@ -321,13 +298,9 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   std::vector<TensorType> in_types;
   for (auto& t : a.in) in_types.push_back(t.type);
   const EwTraffic traffic = ew_traffic(prog, in_types, a.step.attrs.ints("axes"));
-  char ratio[160];
-  std::snprintf(ratio, sizeof ratio, "%.2fx the bytes of one kernel per op (%.1f of %.1f MB, %d kernels)",
-                traffic.fused_bytes / std::max(traffic.split_bytes, 1.0), traffic.fused_bytes / 1e6,
-                traffic.split_bytes / 1e6, traffic.split_kernels);
   const bool model_decides = a.ctx.epilogue == EpiloguePolicy::fastest && fused_clearly_faster(traffic);
   if (model_decides && variants.size() == 1) {
-    a.ctx.choices.emplace_back(a.index, "fused (the model: " + std::string(ratio) + "); generated kernel " + stats);
+    a.ctx.choices.emplace_back(a.index, "fused (the model: " + traffic.str() + "); generated kernel " + stats);
     return variants.front().launch;
   }
   if (!model_decides) variants.push_back(split_variant(a, s.program, os));
@@ -336,7 +309,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
                                ",kept=" + std::to_string(w.kept) + ",len=" + std::to_string(w.len);
   Launch chosen = choose_variant(a.ctx, a.index, pick_key, std::move(variants));
   a.ctx.choices.back().second += (model_decides ? "; split ruled out by the model: " : "; too close for the model: ") +
-                                 std::string(ratio) + "; generated kernel " + stats;
+                                 traffic.str() + "; generated kernel " + stats;
   return chosen;
 }
 

@@ -265,28 +265,6 @@ __global__ void __launch_bounds__(kRowBlock)
   }
 }
 
-// dgamma[j] = sum over b of partial[b][0][j], dbeta[j] likewise with [1], in block order.
-// Block (32, 8) covers 32 columns of one of the two outputs (blockIdx.y); thread row ty
-// sums slices ty, ty + 8, ..., then thread row 0 adds the eight in order.
-__global__ void __launch_bounds__(32 * kColRows)
-    ln_grad_columns(const double* __restrict__ partial, int parts, int64_t dim, float* __restrict__ dgamma,
-                    float* __restrict__ dbeta) {
-  __shared__ double sums[kColRows][32];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * int64_t{32} + tx;
-  const int which = blockIdx.y;  // 0: dgamma, 1: dbeta
-  double s = 0;
-  if (j < dim)
-    for (int p = ty; p < parts; p += kColRows) s += partial[(int64_t{p} * 2 + which) * dim + j];
-  sums[ty][tx] = s;
-  __syncthreads();
-  if (ty == 0 && j < dim) {
-    double t = 0;
-    for (int k = 0; k < kColRows; ++k) t += sums[k][tx];
-    (which == 0 ? dgamma : dbeta)[j] = static_cast<float>(t);
-  }
-}
-
 // ---- preparers ----
 
 template <int N>
@@ -391,12 +369,15 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
   const int parts = static_cast<int>(warp_path ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
   auto* partial = static_cast<double*>(
       a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
-  const dim3 col_grid(static_cast<unsigned>((dim + 31) / 32), 2);
+  PartialSums sums;
+  sums.partial = partial;
+  sums.out[0] = dgamma;
+  sums.out[1] = dbeta;
+  sums.scale[0] = sums.scale[1] = 1.0;
+  sums.outputs = 2;
+  sums.chunks = parts;
+  sums.kept = dim;
   const dim3 col_block(32, kColRows);
-  auto columns = [=](cudaStream_t st) {
-    ln_grad_columns<<<col_grid, col_block, 0, st>>>(partial, parts, dim, dgamma, dbeta);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
   const auto blocks = static_cast<unsigned>(parts);
   if (warp_path) {
     const int d = static_cast<int>(dim);
@@ -408,7 +389,7 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
       if (vec == 4) ln_grad_params<4><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
       else ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
       SEAM_CUDA_LAUNCH_CHECK();
-      columns(st);
+      add_partials(sums, st);
     };
   }
   const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
@@ -417,7 +398,7 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     else if (per_thread <= 8) launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
     else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
     else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-    columns(st);
+    add_partials(sums, st);
   };
 }
 

@@ -134,18 +134,43 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Adds the chunks' partials of each output in chunk order.
-__global__ void __launch_bounds__(kThreads)
-    reduce_partials(const double* partial, float* y, int64_t outputs, int64_t chunks, double scale) {
-  for (int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; o < outputs;
-       o += int64_t{gridDim.x} * blockDim.x) {
+// Block (32, kPartRows) over 32 outputs of partial set blockIdx.y: thread row ty adds
+// chunks ty, ty + kPartRows, ..., then thread row 0 adds the kPartRows sums in order.
+// Several threads a column keep enough loads in flight when there are few outputs and
+// many chunks (a column sum's kernel).
+constexpr int kPartRows = 8;
+__global__ void __launch_bounds__(32 * kPartRows) add_partials_kernel(const PartialSums p) {
+  __shared__ double sums[kPartRows][32];
+  const int tx = threadIdx.x, ty = threadIdx.y, r = blockIdx.y;
+  for (int64_t base = int64_t{blockIdx.x} * 32; base < p.kept; base += int64_t{gridDim.x} * 32) {  // block-uniform
+    const int64_t o = base + tx;
     double s = 0;
-    for (int64_t c = 0; c < chunks; ++c) s += partial[c * outputs + o];
-    y[o] = static_cast<float>(s * scale);
+    if (o < p.kept)
+      for (int c = ty; c < p.chunks; c += kPartRows) s += p.partial[(int64_t{c} * p.outputs + r) * p.kept + o];
+    sums[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && o < p.kept) {
+      double t = 0;
+      for (int k = 0; k < kPartRows; ++k) t += sums[k][tx];
+      p.out[r][o] = static_cast<float>(t * p.scale[r]);
+    }
+    __syncthreads();
   }
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One output's chunk partials.
+PartialSums partial_sums(const double* partial, float* y, double scale, int64_t chunks, int64_t outputs) {
+  PartialSums p;
+  p.partial = partial;
+  p.out[0] = y;
+  p.scale[0] = scale;
+  p.outputs = 1;
+  p.chunks = static_cast<int>(chunks);
+  p.kept = outputs;
+  return p;
+}
 
 Launch prepare_reduce(const StepArgs& a, bool mean) {
   expect_f32(a);
@@ -214,15 +239,12 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
         chunks > 1 ? static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * outputs) * sizeof(double)))
                    : nullptr;
     const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(chunks));
-    const unsigned fin = blocks_for(outputs, kThreads, static_cast<int>(cap));
+    const PartialSums fin = partial_sums(partial, y, scale, chunks, outputs);
     return [=](cudaStream_t stream) {
       reduce_columns<<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced, outputs, len,
                                                       rows, scale);
       SEAM_CUDA_LAUNCH_CHECK();
-      if (chunks > 1) {
-        reduce_partials<<<fin, kThreads, 0, stream>>>(partial, y, outputs, chunks, scale);
-        SEAM_CUDA_LAUNCH_CHECK();
-      }
+      if (chunks > 1) add_partials(fin, stream);
     };
   }
   if (len <= 16) {
@@ -247,14 +269,11 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
       chunks > 1 ? static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * outputs) * sizeof(double)))
                  : nullptr;
   const dim3 grid(static_cast<unsigned>(outputs), static_cast<unsigned>(chunks));
-  const unsigned fin = blocks_for(outputs, kThreads, static_cast<int>(cap));
+  const PartialSums fin = partial_sums(partial, y, scale, chunks, outputs);
   return [=](cudaStream_t stream) {
     reduce_block<<<grid, kThreads, 0, stream>>>(x, y, partial, kept, reduced, outputs, len, rows, scale);
     SEAM_CUDA_LAUNCH_CHECK();
-    if (chunks > 1) {
-      reduce_partials<<<fin, kThreads, 0, stream>>>(partial, y, outputs, chunks, scale);
-      SEAM_CUDA_LAUNCH_CHECK();
-    }
+    if (chunks > 1) add_partials(fin, stream);
   };
 }
 
@@ -325,6 +344,13 @@ Launch broadcast_to(const StepArgs& a) {
 }
 
 }  // namespace
+
+void add_partials(const PartialSums& p, cudaStream_t st) {
+  SEAM_ASSERT(p.outputs >= 1 && p.outputs <= PartialSums::kMaxOutputs && p.chunks >= 1);
+  const dim3 grid(blocks_for(p.kept, 32, 1 << 20), static_cast<unsigned>(p.outputs));
+  add_partials_kernel<<<grid, dim3(32, kPartRows), 0, st>>>(p);
+  SEAM_CUDA_LAUNCH_CHECK();
+}
 
 void register_reduce(PreparerTable& t) {
   set(t, Op::sum, sum);
