@@ -20,7 +20,12 @@ bool is_float(DType t);
 std::optional<DType> parse_dtype(std::string_view name);
 
 using Shape = std::vector<int64_t>;
+// The element count; throws seam::Error naming the shape when a dim is negative or the
+// product does not fit int64, so that a shape from a file can never wrap to a small size.
 int64_t numel(const Shape& s);
+// The same count, or nullopt where numel would throw: for readers of files, which name
+// the file and field in their own message.
+std::optional<int64_t> checked_numel(const Shape& s);
 std::string shape_str(const Shape& s);
 // Normalizes a possibly negative axis against a rank, or returns -1 if out of range.
 int normalize_axis(int64_t axis, size_t rank);
@@ -29,7 +34,8 @@ struct TensorType {
   DType dtype = DType::f32;
   Shape shape;
   int64_t numel() const { return seam::numel(shape); }
-  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  size_t bytes() const;  // throws seam::Error naming the type when it overflows size_t
+  std::optional<size_t> checked_bytes() const;  // nullopt on a negative dim or overflow
   std::string str() const;  // e.g. "f32[128,784]"
   bool operator==(const TensorType&) const = default;
 };

@@ -3,9 +3,12 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
+#include "seam/dtype.h"
 #include "seam/error.h"
 
 namespace seam::data {
@@ -47,20 +50,38 @@ IdxArray read_idx(const std::string& path, int rank) {
   if (head[2] != 0x08) fail(path, ": IDX element type 0x", std::hex, int{head[2]}, " is not unsigned byte (0x08)");
   if (head[3] != rank) fail(path, ": IDX has ", int{head[3]}, " dimensions, expected ", rank);
   IdxArray a;
-  uint64_t total = 1;
   for (int d = 0; d < rank; ++d) {
     uint8_t b[4];
     if (read_some(f.get(), b, 4, path) != 4) fail(path, ": truncated: header ends in dimension ", d);
     int64_t dim = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
     if (dim <= 0 || dim > (1 << 28)) fail(path, ": implausible dimension ", dim);
     a.dims.push_back(dim);
-    total *= static_cast<uint64_t>(dim);
   }
-  if (total > (uint64_t{1} << 34)) fail(path, ": implausible size");
-  a.bytes.resize(total);
-  size_t got = read_some(f.get(), a.bytes.data(), a.bytes.size(), path);
-  if (got != total)
-    fail(path, ": truncated: the header promises ", total, " bytes of data, the file holds ", got);
+  const std::optional<int64_t> count = checked_numel(a.dims);
+  if (!count) fail(path, ": IDX dimensions ", shape_str(a.dims), " multiply past 64 bits");
+  const auto total = static_cast<uint64_t>(*count);
+  if (total > (uint64_t{1} << 34)) fail(path, ": implausible size: IDX dimensions ", shape_str(a.dims), " make ", total, " bytes");
+  // The header is only a promise, so a corrupt one must not make the reader allocate
+  // more than the file holds: a plain file is measured first; a gzip stream's size is
+  // known only by inflating it, so its buffer grows as the data arrives.
+  if (gzdirect(f.get())) {
+    const uint64_t header = 4 + 4 * static_cast<uint64_t>(rank);
+    std::error_code ec;
+    const uint64_t size = std::filesystem::file_size(path, ec);
+    if (ec) fail(path, ": cannot get the file size: ", ec.message());
+    const uint64_t holds = size > header ? size - header : 0;
+    if (holds < total) fail(path, ": truncated: the header promises ", total, " bytes of data, the file holds ", holds);
+    a.bytes.reserve(total);
+  }
+  while (a.bytes.size() < total) {
+    // Each read asks for at most as much as has arrived so far: allocation stays within
+    // twice the data read, and the vector's growth keeps the copying linear.
+    const size_t at = a.bytes.size(), want = std::min<uint64_t>(total - at, std::max<uint64_t>(at, 1 << 16));
+    a.bytes.resize(at + want);
+    const size_t got = read_some(f.get(), a.bytes.data() + at, want, path);
+    if (got != want)
+      fail(path, ": truncated: the header promises ", total, " bytes of data, the file holds ", at + got);
+  }
   uint8_t extra;
   if (read_some(f.get(), &extra, 1, path) != 0) fail(path, ": unexpected data after the ", total, " bytes the header promises");
   return a;

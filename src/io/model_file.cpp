@@ -214,6 +214,9 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
   Graph& g = b.graph;
   Shape xs{batch};
   xs.insert(xs.end(), s.input_shape.begin(), s.input_shape.end());
+  if (!TensorType{DType::f32, xs}.checked_bytes())
+    fail(s.source, ": input.shape ", shape_str(s.input_shape), " at batch ", batch, " is ", shape_str(xs),
+         ", more bytes than fit in 64 bits");
   Var x = g.input("x", xs);
   Var y = g.input("y", {batch}, DType::i32);
   b.x = x.id(), b.y = y.id();
@@ -221,6 +224,7 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
   const json& layers = sequential ? s.json["layers"] : s.json["nodes"];
   std::map<std::string, Var> named{{"x", x}};
   Var prev = x;
+  size_t sized = g.values().size();  // values before this are known to have a byte size
   static const std::vector<std::string> known_ops = forward_ops();
   for (size_t i = 0; i < layers.size(); ++i) {
     const json& L = layers[i];
@@ -304,6 +308,12 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
       std::string msg = e.what();
       if (msg.rfind(s.source, 0) == 0) throw;
       fail(where, ": ", msg);
+    }
+    // Sizes from "out", "num", "dim" or a reshape can multiply past 64 bits; name the layer
+    // here rather than fail later in memory planning with no place to point at.
+    for (; sized < g.values().size(); ++sized) {
+      const Value& v = g.values()[sized];
+      if (!v.type.checked_bytes()) fail(where, ": '", v.name, "' would be ", v.type.str(), ", more bytes than fit in 64 bits");
     }
     named[name] = out;
     b.layer_names.push_back(name);

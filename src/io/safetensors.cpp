@@ -1,14 +1,13 @@
 // safetensors reading and writing.
 #include "io/safetensors.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 
+#include "common/file.h"
 #include "seam/error.h"
 
 namespace seam::io {
@@ -52,31 +51,14 @@ void write_safetensors(const std::string& path, const TensorFile& file) {
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as the format recommends
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(tmp, ": cannot create");
-    uint64_t n = h.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (auto& t : file.tensors) out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::filesystem::remove(tmp);
-      fail(tmp, ": write failed (disk full?); ", path, " was left as it was");
-    }
-  }
-  // Make the data durable before the rename makes it visible under the real name.
-  if (FILE* f = std::fopen(tmp.c_str(), "rb")) {
-    fsync(fileno(f));
-    std::fclose(f);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail("cannot rename ", tmp, " to ", path, ": ", ec.message());
+  write_file_atomically(path, [&](const WriteBytes& put) {
+    const uint64_t n = h.size();
+    std::byte len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<std::byte>(n >> (8 * i));
+    put(len);
+    put(std::as_bytes(std::span(h)));
+    for (auto& t : file.tensors) put(t.data);
+  });
 }
 
 TensorFile read_safetensors(const std::string& path) {
@@ -130,7 +112,9 @@ TensorFile read_safetensors(const std::string& path) {
       bad("bad data_offsets");
     uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data_size) bad("data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + ") outside the " + std::to_string(data_size) + " data bytes (truncated file?)");
-    if (e - b != t.type.bytes()) bad(t.type.str() + " needs " + std::to_string(t.type.bytes()) + " bytes, offsets give " + std::to_string(e - b));
+    const std::optional<size_t> need = t.type.checked_bytes();
+    if (!need) bad(t.type.str() + " has more bytes than fit in 64 bits");
+    if (e - b != *need) bad(t.type.str() + " needs " + std::to_string(*need) + " bytes, offsets give " + std::to_string(e - b));
     t.data.resize(e - b);
     in.seekg(static_cast<std::streamoff>(8 + n + b));
     in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(e - b));

@@ -41,10 +41,18 @@ std::optional<DType> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
-int64_t numel(const Shape& s) {
+std::optional<int64_t> checked_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
   return n;
+}
+
+int64_t numel(const Shape& s) {
+  if (auto n = checked_numel(s)) return *n;
+  for (int64_t d : s)
+    if (d < 0) fail("shape ", shape_str(s), " has a negative dimension");
+  fail("shape ", shape_str(s), " has more elements than fit in 64 bits");
 }
 
 std::string shape_str(const Shape& s) {
@@ -57,6 +65,19 @@ int normalize_axis(int64_t axis, size_t rank) {
   const auto r = static_cast<int64_t>(rank);
   if (axis < -r || axis >= r) return -1;
   return static_cast<int>(axis < 0 ? axis + r : axis);
+}
+
+std::optional<size_t> TensorType::checked_bytes() const {
+  auto n = checked_numel(shape);
+  size_t b;
+  if (!n || __builtin_mul_overflow(static_cast<size_t>(*n), dtype_size(dtype), &b)) return std::nullopt;
+  return b;
+}
+
+size_t TensorType::bytes() const {
+  if (auto b = checked_bytes()) return *b;
+  numel();  // names a negative dim or an element count that overflows
+  fail("tensor ", str(), " has more bytes than fit in 64 bits");
 }
 
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }

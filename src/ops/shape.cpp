@@ -46,8 +46,8 @@ void register_shape(OpTable& t) {
           neg = static_cast<int64_t>(i);
         } else if (s[i] <= 0) {
           c.fail("shape ", shape_str(s), " has a non-positive dimension");
-        } else {
-          known *= s[i];
+        } else if (__builtin_mul_overflow(known, s[i], &known)) {
+          c.fail("shape ", shape_str(s), " has more elements than fit in 64 bits");
         }
       }
       int64_t n = c.type(0).numel();
