@@ -17,19 +17,24 @@
 
 namespace seam {
 
-struct Model::Storage {
+struct Model::Core {
+  Graph graph;
+  Layout layout;
+  StepState state;
+  Device device = Device::cpu;
+  int reuse_gap = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
   std::shared_ptr<Backend> backend;
   std::byte* params = nullptr;
   std::byte* grads = nullptr;
-  std::byte* state = nullptr;
+  std::byte* state_buf = nullptr;
   std::byte* opt = nullptr;
   std::byte* counters = nullptr;  // the backend's copy of step and seed, if it keeps one
   StepState synced{-1, 0, 0, 0};  // what `counters` holds (step -1: nothing yet)
-  ~Storage() {
-    for (std::byte* p : {params, grads, state, opt, counters})
+  ~Core() {
+    for (std::byte* p : {params, grads, state_buf, opt, counters})
       if (p) backend->release(p);
   }
-  Regions regions(std::byte* arena) { return {arena, params, grads, state, opt, counters, &synced}; }
+  Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced}; }
 };
 
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
@@ -39,6 +44,7 @@ Device default_device() { return cuda_available() ? Device::cuda : Device::cpu; 
 namespace {
 
 constexpr int kOptSlots = 2;  // the most any optimizer keeps per parameter
+constexpr size_t kCounterBytes = 64;  // Regions::counters, whatever the backend keeps there
 
 // Host values of an initializer; element j of tensor `index` is drawn from Philox with
 // counter (j/4, index, domain tag), so each tensor is independent of every other.
@@ -93,71 +99,79 @@ const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, c
 
 }  // namespace
 
-Model::Model(Graph graph, ModelOptions options)
-    : graph_(std::move(graph)), device_(options.device),
-      reuse_gap_(options.device == Device::cuda && options.cuda_streams > 1 ? 1 : 0) {
+Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()) {
   // Checked on every device, so that a bad option fails where it is written.
   if (options.cuda_streams < 1 || options.cuda_streams > 16)
     fail("ModelOptions::cuda_streams must be in [1, 16], got ", options.cuda_streams);
-  graph_.verify();
-  layout_ = make_layout(graph_);
-  state_.seed = options.seed;
-  backend_ = device_ == Device::cuda ? make_cuda_backend({options.tf32, options.cuda_graph, options.epilogue, options.cuda_streams}) : make_cpu_backend();
-  storage_ = std::make_unique<Storage>();
-  storage_->backend = backend_;
-  storage_->params = backend_->alloc(layout_.param_bytes);
-  storage_->grads = backend_->alloc(layout_.param_bytes);
-  storage_->state = backend_->alloc(layout_.state_bytes);
-  storage_->counters = backend_->alloc(64);
+  Core& c = *core_;
+  c.graph = std::move(graph);
+  c.device = options.device;
+  c.reuse_gap = options.device == Device::cuda && options.cuda_streams > 1 ? 1 : 0;
+  c.graph.verify();
+  c.layout = make_layout(c.graph);
+  c.state.seed = options.seed;
+  c.backend = c.device == Device::cuda
+                  ? make_cuda_backend({options.tf32, options.cuda_graph, options.epilogue, options.cuda_streams})
+                  : make_cpu_backend();
+  c.params = c.backend->alloc(c.layout.param_bytes);
+  c.grads = c.backend->alloc(c.layout.param_bytes);
+  c.state_buf = c.backend->alloc(c.layout.state_bytes);
+  c.counters = c.backend->alloc(kCounterBytes);
   reset();
 }
 
 Model::~Model() = default;
 
+const Graph& Model::graph() const { return core_->graph; }
+const Layout& Model::layout() const { return core_->layout; }
+StepState& Model::state() { return core_->state; }
+Device Model::device() const { return core_->device; }
+
 void Model::reset() {
-  for (size_t i = 0; i < layout_.params.size(); ++i) {
-    const Slot& s = layout_.params[i];
+  Core& c = *core_;
+  for (size_t i = 0; i < c.layout.params.size(); ++i) {
+    const Slot& s = c.layout.params[i];
     // Seeded by position in the graph, not in the layout, so that the decay order
     // does not change the values.
-    auto index = static_cast<uint32_t>(*graph_.find(s.name));
-    auto bytes = encode(init_values(s.init, s.type.numel(), state_.seed, index), s.type.dtype);
-    backend_->upload(storage_->params + s.offset, bytes.data(), bytes.size());
+    auto index = static_cast<uint32_t>(*c.graph.find(s.name));
+    auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
+    c.backend->upload(c.params + s.offset, bytes.data(), bytes.size());
   }
-  for (const Slot& s : layout_.states) {
-    auto index = static_cast<uint32_t>(*graph_.find(s.name));
-    auto bytes = encode(init_values(s.init, s.type.numel(), state_.seed, index), s.type.dtype);
-    backend_->upload(storage_->state + s.offset, bytes.data(), bytes.size());
+  for (const Slot& s : c.layout.states) {
+    auto index = static_cast<uint32_t>(*c.graph.find(s.name));
+    auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
+    c.backend->upload(c.state_buf + s.offset, bytes.data(), bytes.size());
   }
-  if (storage_->opt) backend_->fill_zero(storage_->opt, kOptSlots * layout_.param_bytes);
-  state_.step = 0;
+  if (c.opt) c.backend->fill_zero(c.opt, kOptSlots * c.layout.param_bytes);
+  c.state.step = 0;
 }
 
 std::vector<std::byte> Model::read_param(const std::string& name) const {
-  const Slot& s = find_slot(layout_.params, name, "parameter");
+  const Slot& s = find_slot(core_->layout.params, name, "parameter");
   std::vector<std::byte> out(s.type.bytes());
-  backend_->download(out.data(), storage_->params + s.offset, out.size());
+  core_->backend->download(out.data(), core_->params + s.offset, out.size());
   return out;
 }
 
 void Model::write_param(const std::string& name, std::span<const std::byte> data) {
-  const Slot& s = find_slot(layout_.params, name, "parameter");
+  const Slot& s = find_slot(core_->layout.params, name, "parameter");
   if (data.size() != s.type.bytes())
     fail("parameter '", name, "' is ", s.type.str(), " (", s.type.bytes(), " bytes), got ", data.size(), " bytes");
-  backend_->upload(storage_->params + s.offset, data.data(), data.size());
+  core_->backend->upload(core_->params + s.offset, data.data(), data.size());
 }
 
 std::vector<std::byte> Model::read_state(const std::string& name) const {
-  const Slot& s = find_slot(layout_.states, name, "state tensor");
+  const Slot& s = find_slot(core_->layout.states, name, "state tensor");
   std::vector<std::byte> out(s.type.bytes());
-  backend_->download(out.data(), storage_->state + s.offset, out.size());
+  core_->backend->download(out.data(), core_->state_buf + s.offset, out.size());
   return out;
 }
 
 void Model::write_state(const std::string& name, std::span<const std::byte> data) {
-  const Slot& s = find_slot(layout_.states, name, "state tensor");
+  const Slot& s = find_slot(core_->layout.states, name, "state tensor");
   if (data.size() != s.type.bytes())
     fail("state '", name, "' is ", s.type.str(), " (", s.type.bytes(), " bytes), got ", data.size(), " bytes");
-  backend_->upload(storage_->state + s.offset, data.data(), data.size());
+  core_->backend->upload(core_->state_buf + s.offset, data.data(), data.size());
 }
 
 namespace {
@@ -165,20 +179,22 @@ const char* const kMomentNames[kOptSlots] = {"optimizer.m/", "optimizer.v/"};
 }
 
 std::vector<HostTensor> Model::save_tensors() const {
+  const Core& c = *core_;
   std::vector<HostTensor> out;
-  for (const Slot& s : layout_.params) out.push_back({s.name, s.type, read_param(s.name)});
-  for (const Slot& s : layout_.states) out.push_back({s.name, s.type, read_state(s.name)});
-  if (storage_->opt)
+  for (const Slot& s : c.layout.params) out.push_back({s.name, s.type, read_param(s.name)});
+  for (const Slot& s : c.layout.states) out.push_back({s.name, s.type, read_state(s.name)});
+  if (c.opt)
     for (int k = 0; k < kOptSlots; ++k)
-      for (const Slot& s : layout_.params) {
+      for (const Slot& s : c.layout.params) {
         HostTensor t{kMomentNames[k] + s.name, s.type, std::vector<std::byte>(s.type.bytes())};
-        backend_->download(t.data.data(), storage_->opt + k * layout_.param_bytes + s.offset, t.data.size());
+        c.backend->download(t.data.data(), c.opt + k * c.layout.param_bytes + s.offset, t.data.size());
         out.push_back(std::move(t));
       }
   return out;
 }
 
 void Model::load_tensors(const std::vector<HostTensor>& tensors) {
+  Core& c = *core_;
   std::map<std::string, const HostTensor*> by_name;
   for (auto& t : tensors) by_name[t.name] = &t;
   auto check = [&](const Slot& s, const std::string& name, bool required) -> const HostTensor* {
@@ -194,44 +210,46 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   };
   // Validate everything first: a failed load must change nothing.
   bool moments = false;
-  for (const Slot& s : layout_.params) {
+  for (const Slot& s : c.layout.params) {
     check(s, s.name, true);
     for (auto* m : kMomentNames) moments = check(s, m + s.name, false) || moments;
   }
-  for (const Slot& s : layout_.states) check(s, s.name, true);
+  for (const Slot& s : c.layout.states) check(s, s.name, true);
   if (moments)
-    for (const Slot& s : layout_.params)
+    for (const Slot& s : c.layout.params)
       for (auto* m : kMomentNames) check(s, m + s.name, true);
   std::set<std::string> known;
-  for (const Slot& s : layout_.params) {
+  for (const Slot& s : c.layout.params) {
     known.insert(s.name);
     for (auto* m : kMomentNames) known.insert(m + s.name);
   }
-  for (const Slot& s : layout_.states) known.insert(s.name);
+  for (const Slot& s : c.layout.states) known.insert(s.name);
   for (auto& t : tensors)
     if (!known.count(t.name)) fail("tensor '", t.name, "' does not belong to this model");
 
-  for (const Slot& s : layout_.params) backend_->upload(storage_->params + s.offset, by_name[s.name]->data.data(), s.type.bytes());
-  for (const Slot& s : layout_.states) backend_->upload(storage_->state + s.offset, by_name[s.name]->data.data(), s.type.bytes());
+  for (const Slot& s : c.layout.params) c.backend->upload(c.params + s.offset, by_name[s.name]->data.data(), s.type.bytes());
+  for (const Slot& s : c.layout.states)
+    c.backend->upload(c.state_buf + s.offset, by_name[s.name]->data.data(), s.type.bytes());
   if (moments) {
-    if (!storage_->opt) storage_->opt = backend_->alloc(kOptSlots * layout_.param_bytes);
+    if (!c.opt) c.opt = c.backend->alloc(kOptSlots * c.layout.param_bytes);
     for (int k = 0; k < kOptSlots; ++k)
-      for (const Slot& s : layout_.params)
-        backend_->upload(storage_->opt + k * layout_.param_bytes + s.offset, by_name[kMomentNames[k] + s.name]->data.data(),
-                         s.type.bytes());
+      for (const Slot& s : c.layout.params)
+        c.backend->upload(c.opt + k * c.layout.param_bytes + s.offset, by_name[kMomentNames[k] + s.name]->data.data(),
+                          s.type.bytes());
   }
 }
 
 Program Model::compile(const CompileOptions& o) {
-  Graph g = graph_;
-  const auto nv = static_cast<ValueId>(graph_.values().size());
+  const Core& c = *core_;
+  Graph g = c.graph;
+  const auto nv = static_cast<ValueId>(c.graph.values().size());
   auto check_id = [&](ValueId id, const char* what) {
     if (id < 0 || id >= nv) fail("compile: ", what, " ", id, " is not a value of this model's graph");
   };
   apply_mode(g, o.mode);
   LowerRequest req;
   req.reuse_memory = o.reuse_memory;
-  req.reuse_gap = o.reuse_gap >= 0 ? o.reuse_gap : reuse_gap_;
+  req.reuse_gap = o.reuse_gap >= 0 ? o.reuse_gap : c.reuse_gap;
   for (ValueId id : o.outputs) check_id(id, "output");
   req.outputs = o.outputs;
   if (o.loss >= 0) {
@@ -247,7 +265,7 @@ Program Model::compile(const CompileOptions& o) {
   if (o.optimizer || o.gradients) {
     if (o.loss < 0) fail("compile: gradients need a loss to differentiate");
     std::vector<ValueId> wrt;
-    for (const Slot& s : layout_.params) wrt.push_back(*g.find(s.name));
+    for (const Slot& s : c.layout.params) wrt.push_back(*g.find(s.name));
     std::vector<ValueId> grads = autodiff(g, o.loss, wrt);
     std::set<ValueId> pinned;
     for (size_t i = 0; i < wrt.size(); ++i) {
@@ -279,29 +297,36 @@ Program Model::compile(const CompileOptions& o) {
       for (ValueId& v : keep) v = f.map[static_cast<size_t>(v)];
     }
   }
-  return Program(*this, lower(g, layout_, req));
+  return Program(core_, lower(g, c.layout, req));
 }
 
-Program::Program(Model& m, Plan plan) : model_(&m), plan_(std::make_unique<Plan>(std::move(plan))) {
-  Model::Storage& st = *m.storage_;
-  if (plan_->optimizer && plan_->optimizer->state_slots() > 0 && !st.opt)
-    st.opt = m.backend_->alloc(kOptSlots * m.layout_.param_bytes);
+Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
+    : core_(std::move(core)), plan_(std::make_unique<Plan>(std::move(plan))) {
+  Model::Core& c = *core_;
+  if (plan_->optimizer && plan_->optimizer->state_slots() > 0 && !c.opt)
+    c.opt = c.backend->alloc(kOptSlots * c.layout.param_bytes);
   try {
-    arena_ = m.backend_->alloc(plan_->arena_bytes);
+    arena_ = c.backend->alloc(plan_->arena_bytes);
   } catch (const Error& e) {
     fail("cannot allocate the arena of ", plan_->arena_bytes, " bytes (the plan's peak; parameters take ",
-         m.layout_.param_bytes, " more): ", e.what());
+         c.layout.param_bytes, " more): ", e.what());
   }
-  exe_ = m.backend_->prepare(*plan_, st.regions(arena_));
+  try {
+    exe_ = c.backend->prepare(*plan_, c.regions(arena_));
+  } catch (...) {
+    c.backend->release(arena_);
+    throw;
+  }
 }
 
 Program::Program(Program&& o) noexcept
-    : model_(o.model_), plan_(std::move(o.plan_)), arena_(std::exchange(o.arena_, nullptr)), exe_(std::move(o.exe_)) {}
+    : core_(std::move(o.core_)), plan_(std::move(o.plan_)), arena_(std::exchange(o.arena_, nullptr)),
+      exe_(std::move(o.exe_)) {}
 Program& Program::operator=(Program&& other) noexcept {
   if (this != &other) {
     exe_.reset();
-    if (arena_) model_->backend_->release(arena_);
-    model_ = other.model_;
+    if (arena_) core_->backend->release(arena_);
+    core_ = std::move(other.core_);
     plan_ = std::move(other.plan_);
     arena_ = std::exchange(other.arena_, nullptr);
     exe_ = std::move(other.exe_);
@@ -311,16 +336,17 @@ Program& Program::operator=(Program&& other) noexcept {
 
 Program::~Program() {
   exe_.reset();
-  if (arena_) model_->backend_->release(arena_);
+  if (arena_) core_->backend->release(arena_);
 }
 
 void Program::set_input(const std::string& name, std::span<const std::byte> data) {
   const Binding* b = plan_->input(name);
   if (!b) {
-    auto id = model_->graph().find(name);
-    if (id && model_->graph().value(*id).kind == ValueKind::input) return;  // not needed by this plan
+    const Graph& g = core_->graph;
+    auto id = g.find(name);
+    if (id && g.value(*id).kind == ValueKind::input) return;  // not needed by this plan
     std::string known;
-    for (ValueId i : model_->graph().inputs()) known += (known.empty() ? "" : ", ") + model_->graph().value(i).name;
+    for (ValueId i : g.inputs()) known += (known.empty() ? "" : ", ") + g.value(i).name;
     fail("no input named '", name, "' (the model's inputs: ", known, ")");
   }
   if (data.size() != b->ref.bytes())
@@ -328,8 +354,34 @@ void Program::set_input(const std::string& name, std::span<const std::byte> data
   exe_->set_input(static_cast<size_t>(b - plan_->inputs.data()), data);
 }
 
-void Program::run() { exe_->run(model_->state_); }
+void Program::run() { exe_->run(core_->state); }
 void Program::check() { exe_->check(); }
+
+std::vector<double> Program::time_steps(int reps) {
+  Model::Core& c = *core_;
+  Backend& be = *c.backend;
+  const Regions r = c.regions(arena_);
+  // Everything a replayed step may change besides intermediates: the model's buffers,
+  // the backend's step counter, and the plan's inputs (in the arena on the CPU).
+  std::vector<std::pair<std::byte*, size_t>> kept = {{r.params, c.layout.param_bytes},
+                                                     {r.grads, c.layout.param_bytes},
+                                                     {r.state, c.layout.state_bytes},
+                                                     {r.counters, kCounterBytes}};
+  if (r.opt) kept.emplace_back(r.opt, kOptSlots * c.layout.param_bytes);
+  for (const Binding& b : plan_->inputs) kept.emplace_back(r.base(b.ref.region) + b.ref.offset, b.ref.bytes());
+  std::vector<std::vector<std::byte>> saved;
+  for (auto& [p, bytes] : kept) {
+    saved.emplace_back(bytes);
+    if (bytes) be.download(saved.back().data(), p, bytes);
+  }
+  const StepState state = c.state, synced = c.synced;
+  std::vector<double> ms = exe_->time_steps(reps);
+  for (size_t i = 0; i < kept.size(); ++i)
+    if (kept[i].second) be.upload(kept[i].first, saved[i].data(), kept[i].second);
+  c.state = state;
+  c.synced = synced;
+  return ms;
+}
 
 namespace {
 std::vector<std::byte> read_ref(Backend& be, const Regions& r, const BufferRef& ref) {
@@ -346,7 +398,7 @@ std::vector<std::byte> Program::read(const std::string& output) const {
     for (auto& o : plan_->outputs) known += (known.empty() ? "" : ", ") + o.name;
     fail("no output named '", output, "' (this program's outputs: ", known, ")");
   }
-  auto out = read_ref(*model_->backend_, model_->storage_->regions(arena_), b->ref);
+  auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
   return out;
 }
@@ -354,7 +406,7 @@ std::vector<std::byte> Program::read(const std::string& output) const {
 std::vector<std::byte> Program::read_grad(const std::string& param) const {
   const Binding* b = plan_->grad(param);
   if (!b) fail("this program computes no gradient for '", param, "'");
-  auto out = read_ref(*model_->backend_, model_->storage_->regions(arena_), b->ref);
+  auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
   return out;
 }

@@ -2,11 +2,14 @@
 // with broadcasting and awkward sizes (1, 3, 7, 129).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "grad_check.h"
 
 using namespace seam;
 using seam::testing::check_gradients;
 using seam::testing::GradCase;
+using seam::testing::GradCheckOptions;
 
 namespace {
 
@@ -142,6 +145,33 @@ TEST(ShapeGrad, ConcatAndSlice) {
 
 TEST(MiscGrad, CopyCastAndStopGradient) {
   check_gradients([](GradCase& c) { return copy(c.param("x", {3, 7})); });
+}
+
+TEST(MiscGrad, CastPassesTheGradientBackInTheInputsDtype) {
+  // Through f32 and back: the forward rounds to f32, a staircase at fine steps, so the
+  // function is kept linear in x and differenced over a step far above f32's rounding
+  // (its error ~ 6e-8 / 1e-2).
+  GradCheckOptions o;
+  o.step = 1e-2;
+  o.rtol = 1e-4;
+  o.atol = 1e-6;
+  EXPECT_GT(check_gradients(
+                [](GradCase& c) {
+                  Var x = c.param("x", {3, 7}), w = c.param("w", {7}, 0.5, 1.5);
+                  return mul(cast(cast(x, DType::f32), DType::f64), w);
+                },
+                o),
+            0u);
+  // Into an integer type: no gradient flows (the value is a staircase everywhere).
+  Graph g;
+  Var x = g.param("x", {4}, Init::uniform(-3, 3), true, DType::f64);
+  Var y = sum(mul(cast(cast(x, DType::i32), DType::f64), x));
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.loss = y.id(), .gradients = true});
+  p.run();
+  const auto xv = Program::cast_bytes<double>(m.read_param("x"));
+  const auto gx = p.grad_as<double>("x");
+  for (size_t i = 0; i < xv.size(); ++i) EXPECT_EQ(gx[i], std::trunc(xv[i])) << i;  // only the direct use of x
 }
 
 TEST(MiscGrad, StopGradientBlocksOnlyItsBranch) {

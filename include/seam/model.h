@@ -83,6 +83,10 @@ struct ModelOptions {
 class Backend;
 class Executable;
 
+// A Model owns its storage through a shared core, and every Program compiled from it
+// holds a share: a Program stays valid after its Model is gone (it keeps the parameters,
+// gradients and optimizer state alive, and the Model's accessors are simply no longer
+// reachable).
 class Model {
  public:
   explicit Model(Graph graph, ModelOptions options = {});
@@ -90,10 +94,10 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  const Graph& graph() const { return graph_; }
-  const Layout& layout() const { return layout_; }
-  StepState& state() { return state_; }
-  Device device() const { return device_; }
+  const Graph& graph() const;
+  const Layout& layout() const;
+  StepState& state();
+  Device device() const;
 
   class Program compile(const CompileOptions& options);
 
@@ -113,16 +117,10 @@ class Model {
   // anything is written, so a failed load changes nothing.
   void load_tensors(const std::vector<HostTensor>& tensors);
 
+  struct Core;  // graph, layout, step state, backend and storage (src/model.cpp)
+
  private:
-  friend class Program;
-  struct Storage;
-  Graph graph_;
-  Layout layout_;
-  StepState state_;
-  Device device_;
-  int reuse_gap_ = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
-  std::shared_ptr<Backend> backend_;
-  std::unique_ptr<Storage> storage_;
+  std::shared_ptr<Core> core_;
 };
 
 class Program {
@@ -144,6 +142,12 @@ class Program {
   // Waits for the work queued so far and throws the first bad-input error a kernel
   // reported (reads do this too).
   void check();
+  // Times each plan step alone (median of `reps` runs, milliseconds), for `seam plan
+  // --measure` and `seam bench --breakdown`. Replaying steps alone would update the
+  // parameters, optimizer moments, running statistics and step counter, so everything
+  // the model keeps (and the plan's inputs) is saved first and restored after: the model
+  // is bitwise as it was.
+  std::vector<double> time_steps(int reps);
   std::vector<std::byte> read(const std::string& output) const;
   std::vector<std::byte> read_grad(const std::string& param) const;
   template <class T>
@@ -164,8 +168,8 @@ class Program {
 
  private:
   friend class Model;
-  Program(Model& m, Plan plan);
-  Model* model_;
+  Program(std::shared_ptr<Model::Core> core, Plan plan);
+  std::shared_ptr<Model::Core> core_;
   std::unique_ptr<Plan> plan_;  // stable address: the executable refers to it
   std::byte* arena_ = nullptr;
   std::unique_ptr<Executable> exe_;

@@ -51,6 +51,8 @@ class Executable {
   virtual void check() {}
   virtual ExecStats stats() { return {}; }
   // Times each plan step alone (median of `reps` runs, milliseconds), for breakdowns.
+  // The replays write what the steps write (parameters, running statistics, the step
+  // counter): Program::time_steps saves and restores all of it around this call.
   virtual std::vector<double> time_steps(int reps) = 0;
 };
 

@@ -186,7 +186,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
   res.gbps = step_bytes(p.plan()) / (res.ms * 1e-3) / 1e9;
   if (o.breakdown) {
-    auto t = p.executable().time_steps(20);
+    auto t = p.time_steps(20);
     const ExecStats stats = p.executable().stats();
     double gemm = 0, total = 0;
     std::printf("\n%s: each step alone (median of 20)\n", w.name.c_str());
@@ -210,7 +210,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
     // steps are read), with each kernel's measured time.
     Model plain_model(g, {.seed = 1});
     Program plain = plain_model.compile({.loss = loss.id(), .optimizer = w.opt, .fuse = false});
-    const auto measured = p.executable().time_steps(20);
+    const auto measured = p.time_steps(20);
     std::printf("\n%s: the plan's kernels\n%s", w.name.c_str(),
                 explain_plan(p.plan(), plain.plan(), DeviceModel{}, true, measured).c_str());
   }

@@ -4,8 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace seam::gpu_testing {
 
@@ -52,7 +57,7 @@ double expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu
     finite = finite && std::isfinite(gpu[i]);
     diff += d * d;
     ref += static_cast<double>(cpu[i]) * cpu[i];
-    double excess = std::abs(d) - (tol.atol + 10 * tol.rel * std::abs(cpu[i]));
+    double excess = std::abs(d) - (tol.atol + tol.elem_rel * std::abs(cpu[i]));
     if (excess > worst_excess) worst_excess = excess, worst = i;
   }
   double rel = std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
@@ -61,6 +66,25 @@ double expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu
   EXPECT_LE(worst_excess, 0.0) << what << "[" << worst << "]: GPU " << gpu[worst] << ", CPU " << cpu[worst];
   return rel;
 }
+
+TempCacheDir::TempCacheDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "seam-cache-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) ADD_FAILURE() << "mkdtemp " << tmpl << ": " << std::strerror(errno);
+  dir_ = tmpl;
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  had_old_ = old != nullptr;
+  if (old) old_ = old;
+  use();
+}
+
+TempCacheDir::~TempCacheDir() {
+  if (had_old_) setenv("XDG_CACHE_HOME", old_.c_str(), 1);
+  else unsetenv("XDG_CACHE_HOME");
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+void TempCacheDir::use() const { setenv("XDG_CACHE_HOME", dir_.c_str(), 1); }
 
 double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const CompareOptions& o) {
   GpuCase c(17);
@@ -78,7 +102,7 @@ double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const Compare
   const std::string out_name = out.name();
 
   auto run = [&](Device d, std::vector<std::vector<float>>& results) {
-    Model m(c.g, {.seed = 23, .device = d, .tf32 = o.tf32, .epilogue = o.epilogue});
+    Model m(c.g, {.seed = 23, .device = d, .tf32 = o.precision == Precision::tf32, .epilogue = o.epilogue});
     CompileOptions co{.mode = o.mode, .outputs = outputs, .fuse = o.fuse};
     if (o.gradients) co.loss = loss.id(), co.gradients = true;
     Program p = m.compile(co);

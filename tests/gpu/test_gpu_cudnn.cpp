@@ -1,11 +1,8 @@
 // The cuDNN-backed ops against the CPU: conv2d (forward, input and weight gradients),
 // max / average / global average pooling, batch_norm in training and evaluation.
 //
-// compare_with_cpu builds its models with the default tf32 = true, so the convolutions
-// there may run on TF32 tensor cores: those comparisons use Tolerance::tf32(). The same
-// convolutions are also compared with TF32 off (cuDNN's FMA math) at f32 tolerance by
-// compare_without_tf32 below, which is compare_with_cpu with ModelOptions::tf32 = false.
-// Pooling and batch norm use no tensor cores: f32 tolerance.
+// Convolutions are compared twice: on TF32 tensor cores at TF32 tolerance, and with TF32
+// off (cuDNN's FMA math) at f32 tolerance. Pooling and batch norm use no tensor cores: f32.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -21,32 +18,14 @@ using namespace seam;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::expect_close;
+using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
+using seam::gpu_testing::Precision;
+using seam::gpu_testing::TempCacheDir;
+using seam::gpu_testing::tf32;
 using seam::gpu_testing::Tolerance;
 
 namespace {
-
-// compare_with_cpu with TF32 off on the GPU: output and every parameter's gradient.
-void compare_without_tf32(const std::function<Var(GpuCase&)>& build, const Tolerance& tol) {
-  GpuCase c(17);
-  Var out = build(c);
-  Var r = c.data("__weights", out.shape(), 0.5, 1.5);
-  Var loss = sum(mul(out, r));
-  std::vector<std::string> params;
-  for (ValueId id : c.g.params()) params.push_back(c.g.value(id).name);
-  std::vector<std::vector<float>> results[2];
-  for (int d = 0; d < 2; ++d) {
-    Model m(c.g, {.seed = 23, .device = d ? Device::cuda : Device::cpu, .tf32 = false});
-    Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {out.id()}});
-    for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
-    p.run();
-    results[d].push_back(p.read_as<float>(out.name()));
-    for (auto& name : params) results[d].push_back(p.grad_as<float>(name));
-  }
-  expect_close(results[1][0], results[0][0], tol, "output (no TF32)");
-  for (size_t i = 0; i < params.size(); ++i)
-    expect_close(results[1][i + 1], results[0][i + 1], tol, "gradient of " + params[i] + " (no TF32)");
-}
 
 struct ConvCase {
   Shape x, w;
@@ -85,7 +64,7 @@ std::vector<ConvCase> conv_cases() {
       {{2, 3, 7, 7}, {2, 3, 5, 5}, true, {.padding = {2, 2}}},
       {{2, 2, 7, 7}, {3, 2, 7, 7}, true, {}},
       // a layer of a real network's size, where cuDNN picks tensor-core algorithms
-      {{8, 16, 16, 16}, {32, 16, 3, 3}, true, {.padding = {1, 1}}, {1e-5, 1e-4}},
+      {{8, 16, 16, 16}, {32, 16, 3, 3}, true, {.padding = {1, 1}}, {1e-5, 1e-4, 1e-4}},
   };
 }
 
@@ -105,14 +84,14 @@ Var build_conv(GpuCase& c, const ConvCase& k) {
 TEST(GpuConv, MatchesTheCpuWithTf32) {
   for (const ConvCase& k : conv_cases()) {
     SCOPED_TRACE(k.str());
-    compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, {.tol = Tolerance::tf32()});
+    compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, tf32());
   }
 }
 
 TEST(GpuConv, MatchesTheCpuWithoutTf32) {
   for (const ConvCase& k : conv_cases()) {
     SCOPED_TRACE(k.str());
-    compare_without_tf32([&](GpuCase& c) { return build_conv(c, k); }, k.no_tf32);
+    compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, CompareOptions(Precision::f32, k.no_tf32));
   }
 }
 
@@ -123,7 +102,7 @@ TEST(GpuConv, WeightGradientOnlyWhenXIsData) {
         return conv2d(c.data("x", {3, 3, 9, 9}), c.param("w", {4, 3, 3, 3}), c.param("b", {4}),
                       {.stride = {2, 2}, .padding = {1, 1}});
       },
-      {.tol = Tolerance::tf32()});
+      tf32());
 }
 
 TEST(GpuConv, TwoLayersOfOneShapeShareTheirChoice) {
@@ -134,18 +113,13 @@ TEST(GpuConv, TwoLayersOfOneShapeShareTheirChoice) {
                             {.padding = {1, 1}}));
         return conv2d(h, c.param("w2", {4, 4, 3, 3}), c.param("b2", {4}), {.padding = {1, 1}});
       },
-      {.tol = Tolerance::tf32()});
+      tf32());
 }
 
 TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
-  std::filesystem::path dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/')
-    dir = std::filesystem::path(xdg) / "seam";
-  else if (const char* home = std::getenv("HOME"); home && home[0])
-    dir = std::filesystem::path(home) / ".cache" / "seam";
-  else
-    GTEST_SKIP() << "neither XDG_CACHE_HOME nor HOME is set: the cache lives in memory only";
-  // An odd shape that no other test uses, so this run must measure it and save it.
+  // A folder of its own: the choice is measured here, saved there, and read back from it.
+  TempCacheDir cache;
+  const std::filesystem::path dir = std::filesystem::path(cache.dir()) / "seam";
   Graph g;
   Var x = g.input("x", {1, 5, 11, 13});
   Var y = conv2d(x, g.param("w", {7, 5, 3, 3}, Init::uniform(-1, 1)), std::nullopt, {.padding = {1, 1}});
@@ -163,6 +137,11 @@ TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
     while (std::getline(in, line)) found = found || line.rfind(key, 0) == 0;
   }
   EXPECT_TRUE(found) << "no line starting with '" << key << "' in " << dir;
+  // Another folder knows nothing of it: the cache follows XDG_CACHE_HOME.
+  TempCacheDir other;
+  Model m2(g, {.device = Device::cuda});
+  Program p2 = m2.compile({.mode = Mode::eval, .outputs = {y.id()}});
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(other.dir()) / "seam")) << other.dir();
 }
 
 // ------------------------------------------------------------------------------------------
@@ -195,7 +174,7 @@ std::vector<PoolCase> pool_cases() {
 TEST(GpuPool, MaxPoolMatchesTheCpu) {
   for (const PoolCase& k : pool_cases()) {
     SCOPED_TRACE(k.str());
-    compare_with_cpu([&](GpuCase& c) { return max_pool2d(c.param("x", k.x), k.kernel, k.stride, k.padding); });
+    compare_with_cpu([&](GpuCase& c) { return max_pool2d(c.param("x", k.x), k.kernel, k.stride, k.padding); }, f32());
   }
 }
 
@@ -204,7 +183,7 @@ TEST(GpuPool, AvgPoolMatchesTheCpuWithAndWithoutPaddingInTheCount) {
     for (const PoolCase& k : pool_cases()) {
       SCOPED_TRACE(k.str() + (include ? " count_include_pad" : " count_exclude_pad"));
       compare_with_cpu(
-          [&](GpuCase& c) { return avg_pool2d(c.param("x", k.x), k.kernel, k.stride, k.padding, include); });
+          [&](GpuCase& c) { return avg_pool2d(c.param("x", k.x), k.kernel, k.stride, k.padding, include); }, f32());
     }
 }
 
@@ -214,23 +193,23 @@ TEST(GpuPool, MaxPoolGradientGoesToTheFirstOfTiedMaxima) {
   compare_with_cpu([](GpuCase& c) {
     Var x = broadcast_to(c.param("x", {2, 3, 1, 6}), {2, 3, 6, 6});
     return max_pool2d(x, {2, 2});
-  });
+  }, f32());
   compare_with_cpu([](GpuCase& c) {
     Var x = broadcast_to(c.param("x", {1, 2, 1, 7}), {1, 2, 7, 7});
     return max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
-  });
+  }, f32());
 }
 
 TEST(GpuPool, MaxPoolAfterRelu) {
   // Many windows are all zeros after the relu; their gradient is zero either way.
-  compare_with_cpu([](GpuCase& c) { return max_pool2d(relu(c.param("x", {2, 3, 8, 8})), {2, 2}); });
+  compare_with_cpu([](GpuCase& c) { return max_pool2d(relu(c.param("x", {2, 3, 8, 8})), {2, 2}); }, f32());
 }
 
 TEST(GpuPool, GlobalAvgPoolMatchesTheCpu) {
   // Small planes (a warp each), large ones (a block each), a single value.
   for (Shape s : {Shape{3, 4, 7, 7}, Shape{2, 3, 40, 40}, Shape{1, 1, 1, 1}, Shape{5, 70, 3, 2}}) {
     SCOPED_TRACE(shape_str(s));
-    compare_with_cpu([&](GpuCase& c) { return global_avg_pool(c.param("x", s)); });
+    compare_with_cpu([&](GpuCase& c) { return global_avg_pool(c.param("x", s)); }, f32());
   }
 }
 
@@ -253,9 +232,9 @@ TEST(GpuBatchNorm, TrainingMatchesTheCpuIncludingRunningStats) {
   // cannot match the CPU's double.)
   for (Shape s : {Shape{8, 5}, Shape{4, 3, 5, 5}, Shape{6, 3, 1, 1}, Shape{4, 3, 6}, Shape{16, 8, 7, 7}}) {
     SCOPED_TRACE(shape_str(s));
-    compare_with_cpu([&](GpuCase& c) { return build_bn(c, s, Init::zeros(), Init::ones()); }, {.runs = 2});
+    compare_with_cpu([&](GpuCase& c) { return build_bn(c, s, Init::zeros(), Init::ones()); }, f32().with_runs(2));
     compare_with_cpu([&](GpuCase& c) { return build_bn(c, s, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5)); },
-                     {.runs = 2});
+                     f32().with_runs(2));
   }
 }
 
@@ -263,9 +242,9 @@ TEST(GpuBatchNorm, EvaluationMatchesTheCpu) {
   for (Shape s : {Shape{8, 5}, Shape{4, 3, 5, 5}, Shape{1, 3, 2, 2}}) {
     SCOPED_TRACE(shape_str(s));
     compare_with_cpu([&](GpuCase& c) { return build_bn(c, s, Init::zeros(), Init::ones()); },
-                     {.mode = Mode::eval});
+                     f32().in_mode(Mode::eval));
     compare_with_cpu([&](GpuCase& c) { return build_bn(c, s, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5)); },
-                     {.mode = Mode::eval, .runs = 2});
+                     f32().in_mode(Mode::eval).with_runs(2));
   }
 }
 
@@ -279,7 +258,7 @@ TEST(GpuBatchNorm, OnDataWithoutAnInputGradient) {
                            0.1, 1e-5);
         return relu(y);
       },
-      {.runs = 2});
+      f32().with_runs(2));
 }
 
 TEST(GpuBatchNorm, ConvBatchNormReluPool) {
@@ -291,7 +270,7 @@ TEST(GpuBatchNorm, ConvBatchNormReluPool) {
                        1e-5);
         return global_avg_pool(max_pool2d(relu(h), {2, 2}));
       },
-      {.tol = Tolerance::tf32(), .runs = 2});
+      tf32().with_runs(2));
 }
 
 TEST(GpuBatchNorm, NegativeEpsIsRejected) {

@@ -16,6 +16,7 @@ using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
+using seam::gpu_testing::Precision;
 using seam::gpu_testing::Tolerance;
 
 namespace {
@@ -30,11 +31,7 @@ CompareOptions no_grad() {
 // them, and gradients such as gelu's (two terms of opposite sign) or pow's (x^(p-1))
 // amplify that relative difference; a little headroom over f32() keeps those cases
 // from flaking while still catching any real formula error (those are >> 1e-3).
-CompareOptions transcendental() {
-  CompareOptions o;
-  o.tol = {3e-5, 1e-6};
-  return o;
-}
+CompareOptions transcendental() { return {Precision::f32, {3e-5, 3e-4, 1e-6}}; }
 
 // Shapes for elementwise ops: tiny ones, an odd one, numel % 4 != 0 (float4 body plus a
 // scalar tail: 999 * 1027), and numel % 4 == 0 (float4 only).
@@ -306,11 +303,12 @@ TEST(GpuMisc, ArgmaxMatchesTheCpu) {
 }
 
 TEST(GpuMisc, DropoutMasksAreTheCpusBitForBit) {
-  // Same seed and step on both devices, the same Philox draws: forward and gradient match
-  // exactly (the tolerance is only there because the harness needs one).
+  // Same seed and step on both devices, the same Philox draws, the same float products:
+  // forward and gradient are equal bit for bit.
+  const CompareOptions exact(Precision::f32, Tolerance::exact());
   for (const Shape& s : {Shape{64, 129}, Shape{999}, Shape{1000, 1027}, Shape{3}}) {
     SCOPED_TRACE(shape_str(s));
-    compare_with_cpu([&](GpuCase& c) { return dropout(c.param("x", s), 0.3); }, f32());
+    compare_with_cpu([&](GpuCase& c) { return dropout(c.param("x", s), 0.3); }, exact);
   }
   // Two dropouts of one value draw from different streams.
   compare_with_cpu(
@@ -318,10 +316,9 @@ TEST(GpuMisc, DropoutMasksAreTheCpusBitForBit) {
         Var x = c.param("x", {33, 40});
         return add(dropout(x, 0.5), dropout(x, 0.5));
       },
-      f32());
+      exact);
   // Evaluation: the identity.
-  CompareOptions eval = f32();
-  eval.mode = Mode::eval;
+  CompareOptions eval = exact.in_mode(Mode::eval);
   eval.gradients = false;
   compare_with_cpu([](GpuCase& c) { return dropout(c.data("x", {10, 10}), 0.5); }, eval);
 }

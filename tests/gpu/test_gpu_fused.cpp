@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 #include "backend/backend.h"
@@ -54,38 +55,16 @@ Var random_chain(GpuCase& c, std::mt19937_64& rng, const Shape& shape) {
   return pool.back();
 }
 
-CompareOptions tolerant() {
-  CompareOptions o;
-  o.tol = {1e-4, 1e-5};  // chains of transcendental ops, each within a few ulps of the CPU's
-  return o;
+// Chains of transcendental ops, each within a few ulps of the CPU's.
+CompareOptions tolerant() { return {Precision::f32, {1e-4, 1e-3, 1e-5}}; }
+
+// The generated kernels' cache files under a cache folder.
+std::vector<std::string> kernel_files(const TempCacheDir& cache) {
+  std::vector<std::string> f;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(cache.dir() + "/seam/kernels", ec)) f.push_back(e.path().string());
+  return f;
 }
-
-class TempCache {
- public:
-  TempCache() {
-    dir_ = (std::filesystem::temp_directory_path() / ("seam-kernels-" + std::to_string(::getpid()))).string();
-    std::filesystem::remove_all(dir_);
-    const char* old = std::getenv("XDG_CACHE_HOME");
-    if (old) old_ = old, had_ = true;
-    setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
-  }
-  ~TempCache() {
-    if (had_) setenv("XDG_CACHE_HOME", old_.c_str(), 1);
-    else unsetenv("XDG_CACHE_HOME");
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  std::vector<std::string> kernel_files() const {
-    std::vector<std::string> f;
-    std::error_code ec;
-    for (auto& e : std::filesystem::directory_iterator(dir_ + "/seam/kernels", ec)) f.push_back(e.path().string());
-    return f;
-  }
-
- private:
-  std::string dir_, old_;
-  bool had_ = false;
-};
 
 }  // namespace
 
@@ -143,7 +122,7 @@ TEST(GpuFused, GeneratedKernelsMatchTheCpu) {
 }
 
 TEST(GpuFused, KernelCacheHitsCompilesNewSignaturesAndRebuildsCorruptFiles) {
-  TempCache cache;
+  TempCacheDir cache;
   cuda::forget_loaded_kernels();
   // A factor no other test uses, so that the first compile is this test's.
   std::random_device rd;
@@ -162,7 +141,7 @@ TEST(GpuFused, KernelCacheHitsCompilesNewSignaturesAndRebuildsCorruptFiles) {
   const auto s1 = stats();
   EXPECT_GT(s1.compiled, s0.compiled);
   EXPECT_GT(s1.files_written, s0.files_written);
-  const auto files = cache.kernel_files();
+  const auto files = kernel_files(cache);
   ASSERT_FALSE(files.empty());
 
   // The same graph again: from this process's table, nothing compiled.
@@ -186,7 +165,7 @@ TEST(GpuFused, KernelCacheHitsCompilesNewSignaturesAndRebuildsCorruptFiles) {
   // Corrupt every file: a flipped byte in the cubin, or a cut file. Nothing is trusted:
   // each is rejected, compiled again, rewritten, and the results stay right.
   int k = 0;
-  for (const auto& f : cache.kernel_files()) {
+  for (const auto& f : kernel_files(cache)) {
     std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
     io.seekg(0, std::ios::end);
     const auto size = static_cast<std::streamoff>(io.tellg());
@@ -367,4 +346,60 @@ TEST(GpuFused, ResidentThreadsFollowRegistersAndSharedMemory) {
   EXPECT_LT(cuda::resident_threads(129, 0), 512);
   EXPECT_EQ(cuda::resident_threads(32, 33792), 1536);  // four column sums' 33 KB a block: 6 blocks
   EXPECT_EQ(cuda::resident_threads(32, 100 * 1024), 512);
+  // An unknown figure never fits.
+  EXPECT_EQ(cuda::resident_threads(-1, 0), 0);
+  EXPECT_EQ(cuda::resident_threads(0, 0), 0);
+  EXPECT_EQ(cuda::resident_threads(32, -1), 0);
+}
+
+// The budget check reads registers and local memory from the loaded function: a cache
+// file (or a compiler log) without them changes nothing.
+TEST(GpuFused, KernelFiguresComeFromTheLoadedFunction) {
+  TempCacheDir cache;
+  cuda::forget_loaded_kernels();
+  std::random_device rd;
+  const double factor = 1.0 + static_cast<double>(rd() % 100000) * 1e-6;  // a kernel of this test's own
+  GpuCase c;
+  Var x = c.param("x", {64, 96}, -1, 1);
+  Var y = seam::tanh(add(scale(sigmoid(x), factor), x));
+  auto figures = [&] {
+    Model m(c.g, {.device = Device::cuda});
+    Program p = m.compile({.outputs = {y.id()}});
+    std::vector<std::string> seen;
+    for (auto& [step, what] : p.executable().stats().choices)
+      if (p.plan().steps.at(static_cast<size_t>(step)).op == Op::fused_elementwise) seen.push_back(what);
+    for (auto& s : p.plan().steps)
+      if (auto r = generated_kernel_report(s)) {
+        EXPECT_GT(r->registers, 0);
+        EXPECT_EQ(r->spill_bytes, 0);
+      }
+    return seen;
+  };
+  const auto fresh = figures();
+  ASSERT_FALSE(fresh.empty());
+  // Every file now says the compiler reported nothing.
+  for (const auto& f : kernel_files(cache)) {
+    std::ifstream in(f, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    // The header line, the key line, then the figures.
+    const size_t key_end = text.find('\n', text.find('\n') + 1), info_end = text.find('\n', key_end + 1);
+    ASSERT_NE(info_end, std::string::npos) << f;
+    std::string line = text.substr(key_end + 1, info_end - key_end - 1);
+    const size_t bytes = line.find(" bytes=");
+    ASSERT_NE(bytes, std::string::npos) << line;
+    line = "registers=-1 spill=-1 smem=0" + line.substr(bytes);
+    std::ofstream out(f, std::ios::binary | std::ios::trunc);
+    out << text.substr(0, key_end + 1) << line << text.substr(info_end);
+  }
+  cuda::forget_loaded_kernels();
+  const auto before = cuda::kernel_cache_stats();
+  const auto cached = figures();
+  EXPECT_GT(cuda::kernel_cache_stats().disk_hits, before.disk_hits);
+  EXPECT_EQ(cuda::kernel_cache_stats().compiled, before.compiled);
+  ASSERT_EQ(cached.size(), fresh.size());
+  for (size_t i = 0; i < cached.size(); ++i) {
+    EXPECT_NE(cached[i].find(" registers, "), std::string::npos) << cached[i];
+    EXPECT_EQ(cached[i].find("-1 "), std::string::npos) << cached[i];
+  }
 }

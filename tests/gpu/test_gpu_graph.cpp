@@ -81,10 +81,10 @@ TEST(GpuGraph, ReplayMatchesEagerLaunchesAndTheCpu) {
     for (size_t i = 0; i < result[0].size(); ++i) {
       const std::string what = std::string(runs[k].graph ? "graph" : "eager") + " on " +
                                std::to_string(runs[k].streams) + " streams vs eager on one, tensor " + std::to_string(i);
-      expect_close(result[k][i], result[1][i], {1e-6, 1e-7}, what);
+      expect_close(result[k][i], result[1][i], {1e-6, 1e-5, 1e-7}, what);
     }
   for (size_t i = 0; i < result[0].size(); ++i)
-    expect_close(result[2][i], result[0][i], {1e-4, 1e-5}, "graph vs cpu, tensor " + std::to_string(i));
+    expect_close(result[2][i], result[0][i], {1e-4, 1e-3, 1e-5}, "graph vs cpu, tensor " + std::to_string(i));
 }
 
 TEST(GpuGraph, LearningRateScheduleAdvancesOnTheDevice) {

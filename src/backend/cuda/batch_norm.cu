@@ -11,12 +11,10 @@
 //    in evaluation (statistics are constants): a kernel here, one block per channel,
 //    deterministic (no atomics).
 // x of any rank >= 2 is viewed as [N, C, inner, 1], which SPATIAL mode normalizes per C.
-//
-// An output that no later step reads (dx of a batch_norm applied to data, mean and invstd
-// of an evaluation without gradients) may come from the planner without a buffer of its
-// own: an empty shape at arena offset 0, over live data. Such outputs are written to the
-// shared workspace instead, so nothing live is overwritten.
+// Every output has a buffer of its own, read or not (lower() places all outputs of a
+// live step).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -44,44 +42,24 @@ ChannelLayout channel_layout(const StepArgs& a, const Shape& s) {
   return l;
 }
 
-void expect_all_f32(const StepArgs& a) {
-  expect_f32(a);
-  for (auto* list : {&a.in, &a.out})
-    for (auto& t : *list)
-      if (t.dtype() != DType::f32) fail(op_name(a.step.op), " '", a.step.name, "': takes f32, got ", t.type.str());
-}
-
 void expect_channels(const StepArgs& a, const DeviceTensor& t, int64_t channels, const char* what) {
   if (t.numel() != channels)
     fail(op_name(a.step.op), " '", a.step.name, "': ", what, " has ", t.numel(), " values for ", channels,
          " channels");
 }
 
-// Where each output goes: its own buffer, or (offset >= 0) a slice of the workspace.
-class Outputs {
- public:
-  // Registers output i of n values; an unplaced one (empty shape) gets a workspace slice.
-  void add(const DeviceTensor& t, int64_t n) {
-    if (t.shape().empty()) {
-      offset_.push_back(static_cast<int64_t>(bytes_));
-      bytes_ += (static_cast<size_t>(n) * sizeof(float) + 255) / 256 * 256;
-    } else {
-      offset_.push_back(-1);
-    }
-    direct_.push_back(t.data);
+// The three outputs (x-shaped, then two per channel), checked against x.
+std::array<float*, 3> outputs(const StepArgs& a, int64_t values, int64_t channels) {
+  std::array<float*, 3> out{};
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t want = i == 0 ? values : channels;
+    if (a.out[i].numel() != want)
+      fail(op_name(a.step.op), " '", a.step.name, "': output ", i, " ", shape_str(a.out[i].shape()),
+           " does not fit x of ", values, " values in ", channels, " channels");
+    out[i] = a.out[i].as<float>();
   }
-  size_t workspace_bytes() const { return bytes_; }
-  // The pointer for output i when a launch runs (the workspace exists by then).
-  float* at(size_t i, const Context* ctx) const {
-    if (offset_[i] < 0) return static_cast<float*>(direct_[i]);
-    return reinterpret_cast<float*>(static_cast<char*>(ctx->workspace()) + offset_[i]);
-  }
-
- private:
-  std::vector<void*> direct_;
-  std::vector<int64_t> offset_;
-  size_t bytes_ = 0;
-};
+  return out;
+}
 
 struct BnSetup {
   TensorDesc x;   // [N, C, inner, 1]
@@ -107,18 +85,10 @@ __global__ void eval_stats_kernel(const float* __restrict__ rm, const float* __r
 
 // inputs: x, gamma, beta, running_mean, running_var; outputs: y, mean, invstd.
 Launch prepare_batch_norm(const StepArgs& a) {
-  expect_all_f32(a);
+  expect_f32(a);
   const ChannelLayout l = channel_layout(a, a.in[0].shape());
   for (size_t i = 1; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
-  Outputs out;
-  for (size_t i = 0; i < 3; ++i) {
-    const int64_t want = i == 0 ? a.in[0].numel() : l.channels;
-    if (!a.out[i].shape().empty() && a.out[i].numel() != want)
-      fail("batch_norm '", a.step.name, "': output ", i, " ", shape_str(a.out[i].shape()), " does not fit x ",
-           shape_str(a.in[0].shape()));
-    out.add(a.out[i], want);
-  }
-  a.ctx.need_workspace(out.workspace_bytes());
+  const std::array<float*, 3> out = outputs(a, a.in[0].numel(), l.channels);
   const bool training = a.step.attrs.i("training") != 0;
   const double momentum = a.step.attrs.f("momentum");
   const double eps = a.step.attrs.f("eps");
@@ -130,26 +100,25 @@ Launch prepare_batch_norm(const StepArgs& a) {
          shape_str(a.in[0].shape()));
   auto s = bn_setup(a, l);
   cudnnHandle_t h = cudnn_of(a.ctx);
-  const Context* ctx = &a.ctx;
   const void* x = a.in[0].data;
   const void* gamma = a.in[1].data;
   const void* beta = a.in[2].data;
   float* rm = a.in[3].as<float>();  // persistent state, updated in place when training
   float* rv = a.in[4].as<float>();
   if (training)
-    return [s, h, ctx, out, x, gamma, beta, rm, rv, momentum, eps](cudaStream_t stream) {
+    return [s, h, out, x, gamma, beta, rm, rv, momentum, eps](cudaStream_t stream) {
       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
       SEAM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-          h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, s->x, x, s->x, out.at(0, ctx), s->bn, gamma, beta, momentum, rm,
-          rv, eps, out.at(1, ctx), out.at(2, ctx)));
+          h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, s->x, x, s->x, out[0], s->bn, gamma, beta, momentum, rm,
+          rv, eps, out[1], out[2]));
     };
   const int64_t channels = l.channels;
   const unsigned blocks = blocks_for(channels, kThreads);
-  return [s, h, ctx, out, x, gamma, beta, rm, rv, eps, channels, blocks](cudaStream_t stream) {
+  return [s, h, out, x, gamma, beta, rm, rv, eps, channels, blocks](cudaStream_t stream) {
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     SEAM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, s->x, x, s->x,
-                                                             out.at(0, ctx), s->bn, gamma, beta, rm, rv, eps));
-    eval_stats_kernel<<<blocks, kThreads, 0, stream>>>(rm, rv, eps, out.at(1, ctx), out.at(2, ctx), channels);
+                                                             out[0], s->bn, gamma, beta, rm, rv, eps));
+    eval_stats_kernel<<<blocks, kThreads, 0, stream>>>(rm, rv, eps, out[1], out[2], channels);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
@@ -186,23 +155,14 @@ __global__ void bn_eval_grad_kernel(const float* __restrict__ dy, const float* _
 
 // inputs: dy, x, gamma, mean, invstd (the forward's outputs); outputs: dx, dgamma, dbeta.
 Launch prepare_batch_norm_grad(const StepArgs& a) {
-  expect_all_f32(a);
+  expect_f32(a);
   const ChannelLayout l = channel_layout(a, a.in[1].shape());
   if (a.in[0].shape() != a.in[1].shape())
     fail("batch_norm_grad '", a.step.name, "': dy ", shape_str(a.in[0].shape()), " and x ",
          shape_str(a.in[1].shape()), " differ");
   for (size_t i = 2; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
-  Outputs out;
-  for (size_t i = 0; i < 3; ++i) {
-    const int64_t want = i == 0 ? a.in[1].numel() : l.channels;
-    if (!a.out[i].shape().empty() && a.out[i].numel() != want)
-      fail("batch_norm_grad '", a.step.name, "': output ", i, " ", shape_str(a.out[i].shape()), " does not fit x ",
-           shape_str(a.in[1].shape()));
-    out.add(a.out[i], want);
-  }
-  a.ctx.need_workspace(out.workspace_bytes());
+  const std::array<float*, 3> out = outputs(a, a.in[1].numel(), l.channels);
   const bool training = a.step.attrs.i("training") != 0;
-  const Context* ctx = &a.ctx;
   const float* dy = a.in[0].as<float>();
   const float* x = a.in[1].as<float>();
   const float* gamma = a.in[2].as<float>();
@@ -218,17 +178,17 @@ Launch prepare_batch_norm_grad(const StepArgs& a) {
     // statistics; eps must still be valid (>= CUDNN_BN_MIN_EPSILON).
     const double eps = a.step.attrs.has("eps") ? a.step.attrs.f("eps") : 1e-5;
     const double eps_ok = eps >= CUDNN_BN_MIN_EPSILON ? eps : 1e-5;
-    return [s, h, ctx, out, dy, x, gamma, mean, invstd, eps_ok](cudaStream_t stream) {
+    return [s, h, out, dy, x, gamma, mean, invstd, eps_ok](cudaStream_t stream) {
       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
       SEAM_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, s->x,
-                                                       x, s->x, dy, s->x, out.at(0, ctx), s->bn, gamma,
-                                                       out.at(1, ctx), out.at(2, ctx), eps_ok, mean, invstd));
+                                                       x, s->x, dy, s->x, out[0], s->bn, gamma,
+                                                       out[1], out[2], eps_ok, mean, invstd));
     };
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(l.channels, 65535));
-  return [ctx, out, dy, x, gamma, mean, invstd, l, blocks](cudaStream_t stream) {
-    bn_eval_grad_kernel<<<blocks, kThreads, 0, stream>>>(dy, x, gamma, mean, invstd, out.at(0, ctx), out.at(1, ctx),
-                                                          out.at(2, ctx), l);
+  return [out, dy, x, gamma, mean, invstd, l, blocks](cudaStream_t stream) {
+    bn_eval_grad_kernel<<<blocks, kThreads, 0, stream>>>(dy, x, gamma, mean, invstd, out[0], out[1],
+                                                          out[2], l);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }

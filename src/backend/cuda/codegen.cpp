@@ -2,7 +2,6 @@
 #include "backend/cuda/codegen.h"
 
 #include <nvrtc.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +18,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/ew_math_source.h"
+#include "common/file.h"
 #include "ops/elementwise.h"
 
 namespace seam::cuda {
@@ -118,30 +118,26 @@ std::optional<GeneratedKernel> read_cached(const std::string& path, const std::s
   return k;
 }
 
-// Temp file and rename, so that a reader never sees half a file; errors leave none.
+// Written atomically, so that a reader never sees half a file; errors leave none (the
+// kernel is only compiled again next time).
 void write_cached(const std::string& path, const GeneratedKernel& k) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   if (ec) return;
-  const std::string tmp = path + ".tmp" + std::to_string(static_cast<long long>(getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return;
-    out << kFileHeader << '\n' << k.key << '\n';
-    out << "registers=" << k.registers << " spill=" << k.spill_bytes << " smem=" << k.shared_bytes
-        << " bytes=" << k.cubin.size()
-        << " fnv=" << hex(fnv1a(k.cubin.data(), k.cubin.size())) << '\n';
-    out.write(k.cubin.data(), static_cast<std::streamsize>(k.cubin.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::filesystem::remove(tmp, ec);
-      return;
-    }
+  std::ostringstream head;
+  head << kFileHeader << '\n' << k.key << '\n';
+  head << "registers=" << k.registers << " spill=" << k.spill_bytes << " smem=" << k.shared_bytes
+       << " bytes=" << k.cubin.size() << " fnv=" << hex(fnv1a(k.cubin.data(), k.cubin.size())) << '\n';
+  const std::string text = head.str();
+  try {
+    write_file_atomically(path, [&](const WriteBytes& write) {
+      write(std::as_bytes(std::span(text)));
+      write(std::as_bytes(std::span(k.cubin)));
+    });
+  } catch (const Error&) {
+    return;
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) std::filesystem::remove(tmp, ec);
-  else counters().files_written += 1;
+  counters().files_written += 1;
 }
 
 #define SEAM_NVRTC_CHECK(expr)                                                                       \
@@ -517,11 +513,20 @@ std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s) {
     return it->second;
   }
   const std::string path = kernel_cache_file(s);
+  // The budget check reads the loaded function's own figures, whatever the compiler's log
+  // (or a cache file written from it) said: a log without ptxas's lines would otherwise
+  // leave them unknown.
   auto load = [](GeneratedKernel& k) {
     cudaLibrary_t lib = nullptr;
-    const cudaError_t e = cudaLibraryLoadData(&lib, k.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    cudaError_t e = cudaLibraryLoadData(&lib, k.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (e == cudaSuccess) e = cudaLibraryGetKernel(&k.kernel, lib, "seam_fused_ew");  // lives as long as the process
+    cudaFuncAttributes attr{};
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(k.kernel));
     if (e != cudaSuccess) return e;
-    return cudaLibraryGetKernel(&k.kernel, lib, "seam_fused_ew");  // the library lives as long as the process
+    k.registers = attr.numRegs;
+    k.spill_bytes = static_cast<int>(attr.localSizeBytes);
+    k.shared_bytes = static_cast<int>(attr.sharedSizeBytes);
+    return cudaSuccess;
   };
   std::optional<GeneratedKernel> k = path.empty() ? std::nullopt : read_cached(path, key);
   if (k && load(*k) != cudaSuccess) {  // a cubin the driver refuses is not trusted either
@@ -542,8 +547,9 @@ std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s) {
 }
 
 int resident_threads(int registers, int shared_bytes) {
+  if (registers <= 0 || shared_bytes < 0) return 0;  // unknown figures never fit
   // Registers go to warps in units of 256 (8 per thread); blocks are whole.
-  const int per_warp = ((std::max(registers, 1) * 32 + 255) / 256) * 256;
+  const int per_warp = ((registers * 32 + 255) / 256) * 256;
   const int by_regs = (65536 / per_warp) / 8;  // 8 warps a block
   const int by_smem = shared_bytes > 0 ? (228 * 1024) / (shared_bytes + 1024) : 8;  // + the 1 KB each block reserves
   return std::min({8, by_regs, by_smem}) * 256;
@@ -558,6 +564,9 @@ GeneratedKernel ew_kernel_info(const EwSignature& s) {
       return *it->second;
     }
   }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return *ew_kernel(s);  // the loaded figures
+  (void)cudaGetLastError();
   const std::string path = kernel_cache_file(s);
   if (std::optional<GeneratedKernel> k = path.empty() ? std::nullopt : read_cached(path, key)) {
     counters().disk_hits += 1;

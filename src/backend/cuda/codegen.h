@@ -88,8 +88,10 @@ inline int lane_groups(int64_t dim) {
 struct GeneratedKernel {
   std::string key;
   std::vector<char> cubin;
-  int registers = 0, spill_bytes = 0;  // -1: not in the compiler's report
-  int shared_bytes = 0;                // static shared memory a block
+  // Once loaded, the function's own figures (spill_bytes: its local memory a thread,
+  // spills and local arrays alike); before, the compiler's report (-1: not in it).
+  int registers = 0, spill_bytes = 0;
+  int shared_bytes = 0;  // static shared memory a block
   double compile_ms = 0;  // 0 when it came from a cache
   std::string log;        // NVRTC's, when compiled in this process
   cudaKernel_t kernel = nullptr;  // set once loaded on the GPU
@@ -107,12 +109,13 @@ GeneratedKernel compile_ew(const EwSignature& s);
 // else compiled (and saved). Thread-safe.
 std::shared_ptr<const GeneratedKernel> ew_kernel(const EwSignature& s);
 
-// What the compiler reported for a signature's kernel, without loading it (no GPU
-// needed): from this process's table, else the disk cache, else compiled (and saved).
+// What a signature's kernel needs: with a GPU, the loaded function's figures (ew_kernel);
+// without one, the compiler's report, from the disk cache, else compiled (and saved).
 GeneratedKernel ew_kernel_info(const EwSignature& s);
 
 // Threads of 256-thread blocks one SM (Hopper: 64K registers, 228 KB shared memory,
-// 2048 threads) holds at once with this much per thread and block.
+// 2048 threads) holds at once with this much per thread and block; 0 when a figure is
+// unknown (negative), so that an unknown kernel never passes as fitting.
 int resident_threads(int registers, int shared_bytes);
 
 struct KernelCacheStats {

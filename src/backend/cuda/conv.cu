@@ -1,9 +1,9 @@
 // conv2d and its two gradients on cuDNN's classic convolution API (NCHW, f32).
 //
 // Each step builds its descriptors once, then picks an algorithm for its shape: the
-// fastest one cudnnFind*AlgorithmEx measures on the step's own buffers (the arena holds
-// nothing live at prepare time; an output outside it, a gradient, is measured into a
-// temporary buffer instead), among the deterministic ones when there is any. The choice is kept in a process-wide cache keyed
+// fastest one cudnnFind*AlgorithmEx measures on the step's own buffers (the executable
+// keeps a copy of outputs outside the arena while a step is prepared), among the
+// deterministic ones when there is any. The choice is kept in a process-wide cache keyed
 // by (pass, x/w/y shapes, stride, padding, dilation, groups, dtype, math) and saved to
 // $XDG_CACHE_HOME/seam/ (else $HOME/.cache/seam/), one text file per GPU name and cuDNN
 // version, so a later run measures nothing it has measured before.
@@ -14,10 +14,8 @@
 // A file whose header differs is ignored; a line that does not parse, or whose geometry
 // is not a valid convolution, is skipped (its shape is measured again and the file
 // rewritten). A cached algorithm is still checked with cuDNN before use.
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +32,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cudnn_util.h"
+#include "common/file.h"
 #include "ops/geometry.h"
 
 namespace seam::cuda {
@@ -234,22 +233,30 @@ class ConvAlgoCache {
     std::map<std::string, ConvChoice> entries;
   };
 
-  // The store of the current device; read from disk on first use.
+  // The store of the current device under the cache folder the environment names now
+  // (as the GEMM and kernel caches, so that a process can point it elsewhere); read from
+  // disk on first use.
   Store& store() {
     int dev = 0;
     SEAM_CUDA_CHECK(cudaGetDevice(&dev));
-    auto it = stores_.find(dev);
-    if (it != stores_.end()) return it->second;
-    cudaDeviceProp prop{};
-    SEAM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    const std::string gpu = sanitize(prop.name);
+    auto named = gpu_names_.find(dev);
+    if (named == gpu_names_.end()) {
+      cudaDeviceProp prop{};
+      SEAM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+      named = gpu_names_.emplace(dev, sanitize(prop.name)).first;
+    }
+    const std::string& gpu = named->second;
     const std::string ver = std::to_string(cudnnGetVersion());
+    const std::filesystem::path dir = cache_dir();
+    const std::filesystem::path path = dir.empty() ? dir : dir / ("conv-" + gpu + "-cudnn" + ver + ".txt");
+    const std::string id = std::to_string(dev) + " " + path.string();
+    auto it = stores_.find(id);
+    if (it != stores_.end()) return it->second;
     Store s;
     s.header = "# seam cudnn conv algorithms v1 gpu=" + gpu + " cudnn=" + ver;
-    std::filesystem::path dir = cache_dir();
-    if (!dir.empty()) s.path = dir / ("conv-" + gpu + "-cudnn" + ver + ".txt");
+    s.path = path;
     load(s, s.entries);
-    return stores_.emplace(dev, std::move(s)).first->second;
+    return stores_.emplace(id, std::move(s)).first->second;
   }
 
   // Adds the valid entries of the file to `into` (those already there win). A missing
@@ -266,32 +273,20 @@ class ConvAlgoCache {
     }
   }
 
-  // Writes every entry (ours, plus any another process saved meanwhile) to a temporary
-  // file and renames it over the cache file, so readers never see half a file.
+  // Writes every entry (ours, plus any another process saved meanwhile) atomically, so
+  // readers and other writers never see half a file.
   void save(Store& s) {
     if (s.path.empty()) return;
     std::error_code ec;
     std::filesystem::create_directories(s.path.parent_path(), ec);
     if (ec) return warn(s, "cannot create " + s.path.parent_path().string() + ": " + ec.message());
     load(s, s.entries);
-    static std::atomic<int> counter{0};
-    std::filesystem::path tmp = s.path;
-    tmp += ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << s.header << '\n';
-      for (auto& [key, c] : s.entries) out << format_line(key, c) << '\n';
-      out.flush();
-      if (!out) {
-        std::filesystem::remove(tmp, ec);
-        return warn(s, "cannot write " + tmp.string());
-      }
-    }
-    std::filesystem::rename(tmp, s.path, ec);
-    if (ec) {
-      std::error_code ignore;
-      std::filesystem::remove(tmp, ignore);
-      return warn(s, "cannot rename onto " + s.path.string() + ": " + ec.message());
+    std::string text = s.header + '\n';
+    for (auto& [key, c] : s.entries) text += format_line(key, c) + '\n';
+    try {
+      write_file_atomically(s.path.string(), std::as_bytes(std::span(text)));
+    } catch (const Error& e) {
+      warn(s, e.what());
     }
   }
 
@@ -302,7 +297,8 @@ class ConvAlgoCache {
   }
 
   std::mutex mu_;
-  std::map<int, Store> stores_;
+  std::map<std::string, Store> stores_;  // by device and file
+  std::map<int, std::string> gpu_names_;
   bool warned_ = false;
 };
 
@@ -454,9 +450,6 @@ std::optional<Chosen> apply(cudnnHandle_t h, const ConvSetup& s, bool tf32, cons
 
 // The algorithm for this step: from the cache, else measured now (and remembered).
 // x, w, y: the buffers by role; the step's output is one of them, which Find overwrites.
-// That is harmless in the arena (nothing is live there at prepare time), but an output
-// elsewhere (a gradient buffer, which another program of the model may still hold for
-// reading) is replaced by a temporary buffer for the measurement.
 Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x, void* w, void* y) {
   cudnnHandle_t h = cudnn_of(a.ctx);
   const bool tf32 = key.tf32;
@@ -465,14 +458,6 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
   if (auto c = cache.find(text))
     if (auto chosen = apply(h, s, tf32, *c)) return *chosen;
   SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
-  TrialWorkspace out_copy;  // frees itself after the stream is idle
-  out_copy.stream = a.ctx.stream;
-  if (a.step.out.at(0).region != Region::arena) {
-    const size_t bytes = a.out[0].type.bytes();
-    SEAM_CUDA_CHECK(cudaMalloc(&out_copy.p, std::max<size_t>(bytes, 256)));
-    void*& out = s.pass == Pass::fwd ? y : (s.pass == Pass::bwd_data ? x : w);
-    out = out_copy.p;
-  }
   std::vector<Perf> results = measure(h, a.ctx.stream, s, x, w, y);
   std::optional<Perf> best = pick(results);
   if (!best) {
@@ -502,10 +487,6 @@ void check_4d(const StepArgs& a, const Shape& s, const char* what) {
 std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, const Shape& ws, const Shape& ys,
                                  ConvKey& key) {
   expect_f32(a);
-  for (auto* list : {&a.in, &a.out})
-    for (auto& t : *list)
-      if (t.dtype() != DType::f32)
-        fail(op_name(a.step.op), " '", a.step.name, "': cuDNN convolutions here take f32, got ", t.type.str());
   check_4d(a, xs, "x");
   check_4d(a, ws, "w");
   check_4d(a, ys, "y");

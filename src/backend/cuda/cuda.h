@@ -155,8 +155,14 @@ void add_partials(const PartialSums& p, cudaStream_t st);
 // One launch running `parts` in turn.
 Launch in_order(std::vector<Launch> parts);
 
-// Throws unless every input and output is f32: the dtypes the CUDA kernels compute in.
-void expect_f32(const StepArgs& a);
+// Throws unless every input and output is f32, the dtype the CUDA kernels compute in,
+// except the integer operands an op takes (ids, labels, relu records), each listed with
+// the dtype it must have.
+struct IntOperand {
+  const DeviceTensor* tensor;
+  DType dtype;
+};
+void expect_f32(const StepArgs& a, std::initializer_list<IntOperand> integers = {});
 
 // The most blocks a grid-stride kernel needs to fill the GPU: a few per multiprocessor.
 inline unsigned grid_cap(const Context& ctx) { return static_cast<unsigned>(std::max(ctx.sm_count, 1) * 8); }

@@ -12,6 +12,7 @@
 // own workspace. The optimizer update runs after every lane has joined the first.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
@@ -39,6 +40,53 @@ std::string error_message(const DeviceError& e, const Plan& plan) {
   }
 }
 
+// A preparer may run its step while choosing (GEMM algorithms and variants, cuDNN
+// algorithms, generated kernels against their split), and that writes the step's
+// outputs. Nothing in the arena is live while a plan is prepared, but an output elsewhere
+// (a gradient) belongs to the model, and another program may have produced it: such
+// outputs are copied aside before the preparer runs and copied back after, stream-ordered
+// behind whatever the preparer ran.
+class KeepOutputs {
+ public:
+  KeepOutputs(const PlanStep& s, const StepArgs& a, cudaStream_t stream) : stream_(stream) {
+    size_t total = 0;
+    for (size_t i = 0; i < s.out.size(); ++i)
+      if (s.out[i].region != Region::arena && s.out[i].bytes() > 0) {
+        kept_.push_back({a.out[i].data, total, s.out[i].bytes()});
+        total += (s.out[i].bytes() + 255) / 256 * 256;
+      }
+    if (kept_.empty()) return;
+    SEAM_CUDA_CHECK(cudaMallocAsync(&copy_, total, stream_));
+    for (const Kept& k : kept_)
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(copy_) + k.at, k.data, k.bytes, cudaMemcpyDeviceToDevice,
+                                      stream_));
+  }
+  void restore() {
+    if (!copy_) return;
+    for (const Kept& k : kept_)
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(k.data, static_cast<char*>(copy_) + k.at, k.bytes, cudaMemcpyDeviceToDevice,
+                                      stream_));
+    SEAM_CUDA_CHECK(cudaFreeAsync(std::exchange(copy_, nullptr), stream_));
+  }
+  ~KeepOutputs() {  // a preparer threw: put back what can be put back, the error is on its way
+    if (!copy_) return;
+    for (const Kept& k : kept_)
+      (void)cudaMemcpyAsync(k.data, static_cast<char*>(copy_) + k.at, k.bytes, cudaMemcpyDeviceToDevice, stream_);
+    (void)cudaFreeAsync(copy_, stream_);
+  }
+  KeepOutputs(const KeepOutputs&) = delete;
+  KeepOutputs& operator=(const KeepOutputs&) = delete;
+
+ private:
+  struct Kept {
+    void* data;
+    size_t at, bytes;
+  };
+  cudaStream_t stream_;
+  std::vector<Kept> kept_;
+  void* copy_ = nullptr;
+};
+
 // One input of the plan, double-buffered between host and arena.
 struct StagedInput {
   size_t bytes = 0;
@@ -63,7 +111,7 @@ class CudaExecutable : public Executable {
     ctx_.counters = reinterpret_cast<DeviceCounters*>(r.counters);
     ctx_.error = reinterpret_cast<DeviceError*>(ctx_.scratch(sizeof(DeviceError)));
     clear_error_ = {-1, kNoError, 0, 0, 0};
-    SEAM_CUDA_CHECK(cudaMemcpy(ctx_.error, &clear_error_, sizeof(DeviceError), cudaMemcpyHostToDevice));
+    clear_error();
     for (auto& b : plan.inputs) {
       StagedInput in;
       in.bytes = b.ref.bytes();
@@ -81,7 +129,9 @@ class CudaExecutable : public Executable {
       StepArgs a{s, static_cast<int>(i), {}, {}, ctx_};
       for (auto& b : s.in) a.in.push_back({r.base(b.region) + b.offset, b.type});
       for (auto& b : s.out) a.out.push_back({r.base(b.region) + b.offset, b.type});
+      KeepOutputs keep(s, a, sh_->stream);
       launches_.push_back(preparer_for(s.op)(a));
+      keep.restore();
     }
     if (plan.optimizer) launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_));
     sched_ = schedule_lanes(step_dependencies(plan), static_cast<int>(sh_->lanes.size()));
@@ -178,7 +228,7 @@ class CudaExecutable : public Executable {
     SEAM_CUDA_CHECK(cudaMemcpyAsync(&e, ctx_.error, sizeof e, cudaMemcpyDeviceToHost, sh_->stream));
     SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
     if (e.code != kNoError) {
-      SEAM_CUDA_CHECK(cudaMemcpy(ctx_.error, &clear_error_, sizeof(DeviceError), cudaMemcpyHostToDevice));
+      clear_error();
       fail(error_message(e, plan_));
     }
   }
@@ -236,6 +286,13 @@ class CudaExecutable : public Executable {
   }
 
  private:
+  // Resets the error slot, ordered with the kernels that report into it (clear_error_
+  // lives as long as the executable, so the copy may still be in flight on return).
+  void clear_error() {
+    SEAM_CUDA_CHECK(
+        cudaMemcpyAsync(ctx_.error, &clear_error_, sizeof(DeviceError), cudaMemcpyHostToDevice, sh_->stream));
+  }
+
   // Enqueues a copy into landing[s] on the copy stream, once the step that last read
   // landing[s] has finished with it.
   void upload(StagedInput& in, int s, const void* src, cudaMemcpyKind kind) {

@@ -211,9 +211,10 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   if (!aligned) s.vec = 1, s.splat.clear();
 
   // The generated kernel for a signature as a variant: its launch (and the second kernel
-  // adding chunk partials), or nothing when the compiler's report rules it out: a kernel
-  // that spills, or whose registers and shared memory leave room for fewer than a quarter
-  // of the 2048 threads an SM holds (more than 128 registers a thread, say).
+  // adding chunk partials), or nothing when the loaded function's figures rule it out: a
+  // kernel that uses local memory (spills), or whose registers and shared memory leave
+  // room for fewer than a quarter of the 2048 threads an SM holds (more than 128
+  // registers a thread, say). A figure that is unknown rules it out too.
   std::string stats;
   auto generated = [&](const EwSignature& sig, EwArgs ka, const std::string& name) -> std::optional<Variant> {
     std::shared_ptr<const GeneratedKernel> k = ew_kernel(sig);
@@ -225,7 +226,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
               : w.layout == EwLayout::columns   ? ", ending in column sums"
               : w.layout == EwLayout::rows      ? ", ending in row sums"
                                                 : ", ending in a layer norm");
-    if (k->spill_bytes > 0 || threads < 512) return std::nullopt;
+    if (k->spill_bytes != 0 || threads < 512) return std::nullopt;
     ka.nvec = sig.vec == 4 && w.layout == EwLayout::elementwise ? n / 4 : 0;
     if (w.layout == EwLayout::elementwise || w.layout == EwLayout::norm) {
       const unsigned blocks =

@@ -1,6 +1,5 @@
 // cuBLASLt GEMMs: descriptors, algorithm choice by timing, and the algorithm cache kept
 // in memory for the process and on disk per GPU and cuBLASLt version (see gemm.h).
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -21,6 +20,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemm.h"
+#include "common/file.h"
 
 namespace seam::cuda {
 
@@ -252,8 +252,9 @@ Tables read_file(const std::string& path, const std::string& header) {
   return out;
 }
 
-// Writes the table (merged with entries the file gained meanwhile) through a temp file
-// and a rename, so that readers never see half a file. Errors leave the old file.
+// Writes the table (merged with entries the file gained meanwhile) atomically: readers
+// and other writers never see half a file. Errors leave the old file (a cache that cannot
+// be written is only a slower next start).
 void save(Store& s) {
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.dirty || s.path.empty()) return;
@@ -264,25 +265,16 @@ void save(Store& s) {
   Tables file = read_file(s.path, s.header);
   for (auto& [key, e] : file.entries) s.entries.emplace(key, e);  // keeps ours
   for (auto& [key, p] : file.picks) s.picks.emplace(key, p);
-  std::string tmp = s.path + ".tmp" + std::to_string(static_cast<long long>(getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return;
-    out << s.header << '\n';
-    out << "# gemm <key fields> algo=<cublasLtMatmulAlgo_t, 8 words in hex> ws=<workspace bytes> ns=<time>\n";
-    for (auto& [key, e] : s.entries) out << format_line(key, e) << '\n';
-    out << "# pick <step key> use=<fastest variant> ns=<its time>\n";
-    for (auto& [key, p] : s.picks) out << "pick " << key << " use=" << p.use << " ns=" << p.ns << '\n';
-    out.flush();
-    if (!out) {
-      out.close();
-      std::filesystem::remove(tmp, ec);
-      return;
-    }
-  }
-  std::filesystem::rename(tmp, s.path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
+  std::ostringstream out;
+  out << s.header << '\n';
+  out << "# gemm <key fields> algo=<cublasLtMatmulAlgo_t, 8 words in hex> ws=<workspace bytes> ns=<time>\n";
+  for (auto& [key, e] : s.entries) out << format_line(key, e) << '\n';
+  out << "# pick <step key> use=<fastest variant> ns=<its time>\n";
+  for (auto& [key, p] : s.picks) out << "pick " << key << " use=" << p.use << " ns=" << p.ns << '\n';
+  const std::string text = out.str();
+  try {
+    write_file_atomically(s.path, std::as_bytes(std::span(text)));
+  } catch (const Error&) {
     return;
   }
   s.dirty = false;

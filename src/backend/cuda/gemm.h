@@ -4,8 +4,9 @@
 //
 // How an algorithm is chosen: cuBLASLt's heuristic proposes up to kGemmCandidates
 // algorithms; each is timed with CUDA events on the plan's stream, on the step's real
-// buffers (a GEMM run at prepare time only writes its outputs: arena or gradient buffers,
-// never parameters), and the fastest is kept. A candidate that fails to run is skipped.
+// buffers (a GEMM run at prepare time only writes its outputs; the executable keeps a
+// copy of those outside the arena while the step is prepared), and the fastest is kept.
+// A candidate that fails to run is skipped.
 //
 // The cache: one process-wide table per cache file (shared by every Model of the
 // process), read when the first GemmCache for that file is constructed and written back

@@ -336,13 +336,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- preparers ----
 
-void expect_dtype(const StepArgs& a, const DeviceTensor& t, DType want) {
-  if (t.dtype() != want)
-    fail(op_name(a.step.op), " '", a.step.name, "': the CUDA kernel takes ", dtype_name(want), " here, got ",
-         t.type.str());
-}
-
 // Rows, classes and attributes of cross_entropy(_grad); logits/labels are the inputs.
+// Every operand is f32 but the i32 labels.
 struct CeShape {
   int64_t rows, classes, ignore_index;
   double smoothing;
@@ -351,9 +346,7 @@ struct CeShape {
 };
 
 CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTensor& labels) {
-  expect_f32(a);
-  expect_dtype(a, logits, DType::f32);
-  expect_dtype(a, labels, DType::i32);
+  expect_f32(a, {{&labels, DType::i32}});
   CeShape c{};
   c.rows = labels.numel();
   c.classes = logits.shape().back();
@@ -368,7 +361,6 @@ CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTens
 
 Launch prepare_cross_entropy(const StepArgs& a) {
   const CeShape c = ce_shape(a, a.in[0], a.in[1]);
-  expect_dtype(a, a.out[0], DType::f32);
   const float* logits = a.in[0].as<float>();
   const int32_t* labels = a.in[1].as<int32_t>();
   float* out = a.out[0].as<float>();
@@ -391,8 +383,6 @@ Launch prepare_cross_entropy(const StepArgs& a) {
 
 Launch prepare_cross_entropy_grad(const StepArgs& a) {
   const CeShape c = ce_shape(a, a.in[1], a.in[2]);
-  expect_dtype(a, a.in[0], DType::f32);
-  expect_dtype(a, a.out[0], DType::f32);
   const float* dy = a.in[0].as<float>();
   const float* logits = a.in[1].as<float>();
   const int32_t* labels = a.in[2].as<int32_t>();
@@ -420,7 +410,6 @@ constexpr int64_t kSelfCountRows = 2048;
 Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const DeviceTensor &logits_t = a.in[0], &labels_t = a.in[1], &dy_t = a.in[2];
   const CeShape c = ce_shape(a, logits_t, labels_t);
-  expect_dtype(a, dy_t, DType::f32);
   const bool counted = c.rows > kSelfCountRows;
   const float* logits = logits_t.as<float>();
   const int32_t* labels = labels_t.as<int32_t>();
@@ -450,7 +439,6 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
 
 Launch prepare_mse(const StepArgs& a) {
   expect_f32(a);
-  for (auto* t : {&a.in[0], &a.in[1], &a.out[0]}) expect_dtype(a, *t, DType::f32);
   const int64_t n = a.in[0].numel();
   const float* p = a.in[0].as<float>();
   const float* t = a.in[1].as<float>();
@@ -468,7 +456,6 @@ Launch prepare_mse(const StepArgs& a) {
 
 Launch prepare_mse_grad(const StepArgs& a) {
   expect_f32(a);
-  for (auto* t : {&a.in[0], &a.in[1], &a.in[2], &a.out[0]}) expect_dtype(a, *t, DType::f32);
   const int64_t n = a.in[1].numel();
   const float* dy = a.in[0].as<float>();
   const float* p = a.in[1].as<float>();

@@ -265,8 +265,9 @@ Launch linear(const StepArgs& a) {
 // same with _AUX, writing the record for matmul_act_grad (see the derivation above).
 template <bool Aux>
 Launch linear_act(const StepArgs& a) {
-  expect_f32(a);
   const bool relu = is_relu(a);
+  if (Aux && relu) expect_f32(a, {{&a.out[1], DType::u8}});  // the relu record is a bitmask
+  else expect_f32(a);
   const int64_t out = a.in[1].shape()[0], in = a.in[1].shape()[1];
   const int64_t rows = in ? a.in[0].numel() / in : 0;
   const bool bias = a.in.size() == 3;
@@ -382,8 +383,9 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
 // AUX_LD = relu_mask_row_bytes(K) * 8 bits (bit j + i*ld, as linear_act_aux wrote it for
 // out = K); DGELU reads pre [M, K] row-major = [K, M] column-major, AUX_LD = K.
 Launch matmul_act_grad(const StepArgs& a) {
-  expect_f32(a);
   const bool relu = is_relu(a);
+  if (relu) expect_f32(a, {{&a.in[2], DType::u8}});  // the relu record is a bitmask
+  else expect_f32(a);
   const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
   if (m == 0 || k == 0) return nothing();
   if (n == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});

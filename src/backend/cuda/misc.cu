@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 Launch argmax(const StepArgs& a) {
-  expect_f32(a);
+  expect_f32(a, {{&a.out[0], DType::i32}});
   const Shape& s = a.in[0].shape();
   const int axis = normalize_axis(a.step.attrs.i("axis"), s.size());
   SEAM_ASSERT(axis >= 0);
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 Launch embedding(const StepArgs& a) {
-  expect_f32(a);
+  expect_f32(a, {{&a.in[0], DType::i32}});
   const int32_t* ids = a.in[0].as<const int32_t>();
   const int64_t rows = a.in[1].shape()[0], dim = a.in[1].shape()[1], n = a.in[0].numel();
   const float* w = a.in[1].as<const float>();
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 Launch embedding_grad(const StepArgs& a) {
-  expect_f32(a);
+  expect_f32(a, {{&a.in[1], DType::i32}});
   const float* dy = a.in[0].as<const float>();
   const int32_t* ids = a.in[1].as<const int32_t>();
   float* dw = a.out[0].as<float>();

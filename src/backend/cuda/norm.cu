@@ -304,16 +304,8 @@ void with_lane_groups(int n, F&& f) {
   }
 }
 
-void expect_all_f32(const StepArgs& a) {
-  expect_f32(a);
-  for (auto* list : {&a.in, &a.out})
-    for (auto& t : *list)
-      if (t.dtype() != DType::f32)
-        fail(op_name(a.step.op), " '", a.step.name, "': the CUDA kernel takes f32, got ", t.type.str());
-}
-
 Launch prepare_layer_norm(const StepArgs& a) {
-  expect_all_f32(a);
+  expect_f32(a);
   const int64_t dim = a.in[0].shape().back();
   const int64_t rows = a.out[1].numel();
   const double eps = a.step.attrs.f("eps");
@@ -341,7 +333,7 @@ Launch prepare_layer_norm(const StepArgs& a) {
 }
 
 Launch prepare_layer_norm_grad(const StepArgs& a) {
-  expect_all_f32(a);
+  expect_f32(a);
   const int64_t dim = a.in[1].shape().back();
   const int64_t rows = a.in[2].numel();
   const float* dy = a.in[0].as<float>();

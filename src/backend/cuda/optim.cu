@@ -13,10 +13,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Everything the update needs besides the buffers; passed by value.
+// Everything the update needs besides the buffers; passed by value. The betas stay double
+// for the bias corrections and their complements (1 - beta) are taken in double on the
+// host: in float, 1 - 0.999f is 1.3e-5 off 0.001, and Adam's second moment and its bias
+// correction would carry that error.
 struct Hyper {
   int kind;  // OptimizerConfig::Kind
-  float momentum, dampening, beta1, beta2, eps, weight_decay, clip_norm;
+  float momentum, one_minus_dampening, one_minus_beta1, one_minus_beta2, eps, weight_decay, clip_norm;
+  double beta1, beta2;
   bool nesterov;
   double lr;
   int sched_kind;
@@ -61,16 +65,18 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
   const float lr = static_cast<float>(lr_at(h, t));
   float scale = 1.f;  // gradient clipping
   if (h.clip_norm > 0.f) scale = fminf(1.f, h.clip_norm / (c->grad_norm + 1e-6f));
-  const float bc1 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta1), static_cast<double>(t + 1)));
-  const float sqrt_bc2 = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(h.beta2), static_cast<double>(t + 1))));
+  const float bc1 = static_cast<float>(1.0 - pow(h.beta1, static_cast<double>(t + 1)));
+  const float sqrt_bc2 = static_cast<float>(sqrt(1.0 - pow(h.beta2, static_cast<double>(t + 1))));
+  const float beta1 = static_cast<float>(h.beta1), beta2 = static_cast<float>(h.beta2);
   const float step_size = lr / bc1;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float gi = g[i] * scale, pi = p[i];
+    const float clipped = g[i] * scale;
+    float gi = clipped, pi = p[i];
     const float wd = i < n_decay ? h.weight_decay : 0.f;
     if (h.kind == static_cast<int>(OptimizerConfig::Kind::sgd)) {
       gi += wd * pi;
       if (h.momentum != 0.f) {
-        float b = t == 0 ? gi : h.momentum * m[i] + (1.f - h.dampening) * gi;
+        float b = t == 0 ? gi : h.momentum * m[i] + h.one_minus_dampening * gi;
         m[i] = b;
         gi = h.nesterov ? gi + h.momentum * b : b;
       }
@@ -78,13 +84,14 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
     } else {
       if (h.kind == static_cast<int>(OptimizerConfig::Kind::adamw)) pi *= 1.f - lr * wd;
       else gi += wd * pi;
-      float mi = h.beta1 * m[i] + (1.f - h.beta1) * gi;
-      float vi = h.beta2 * v[i] + (1.f - h.beta2) * gi * gi;
+      float mi = beta1 * m[i] + h.one_minus_beta1 * gi;
+      float vi = beta2 * v[i] + h.one_minus_beta2 * gi * gi;
       m[i] = mi;
       v[i] = vi;
       p[i] = pi - step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
     }
-    if (scale != 1.f) g[i] = gi;  // the clipped gradient, as the CPU leaves it
+    // The clipped gradient, as the CPU leaves it (gi has weight decay and momentum in it).
+    if (scale != 1.f) g[i] = clipped;
   }
   __syncthreads();  // every thread of this block has read c->step
   if (threadIdx.x == 0) {
@@ -102,9 +109,9 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx) {
   if (layout.param_dtype != DType::f32)
     fail("the CUDA optimizer updates f32 parameters, the model's are ", dtype_name(layout.param_dtype));
-  Hyper h{static_cast<int>(c.kind), static_cast<float>(c.momentum), static_cast<float>(c.dampening),
-          static_cast<float>(c.beta1), static_cast<float>(c.beta2), static_cast<float>(c.eps),
-          static_cast<float>(c.weight_decay), static_cast<float>(c.clip_norm), c.nesterov, c.lr,
+  Hyper h{static_cast<int>(c.kind), static_cast<float>(c.momentum), static_cast<float>(1.0 - c.dampening),
+          static_cast<float>(1.0 - c.beta1), static_cast<float>(1.0 - c.beta2), static_cast<float>(c.eps),
+          static_cast<float>(c.weight_decay), static_cast<float>(c.clip_norm), c.beta1, c.beta2, c.nesterov, c.lr,
           static_cast<int>(c.schedule.kind), c.schedule.warmup_steps, c.schedule.step_size, c.schedule.total_steps,
           c.schedule.gamma, c.schedule.min_lr};
   const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(float));

@@ -63,15 +63,8 @@ std::shared_ptr<PoolSetup> pool_setup(const StepArgs& a, const Shape& xs, const 
   return s;
 }
 
-void expect_all_f32(const StepArgs& a) {
-  expect_f32(a);
-  for (auto* list : {&a.in, &a.out})
-    for (auto& t : *list)
-      if (t.dtype() != DType::f32) fail(op_name(a.step.op), " '", a.step.name, "': takes f32, got ", t.type.str());
-}
-
 Launch prepare_pool_forward(const StepArgs& a, cudnnPoolingMode_t mode) {
-  expect_all_f32(a);
+  expect_f32(a);
   const PoolGeom g = pool_geom(a, a.in[0].shape(), a.out[0].shape());
   auto s = pool_setup(a, a.in[0].shape(), a.out[0].shape(), g, mode);
   cudnnHandle_t h = cudnn_of(a.ctx);
@@ -93,7 +86,7 @@ Launch prepare_avg_pool2d(const StepArgs& a) {
 
 // inputs: dy, x, y (the forward output, which cuDNN reads to find each window's maximum).
 Launch prepare_max_pool2d_grad(const StepArgs& a) {
-  expect_all_f32(a);
+  expect_f32(a);
   const Shape& xs = a.in[1].shape();
   const Shape& ys = a.in[0].shape();
   if (a.in[2].shape() != ys || a.out[0].shape() != xs)
@@ -147,7 +140,7 @@ __global__ void avg_pool_grad_kernel(const float* __restrict__ dy, float* __rest
 
 // inputs: dy; attribute shape = x's shape.
 Launch prepare_avg_pool2d_grad(const StepArgs& a) {
-  expect_all_f32(a);
+  expect_f32(a);
   const PoolGeom g = pool_geom(a, a.out[0].shape(), a.in[0].shape());
   const int64_t total = g.planes * g.h * g.w;
   const unsigned blocks = blocks_for(total, kThreads, std::max(a.ctx.sm_count, 1) * 16);
@@ -186,7 +179,7 @@ __global__ void global_avg_block_kernel(const float* __restrict__ x, float* __re
 }
 
 Launch prepare_global_avg_pool(const StepArgs& a) {
-  expect_all_f32(a);
+  expect_f32(a);
   const Shape& s = a.in[0].shape();
   if (s.size() != 4) fail("global_avg_pool '", a.step.name, "': x must be [N, C, H, W], got ", shape_str(s));
   const int64_t planes = s[0] * s[1], hw = s[2] * s[3];

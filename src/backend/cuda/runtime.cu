@@ -22,8 +22,11 @@ Context::~Context() {
 
 void* Context::scratch(size_t bytes) {
   void* p = nullptr;
+  SEAM_ASSERT(stream != nullptr);
   SEAM_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
-  SEAM_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(bytes, 16)));
+  // On the stream that runs the steps: the legacy default stream does not order work on
+  // non-blocking streams, and counters such as the optimizer's `done` must read zero.
+  SEAM_CUDA_CHECK(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 16), stream));
   scratch_.push_back(p);
   return p;
 }
@@ -103,11 +106,17 @@ Preparer preparer_for(Op op) {
   return p;
 }
 
-void expect_f32(const StepArgs& a) {
+void expect_f32(const StepArgs& a, std::initializer_list<IntOperand> integers) {
   for (auto* list : {&a.in, &a.out})
-    for (auto& t : *list)
-      if (t.dtype() != DType::f32 && t.dtype() != DType::i32 && t.dtype() != DType::u8)
-        fail(op_name(a.step.op), " '", a.step.name, "': the CUDA backend computes in f32, got ", t.type.str());
+    for (size_t i = 0; i < list->size(); ++i) {
+      const DeviceTensor& t = (*list)[i];
+      DType want = DType::f32;
+      for (const IntOperand& o : integers)
+        if (o.tensor == &t) want = o.dtype;
+      if (t.dtype() != want)
+        fail(op_name(a.step.op), " '", a.step.name, "': the CUDA kernel takes ", dtype_name(want), " for ",
+             list == &a.in ? "input " : "output ", i, ", got ", t.type.str());
+    }
 }
 
 namespace {

@@ -1,0 +1,304 @@
+// A model's state on the GPU across what else happens to it: a second program compiled
+// (its prepare-time timing must not touch the first's gradients), steps timed alone
+// (the model must stay bitwise as it was), a program outliving its model, work on the
+// legacy default stream (seam's own must never wait for it, nor depend on it), and the
+// CUDA backend's table (a preparer for every op, each refusing dtypes it does not take).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "backend/backend.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/gemm.h"
+#include "ops/registry.h"
+#include "gpu_check.h"
+
+using namespace seam;
+using seam::gpu_testing::TempCacheDir;
+
+namespace {
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<int32_t> random_labels(size_t n, int classes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(classes));
+  return v;
+}
+
+// A small CNN with batch norm (running statistics), dropout (the step counter seeds it),
+// and a clipped Adam (moments, the step counter, the clipping partials).
+struct Net {
+  Graph g;
+  Var loss;
+  OptimizerConfig opt = OptimizerConfig::adamw(1e-3, 0.01);
+  Net() {
+    Var x = g.input("x", {8, 3, 12, 12});
+    Var y = g.input("y", {8}, DType::i32);
+    Var h = relu(nn::batch_norm(nn::conv2d(x, 6, 3, "conv", {.padding = {1, 1}}, false), "bn"));
+    h = dropout(flatten(max_pool2d(h, {2, 2})), 0.2);
+    h = relu(nn::linear(h, 32, "fc1"));
+    loss = cross_entropy(nn::linear(h, 10, "fc2"), y);
+    opt.clip_norm = 0.5;
+  }
+  void feed(Program& p, uint64_t step) const {
+    const auto x = random_floats(8 * 3 * 12 * 12, 100 + step);
+    const auto y = random_labels(8, 10, 200 + step);
+    p.set_input("x", std::span<const float>(x));
+    p.set_input("y", std::span<const int32_t>(y));
+  }
+};
+
+bool same_tensors(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    if (a[i].name != b[i].name || a[i].data != b[i].data) {
+      ADD_FAILURE() << "tensor " << a[i].name << " differs";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Blocks the legacy default stream with a host function until opened (or 10 s passed):
+// work queued behind it cannot run while it is closed.
+class LegacyStreamGate {
+ public:
+  LegacyStreamGate() { SEAM_CUDA_CHECK(cudaLaunchHostFunc(cudaStreamLegacy, &LegacyStreamGate::wait, this)); }
+  ~LegacyStreamGate() {
+    open();
+    cudaStreamSynchronize(cudaStreamLegacy);
+  }
+  void open() { open_ = true; }
+  bool closed_all_along() const { return !timed_out_; }
+
+ private:
+  static void CUDART_CB wait(void* self) {
+    auto* g = static_cast<LegacyStreamGate*>(self);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!g->open_) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(10)) {
+        g->timed_out_ = true;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::atomic<bool> open_{false}, timed_out_{false};
+};
+
+}  // namespace
+
+TEST(GpuModel, CompilingASecondProgramLeavesTheFirstsGradients) {
+  TempCacheDir cache;  // nothing chosen yet: each program times its GEMMs and variants
+  // One set of parameters under two batch sizes: the second program's shapes are new, so
+  // preparing it runs its GEMMs (algorithms, fused or split weight gradients) on its own
+  // arena, writing weight gradients the first program produced.
+  Graph g;
+  Var w1 = g.param("w1", {48, 64}, Init::uniform(-0.2, 0.2)), b1 = g.param("b1", {48}, Init::uniform(-0.2, 0.2));
+  Var w2 = g.param("w2", {10, 48}, Init::uniform(-0.2, 0.2));
+  auto loss_of = [&](int64_t batch, const std::string& tag) {
+    Var x = g.input("x" + tag, {batch, 64});
+    Var y = g.input("y" + tag, {batch}, DType::i32);
+    return cross_entropy(linear(relu(linear(x, w1, b1)), w2), y);
+  };
+  Var loss_a = loss_of(8, "a"), loss_b = loss_of(24, "b");
+  Model m(g, {.seed = 3, .device = Device::cuda});
+  Program first = m.compile({.loss = loss_a.id(), .gradients = true});
+  const auto xa = random_floats(8 * 64, 1);
+  const auto ya = random_labels(8, 10, 2);
+  first.set_input("xa", std::span<const float>(xa));
+  first.set_input("ya", std::span<const int32_t>(ya));
+  first.run();
+  std::vector<std::vector<std::byte>> before;
+  for (const char* p : {"w1", "b1", "w2"}) before.push_back(first.read_grad(p));
+  const auto timed_before = cuda::gemm_cache_stats();
+  Program second = m.compile({.loss = loss_b.id(), .gradients = true});
+  EXPECT_GT(cuda::gemm_cache_stats().tuned, timed_before.tuned) << "the second program chose nothing by running";
+  size_t i = 0;
+  for (const char* p : {"w1", "b1", "w2"}) EXPECT_EQ(first.read_grad(p), before[i++]) << "gradient of " << p;
+}
+
+TEST(GpuModel, TimingStepsLeavesTheModelBitwiseAsItWas) {
+  Net net;
+  Model timed(net.g, {.seed = 4, .device = Device::cuda}), untimed(net.g, {.seed = 4, .device = Device::cuda});
+  Program pt = timed.compile({.loss = net.loss.id(), .optimizer = net.opt});
+  Program pu = untimed.compile({.loss = net.loss.id(), .optimizer = net.opt});
+  for (uint64_t s = 0; s < 3; ++s) {
+    net.feed(pt, s);
+    net.feed(pu, s);
+    pt.run();
+    pu.run();
+  }
+  const auto saved = timed.save_tensors();
+  const int64_t step = timed.state().step;
+  const auto loss = pt.read(net.loss.name());
+  const auto ms = pt.time_steps(3);
+  EXPECT_EQ(ms.size(), pt.plan().steps.size() + 1);  // and the optimizer
+  EXPECT_TRUE(same_tensors(timed.save_tensors(), saved));
+  EXPECT_EQ(timed.state().step, step);
+  for (ValueId id : net.g.params())
+    EXPECT_EQ(pt.read_grad(net.g.value(id).name), pu.read_grad(net.g.value(id).name)) << net.g.value(id).name;
+  // The device's own step counter (the dropout masks, Adam's bias correction) too: the
+  // next steps match the model that was never timed.
+  for (uint64_t s = 3; s < 5; ++s) {
+    net.feed(pt, s);
+    net.feed(pu, s);
+    pt.run();
+    pu.run();
+  }
+  EXPECT_EQ(pt.read(net.loss.name()), pu.read(net.loss.name()));
+  EXPECT_TRUE(same_tensors(timed.save_tensors(), untimed.save_tensors()));
+  EXPECT_NE(loss, pt.read(net.loss.name()));
+}
+
+TEST(GpuModel, AProgramOutlivesItsModel) {
+  Net net;
+  std::optional<Program> orphan;
+  {
+    Model m(net.g, {.seed = 5, .device = Device::cuda});
+    orphan.emplace(m.compile({.loss = net.loss.id(), .optimizer = net.opt}));
+  }
+  Model ref(net.g, {.seed = 5, .device = Device::cuda});
+  Program kept = ref.compile({.loss = net.loss.id(), .optimizer = net.opt});
+  for (uint64_t s = 0; s < 3; ++s) {
+    net.feed(*orphan, s);
+    net.feed(kept, s);
+    orphan->run();
+    kept.run();
+    EXPECT_EQ(orphan->read(net.loss.name()), kept.read(net.loss.name())) << "step " << s;
+  }
+}
+
+TEST(GpuStreams, ScratchIsZeroedBeforeItsStreamUsesIt) {
+  // The zeroing must be ordered before the first work of the stream the scratch belongs
+  // to. With the legacy default stream held, a zeroing queued there would run only after
+  // the stream's own write below, and wipe it.
+  constexpr size_t kBytes = size_t{1} << 20;
+  cudaStream_t s = nullptr;
+  SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  uint8_t* host = nullptr;
+  SEAM_CUDA_CHECK(cudaMallocHost(&host, 2 * kBytes));
+  bool closed = false;
+  {
+    cuda::Context ctx;
+    ctx.stream = s;
+    {
+      LegacyStreamGate gate;
+      void* p = ctx.scratch(kBytes);
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(host, p, kBytes, cudaMemcpyDeviceToHost, s));  // zero already
+      SEAM_CUDA_CHECK(cudaMemsetAsync(p, 0xab, kBytes, s));                          // the stream's own use
+      SEAM_CUDA_CHECK(cudaStreamSynchronize(s));
+      closed = gate.closed_all_along();
+      gate.open();
+      SEAM_CUDA_CHECK(cudaDeviceSynchronize());  // whatever the legacy stream held has run now
+      SEAM_CUDA_CHECK(cudaMemcpy(host + kBytes, p, kBytes, cudaMemcpyDeviceToHost));
+    }
+  }
+  EXPECT_TRUE(closed) << "making scratch memory waited for the legacy default stream";
+  size_t not_zero = 0, not_written = 0;
+  for (size_t i = 0; i < kBytes; ++i) not_zero += host[i] != 0, not_written += host[kBytes + i] != 0xab;
+  EXPECT_EQ(not_zero, 0u) << "scratch memory was read before it was zeroed";
+  EXPECT_EQ(not_written, 0u) << "the zeroing ran after the stream had written the memory";
+  SEAM_CUDA_CHECK(cudaFreeHost(host));
+  SEAM_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+TEST(GpuStreams, PreparingAndRunningNeverWaitOnTheLegacyDefaultStream) {
+  // No GEMMs and no generated kernels (their libraries may synchronize on their own):
+  // the steps, the fused loss with its row counter, the clipped optimizer with its
+  // finished-blocks counter, and the error slot.
+  Graph g;
+  Var x = g.input("x", {64, 10});
+  Var y = g.input("y", {64}, DType::i32);
+  Var logits = add(mul(x, g.param("w", {10}, Init::uniform(-1, 1))), g.param("b", {10}, Init::zeros()));
+  Var loss = cross_entropy(logits, y);
+  auto opt = OptimizerConfig::sgd(0.1, 0.9);
+  opt.clip_norm = 0.1;
+  Model m(g, {.seed = 6, .device = Device::cuda});
+  const auto xs = random_floats(64 * 10, 7);
+  const auto ys = random_labels(64, 10, 8);
+  auto train = [&](Program& p, std::vector<std::byte>* first_loss) {
+    for (int s = 0; s < 3; ++s) {
+      p.set_input("x", std::span<const float>(xs));
+      p.set_input("y", std::span<const int32_t>(ys));
+      p.run();
+      if (s == 0 && first_loss) *first_loss = p.read(loss.name());
+    }
+  };
+  // Once before, so that every kernel is loaded: CUDA loads a module at its first launch,
+  // and that may wait for the whole device.
+  {
+    Program warm = m.compile({.loss = loss.id(), .optimizer = opt, .fuse_elementwise = false});
+    train(warm, nullptr);
+    warm.check();
+  }
+  std::vector<std::byte> first_loss;
+  bool closed = false;
+  {
+    LegacyStreamGate gate;
+    Program p = m.compile({.loss = loss.id(), .optimizer = opt, .fuse_elementwise = false});
+    train(p, &first_loss);
+    const auto last = p.read(loss.name());
+    closed = gate.closed_all_along();
+    EXPECT_NE(first_loss, last);  // it trained
+    gate.open();
+  }
+  EXPECT_TRUE(closed) << "compiling or running waited for the legacy default stream";
+}
+
+TEST(GpuBackend, EveryOpHasACudaPreparer) {
+  for (int i = 0; i < kNumOps; ++i) {
+    const auto op = static_cast<Op>(i);
+    if (op_def(op).view_of >= 0) continue;  // views run no kernel
+    EXPECT_NO_THROW(cuda::preparer_for(op)) << op_name(op);
+  }
+}
+
+TEST(GpuBackend, PreparersRefuseDtypesTheyDoNotTake) {
+  cudaStream_t s = nullptr;
+  SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* buf = nullptr;
+  SEAM_CUDA_CHECK(cudaMalloc(&buf, 4096));
+  {
+    cuda::Context ctx;
+    ctx.stream = s;
+    ctx.sm_count = 1;
+    auto refused = [&](Op op, Attrs attrs, std::vector<TensorType> in, std::vector<TensorType> out) {
+      PlanStep st{op, std::move(attrs), {}, {}, "step", 0};
+      cuda::StepArgs a{st, 0, {}, {}, ctx};
+      for (auto& t : in) a.in.push_back({buf, t});
+      for (auto& t : out) a.out.push_back({buf, t});
+      try {
+        cuda::preparer_for(op)(a);
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("takes f32"), std::string::npos) << e.what();
+        return;
+      }
+      ADD_FAILURE() << op_name(op) << " took " << in[0].str();
+    };
+    // Integers where the kernels compute in f32.
+    refused(Op::relu, {}, {{DType::i32, {8}}}, {{DType::i32, {8}}});
+    refused(Op::add, {}, {{DType::u8, {8}}, {DType::u8, {8}}}, {{DType::u8, {8}}});
+    refused(Op::sum, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {{DType::i32, {4, 2}}},
+            {{DType::i32, {2}}});
+    refused(Op::softmax, {{"axis", int64_t{-1}}}, {{DType::i32, {2, 4}}}, {{DType::i32, {2, 4}}});
+    // An embedding's ids must be i32, its table f32.
+    refused(Op::embedding, {}, {{DType::i32, {4}}, {DType::i32, {8, 2}}}, {{DType::i32, {4, 2}}});
+  }
+  SEAM_CUDA_CHECK(cudaFree(buf));
+  SEAM_CUDA_CHECK(cudaStreamDestroy(s));
+}
