@@ -295,6 +295,85 @@ TEST_F(Cli, CheckpointErrorsLeaveEverythingAsItWas) {
   EXPECT_EQ(slurp(dir / "run" / "metrics.csv"), csv);
 }
 
+namespace {
+struct UsageCase {
+  std::string args;
+  std::string expect;  // the message after "seam: error: "
+};
+}  // namespace
+
+// Every flag mistake of every command: one line saying what is wrong and what is allowed,
+// and exit status 2.
+TEST_F(Cli, FlagErrorsSayWhatIsAllowedOnOneLine) {
+  std::vector<UsageCase> cases = {
+      {"train --batch 0", "--batch must be a whole number >= 1, got 0"},
+      {"train --epochs abc", "--epochs must be a whole number >= 1, got 'abc'"},
+      {"train --epochs 2.5", "--epochs must be a whole number >= 1, got 2.5"},
+      {"train --lr -0.5", "--lr must be a number >= 0, got -0.5"},
+      {"train --lr fast", "--lr must be a number >= 0, got 'fast'"},
+      {"train --seed -1", "--seed must be a whole number >= 0, got -1"},
+      {"train --device gpu", "--device must be one of cpu, cuda, auto, got 'gpu'"},
+      {"train --val-split 1", "--val-split must be a number from 0 to 0.99, got 1"},
+      {"train --max-steps 0", "--max-steps must be a whole number >= 1, got 0"},
+      {"train --limit-train x", "--limit-train must be a whole number >= 1, got 'x'"},
+      {"train --log-every -2", "--log-every must be a whole number >= 1, got -2"},
+      {"train --batch 99999999999999999999", "--batch must be a whole number from 1 to 9223372036854775807"},
+      {"eval --checkpoint c --batch 0", "--batch must be a whole number >= 1, got 0"},
+      {"eval --checkpoint c --limit-test 0", "--limit-test must be a whole number >= 1, got 0"},
+      {"eval --checkpoint c --device tpu", "--device must be one of cpu, cuda, auto, got 'tpu'"},
+      {"plan m.json --batch none", "--batch must be a whole number >= 1, got 'none'"},
+      {"plan m.json --device gpu", "--device must be one of cpu, cuda, auto, got 'gpu'"},
+      {"bench --steps 0", "--steps must be a whole number >= 1, got 0"},
+      {"bench --repeats 3000000000", "--repeats must be a whole number from 1 to 2147483647"},
+      {"bench --warmup -1", "--warmup must be a whole number >= 0, got -1"},
+      {"bench --streams 17", "--streams must be a whole number from 1 to 16, got 17"},
+      {"bench --fusion some", "--fusion must be one of all, epilogues, none, got 'some'"},
+      {"bench --epilogue best", "--epilogue must be one of fastest, fused, split, split_t, got 'best'"},
+      {"bench --device gpu", "--device must be one of cpu, cuda, auto, got 'gpu'"},
+  };
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    Result r = run(c.args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.err.rfind("seam: error: " + c.expect, 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    std::string sub = c.args.substr(0, c.args.find(' '));
+    EXPECT_NE(r.err.find("see 'seam " + sub + " --help'"), std::string::npos) << r.err;
+  }
+}
+
+// Unknown flags and commands, missing values and extra arguments exit with 2 (the nearest
+// flag or command suggested); errors while running with 1.
+TEST_F(Cli, UsageErrorsExitWithTwoAndRuntimeErrorsWithOne) {
+  std::vector<UsageCase> cases = {
+      {"train --epoch 3", "unknown flag '--epoch' for 'seam train'; did you mean '--epochs'?"},
+      {"eval --checkpoint c --jsn", "unknown flag '--jsn' for 'seam eval'; did you mean '--json'?"},
+      {"train --batch", "--batch needs a value"},
+      {"train a.json b.json", "unexpected argument 'b.json'"},
+      {"plan", "model is required"},
+      {"trian", "unknown command 'trian'; did you mean 'train'?"},
+      {"--bogus", "unknown flag '--bogus'"},
+  };
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    Result r = run(c.args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.err.rfind("seam: error: " + c.expect, 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("--help'"), std::string::npos) << r.err;
+  }
+  // Failures while running keep status 1, apart from usage mistakes.
+  Result model = run("plan " + (dir / "nowhere.json").string());
+  EXPECT_EQ(model.code, 1);
+  EXPECT_EQ(model.err.rfind("seam: error: ", 0), 0u) << model.err;
+  Result data = run("train --data " + (dir / "nowhere").string() + " --out " + (dir / "o").string());
+  EXPECT_EQ(data.code, 1);
+  EXPECT_NE(data.err.find("does not exist"), std::string::npos) << data.err;
+  Result help = run("train --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--epochs"), std::string::npos);
+}
+
 // A short run on the real Fashion-MNIST (installed by tools/setup.sh): a broken trainer
 // stays near 0.1; a working one passes 0.8 after two epochs on 20000 images.
 TEST_F(Cli, FashionMnistShortRunLearns) {

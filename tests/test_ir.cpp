@@ -1,6 +1,9 @@
 // Graph building, verification and error messages.
 #include <gtest/gtest.h>
 
+#include "backend/cpu/cpu.h"
+#include "common/strings.h"
+#include "io/model_file.h"
 #include "ops/registry.h"
 #include "seam/seam.h"
 
@@ -94,5 +97,73 @@ TEST(Registry, EveryOpHasASchemaSignatureAndCpuKernel) {
     EXPECT_EQ(d.name, op_name(op));
     EXPECT_FALSE(d.signature().empty());
     EXPECT_EQ(parse_op(d.name), op);
+    // Views run no kernel (lowering aliases them); every other op has one.
+    cpu::Kernel k = nullptr;
+    EXPECT_NO_THROW(k = cpu::kernel_for(op)) << d.name;
+    if (d.view_of < 0) EXPECT_TRUE(k) << d.name;
   }
+}
+
+TEST(Strings, NearestNamesListsEachSuggestionOnce) {
+  EXPECT_EQ(nearest_names("lineer", {"linear", "relu", "linear", "line", "line"}), "'linear', 'line'");
+}
+
+namespace {
+std::string model_error(const std::string& text) {
+  return error_of([&] { io::parse_model_json(text, "m.json"); });
+}
+size_t count_of(const std::string& s, const std::string& part) {
+  size_t n = 0;
+  for (size_t p = s.find(part); p != std::string::npos; p = s.find(part, p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST(ModelFile, UnknownOpSuggestsEachNameOnce) {
+  // "linear" is both an op and a layer with parameters.
+  std::string msg = model_error(R"({"input": {"shape": [784]}, "layers": [{"op": "lineer", "out": 10}]})");
+  EXPECT_NE(msg.find("unknown op 'lineer'"), std::string::npos) << msg;
+  EXPECT_EQ(count_of(msg, "'linear'"), 1u) << msg;
+}
+
+TEST(ModelFile, InputIsTheOneInputFormOfInputs) {
+  // In a graph, on an op with parameters and on one without.
+  io::ModelSpec g = io::parse_model_json(R"({"input": {"shape": [784]}, "nodes": [
+      {"name": "c0", "op": "linear", "out": 16},
+      {"name": "b0", "op": "batch_norm", "input": "c0"},
+      {"name": "r0", "op": "relu", "input": "b0"},
+      {"name": "out", "op": "linear", "input": "r0", "out": 10}]})", "m.json");
+  io::BuiltGraph bg = io::build_graph(g, 4);
+  auto w = bg.graph.find("out.weight");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(bg.graph.value(*w).type.str(), "f32[10,16]");
+  // In a sequence it overrides the previous layer: "b" reads the data, not "a".
+  io::ModelSpec s = io::parse_model_json(R"({"input": {"shape": [784]}, "layers": [
+      {"name": "a", "op": "linear", "out": 20}, {"name": "b", "op": "linear", "out": 10, "input": "x"}]})", "m.json");
+  bg = io::build_graph(s, 4);
+  w = bg.graph.find("b.weight");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(bg.graph.value(*w).type.str(), "f32[10,784]");
+}
+
+TEST(ModelFile, InputAndInputsTogetherAreRejected) {
+  std::string msg = model_error(R"({"input": {"shape": [784]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 10}, {"name": "r", "op": "relu", "input": "a", "inputs": ["a"]}]})");
+  EXPECT_NE(msg.find("layer 1 ('r') relu"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not both"), std::string::npos) << msg;
+  msg = model_error(R"({"input": {"shape": [784]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 10}, {"name": "r", "op": "relu", "input": ["a"]}]})");
+  EXPECT_NE(msg.find("'input' must be a node name"), std::string::npos) << msg;
+}
+
+TEST(ModelFile, UnknownNodeKeyNamesTheKeyTheNodeAndTheNearestKey) {
+  // A misspelt "inputs" is reported as such, not as a node without inputs.
+  std::string msg = model_error(R"({"input": {"shape": [784]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 10}, {"name": "bn", "op": "batch_norm", "inptus": ["a"]}]})");
+  EXPECT_NE(msg.find("layer 1 ('bn') batch_norm: unknown key 'inptus'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean 'inputs'"), std::string::npos) << msg;
+  msg = model_error(R"({"input": {"shape": [784]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 10}, {"name": "r", "op": "relu", "inptu": "a"}]})");
+  EXPECT_NE(msg.find("('r') relu: unknown key 'inptu'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'input'"), std::string::npos) << msg;
 }

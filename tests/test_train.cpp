@@ -2,9 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <unistd.h>
 
+#include "data/idx.h"
 #include "seam/seam.h"
+#include "train/trainer.h"
 
 using namespace seam;
 
@@ -149,4 +155,115 @@ TEST(Train, CnnLearnsStrokeOrientation) {
   double acc = train_and_eval(g, logits, loss, OptimizerConfig::adam(1e-2), train, test, batch, 6);
   std::printf("CNN held-out accuracy: %.4f\n", acc);
   EXPECT_GE(acc, 0.97);
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// metrics.csv as rows of fields, header left out.
+std::vector<std::vector<std::string>> csv_rows(const fs::path& p) {
+  std::ifstream f(p);
+  std::vector<std::vector<std::string>> rows;
+  std::string line;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    std::vector<std::string> row;
+    std::stringstream ls(line);
+    for (std::string cell; std::getline(ls, cell, ',');) row.push_back(cell);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// The trainer on 256 learnable 28x28 images (class c brightens row band c): 8 steps an
+// epoch, two epochs, a cosine schedule so that every step has its own learning rate.
+class Resume : public ::testing::Test {
+ protected:
+  fs::path dir, data, model;
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("seam_train_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    data = dir / "data";
+    fs::create_directories(data);
+    std::mt19937 rng(3);
+    for (auto [prefix, n] : {std::pair<const char*, int>{"train", 256}, {"t10k", 64}}) {
+      std::vector<uint8_t> img(static_cast<size_t>(n) * 784), lab(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        int c = i % 10;
+        lab[static_cast<size_t>(i)] = static_cast<uint8_t>(c);
+        for (int p = 0; p < 784; ++p)
+          img[static_cast<size_t>(i) * 784 + static_cast<size_t>(p)] = static_cast<uint8_t>(rng() % 80 + (p / 84 == c ? 150 : 0));
+      }
+      data::write_idx_gz((data / (std::string(prefix) + "-images-idx3-ubyte.gz")).string(), {n, 28, 28}, img);
+      data::write_idx_gz((data / (std::string(prefix) + "-labels-idx1-ubyte.gz")).string(), {n}, lab);
+    }
+    model = dir / "model.json";
+    std::ofstream(model) << R"({"name": "tiny", "input": {"shape": [784]},
+      "layers": [{"op": "linear", "out": 16}, {"op": "relu"}, {"op": "linear", "out": 10}],
+      "optimizer": {"type": "adam", "lr": 0.003, "schedule": {"type": "cosine", "warmup_steps": 3}},
+      "batch_size": 32, "epochs": 2, "seed": 4, "device": "cpu"})";
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  // Trains into `out`, stopping after max_steps (0: not) or resuming from its checkpoint.
+  void train(const std::string& out, int64_t max_steps, bool resume) {
+    seam::train::TrainOptions o;
+    o.model_path = model.string();
+    o.data_dir = data.string();
+    o.out_dir = (dir / out).string();
+    o.output = seam::train::Output::quiet;
+    o.max_steps = max_steps;
+    if (resume) o.resume = (dir / out / "checkpoint.safetensors").string();
+    ASSERT_EQ(seam::train::run_train(o), 0);
+  }
+
+  // Each row of the stopped and resumed run against the uninterrupted one.
+  void expect_rows_of_a_whole_run(const std::string& out) {
+    auto whole = csv_rows(dir / "whole" / "metrics.csv"), parts = csv_rows(dir / out / "metrics.csv");
+    ASSERT_EQ(whole.size(), 2u);
+    ASSERT_EQ(parts.size(), 2u);
+    for (size_t e = 0; e < 2; ++e) {
+      SCOPED_TRACE("epoch " + std::to_string(e + 1));
+      ASSERT_EQ(parts[e].size(), 10u);
+      // epoch, step, lr, train loss and accuracy, val accuracy, test loss and accuracy
+      for (size_t c = 0; c < 8; ++c) EXPECT_EQ(parts[e][c], whole[e][c]) << "column " << c;
+      const double seconds = std::stod(parts[e][8]), sps = std::stod(parts[e][9]);
+      EXPECT_GT(seconds, 0);
+      EXPECT_GT(sps, 0);
+      // The rate covers the whole epoch's 256 samples, before and after the stop.
+      EXPECT_NEAR(sps * seconds, 256, 256 * 1e-4);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_F(Resume, RowOfAnEpochStoppedAtItsEndShowsTheWholeEpoch) {
+  train("whole", 0, false);
+  train("parts", 8, false);  // the last step of epoch 1: its row is left to the resumed run
+  EXPECT_TRUE(csv_rows(dir / "parts" / "metrics.csv").empty());
+  train("parts", 0, true);
+  expect_rows_of_a_whole_run("parts");
+}
+
+TEST_F(Resume, RowOfAnEpochStoppedMidwayShowsTheWholeEpoch) {
+  train("whole", 0, false);
+  train("parts", 5, false);
+  train("parts", 0, true);
+  expect_rows_of_a_whole_run("parts");
+}
+
+TEST_F(Resume, RowsWrittenAfterTheCheckpointAreDroppedAndNoTemporaryIsLeft) {
+  train("whole", 0, false);
+  train("parts", 12, false);  // into epoch 2: the checkpoint has finished epoch 1
+  // A row for epoch 2 that the checkpoint does not cover (a run stopped between the two).
+  const fs::path csv = dir / "parts" / "metrics.csv";
+  ASSERT_EQ(csv_rows(csv).size(), 1u);
+  std::ofstream(csv, std::ios::app) << "2,16,0.001,9,0,,9,0,1,1\n";
+  train("parts", 0, true);
+  expect_rows_of_a_whole_run("parts");
+  for (auto& e : fs::directory_iterator(dir / "parts"))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }

@@ -24,6 +24,8 @@ std::string nearest_names(std::string_view name, const std::vector<std::string>&
                           size_t max) {
   std::vector<std::pair<size_t, std::string>> scored;
   for (auto& c : candidates) {
+    // Lists gathered from several sources (ops and layers of one name) repeat entries.
+    if (std::any_of(scored.begin(), scored.end(), [&](auto& e) { return e.second == c; })) continue;
     size_t d = edit_distance(name, c);
     bool close = d <= std::max<size_t>(2, c.size() / 3) ||
                  (!name.empty() && c.find(name) != std::string::npos);

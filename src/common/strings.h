@@ -7,8 +7,8 @@
 namespace seam {
 
 size_t edit_distance(std::string_view a, std::string_view b);
-// The candidates closest to `name` (at most `max`, and only plausibly close ones),
-// formatted for a message: "'stride', 'padding'"; empty if none is close.
+// The candidates closest to `name` (at most `max`, each once, and only plausibly close
+// ones), formatted for a message: "'stride', 'padding'"; empty if none is close.
 std::string nearest_names(std::string_view name, const std::vector<std::string>& candidates,
                           size_t max = 3);
 

@@ -142,7 +142,8 @@ std::vector<std::string> forward_ops() {
     std::string n = op_name(static_cast<Op>(i));
     if (n.find("_grad") == std::string::npos) r.push_back(n);
   }
-  for (auto& [k, v] : kLayers) r.push_back(k);
+  for (auto& [k, v] : kLayers)
+    if (std::find(r.begin(), r.end(), k) == r.end()) r.push_back(k);
   return r;
 }
 
@@ -236,21 +237,37 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
     where += " " + op;
     if (name.empty()) name = op + std::to_string(i);
     if (named.count(name)) fail(where, ": the name '", name, "' is used twice");
-    // Operands: explicit "inputs", else the previous layer.
-    std::vector<Var> ins;
-    if (L.contains("inputs")) {
-      for (auto& r : L["inputs"]) {
-        if (!r.is_string()) fail(where, ": 'inputs' must be a list of node names");
-        auto it = named.find(r.get<std::string>());
-        if (it == named.end()) {
-          std::vector<std::string> names;
-          for (auto& [k, v] : named) names.push_back(k);
-          unknown(where, "input", r.get<std::string>(), names);
-        }
-        ins.push_back(it->second);
+    // Every key is checked before the operands, so a misspelt "inputs" is named as such.
+    auto layer = kLayers.find(op);
+    std::optional<Op> parsed;
+    std::vector<std::string> allowed = kNodeKeys;
+    if (layer != kLayers.end()) {
+      allowed.insert(allowed.end(), layer->second.begin(), layer->second.end());
+    } else {
+      parsed = parse_op(op);
+      if (!parsed || op.find("_grad") != std::string::npos) unknown(where.substr(0, where.rfind(' ')), "op", op, known_ops);
+      for (auto& a : op_def(*parsed).attrs) allowed.push_back(a.name);
+    }
+    check_keys(L, allowed, where);
+    // Operands: explicit "inputs" (or "input", the one-operand form), else the previous layer.
+    if (L.contains("input") && L.contains("inputs")) fail(where, ": give \"input\" (one name) or \"inputs\" (a list), not both");
+    auto operand = [&](const json& r, bool one) {
+      if (!r.is_string()) fail(where, one ? ": 'input' must be a node name" : ": 'inputs' must be a list of node names");
+      auto it = named.find(r.get<std::string>());
+      if (it == named.end()) {
+        std::vector<std::string> names;
+        for (auto& [k, v] : named) names.push_back(k);
+        unknown(where, "input", r.get<std::string>(), names);
       }
+      return it->second;
+    };
+    std::vector<Var> ins;
+    if (L.contains("input")) {
+      ins.push_back(operand(L["input"], true));
+    } else if (L.contains("inputs")) {
+      for (auto& r : L["inputs"]) ins.push_back(operand(r, false));
     } else if (!sequential && i > 0) {
-      fail(where, ": a node of a 'nodes' graph needs \"inputs\"");
+      fail(where, ": a node of a 'nodes' graph needs \"inputs\" (or \"input\" for one)");
     } else {
       ins.push_back(prev);
     }
@@ -258,11 +275,7 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
     Var out;
     try {
       auto scope = g.scope(name);
-      auto layer = kLayers.find(op);
       if (layer != kLayers.end()) {
-        std::vector<std::string> keys = kNodeKeys;
-        keys.insert(keys.end(), layer->second.begin(), layer->second.end());
-        check_keys(L, keys, where);
         if (ins.size() != 1) fail(where, ": takes one input");
         Var in = ins[0];
         if (op == "linear") {
@@ -290,13 +303,8 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
           out = nn::embedding(in, get<int64_t>(L, "num", 0, where), get<int64_t>(L, "dim", 0, where), name);
         }
       } else {
-        auto parsed = parse_op(op);
-        if (!parsed || op.find("_grad") != std::string::npos) unknown(where.substr(0, where.rfind(' ')), "op", op, known_ops);
         const OpDef& d = op_def(*parsed);
         Attrs attrs;
-        std::vector<std::string> allowed = kNodeKeys;
-        for (auto& a : d.attrs) allowed.push_back(a.name);
-        check_keys(L, allowed, where);
         for (auto& a : d.attrs)
           if (L.contains(a.name)) attrs.set(a.name, to_attr(L[a.name], a.def, where, a.name));
         if (*parsed == Op::dropout) attrs.set("stream", static_cast<int64_t>(i));

@@ -1,7 +1,9 @@
 // The training loop: data, model, programs, per-step feedback, per-epoch evaluation,
 // metrics and checkpoints. A checkpoint holds everything the next step depends on
 // (parameters, optimizer moments, running statistics, the step counter, the position in
-// the data order and the epoch's running sums), so a resumed run continues bitwise.
+// the data order and the epoch's running sums), so a resumed run continues bitwise; it
+// also keeps the epoch's time, samples and last learning rate so far, so that the row of
+// an epoch that was stopped and resumed reports the whole epoch.
 #include "backend/backend.h"
 #include "plan/explain.h"
 #include "train/trainer.h"
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/file.h"
 #include "data/fashion_mnist.h"
 #include "io/safetensors.h"
 #include "seam/model.h"
@@ -46,6 +49,9 @@ double parse_double(const std::string& s) { return std::strtod(s.c_str(), nullpt
 struct Position {
   int64_t epoch = 0, batch = 0;  // next batch to run
   double train_seconds = 0;      // whole run so far
+  double epoch_seconds = 0;      // this epoch so far, across stops
+  int64_t epoch_samples = 0;     // samples this epoch has trained on so far
+  double lr = 0;                 // learning rate of the last update
 };
 
 struct Checkpoint {
@@ -70,7 +76,10 @@ void write_checkpoint(const std::string& path, Model& m, const io::ModelSpec& sp
                 {"batch_size", std::to_string(batch)},
                 {"train_samples", std::to_string(train_samples)},
                 {"data_order", "permutation(seed, epoch) of the training indices, splitmix64 Fisher-Yates"},
-                {"train_seconds", hexfloat(pos.train_seconds)}};
+                {"train_seconds", hexfloat(pos.train_seconds)},
+                {"epoch_seconds", hexfloat(pos.epoch_seconds)},
+                {"epoch_samples", std::to_string(pos.epoch_samples)},
+                {"lr", hexfloat(pos.lr)}};
   io::write_safetensors(path, f);
 }
 
@@ -96,6 +105,19 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.pos.epoch = integer("epoch");
   c.pos.batch = integer("batch");
   c.pos.train_seconds = parse_double(meta("train_seconds"));
+  // Older checkpoints lack the epoch's time, samples and lr: their epoch is counted from
+  // the resume on, as it was when they were written.
+  auto optional_meta = [&](const char* k) {
+    auto it = f.metadata.find(k);
+    return it == f.metadata.end() ? std::string("0") : it->second;
+  };
+  c.pos.epoch_seconds = parse_double(optional_meta("epoch_seconds"));
+  c.pos.lr = parse_double(optional_meta("lr"));
+  try {
+    c.pos.epoch_samples = std::stoll(optional_meta("epoch_samples"));
+  } catch (const std::exception&) {
+    fail(path, ": corrupt metadata 'epoch_samples'");
+  }
   c.batch_size = integer("batch_size");
   c.train_samples = integer("train_samples");
   c.tensors = std::move(f.tensors);
@@ -222,6 +244,7 @@ int run_train(const TrainOptions& o) {
       fail(*o.resume, " does not fit ", spec.source, ": ", e.what());
     }
     model.state().step = ck->step;
+    model.state().lr = ck->pos.lr;
     pos = ck->pos;
     if (pos.epoch >= spec.epochs) fail(*o.resume, ": the run already finished its ", spec.epochs, " epochs (pass --epochs to train longer)");
   }
@@ -229,10 +252,27 @@ int run_train(const TrainOptions& o) {
   const std::string out_dir = o.out_dir.empty() ? "runs/" + spec.name : o.out_dir;
   std::filesystem::create_directories(out_dir);
   const std::string ckpt_path = out_dir + "/checkpoint.safetensors", csv_path = out_dir + "/metrics.csv";
-  const bool fresh_csv = !ck || !std::filesystem::exists(csv_path);
-  std::ofstream csv(csv_path, fresh_csv ? std::ios::trunc : std::ios::app);
-  if (!csv) fail(csv_path, ": cannot write");
-  if (fresh_csv) csv << "epoch,step,lr,train_loss,train_accuracy,val_accuracy,test_loss,test_accuracy,epoch_seconds,samples_per_second\n";
+  // metrics.csv is rewritten whole after every epoch (atomically, like the checkpoint). A
+  // resumed run keeps the rows of the epochs its checkpoint had finished and drops any
+  // written after it (a run stopped between a row and its checkpoint redoes that epoch).
+  const std::string csv_header =
+      "epoch,step,lr,train_loss,train_accuracy,val_accuracy,test_loss,test_accuracy,epoch_seconds,samples_per_second\n";
+  std::string csv_rows;
+  if (ck) {
+    std::ifstream old(csv_path);
+    std::string line;
+    if (std::getline(old, line) && line + '\n' == csv_header)
+      while (std::getline(old, line)) {
+        long long epoch = 0;
+        if (std::sscanf(line.c_str(), "%lld", &epoch) == 1 && epoch >= 1 && epoch <= pos.epoch)
+          csv_rows += line + '\n';
+      }
+  }
+  auto write_csv = [&] {
+    const std::string text = csv_header + csv_rows;
+    write_file_atomically(csv_path, std::as_bytes(std::span(text)));
+  };
+  write_csv();
 
   const bool bar = o.output == Output::bar, json = o.output == Output::json;
   const auto& layout = model.layout();
@@ -254,8 +294,10 @@ int run_train(const TrainOptions& o) {
   int exit_code = 0;
   for (; pos.epoch < spec.epochs; ++pos.epoch, pos.batch = 0) {
     const auto te = Clock::now();
-    const int64_t first_batch = pos.batch;
-    if (pos.batch == 0) model.write_state(io::kTrainMetrics, std::as_bytes(std::span(zero_metrics)));
+    if (pos.batch == 0) {
+      model.write_state(io::kTrainMetrics, std::as_bytes(std::span(zero_metrics)));
+      pos.epoch_seconds = 0, pos.epoch_samples = 0;
+    }
     train_loader.start_epoch(pos.epoch, pos.batch);
     ProgressBar progress("epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs), steps_per_epoch, B, bar);
     data::Batch b;
@@ -285,6 +327,7 @@ int run_train(const TrainOptions& o) {
       train.set_input("y", std::as_bytes(std::span(b.y)));
       train.run();  // returns before the GPU is done; nothing here waits for it
       pos.batch = b.index + 1;
+      pos.epoch_samples += b.rows;
       ++steps_this_run;
       if (model.state().step % o.log_every == 0 || pos.batch == steps_per_epoch) log_point();
       if (g_interrupted || (o.max_steps > 0 && steps_this_run >= o.max_steps)) {
@@ -293,7 +336,10 @@ int run_train(const TrainOptions& o) {
       }
     }
     progress.finish();
-    pos.train_seconds += seconds_since(te);
+    const double seconds_this_run = seconds_since(te);
+    pos.train_seconds += seconds_this_run;
+    pos.epoch_seconds += seconds_this_run;
+    pos.lr = model.state().lr;
     if (stop) {
       write_checkpoint(ckpt_path, model, spec, pos, B, static_cast<int64_t>(train_idx.size()));
       std::fprintf(stderr, "seam: %s after step %lld (epoch %lld, batch %lld of %lld); checkpoint written to %s; continue with --resume %s\n",
@@ -303,19 +349,21 @@ int run_train(const TrainOptions& o) {
       exit_code = g_interrupted ? 130 : 0;
       break;
     }
-    const double epoch_seconds = seconds_since(te);
+    const double epoch_seconds = pos.epoch_seconds;
     auto [loss_sum, correct] = read_metrics();
     const double train_loss = loss_sum / static_cast<double>(steps_per_epoch);
     const double train_acc = correct / static_cast<double>(steps_per_epoch * B);
-    const double sps = static_cast<double>((steps_per_epoch - first_batch) * B) / std::max(epoch_seconds, 1e-9);
+    const double sps = static_cast<double>(pos.epoch_samples) / std::max(epoch_seconds, 1e-9);
     std::optional<EvalResult> val;
     if (val_loader) val = evaluate(eval, *val_loader, spec.classes);
     EvalResult test = evaluate(eval, test_loader, spec.classes);
     last_test_acc = test.accuracy;
-    csv << pos.epoch + 1 << ',' << model.state().step << ',' << model.state().lr << ',' << train_loss << ',' << train_acc << ','
+    std::ostringstream row;
+    row << pos.epoch + 1 << ',' << model.state().step << ',' << model.state().lr << ',' << train_loss << ',' << train_acc << ','
         << (val ? std::to_string(val->accuracy) : "") << ',' << test.loss << ',' << test.accuracy << ',' << epoch_seconds << ','
         << sps << '\n';
-    csv.flush();
+    csv_rows += row.str();
+    write_csv();
     if (json) {
       nlohmann::json j{{"event", "epoch"}, {"epoch", pos.epoch + 1}, {"step", model.state().step}, {"train_loss", train_loss},
                        {"train_accuracy", train_acc}, {"test_loss", test.loss}, {"test_accuracy", test.accuracy},
@@ -330,7 +378,7 @@ int run_train(const TrainOptions& o) {
       std::fflush(stdout);
     }
     Position next = pos;
-    next.epoch++, next.batch = 0;
+    next.epoch++, next.batch = 0, next.epoch_seconds = 0, next.epoch_samples = 0;
     write_checkpoint(ckpt_path, model, spec, next, B, static_cast<int64_t>(train_idx.size()));
   }
   std::signal(SIGINT, old_handler);
@@ -408,7 +456,7 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   Model cpu_model(bg.graph, {.seed = spec.seed});
   Program unfused = cpu_model.compile(plain);
   std::vector<double> measured;
-  if (measure) measured = p.executable().time_steps(20);
+  if (measure) measured = p.time_steps(20);
   std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
   return 0;
 }

@@ -1,9 +1,16 @@
-// The seam command line: train, eval, plan, ops. Every command reports bad input as one
-// clear line on stderr and a non-zero exit status.
+// The seam command line: train, eval, plan, bench, ops. Every command reports bad input as
+// one line on stderr starting "seam: error:"; a usage mistake (a flag, value or argument
+// the command does not take) exits with status 2, a failure while running with 1.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <iostream>
+#include <limits>
+#include <sstream>
 
 #include "bench/bench.h"
+#include "common/strings.h"
 #include "data/fashion_mnist.h"
 #include "ops/registry.h"
 #include "seam/seam.h"
@@ -13,6 +20,106 @@
 #endif
 
 namespace {
+
+constexpr int kUsageExit = 2;
+
+// A usage mistake found after CLI11 has parsed (an unknown flag, a stray argument).
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A value as a message shows it: a number as given, anything else quoted.
+std::string shown(const std::string& s) {
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return !s.empty() && end == s.c_str() + s.size() ? s : "'" + s + "'";
+}
+
+std::string num_str(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+// A whole number from lo to hi (hi: the type's largest unless given). It is written back in
+// plain decimal because CLI11's own conversion would read "010" as octal.
+template <class T>
+CLI::Validator whole(T lo, T hi = std::numeric_limits<T>::max()) {
+  const bool open = hi == std::numeric_limits<T>::max();
+  const std::string range = open ? ">= " + std::to_string(lo) : "from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        T v{};
+        auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        std::string why = "must be a whole number " + range + ", got " + shown(s);
+        if (ec == std::errc::result_out_of_range && s[0] != '-' && open)
+          return "must be a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + s;
+        if (ec != std::errc{} || end != s.data() + s.size() || v < lo || v > hi) return why;
+        s = std::to_string(v);
+        return "";
+      },
+      range);
+}
+
+// A finite number above lo (or equal to it, when lo_included), and at most hi if given.
+CLI::Validator number(double lo, bool lo_included, std::optional<double> hi = {}) {
+  const std::string range = hi ? "from " + num_str(lo) + " to " + num_str(*hi) : (lo_included ? ">= " : "> ") + num_str(lo);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        double v = std::strtod(s.c_str(), &end);
+        bool ok = !s.empty() && end == s.c_str() + s.size() && std::isfinite(v) && (lo_included ? v >= lo : v > lo) &&
+                  (!hi || v <= *hi);
+        return ok ? "" : "must be a number " + range + ", got " + shown(s);
+      },
+      range);
+}
+
+CLI::Validator one_of(std::vector<std::string> allowed) {
+  std::string list;
+  for (auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        return std::find(allowed.begin(), allowed.end(), s) != allowed.end() ? "" : "must be one of " + list + ", got '" + s + "'";
+      },
+      "{" + list + "}");
+}
+
+// CLI11's wording of a parse error, reworded where it reads badly as one sentence.
+std::string usage_text(const CLI::ParseError& err) {
+  std::string text = err.what();
+  // CLI11 joins the option's name and a validator's text with ": ".
+  if (auto p = text.find(": must be "); p != std::string::npos && dynamic_cast<const CLI::ValidationError*>(&err))
+    text.erase(p, 1);
+  // "--batch: 1 required INT missing": the flag came last, without its value.
+  if (auto p = text.find(": "); p != std::string::npos && dynamic_cast<const CLI::ArgumentMismatch*>(&err) &&
+                                 text.find(" required ") != std::string::npos && text.ends_with(" missing"))
+    text = text.substr(0, p) + " needs a value";
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return text;
+}
+
+// What is wrong with an argument CLI11 could not place: an unknown flag or command, or
+// one argument too many.
+std::string unexpected(const CLI::App& app, const std::string& arg, bool top) {
+  std::vector<std::string> known;
+  if (arg.size() > 1 && arg[0] == '-') {
+    for (const CLI::Option* o : app.get_options()) {
+      for (auto& l : o->get_lnames()) known.push_back("--" + l);
+      for (auto& s : o->get_snames()) known.push_back("-" + s);
+    }
+    std::string flag = arg.substr(0, arg.find('='));
+    std::string near = seam::nearest_names(flag, known);
+    return "unknown flag '" + flag + "'" + (top ? "" : " for 'seam " + app.get_name() + "'") +
+           (near.empty() ? "" : "; did you mean " + near + "?");
+  }
+  if (top) {
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) known.push_back(sub->get_name());
+    std::string near = seam::nearest_names(arg, known);
+    return "unknown command '" + arg + "'" + (near.empty() ? "" : "; did you mean " + near + "?");
+  }
+  return "unexpected argument '" + arg + "'";
+}
 
 void print_version() {
   std::cout << "seam " << SEAM_VERSION << "\n";
@@ -56,20 +163,21 @@ int main(int argc, char** argv) {
   bool quiet = false, json = false;
   auto* train = app.add_subcommand("train", "train a model file on Fashion-MNIST (default: examples/fmnist_mlp.json)");
   train->add_option("model", train_model, "model file (JSON)");
-  train->add_option("--epochs", t.epochs, "number of epochs")->check(CLI::PositiveNumber);
-  train->add_option("--batch", t.batch, "batch size")->check(CLI::PositiveNumber);
-  train->add_option("--lr", t.lr, "learning rate")->check(CLI::NonNegativeNumber);
-  train->add_option("--seed", t.seed, "seed for initialization, data order and dropout");
-  train->add_option("--device", t.device, "cpu, cuda or auto (default: the model file's, auto = the GPU if there is one)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  train->add_option("--epochs", t.epochs, "number of epochs")->transform(whole<int64_t>(1));
+  train->add_option("--batch", t.batch, "batch size")->transform(whole<int64_t>(1));
+  train->add_option("--lr", t.lr, "learning rate")->check(number(0, true));
+  train->add_option("--seed", t.seed, "seed for initialization, data order and dropout")->transform(whole<uint64_t>(0));
+  train->add_option("--device", t.device, "cpu, cuda or auto (default: the model file's, auto = the GPU if there is one)")
+      ->check(one_of({"cpu", "cuda", "auto"}));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
   train->add_option("--data", t.data_dir, "folder with the four Fashion-MNIST IDX files");
-  train->add_option("--val-split", t.val_split, "fraction of the training set held out for validation")->check(CLI::Range(0.0, 0.99));
-  train->add_option("--max-steps", t.max_steps, "stop after this many steps and write a checkpoint")->check(CLI::PositiveNumber);
-  train->add_option("--limit-train", t.limit_train, "train on the first N samples only")->check(CLI::PositiveNumber);
-  train->add_option("--limit-test", t.limit_test, "evaluate on the first N test samples only")->check(CLI::PositiveNumber);
+  train->add_option("--val-split", t.val_split, "fraction of the training set held out for validation")->check(number(0, true, 0.99));
+  train->add_option("--max-steps", t.max_steps, "stop after this many steps and write a checkpoint")->transform(whole<int64_t>(1));
+  train->add_option("--limit-train", t.limit_train, "train on the first N samples only")->transform(whole<int64_t>(1));
+  train->add_option("--limit-test", t.limit_test, "evaluate on the first N test samples only")->transform(whole<int64_t>(1));
   train->add_option("--log-every", t.log_every, "read loss and accuracy from the device every N steps")
-      ->check(CLI::PositiveNumber);
+      ->transform(whole<int64_t>(1));
   train->add_flag("--quiet", quiet, "print only errors");
   train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
 
@@ -80,57 +188,71 @@ int main(int argc, char** argv) {
   eval->add_option("model", eval_model, "model file (default: the one stored in the checkpoint)");
   eval->add_option("--checkpoint", e.checkpoint, "checkpoint (safetensors)")->required();
   eval->add_option("--data", e.data_dir, "folder with the Fashion-MNIST IDX files");
-  eval->add_option("--batch", e.batch, "batch size")->check(CLI::PositiveNumber);
-  eval->add_option("--limit-test", e.limit_test, "evaluate on the first N test samples only")->check(CLI::PositiveNumber);
+  eval->add_option("--batch", e.batch, "batch size")->transform(whole<int64_t>(1));
+  eval->add_option("--limit-test", e.limit_test, "evaluate on the first N test samples only")->transform(whole<int64_t>(1));
   eval->add_flag("--json", e.json, "print one JSON object");
   eval->add_option("--device", e.device, "cpu, cuda or auto (default: the GPU if there is one)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+      ->check(one_of({"cpu", "cuda", "auto"}));
 
   std::string plan_model;
   std::optional<int64_t> plan_batch;
   bool plan_eval = false;
   auto* plan = app.add_subcommand("plan", "print the compiled training step: steps, shapes, arena offsets, memory, FLOPs");
   plan->add_option("model", plan_model, "model file (JSON)")->required();
-  plan->add_option("--batch", plan_batch, "batch size")->check(CLI::PositiveNumber);
+  plan->add_option("--batch", plan_batch, "batch size")->transform(whole<int64_t>(1));
   plan->add_flag("--eval", plan_eval, "print the evaluation step instead");
   bool plan_measure = false;
   plan->add_flag("--measure", plan_measure, "time each kernel alone on the device and show it next to its estimate");
   std::string plan_device = "cpu";
   plan->add_option("--device", plan_device, "prepare the plan's kernels for cpu, cuda or auto")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+      ->check(one_of({"cpu", "cuda", "auto"}));
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
   auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1 to W4, or model files): ms/step, kernels, TFLOP/s");
   bench->add_option("workloads", bo.workloads, "W1, W2, W3, W4 or MODEL.json files (default: W1 to W4)");
-  bench->add_option("--steps", bo.steps, "timed steps per repetition")->check(CLI::PositiveNumber);
-  bench->add_option("--repeats", bo.repeats, "repetitions; the median is reported")->check(CLI::PositiveNumber);
-  bench->add_option("--warmup", bo.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  bench->add_option("--steps", bo.steps, "timed steps per repetition")->transform(whole<int>(1));
+  bench->add_option("--repeats", bo.repeats, "repetitions; the median is reported")->transform(whole<int>(1));
+  bench->add_option("--warmup", bo.warmup, "untimed steps first")->transform(whole<int>(0));
   bench->add_flag("--no-graph", no_graph, "launch each step's kernels one by one instead of replaying a CUDA Graph");
   bench->add_flag("--upload", bo.upload, "upload a new batch from the host every step");
   bench->add_flag("--breakdown", bo.breakdown, "also time every step of the plan alone");
   bench->add_flag("--explain", bo.explain,
                   "also print each workload's kernel table as `seam plan --measure` does, against the unfused step");
-  bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
   bench->add_option("--epilogue", bo.epilogue,
                     "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
                     "(fastest), or always one of them")
-      ->check(CLI::IsMember({"fastest", "fused", "split", "split_t"}));
+      ->check(one_of({"fastest", "fused", "split", "split_t"}));
   bench->add_option("--fusion", bo.fusion,
                     "which fusions run: all, epilogues (GEMM epilogues and the loss, no elementwise groups) or none")
-      ->check(CLI::IsMember({"all", "epilogues", "none"}));
+      ->check(one_of({"all", "epilogues", "none"}));
   bench->add_option("--streams", bo.streams, "CUDA streams independent steps may run on side by side (1: one)")
-      ->check(CLI::Range(1, 16));
+      ->transform(whole<int>(1, 16));
 
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;
   ops->add_flag("--grads", grads, "include the gradient ops that autodiff inserts");
 
+  // Arguments CLI11 cannot place are kept, not thrown, so that the message can name the
+  // flag or command meant.
+  for (CLI::App* a : {&app, train, eval, plan, bench, ops}) a->allow_extras();
+  auto help_hint = [&] {
+    auto subs = app.get_subcommands();
+    return " (see 'seam " + (subs.empty() ? std::string() : subs[0]->get_name() + " ") + "--help')";
+  };
   try {
     app.parse(argc, argv);
+    for (CLI::App* a : {&app, train, eval, plan, bench, ops})
+      if (!a->remaining().empty()) throw UsageError(unexpected(*a, a->remaining()[0], a == &app));
   } catch (const CLI::ParseError& err) {
-    return app.exit(err);
+    if (err.get_exit_code() == 0) return app.exit(err);  // --help
+    std::cerr << "seam: error: " << usage_text(err) << help_hint() << "\n";
+    return kUsageExit;
+  } catch (const UsageError& err) {
+    std::cerr << "seam: error: " << err.what() << help_hint() << "\n";
+    return kUsageExit;
   }
   try {
     if (version) {
