@@ -300,6 +300,13 @@ struct UsageCase {
   std::string args;
   std::string expect;  // the message after "seam: error: "
 };
+
+// A usage error: status 2 and one line that starts with the expected message.
+void expect_usage_error(const Result& r, const UsageCase& c) {
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("seam: error: " + c.expect, 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
 }  // namespace
 
 // Every flag mistake of every command: one line saying what is wrong and what is allowed,
@@ -334,9 +341,7 @@ TEST_F(Cli, FlagErrorsSayWhatIsAllowedOnOneLine) {
   for (auto& c : cases) {
     SCOPED_TRACE(c.args);
     Result r = run(c.args);
-    EXPECT_EQ(r.code, 2);
-    EXPECT_EQ(r.err.rfind("seam: error: " + c.expect, 0), 0u) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    expect_usage_error(r, c);
     std::string sub = c.args.substr(0, c.args.find(' '));
     EXPECT_NE(r.err.find("see 'seam " + sub + " --help'"), std::string::npos) << r.err;
   }
@@ -357,9 +362,7 @@ TEST_F(Cli, UsageErrorsExitWithTwoAndRuntimeErrorsWithOne) {
   for (auto& c : cases) {
     SCOPED_TRACE(c.args);
     Result r = run(c.args);
-    EXPECT_EQ(r.code, 2);
-    EXPECT_EQ(r.err.rfind("seam: error: " + c.expect, 0), 0u) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    expect_usage_error(r, c);
     EXPECT_NE(r.err.find("--help'"), std::string::npos) << r.err;
   }
   // Failures while running keep status 1, apart from usage mistakes.

@@ -7,12 +7,14 @@
 #include <random>
 
 #include "grad_check.h"
+#include "test_util.h"
 #include "seam/seam.h"
 
 using namespace seam;
 using seam::testing::check_gradients;
 using seam::testing::GradCase;
 using seam::testing::GradCheckOptions;
+using seam::testing::random_labels;
 
 namespace {
 
@@ -174,14 +176,6 @@ double run_cross_entropy(const std::vector<double>& logits, const Shape& s, cons
   p.set_input("logits", std::span<const float>(zf));
   p.run();
   return p.read_as<float>(loss.name()).at(0);
-}
-
-std::vector<int32_t> random_labels(size_t n, int32_t classes, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, classes - 1);
-  std::vector<int32_t> v(n);
-  for (auto& e : v) e = d(rng);
-  return v;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Small helpers the CPU and GPU tests share.
 #pragma once
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,22 @@ inline Var mlp_loss(Graph& g, int64_t batch, int64_t in, const std::vector<int64
   int layer = 0;
   for (int64_t w : hidden) h = relu(nn::linear(h, w, "fc" + std::to_string(++layer)));
   return cross_entropy(nn::linear(h, classes, "fc" + std::to_string(++layer)), y);
+}
+
+// Fresh random inputs: normal floats, and labels uniform in [0, classes).
+inline std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+inline std::vector<int32_t> random_labels(size_t n, int32_t classes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, classes - 1);
+  std::vector<int32_t> v(n);
+  for (auto& e : v) e = d(rng);
+  return v;
 }
 
 // The bytes of a vector of values, for set_input and write_param.

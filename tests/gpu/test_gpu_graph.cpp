@@ -6,22 +6,12 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "../test_util.h"
 #include "gpu_check.h"
 
 using namespace seam;
 using seam::gpu_testing::expect_close;
-
-namespace {
-
-std::vector<float> random_floats(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-}  // namespace
+using seam::testing::random_floats;
 
 TEST(GpuGraph, ReplayMatchesEagerLaunchesAndTheCpu) {
   const int64_t batch = 32;

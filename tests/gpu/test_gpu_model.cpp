@@ -16,62 +16,15 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm.h"
 #include "ops/registry.h"
+#include "../model_checks.h"
 #include "gpu_check.h"
 
 using namespace seam;
 using seam::gpu_testing::TempCacheDir;
+using seam::testing::random_floats;
+using seam::testing::random_labels;
 
 namespace {
-
-std::vector<float> random_floats(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-std::vector<int32_t> random_labels(size_t n, int classes, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(classes));
-  return v;
-}
-
-// A small CNN with batch norm (running statistics), dropout (the step counter seeds it),
-// and a clipped Adam (moments, the step counter, the clipping partials).
-struct Net {
-  Graph g;
-  Var loss;
-  OptimizerConfig opt = OptimizerConfig::adamw(1e-3, 0.01);
-  Net() {
-    Var x = g.input("x", {8, 3, 12, 12});
-    Var y = g.input("y", {8}, DType::i32);
-    Var h = relu(nn::batch_norm(nn::conv2d(x, 6, 3, "conv", {.padding = {1, 1}}, false), "bn"));
-    h = dropout(flatten(max_pool2d(h, {2, 2})), 0.2);
-    h = relu(nn::linear(h, 32, "fc1"));
-    loss = cross_entropy(nn::linear(h, 10, "fc2"), y);
-    opt.clip_norm = 0.5;
-  }
-  void feed(Program& p, uint64_t step) const {
-    const auto x = random_floats(8 * 3 * 12 * 12, 100 + step);
-    const auto y = random_labels(8, 10, 200 + step);
-    p.set_input("x", std::span<const float>(x));
-    p.set_input("y", std::span<const int32_t>(y));
-  }
-};
-
-bool same_tensors(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].name, b[i].name);
-    if (a[i].name != b[i].name || a[i].data != b[i].data) {
-      ADD_FAILURE() << "tensor " << a[i].name << " differs";
-      return false;
-    }
-  }
-  return true;
-}
 
 // Blocks the legacy default stream with a host function until opened (or 10 s passed):
 // work queued behind it cannot run while it is closed.
@@ -133,55 +86,10 @@ TEST(GpuModel, CompilingASecondProgramLeavesTheFirstsGradients) {
 }
 
 TEST(GpuModel, TimingStepsLeavesTheModelBitwiseAsItWas) {
-  Net net;
-  Model timed(net.g, {.seed = 4, .device = Device::cuda}), untimed(net.g, {.seed = 4, .device = Device::cuda});
-  Program pt = timed.compile({.loss = net.loss.id(), .optimizer = net.opt});
-  Program pu = untimed.compile({.loss = net.loss.id(), .optimizer = net.opt});
-  for (uint64_t s = 0; s < 3; ++s) {
-    net.feed(pt, s);
-    net.feed(pu, s);
-    pt.run();
-    pu.run();
-  }
-  const auto saved = timed.save_tensors();
-  const int64_t step = timed.state().step;
-  const auto loss = pt.read(net.loss.name());
-  const auto ms = pt.time_steps(3);
-  EXPECT_EQ(ms.size(), pt.plan().steps.size() + 1);  // and the optimizer
-  EXPECT_TRUE(same_tensors(timed.save_tensors(), saved));
-  EXPECT_EQ(timed.state().step, step);
-  for (ValueId id : net.g.params())
-    EXPECT_EQ(pt.read_grad(net.g.value(id).name), pu.read_grad(net.g.value(id).name)) << net.g.value(id).name;
-  // The device's own step counter (the dropout masks, Adam's bias correction) too: the
-  // next steps match the model that was never timed.
-  for (uint64_t s = 3; s < 5; ++s) {
-    net.feed(pt, s);
-    net.feed(pu, s);
-    pt.run();
-    pu.run();
-  }
-  EXPECT_EQ(pt.read(net.loss.name()), pu.read(net.loss.name()));
-  EXPECT_TRUE(same_tensors(timed.save_tensors(), untimed.save_tensors()));
-  EXPECT_NE(loss, pt.read(net.loss.name()));
+  seam::testing::expect_timing_leaves_the_model_as_it_was(Device::cuda);
 }
 
-TEST(GpuModel, AProgramOutlivesItsModel) {
-  Net net;
-  std::optional<Program> orphan;
-  {
-    Model m(net.g, {.seed = 5, .device = Device::cuda});
-    orphan.emplace(m.compile({.loss = net.loss.id(), .optimizer = net.opt}));
-  }
-  Model ref(net.g, {.seed = 5, .device = Device::cuda});
-  Program kept = ref.compile({.loss = net.loss.id(), .optimizer = net.opt});
-  for (uint64_t s = 0; s < 3; ++s) {
-    net.feed(*orphan, s);
-    net.feed(kept, s);
-    orphan->run();
-    kept.run();
-    EXPECT_EQ(orphan->read(net.loss.name()), kept.read(net.loss.name())) << "step " << s;
-  }
-}
+TEST(GpuModel, AProgramOutlivesItsModel) { seam::testing::expect_a_program_outlives_its_model(Device::cuda); }
 
 TEST(GpuStreams, ScratchIsZeroedBeforeItsStreamUsesIt) {
   // The zeroing must be ordered before the first work of the stream the scratch belongs
