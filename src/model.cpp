@@ -39,6 +39,24 @@ struct Model::Core {
 
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
+namespace {
+constexpr Precision kPrecisions[] = {Precision::f32, Precision::tf32};
+}
+
+const char* precision_name(Precision p) { return p == Precision::tf32 ? "tf32" : "f32"; }
+
+std::optional<Precision> parse_precision(std::string_view name) {
+  for (Precision p : kPrecisions)
+    if (name == precision_name(p)) return p;
+  return std::nullopt;
+}
+
+std::vector<std::string> precision_names() {
+  std::vector<std::string> names;
+  for (Precision p : kPrecisions) names.emplace_back(precision_name(p));
+  return names;
+}
+
 Device default_device() { return cuda_available() ? Device::cuda : Device::cpu; }
 
 namespace {
@@ -111,7 +129,8 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
   c.layout = make_layout(c.graph);
   c.state.seed = options.seed;
   c.backend = c.device == Device::cuda
-                  ? make_cuda_backend({options.tf32, options.cuda_graph, options.epilogue, options.cuda_streams})
+                  ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,
+                                       options.cuda_streams})
                   : make_cpu_backend();
   c.params = c.backend->alloc(c.layout.param_bytes);
   c.grads = c.backend->alloc(c.layout.param_bytes);

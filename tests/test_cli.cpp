@@ -188,6 +188,10 @@ TEST_F(Cli, ResumedRunGivesTheBitwiseSameLossCurve) {
 TEST_F(Cli, PlanPrintsStepsMemoryAndFlops) {
   Result r = run(std::string("plan ") + SEAM_EXAMPLES "/fmnist_cnn.json --batch 32");
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(training step, batch 32, cpu, f32)"), std::string::npos) << r.out;  // the file's precision
+  Result tf = run(std::string("plan ") + SEAM_EXAMPLES "/fmnist_cnn.json --batch 32 --precision tf32");
+  ASSERT_EQ(tf.code, 0) << tf.err;
+  EXPECT_NE(tf.out.find("(training step, batch 32, cpu, tf32)"), std::string::npos) << tf.out;
   for (const char* s : {"conv2d", "conv2d_grad_weight", "batch_norm_grad", "@arena+", "arena peak", "parameters:", "flops per step", "adamw"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   Result ops = run("ops");
@@ -330,6 +334,9 @@ TEST_F(Cli, FlagErrorsSayWhatIsAllowedOnOneLine) {
       {"eval --checkpoint c --device tpu", "--device must be one of cpu, cuda, auto, got 'tpu'"},
       {"plan m.json --batch none", "--batch must be a whole number >= 1, got 'none'"},
       {"plan m.json --device gpu", "--device must be one of cpu, cuda, auto, got 'gpu'"},
+      {"train --precision fp32", "--precision must be one of f32, tf32, got 'fp32'"},
+      {"plan m.json --precision half", "--precision must be one of f32, tf32, got 'half'"},
+      {"bench --precision TF32", "--precision must be one of f32, tf32, got 'TF32'"},
       {"bench --steps 0", "--steps must be a whole number >= 1, got 0"},
       {"bench --repeats 3000000000", "--repeats must be a whole number from 1 to 2147483647"},
       {"bench --warmup -1", "--warmup must be a whole number >= 0, got -1"},
@@ -400,6 +407,11 @@ TEST_F(Cli, BenchReportsATableAndCsv) {
   std::string text = slurp(csv);
   EXPECT_EQ(text.rfind("framework,workload,variant", 0), 0u) << text;
   EXPECT_NE(text.find("seam,W1,eager,cpu,"), std::string::npos) << text;
+  EXPECT_NE(text.find(",gemm_ms,precision\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(",tf32\n"), std::string::npos) << text;  // W1 says what it means: TF32 GEMMs
+  Result f32 = run("bench W1 --device cpu --steps 1 --repeats 1 --warmup 0 --precision f32 --csv " + csv.string());
+  ASSERT_EQ(f32.code, 0) << f32.err;
+  EXPECT_NE(slurp(csv).find(",f32\n"), std::string::npos) << slurp(csv);
   Result bad = run("bench W9 --device cpu");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("W9"), std::string::npos) << bad.err;

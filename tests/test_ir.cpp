@@ -119,6 +119,16 @@ size_t count_of(const std::string& s, const std::string& part) {
 }
 }  // namespace
 
+TEST(ModelFile, PrecisionNamesWhatGemmsComputeIn) {
+  const std::string head = R"({"input": {"shape": [4]}, "classes": 2, "layers": [{"op": "linear", "out": 2}])";
+  EXPECT_EQ(io::parse_model_json(head + "}", "m.json").precision, Precision::f32);  // IEEE unless asked
+  EXPECT_EQ(io::parse_model_json(head + R"(, "precision": "tf32"})", "m.json").precision, Precision::tf32);
+  const std::string e = model_error(head + R"(, "precision": "tf33"})");
+  EXPECT_NE(e.find("m.json: unknown precision 'tf33'; did you mean 'tf32'"), std::string::npos) << e;
+  EXPECT_EQ(parse_precision("bf16"), std::nullopt);
+  EXPECT_EQ(precision_names(), (std::vector<std::string>{"f32", "tf32"}));
+}
+
 TEST(ModelFile, UnknownOpSuggestsEachNameOnce) {
   // "linear" is both an op and a layer with parameters.
   std::string msg = model_error(R"({"input": {"shape": [784]}, "layers": [{"op": "lineer", "out": 10}]})");

@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "seam/error.h"
@@ -56,6 +57,15 @@ struct CompileOptions {
 };
 
 enum class Device : uint8_t { cpu, cuda };
+
+// What GEMMs and convolutions compute in: IEEE fp32 (f32), or fp32 values on TF32 tensor
+// cores (tf32: 10-bit mantissa products, fp32 accumulation), as PyTorch's
+// allow_tf32. The CPU reference computes in fp32 either way.
+enum class Precision : uint8_t { f32, tf32 };
+const char* precision_name(Precision p);
+std::optional<Precision> parse_precision(std::string_view name);
+// The names parse_precision knows, for error messages.
+std::vector<std::string> precision_names();
 const char* device_name(Device d);
 // The GPU when this build has the CUDA backend and the runtime sees a GPU, else the CPU.
 Device default_device();
@@ -72,7 +82,7 @@ enum class EpiloguePolicy { fastest, fused, split, split_t };
 struct ModelOptions {
   uint64_t seed = 0;
   Device device = Device::cpu;
-  bool tf32 = true;        // f32 GEMMs and convolutions may use TF32 tensor cores (CUDA)
+  Precision precision = Precision::f32;
   bool cuda_graph = true;  // replay each step as one captured CUDA Graph (CUDA)
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   // CUDA streams a step may spread independent steps over (step_dependencies): e.g. a

@@ -70,7 +70,7 @@ class Backend {
 
 std::shared_ptr<Backend> make_cpu_backend();
 struct CudaOptions {
-  bool tf32 = true;   // f32 GEMMs and convolutions may use TF32 tensor cores
+  bool tf32 = false;  // f32 GEMMs and convolutions may use TF32 tensor cores
   bool graph = true;  // replay each step as one captured CUDA Graph
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   int streams = 4;    // streams a step may spread independent steps over

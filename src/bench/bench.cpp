@@ -23,6 +23,7 @@ struct Workload {
   int64_t batch, in, classes;
   std::function<Var(Graph&, Var)> net;  // logits from x
   OptimizerConfig opt;
+  Precision precision = Precision::tf32;      // the built-in workloads: fp32 values, TF32 GEMMs
   std::function<io::BuiltGraph()> file = {};  // a model file's graph instead of net
 };
 
@@ -31,7 +32,7 @@ Workload file_workload(const std::string& path) {
   io::ModelSpec spec = io::parse_model_file(path);
   spec.fix_schedule_length(60000 / spec.batch_size);  // as a run over Fashion-MNIST's 60000 images would
   Workload w{spec.name, "model file " + path, spec.batch_size, numel(spec.input_shape), spec.classes,
-             nullptr, spec.optimizer};
+             nullptr, spec.optimizer, spec.precision};
   w.file = [spec] { return io::build_graph(spec, spec.batch_size); };
   return w;
 }
@@ -45,14 +46,14 @@ Var residual_net(Var x, const std::function<Var(Var, const std::string&)>& block
 
 std::vector<Workload> workloads() {
   return {
-      {"W1", "MLP 784-1024-1024-10, ReLU, cross-entropy, Adam, batch 128, f32 with TF32 GEMMs", 128, 784, 10,
+      {"W1", "MLP 784-1024-1024-10, ReLU, cross-entropy, Adam, batch 128", 128, 784, 10,
        [](Graph&, Var x) {
          Var h = relu(nn::linear(x, 1024, "fc1"));
          h = relu(nn::linear(h, 1024, "fc2"));
          return nn::linear(h, 10, "fc3");
        },
        OptimizerConfig::adam(1e-3)},
-      {"W2", "MLP 4096-4096-4096-4096-1000, GELU (tanh form) between, AdamW, batch 8192, f32 with TF32 GEMMs", 8192,
+      {"W2", "MLP 4096-4096-4096-4096-1000, GELU (tanh form) between, AdamW, batch 8192", 8192,
        4096, 1000,
        [](Graph&, Var x) {
          Var h = gelu(nn::linear(x, 4096, "fc1"), true);
@@ -63,7 +64,7 @@ std::vector<Workload> workloads() {
        OptimizerConfig::adamw(1e-3, 0.01)},
       {"W3",
        "residual gated MLP: 1024 wide, 4 blocks h += gamma * down(silu(gate(h)) * up(h)) with 2048 hidden, 1000 "
-       "classes, AdamW, batch 4096, f32 with TF32 GEMMs",
+       "classes, AdamW, batch 4096",
        4096, 1024, 1000,
        [](Graph& g, Var x) {
          return residual_net(x, [&](Var h, const std::string& n) {
@@ -75,7 +76,7 @@ std::vector<Workload> workloads() {
        OptimizerConfig::adamw(1e-3, 0.01)},
       {"W4",
        "post-norm residual MLP: 1024 wide, 4 blocks h = layer_norm(h + down(gelu(up(h)))) with 4096 hidden, 1000 "
-       "classes, AdamW, batch 4096, f32 with TF32 GEMMs",
+       "classes, AdamW, batch 4096",
        4096, 1024, 1000,
        [](Graph&, Var x) {
          return residual_net(x, [](Var h, const std::string& n) {
@@ -105,7 +106,7 @@ double step_bytes(const Plan& p) {
 }
 
 struct Result {
-  std::string name, device;
+  std::string name, device, precision;
   bool graph;
   int64_t batch;
   double ms, ms_min, ms_max, host_us, tflops, gbps, gemm_ms = -1;
@@ -129,9 +130,10 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
                                   : o.epilogue == "split"   ? EpiloguePolicy::split
                                   : o.epilogue == "split_t" ? EpiloguePolicy::split_t
                                                             : EpiloguePolicy::fastest;
+  const Precision precision = o.precision.value_or(w.precision);
   Model m(g, {.seed = 1,
               .device = dev,
-              .tf32 = true,
+              .precision = precision,
               .cuda_graph = o.graph,
               .epilogue = epilogue,
               .cuda_streams = o.streams});
@@ -181,7 +183,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   std::vector<double> sorted = per_step;
   std::sort(sorted.begin(), sorted.end());
   std::sort(host.begin(), host.end());
-  Result res{w.name, device_name(dev), o.graph && dev == Device::cuda, w.batch, sorted[sorted.size() / 2], sorted.front(),
+  Result res{w.name, device_name(dev), precision_name(precision), o.graph && dev == Device::cuda, w.batch, sorted[sorted.size() / 2], sorted.front(),
              sorted.back(), host[host.size() / 2], 0, 0, -1, p.executable().stats().kernels};
   res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
   res.gbps = step_bytes(p.plan()) / (res.ms * 1e-3) / 1e9;
@@ -232,7 +234,8 @@ int run_bench(const BenchOptions& o) {
   }
   if (o.workloads.empty()) chosen = workloads();
   for (const Workload& w : chosen) {
-    std::printf("%s: %s\n", w.name.c_str(), w.description.c_str());
+    std::printf("%s: %s, %s\n", w.name.c_str(), w.description.c_str(),
+                precision_name(o.precision.value_or(w.precision)));
     std::fflush(stdout);
     results.push_back(bench_one(w, o, dev));
   }
@@ -246,14 +249,14 @@ int run_bench(const BenchOptions& o) {
     std::ofstream f(o.csv);
     if (!f) fail(o.csv, ": cannot write");
     f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
-         "tflops,gbps,gemm_ms\n";
+         "tflops,gbps,gemm_ms,precision\n";
     for (auto& r : results)
       f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
         << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
         << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
         << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string()) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
-        << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "\n";
+        << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << "\n";
   }
   return 0;
 }

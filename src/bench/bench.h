@@ -3,8 +3,11 @@
 // GB/s, as a table and as CSV. bench/compare_torch.py runs the same workloads in PyTorch.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "seam/model.h"
 
 namespace seam::bench {
 
@@ -21,6 +24,7 @@ struct BenchOptions {
   std::string epilogue = "fastest";    // fused GEMM epilogues: fastest, fused, split, split_t
   int streams = 4;                     // CUDA streams a step may spread over
   std::string fusion = "all";          // all; epilogues (GEMM epilogues and loss only); none
+  std::optional<Precision> precision;  // overrides each workload's (W1-W4: tf32; a file: its own)
   std::string csv;                     // also write the results here
 };
 

@@ -180,8 +180,9 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   s.seed = get<uint64_t>(j, "seed", 0, source);
   s.device = get<std::string>(j, "device", "auto", source);
   if (s.device != "auto" && s.device != "cpu" && s.device != "cuda") unknown(source, "device", s.device, {"auto", "cpu", "cuda"});
-  s.precision = get<std::string>(j, "precision", "f32", source);
-  if (s.precision != "f32") unknown(source, "precision", s.precision, {"f32"});
+  const std::string precision = get<std::string>(j, "precision", "f32", source);
+  if (auto p = parse_precision(precision)) s.precision = *p;
+  else unknown(source, "precision", precision, precision_names());
   if (s.batch_size < 1) fail(source, ": batch_size must be >= 1");
   if (s.epochs < 1) fail(source, ": epochs must be >= 1");
   if (j.contains("loss")) {

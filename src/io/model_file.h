@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "seam/graph.h"
+#include "seam/model.h"
 #include "seam/optim.h"
 
 namespace seam::io {
@@ -24,7 +25,7 @@ struct ModelSpec {
   int64_t epochs = 10;
   uint64_t seed = 0;
   std::string device = "auto";     // auto | cpu | cuda
-  std::string precision = "f32";
+  Precision precision = Precision::f32;  // what GEMMs and convolutions compute in
   OptimizerConfig optimizer;
   bool cosine_total_from_run = false;  // schedule.total_steps was left to the run length
   // Sets a cosine schedule's total_steps from the run's length when the file left it

@@ -191,6 +191,7 @@ int run_train(const TrainOptions& o) {
   if (o.lr) spec.optimizer.lr = *o.lr;
   if (o.seed) spec.seed = *o.seed;
   if (o.device) spec.device = *o.device;
+  if (o.precision) spec.precision = *o.precision;
   if (o.val_split) spec.val_split = *o.val_split;
   if (spec.epochs < 1 || spec.batch_size < 1) fail("epochs and batch size must be >= 1");
   spec.optimizer.validate();
@@ -225,7 +226,7 @@ int run_train(const TrainOptions& o) {
   spec.fix_schedule_length(steps_per_epoch);
 
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = dev});
+  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision});
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   // The epoch's sums so far, read from the device only at log points: [loss, correct].
@@ -277,11 +278,13 @@ int run_train(const TrainOptions& o) {
   const bool bar = o.output == Output::bar, json = o.output == Output::json;
   const auto& layout = model.layout();
   if (!json && o.output != Output::quiet)
-    std::printf("seam: training %s on %s: %lld parameters, batch %lld, %lld steps/epoch, %lld epochs, %s\n",
-                spec.name.c_str(), device.c_str(), static_cast<long long>(layout.param_count()), static_cast<long long>(B),
+    std::printf("seam: training %s on %s in %s: %lld parameters, batch %lld, %lld steps/epoch, %lld epochs, %s\n",
+                spec.name.c_str(), device.c_str(), precision_name(spec.precision),
+                static_cast<long long>(layout.param_count()), static_cast<long long>(B),
                 static_cast<long long>(steps_per_epoch), static_cast<long long>(spec.epochs), spec.optimizer.str().c_str());
   if (json)
-    std::cout << nlohmann::json{{"event", "start"}, {"model", spec.name}, {"device", device}, {"parameters", layout.param_count()},
+    std::cout << nlohmann::json{{"event", "start"}, {"model", spec.name}, {"device", device},
+                                {"precision", precision_name(spec.precision)}, {"parameters", layout.param_count()},
                                 {"batch", B}, {"steps_per_epoch", steps_per_epoch}, {"epochs", spec.epochs},
                                 {"resumed_at_step", model.state().step}}
                      .dump()
@@ -401,10 +404,11 @@ int run_eval(const EvalOptions& o) {
   io::ModelSpec spec = o.model_path ? io::parse_model_file(*o.model_path)
                                     : io::parse_model_json(ck.model_json, o.checkpoint + " (stored model)");
   if (o.batch) spec.batch_size = *o.batch;
+  if (o.precision) spec.precision = *o.precision;
   data::ImageData data = data::load_image_data(o.data_dir);
   check_input(spec, data);
   io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device)});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision});
   try {
     model.load_tensors(ck.tensors);
   } catch (const Error& e) {
@@ -436,16 +440,17 @@ int run_eval(const EvalOptions& o) {
 }
 
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
-             bool measure) {
+             bool measure, std::optional<Precision> precision) {
   io::ModelSpec spec = io::parse_model_file(model_path);
+  if (precision) spec.precision = *precision;
   const int64_t B = batch.value_or(spec.batch_size);
   spec.fix_schedule_length(60000 / B);  // as a run over the 60000 Fashion-MNIST training images would
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device)});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
                    : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
-  std::printf("%s (%s step, batch %lld, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training", static_cast<long long>(B),
-              device_name(model.device()), p.plan().str().c_str());
+  std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",
+              static_cast<long long>(B), device_name(model.device()), precision_name(spec.precision), p.plan().str().c_str());
   // The same step without fusion, for the before/after totals.
   CompileOptions plain = eval ? CompileOptions{.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}, .fuse = false}
                               : CompileOptions{.mode = Mode::train,

@@ -21,6 +21,7 @@ struct TrainOptions {
   std::optional<double> lr;
   std::optional<uint64_t> seed;
   std::optional<std::string> device;
+  std::optional<Precision> precision;     // overrides the model file's
   std::optional<double> val_split;
   Output output = Output::bar;
   int64_t max_steps = 0;    // > 0: stop after this many steps in all, checkpointing
@@ -40,6 +41,7 @@ struct EvalOptions {
   int64_t limit_test = 0;
   bool json = false;
   std::string device = "auto";
+  std::optional<Precision> precision;  // overrides the model file's
 };
 
 // Evaluates a checkpoint on the test set: accuracy, loss, confusion matrix.
@@ -49,7 +51,8 @@ int run_eval(const EvalOptions& o);
 // device: where the plan's kernels are prepared (cpu, cuda, auto).
 // measure: also time each step alone on the device (a GPU, or the CPU) and show it next to
 // the estimate.
+// precision: overrides the model file's.
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
-             bool measure = false);
+             bool measure = false, std::optional<Precision> precision = std::nullopt);
 
 }  // namespace seam::train

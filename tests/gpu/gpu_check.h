@@ -23,10 +23,6 @@ struct Tolerance {
   static Tolerance exact() { return {0, 0, 0}; }  // bit for bit (for finite values)
 };
 
-// What the GPU model computes in: f32 GEMMs and convolutions in IEEE fp32, or on TF32
-// tensor cores.
-enum class Precision { f32, tf32 };
-
 class GpuCase {
  public:
   explicit GpuCase(uint64_t seed = 1) : rng_(seed) {}

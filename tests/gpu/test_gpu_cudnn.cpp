@@ -20,7 +20,6 @@ using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::expect_close;
 using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
-using seam::gpu_testing::Precision;
 using seam::gpu_testing::TempCacheDir;
 using seam::gpu_testing::tf32;
 using seam::gpu_testing::Tolerance;
@@ -123,7 +122,7 @@ TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
   Graph g;
   Var x = g.input("x", {1, 5, 11, 13});
   Var y = conv2d(x, g.param("w", {7, 5, 3, 3}, Init::uniform(-1, 1)), std::nullopt, {.padding = {1, 1}});
-  Model m(g, {.device = Device::cuda});
+  Model m(g, {.device = Device::cuda, .precision = Precision::tf32});
   Program p = m.compile({.mode = Mode::eval, .outputs = {y.id()}});
   const std::string key = "fwd x=1,5,11,13 w=7,5,3,3 y=1,7,11,13 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=tf32 ";
   bool found = false;
@@ -139,7 +138,7 @@ TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
   EXPECT_TRUE(found) << "no line starting with '" << key << "' in " << dir;
   // Another folder knows nothing of it: the cache follows XDG_CACHE_HOME.
   TempCacheDir other;
-  Model m2(g, {.device = Device::cuda});
+  Model m2(g, {.device = Device::cuda, .precision = Precision::tf32});
   Program p2 = m2.compile({.mode = Mode::eval, .outputs = {y.id()}});
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(other.dir()) / "seam")) << other.dir();
 }

@@ -16,7 +16,6 @@ using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
-using seam::gpu_testing::Precision;
 using seam::gpu_testing::Tolerance;
 
 namespace {

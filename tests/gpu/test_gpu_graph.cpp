@@ -43,7 +43,7 @@ TEST(GpuGraph, ReplayMatchesEagerLaunchesAndTheCpu) {
   for (int k = 0; k < kRuns; ++k) {
     Model m(g, {.seed = 4,
                 .device = runs[k].device,
-                .tf32 = false,
+                .precision = Precision::f32,
                 .cuda_graph = runs[k].graph,
                 .cuda_streams = runs[k].streams});
     Program p = m.compile({.loss = loss.id(), .optimizer = opt});

@@ -27,7 +27,6 @@ using seam::testing::count;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::GpuCase;
-using seam::gpu_testing::Precision;
 using seam::gpu_testing::TempCacheDir;
 using seam::gpu_testing::Tolerance;
 
@@ -212,7 +211,7 @@ TEST(GpuLinear, WeightAndBiasGradientComeFromOneStep) {
   // BGRADB in the GEMM, or the plain GEMM (on dy or its transposed copy) and the column
   // sums.
   for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split, EpiloguePolicy::split_t}) {
-    Model m(g, {.seed = 1, .device = Device::cuda, .tf32 = false, .epilogue = e});
+    Model m(g, {.seed = 1, .device = Device::cuda, .precision = Precision::f32, .epilogue = e});
     Program p = m.compile({.loss = loss.id(), .gradients = true});
     EXPECT_EQ(count(p.plan(), Op::linear_grad_weight_bias), 1) << p.plan().str();
     p.set_input("x", std::span<const float>(xs));

@@ -87,10 +87,10 @@ void compare(const Results& gpu, const Results& cpu, double rel, bool elementwis
 
 // Trains the same model on both devices for `steps` steps and compares what it did.
 void train_both(Graph& g, Var loss, const OptimizerConfig& opt, size_t rows, size_t dim, int steps, double rel,
-                bool tf32) {
+                Precision precision) {
   Results res[2];
   for (int d = 0; d < 2; ++d) {
-    Model m(g, {.seed = 5, .device = d ? Device::cuda : Device::cpu, .tf32 = tf32});
+    Model m(g, {.seed = 5, .device = d ? Device::cuda : Device::cpu, .precision = precision});
     const Results initial = initial_params(m);
     Program p = m.compile({.loss = loss.id(), .optimizer = opt});
     for (int s = 0; s < steps; ++s) {
@@ -102,7 +102,7 @@ void train_both(Graph& g, Var loss, const OptimizerConfig& opt, size_t rows, siz
     EXPECT_EQ(m.state().step, steps);
     res[d] = results_of(m, p, initial);
   }
-  compare(res[1], res[0], rel, /*elementwise=*/!tf32);
+  compare(res[1], res[0], rel, /*elementwise=*/precision != Precision::tf32);
 }
 
 // Eight steps of `c` on a linear loss whose gradients are the inputs gw and gb.
@@ -188,13 +188,13 @@ TEST(GpuTraining, TwentyMlpStepsMatchTheCpu) {
   Var loss = cross_entropy(nn::linear(h, 10, "fc3"), y);
   auto opt = OptimizerConfig::adamw(1e-3, 0.01);
   opt.schedule.warmup_steps = 5;
-  train_both(g, loss, opt, batch, 784, 20, 1e-3, /*tf32=*/false);
+  train_both(g, loss, opt, batch, 784, 20, 1e-3, Precision::f32);
   auto sgd = OptimizerConfig::sgd(0.05, 0.9);
   sgd.clip_norm = 1.0;
-  train_both(g, loss, sgd, batch, 784, 20, 1e-3, /*tf32=*/false);
+  train_both(g, loss, sgd, batch, 784, 20, 1e-3, Precision::f32);
   // TF32's 10-bit products move the trajectory: after 20 steps a few ReLUs of the first
   // layer sit on the other side, and its gradient differs by a few percent (seen: 3%).
-  train_both(g, loss, sgd, batch, 784, 20, 5e-2, /*tf32=*/true);
+  train_both(g, loss, sgd, batch, 784, 20, 5e-2, Precision::tf32);
 }
 
 TEST(GpuTraining, TwentyCnnStepsMatchTheCpu) {
@@ -210,5 +210,5 @@ TEST(GpuTraining, TwentyCnnStepsMatchTheCpu) {
   h = max_pool2d(h, {2, 2});
   Var logits = nn::linear(dropout(flatten(h), 0.25), 10, "fc");
   Var loss = cross_entropy(logits, y);
-  train_both(g, loss, OptimizerConfig::adam(1e-3), batch, 784, 20, 1e-3, /*tf32=*/false);
+  train_both(g, loss, OptimizerConfig::adam(1e-3), batch, 784, 20, 1e-3, Precision::f32);
 }

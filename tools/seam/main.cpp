@@ -157,6 +157,15 @@ int main(int argc, char** argv) {
   bool version = false;
   app.add_flag("--version", version, "print the version and the devices seam sees");
 
+  // --precision for train, plan and bench: a name of seam::parse_precision, or the model
+  // file's (a workload's) own when not given.
+  const std::string precision_help = "what GEMMs and convolutions compute in: f32 (IEEE) or tf32 (TF32 tensor cores)";
+  auto precision_of = [](const std::string& s) -> std::optional<seam::Precision> {
+    if (s.empty()) return std::nullopt;
+    return seam::parse_precision(s);
+  };
+  std::string train_precision, plan_precision, bench_precision;
+
   seam::train::TrainOptions t;
   t.data_dir = seam::data::default_fashion_mnist_dir();
   std::string train_model;
@@ -169,6 +178,8 @@ int main(int argc, char** argv) {
   train->add_option("--seed", t.seed, "seed for initialization, data order and dropout")->transform(whole<uint64_t>(0));
   train->add_option("--device", t.device, "cpu, cuda or auto (default: the model file's, auto = the GPU if there is one)")
       ->check(one_of({"cpu", "cuda", "auto"}));
+  train->add_option("--precision", train_precision, precision_help + " (default: the model file's)")
+      ->check(one_of(seam::precision_names()));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
   train->add_option("--data", t.data_dir, "folder with the four Fashion-MNIST IDX files");
@@ -206,6 +217,8 @@ int main(int argc, char** argv) {
   std::string plan_device = "cpu";
   plan->add_option("--device", plan_device, "prepare the plan's kernels for cpu, cuda or auto")
       ->check(one_of({"cpu", "cuda", "auto"}));
+  plan->add_option("--precision", plan_precision, precision_help + " (default: the model file's)")
+      ->check(one_of(seam::precision_names()));
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
@@ -221,6 +234,8 @@ int main(int argc, char** argv) {
                   "also print each workload's kernel table as `seam plan --measure` does, against the unfused step");
   bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
+  bench->add_option("--precision", bench_precision, precision_help + " (default: tf32 for W1-W4, a model file's own)")
+      ->check(one_of(seam::precision_names()));
   bench->add_option("--epilogue", bo.epilogue,
                     "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
                     "(fastest), or always one of them")
@@ -262,15 +277,19 @@ int main(int argc, char** argv) {
     if (*train) {
       if (!train_model.empty()) t.model_path = train_model;
       t.output = json ? seam::train::Output::json : quiet ? seam::train::Output::quiet : seam::train::Output::bar;
+      t.precision = precision_of(train_precision);
       return seam::train::run_train(t);
     }
     if (*eval) {
       if (!eval_model.empty()) e.model_path = eval_model;
       return seam::train::run_eval(e);
     }
-    if (*plan) return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure);
+    if (*plan)
+      return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
+                                   precision_of(plan_precision));
     if (*bench) {
       bo.graph = !no_graph;
+      bo.precision = precision_of(bench_precision);
       return seam::bench::run_bench(bo);
     }
     if (*ops) {

@@ -65,7 +65,7 @@ class Context {
   void* cublaslt = nullptr;  // cublasLtHandle_t
   void* cudnn = nullptr;     // cudnnHandle_t
   GemmCache* gemm_cache = nullptr;
-  bool tf32 = true;  // f32 GEMMs and convolutions may use TF32 tensor cores
+  bool tf32 = false;  // f32 GEMMs and convolutions may use TF32 tensor cores (ModelOptions::precision)
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;  // see choose_variant (gemm.h)
   DeviceCounters* counters = nullptr;
   DeviceError* error = nullptr;

@@ -12,7 +12,7 @@
 namespace seam::cuda {
 
 struct Shared {
-  bool tf32 = true;
+  bool tf32 = false;
   bool graph = true;
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   cudaStream_t stream = nullptr;       // compute
