@@ -394,11 +394,20 @@ std::vector<double> Program::time_steps(int reps) {
     if (bytes) be.download(saved.back().data(), p, bytes);
   }
   const StepState state = c.state, synced = c.synced;
-  std::vector<double> ms = exe_->time_steps(reps);
-  for (size_t i = 0; i < kept.size(); ++i)
-    if (kept[i].second) be.upload(kept[i].first, saved[i].data(), kept[i].second);
-  c.state = state;
-  c.synced = synced;
+  auto restore = [&] {
+    for (size_t i = 0; i < kept.size(); ++i)
+      if (kept[i].second) be.upload(kept[i].first, saved[i].data(), kept[i].second);
+    c.state = state;
+    c.synced = synced;
+  };
+  std::vector<double> ms;
+  try {
+    ms = exe_->time_steps(reps);
+  } catch (...) {  // a failed measurement leaves the model as it was too
+    restore();
+    throw;
+  }
+  restore();
   return ms;
 }
 

@@ -127,9 +127,9 @@ class Model {
   // anything is written, so a failed load changes nothing.
   void load_tensors(const std::vector<HostTensor>& tensors);
 
-  struct Core;  // graph, layout, step state, backend and storage (src/model.cpp)
-
  private:
+  friend class Program;
+  struct Core;  // graph, layout, step state, backend and storage (src/model.cpp)
   std::shared_ptr<Core> core_;
 };
 

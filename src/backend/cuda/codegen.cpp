@@ -556,17 +556,12 @@ int resident_threads(int registers, int shared_bytes) {
 }
 
 GeneratedKernel ew_kernel_info(const EwSignature& s) {
-  const std::string key = s.key();
-  {
-    std::lock_guard<std::mutex> lock(table_mu);
-    if (auto it = table->find(key); it != table->end()) {
-      counters().memory_hits += 1;
-      return *it->second;
-    }
-  }
+  // With a GPU, the loaded kernel (from this process's table, the disk or a compile);
+  // without one nothing is ever loaded, so there is no table to look in first.
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return *ew_kernel(s);  // the loaded figures
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return *ew_kernel(s);
   (void)cudaGetLastError();
+  const std::string key = s.key();
   const std::string path = kernel_cache_file(s);
   if (std::optional<GeneratedKernel> k = path.empty() ? std::nullopt : read_cached(path, key)) {
     counters().disk_hits += 1;

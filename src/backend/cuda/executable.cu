@@ -61,23 +61,22 @@ class KeepOutputs {
       SEAM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(copy_) + k.at, k.data, k.bytes, cudaMemcpyDeviceToDevice,
                                       stream_));
   }
-  void restore() {
-    if (!copy_) return;
-    for (const Kept& k : kept_)
-      SEAM_CUDA_CHECK(cudaMemcpyAsync(k.data, static_cast<char*>(copy_) + k.at, k.bytes, cudaMemcpyDeviceToDevice,
-                                      stream_));
-    SEAM_CUDA_CHECK(cudaFreeAsync(std::exchange(copy_, nullptr), stream_));
-  }
-  ~KeepOutputs() {  // a preparer threw: put back what can be put back, the error is on its way
-    if (!copy_) return;
-    for (const Kept& k : kept_)
-      (void)cudaMemcpyAsync(k.data, static_cast<char*>(copy_) + k.at, k.bytes, cudaMemcpyDeviceToDevice, stream_);
-    (void)cudaFreeAsync(copy_, stream_);
-  }
+  void restore() { SEAM_CUDA_CHECK(put_back()); }
+  ~KeepOutputs() { (void)put_back(); }  // a preparer threw: its error is on its way, not this one's
   KeepOutputs(const KeepOutputs&) = delete;
   KeepOutputs& operator=(const KeepOutputs&) = delete;
 
  private:
+  // Copies the outputs back and frees the copy, stream-ordered; the first error, if any.
+  cudaError_t put_back() {
+    if (!copy_) return cudaSuccess;
+    cudaError_t e = cudaSuccess;
+    for (const Kept& k : kept_)
+      if (e == cudaSuccess)
+        e = cudaMemcpyAsync(k.data, static_cast<char*>(copy_) + k.at, k.bytes, cudaMemcpyDeviceToDevice, stream_);
+    const cudaError_t f = cudaFreeAsync(std::exchange(copy_, nullptr), stream_);
+    return e != cudaSuccess ? e : f;
+  }
   struct Kept {
     void* data;
     size_t at, bytes;
