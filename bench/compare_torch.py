@@ -2,11 +2,18 @@
 """The workloads of `seam bench` in PyTorch, same shapes, precision and optimizer.
 
 Variants: eager with the default (foreach) optimizer; eager with fused=True;
-torch.compile(mode="reduce-overhead"); and the whole step (forward, backward, fused
+torch.compile with the default mode, mode="reduce-overhead" and
+mode="max-autotune-no-cudagraphs"; and the whole step (forward, backward, fused
 capturable optimizer step) captured by hand with torch.cuda.graph and replayed. Timed
 with CUDA events after warm-up; the median of several repetitions of many steps. Data
 stays on the GPU, as in `seam bench` without --upload.
+
+--precision: tf32 (fp32 values, TF32 matmuls: seam's "tf32"), f32 (IEEE), bf16 or f16
+(torch.autocast around the forward pass and the loss, fp32 parameters and optimizer,
+as seam's mixed policies; f16 adds a GradScaler, which the hand-captured graph cannot
+hold, so that variant is left out at f16).
 """
+import contextlib
 import argparse
 import csv
 import statistics
@@ -99,43 +106,64 @@ def timed(step, steps, warmup, repeats):
     return statistics.median(per), min(per), max(per)
 
 
+PRECISION = "tf32"
+
+
+def autocast():
+    if PRECISION in ("bf16", "f16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16 if PRECISION == "bf16" else torch.float16)
+    return contextlib.nullcontext()
+
+
+def trainer(model, opt, x, y):
+    """One step: forward and loss under autocast, backward, update (scaled at f16)."""
+    scaler = torch.amp.GradScaler("cuda") if PRECISION == "f16" else None
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = F.cross_entropy(model(x), y)
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+
+    return step
+
+
 def variant_eager(spec, fused):
     model, opt, x, y = make(spec, fused=True) if fused else make(spec, foreach=True)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return step
+    return trainer(model, opt, x, y)
 
 
-def variant_compile(spec):
+def variant_compile(spec, mode):
     model, opt, x, y = make(spec, fused=True)
-    cmodel = torch.compile(model, mode="reduce-overhead")
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(cmodel(x), y).backward()
-        opt.step()
-
-    return step
+    return trainer(torch.compile(model, mode=mode), opt, x, y)
 
 
 def variant_graph(spec):
+    if PRECISION == "f16":
+        raise RuntimeError("GradScaler reads its overflow flag on the host: no whole-step graph at f16")
     model, opt, x, y = make(spec, fused=True, capturable=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            with autocast():
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
             opt.step()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(g):
-        F.cross_entropy(model(x), y).backward()
+        with autocast():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
     return g.replay
 
@@ -143,7 +171,9 @@ def variant_graph(spec):
 VARIANTS = {
     "eager_foreach": lambda s: variant_eager(s, fused=False),
     "eager_fused": lambda s: variant_eager(s, fused=True),
-    "compile_reduce_overhead": variant_compile,
+    "compile_default": lambda s: variant_compile(s, "default"),
+    "compile_reduce_overhead": lambda s: variant_compile(s, "reduce-overhead"),
+    "compile_max_autotune_no_cudagraphs": lambda s: variant_compile(s, "max-autotune-no-cudagraphs"),
     "cuda_graph_whole_step": variant_graph,
 }
 
@@ -155,9 +185,13 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--csv", default="")
+    p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default="tf32")
     a = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    global PRECISION
+    PRECISION = a.precision
+    # TF32 only where asked: at f32 as IEEE fp32; bf16 and f16 matmuls are autocast's.
+    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
     rows = []
     for w in a.workloads:
@@ -171,7 +205,8 @@ def main():
             print(f"{w} {v:26s} {ms:9.4f} ms/step ({lo:.4f}-{hi:.4f})  {spec['batch'] / ms * 1e3:12.0f} samples/s",
                   flush=True)
             rows.append(dict(framework="torch", workload=w, variant=v, device="cuda", ms_per_step=ms, ms_min=lo,
-                             ms_max=hi, samples_per_s=spec["batch"] / ms * 1e3, version=torch.__version__))
+                             ms_max=hi, samples_per_s=spec["batch"] / ms * 1e3, version=torch.__version__,
+                             precision=a.precision))
             torch.cuda.empty_cache()
     if a.csv:
         with open(a.csv, "w", newline="") as f:

@@ -12,6 +12,7 @@
 #include "common/philox.h"
 #include "ops/registry.h"
 #include "passes/fuse.h"
+#include "passes/precision.h"
 #include "passes/passes.h"
 #include "plan/lower.h"
 
@@ -22,6 +23,8 @@ struct Model::Core {
   Layout layout;
   StepState state;
   Device device = Device::cpu;
+  Precision precision = Precision::f32;
+  std::vector<PrecisionOverride> overrides;
   int reuse_gap = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
   std::shared_ptr<Backend> backend;
   std::byte* params = nullptr;
@@ -40,10 +43,24 @@ struct Model::Core {
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
 namespace {
-constexpr Precision kPrecisions[] = {Precision::f32, Precision::tf32};
+constexpr Precision kPrecisions[] = {Precision::f32, Precision::tf32, Precision::bf16, Precision::f16};
 }
 
-const char* precision_name(Precision p) { return p == Precision::tf32 ? "tf32" : "f32"; }
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::f32: return "f32";
+    case Precision::tf32: return "tf32";
+    case Precision::bf16: return "bf16";
+    case Precision::f16: return "f16";
+  }
+  SEAM_ASSERT(false);
+}
+
+std::optional<DType> low_dtype(Precision p) {
+  if (p == Precision::bf16) return DType::bf16;
+  if (p == Precision::f16) return DType::f16;
+  return std::nullopt;
+}
 
 std::optional<Precision> parse_precision(std::string_view name) {
   for (Precision p : kPrecisions)
@@ -126,6 +143,9 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
   c.device = options.device;
   c.reuse_gap = options.device == Device::cuda && options.cuda_streams > 1 ? 1 : 0;
   c.graph.verify();
+  check_overrides(c.graph, options.precision_overrides);
+  c.precision = options.precision;
+  c.overrides = options.precision_overrides;
   c.layout = make_layout(c.graph);
   c.state.seed = options.seed;
   c.backend = c.device == Device::cuda
@@ -163,6 +183,8 @@ void Model::reset() {
   }
   if (c.opt) c.backend->fill_zero(c.opt, kOptSlots * c.layout.param_bytes);
   c.state.step = 0;
+  c.state.loss_scale = 0;
+  c.state.scale_good = c.state.skipped_steps = c.state.skip_streak = 0;
 }
 
 std::vector<std::byte> Model::read_param(const std::string& name) const {
@@ -266,26 +288,53 @@ Program Model::compile(const CompileOptions& o) {
     if (id < 0 || id >= nv) fail("compile: ", what, " ", id, " is not a value of this model's graph");
   };
   apply_mode(g, o.mode);
+  // Outputs and the loss keep their ids through the precision pass (its map), so the
+  // checks and requests below speak of the rewritten graph.
+  std::vector<ValueId> to_new;
+  if (low_dtype(c.precision) || !c.overrides.empty()) {
+    FuseResult p = apply_precision(g, c.precision, c.overrides);
+    g = std::move(p.graph);
+    to_new = std::move(p.map);
+  }
+  auto renumber = [&](ValueId v) { return to_new.empty() || v < 0 || v >= nv ? v : to_new[static_cast<size_t>(v)]; };
   LowerRequest req;
   req.reuse_memory = o.reuse_memory;
   req.reuse_gap = o.reuse_gap >= 0 ? o.reuse_gap : c.reuse_gap;
-  for (ValueId id : o.outputs) check_id(id, "output");
-  req.outputs = o.outputs;
+  for (ValueId id : o.outputs) {
+    check_id(id, "output");
+    req.outputs.push_back(renumber(id));
+  }
+  const ValueId loss = renumber(o.loss);
+  std::string loss_name;
   if (o.loss >= 0) {
     check_id(o.loss, "loss");
-    if (std::find(req.outputs.begin(), req.outputs.end(), o.loss) == req.outputs.end()) req.outputs.push_back(o.loss);
+    loss_name = g.value(loss).name;
+    if (std::find(req.outputs.begin(), req.outputs.end(), loss) == req.outputs.end()) req.outputs.push_back(loss);
   }
   if (o.optimizer) {
     if (o.mode != Mode::train) fail("compile: an optimizer needs mode train");
     if (o.loss < 0) fail("compile: an optimizer needs a loss to differentiate");
     o.optimizer->validate();
     req.optimizer = o.optimizer;
+    LossScaling& ls = req.optimizer->loss_scaling;
+    if (ls.mode == LossScaling::Mode::automatic) {
+      bool f16 = false;
+      for (const Value& v : g.values()) f16 = f16 || v.type.dtype == DType::f16;
+      ls.mode = f16 ? LossScaling::Mode::dynamic : LossScaling::Mode::off;
+    }
   }
   if (o.optimizer || o.gradients) {
     if (o.loss < 0) fail("compile: gradients need a loss to differentiate");
     std::vector<ValueId> wrt;
     for (const Slot& s : c.layout.params) wrt.push_back(*g.find(s.name));
-    std::vector<ValueId> grads = autodiff(g, o.loss, wrt);
+    // A scaled backward pass starts from the step's loss scale instead of 1.
+    std::optional<ValueId> seed;
+    if (req.optimizer && req.optimizer->loss_scaling.mode == LossScaling::Mode::dynamic) {
+      if (!(g.value(loss).type == TensorType{DType::f32, {}}))
+        fail("compile: loss scaling needs an f32 scalar loss, got ", g.describe(loss));
+      seed = g.add(Op::loss_scale, {}, {{"init", req.optimizer->loss_scaling.init}}).at(0);
+    }
+    std::vector<ValueId> grads = autodiff(g, loss, wrt, seed);
     std::set<ValueId> pinned;
     for (size_t i = 0; i < wrt.size(); ++i) {
       ValueId gv = grads[i];
@@ -306,7 +355,10 @@ Program Model::compile(const CompileOptions& o) {
   if (o.fuse) {
     std::vector<ValueId> keep = req.outputs;
     for (auto& [v, slot] : req.grads) keep.push_back(v);
-    std::vector<FuseResult (*)(const Graph&, const std::vector<ValueId>&)> passes = {fuse_epilogues, fuse_losses};
+    // Casts fold into GEMMs and reductions before elementwise groups form, which absorb
+    // the casts left next to them.
+    std::vector<FuseResult (*)(const Graph&, const std::vector<ValueId>&)> passes = {fuse_epilogues, fuse_losses,
+                                                                                     fold_casts};
     if (o.fuse_elementwise) passes.push_back(fuse_elementwise);
     for (auto pass : passes) {
       FuseResult f = pass(g, keep);
@@ -316,7 +368,9 @@ Program Model::compile(const CompileOptions& o) {
       for (ValueId& v : keep) v = f.map[static_cast<size_t>(v)];
     }
   }
-  return Program(core_, lower(g, c.layout, req));
+  Plan plan = lower(g, c.layout, req);
+  plan.loss = loss_name;
+  return Program(core_, std::move(plan));
 }
 
 Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
@@ -376,6 +430,12 @@ void Program::set_input(const std::string& name, std::span<const std::byte> data
 void Program::run() { exe_->run(core_->state); }
 void Program::check() { exe_->check(); }
 
+const StepState& Program::sync_state() {
+  exe_->check();
+  exe_->sync_state(core_->state);
+  return core_->state;
+}
+
 std::vector<double> Program::time_steps(int reps) {
   Model::Core& c = *core_;
   Backend& be = *c.backend;
@@ -428,6 +488,18 @@ std::vector<std::byte> Program::read(const std::string& output) const {
   }
   auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
+  // A value the precision pass stored in 16 bits reads back in the dtype the graph gave it.
+  auto id = core_->graph.find(output);
+  const DType want = id ? core_->graph.value(*id).type.dtype : b->ref.type.dtype;
+  if (want != b->ref.type.dtype && is_half(b->ref.type.dtype) && is_float(want)) {
+    std::vector<double> v(static_cast<size_t>(b->ref.type.numel()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, out.data() + 2 * i, 2);
+      v[i] = b->ref.type.dtype == DType::bf16 ? bf16_to_float(h) : f16_to_float(h);
+    }
+    return encode(v, want);
+  }
   return out;
 }
 

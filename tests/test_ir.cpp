@@ -125,8 +125,10 @@ TEST(ModelFile, PrecisionNamesWhatGemmsComputeIn) {
   EXPECT_EQ(io::parse_model_json(head + R"(, "precision": "tf32"})", "m.json").precision, Precision::tf32);
   const std::string e = model_error(head + R"(, "precision": "tf33"})");
   EXPECT_NE(e.find("m.json: unknown precision 'tf33'; did you mean 'tf32'"), std::string::npos) << e;
-  EXPECT_EQ(parse_precision("bf16"), std::nullopt);
-  EXPECT_EQ(precision_names(), (std::vector<std::string>{"f32", "tf32"}));
+  EXPECT_EQ(io::parse_model_json(head + R"(, "precision": "bf16"})", "m.json").precision, Precision::bf16);
+  EXPECT_EQ(parse_precision("f16"), Precision::f16);
+  EXPECT_EQ(parse_precision("fp16"), std::nullopt);
+  EXPECT_EQ(precision_names(), (std::vector<std::string>{"f32", "tf32", "bf16", "f16"}));
 }
 
 TEST(ModelFile, UnknownOpSuggestsEachNameOnce) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/half.h"
 #include "seam/seam.h"
 
 namespace seam::testing {
@@ -48,6 +49,26 @@ std::vector<std::byte> bytes_of(const std::vector<T>& v) {
   std::vector<std::byte> b(v.size() * sizeof(T));
   std::memcpy(b.data(), v.data(), b.size());
   return b;
+}
+
+// Values of a float dtype (f32, f64, bf16, f16) as floats, for comparisons.
+inline std::vector<float> as_floats(const std::vector<std::byte>& b, DType t) {
+  std::vector<float> r(b.size() / dtype_size(t));
+  for (size_t i = 0; i < r.size(); ++i) {
+    const std::byte* p = b.data() + i * dtype_size(t);
+    if (t == DType::f32) {
+      std::memcpy(&r[i], p, 4);
+    } else if (t == DType::f64) {
+      double d;
+      std::memcpy(&d, p, 8);
+      r[i] = static_cast<float>(d);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      r[i] = t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h);
+    }
+  }
+  return r;
 }
 
 }  // namespace seam::testing

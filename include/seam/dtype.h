@@ -17,6 +17,10 @@ enum class DType : uint8_t { f32, f64, bf16, f16, i32, u8 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 bool is_float(DType t);
+// bf16 or f16: stored in 16 bits, computed in f32.
+inline bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+// What values of a float dtype are computed in: f32 for the 16-bit types, else the dtype.
+inline DType compute_dtype(DType t) { return is_half(t) ? DType::f32 : t; }
 std::optional<DType> parse_dtype(std::string_view name);
 
 using Shape = std::vector<int64_t>;

@@ -36,8 +36,15 @@ struct StepState {
   int64_t step = 0;      // optimizer updates done; also the dropout RNG offset
   uint64_t seed = 0;     // dropout and initialization seed
   double lr = 0.0;       // learning rate of the last update
-  double grad_norm = 0;  // CPU: global gradient L2 norm of the last update (before clipping);
-                         // the CUDA backend keeps it in device memory, unread
+  double grad_norm = 0;  // global gradient L2 norm of the last update (before clipping)
+  // Dynamic loss scaling: the scale the next step multiplies the loss by (0: not started,
+  // the first takes LossScaling::init) and the clean steps since it last changed.
+  double loss_scale = 0;
+  int64_t scale_good = 0;
+  int64_t skipped_steps = 0;  // updates skipped for a non-finite loss or gradient
+  int64_t skip_streak = 0;    // of them, the ones in a row up to the last step
+  // The CUDA backend keeps grad_norm, loss_scale, scale_good, skipped_steps and
+  // skip_streak in device memory; Program::sync_state() brings them here.
 };
 
 struct CompileOptions {
@@ -58,14 +65,29 @@ struct CompileOptions {
 
 enum class Device : uint8_t { cpu, cuda };
 
-// What GEMMs and convolutions compute in: IEEE fp32 (f32), or fp32 values on TF32 tensor
-// cores (tf32: 10-bit mantissa products, fp32 accumulation), as PyTorch's
-// allow_tf32. The CPU reference computes in fp32 either way.
-enum class Precision : uint8_t { f32, tf32 };
+// The precision policy of a model. f32: IEEE fp32 everywhere. tf32: fp32 values, GEMMs and
+// convolutions on TF32 tensor cores (10-bit mantissa products, fp32 accumulation), as
+// PyTorch's allow_tf32. bf16 and f16: mixed precision as PyTorch's autocast (the
+// precision pass, src/passes/precision.h): GEMMs and convolutions read and write the
+// 16-bit type with fp32 accumulation, softmax, losses, normalization statistics and
+// reductions compute in fp32, parameters and optimizer state stay fp32 (the masters),
+// gradients reach them in fp32. The CPU reference emulates 16-bit storage (every store
+// rounds to nearest even), so it stays the oracle at every policy.
+enum class Precision : uint8_t { f32, tf32, bf16, f16 };
 const char* precision_name(Precision p);
 std::optional<Precision> parse_precision(std::string_view name);
+// The 16-bit storage type of a mixed policy, or nullopt for f32 and tf32.
+std::optional<DType> low_dtype(Precision p);
 // The names parse_precision knows, for error messages.
 std::vector<std::string> precision_names();
+// A node, or every node of a scope ("fc4" covers "fc4/linear" and "fc4/relu"), computing
+// at its own precision (f32, bf16 or f16) in a model of another policy: e.g. the last
+// linear layer in f32. The longest matching name wins. TF32 stays the model's choice
+// for its f32 GEMMs.
+struct PrecisionOverride {
+  std::string node;
+  Precision precision;
+};
 const char* device_name(Device d);
 // The GPU when this build has the CUDA backend and the runtime sees a GPU, else the CPU.
 Device default_device();
@@ -83,6 +105,7 @@ struct ModelOptions {
   uint64_t seed = 0;
   Device device = Device::cpu;
   Precision precision = Precision::f32;
+  std::vector<PrecisionOverride> precision_overrides;  // checked when the model is made
   bool cuda_graph = true;  // replay each step as one captured CUDA Graph (CUDA)
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   // CUDA streams a step may spread independent steps over (step_dependencies): e.g. a
@@ -152,6 +175,9 @@ class Program {
   // Waits for the work queued so far and throws the first bad-input error a kernel
   // reported (reads do this too).
   void check();
+  // Waits for the work queued so far and returns the model's step state with what the
+  // device keeps of it (gradient norm, loss scale, skipped steps) brought up to date.
+  const StepState& sync_state();
   // Times each plan step alone (median of `reps` runs, milliseconds), for `seam plan
   // --measure` and `seam bench --breakdown`. Replaying steps alone would update the
   // parameters, optimizer moments, running statistics and step counter, so everything

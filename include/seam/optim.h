@@ -21,6 +21,19 @@ struct Schedule {
   std::string str() const;
 };
 
+// Dynamic loss scaling, as PyTorch's GradScaler, on the device inside the step: the
+// backward pass starts from the scale instead of 1 (small f16 gradients stay above f16's
+// underflow), the update divides the gradients by it. A step whose loss or gradient norm
+// is not finite is skipped and the scale multiplied by `backoff`; after `interval` clean
+// steps in a row it is multiplied by `growth`. automatic: dynamic where the model has f16
+// values, off elsewhere.
+struct LossScaling {
+  enum class Mode : uint8_t { automatic, off, dynamic } mode = Mode::automatic;
+  double init = 65536.0, growth = 2.0, backoff = 0.5;
+  int64_t interval = 2000;
+  std::string str() const;
+};
+
 struct OptimizerConfig {
   // sgd covers plain SGD, momentum and Nesterov momentum (as torch.optim.SGD); adam
   // adds weight decay to the gradient (torch.optim.Adam); adamw decays the weights
@@ -33,6 +46,11 @@ struct OptimizerConfig {
   double weight_decay = 0.0;  // applies to parameters created with decay = true
   double clip_norm = 0.0;     // > 0: clip gradients to this global L2 norm first
   Schedule schedule;
+  LossScaling loss_scaling;
+  // A step whose loss or global gradient norm is not finite leaves the parameters and
+  // moments as they were and counts as skipped (StepState::skipped_steps), at every
+  // precision. Costs one read of the gradients a step where nothing else needs the norm.
+  bool skip_nonfinite = true;
 
   static OptimizerConfig sgd(double lr, double momentum = 0.0, bool nesterov = false);
   static OptimizerConfig adam(double lr, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8);

@@ -61,7 +61,8 @@ struct Plan {
   std::vector<PlanStep> steps;
   std::vector<PlanStep> init;  // run once when the plan is prepared (constants)
   std::vector<Binding> inputs, outputs, grads;  // grads: by parameter name
-  std::optional<OptimizerConfig> optimizer;
+  std::optional<OptimizerConfig> optimizer;  // its loss scaling resolved to off or dynamic
+  std::string loss;  // the output the update's finiteness check reads ("" if none)
   Layout layout;
   size_t arena_bytes = 0;  // peak of the memory plan
   size_t naive_bytes = 0;  // what the arena would need without reuse

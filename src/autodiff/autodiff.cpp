@@ -5,7 +5,7 @@
 
 namespace seam {
 
-std::vector<ValueId> autodiff(Graph& g, ValueId loss, const std::vector<ValueId>& wrt) {
+std::vector<ValueId> autodiff(Graph& g, ValueId loss, const std::vector<ValueId>& wrt, std::optional<ValueId> seed) {
   const Value& lv = g.value(loss);
   if (!is_float(lv.type.dtype) || lv.type.numel() != 1)
     fail("the loss must be a floating-point scalar, got ", g.describe(loss));
@@ -26,7 +26,7 @@ std::vector<ValueId> autodiff(Graph& g, ValueId loss, const std::vector<ValueId>
 
   std::vector<ValueId> grad(nvalues, -1);
   if (!requires_grad[static_cast<size_t>(loss)]) return std::vector<ValueId>(wrt.size(), -1);
-  grad[static_cast<size_t>(loss)] = full(g, lv.type.shape, 1.0, lv.type.dtype).id();
+  grad[static_cast<size_t>(loss)] = seed ? *seed : full(g, lv.type.shape, 1.0, lv.type.dtype).id();
 
   for (int k = nnodes - 1; k >= 0; --k) {
     const Node& n = g.node(k);
@@ -56,6 +56,11 @@ std::vector<ValueId> autodiff(Graph& g, ValueId loss, const std::vector<ValueId>
       ValueId dx = c.dxs[i];
       if (dx < 0) continue;
       ValueId x = c.node.in[i];
+      // An op that computes in f32 on 16-bit inputs (a sum into f32, a loss) gives an f32
+      // gradient; a value's gradient has the value's own dtype.
+      if (g.value(dx).type.shape == g.value(x).type.shape && g.value(dx).type.dtype != g.value(x).type.dtype &&
+          is_float(g.value(x).type.dtype))
+        dx = cast(g.var(dx), g.value(x).type.dtype).id();
       if (!(g.value(dx).type == g.value(x).type))
         fail("internal error: gradient rule of ", op_name(c.node.op), " gave ", g.describe(dx),
              " for ", g.describe(x));

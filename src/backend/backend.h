@@ -49,6 +49,9 @@ class Executable {
   // Throws the first bad-input error a kernel reported since the last check (after the
   // work is done); backends whose kernels throw directly have none.
   virtual void check() {}
+  // Brings what the device keeps of the step state (StepState's comment) to `state`,
+  // after the work queued so far; backends that update `state` directly have nothing to do.
+  virtual void sync_state(StepState& /*state*/) {}
   virtual ExecStats stats() { return {}; }
   // Times each plan step alone (median of `reps` runs, milliseconds), for breakdowns.
   // The replays write what the steps write (parameters, running statistics, the step

@@ -116,10 +116,12 @@ struct Result {
 Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   Graph g;
   ValueId loss_id = -1;
+  std::vector<PrecisionOverride> overrides;
   if (w.file) {
     io::BuiltGraph b = w.file();
     g = std::move(b.graph);
     loss_id = b.loss;
+    overrides = std::move(b.overrides);
   } else {
     Var x = g.input("x", {w.batch, w.in});
     Var y = g.input("y", {w.batch}, DType::i32);
@@ -134,6 +136,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   Model m(g, {.seed = 1,
               .device = dev,
               .precision = precision,
+              .precision_overrides = overrides,
               .cuda_graph = o.graph,
               .epilogue = epilogue,
               .cuda_streams = o.streams});

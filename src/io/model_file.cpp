@@ -7,6 +7,7 @@
 
 #include "common/strings.h"
 #include "ops/registry.h"
+#include "passes/precision.h"
 #include "seam/nn.h"
 #include "seam/ops.h"
 
@@ -27,7 +28,7 @@ const std::map<std::string, std::vector<std::string>> kLayers = {
     {"layer_norm", {"eps"}},
     {"embedding", {"num", "dim"}},
 };
-const std::vector<std::string> kNodeKeys = {"op", "name", "inputs", "input"};
+const std::vector<std::string> kNodeKeys = {"op", "name", "inputs", "input", "precision"};
 
 [[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& name,
                           const std::vector<std::string>& known) {
@@ -273,6 +274,13 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
       ins.push_back(prev);
     }
     if (ins.empty()) fail(where, ": needs at least one input");
+    // A layer's own precision (e.g. the last linear layer in f32 in a bf16 model).
+    std::optional<Precision> layer_precision;
+    if (L.contains("precision")) {
+      const std::string p = get<std::string>(L, "precision", "", where);
+      layer_precision = parse_precision(p);
+      if (!layer_precision) unknown(where, "precision", p, precision_names());
+    }
     Var out;
     try {
       auto scope = g.scope(name);
@@ -312,6 +320,10 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
         std::vector<ValueId> ids;
         for (auto& v : ins) ids.push_back(v.id());
         out = g.add1(*parsed, ids, attrs);
+      }
+      if (layer_precision) {
+        check_overrides(g, {{name, *layer_precision}});
+        b.overrides.push_back({name, *layer_precision});
       }
     } catch (const Error& e) {
       std::string msg = e.what();

@@ -51,6 +51,7 @@ struct BuiltGraph {
   Graph graph;
   ValueId x = -1, y = -1, logits = -1, loss = -1, prediction = -1;
   std::vector<std::string> layer_names;
+  std::vector<PrecisionOverride> overrides;  // layers with a "precision" of their own
 };
 
 // The graph for a batch size: input "x" [batch, input_shape...], labels "y" [batch],

@@ -11,7 +11,7 @@ void register_loss(OpTable& t) {
     d.outputs = {"loss"};
     d.attrs = {{"ignore_index", int64_t{-100}}, {"label_smoothing", 0.0}};
     d.doc = "mean over rows with label != ignore_index of -log softmax(logits)[label] "
-            "(label smoothing as in PyTorch); 0 if every row is ignored";
+            "(label smoothing as in PyTorch); 0 if every row is ignored; in f32 for 16-bit logits";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_dtype(1, DType::i32);
@@ -21,7 +21,7 @@ void register_loss(OpTable& t) {
                shape_str(rows), ", got ", shape_str(c.shape(1)));
       double ls = c.attrs.f("label_smoothing");
       if (ls < 0 || ls > 1) c.fail("label_smoothing must be in [0, 1], got ", ls);
-      return std::vector<TensorType>{{c.type(0).dtype, {}}};
+      return std::vector<TensorType>{{compute_dtype(c.type(0).dtype), {}}};
     };
     d.flops = [](const OpCostCtx& c) { return 4.0 * static_cast<double>(c.in[0].numel()); };
     d.grad = [](GradCtx& c) {
@@ -60,12 +60,12 @@ void register_loss(OpTable& t) {
     d.name = "mse";
     d.inputs = {"prediction", "target"};
     d.outputs = {"loss"};
-    d.doc = "mean((prediction - target)^2)";
+    d.doc = "mean((prediction - target)^2), in f32 for 16-bit operands";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_same_dtype();
       if (c.shape(0) != c.shape(1)) c.fail("prediction and target differ in shape");
-      return std::vector<TensorType>{{c.type(0).dtype, {}}};
+      return std::vector<TensorType>{{compute_dtype(c.type(0).dtype), {}}};
     };
     d.flops = [](const OpCostCtx& c) { return 3.0 * static_cast<double>(c.in[0].numel()); };
     d.grad = [](GradCtx& c) {

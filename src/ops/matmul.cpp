@@ -39,8 +39,9 @@ void register_matmul(OpTable& t) {
     d.name = "matmul";
     d.inputs = {"a", "b"};
     d.outputs = {"y"};
-    d.attrs = {{"transpose_a", int64_t{0}}, {"transpose_b", int64_t{0}}};
-    d.doc = "y = op(a) op(b) over the last two dims, batch dims broadcast";
+    d.attrs = {{"transpose_a", int64_t{0}}, {"transpose_b", int64_t{0}}, {"dtype", std::string()}};
+    d.doc = "y = op(a) op(b) over the last two dims, batch dims broadcast; y in `dtype` (\"\": a's; "
+            "f32 from 16-bit inputs)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_same_dtype();
@@ -48,7 +49,7 @@ void register_matmul(OpTable& t) {
       Shape s = md.batch;
       s.push_back(md.m);
       s.push_back(md.n);
-      return std::vector<TensorType>{{c.type(0).dtype, s}};
+      return std::vector<TensorType>{{c.result_dtype(c.type(0).dtype), s}};
     };
     d.flops = [](const OpCostCtx& c) {
       const Shape& a = c.in[0].shape;
@@ -121,14 +122,16 @@ void register_matmul(OpTable& t) {
     d.name = "linear_grad_weight_bias";
     d.inputs = {"dy", "x"};
     d.outputs = {"dw", "db"};
-    d.doc = "dw = dy^T x and db = sum over rows of dy, for dy [M, out], x [M, in]";
+    d.attrs = {{"dtype", std::string()}};
+    d.doc = "dw = dy^T x and db = sum over rows of dy, for dy [M, out], x [M, in]; both in `dtype` "
+            "(\"\": dy's; f32 from 16-bit inputs)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_same_dtype();
       c.expect_rank(0, 2);
       c.expect_rank(1, 2);
       if (c.shape(0)[0] != c.shape(1)[0]) c.fail("dy and x need the same number of rows");
-      DType t = c.type(0).dtype;
+      DType t = c.result_dtype(c.type(0).dtype);
       return std::vector<TensorType>{{t, {c.shape(0)[1], c.shape(1)[1]}}, {t, {c.shape(0)[1]}}};
     };
     d.flops = [](const OpCostCtx& c) {

@@ -26,6 +26,19 @@ void register_misc(OpTable& t) {
     };
   }
   {
+    OpDef& d = def(t, Op::loss_scale);
+    d.name = "loss_scale";
+    d.outputs = {"scale"};
+    d.attrs = {{"init", 65536.0}};
+    d.per_step = true;
+    d.doc = "the dynamic loss scale of this step (init before the first update): the gradient seed "
+            "of a scaled backward pass";
+    d.infer = [](const InferCtx& c) {
+      if (!(c.attrs.f("init") > 0)) c.fail("init must be > 0, got ", c.attrs.f("init"));
+      return std::vector<TensorType>{{DType::f32, {}}};
+    };
+  }
+  {
     OpDef& d = def(t, Op::cast);
     d.name = "cast";
     d.inputs = {"x"};
@@ -91,7 +104,8 @@ void register_misc(OpTable& t) {
     d.attrs = {{"training", int64_t{1}}};
     d.side_effect = true;
     d.doc = "acc[i] += xs[i] for scalars xs (any number type) into an f32 state, in training "
-            "only: step metrics summed on the device, read back every few steps";
+            "only: step metrics summed on the device, read back every few steps. A value that "
+            "is not finite is left out (the update skips that step too)";
     d.infer = [](const InferCtx& c) {
       if (c.g.value(c.in[0]).kind != ValueKind::state) c.fail("acc must be a state value (Graph::state)");
       c.expect_dtype(0, DType::f32);

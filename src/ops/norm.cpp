@@ -11,16 +11,18 @@ void register_norm(OpTable& t) {
     d.inputs = {"x", "gamma", "beta"};
     d.outputs = {"y", "mean", "rstd"};
     d.attrs = {{"eps", 1e-5}};
-    d.doc = "y = (x - mean) * rstd * gamma + beta over the last dim";
+    d.doc = "y = (x - mean) * rstd * gamma + beta over the last dim; gamma, beta, mean and rstd "
+            "in x's dtype or the one it computes in (f32 for 16-bit x)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
-      c.expect_same_dtype();
+      c.expect_dtype_or_compute(0, {1, 2});
+      if (c.type(1).dtype != c.type(2).dtype) c.fail("gamma and beta must share one dtype");
       if (c.shape(0).empty()) c.fail("x needs rank >= 1");
       Shape dim{c.shape(0).back()};
       if (c.shape(1) != dim || c.shape(2) != dim)
         c.fail("gamma and beta must have shape ", shape_str(dim));
       Shape rows(c.shape(0).begin(), c.shape(0).end() - 1);
-      DType t = c.type(0).dtype;
+      DType t = compute_dtype(c.type(0).dtype);
       return std::vector<TensorType>{c.type(0), {t, rows}, {t, rows}};
     };
     d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
@@ -38,7 +40,11 @@ void register_norm(OpTable& t) {
     d.attrs = {{"eps", 1e-5}};
     d.doc = "gradients of layer_norm";
     d.infer = [](const InferCtx& c) {
-      c.expect_same_dtype();
+      c.expect_float(1);
+      if (c.type(0).dtype != c.type(1).dtype) c.fail("dy and x must share one dtype");
+      c.expect_dtype_or_compute(1, {4});
+      for (size_t i : {2, 3})
+        if (c.type(i).dtype != compute_dtype(c.type(1).dtype)) c.fail("mean and rstd must be ", dtype_name(compute_dtype(c.type(1).dtype)));
       if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
       return std::vector<TensorType>{c.type(1), c.type(4), c.type(4)};
     };
@@ -54,7 +60,9 @@ void register_norm(OpTable& t) {
             "updates the running ones (unbiased variance), evaluation uses the running ones";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
-      c.expect_same_dtype();
+      c.expect_dtype_or_compute(0, {1, 2, 3, 4});
+      for (size_t i = 2; i < 5; ++i)
+        if (c.type(i).dtype != c.type(1).dtype) c.fail("gamma, beta and the running statistics must share one dtype");
       const Shape& x = c.shape(0);
       if (x.size() < 2) c.fail("x needs rank >= 2 ([N, C, ...])");
       Shape ch{x[1]};
@@ -63,7 +71,7 @@ void register_norm(OpTable& t) {
       for (size_t i = 3; i < 5; ++i)
         if (c.g.value(c.in[i]).kind != ValueKind::state)
           c.fail(i == 3 ? "running_mean" : "running_var", " must be a state value (Graph::state)");
-      DType t = c.type(0).dtype;
+      DType t = compute_dtype(c.type(0).dtype);
       return std::vector<TensorType>{c.type(0), {t, ch}, {t, ch}};
     };
     d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
@@ -82,7 +90,11 @@ void register_norm(OpTable& t) {
     d.attrs = {{"training", int64_t{1}}};
     d.doc = "gradients of batch_norm (through the batch statistics when training)";
     d.infer = [](const InferCtx& c) {
-      c.expect_same_dtype();
+      c.expect_float(1);
+      if (c.type(0).dtype != c.type(1).dtype) c.fail("dy and x must share one dtype");
+      c.expect_dtype_or_compute(1, {2});
+      for (size_t i : {3, 4})
+        if (c.type(i).dtype != compute_dtype(c.type(1).dtype)) c.fail("mean and invstd must be ", dtype_name(compute_dtype(c.type(1).dtype)));
       if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
       return std::vector<TensorType>{c.type(1), c.type(2), c.type(2)};
     };

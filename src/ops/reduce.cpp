@@ -40,7 +40,7 @@ namespace {
 std::vector<TensorType> infer_reduce(const InferCtx& c) {
   c.expect_float(0);
   auto axes = reduce_axes(c.attrs.ints("axes"), c.shape(0).size(), &c);
-  return {{c.type(0).dtype, reduced_shape(c.shape(0), axes, c.attrs.i("keepdims") != 0)}};
+  return {{c.result_dtype(c.type(0).dtype), reduced_shape(c.shape(0), axes, c.attrs.i("keepdims") != 0)}};
 }
 
 // dy of a reduction, reshaped to keepdims form and broadcast back to x.
@@ -61,8 +61,9 @@ void register_reduce(OpTable& t) {
     d.name = op_name(op);
     d.inputs = {"x"};
     d.outputs = {"y"};
-    d.attrs = {{"axes", std::vector<int64_t>{}}, {"keepdims", int64_t{0}}};
-    d.doc = op == Op::sum ? "sum over axes (all if none)" : "mean over axes (all if none)";
+    d.attrs = {{"axes", std::vector<int64_t>{}}, {"keepdims", int64_t{0}}, {"dtype", std::string()}};
+    d.doc = op == Op::sum ? "sum over axes (all if none), in `dtype` (\"\": x's; f32 for 16-bit x)"
+                          : "mean over axes (all if none), in `dtype` (\"\": x's; f32 for 16-bit x)";
     d.infer = infer_reduce;
     d.flops = [](const OpCostCtx& c) { return static_cast<double>(c.in[0].numel()); };
     d.grad = [op](GradCtx& c) {

@@ -100,6 +100,24 @@ void InferCtx::expect_same_dtype() const {
            dtype_name(type(i).dtype));
 }
 
+void InferCtx::expect_dtype_or_compute(size_t i, std::initializer_list<size_t> others) const {
+  const DType t = type(i).dtype;
+  for (size_t k : others)
+    if (type(k).dtype != t && type(k).dtype != compute_dtype(t))
+      fail("input ", k, " must be ", dtype_name(t), t != compute_dtype(t) ? std::string(" or ") + dtype_name(compute_dtype(t)) : "",
+           " (as input ", i, "), got ", dtype_name(type(k).dtype));
+}
+
+DType InferCtx::result_dtype(DType in) const {
+  const std::string& name = attrs.s("dtype");
+  if (name.empty()) return in;
+  auto t = parse_dtype(name);
+  if (!t || (*t != in && *t != compute_dtype(in)))
+    fail("dtype '", name, "' is not a result dtype of ", dtype_name(in), " inputs (", dtype_name(in),
+         in != compute_dtype(in) ? std::string(" or ") + dtype_name(compute_dtype(in)) : "", ")");
+  return *t;
+}
+
 int InferCtx::axis(const std::string& attr, size_t rank) const {
   int64_t a = attrs.i(attr);
   int r = normalize_axis(a, rank);

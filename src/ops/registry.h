@@ -3,6 +3,7 @@
 // src/ops/<family>.cpp; the registry refuses to start if any op of ops.def is missing.
 #pragma once
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,13 @@ struct InferCtx {
   void expect_dtype(size_t i, DType t) const;
   void expect_rank(size_t i, size_t rank) const;
   void expect_same_dtype() const;  // all inputs
+  // Inputs `others` have input i's dtype or the dtype it computes in (f32 parameters of
+  // an op on bf16 data, such as a norm's gamma and beta).
+  void expect_dtype_or_compute(size_t i, std::initializer_list<size_t> others) const;
+  // The dtype of the outputs of an op with a "dtype" attribute: "" for `in`, else the
+  // named one, which must be `in` or the dtype `in` computes in (a GEMM on bf16 inputs
+  // may write f32, e.g. a weight gradient into the f32 gradient buffer).
+  DType result_dtype(DType in) const;
   int axis(const std::string& attr, size_t rank) const;  // normalized, checked
 };
 
@@ -86,6 +94,9 @@ struct OpDef {
   // Writes persistent state (input 0) and has no outputs: kept in a plan although no
   // output is read, unless its `training` attribute says the plan's mode skips it.
   bool side_effect = false;
+  // Reads the step's state (the loss scale): a node of no inputs that still runs every
+  // step, not once as a constant.
+  bool per_step = false;
   std::string doc;
 
   std::string signature() const;  // "conv2d(x, w, b?; stride=[1,1], ...) -> y"

@@ -33,6 +33,17 @@ std::string Schedule::str() const {
   return s.str();
 }
 
+std::string LossScaling::str() const {
+  std::ostringstream s;
+  switch (mode) {
+    case Mode::automatic: s << "auto"; break;
+    case Mode::off: return "off";
+    case Mode::dynamic: s << "dynamic"; break;
+  }
+  s << "(init " << init << ", x" << growth << " after " << interval << " clean steps, x" << backoff << " on overflow)";
+  return s.str();
+}
+
 const char* optimizer_name(OptimizerConfig::Kind k) {
   switch (k) {
     case OptimizerConfig::Kind::sgd: return "sgd";
@@ -88,6 +99,11 @@ void OptimizerConfig::validate() const {
     if (!(eps > 0)) fail(n, ": eps must be > 0, got ", eps);
   }
   if (schedule.warmup_steps < 0) fail("schedule: warmup_steps must be >= 0");
+  const LossScaling& ls = loss_scaling;
+  if (!(ls.init > 0 && std::isfinite(ls.init))) fail("loss scaling: init must be finite and > 0, got ", ls.init);
+  if (!(ls.growth >= 1)) fail("loss scaling: growth must be >= 1, got ", ls.growth);
+  if (!(ls.backoff > 0 && ls.backoff < 1)) fail("loss scaling: backoff must be in (0, 1), got ", ls.backoff);
+  if (ls.interval < 1) fail("loss scaling: interval must be >= 1, got ", ls.interval);
   if (schedule.kind == Schedule::Kind::step && schedule.step_size < 1) fail("schedule: step_size must be >= 1");
   if (schedule.kind == Schedule::Kind::cosine && schedule.total_steps < 1)
     fail("schedule: cosine needs total_steps >= 1");
@@ -104,7 +120,10 @@ std::string OptimizerConfig::str() const {
   }
   if (weight_decay != 0) s << ", weight_decay=" << weight_decay;
   if (clip_norm != 0) s << ", clip_norm=" << clip_norm;
-  s << ", schedule=" << schedule.str() << ")";
+  s << ", schedule=" << schedule.str();
+  if (loss_scaling.mode == LossScaling::Mode::dynamic) s << ", loss_scaling=" << loss_scaling.str();
+  if (!skip_nonfinite) s << ", skip_nonfinite=off";
+  s << ")";
   return s.str();
 }
 

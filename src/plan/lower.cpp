@@ -107,7 +107,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     // A node of no inputs (the gradient seed) gives the same value every step; its output
     // keeps its arena place, so it is computed once. (Not into the gradient buffers:
     // another program of the model may write there.)
-    if (n.in.empty() && !d.side_effect && !placed[static_cast<size_t>(n.out[0])]) {
+    if (n.in.empty() && !d.side_effect && !d.per_step && !placed[static_cast<size_t>(n.out[0])]) {
       init_nodes.push_back(k);
       continue;
     }

@@ -52,6 +52,7 @@ struct Position {
   double epoch_seconds = 0;      // this epoch so far, across stops
   int64_t epoch_samples = 0;     // samples this epoch has trained on so far
   double lr = 0;                 // learning rate of the last update
+  int64_t skipped_before_epoch = 0;  // StepState::skipped_steps when this epoch began
 };
 
 struct Checkpoint {
@@ -60,6 +61,8 @@ struct Checkpoint {
   int64_t step = 0;
   uint64_t seed = 0;
   int64_t batch_size = 0, train_samples = 0;
+  double loss_scale = 0;
+  int64_t scale_good = 0, skipped_steps = 0, skip_streak = 0;
   std::vector<HostTensor> tensors;
 };
 
@@ -79,7 +82,12 @@ void write_checkpoint(const std::string& path, Model& m, const io::ModelSpec& sp
                 {"train_seconds", hexfloat(pos.train_seconds)},
                 {"epoch_seconds", hexfloat(pos.epoch_seconds)},
                 {"epoch_samples", std::to_string(pos.epoch_samples)},
-                {"lr", hexfloat(pos.lr)}};
+                {"lr", hexfloat(pos.lr)},
+                {"loss_scale", hexfloat(m.state().loss_scale)},
+                {"scale_good", std::to_string(m.state().scale_good)},
+                {"skipped_steps", std::to_string(m.state().skipped_steps)},
+                {"skip_streak", std::to_string(m.state().skip_streak)},
+                {"skipped_before_epoch", std::to_string(pos.skipped_before_epoch)}};
   io::write_safetensors(path, f);
 }
 
@@ -113,11 +121,20 @@ Checkpoint read_checkpoint(const std::string& path) {
   };
   c.pos.epoch_seconds = parse_double(optional_meta("epoch_seconds"));
   c.pos.lr = parse_double(optional_meta("lr"));
-  try {
-    c.pos.epoch_samples = std::stoll(optional_meta("epoch_samples"));
-  } catch (const std::exception&) {
-    fail(path, ": corrupt metadata 'epoch_samples'");
-  }
+  auto optional_int = [&](const char* k) {
+    try {
+      return static_cast<int64_t>(std::stoll(optional_meta(k)));
+    } catch (const std::exception&) {
+      fail(path, ": corrupt metadata '", k, "'");
+    }
+  };
+  c.pos.epoch_samples = optional_int("epoch_samples");
+  // Older checkpoints have no loss scale (a scaled run starts it afresh) and no skips.
+  c.loss_scale = parse_double(optional_meta("loss_scale"));
+  c.scale_good = optional_int("scale_good");
+  c.skipped_steps = optional_int("skipped_steps");
+  c.skip_streak = optional_int("skip_streak");
+  c.pos.skipped_before_epoch = optional_int("skipped_before_epoch");
   c.batch_size = integer("batch_size");
   c.train_samples = integer("train_samples");
   c.tensors = std::move(f.tensors);
@@ -226,7 +243,7 @@ int run_train(const TrainOptions& o) {
   spec.fix_schedule_length(steps_per_epoch);
 
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision});
+  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides});
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   // The epoch's sums so far, read from the device only at log points: [loss, correct].
@@ -246,6 +263,10 @@ int run_train(const TrainOptions& o) {
     }
     model.state().step = ck->step;
     model.state().lr = ck->pos.lr;
+    model.state().loss_scale = ck->loss_scale;
+    model.state().scale_good = ck->scale_good;
+    model.state().skipped_steps = ck->skipped_steps;
+    model.state().skip_streak = ck->skip_streak;
     pos = ck->pos;
     if (pos.epoch >= spec.epochs) fail(*o.resume, ": the run already finished its ", spec.epochs, " epochs (pass --epochs to train longer)");
   }
@@ -257,7 +278,8 @@ int run_train(const TrainOptions& o) {
   // resumed run keeps the rows of the epochs its checkpoint had finished and drops any
   // written after it (a run stopped between a row and its checkpoint redoes that epoch).
   const std::string csv_header =
-      "epoch,step,lr,train_loss,train_accuracy,val_accuracy,test_loss,test_accuracy,epoch_seconds,samples_per_second\n";
+      "epoch,step,lr,train_loss,train_accuracy,val_accuracy,test_loss,test_accuracy,epoch_seconds,samples_per_second,"
+      "skipped_steps\n";
   std::string csv_rows;
   if (ck) {
     std::ifstream old(csv_path);
@@ -300,6 +322,7 @@ int run_train(const TrainOptions& o) {
     if (pos.batch == 0) {
       model.write_state(io::kTrainMetrics, std::as_bytes(std::span(zero_metrics)));
       pos.epoch_seconds = 0, pos.epoch_samples = 0;
+      pos.skipped_before_epoch = train.sync_state().skipped_steps;
     }
     train_loader.start_epoch(pos.epoch, pos.batch);
     ProgressBar progress("epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs), steps_per_epoch, B, bar);
@@ -307,9 +330,18 @@ int run_train(const TrainOptions& o) {
     bool stop = false;
     // At a log point: the epoch's mean loss and accuracy so far (the same numbers whether
     // or not the run was interrupted and resumed in between).
+    // Steps the update skipped (a non-finite loss or gradient) add no loss to the sums.
     auto log_point = [&] {
       auto [loss_sum, correct] = read_metrics();
-      const double loss = loss_sum / static_cast<double>(pos.batch);
+      const StepState& st = train.sync_state();
+      if (st.skip_streak >= o.max_skipped_steps) {
+        progress.finish();
+        fail("step ", st.step, ": the last ", st.skip_streak, " updates were skipped, the loss or a gradient was "
+             "not finite each time (loss scale ", st.loss_scale, "); lower the learning rate or check the data. "
+             "The last checkpoint, if any, is unchanged.");
+      }
+      const int64_t counted = pos.batch - (st.skipped_steps - pos.skipped_before_epoch);
+      const double loss = counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
       const double acc = correct / static_cast<double>(pos.batch * B);
       if (!std::isfinite(loss)) {
         progress.finish();
@@ -321,7 +353,8 @@ int run_train(const TrainOptions& o) {
       progress.update(pos.batch, status);
       if (json)
         std::cout << nlohmann::json{{"event", "step"}, {"step", model.state().step}, {"epoch", pos.epoch + 1},
-                                    {"loss", loss}, {"accuracy", acc}, {"lr", model.state().lr}}
+                                    {"loss", loss}, {"accuracy", acc}, {"lr", model.state().lr},
+                                    {"skipped_steps", st.skipped_steps}}
                          .dump()
                   << '\n';
     };
@@ -344,6 +377,7 @@ int run_train(const TrainOptions& o) {
     pos.epoch_seconds += seconds_this_run;
     pos.lr = model.state().lr;
     if (stop) {
+      train.sync_state();
       write_checkpoint(ckpt_path, model, spec, pos, B, static_cast<int64_t>(train_idx.size()));
       std::fprintf(stderr, "seam: %s after step %lld (epoch %lld, batch %lld of %lld); checkpoint written to %s; continue with --resume %s\n",
                    g_interrupted ? "interrupted" : "stopped", static_cast<long long>(model.state().step),
@@ -354,7 +388,10 @@ int run_train(const TrainOptions& o) {
     }
     const double epoch_seconds = pos.epoch_seconds;
     auto [loss_sum, correct] = read_metrics();
-    const double train_loss = loss_sum / static_cast<double>(steps_per_epoch);
+    const StepState& st = train.sync_state();
+    const int64_t epoch_skipped = st.skipped_steps - pos.skipped_before_epoch;
+    const int64_t counted = steps_per_epoch - epoch_skipped;
+    const double train_loss = counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
     const double train_acc = correct / static_cast<double>(steps_per_epoch * B);
     const double sps = static_cast<double>(pos.epoch_samples) / std::max(epoch_seconds, 1e-9);
     std::optional<EvalResult> val;
@@ -364,13 +401,13 @@ int run_train(const TrainOptions& o) {
     std::ostringstream row;
     row << pos.epoch + 1 << ',' << model.state().step << ',' << model.state().lr << ',' << train_loss << ',' << train_acc << ','
         << (val ? std::to_string(val->accuracy) : "") << ',' << test.loss << ',' << test.accuracy << ',' << epoch_seconds << ','
-        << sps << '\n';
+        << sps << ',' << epoch_skipped << '\n';
     csv_rows += row.str();
     write_csv();
     if (json) {
       nlohmann::json j{{"event", "epoch"}, {"epoch", pos.epoch + 1}, {"step", model.state().step}, {"train_loss", train_loss},
                        {"train_accuracy", train_acc}, {"test_loss", test.loss}, {"test_accuracy", test.accuracy},
-                       {"seconds", epoch_seconds}, {"samples_per_second", sps}};
+                       {"seconds", epoch_seconds}, {"samples_per_second", sps}, {"skipped_steps", epoch_skipped}};
       if (val) j["val_accuracy"] = val->accuracy;
       std::cout << j.dump() << std::endl;
     } else if (o.output != Output::quiet) {
@@ -408,7 +445,7 @@ int run_eval(const EvalOptions& o) {
   data::ImageData data = data::load_image_data(o.data_dir);
   check_input(spec, data);
   io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides});
   try {
     model.load_tensors(ck.tensors);
   } catch (const Error& e) {
@@ -446,7 +483,7 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   const int64_t B = batch.value_or(spec.batch_size);
   spec.fix_schedule_length(60000 / B);  // as a run over the 60000 Fashion-MNIST training images would
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
                    : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
   std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",

@@ -26,6 +26,9 @@ struct TrainOptions {
   Output output = Output::bar;
   int64_t max_steps = 0;    // > 0: stop after this many steps in all, checkpointing
   int64_t log_every = 50;   // read the metrics from the device every N steps (and per epoch)
+  // Stop with an error when this many updates in a row were skipped for a non-finite
+  // loss or gradient (checked where the metrics are read).
+  int64_t max_skipped_steps = 20;
   int64_t limit_train = 0;  // > 0: use only the first N training samples
   int64_t limit_test = 0;   // > 0: evaluate on the first N test samples
 };

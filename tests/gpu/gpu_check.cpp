@@ -114,11 +114,12 @@ double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const Compare
       auto v = p.read_as<int32_t>(out_name);
       results.emplace_back(v.begin(), v.end());
     } else {
-      results.push_back(p.read_as<float>(out_name));
+      results.push_back(testing::as_floats(p.read(out_name), out.dtype()));
     }
     if (o.gradients)
       for (auto& name : params) results.push_back(p.grad_as<float>(name));
-    for (ValueId id : c.g.states()) results.push_back(Program::cast_bytes<float>(m.read_state(c.g.value(id).name)));
+    for (ValueId id : c.g.states())
+      results.push_back(testing::as_floats(m.read_state(c.g.value(id).name), c.g.value(id).type.dtype));
   };
   std::vector<std::vector<float>> cpu, gpu;
   run(Device::cpu, cpu);

@@ -20,6 +20,11 @@ struct Tolerance {
   double atol;
   static Tolerance f32() { return {1e-5, 1e-4, 1e-6}; }
   static Tolerance tf32() { return {2e-3, 2e-2, 1e-3}; }
+  // 16-bit storage: the GPU and the CPU's emulation round the same values, but sums in a
+  // different order can land a value on the other side of a rounding boundary (one unit
+  // in the last place: 2^-8 relative for bf16, 2^-11 for f16), and chains compound it.
+  static Tolerance bf16() { return {1e-2, 5e-2, 2e-2}; }
+  static Tolerance f16() { return {2e-3, 1e-2, 2e-3}; }
   static Tolerance exact() { return {0, 0, 0}; }  // bit for bit (for finite values)
 };
 
@@ -71,6 +76,8 @@ struct CompareOptions {
 // An f32 comparison with gradients, and a TF32 one.
 inline CompareOptions f32() { return {Precision::f32, Tolerance::f32()}; }
 inline CompareOptions tf32() { return {Precision::tf32, Tolerance::tf32()}; }
+inline CompareOptions bf16() { return {Precision::bf16, Tolerance::bf16()}; }
+inline CompareOptions f16() { return {Precision::f16, Tolerance::f16()}; }
 
 // Points XDG_CACHE_HOME at a fresh folder of its own for the lifetime of the object (every
 // cache the backend keeps lives under it), then restores it and removes the folder.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] ...   (default: tests train)
+#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] ...   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
 set -uo pipefail
@@ -46,11 +46,14 @@ for step in "${steps[@]}"; do
       done
       ;;
     train)
-      # Both examples on the GPU; epoch lines (not step lines) go to train.log.
-      for model in fmnist_mlp fmnist_cnn; do
+      # Both examples on the GPU (SEAM_TRAIN_MODELS, at SEAM_TRAIN_PRECISION if set: the
+      # model files' own otherwise); epoch lines (not step lines) go to train.log.
+      prec_flag=()
+      [ -n "${SEAM_TRAIN_PRECISION:-}" ] && prec_flag=(--precision "$SEAM_TRAIN_PRECISION")
+      for model in ${SEAM_TRAIN_MODELS:-fmnist_mlp fmnist_cnn}; do
         run_dir=$(mktemp -d)
-        echo "### $model" >> "$out/train.log"
-        "$bin/seam" train "examples/$model.json" --device cuda --data "$data" --out "$run_dir" --json \
+        echo "### $model ${SEAM_TRAIN_PRECISION:-}" >> "$out/train.log"
+        "$bin/seam" train "examples/$model.json" --device cuda --data "$data" --out "$run_dir" --json "${prec_flag[@]}" \
           2> "$run_dir/stderr" | grep -v '"event":"step"' >> "$out/train.log"
         rc=${PIPESTATUS[0]}
         cat "$run_dir/stderr" >> "$out/train.log"
@@ -87,6 +90,24 @@ for step in "${steps[@]}"; do
       } > "$out/bench.log" 2>&1
       note "bench: rc=$?"
       sed -n '/seam best/,$p' "$out/bench.log"
+      ;;
+    bench16)
+      # The same at 16 bits (SEAM_BENCH_PRECISION: bf16 or f16) against PyTorch's autocast
+      # variants (SEAM_TORCH_VARIANTS; max-autotune compiles for minutes, so it is opt-in).
+      py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
+      [ -x "$py" ] || py=python3
+      csv=$(mktemp -d)
+      prec=${SEAM_BENCH_PRECISION:-bf16}
+      read -r -a work <<< "${SEAM_BENCH_WORK:-W1 W2 W3 W4}"
+      read -r -a variants <<< "${SEAM_TORCH_VARIANTS:-eager_fused compile_default cuda_graph_whole_step}"
+      {
+        "$bin/seam" bench "${work[@]}" --device cuda --precision "$prec" --csv "$csv/seam_graph.csv" --breakdown --explain
+        "$py" bench/compare_torch.py "${work[@]}" --precision "$prec" --variants "${variants[@]}" --csv "$csv/torch.csv"
+        "$py" bench/report.py "$csv"/seam_*.csv "$csv/torch.csv"
+        for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done
+      } > "$out/bench_$prec.log" 2>&1
+      note "bench $prec: rc=$?"
+      sed -n '/seam best/,$p' "$out/bench_$prec.log"
       ;;
     *)
       note "unknown step '$step'"

@@ -189,6 +189,9 @@ int main(int argc, char** argv) {
   train->add_option("--limit-test", t.limit_test, "evaluate on the first N test samples only")->transform(whole<int64_t>(1));
   train->add_option("--log-every", t.log_every, "read loss and accuracy from the device every N steps")
       ->transform(whole<int64_t>(1));
+  train->add_option("--max-skipped-steps", t.max_skipped_steps,
+                    "stop with an error after N updates in a row skipped for a non-finite loss or gradient")
+      ->transform(whole<int64_t>(1));
   train->add_flag("--quiet", quiet, "print only errors");
   train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
 

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/optim.h"
+#include "common/half.h"
 
 namespace seam {
 
@@ -27,12 +28,31 @@ namespace {
 class CpuExecutable : public Executable {
  public:
   CpuExecutable(const Plan& plan, const Regions& r) : plan_(plan), regions_(r) {
+    size_t scratch = 0;
     for (auto& s : plan.steps) {
-      Prepared p{kernel_for(s.op), {}, {}};
+      Prepared p{kernel_for(s.op), {}, {}, {}, {}, {}};
       for (auto& b : s.in) p.in.push_back({r.base(b.region) + b.offset, b.type});
       for (auto& b : s.out) p.out.push_back({r.base(b.region) + b.offset, b.type});
+      // 16-bit operands: the kernel runs on f32 copies, and each 16-bit output is rounded
+      // to nearest even when it is stored, as the GPU stores it. A cast rounds once, from
+      // its own source, so it reads and writes 16 bits itself.
+      p.in_f32 = p.in;
+      p.out_f32 = p.out;
+      size_t used = 0;
+      for (auto* list : {&p.in_f32, &p.out_f32})
+        for (size_t k = 0; k < list->size(); ++k) {
+          TensorView& v = (*list)[k];
+          if (!is_half(v.dtype()) || s.op == Op::cast) continue;
+          p.widen.push_back({list == &p.out_f32, k, used});
+          v.type.dtype = DType::f32;
+          used += static_cast<size_t>(v.numel());
+        }
+      scratch = std::max(scratch, used);
       steps_.push_back(std::move(p));
     }
+    scratch_.resize(scratch);
+    for (Prepared& p : steps_)
+      for (const Widen& w : p.widen) (w.out ? p.out_f32 : p.in_f32)[w.index].data = reinterpret_cast<std::byte*>(scratch_.data() + w.offset);
     StepState none;
     for (auto& s : plan.init) {
       std::vector<TensorView> out;
@@ -51,11 +71,10 @@ class CpuExecutable : public Executable {
     std::vector<double> ms;
     StepState state;
     for (size_t i = 0; i < steps_.size(); ++i) {
-      KernelArgs args{plan_.steps[i], steps_[i].in, steps_[i].out, state};
       std::vector<double> t;
       for (int r = 0; r < reps; ++r) {
         auto t0 = std::chrono::steady_clock::now();
-        steps_[i].kernel(args);
+        run_step(i, state);
         t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
       std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
@@ -68,28 +87,60 @@ class CpuExecutable : public Executable {
 
   void run(StepState& state) override {
     for (size_t i = 0; i < steps_.size(); ++i) {
-      const Prepared& p = steps_[i];
-      KernelArgs args{plan_.steps[i], p.in, p.out, state};
       try {
-        p.kernel(args);
+        run_step(i, state);
       } catch (const Error& e) {
         fail("step ", i, " (", op_name(plan_.steps[i].op), " '", plan_.steps[i].name, "'): ", e.what());
       }
     }
     if (plan_.optimizer) {
-      optimizer_update(*plan_.optimizer, plan_.layout, regions_, state);
+      double loss = 0;  // the plan's loss, for the update's finiteness check
+      if (const Binding* b = plan_.loss.empty() ? nullptr : plan_.output(plan_.loss)) {
+        const std::byte* p = regions_.base(b->ref.region) + b->ref.offset;
+        if (b->ref.type.dtype == DType::f64) std::memcpy(&loss, p, 8);
+        else if (b->ref.type.dtype == DType::f32) loss = *reinterpret_cast<const float*>(p);
+      }
+      optimizer_update(*plan_.optimizer, plan_.layout, regions_, state, loss);
       ++state.step;
     }
   }
 
  private:
+  struct Widen {
+    bool out;
+    size_t index;
+    size_t offset;  // in scratch_, in floats
+  };
   struct Prepared {
     Kernel kernel;
     std::vector<TensorView> in, out;
+    std::vector<TensorView> in_f32, out_f32;  // the kernel's views: 16-bit operands on f32 scratch
+    std::vector<Widen> widen;
   };
+
+  static void convert(const TensorView& half, float* f, bool to_float) {
+    auto* h = half.as<uint16_t>();
+    const int64_t n = half.numel();
+    const bool bf = half.dtype() == DType::bf16;
+    if (to_float)
+      for (int64_t i = 0; i < n; ++i) f[i] = bf ? bf16_to_float(h[i]) : f16_to_float(h[i]);
+    else
+      for (int64_t i = 0; i < n; ++i) h[i] = bf ? float_to_bf16(f[i]) : float_to_f16(f[i]);
+  }
+
+  void run_step(size_t i, StepState& state) {
+    Prepared& p = steps_[i];
+    // Outputs are widened too: a kernel may accumulate into its output.
+    for (const Widen& w : p.widen)
+      convert((w.out ? p.out : p.in)[w.index], scratch_.data() + w.offset, true);
+    p.kernel(KernelArgs{plan_.steps[i], p.in_f32, p.out_f32, state});
+    for (const Widen& w : p.widen)
+      if (w.out) convert(p.out[w.index], scratch_.data() + w.offset, false);
+  }
   const Plan& plan_;
   Regions regions_;
   std::vector<Prepared> steps_;
+  std::vector<float> scratch_;
 };
 
 class CpuBackend : public Backend {

@@ -44,6 +44,10 @@ void full(const KernelArgs& a) {
   for (int64_t i = 0; i < n; ++i) store(a.out[0], i, v);
 }
 
+void loss_scale(const KernelArgs& a) {
+  a.out[0].as<float>()[0] = static_cast<float>(a.state.loss_scale > 0 ? a.state.loss_scale : a.attrs().f("init"));
+}
+
 void cast(const KernelArgs& a) {
   const int64_t n = a.out[0].numel();
   for (int64_t i = 0; i < n; ++i) store(a.out[0], i, load(a.in[0], i));
@@ -105,7 +109,10 @@ void count_equal(const KernelArgs& a) {
 void accumulate(const KernelArgs& a) {
   if (a.attrs().i("training") == 0) return;
   float* acc = a.in[0].as<float>();
-  for (size_t i = 1; i < a.in.size(); ++i) acc[i - 1] += static_cast<float>(load(a.in[i], 0));
+  for (size_t i = 1; i < a.in.size(); ++i) {
+    const double v = load(a.in[i], 0);
+    if (std::isfinite(v)) acc[i - 1] += static_cast<float>(v);
+  }
 }
 
 void embedding(const KernelArgs& a) {
@@ -138,6 +145,7 @@ void embedding_grad(const KernelArgs& a) {
 
 void register_misc(KernelTable& t) {
   set(t, Op::full, full);
+  set(t, Op::loss_scale, loss_scale);
   set(t, Op::cast, cast);
   set(t, Op::copy, copy);
   set(t, Op::argmax, argmax);

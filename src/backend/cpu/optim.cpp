@@ -9,7 +9,7 @@ namespace seam::cpu {
 namespace {
 
 template <class T>
-void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st) {
+void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss) {
   const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(T));
   const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(T));
   T* p = reinterpret_cast<T*>(r.params);
@@ -17,18 +17,31 @@ void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions&
   T* m = reinterpret_cast<T*>(r.opt);
   T* v = m + n;
 
+  const LossScaling& ls = c.loss_scaling;
+  const bool scaled = ls.mode == LossScaling::Mode::dynamic;
+  if (scaled && st.loss_scale <= 0) st.loss_scale = ls.init;
+  const double unscale = scaled ? 1.0 / st.loss_scale : 1.0;
   double sq = 0;
   for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(g[i]) * static_cast<double>(g[i]);
-  st.grad_norm = std::sqrt(sq);
-  if (c.clip_norm > 0) {
-    double coef = c.clip_norm / (st.grad_norm + 1e-6);
-    if (coef < 1)
-      for (int64_t i = 0; i < n; ++i) g[i] = static_cast<T>(g[i] * coef);
-  }
-
-  const int64_t t = st.step;
-  const double lr = c.schedule.lr_at(c.lr, t);
+  st.grad_norm = std::sqrt(sq) * unscale;
+  const double lr = c.schedule.lr_at(c.lr, st.step);  // the schedule counts every step
   st.lr = lr;
+  if (!(std::isfinite(st.grad_norm) && std::isfinite(loss)) && (c.skip_nonfinite || scaled)) {
+    ++st.skipped_steps;
+    ++st.skip_streak;
+    if (scaled) st.loss_scale *= ls.backoff, st.scale_good = 0;
+    return;
+  }
+  st.skip_streak = 0;
+  double coef = unscale;  // the gradient left in g is unscaled and clipped
+  if (c.clip_norm > 0) coef *= std::min(1.0, c.clip_norm / (st.grad_norm + 1e-6));
+  if (coef != 1)
+    for (int64_t i = 0; i < n; ++i) g[i] = static_cast<T>(g[i] * coef);
+  if (scaled && ++st.scale_good >= ls.interval) st.loss_scale *= ls.growth, st.scale_good = 0;
+
+  // Updates done so far (Adam's bias correction, SGD's first momentum step): skipped
+  // steps made none.
+  const int64_t t = st.step - st.skipped_steps;
   const double wd = c.weight_decay;
   if (c.kind == OptimizerConfig::Kind::sgd) {
     for (int64_t i = 0; i < n; ++i) {
@@ -63,8 +76,8 @@ void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions&
 
 }  // namespace
 
-void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st) {
-  dispatch_float(layout.param_dtype, [&]<class T>() { update_typed<T>(c, layout, r, st); });
+void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss) {
+  dispatch_float(layout.param_dtype, [&]<class T>() { update_typed<T>(c, layout, r, st, loss); });
 }
 
 }  // namespace seam::cpu

@@ -5,8 +5,9 @@
 
 namespace seam::cpu {
 
-// One update of every parameter from its gradient; sets st.lr and st.grad_norm. The
-// caller advances st.step.
-void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st);
+// One update of every parameter from its gradient; sets st.lr and st.grad_norm, and skips
+// the update (counting it) where `loss` or the gradient norm is not finite, with the loss
+// scale's bookkeeping (OptimizerConfig::loss_scaling). The caller advances st.step.
+void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss);
 
 }  // namespace seam::cpu

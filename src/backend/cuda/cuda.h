@@ -41,6 +41,10 @@ struct DeviceCounters {
   uint64_t seed;
   float lr;
   float grad_norm;
+  float loss_scale;  // StepState's fields of the same names
+  int32_t scale_good;
+  int64_t skipped_steps;
+  int64_t skip_streak;
 };
 
 // The first bad input a kernel met: which step, what, and two numbers for the message.
@@ -141,15 +145,18 @@ std::string cache_root();
 // stored as double partials (deterministic: no atomics, a fixed order):
 //   out[r][o] = scale[r] * sum over chunks c of partial[(c * outputs + r) * kept + o]
 // for r < outputs and o < kept. sum and mean, fused groups ending in sums and layer
-// norm's gamma and beta gradients share it.
+// norm's gamma and beta gradients share it. Output r is stored as dtype[r] (f32, bf16 or
+// f16; f32 unless set), rounded once from the double sum.
 struct PartialSums {
   static constexpr int kMaxOutputs = 8;
   const double* partial = nullptr;
-  float* out[kMaxOutputs] = {};
+  void* out[kMaxOutputs] = {};
+  DType dtype[kMaxOutputs] = {};  // {} is DType::f32
   double scale[kMaxOutputs] = {};
   int outputs = 0, chunks = 0;
   int64_t kept = 0;
 };
+static_assert(DType{} == DType::f32, "PartialSums' outputs default to f32");
 void add_partials(const PartialSums& p, cudaStream_t st);
 
 // One launch running `parts` in turn.
@@ -163,6 +170,11 @@ struct IntOperand {
   DType dtype;
 };
 void expect_f32(const StepArgs& a, std::initializer_list<IntOperand> integers = {});
+// Throws unless operand t (one of a.in or a.out) has one of the dtypes `allowed`, naming
+// the step, the operand and its type.
+void expect_dtype(const StepArgs& a, const DeviceTensor& t, std::initializer_list<DType> allowed);
+// f32, bf16 or f16: the storage types the kernels template on (storage.cuh).
+inline constexpr std::initializer_list<DType> kStored = {DType::f32, DType::bf16, DType::f16};
 
 // The most blocks a grid-stride kernel needs to fill the GPU: a few per multiprocessor.
 inline unsigned grid_cap(const Context& ctx) { return static_cast<unsigned>(std::max(ctx.sm_count, 1) * 8); }

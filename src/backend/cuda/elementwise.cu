@@ -1,11 +1,14 @@
 // CUDA kernels of the elementwise ops, generated from the expressions in seam/ops.def
 // exactly as the CPU reference (src/backend/cpu/elementwise.cpp) generates its loops.
+// Every operand has one storage type T (f32, bf16 or f16, storage.cuh); values are
+// computed in float and rounded once, when stored.
 //
-// Same-shape operands take a contiguous path with 16-byte (float4) loads and stores when
-// every pointer is 16-byte aligned, plus a scalar tail; broadcasting operands take a
-// strided path whose dims are first collapsed (size-1 dims dropped, neighbours that every
-// operand walks contiguously merged), which often turns a broadcast back into the
-// contiguous case ([1, 7] + [7]) or into a rank-2 walk ([M, N] + [N]).
+// Same-shape operands take a contiguous path with 16-byte loads and stores (4 floats or
+// 8 16-bit values) when every pointer is 16-byte aligned, plus a scalar tail;
+// broadcasting operands take a strided path whose dims are first collapsed (size-1 dims
+// dropped, neighbours that every operand walks contiguously merged), which often turns a
+// broadcast back into the contiguous case ([1, 7] + [7]) or into a rank-2 walk
+// ([M, N] + [N]).
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +16,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/storage.cuh"
 #include "ops/elementwise.h"
 
 #include "ops/ew_math_std.h"
@@ -108,9 +112,17 @@ struct BinaryBwd {  // (dy, a, b)
   }
 };
 
-template <int N>
+template <int N, class T>
 struct Ptrs {
-  const float* p[N];
+  const T* p[N];
+};
+
+// 16 bytes of T: what one vector load or store moves (PyTorch's aligned_vector). An
+// aligned struct of 16 bytes compiles to one 128-bit access, as float4 does.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
 };
 
 // An index space (the output's, collapsed) and each operand's element strides in it.
@@ -140,46 +152,41 @@ __device__ __forceinline__ void offsets_of(const Strided<N>& s, I i, I (&off)[N]
   }
 }
 
-// Same-shape operands: float4 over [0, nvec) groups of four, then the scalar tail
-// [4 * nvec, n). nvec is 0 when some pointer is not 16-byte aligned.
-template <class G>
+// Same-shape operands: packs of Pack<T>::kN values over [0, nvec), then the scalar tail
+// [kN * nvec, n). nvec is 0 when some pointer is not 16-byte aligned.
+template <class G, class T>
 __global__ void __launch_bounds__(kThreads)
-    ew_contiguous(G g, Ptrs<G::kIn> in, float* out, int64_t n, int64_t nvec) {
+    ew_contiguous(G g, Ptrs<G::kIn, T> in, T* out, int64_t n, int64_t nvec) {
   constexpr int N = G::kIn;
+  constexpr int V = Pack<T>::kN;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = first; i < nvec; i += stride) {
-    float4 v[N];
+    Pack<T> v[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = reinterpret_cast<const float4*>(in.p[k])[i];
-    float a[N];
-    float4 r;
+    for (int k = 0; k < N; ++k) v[k] = reinterpret_cast<const Pack<T>*>(in.p[k])[i];
+    Pack<T> r;
 #pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = v[k].x;
-    r.x = g(a);
+    for (int e = 0; e < V; ++e) {
+      float a[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = v[k].y;
-    r.y = g(a);
-#pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = v[k].z;
-    r.z = g(a);
-#pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = v[k].w;
-    r.w = g(a);
-    reinterpret_cast<float4*>(out)[i] = r;
+      for (int k = 0; k < N; ++k) a[k] = to_float(v[k].v[e]);
+      r.v[e] = from_float<T>(g(a));
+    }
+    reinterpret_cast<Pack<T>*>(out)[i] = r;
   }
-  for (int64_t i = nvec * 4 + first; i < n; i += stride) {
+  for (int64_t i = nvec * V + first; i < n; i += stride) {
     float a[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = in.p[k][i];
-    out[i] = g(a);
+    for (int k = 0; k < N; ++k) a[k] = to_float(in.p[k][i]);
+    out[i] = from_float<T>(g(a));
   }
 }
 
 // Broadcasting operands: each output element finds its operands' offsets from its index.
-template <class G, class I>
+template <class G, class T, class I>
 __global__ void __launch_bounds__(kThreads)
-    ew_strided(G g, Ptrs<G::kIn> in, float* out, Strided<G::kIn> s, I n) {
+    ew_strided(G g, Ptrs<G::kIn, T> in, T* out, Strided<G::kIn> s, I n) {
   constexpr int N = G::kIn;
   const I stride = static_cast<I>(gridDim.x) * blockDim.x;
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -187,8 +194,8 @@ __global__ void __launch_bounds__(kThreads)
     offsets_of<N, I>(s, i, off);
     float a[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = in.p[k][off[k]];
-    out[i] = g(a);
+    for (int k = 0; k < N; ++k) a[k] = to_float(in.p[k][off[k]]);
+    out[i] = from_float<T>(g(a));
   }
 }
 
@@ -231,23 +238,20 @@ Strided<N> collapse(const Shape& out, const std::array<std::vector<int64_t>, N>&
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-
-template <class G>
-Launch prepare_ew(const StepArgs& a, G g) {
+template <class G, class T>
+Launch prepare_ew_as(const StepArgs& a, G g) {
   constexpr int N = G::kIn;
-  expect_f32(a);
-  if (a.in.size() != static_cast<size_t>(N) || a.out.size() != 1)
-    fail(op_name(a.step.op), " '", a.step.name, "': expected ", N, " inputs, got ", a.in.size());
+  constexpr int V = Pack<T>::kN;
   const Shape& os = a.out[0].shape();
   const int64_t n = a.out[0].numel();
   if (n == 0) return [](cudaStream_t) {};
-  Ptrs<N> in;
+  Ptrs<N, T> in;
   std::array<std::vector<int64_t>, N> st;
   for (int k = 0; k < N; ++k) {
-    in.p[k] = a.in[static_cast<size_t>(k)].as<const float>();
+    in.p[k] = a.in[static_cast<size_t>(k)].as<const T>();
     st[static_cast<size_t>(k)] = broadcast_strides(a.in[static_cast<size_t>(k)].shape(), os);
   }
-  float* out = a.out[0].as<float>();
+  T* out = a.out[0].as<T>();
   const Strided<N> s = collapse<N>(os, st);
   const unsigned cap = grid_cap(a.ctx);
 
@@ -256,10 +260,10 @@ Launch prepare_ew(const StepArgs& a, G g) {
   if (contiguous) {
     bool vec = aligned16(out);
     for (int k = 0; k < N; ++k) vec = vec && aligned16(in.p[k]);
-    const int64_t nvec = vec ? n / 4 : 0;
+    const int64_t nvec = vec ? n / V : 0;
     const unsigned blocks = blocks_for(nvec > 0 ? nvec : n, kThreads, static_cast<int>(cap));
     return [=](cudaStream_t stream) {
-      ew_contiguous<G><<<blocks, kThreads, 0, stream>>>(g, in, out, n, nvec);
+      ew_contiguous<G, T><<<blocks, kThreads, 0, stream>>>(g, in, out, n, nvec);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
@@ -269,13 +273,30 @@ Launch prepare_ew(const StepArgs& a, G g) {
   const unsigned blocks = blocks_for(n, kThreads, static_cast<int>(cap));
   if (small)
     return [=](cudaStream_t stream) {
-      ew_strided<G, uint32_t><<<blocks, kThreads, 0, stream>>>(g, in, out, s, static_cast<uint32_t>(n));
+      ew_strided<G, T, uint32_t><<<blocks, kThreads, 0, stream>>>(g, in, out, s, static_cast<uint32_t>(n));
       SEAM_CUDA_LAUNCH_CHECK();
     };
   return [=](cudaStream_t stream) {
-    ew_strided<G, int64_t><<<blocks, kThreads, 0, stream>>>(g, in, out, s, n);
+    ew_strided<G, T, int64_t><<<blocks, kThreads, 0, stream>>>(g, in, out, s, n);
     SEAM_CUDA_LAUNCH_CHECK();
   };
+}
+
+// Every operand has the output's storage type (the graph's casts make it so).
+template <class G>
+Launch prepare_ew(const StepArgs& a, G g) {
+  constexpr int N = G::kIn;
+  if (a.in.size() != static_cast<size_t>(N) || a.out.size() != 1)
+    fail(op_name(a.step.op), " '", a.step.name, "': expected ", N, " inputs, got ", a.in.size());
+  expect_dtype(a, a.out[0], kStored);
+  const DType t = a.out[0].dtype();
+  for (size_t k = 0; k < a.in.size(); ++k)
+    if (a.in[k].dtype() != t)
+      fail(op_name(a.step.op), " '", a.step.name, "': input ", k, " is ", a.in[k].type.str(), ", the output ",
+           a.out[0].type.str(), "; the CUDA kernel takes one dtype for every operand");
+  Launch l;
+  dispatch_storage(t, op_name(a.step.op), [&]<class T>() { l = prepare_ew_as<G, T>(a, g); });
+  return l;
 }
 
 // The op's scalar attribute, read once here (0 for ops without one).

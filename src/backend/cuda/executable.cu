@@ -132,7 +132,13 @@ class CudaExecutable : public Executable {
       launches_.push_back(preparer_for(s.op)(a));
       keep.restore();
     }
-    if (plan.optimizer) launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_));
+    if (plan.optimizer) {
+      const Binding* loss = plan.loss.empty() ? nullptr : plan.output(plan.loss);
+      if (loss && loss->ref.type.dtype != DType::f32)
+        fail("the CUDA optimizer checks an f32 loss, '", plan.loss, "' is ", loss->ref.type.str());
+      const float* lp = loss ? reinterpret_cast<const float*>(r.base(loss->ref.region) + loss->ref.offset) : nullptr;
+      launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_, lp));
+    }
     sched_ = schedule_lanes(step_dependencies(plan), static_cast<int>(sh_->lanes.size()));
     ctx_.add_lanes(sched_.lanes_used);
     signals_.assign(plan.steps.size(), false);
@@ -192,12 +198,22 @@ class CudaExecutable : public Executable {
 
   void run(StepState& state) override {
     StepState& dev = *r_.synced;
-    if (dev.step != state.step || dev.seed != state.seed) {  // set on the host (reset, resume)
-      DeviceCounters c{state.step, state.seed, 0.0f, 0.0f};
+    // What the host set since it last synced (reset, resume) goes to the device; the
+    // fields only the device changes (the loss scale, skips) stay equal otherwise.
+    if (dev.step != state.step || dev.seed != state.seed || dev.loss_scale != state.loss_scale ||
+        dev.scale_good != state.scale_good || dev.skipped_steps != state.skipped_steps ||
+        dev.skip_streak != state.skip_streak) {
+      DeviceCounters c{state.step,
+                       state.seed,
+                       0.0f,
+                       0.0f,
+                       static_cast<float>(state.loss_scale),
+                       static_cast<int32_t>(state.scale_good),
+                       state.skipped_steps,
+                       state.skip_streak};
       SEAM_CUDA_CHECK(cudaMemcpyAsync(ctx_.counters, &c, sizeof c, cudaMemcpyHostToDevice, sh_->stream));
       SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));  // c lives on this stack frame
-      dev.step = state.step;
-      dev.seed = state.seed;
+      dev = state;
     }
     const int s = slot_;
     for (auto& in : inputs_) {
@@ -220,6 +236,18 @@ class CudaExecutable : public Executable {
       ++state.step;
       dev.step = state.step;
     }
+  }
+
+  void sync_state(StepState& state) override {
+    DeviceCounters c{};
+    SEAM_CUDA_CHECK(cudaMemcpyAsync(&c, ctx_.counters, sizeof c, cudaMemcpyDeviceToHost, sh_->stream));
+    SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
+    state.grad_norm = c.grad_norm;
+    state.loss_scale = c.loss_scale;
+    state.scale_good = c.scale_good;
+    state.skipped_steps = c.skipped_steps;
+    state.skip_streak = c.skip_streak;
+    *r_.synced = state;
   }
 
   void check() override {

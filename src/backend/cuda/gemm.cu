@@ -41,11 +41,12 @@ Counters& counters() {
 // ---------------------------------------------------------------------------------------
 // The key: every property of a GEMM that the choice of algorithm may depend on, as
 // name=value fields in a fixed order. The same text is the in-memory key and the line
-// prefix on disk.
+// prefix on disk. type and dtype: the cudaDataType_t of A/B and of C/D (a bias or gelu aux
+// has D's type, see gemm.h).
 
-constexpr std::array<const char*, 22> kKeyNames = {
-    "ta",  "tb",      "m",   "n",     "k",    "lda", "ldb", "ldc", "batch", "sa",    "sb",
-    "sc",  "type",    "compute", "epi", "auxld", "bias", "aa", "ab", "ad",  "abias", "aaux"};
+constexpr std::array<const char*, 23> kKeyNames = {
+    "ta",   "tb",    "m",       "n",   "k",     "lda",  "ldb", "ldc", "batch", "sa",    "sb",  "sc",
+    "type", "dtype", "compute", "epi", "auxld", "bias", "aa",  "ab",  "ad",    "abias", "aaux"};
 constexpr size_t kKeyFields = kKeyNames.size();
 using KeyValues = std::array<int64_t, kKeyFields>;
 
@@ -120,7 +121,7 @@ std::string file_path(const DeviceId& d) {
 }
 
 std::string header_line(const DeviceId& d) {
-  return "# seam gemm algorithm cache v1; gpu " + d.name + "; sm_" + std::to_string(d.major) +
+  return "# seam gemm algorithm cache v2; gpu " + d.name + "; sm_" + std::to_string(d.major) +
          std::to_string(d.minor) + " x" + std::to_string(d.sms) + "; cuBLASLt " +
          std::to_string(cublasLtGetVersion());
 }
@@ -259,8 +260,7 @@ void save(Store& s) {
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.dirty || s.path.empty()) return;
   std::error_code ec;
-  std::filesystem::path p(s.path);
-  std::filesystem::create_directories(p.parent_path(), ec);
+  std::filesystem::create_directories(std::filesystem::path(s.path).parent_path(), ec);
   if (ec) return;
   Tables file = read_file(s.path, s.header);
   for (auto& [key, e] : file.entries) s.entries.emplace(key, e);  // keeps ours
@@ -432,12 +432,22 @@ float time_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& al, void* ws, cud
                    s, ev);
 }
 
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: fail("cuBLASLt GEMMs store f32, bf16 or f16, not ", dtype_name(t));
+  }
+}
+
 std::string describe(const GemmShape& g, bool tf32, const std::string& what) {
   std::ostringstream s;
   s << what << ": cuBLASLt GEMM m=" << g.m << " n=" << g.n << " k=" << g.k << " op(A)=" << (g.trans_a ? "T" : "N")
     << " op(B)=" << (g.trans_b ? "T" : "N") << " lda=" << g.lda << " ldb=" << g.ldb << " ldc=" << g.ldc;
   if (g.batch > 1) s << " batch=" << g.batch << " strides=" << g.stride_a << "," << g.stride_b << "," << g.stride_c;
-  s << " epilogue=" << epilogue_name(g.epilogue) << (tf32 ? " (TF32)" : " (FP32)");
+  s << " epilogue=" << epilogue_name(g.epilogue) << " A/B " << dtype_name(g.ab_type) << " D " << dtype_name(g.d_type)
+    << (tf32 ? " (TF32)" : " (FP32 accumulate)");
   return s.str();
 }
 
@@ -483,17 +493,26 @@ GemmCacheStats gemm_cache_stats() {
 
 std::string gemm_cache_path() { return file_path(current_device()); }
 
-Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, GemmEpilogueData epi,
-                    const std::string& what) {
+Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, GemmEpilogueData epi,
+                        const std::string& what, std::string* why) {
   SEAM_ASSERT(ctx.gemm_cache != nullptr && ctx.cublaslt != nullptr);
   SEAM_ASSERT(!calls.empty());
   SEAM_ASSERT(g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1 && g.batch <= INT32_MAX);
   SEAM_ASSERT(g.lda >= (g.trans_a ? g.k : g.m) && g.ldb >= (g.trans_b ? g.n : g.k) && g.ldc >= g.m);
   SEAM_ASSERT(uses_aux(g.epilogue) == (epi.aux != nullptr) && uses_bias(g.epilogue) == (epi.bias != nullptr));
   SEAM_ASSERT(g.batch == 1 || g.epilogue == CUBLASLT_EPILOGUE_DEFAULT);
-  const bool tf32 = ctx.tf32;
+  SEAM_ASSERT(g.d_type == g.ab_type || g.d_type == DType::f32);
+  // TF32 is a rounding of f32 inputs: 16-bit ones reach the tensor cores as they are.
+  const bool tf32 = ctx.tf32 && g.ab_type == DType::f32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const cudaDataType_t type = CUDA_R_32F;
+  const cudaDataType_t type = cuda_type(g.ab_type), d_type = cuda_type(g.d_type);
+  const uint64_t ab_size = dtype_size(g.ab_type), d_size = dtype_size(g.d_type);
+  // Where cuBLASLt has no algorithm: an empty launch for try_prepare_gemm, else an error.
+  auto none = [&](const std::string& reason) -> Launch {
+    if (!why) fail(describe(g, tf32, what), ": ", reason);
+    *why = reason;
+    return {};
+  };
 
   auto p = std::make_shared<GemmPlan>();
   p->lt = static_cast<cublasLtHandle_t>(ctx.cublaslt);
@@ -520,7 +539,7 @@ Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> 
   auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, u(g.trans_a ? g.k : g.m), u(g.trans_a ? g.m : g.k), g.lda));
   SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, u(g.trans_b ? g.n : g.k), u(g.trans_b ? g.k : g.n), g.ldb));
-  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, type, u(g.m), u(g.n), g.ldc));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, d_type, u(g.m), u(g.n), g.ldc));
   if (g.batch > 1) {
     const int32_t count = static_cast<int32_t>(g.batch);
     const std::array<std::pair<cublasLtMatrixLayout_t, int64_t>, 3> layouts = {
@@ -541,9 +560,9 @@ Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> 
     bits_d |= reinterpret_cast<uintptr_t>(c.d);
   }
   if (g.batch > 1) {
-    bits_a |= static_cast<uint64_t>(g.stride_a) * sizeof(float);
-    bits_b |= static_cast<uint64_t>(g.stride_b) * sizeof(float);
-    bits_d |= static_cast<uint64_t>(g.stride_c) * sizeof(float);
+    bits_a |= static_cast<uint64_t>(g.stride_a) * ab_size;
+    bits_b |= static_cast<uint64_t>(g.stride_b) * ab_size;
+    bits_d |= static_cast<uint64_t>(g.stride_c) * d_size;
   }
   const uint32_t align_a = low_bit_alignment(bits_a), align_b = low_bit_alignment(bits_b),
                  align_d = low_bit_alignment(bits_d);
@@ -551,9 +570,9 @@ Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> 
   const int64_t align_aux = epi.aux ? low_bit_alignment(reinterpret_cast<uintptr_t>(epi.aux)) : 0;
 
   const KeyValues kv = {g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b,
-                        g.stride_c, static_cast<int64_t>(type), static_cast<int64_t>(compute),
-                        static_cast<int64_t>(epilogue), epi.aux ? g.aux_ld : 0, epi.bias != nullptr, align_a, align_b,
-                        align_d, align_bias, align_aux};
+                        g.stride_c, static_cast<int64_t>(type), static_cast<int64_t>(d_type),
+                        static_cast<int64_t>(compute), static_cast<int64_t>(epilogue), epi.aux ? g.aux_ld : 0,
+                        epi.bias != nullptr, align_a, align_b, align_d, align_bias, align_aux};
   const std::string key = key_text(kv);
 
   GemmCache::Impl& cache = ctx.gemm_cache->impl();
@@ -621,15 +640,15 @@ Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> 
     }
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || returned <= 0)
-      fail(describe(g, tf32, what), ": cuBLASLt offers no algorithm (",
-           st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(st) : "no candidates", ")");
+      return none(std::string("cuBLASLt offers no algorithm (") +
+                  (st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(st) : "no candidates") + ")");
 
     std::vector<int> usable;
     for (int i = 0; i < returned; ++i)
       if (res[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS &&
           res[static_cast<size_t>(i)].workspaceSize <= kGemmWorkspaceBytes)
         usable.push_back(i);
-    if (usable.empty()) fail(describe(g, tf32, what), ": cuBLASLt's candidates all report failure");
+    if (usable.empty()) return none("cuBLASLt's candidates all report failure");
 
     int best = -1;
     float best_ms = 0;
@@ -651,7 +670,7 @@ Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> 
         }
       for (size_t c = 0; c < usable.size(); ++c)
         if (ms[c] >= 0 && (best < 0 || ms[c] < best_ms)) best = usable[c], best_ms = ms[c];
-      if (best < 0) fail(describe(g, tf32, what), ": none of cuBLASLt's ", usable.size(), " candidates ran");
+      if (best < 0) return none("none of cuBLASLt's " + std::to_string(usable.size()) + " candidates ran");
     }
     Entry e;
     e.algo = res[static_cast<size_t>(best)].algo;
@@ -675,6 +694,11 @@ Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> 
   };
 }
 
+Launch prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, GemmEpilogueData epi,
+                    const std::string& what) {
+  return try_prepare_gemm(ctx, g, std::move(calls), epi, what, nullptr);
+}
+
 }  // namespace seam::cuda
 
 namespace seam::cuda {
@@ -692,9 +716,21 @@ float time_launch(const Launch& l, cudaStream_t s, EventPair& ev) {
 
 }  // namespace
 
-Launch choose_variant(Context& ctx, int step, const std::string& key, std::vector<Variant> variants) {
-  SEAM_ASSERT(ctx.gemm_cache != nullptr && !variants.empty() && is_word(key));
-  for (const Variant& v : variants) SEAM_ASSERT(is_word(v.name) && v.launch);
+Launch choose_variant(Context& ctx, int step, const std::string& key, std::vector<Variant> offered) {
+  SEAM_ASSERT(ctx.gemm_cache != nullptr && is_word(key));
+  std::vector<Variant> variants;
+  std::string missing;  // the names of the variants not available, for ctx.choices
+  for (Variant& v : offered) {
+    SEAM_ASSERT(is_word(v.name));
+    if (v.launch) {
+      variants.push_back(std::move(v));
+      continue;
+    }
+    missing += (missing.empty() ? "" : ", ") + v.name + (v.why_not.empty() ? "" : " (" + v.why_not + ")");
+    if (v.unused) v.unused();
+  }
+  SEAM_ASSERT(!variants.empty());
+  const std::string note_missing = missing.empty() ? "" : "; " + missing + " not available";
   Store& store = *ctx.gemm_cache->impl().store;
   auto named = [&](const std::string& name) -> const Variant* {
     for (const Variant& v : variants)
@@ -709,9 +745,14 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
   if (ctx.epilogue != EpiloguePolicy::fastest) {
     const Variant* v = named(ctx.epilogue == EpiloguePolicy::fused ? "fused" : "split");
     if (ctx.epilogue == EpiloguePolicy::split_t && named("split_t")) v = named("split_t");
+    if (!v) v = named("split");
     SEAM_ASSERT(v != nullptr);
-    ctx.choices.emplace_back(step, v->name + " (forced)");
+    ctx.choices.emplace_back(step, v->name + " (forced" + note_missing + ")");
     return keep(v);
+  }
+  if (variants.size() == 1) {  // nothing to time, and no pick to keep
+    ctx.choices.emplace_back(step, variants[0].name + " (only one" + note_missing + ")");
+    return variants[0].launch;
   }
   std::string cached;
   {
@@ -720,7 +761,7 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
   }
   if (const Variant* v = named(cached)) {  // freeing the others may synchronize: not under the lock
     counters().variant_hits += 1;
-    ctx.choices.emplace_back(step, v->name + " (cached pick)");
+    ctx.choices.emplace_back(step, v->name + " (cached pick" + note_missing + ")");
     return keep(v);
   }
   std::vector<float> ms(variants.size(), 0.0f);
@@ -736,7 +777,7 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
   std::ostringstream note;
   note << variants[best].name << " (timed:";
   for (size_t i = 0; i < variants.size(); ++i) note << ' ' << variants[i].name << ' ' << ms[i] << " ms";
-  note << ")";
+  note << note_missing << ")";
   ctx.choices.emplace_back(step, note.str());
   {
     std::lock_guard<std::mutex> lock(store.mu);

@@ -13,10 +13,14 @@
 // (temp file + rename, merged with what the file holds by then) when a GemmCache that
 // learned something is destroyed. The file is
 //   $XDG_CACHE_HOME/seam/ (or $HOME/.cache/seam/) gemm-<GPU>-sm<cc>-<SMs>sm-lt<cuBLASLt version>.txt
-// with a header line naming the GPU and cuBLASLt version, then one GEMM a line:
-//   gemm ta=0 tb=1 m=256 n=1024 k=784 ... aaux=0 algo=<8 x 16 hex digits, ':'-separated> ws=<bytes> us=<time>
-// (see key fields in gemm.cu). The file is never trusted: a malformed line or a file
-// with another header is dropped, and an entry read from it is used only after
+// with a header line naming the format version, GPU and cuBLASLt version, then one GEMM a
+// line:
+//   gemm ta=0 tb=1 m=256 n=1024 k=784 ... type=14 dtype=0 ... aaux=0 algo=<8 x 16 hex digits, ':'-separated>
+//        ws=<bytes> ns=<time>
+// (see key fields in gemm.cu; type and dtype are the cudaDataType_t of A/B and of D, so an
+// algorithm chosen for f32 is never reused for bf16). The file is never trusted: a
+// malformed line or a file with another header (another version of the format, written
+// before the key had dtypes) is dropped, and an entry read from it is used only after
 // cublasLtMatmulAlgoCheck accepts it for the real descriptors and a trial run succeeds;
 // otherwise the GEMM is timed again and the entry replaced.
 #pragma once
@@ -53,7 +57,12 @@ inline constexpr int kGemmCandidates = 16;
 // A stored as [m, k] (trans_a false) or [k, m] (trans_a true), column-major with leading
 // dimension lda; B likewise ([k, n] or [n, k], ldb); D [m, n] with ldc. Batch i reads
 // A + i * stride_a, B + i * stride_b and writes D + i * stride_c (elements; a stride of 0
-// broadcasts that operand). All matrices f32; C is D with beta = 0.
+// broadcasts that operand). A and B are stored as ab_type (f32, bf16 or f16), D as d_type
+// (ab_type, or f32 from 16-bit A and B); products accumulate in fp32 (TF32 tensor cores
+// only for f32 A and B under ctx.tf32). C is D with beta = 0. An epilogue's bias (read
+// or written) and gelu aux have D's type: cuBLASLt's default for these types, and the
+// only one it takes (an f32 bias with a bf16 D is INVALID_VALUE), so a preparer whose
+// bias has another type adds it with a kernel of its own.
 //
 // A row-major buffer X[r, c] read column-major is X^T [c, r] with ld c: the preparers in
 // matmul.cu derive each op's mapping from that.
@@ -63,6 +72,7 @@ struct GemmShape {
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  DType ab_type = DType::f32, d_type = DType::f32;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   // Leading dimension of the epilogue's auxiliary matrix (laid out like D): bits for the
   // relu mask (a multiple of 128), elements for gelu's pre-activation (a multiple of 8).
@@ -90,6 +100,11 @@ struct GemmEpilogueData {
 // `what` names the step in error messages.
 Launch prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperands> calls, GemmEpilogueData epilogue,
                     const std::string& what);
+// The same, but where cuBLASLt has no algorithm for this GEMM (an epilogue it lacks for
+// these types, layouts or alignments) it returns an empty Launch and says why in *why:
+// a step with another way to compute it (a split variant) falls back to that.
+Launch try_prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperands> calls,
+                        GemmEpilogueData epilogue, const std::string& what, std::string* why);
 
 // Equivalent ways to compute one step: a GEMM with its epilogue fused, and the plain GEMM
 // followed by separate kernels. Which is faster depends on the shape (some of cuBLASLt's
@@ -99,10 +114,14 @@ Launch prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperan
 // timing on later runs. Records what it chose in ctx.choices for plan step `step`.
 // Running a variant must only write the step's outputs (timing runs it several times).
 // Every step offers "fused" and "split" (some also "split_t"); ctx.epilogue may force one.
+// A variant with an empty launch is not available (try_prepare_gemm found no algorithm,
+// or cuBLASLt's epilogue does not take the step's dtypes): it is never chosen, and a
+// policy forcing it gets "split" instead, noted in ctx.choices.
 struct Variant {
   std::string name;  // one word: "fused", "split", ...
-  Launch launch;
+  Launch launch;     // empty: not available
   std::function<void()> unused = {};  // called if another variant is chosen (frees its memory)
+  std::string why_not = {};           // why launch is empty, for ctx.choices
 };
 Launch choose_variant(Context& ctx, int step, const std::string& key, std::vector<Variant> variants);
 

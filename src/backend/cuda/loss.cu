@@ -11,10 +11,19 @@
 // more to write dlogits.
 // A label outside [0, C) that is not ignore_index is reported with report_error and its
 // row left out; the host turns the report into a seam::Error on its next read.
+//
+// Logits (and predictions) are stored as f32, bf16 or f16 (the kernels template on the
+// storage type T and compute in float); the losses are f32, the gradients in the logits'
+// dtype. 16-bit rows whose length is a multiple of 8 are read and written 16 bytes at a
+// time: a warp of 2-byte loads moves half of what the f32 kernels' loads move, and the
+// row's read would be bound by the loads in flight.
 #include <cmath>
+
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/storage.cuh"
 
 namespace seam::cuda {
 
@@ -25,6 +34,28 @@ constexpr int kRowBlock = 512;    // block-per-row kernels
 constexpr int kReduceBlock = 1024;
 constexpr int kThreads = 256;     // elementwise kernels
 constexpr int64_t kMaxWarpClasses = 1024;
+
+template <class T>
+inline constexpr bool kHalf = !std::is_same_v<T, float>;
+
+// Eight 16-bit values: one 16-byte load or store.
+template <class T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+// The upstream gradient dy: f32, or the data's own dtype. It is read once per launch, so
+// its dtype can be a run-time value rather than one more template parameter.
+struct Scalar {
+  const void* p;
+  DType dtype;
+};
+
+__device__ inline double load(const Scalar& v) {
+  if (v.dtype == DType::bf16) return to_float(*static_cast<const bf16_t*>(v.p));
+  if (v.dtype == DType::f16) return to_float(*static_cast<const f16_t*>(v.p));
+  return *static_cast<const float*>(v.p);
+}
 
 // Log-sum-exp in one pass: (m, s) with s = sum(exp(v - m)) over the values seen so far,
 // (-inf, 0) for none. A new maximum rescales s. Sums use explicit roundings (no FMA
@@ -105,21 +136,17 @@ __device__ bool row_counts(const G& g, int32_t label, int64_t row, int64_t class
   return true;
 }
 
-// The row's max m and sum(exp(z - m)) (and sum(z) when wanted), known to every thread of
-// the group; one read of the row.
-template <class G, bool WithSum>
-__device__ void row_stats(const G& g, const float* __restrict__ z, int64_t classes, float& m, float& s, float& zsum) {
-  m = -INFINITY;
-  s = 0.f;
-  zsum = 0.f;
+// One thread's part of row_stats: classes rank, rank + step, ...
+template <bool WithSum, class T>
+__device__ void stats_scalar(const T* __restrict__ z, int64_t classes, int64_t rank, int64_t step, float& m, float& s,
+                             float& zsum) {
   // Four loads in flight per thread before their values are used: the sum is a serial
   // chain, and one load at a time would leave the row's read latency-bound.
-  const int64_t step = g.size();
-  int64_t c = g.rank();
+  int64_t c = rank;
   for (; c + 3 * step < classes; c += 4 * step) {
     float v[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = z[c + k * step];
+    for (int k = 0; k < 4; ++k) v[k] = to_float(z[c + k * step]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       lse_add(m, s, v[k]);
@@ -127,9 +154,43 @@ __device__ void row_stats(const G& g, const float* __restrict__ z, int64_t class
     }
   }
   for (; c < classes; c += step) {
-    const float v = z[c];
+    const float v = to_float(z[c]);
     lse_add(m, s, v);
     if constexpr (WithSum) zsum += v;
+  }
+}
+
+// The same over packs of 8 (z 16-byte aligned, classes a multiple of 8): packs rank,
+// rank + step, ...; two loads in flight.
+template <bool WithSum, class T>
+__device__ void stats_vec8(const T* __restrict__ z, int64_t classes, int64_t rank, int64_t step, float& m, float& s,
+                           float& zsum) {
+  const auto* zv = reinterpret_cast<const Pack8<T>*>(z);
+#pragma unroll 2
+  for (int64_t c = rank; c < classes / 8; c += step) {
+    const Pack8<T> p = zv[c];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float v = to_float(p.v[k]);
+      lse_add(m, s, v);
+      if constexpr (WithSum) zsum += v;
+    }
+  }
+}
+
+// The row's max m and sum(exp(z - m)) (and sum(z) when wanted), known to every thread of
+// the group; one read of the row. vec: 16-bit T read by stats_vec8.
+template <class G, bool WithSum, class T>
+__device__ void row_stats(const G& g, const T* __restrict__ z, int64_t classes, bool vec, float& m, float& s,
+                          float& zsum) {
+  m = -INFINITY;
+  s = 0.f;
+  zsum = 0.f;
+  if constexpr (kHalf<T>) {
+    if (vec) stats_vec8<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
+    else stats_scalar<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
+  } else {
+    stats_scalar<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
   }
   g.lse(m, s);
   if constexpr (WithSum) zsum = g.sum(zsum);
@@ -137,24 +198,61 @@ __device__ void row_stats(const G& g, const float* __restrict__ z, int64_t class
 
 // A counting row's stats (known to every thread of the group) and its loss:
 // (1 - eps) * -log p[label] + eps * mean_c(-log p[c]), with -log p[c] = m + log(s) - z[c].
-template <class G>
-__device__ double row_loss_of(const G& g, const float* __restrict__ z, int32_t label, int64_t classes,
-                              double smoothing, float& m, float& s) {
+template <class G, class T>
+__device__ double row_loss_of(const G& g, const T* __restrict__ z, int32_t label, int64_t classes, double smoothing,
+                              bool vec, float& m, float& s) {
   float zsum;
-  if (smoothing != 0.0) row_stats<G, true>(g, z, classes, m, s, zsum);
-  else row_stats<G, false>(g, z, classes, m, s, zsum);
+  if (smoothing != 0.0) row_stats<G, true>(g, z, classes, vec, m, s, zsum);
+  else row_stats<G, false>(g, z, classes, vec, m, s, zsum);
   const double ls = log(static_cast<double>(s));
-  const double nll = static_cast<double>(m - z[label]) + ls;
+  const double nll = static_cast<double>(m - to_float(z[label])) + ls;
   const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
   return (1.0 - smoothing) * nll + smoothing * smooth;
 }
 
+// dlogits of a counting row whose stats are m, s: sc * (softmax(z) - target), target =
+// (1 - eps) * onehot(label) + eps / C.
+template <class G, class T>
+__device__ void row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d, int32_t label, int64_t classes,
+                         double smoothing, double off_target, double sc, bool vec, float m, float s) {
+  if constexpr (kHalf<T>) {
+    if (vec) {
+      const auto* zv = reinterpret_cast<const Pack8<T>*>(z);
+      auto* dv = reinterpret_cast<Pack8<T>*>(d);
+      for (int64_t c = g.rank(); c < classes / 8; c += g.size()) {
+        const Pack8<T> in = zv[c];
+        Pack8<T> out;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const double p = static_cast<double>(expf(to_float(in.v[k]) - m)) / static_cast<double>(s);
+          const double target = off_target + (8 * c + k == label ? 1.0 - smoothing : 0.0);
+          out.v[k] = from_float<T>(static_cast<float>(sc * (p - target)));
+        }
+        dv[c] = out;
+      }
+      return;
+    }
+  }
+#pragma unroll 4
+  for (int64_t c = g.rank(); c < classes; c += g.size()) {
+    const double p = static_cast<double>(expf(to_float(z[c]) - m)) / static_cast<double>(s);
+    const double target = off_target + (c == label ? 1.0 - smoothing : 0.0);
+    d[c] = from_float<T>(static_cast<float>(sc * (p - target)));
+  }
+}
+
+// The gradient row of a row that does not count.
+template <class G, class T>
+__device__ void zero_row(const G& g, T* __restrict__ d, int64_t classes) {
+  for (int64_t c = g.rank(); c < classes; c += g.size()) d[c] = from_float<T>(0.f);
+}
+
 // Per row: the loss into row_loss[row] (0 for rows that do not count) and row_used[row]
 // (0 or 1).
-template <class G>
-__global__ void ce_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
-                        int64_t classes, int64_t ignore_index, double smoothing, double* __restrict__ row_loss,
-                        int* __restrict__ row_used, DeviceError* err, int step) {
+template <class G, class T>
+__global__ void ce_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+                        int64_t classes, int64_t ignore_index, double smoothing, bool vec,
+                        double* __restrict__ row_loss, int* __restrict__ row_used, DeviceError* err, int step) {
   const G g{};
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = labels[r];
@@ -166,7 +264,7 @@ __global__ void ce_rows(const float* __restrict__ logits, const int32_t* __restr
       continue;
     }
     float m, s;
-    const double loss = row_loss_of(g, logits + r * classes, label, classes, smoothing, m, s);
+    const double loss = row_loss_of(g, logits + r * classes, label, classes, smoothing, vec, m, s);
     if (g.rank() == 0) {
       row_loss[r] = loss;
       row_used[r] = 1;
@@ -192,8 +290,8 @@ __global__ void __launch_bounds__(kReduceBlock)
 // One block: counts the rows of the gradient (reporting bad labels as the forward does)
 // and stores scale = dy / count (0 if none) for ce_grad_rows.
 __global__ void __launch_bounds__(kReduceBlock)
-    ce_grad_scale(const float* __restrict__ dy, const int32_t* __restrict__ labels, int64_t rows, int64_t classes,
-                  int64_t ignore_index, double* __restrict__ scale, DeviceError* err, int step) {
+    ce_grad_scale(Scalar dy, const int32_t* __restrict__ labels, int64_t rows, int64_t classes, int64_t ignore_index,
+                  double* __restrict__ scale, DeviceError* err, int step) {
   int64_t count = 0;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
     const int32_t l = labels[i];
@@ -202,35 +300,30 @@ __global__ void __launch_bounds__(kReduceBlock)
     else ++count;
   }
   count = block_sum(count);
-  if (threadIdx.x == 0) scale[0] = count > 0 ? static_cast<double>(dy[0]) / static_cast<double>(count) : 0.0;
+  if (threadIdx.x == 0) scale[0] = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
 }
 
 // dlogits = scale * (softmax(z) - target), target = (1 - eps) * onehot(label) + eps / C;
 // zero rows for ignored (or bad) labels.
-template <class G>
-__global__ void ce_grad_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
-                             int64_t classes, int64_t ignore_index, double smoothing, const double* __restrict__ scale,
-                             float* __restrict__ dz) {
+template <class G, class T>
+__global__ void ce_grad_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+                             int64_t classes, int64_t ignore_index, double smoothing, bool vec,
+                             const double* __restrict__ scale, T* __restrict__ dz) {
   const G g{};
   const double sc = scale[0];
   const double off_target = smoothing / static_cast<double>(classes);
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = labels[r];
-    float* d = dz + r * classes;
+    T* d = dz + r * classes;
     const bool counts = static_cast<int64_t>(label) != ignore_index && label >= 0 && label < classes;
     if (!counts) {
-      for (int64_t c = g.rank(); c < classes; c += g.size()) d[c] = 0.f;
+      zero_row(g, d, classes);
       continue;
     }
-    const float* z = logits + r * classes;
+    const T* z = logits + r * classes;
     float m, s, unused;
-    row_stats<G, false>(g, z, classes, m, s, unused);
-#pragma unroll 4
-    for (int64_t c = g.rank(); c < classes; c += g.size()) {
-      const double p = static_cast<double>(expf(z[c] - m)) / static_cast<double>(s);
-      const double target = off_target + (c == label ? 1.0 - smoothing : 0.0);
-      d[c] = static_cast<float>(sc * (p - target));
-    }
+    row_stats<G, false>(g, z, classes, vec, m, s, unused);
+    row_grad(g, z, d, label, classes, smoothing, off_target, sc, vec, m, s);
   }
 }
 
@@ -259,33 +352,28 @@ __global__ void __launch_bounds__(kReduceBlock)
 // would cost as much as the logits) ce_count runs first (Counted). Then each row's loss
 // and gradient come from one read of the row; the last block to finish adds the row
 // losses in row order (deterministic) and re-arms the arrival counter for the next launch.
-template <class G, bool Counted>
-__global__ void ce_with_grad_rows(const float* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
-                                  int64_t classes, int64_t ignore_index, double smoothing, const float* __restrict__ dy,
+template <class G, bool Counted, class T>
+__global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+                                  int64_t classes, int64_t ignore_index, double smoothing, bool vec, Scalar dy,
                                   const int64_t* __restrict__ counted, double* __restrict__ row_loss, unsigned* arrived,
-                                  float* __restrict__ loss, float* __restrict__ dz, DeviceError* err, int step) {
+                                  float* __restrict__ loss, T* __restrict__ dz, DeviceError* err, int step) {
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
-  const double sc = count > 0 ? static_cast<double>(dy[0]) / static_cast<double>(count) : 0.0;
+  const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
   const double off_target = smoothing / static_cast<double>(classes);
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = labels[r];
-    float* d = dz + r * classes;
+    T* d = dz + r * classes;
     if (!row_counts(g, label, r, classes, ignore_index, err, step)) {
       if (g.rank() == 0) row_loss[r] = 0.0;
-      for (int64_t c = g.rank(); c < classes; c += g.size()) d[c] = 0.f;
+      zero_row(g, d, classes);
       continue;
     }
-    const float* z = logits + r * classes;
+    const T* z = logits + r * classes;
     float m, s;
-    const double loss = row_loss_of(g, z, label, classes, smoothing, m, s);
+    const double loss = row_loss_of(g, z, label, classes, smoothing, vec, m, s);
     if (g.rank() == 0) row_loss[r] = loss;
-#pragma unroll 4
-    for (int64_t c = g.rank(); c < classes; c += g.size()) {
-      const double p = static_cast<double>(expf(z[c] - m)) / static_cast<double>(s);
-      const double target = off_target + (c == label ? 1.0 - smoothing : 0.0);
-      d[c] = static_cast<float>(sc * (p - target));
-    }
+    row_grad(g, z, d, label, classes, smoothing, off_target, sc, vec, m, s);
   }
   // The last block to arrive sees every row_loss (each block's writes are fenced before
   // it arrives).
@@ -306,11 +394,12 @@ __global__ void ce_with_grad_rows(const float* __restrict__ logits, const int32_
 }
 
 // mse: per-block partial sums of (p - t)^2 in double, then one block adds them in order.
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    mse_partial(const float* __restrict__ p, const float* __restrict__ t, int64_t n, double* __restrict__ partial) {
+    mse_partial(const T* __restrict__ p, const T* __restrict__ t, int64_t n, double* __restrict__ partial) {
   double s = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const double d = static_cast<double>(p[i]) - static_cast<double>(t[i]);
+    const double d = static_cast<double>(to_float(p[i])) - static_cast<double>(to_float(t[i]));
     s += d * d;
   }
   s = block_sum(s);
@@ -326,33 +415,49 @@ __global__ void __launch_bounds__(kReduceBlock)
 }
 
 // dp = dy * 2 (p - t) / n
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    mse_grad_kernel(const float* __restrict__ dy, const float* __restrict__ p, const float* __restrict__ t,
-                    float* __restrict__ dp, int64_t n) {
-  const double scale = 2.0 * static_cast<double>(dy[0]) / static_cast<double>(n);
+    mse_grad_kernel(Scalar dy, const T* __restrict__ p, const T* __restrict__ t, T* __restrict__ dp, int64_t n) {
+  const double scale = 2.0 * load(dy) / static_cast<double>(n);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    dp[i] = static_cast<float>(scale * (static_cast<double>(p[i]) - static_cast<double>(t[i])));
+    dp[i] = from_float<T>(
+        static_cast<float>(scale * (static_cast<double>(to_float(p[i])) - static_cast<double>(to_float(t[i])))));
 }
 
 // ---- preparers ----
 
-// Rows, classes and attributes of cross_entropy(_grad); logits/labels are the inputs.
-// Every operand is f32 but the i32 labels.
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// dy of a gradient: f32, or the data's dtype.
+Scalar upstream(const StepArgs& a, const DeviceTensor& dy, DType data) {
+  if (data == DType::f32) expect_dtype(a, dy, {DType::f32});
+  else expect_dtype(a, dy, {DType::f32, data});
+  return {dy.data, dy.dtype()};
+}
+
+// Rows, classes and attributes of cross_entropy(_grad); logits/labels are the inputs,
+// dlogits the gradient's output where there is one (in the logits' dtype).
 struct CeShape {
   int64_t rows, classes, ignore_index;
   double smoothing;
   bool warp;          // one warp per row, else one block per row
+  bool vec;           // 16-bit rows read and written in packs of 8
   unsigned blocks;    // of the row kernels
 };
 
-CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTensor& labels) {
-  expect_f32(a, {{&labels, DType::i32}});
+CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTensor& labels,
+                 const DeviceTensor* dlogits) {
+  expect_dtype(a, logits, kStored);
+  expect_dtype(a, labels, {DType::i32});
+  if (dlogits) expect_dtype(a, *dlogits, {logits.dtype()});
   CeShape c{};
   c.rows = labels.numel();
   c.classes = logits.shape().back();
   c.ignore_index = a.step.attrs.i("ignore_index");
   c.smoothing = a.step.attrs.f("label_smoothing");
   c.warp = c.classes <= kMaxWarpClasses;
+  c.vec = logits.dtype() != DType::f32 && c.classes % 8 == 0 && aligned16(logits.data) &&
+          (!dlogits || aligned16(dlogits->data));
   const int sms = std::max(a.ctx.sm_count, 1);
   c.blocks = c.warp ? blocks_for(c.rows, kWarpBlock / 32, sms * 16)
                     : static_cast<unsigned>(std::clamp<int64_t>(c.rows, 1, int64_t{sms} * 4));
@@ -360,48 +465,57 @@ CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTens
 }
 
 Launch prepare_cross_entropy(const StepArgs& a) {
-  const CeShape c = ce_shape(a, a.in[0], a.in[1]);
-  const float* logits = a.in[0].as<float>();
+  const CeShape c = ce_shape(a, a.in[0], a.in[1], nullptr);
+  expect_dtype(a, a.out[0], {DType::f32});
   const int32_t* labels = a.in[1].as<int32_t>();
   float* out = a.out[0].as<float>();
   auto* row_loss = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(double)));
   auto* row_used = static_cast<int*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(int)));
   DeviceError* err = a.ctx.error;
   const int step = a.index;
-  return [=](cudaStream_t st) {
-    if (c.warp)
-      ce_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                          c.smoothing, row_loss, row_used, err, step);
-    else
-      ce_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                          c.smoothing, row_loss, row_used, err, step);
-    SEAM_CUDA_LAUNCH_CHECK();
-    ce_mean<<<1, kReduceBlock, 0, st>>>(row_loss, row_used, c.rows, out);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  Launch launch;
+  dispatch_storage(a.in[0].dtype(), op_name(a.step.op), [&]<class T>() {
+    const T* logits = a.in[0].as<T>();
+    launch = [=](cudaStream_t st) {
+      if (c.warp)
+        ce_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                            c.smoothing, c.vec, row_loss, row_used, err, step);
+      else
+        ce_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                            c.smoothing, c.vec, row_loss, row_used, err, step);
+      SEAM_CUDA_LAUNCH_CHECK();
+      ce_mean<<<1, kReduceBlock, 0, st>>>(row_loss, row_used, c.rows, out);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
 }
 
 Launch prepare_cross_entropy_grad(const StepArgs& a) {
-  const CeShape c = ce_shape(a, a.in[1], a.in[2]);
-  const float* dy = a.in[0].as<float>();
-  const float* logits = a.in[1].as<float>();
+  const CeShape c = ce_shape(a, a.in[1], a.in[2], &a.out[0]);
+  const Scalar dy = upstream(a, a.in[0], a.in[1].dtype());
   const int32_t* labels = a.in[2].as<int32_t>();
-  float* dz = a.out[0].as<float>();
   auto* scale = static_cast<double*>(a.ctx.scratch(sizeof(double)));
   DeviceError* err = a.ctx.error;
   const int step = a.index;
   if (a.out[0].numel() == 0) return [](cudaStream_t) {};
-  return [=](cudaStream_t st) {
-    ce_grad_scale<<<1, kReduceBlock, 0, st>>>(dy, labels, c.rows, c.classes, c.ignore_index, scale, err, step);
-    SEAM_CUDA_LAUNCH_CHECK();
-    if (c.warp)
-      ce_grad_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                               c.smoothing, scale, dz);
-    else
-      ce_grad_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                               c.smoothing, scale, dz);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  Launch launch;
+  dispatch_storage(a.in[1].dtype(), op_name(a.step.op), [&]<class T>() {
+    const T* logits = a.in[1].as<T>();
+    T* dz = a.out[0].as<T>();
+    launch = [=](cudaStream_t st) {
+      ce_grad_scale<<<1, kReduceBlock, 0, st>>>(dy, labels, c.rows, c.classes, c.ignore_index, scale, err, step);
+      SEAM_CUDA_LAUNCH_CHECK();
+      if (c.warp)
+        ce_grad_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                                 c.smoothing, c.vec, scale, dz);
+      else
+        ce_grad_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
+                                                                 c.smoothing, c.vec, scale, dz);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
 }
 
 // Up to this many rows, every block counts the labels itself (one launch).
@@ -409,64 +523,85 @@ constexpr int64_t kSelfCountRows = 2048;
 
 Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const DeviceTensor &logits_t = a.in[0], &labels_t = a.in[1], &dy_t = a.in[2];
-  const CeShape c = ce_shape(a, logits_t, labels_t);
+  const CeShape c = ce_shape(a, logits_t, labels_t, &a.out[1]);
+  expect_dtype(a, a.out[0], {DType::f32});
+  const Scalar dy = upstream(a, dy_t, logits_t.dtype());
   const bool counted = c.rows > kSelfCountRows;
-  const float* logits = logits_t.as<float>();
   const int32_t* labels = labels_t.as<int32_t>();
-  const float* dy = dy_t.as<float>();
   float* loss = a.out[0].as<float>();
-  float* dz = a.out[1].as<float>();
   auto* row_loss = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(double)));
   auto* arrived = static_cast<unsigned*>(a.ctx.scratch(sizeof(unsigned)));
   auto* count = static_cast<int64_t*>(a.ctx.scratch(sizeof(int64_t)));
   DeviceError* err = a.ctx.error;
   const int step = a.index;
-  auto rows_kernel = [&]() {
-    if (c.warp) return counted ? ce_with_grad_rows<WarpGroup, true> : ce_with_grad_rows<WarpGroup, false>;
-    return counted ? ce_with_grad_rows<BlockGroup, true> : ce_with_grad_rows<BlockGroup, false>;
-  }();
   const int threads = c.warp ? kWarpBlock : kRowBlock;
-  return [=](cudaStream_t st) {
-    if (counted) {
-      ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
+  Launch launch;
+  dispatch_storage(logits_t.dtype(), op_name(a.step.op), [&]<class T>() {
+    const T* logits = logits_t.as<T>();
+    T* dz = a.out[1].as<T>();
+    auto rows_kernel = [&]() {
+      if (c.warp) return counted ? ce_with_grad_rows<WarpGroup, true, T> : ce_with_grad_rows<WarpGroup, false, T>;
+      return counted ? ce_with_grad_rows<BlockGroup, true, T> : ce_with_grad_rows<BlockGroup, false, T>;
+    }();
+    launch = [=](cudaStream_t st) {
+      if (counted) {
+        ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
+        SEAM_CUDA_LAUNCH_CHECK();
+      }
+      rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, c.vec,
+                                                dy, count, row_loss, arrived, loss, dz, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
-    }
-    rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, dy,
-                                              count, row_loss, arrived, loss, dz, err, step);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+    };
+  });
+  return launch;
+}
+
+// prediction and target share one dtype (f32, bf16, f16).
+void expect_mse_operands(const StepArgs& a, const DeviceTensor& p, const DeviceTensor& t) {
+  expect_dtype(a, p, kStored);
+  expect_dtype(a, t, {p.dtype()});
 }
 
 Launch prepare_mse(const StepArgs& a) {
-  expect_f32(a);
+  expect_mse_operands(a, a.in[0], a.in[1]);
+  expect_dtype(a, a.out[0], {DType::f32});
   const int64_t n = a.in[0].numel();
-  const float* p = a.in[0].as<float>();
-  const float* t = a.in[1].as<float>();
   float* out = a.out[0].as<float>();
   // Fixed at prepare time, so the summation order is the same every run.
   const unsigned blocks = blocks_for(n, kThreads, std::max(a.ctx.sm_count, 1) * 4);
   auto* partial = static_cast<double*>(a.ctx.scratch(blocks * sizeof(double)));
-  return [=](cudaStream_t st) {
-    mse_partial<<<blocks, kThreads, 0, st>>>(p, t, n, partial);
-    SEAM_CUDA_LAUNCH_CHECK();
-    mse_mean<<<1, kReduceBlock, 0, st>>>(partial, static_cast<int>(blocks), n, out);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  Launch launch;
+  dispatch_storage(a.in[0].dtype(), op_name(a.step.op), [&]<class T>() {
+    const T* p = a.in[0].as<T>();
+    const T* t = a.in[1].as<T>();
+    launch = [=](cudaStream_t st) {
+      mse_partial<<<blocks, kThreads, 0, st>>>(p, t, n, partial);
+      SEAM_CUDA_LAUNCH_CHECK();
+      mse_mean<<<1, kReduceBlock, 0, st>>>(partial, static_cast<int>(blocks), n, out);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
 }
 
 Launch prepare_mse_grad(const StepArgs& a) {
-  expect_f32(a);
+  expect_mse_operands(a, a.in[1], a.in[2]);
+  expect_dtype(a, a.out[0], {a.in[1].dtype()});
+  const Scalar dy = upstream(a, a.in[0], a.in[1].dtype());
   const int64_t n = a.in[1].numel();
-  const float* dy = a.in[0].as<float>();
-  const float* p = a.in[1].as<float>();
-  const float* t = a.in[2].as<float>();
-  float* dp = a.out[0].as<float>();
   if (n == 0) return [](cudaStream_t) {};
   const unsigned blocks = blocks_for(n, kThreads, std::max(a.ctx.sm_count, 1) * 8);
-  return [=](cudaStream_t st) {
-    mse_grad_kernel<<<blocks, kThreads, 0, st>>>(dy, p, t, dp, n);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  Launch launch;
+  dispatch_storage(a.in[1].dtype(), op_name(a.step.op), [&]<class T>() {
+    const T* p = a.in[1].as<T>();
+    const T* t = a.in[2].as<T>();
+    T* dp = a.out[0].as<T>();
+    launch = [=](cudaStream_t st) {
+      mse_grad_kernel<<<blocks, kThreads, 0, st>>>(dy, p, t, dp, n);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
 }
 
 }  // namespace

@@ -11,6 +11,14 @@
 // cuBLASLt's m' = N, n' = M, k' = K, its A' is our B and its B' is our A, and each
 // operand gets a transpose when the op wants the other orientation of the buffer. Each
 // preparer below derives its mapping from that rule.
+//
+// Storage types (the mixed-precision contract): the float inputs of a step share one type
+// (f32, bf16 or f16), its float outputs another, the inputs' or f32 (a 16-bit product
+// written straight into an f32 buffer); the GEMM reads and writes them as they are and
+// accumulates in fp32. A bias may have either type, but cuBLASLt's epilogues take only
+// D's type for it (and for gelu's record): with another, the bias or activation runs as a
+// kernel of its own and the fused variant is not offered.
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +26,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/storage.cuh"
 #include "ops/geometry.h"
 
 namespace seam::cuda {
@@ -26,7 +35,10 @@ namespace {
 
 std::string what_of(const StepArgs& a) { return std::string(op_name(a.step.op)) + " '" + a.step.name + "'"; }
 
-float* at(const DeviceTensor& t, int64_t offset = 0) { return t.as<float>() + offset; }
+// The element `offset` elements into t, in t's storage type.
+void* at(const DeviceTensor& t, int64_t offset = 0) {
+  return static_cast<std::byte*>(t.data) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
+}
 
 Launch nothing() {
   return [](cudaStream_t) {};
@@ -49,6 +61,30 @@ bool is_relu(const StepArgs& a) {
   return act == "relu";
 }
 
+// The storage types of a step's GEMM: of its float inputs `ins` (one type, which A and B
+// have) and of its float outputs `outs` (one type, D's). Throws naming the step and the
+// operand otherwise. `bias`, if any, may have either type.
+struct Types {
+  DType in, out;
+};
+Types gemm_types(const StepArgs& a, const std::vector<const DeviceTensor*>& ins,
+                 const std::vector<const DeviceTensor*>& outs, const DeviceTensor* bias = nullptr) {
+  expect_dtype(a, *ins[0], kStored);
+  const DType in = ins[0]->dtype();
+  for (const DeviceTensor* t : ins) expect_dtype(a, *t, {in});
+  expect_dtype(a, *outs[0], {in, DType::f32});
+  const DType out = outs[0]->dtype();
+  for (const DeviceTensor* t : outs) expect_dtype(a, *t, {out});
+  if (bias) expect_dtype(a, *bias, {in, out});
+  return {in, out};
+}
+
+GemmShape typed(GemmShape g, Types t) {
+  g.ab_type = t.in;
+  g.d_type = t.out;
+  return g;
+}
+
 // --------------------------------------------------------------------------------------
 // The pieces of split variants.
 
@@ -61,48 +97,86 @@ DeviceTensor as_shape(const DeviceTensor& t, const Shape& shape) {
 
 // relu in place on y [rows, n] and its record: bit j of row i set where y > 0, in the
 // layout of relu_mask_row_bytes (padding bits zero). One thread per mask byte.
-__global__ void relu_and_mask(float* y, uint8_t* mask, int64_t rows, int64_t n, int64_t row_bytes) {
+template <class T>
+__global__ void relu_and_mask(T* y, uint8_t* mask, int64_t rows, int64_t n, int64_t row_bytes) {
   const int64_t total = rows * row_bytes;
   for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = idx / row_bytes, j0 = (idx - i * row_bytes) * 8;
-    float* row = y + i * n;
+    T* row = y + i * n;
     unsigned bits = 0;
     for (int t = 0; t < 8 && j0 + t < n; ++t) {
-      const float v = row[j0 + t];
-      if (v > 0.0f) bits |= 1u << t;
-      else row[j0 + t] = 0.0f;
+      if (to_float(row[j0 + t]) > 0.0f) bits |= 1u << t;
+      else row[j0 + t] = from_float<T>(0.0f);
     }
     mask[idx] = static_cast<uint8_t>(bits);
   }
 }
 
 // dx [rows, k] zeroed where the relu record's bit is clear. One thread per mask byte.
-__global__ void apply_relu_mask(float* dx, const uint8_t* mask, int64_t rows, int64_t k, int64_t row_bytes) {
+template <class T>
+__global__ void apply_relu_mask(T* dx, const uint8_t* mask, int64_t rows, int64_t k, int64_t row_bytes) {
   const int64_t total = rows * row_bytes;
   for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = idx / row_bytes, j0 = (idx - i * row_bytes) * 8;
     if (j0 >= k) continue;
-    float* row = dx + i * k;
+    T* row = dx + i * k;
     const unsigned bits = mask[idx];
     for (int t = 0; t < 8 && j0 + t < k; ++t)
-      if (!(bits >> t & 1u)) row[j0 + t] = 0.0f;
+      if (!(bits >> t & 1u)) row[j0 + t] = from_float<T>(0.0f);
   }
 }
 
-Launch relu_mask_kernel(const Context& ctx, bool apply, float* x, uint8_t* mask, int64_t rows, int64_t n) {
+// apply: x *= the record's bits; else x = relu(x) and the record written.
+Launch relu_mask_kernel(const StepArgs& a, bool apply, const DeviceTensor& x, uint8_t* mask, int64_t rows,
+                        int64_t n) {
   const int64_t row_bytes = relu_mask_row_bytes(n);
-  const unsigned blocks = blocks_for(rows * row_bytes, 256, static_cast<int>(grid_cap(ctx)));
-  return [=](cudaStream_t s) {
-    if (apply) apply_relu_mask<<<blocks, 256, 0, s>>>(x, mask, rows, n, row_bytes);
-    else relu_and_mask<<<blocks, 256, 0, s>>>(x, mask, rows, n, row_bytes);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  const unsigned blocks = blocks_for(rows * row_bytes, 256, static_cast<int>(grid_cap(a.ctx)));
+  Launch l;
+  dispatch_storage(x.dtype(), what_of(a).c_str(), [&]<class T>() {
+    T* p = x.as<T>();
+    l = [=](cudaStream_t s) {
+      if (apply) apply_relu_mask<T><<<blocks, 256, 0, s>>>(p, mask, rows, n, row_bytes);
+      else relu_and_mask<T><<<blocks, 256, 0, s>>>(p, mask, rows, n, row_bytes);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return l;
 }
 
-// The pick key of a step: its op, act, shapes and precision.
-std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims) {
+// y [rows, n] += b [n] in float: for a bias cuBLASLt's BIAS epilogue does not take (its
+// type is not y's), or a GEMM shape it has no BIAS algorithm for.
+template <class Y, class B>
+__global__ void add_bias(Y* y, const B* b, int64_t rows, int64_t n) {
+  const int64_t total = rows * n;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x)
+    y[idx] = from_float<Y>(to_float(y[idx]) + to_float(b[idx % n]));
+}
+
+Launch bias_kernel(const StepArgs& a, const DeviceTensor& y, const DeviceTensor& b) {
+  const int64_t n = b.numel(), rows = n ? y.numel() / n : 0;
+  SEAM_ASSERT(rows * n == y.numel());
+  const unsigned blocks = blocks_for(y.numel(), 256, static_cast<int>(grid_cap(a.ctx)));
+  const std::string what = what_of(a);
+  Launch l;
+  dispatch_storage(y.dtype(), what.c_str(), [&]<class Y>() {
+    dispatch_storage(b.dtype(), what.c_str(), [&]<class B>() {
+      Y* py = y.as<Y>();
+      const B* pb = b.as<const B>();
+      l = [=](cudaStream_t s) {
+        add_bias<Y, B><<<blocks, 256, 0, s>>>(py, pb, rows, n);
+        SEAM_CUDA_LAUNCH_CHECK();
+      };
+    });
+  });
+  return l;
+}
+
+// The pick key of a step: its op, act, shapes and precision (storage types, or TF32 for
+// f32): the fastest variant of a bf16 step says nothing about the f32 one.
+std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims, Types t) {
   std::string k = op_name(a.step.op);
   if (a.step.attrs.has("act")) k += ":" + a.step.attrs.s("act");
   char sep = ':';
@@ -110,7 +184,8 @@ std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims) 
     k += sep + std::to_string(d);
     sep = ',';
   }
-  return k + (a.ctx.tf32 ? ":tf32" : ":fp32");
+  if (t.in == DType::f32) return k + (a.ctx.tf32 ? ":tf32" : ":fp32");
+  return k + ":" + dtype_name(t.in) + (t.out != t.in ? std::string("-") + dtype_name(t.out) : "");
 }
 
 // --------------------------------------------------------------------------------------
@@ -134,7 +209,7 @@ std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims) 
 // either everywhere present or everywhere broadcast; else the longest suffix of batch
 // dims with that property is the strided batch and the dims before it are separate runs.
 Launch matmul(const StepArgs& a) {
-  expect_f32(a);
+  const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]});
   const Shape& as = a.in[0].shape();
   const Shape& bs = a.in[1].shape();
   const Shape& ys = a.out[0].shape();
@@ -143,7 +218,7 @@ Launch matmul(const StepArgs& a) {
   if (a.out[0].numel() == 0) return nothing();
   if (k == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
 
-  GemmShape g;
+  GemmShape g = typed({}, t);
   g.trans_a = tb;
   g.trans_b = ta;
   g.m = n;
@@ -229,8 +304,8 @@ Launch matmul(const StepArgs& a) {
 //         bit j%8 — the layout of relu_mask_row_bytes (geometry.h); AUX_LD is in bits.
 //   gelu: the pre-activation (after bias) as [R, out] row-major = [out, R] column-major,
 //         AUX_LD = out (cuBLASLt wants a multiple of 8; the schema guarantees it).
-GemmShape linear_shape(int64_t rows, int64_t in, int64_t out) {
-  GemmShape g;
+GemmShape linear_shape(int64_t rows, int64_t in, int64_t out, Types t) {
+  GemmShape g = typed({}, t);
   g.trans_a = true;
   g.trans_b = false;
   g.m = out;
@@ -242,65 +317,76 @@ GemmShape linear_shape(int64_t rows, int64_t in, int64_t out) {
   return g;
 }
 
+// pre = x w^T (+ b) for the linear shape g: the GEMM with BIAS where cuBLASLt takes the
+// bias (it has pre's type, and there is an algorithm), else the plain GEMM and add_bias.
+Launch linear_gemm(const StepArgs& a, GemmShape g, const DeviceTensor* bias, const DeviceTensor& pre) {
+  const GemmOperands ops{at(a.in[1]), at(a.in[0]), at(pre)};
+  if (bias && bias->dtype() == pre.dtype()) {
+    GemmShape gb = g;
+    gb.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    GemmEpilogueData e;
+    e.bias = bias->data;
+    std::string why;
+    if (Launch l = try_prepare_gemm(a.ctx, gb, {ops}, e, what_of(a), &why)) return l;
+  }
+  g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
+  return bias ? in_order({plain, bias_kernel(a, pre, *bias)}) : plain;
+}
+
 // linear: BIAS with a bias, DEFAULT without.
 Launch linear(const StepArgs& a) {
-  expect_f32(a);
+  const bool bias = a.in.size() == 3;
+  const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]}, bias ? &a.in[2] : nullptr);
   const int64_t out = a.in[1].shape()[0], in = a.in[1].shape()[1];
   const int64_t rows = in ? a.in[0].numel() / in : 0;
-  const bool bias = a.in.size() == 3;
   if (a.out[0].numel() == 0) return nothing();
   if (in == 0) {
     if (bias) fail(what_of(a), ": the CUDA backend does not handle in_features = 0 with a bias");
     return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
   }
   if (rows == 0) return nothing();
-  GemmShape g = linear_shape(rows, in, out);
-  g.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  GemmEpilogueData e;
-  if (bias) e.bias = a.in[2].data;
-  return prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, e, what_of(a));
+  return linear_gemm(a, linear_shape(rows, in, out, t), bias ? &a.in[2] : nullptr, a.out[0]);
 }
 
 // linear_act: RELU_BIAS / GELU_BIAS (RELU / GELU without a bias). linear_act_aux: the
 // same with _AUX, writing the record for matmul_act_grad (see the derivation above).
+// Fused only where the epilogue takes the bias (it has y's type); split always.
 template <bool Aux>
 Launch linear_act(const StepArgs& a) {
   const bool relu = is_relu(a);
-  if (Aux && relu) expect_f32(a, {{&a.out[1], DType::u8}});  // the relu record is a bitmask
-  else expect_f32(a);
+  const bool bias = a.in.size() == 3;
+  const DeviceTensor* b = bias ? &a.in[2] : nullptr;
+  std::vector<const DeviceTensor*> outs{&a.out[0]};
+  if (Aux && relu) expect_dtype(a, a.out[1], {DType::u8});  // the relu record is a bitmask
+  else if (Aux) outs.push_back(&a.out[1]);                  // gelu's record is pre, typed as y
+  const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, outs, b);
   const int64_t out = a.in[1].shape()[0], in = a.in[1].shape()[1];
   const int64_t rows = in ? a.in[0].numel() / in : 0;
-  const bool bias = a.in.size() == 3;
   if (a.out[0].numel() == 0) return nothing();
   if (in == 0) fail(what_of(a), ": the CUDA backend does not handle in_features = 0");
-  GemmShape g = linear_shape(rows, in, out);
-  GemmEpilogueData e;
-  if (bias) e.bias = a.in[2].data;
-
-  // Split: y (or, for gelu with a record, the record) = the GEMM with BIAS; then the
-  // activation (and for relu the mask) by a separate kernel.
-  GemmShape gs = g;
-  gs.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  GemmEpilogueData es;
-  es.bias = e.bias;
+  GemmShape g = linear_shape(rows, in, out, t);
   const DeviceTensor& y = a.out[0];
   const bool pre_in_aux = Aux && !relu;
   if (pre_in_aux && out % 8 != 0) fail(what_of(a), ": gelu_tanh's record needs out % 8 == 0, got ", out);
-  const DeviceTensor pre = pre_in_aux ? as_shape(a.out[1], y.shape()) : y;
-  Launch gemm = prepare_gemm(a.ctx, gs, {{at(a.in[1]), at(a.in[0]), at(pre)}}, es, what_of(a));
-  Launch act = Aux && relu ? relu_mask_kernel(a.ctx, false, at(y), a.out[1].as<uint8_t>(), rows, out)
-                           : prepare_as_step(a, relu ? Op::relu : Op::gelu_tanh, {}, {pre}, {y});
-  Launch split = in_order({gemm, act});
 
+  // Split: y (or, for gelu with a record, the record) = the GEMM with its bias; then the
+  // activation (and for relu the mask) by a separate kernel.
+  const DeviceTensor pre = pre_in_aux ? as_shape(a.out[1], y.shape()) : y;
+  Launch act = Aux && relu ? relu_mask_kernel(a, false, y, a.out[1].as<uint8_t>(), rows, out)
+                           : prepare_as_step(a, relu ? Op::relu : Op::gelu_tanh, {}, {pre}, {y});
+  Launch split = in_order({linear_gemm(a, g, b, pre), act});
+
+  GemmEpilogueData e;
+  if (bias) e.bias = b->data;
   if (Aux) {
     const DeviceTensor& aux = a.out[1];
     if (relu) {
       const int64_t row_bytes = relu_mask_row_bytes(out);
-      SEAM_ASSERT(aux.dtype() == DType::u8 && aux.numel() == rows * row_bytes);
+      SEAM_ASSERT(aux.numel() == rows * row_bytes);
       g.aux_ld = row_bytes * 8;
     } else {
-      if (out % 8 != 0) fail(what_of(a), ": gelu_tanh's record needs out % 8 == 0, got ", out);
-      SEAM_ASSERT(aux.dtype() == DType::f32 && aux.numel() == rows * out);
+      SEAM_ASSERT(aux.numel() == rows * out);
       g.aux_ld = out;
     }
     e.aux = aux.data;
@@ -310,8 +396,15 @@ Launch linear_act(const StepArgs& a) {
     g.epilogue = relu ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
                       : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
   }
-  Launch fused = prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, e, what_of(a));
-  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}), {{"fused", fused}, {"split", split}});
+  Launch fused;
+  std::string why;
+  if (bias && b->dtype() != y.dtype())
+    why = std::string("the epilogue takes no ") + dtype_name(b->dtype()) + " bias with " + dtype_name(y.dtype()) +
+          " output";
+  else
+    fused = try_prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(y)}}, e, what_of(a), &why);
+  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t),
+                        {{"fused", fused, {}, why}, {"split", split}});
 }
 
 // --------------------------------------------------------------------------------------
@@ -328,12 +421,12 @@ Launch linear_act(const StepArgs& a) {
 // B' is transposed, so BGRADB is allowed (gpu-facts.md): it writes a vector of length
 // n' = out, entry j = sum over k' of op(B')[k', j] = sum_i dy[i, j] = db[j] ✓.
 Launch linear_grad_weight_bias(const StepArgs& a) {
-  expect_f32(a);
+  const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0], &a.out[1]});
   const int64_t m = a.in[0].shape()[0], out = a.in[0].shape()[1], in = a.in[1].shape()[1];
   if (out == 0) return nothing();
   if (m == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}, {a.out[1].data, bytes_of(a.out[1])}});
   if (in == 0) fail(what_of(a), ": the CUDA backend does not handle in_features = 0");
-  GemmShape g;
+  GemmShape g = typed({}, t);
   g.trans_a = false;
   g.trans_b = true;
   g.m = in;
@@ -343,7 +436,8 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
   g.ldb = out;
   g.ldc = in;
   const GemmOperands ops{at(a.in[1]), at(a.in[0]), at(a.out[0])};
-  // Split: the plain GEMM, then db = the column sums of dy by the reduction kernel.
+  // Split: the plain GEMM, then db = the column sums of dy by the reduction kernel (which
+  // reads dy's type and writes db's).
   Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
   Launch sum = prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {a.in[0]},
                           {a.out[1]});
@@ -351,20 +445,22 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
   // runs over the rows), and TF32 tensor-core GEMMs read only K-major B' operands at
   // full speed. B' = dy^T, row-major [out, M], read column-major is dy [M, out]: op N,
   // stored [k', n'], ldb = M.
-  const DeviceTensor dyt{a.ctx.scratch(bytes_of(a.in[0])), TensorType{DType::f32, {out, m}}};
+  const DeviceTensor dyt{a.ctx.scratch(bytes_of(a.in[0])), TensorType{a.in[0].dtype(), {out, m}}};
   Launch transpose = prepare_as_step(a, Op::transpose, Attrs{{"perm", std::vector<int64_t>{1, 0}}}, {a.in[0]}, {dyt});
   GemmShape gt = g;
   gt.trans_b = false;
   gt.ldb = m;
   Launch plain_t = prepare_gemm(a.ctx, gt, {{at(a.in[1]), at(dyt), at(a.out[0])}}, {}, what_of(a));
+  // BGRADB writes db in D's type, which db has.
   g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
   GemmEpilogueData e;
   e.bias = a.out[1].data;
-  Launch fused = prepare_gemm(a.ctx, g, {ops}, e, what_of(a));
+  std::string why;
+  Launch fused = try_prepare_gemm(a.ctx, g, {ops}, e, what_of(a), &why);
   Context* ctx = &a.ctx;
   void* scratch = dyt.data;
-  return choose_variant(a.ctx, a.index, variant_key(a, {m, in, out}),
-                        {{"fused", fused},
+  return choose_variant(a.ctx, a.index, variant_key(a, {m, in, out}, t),
+                        {{"fused", fused, {}, why},
                          {"split", in_order({plain, sum})},
                          {"split_t", in_order({transpose, plain_t, sum}), [ctx, scratch] { ctx->release(scratch); }}});
 }
@@ -384,12 +480,14 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
 // out = K); DGELU reads pre [M, K] row-major = [K, M] column-major, AUX_LD = K.
 Launch matmul_act_grad(const StepArgs& a) {
   const bool relu = is_relu(a);
-  if (relu) expect_f32(a, {{&a.in[2], DType::u8}});  // the relu record is a bitmask
-  else expect_f32(a);
+  const DeviceTensor& aux = a.in[2];
+  if (relu) expect_dtype(a, aux, {DType::u8});  // the relu record is a bitmask
+  const Types t = relu ? gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]})
+                       : gemm_types(a, {&a.in[0], &a.in[1], &aux}, {&a.out[0]});
   const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
   if (m == 0 || k == 0) return nothing();
   if (n == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
-  GemmShape g;
+  GemmShape g = typed({}, t);
   g.trans_a = false;
   g.trans_b = false;
   g.m = k;
@@ -398,28 +496,51 @@ Launch matmul_act_grad(const StepArgs& a) {
   g.lda = k;
   g.ldb = n;
   g.ldc = k;
-  const DeviceTensor& aux = a.in[2];
   const GemmOperands ops{at(a.in[1]), at(a.in[0]), at(a.out[0])};
   // Split: the plain GEMM into dx, then dx *= act'(pre) in place by a separate kernel.
   Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
   const DeviceTensor& dx = a.out[0];
   if (relu) {
     const int64_t row_bytes = relu_mask_row_bytes(k);
-    SEAM_ASSERT(aux.dtype() == DType::u8 && aux.numel() == m * row_bytes);
+    SEAM_ASSERT(aux.numel() == m * row_bytes);
     g.aux_ld = row_bytes * 8;
     g.epilogue = CUBLASLT_EPILOGUE_DRELU;
   } else {
     if (k % 8 != 0) fail(what_of(a), ": gelu_tanh's record needs K % 8 == 0, got ", k);
-    SEAM_ASSERT(aux.dtype() == DType::f32 && aux.numel() == m * k);
+    SEAM_ASSERT(aux.numel() == m * k);
     g.aux_ld = k;
     g.epilogue = CUBLASLT_EPILOGUE_DGELU;
   }
-  Launch scale = relu ? relu_mask_kernel(a.ctx, true, at(dx), static_cast<uint8_t*>(aux.data), m, k)
-                      : prepare_as_step(a, Op::gelu_tanh_grad, {}, {dx, as_shape(aux, dx.shape())}, {dx});
+  // gelu_tanh_grad takes one type: a 16-bit record with an f32 dx is widened first (into
+  // scratch of dx's type), and DGELU, which reads the record in D's type, is not offered.
+  const bool widen = !relu && aux.dtype() != dx.dtype();
+  void* scratch = widen ? a.ctx.scratch(static_cast<size_t>(m * k) * dtype_size(dx.dtype())) : nullptr;
+  Launch scale;
+  if (relu) {
+    scale = relu_mask_kernel(a, true, dx, static_cast<uint8_t*>(aux.data), m, k);
+  } else {
+    const DeviceTensor pre = widen ? DeviceTensor{scratch, dx.type} : as_shape(aux, dx.shape());
+    Launch grad = prepare_as_step(a, Op::gelu_tanh_grad, {}, {dx, pre}, {dx});
+    scale = widen ? in_order({prepare_as_step(a, Op::cast, Attrs{{"dtype", std::string(dtype_name(dx.dtype()))}},
+                                              {as_shape(aux, dx.shape())}, {pre}),
+                              grad})
+                  : grad;
+  }
   GemmEpilogueData e;
   e.aux = aux.data;
-  Launch fused = prepare_gemm(a.ctx, g, {ops}, e, what_of(a));
-  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k}), {{"fused", fused}, {"split", in_order({plain, scale})}});
+  Launch fused;
+  std::string why;
+  if (widen)
+    why = std::string("DGELU reads no ") + dtype_name(aux.dtype()) + " record with " + dtype_name(dx.dtype()) +
+          " output";
+  else
+    fused = try_prepare_gemm(a.ctx, g, {ops}, e, what_of(a), &why);
+  Context* ctx = &a.ctx;
+  auto release = [ctx, scratch] {
+    if (scratch) ctx->release(scratch);
+  };
+  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k}, t),
+                        {{"fused", fused, {}, why}, {"split", in_order({plain, scale}), release}});
 }
 
 }  // namespace

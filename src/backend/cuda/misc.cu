@@ -1,13 +1,16 @@
 // CUDA kernels of the small ops: full, cast, copy, argmax, dropout, embedding and its
 // gradient. Same results as the CPU reference (src/backend/cpu/misc.cpp), bit for bit
 // where the CPU's result is exact: casts follow its rounding rules, dropout draws the
-// same Philox numbers (seed and step read on the device from DeviceCounters).
+// same Philox numbers (seed and step read on the device from DeviceCounters). Float
+// values are stored as T (f32, bf16 or f16, storage.cuh) and computed in float.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/storage.cuh"
 #include "common/half.h"
 #include "common/philox.h"
 
@@ -16,7 +19,6 @@ namespace seam::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -34,6 +36,23 @@ Launch fill_launch(void* y, U v, int64_t n, unsigned cap) {
   U* p = static_cast<U*>(y);
   return [=](cudaStream_t stream) {
     fill_kernel<U><<<blocks, kThreads, 0, stream>>>(p, v, n);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+// ---- loss_scale --------------------------------------------------------------------
+
+__global__ void loss_scale_kernel(const DeviceCounters* c, float init, float* y) {
+  *y = c->loss_scale > 0.f ? c->loss_scale : init;
+}
+
+Launch loss_scale(const StepArgs& a) {
+  expect_dtype(a, a.out[0], {DType::f32});
+  const DeviceCounters* c = a.ctx.counters;
+  const auto init = static_cast<float>(a.step.attrs.f("init"));
+  float* y = a.out[0].as<float>();
+  return [=](cudaStream_t stream) {
+    loss_scale_kernel<<<1, 1, 0, stream>>>(c, init, y);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
@@ -148,6 +167,43 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const void* x, DType fro
     store(y, to, i, load(x, from, i));
 }
 
+// Eight values of T, 16-byte aligned: one or two 128-bit accesses.
+template <class T>
+struct alignas(16) Eight {
+  T v[8];
+};
+
+// Between the stored float types (the casts of mixed precision, on every step): through
+// float, 8 values a thread when both pointers are 16-byte aligned (nvec groups), then
+// the scalar tail. from_float rounds to nearest even as the CPU's conversions do.
+template <class From, class To>
+__global__ void __launch_bounds__(kThreads) cast_stored(const From* x, To* y, int64_t n, int64_t nvec) {
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = first; i < nvec; i += stride) {
+    const Eight<From> v = reinterpret_cast<const Eight<From>*>(x)[i];
+    Eight<To> r;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = from_float<To>(to_float(v.v[k]));
+    reinterpret_cast<Eight<To>*>(y)[i] = r;
+  }
+  for (int64_t i = nvec * 8 + first; i < n; i += stride) y[i] = from_float<To>(to_float(x[i]));
+}
+
+template <class From, class To>
+Launch cast_stored_launch(const void* x, void* y, int64_t n, unsigned cap) {
+  const int64_t nvec = aligned16(x) && aligned16(y) ? n / 8 : 0;
+  const unsigned blocks = blocks_for(nvec > 0 ? nvec : n, kThreads, static_cast<int>(cap));
+  const auto* xs = static_cast<const From*>(x);
+  auto* ys = static_cast<To*>(y);
+  return [=](cudaStream_t stream) {
+    cast_stored<From, To><<<blocks, kThreads, 0, stream>>>(xs, ys, n, nvec);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+bool is_stored(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
 Launch cast(const StepArgs& a) {
   const void* x = a.in[0].data;
   void* y = a.out[0].data;
@@ -159,7 +215,16 @@ Launch cast(const StepArgs& a) {
       SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
     };
   }
-  const unsigned blocks = blocks_for(n, kThreads, static_cast<int>(grid_cap(a.ctx)));
+  const unsigned cap = grid_cap(a.ctx);
+  if (is_stored(from) && is_stored(to)) {
+    Launch l;
+    dispatch_storage(from, "cast", [&]<class F>() {
+      dispatch_storage(to, "cast", [&]<class T>() { l = cast_stored_launch<F, T>(x, y, n, cap); });
+    });
+    return l;
+  }
+  // f64 and the integer types: the CPU's rules element by element.
+  const unsigned blocks = blocks_for(n, kThreads, static_cast<int>(cap));
   return [=](cudaStream_t stream) {
     cast_kernel<<<blocks, kThreads, 0, stream>>>(x, from, y, to, n);
     SEAM_CUDA_LAUNCH_CHECK();
@@ -187,15 +252,16 @@ __device__ __forceinline__ bool ahead(float v, int64_t j, float bv, int64_t bj) 
 }
 
 // inner == 1: one warp per row of `len` contiguous values.
-__global__ void __launch_bounds__(kThreads) argmax_rows(const float* x, int32_t* y, int64_t rows, int64_t len) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) argmax_rows(const T* x, int32_t* y, int64_t rows, int64_t len) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
   for (int64_t o = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5; o < rows; o += warps) {
-    const float* p = x + o * len;
+    const T* p = x + o * len;
     float bv = -INFINITY;
     int64_t bj = INT64_MAX;  // none yet; any real element, even -inf, is ahead of it
     for (int64_t j = lane; j < len; j += 32) {
-      const float v = p[j];
+      const float v = to_float(p[j]);
       if (!isnan(v) && ahead(v, j, bv, bj)) bv = v, bj = j;
     }
 #pragma unroll
@@ -204,60 +270,81 @@ __global__ void __launch_bounds__(kThreads) argmax_rows(const float* x, int32_t*
       const int64_t oj = __shfl_xor_sync(0xffffffffu, bj, s);
       if (ahead(ov, oj, bv, bj)) bv = ov, bj = oj;
     }
-    if (lane == 0) y[o] = isnan(p[0]) ? 0 : static_cast<int32_t>(bj);
+    if (lane == 0) y[o] = isnan(to_float(p[0])) ? 0 : static_cast<int32_t>(bj);
   }
 }
 
 // inner > 1: one thread per output, the CPU's loop (coalesced across the inner index).
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    argmax_strided(const float* x, int32_t* y, int64_t outputs, int64_t len, int64_t inner) {
+    argmax_strided(const T* x, int32_t* y, int64_t outputs, int64_t len, int64_t inner) {
   for (int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; o < outputs;
        o += int64_t{gridDim.x} * blockDim.x) {
     const int64_t outer = o / inner, i = o - outer * inner;
-    const float* p = x + outer * len * inner + i;
+    const T* p = x + outer * len * inner + i;
     int64_t best = 0;
-    float bv = p[0];
+    float bv = to_float(p[0]);
     for (int64_t j = 1; j < len; ++j) {
-      const float v = p[j * inner];
+      const float v = to_float(p[j * inner]);
       if (v > bv) best = j, bv = v;
     }
     y[o] = static_cast<int32_t>(best);
   }
 }
 
-Launch argmax(const StepArgs& a) {
-  expect_f32(a, {{&a.out[0], DType::i32}});
+template <class T>
+Launch argmax_as(const StepArgs& a) {
   const Shape& s = a.in[0].shape();
   const int axis = normalize_axis(a.step.attrs.i("axis"), s.size());
   SEAM_ASSERT(axis >= 0);
   int64_t outer = 1, len = s[static_cast<size_t>(axis)], inner = 1;
   for (int d = 0; d < axis; ++d) outer *= s[static_cast<size_t>(d)];
   for (size_t d = static_cast<size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
-  const float* x = a.in[0].as<const float>();
+  const T* x = a.in[0].as<const T>();
   int32_t* y = a.out[0].as<int32_t>();
   const unsigned cap = grid_cap(a.ctx);
   if (inner == 1 && len >= 32) {
     const unsigned blocks = blocks_for(outer * 32, kThreads, static_cast<int>(cap));
     return [=](cudaStream_t stream) {
-      argmax_rows<<<blocks, kThreads, 0, stream>>>(x, y, outer, len);
+      argmax_rows<T><<<blocks, kThreads, 0, stream>>>(x, y, outer, len);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
   const int64_t outputs = outer * inner;
   const unsigned blocks = blocks_for(outputs, kThreads, static_cast<int>(cap));
   return [=](cudaStream_t stream) {
-    argmax_strided<<<blocks, kThreads, 0, stream>>>(x, y, outputs, len, inner);
+    argmax_strided<T><<<blocks, kThreads, 0, stream>>>(x, y, outputs, len, inner);
     SEAM_CUDA_LAUNCH_CHECK();
   };
+}
+
+Launch argmax(const StepArgs& a) {
+  expect_dtype(a, a.in[0], kStored);
+  expect_dtype(a, a.out[0], {DType::i32});
+  Launch l;
+  dispatch_storage(a.in[0].dtype(), "argmax", [&]<class T>() { l = argmax_as<T>(a); });
+  return l;
 }
 
 // ---- dropout -----------------------------------------------------------------------
 // y = u >= p ? x * (1 / (1 - p)) : 0 with u = dropout_uniform(seed, step, stream, i):
 // one Philox call gives the four draws of elements 4g .. 4g+3 (word i % 4 of counter
-// (i / 4, step, stream)), exactly as dropout_uniform computes each.
+// (i / 4, step, stream)), exactly as dropout_uniform computes each. A thread's four
+// values move as one access (float4, or 8 bytes of a 16-bit type) when aligned.
 
+template <class T>
+struct alignas(4 * sizeof(T)) Four {
+  T v[4];
+};
+
+template <class T>
+__device__ __forceinline__ T drop(float u, float p, T x, float keep_scale) {
+  return from_float<T>(u >= p ? to_float(x) * keep_scale : 0.0f);
+}
+
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    dropout_kernel(const float* x, float* y, int64_t n, float p, float keep_scale, uint32_t stream,
+    dropout_kernel(const T* x, T* y, int64_t n, float p, float keep_scale, uint32_t stream,
                    const DeviceCounters* counters, bool vec) {
   const uint64_t seed = counters->seed;
   const auto step = static_cast<uint64_t>(counters->step);
@@ -270,28 +357,26 @@ __global__ void __launch_bounds__(kThreads)
         k1);
     const int64_t i = g * 4;
     if (vec && i + 4 <= n) {
-      float4 v = reinterpret_cast<const float4*>(x)[g];
-      v.x = philox_uniform(r.v[0]) >= p ? v.x * keep_scale : 0.0f;
-      v.y = philox_uniform(r.v[1]) >= p ? v.y * keep_scale : 0.0f;
-      v.z = philox_uniform(r.v[2]) >= p ? v.z * keep_scale : 0.0f;
-      v.w = philox_uniform(r.v[3]) >= p ? v.w * keep_scale : 0.0f;
-      reinterpret_cast<float4*>(y)[g] = v;
+      Four<T> v = reinterpret_cast<const Four<T>*>(x)[g];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v.v[k] = drop(philox_uniform(r.v[k]), p, v.v[k], keep_scale);
+      reinterpret_cast<Four<T>*>(y)[g] = v;
     } else {
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        if (i + k < n) y[i + k] = philox_uniform(r.v[k]) >= p ? x[i + k] * keep_scale : 0.0f;
+        if (i + k < n) y[i + k] = drop(philox_uniform(r.v[k]), p, x[i + k], keep_scale);
     }
   }
 }
 
 // dropout and dropout_grad: the same computation (the mask recomputed, never stored).
-Launch dropout(const StepArgs& a) {
-  expect_f32(a);
+template <class T>
+Launch dropout_as(const StepArgs& a) {
   const double p = a.step.attrs.f("p");
   const bool training = a.step.attrs.i("training") != 0;
   const auto stream_id = static_cast<uint32_t>(a.step.attrs.i("stream"));
-  const float* x = a.in[0].as<const float>();
-  float* y = a.out[0].as<float>();
+  const T* x = a.in[0].as<const T>();
+  T* y = a.out[0].as<T>();
   const int64_t n = a.out[0].numel();
   if (!training || p == 0) {
     const size_t bytes = a.out[0].type.bytes();
@@ -301,18 +386,30 @@ Launch dropout(const StepArgs& a) {
   }
   const auto pf = static_cast<float>(p);
   const auto keep_scale = static_cast<float>(1.0 / (1.0 - p));
-  const bool vec = aligned16(x) && aligned16(y);
+  constexpr uintptr_t kAlign = alignof(Four<T>);
+  const bool vec = reinterpret_cast<uintptr_t>(x) % kAlign == 0 && reinterpret_cast<uintptr_t>(y) % kAlign == 0;
   const DeviceCounters* counters = a.ctx.counters;
   const unsigned blocks = blocks_for((n + 3) / 4, kThreads, static_cast<int>(grid_cap(a.ctx)));
   return [=](cudaStream_t stream) {
-    dropout_kernel<<<blocks, kThreads, 0, stream>>>(x, y, n, pf, keep_scale, stream_id, counters, vec);
+    dropout_kernel<T><<<blocks, kThreads, 0, stream>>>(x, y, n, pf, keep_scale, stream_id, counters, vec);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 
+Launch dropout(const StepArgs& a) {
+  expect_dtype(a, a.out[0], kStored);
+  if (a.in[0].dtype() != a.out[0].dtype())
+    fail(op_name(a.step.op), " '", a.step.name, "': input ", a.in[0].type.str(), " and output ", a.out[0].type.str(),
+         " differ in dtype");
+  Launch l;
+  dispatch_storage(a.out[0].dtype(), op_name(a.step.op), [&]<class T>() { l = dropout_as<T>(a); });
+  return l;
+}
+
 // ---- embedding ---------------------------------------------------------------------
-// Thread per (position, unit of the row); U is float4 when rows are 16-byte multiples
-// and aligned, else float. A bad id is reported once (unit 0) and its row written as 0.
+// Thread per (position, unit of the row): rows are copied as they are stored, in units U
+// of 16 bytes when rows are 16-byte multiples and aligned, else one element. A bad id is
+// reported once (unit 0) and its row written as 0.
 
 template <class U>
 __global__ void __launch_bounds__(kThreads)
@@ -331,36 +428,44 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-Launch embedding(const StepArgs& a) {
-  expect_f32(a, {{&a.in[0], DType::i32}});
+template <class U>
+Launch embedding_launch(const StepArgs& a, int64_t units) {
   const int32_t* ids = a.in[0].as<const int32_t>();
-  const int64_t rows = a.in[1].shape()[0], dim = a.in[1].shape()[1], n = a.in[0].numel();
-  const float* w = a.in[1].as<const float>();
-  float* y = a.out[0].as<float>();
+  const int64_t rows = a.in[1].shape()[0], n = a.in[0].numel();
+  const U* w = a.in[1].as<const U>();
+  U* y = a.out[0].as<U>();
   DeviceError* err = a.ctx.error;
   const int index = a.index;
-  const unsigned cap = grid_cap(a.ctx);
-  if (dim % 4 == 0 && aligned16(w) && aligned16(y)) {
-    const int64_t units = dim / 4;
-    const unsigned blocks = blocks_for(n * units, kThreads, static_cast<int>(cap));
-    const auto* w4 = reinterpret_cast<const float4*>(w);
-    auto* y4 = reinterpret_cast<float4*>(y);
-    return [=](cudaStream_t stream) {
-      embedding_kernel<float4><<<blocks, kThreads, 0, stream>>>(ids, w4, y4, n, rows, units, err, index);
-      SEAM_CUDA_LAUNCH_CHECK();
-    };
-  }
-  const unsigned blocks = blocks_for(n * dim, kThreads, static_cast<int>(cap));
+  const unsigned blocks = blocks_for(n * units, kThreads, static_cast<int>(grid_cap(a.ctx)));
   return [=](cudaStream_t stream) {
-    embedding_kernel<float><<<blocks, kThreads, 0, stream>>>(ids, w, y, n, rows, dim, err, index);
+    embedding_kernel<U><<<blocks, kThreads, 0, stream>>>(ids, w, y, n, rows, units, err, index);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 
+// The output has the weight's dtype.
+Launch embedding(const StepArgs& a) {
+  expect_dtype(a, a.in[0], {DType::i32});
+  expect_dtype(a, a.in[1], kStored);
+  if (a.out[0].dtype() != a.in[1].dtype())
+    fail("embedding '", a.step.name, "': output ", a.out[0].type.str(), " and weight ", a.in[1].type.str(),
+         " differ in dtype");
+  const int64_t dim = a.in[1].shape()[1];
+  const size_t es = dtype_size(a.in[1].dtype());
+  const auto row_bytes = static_cast<size_t>(dim) * es;
+  if (row_bytes % 16 == 0 && aligned16(a.in[1].data) && aligned16(a.out[0].data))
+    return embedding_launch<float4>(a, static_cast<int64_t>(row_bytes / 16));
+  if (es == 2) return embedding_launch<uint16_t>(a, dim);
+  return embedding_launch<float>(a, dim);
+}
+
 // dweight zeroed, then dweight[ids[i], :] += dy[i, :] with atomics (the order of adds to
-// a repeated id's row varies from run to run, within float rounding).
+// a repeated id's row varies from run to run, within float rounding). The sums are f32:
+// with 16-bit dy they go to an f32 buffer in the workspace, rounded into dweight once
+// all are in, rather than rounding every add of a repeated id.
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    embedding_grad_kernel(const float* dy, const int32_t* ids, float* dw, int64_t n, int64_t rows, int64_t dim,
+    embedding_grad_kernel(const T* dy, const int32_t* ids, float* dw, int64_t n, int64_t rows, int64_t dim,
                           DeviceError* err, int step_index) {
   const int64_t total = n * dim;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
@@ -369,26 +474,56 @@ __global__ void __launch_bounds__(kThreads)
     if (id < 0 || id >= rows) {
       if (c == 0) report_error(err, step_index, kEmbeddingId, i, id, rows);
     } else {
-      atomicAdd(dw + id * dim + c, dy[e]);
+      atomicAdd(dw + id * dim + c, to_float(dy[e]));
     }
   }
 }
 
-Launch embedding_grad(const StepArgs& a) {
-  expect_f32(a, {{&a.in[1], DType::i32}});
-  const float* dy = a.in[0].as<const float>();
+template <class T>
+Launch embedding_grad_as(const StepArgs& a) {
+  const T* dy = a.in[0].as<const T>();
   const int32_t* ids = a.in[1].as<const int32_t>();
-  float* dw = a.out[0].as<float>();
   const int64_t rows = a.out[0].shape()[0], dim = a.out[0].shape()[1], n = a.in[1].numel();
-  const size_t bytes = a.out[0].type.bytes();
   DeviceError* err = a.ctx.error;
   const int index = a.index;
   const unsigned blocks = blocks_for(n * dim, kThreads, static_cast<int>(grid_cap(a.ctx)));
-  return [=](cudaStream_t stream) {
-    SEAM_CUDA_CHECK(cudaMemsetAsync(dw, 0, bytes, stream));
-    embedding_grad_kernel<<<blocks, kThreads, 0, stream>>>(dy, ids, dw, n, rows, dim, err, index);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  const auto sum_bytes = static_cast<size_t>(rows * dim) * sizeof(float);
+  if constexpr (std::is_same_v<T, float>) {
+    float* dw = a.out[0].as<float>();
+    return [=](cudaStream_t stream) {
+      SEAM_CUDA_CHECK(cudaMemsetAsync(dw, 0, sum_bytes, stream));
+      embedding_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, ids, dw, n, rows, dim, err, index);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  } else {
+    const int64_t total = rows * dim;
+    if (total == 0) return [](cudaStream_t) {};
+    a.ctx.need_workspace(sum_bytes);
+    const Context* ctx = &a.ctx;
+    T* dw = a.out[0].as<T>();
+    const unsigned cast_blocks = blocks_for(total, kThreads, static_cast<int>(grid_cap(a.ctx)));
+    return [=](cudaStream_t stream) {
+      auto* sums = static_cast<float*>(ctx->workspace());  // the lane's, read when the step runs
+      SEAM_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes, stream));
+      embedding_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, ids, sums, n, rows, dim, err, index);
+      SEAM_CUDA_LAUNCH_CHECK();
+      const int64_t nvec = aligned16(sums) && aligned16(dw) ? total / 8 : 0;
+      cast_stored<float, T><<<cast_blocks, kThreads, 0, stream>>>(sums, dw, total, nvec);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  }
+}
+
+// dweight has dy's dtype.
+Launch embedding_grad(const StepArgs& a) {
+  expect_dtype(a, a.in[0], kStored);
+  expect_dtype(a, a.in[1], {DType::i32});
+  if (a.out[0].dtype() != a.in[0].dtype())
+    fail("embedding_grad '", a.step.name, "': dweight ", a.out[0].type.str(), " and dy ", a.in[0].type.str(),
+         " differ in dtype");
+  Launch l;
+  dispatch_storage(a.in[0].dtype(), "embedding_grad", [&]<class T>() { l = embedding_grad_as<T>(a); });
+  return l;
 }
 
 // count_equal: one block counts the positions where a == b and b >= 0.
@@ -411,17 +546,20 @@ Launch count_equal(const StepArgs& a) {
   };
 }
 
-// accumulate: acc[i] += xs[i], a handful of scalars of f32 or i32.
+// accumulate: acc[i] += xs[i] into an f32 state, a handful of scalars of any number
+// type (a loss may be f32 or 16-bit, a count i32), read as the CPU reads them.
 constexpr int kMaxAccumulate = 8;
 struct AccInputs {
   const void* p[kMaxAccumulate];
-  bool is_int[kMaxAccumulate];
+  DType dtype[kMaxAccumulate];
   int n;
 };
 
 __global__ void accumulate_kernel(float* acc, AccInputs in) {
-  for (int i = 0; i < in.n; ++i)
-    acc[i] += in.is_int[i] ? static_cast<float>(*static_cast<const int32_t*>(in.p[i])) : *static_cast<const float*>(in.p[i]);
+  for (int i = 0; i < in.n; ++i) {
+    const double v = load(in.p[i], in.dtype[i], 0);
+    if (isfinite(v)) acc[i] += static_cast<float>(v);  // as the CPU: a skipped step's NaN is left out
+  }
 }
 
 Launch accumulate(const StepArgs& a) {
@@ -431,11 +569,10 @@ Launch accumulate(const StepArgs& a) {
   in.n = static_cast<int>(a.in.size() - 1);
   for (int i = 0; i < in.n; ++i) {
     const DeviceTensor& t = a.in[static_cast<size_t>(i) + 1];
-    if (t.dtype() != DType::f32 && t.dtype() != DType::i32)
-      fail("accumulate '", a.step.name, "': values must be f32 or i32, got ", t.type.str());
     in.p[i] = t.data;
-    in.is_int[i] = t.dtype() == DType::i32;
+    in.dtype[i] = t.dtype();
   }
+  expect_dtype(a, a.in[0], {DType::f32});
   float* acc = a.in[0].as<float>();
   return [=](cudaStream_t stream) {
     accumulate_kernel<<<1, 1, 0, stream>>>(acc, in);
@@ -447,6 +584,7 @@ Launch accumulate(const StepArgs& a) {
 
 void register_misc(PreparerTable& t) {
   set(t, Op::full, full);
+  set(t, Op::loss_scale, loss_scale);
   set(t, Op::cast, cast);
   set(t, Op::copy, copy);
   set(t, Op::argmax, argmax);

@@ -10,6 +10,10 @@
 // over a fixed chunk; else the rows of one block) is added in a fixed order into its own
 // slice of scratch ([chunks][2][D], double), then a last kernel sums the slices in chunk
 // order. No atomics.
+//
+// x, y, dy and dx are stored as T (f32, bf16 or f16), gamma, beta, dgamma and dbeta as P
+// (f32, or T), mean and rstd as f32; everything computes in float (the column sums in
+// double), one template for every storage type.
 #include <cmath>
 
 #include <type_traits>
@@ -17,6 +21,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/storage.cuh"
 
 namespace seam::cuda {
 
@@ -27,23 +32,28 @@ constexpr int kWarps = kWarpBlock / 32;
 constexpr int kRowBlock = 512;   // block path
 constexpr int kMaxWarpDim = 1024;
 
+// Eight 16-bit values: one 16-byte load, as a float4 is for f32.
+template <class T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
 // ---- forward ----
 
-template <int N>
+template <int N, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock)
-    ln_warp(const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
-            float* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int dim,
-            double eps) {
+    ln_warp(const T* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, T* __restrict__ y,
+            float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int dim, double eps) {
   const int lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * (blockDim.x >> 5);
   for (int64_t r = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); r < rows; r += stride) {
-    const float* xr = x + r * dim;
+    const T* xr = x + r * dim;
     float v[N];
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int j = lane + 32 * k;
-      v[k] = j < dim ? xr[j] : 0.f;
+      v[k] = j < dim ? to_float(xr[j]) : 0.f;
       s += v[k];
     }
     const float mean = warp_sum(s) / static_cast<float>(dim);
@@ -56,11 +66,11 @@ __global__ void __launch_bounds__(kWarpBlock)
     }
     const float var = warp_sum(sq) / static_cast<float>(dim);
     const float rstd = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
-    float* yr = y + r * dim;
+    T* yr = y + r * dim;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int j = lane + 32 * k;
-      if (j < dim) yr[j] = fmaf(v[k] * rstd, gamma[j], beta[j]);
+      if (j < dim) yr[j] = from_float<T>(fmaf(v[k] * rstd, to_float(gamma[j]), to_float(beta[j])));
     }
     if (lane == 0) {
       mean_out[r] = mean;
@@ -71,27 +81,28 @@ __global__ void __launch_bounds__(kWarpBlock)
 
 // One block per row; the row loop is block-uniform, so every thread meets the barriers
 // inside block_sum.
+template <class T, class P>
 __global__ void __launch_bounds__(kRowBlock)
-    ln_block(const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
-             float* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
-             int64_t dim, double eps) {
+    ln_block(const T* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, T* __restrict__ y,
+             float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int64_t dim, double eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * dim;
+    const T* xr = x + r * dim;
     float s = 0.f;
 #pragma unroll 4
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) s += xr[j];
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) s += to_float(xr[j]);
     const float mean = block_sum(s) / static_cast<float>(dim);
     float sq = 0.f;
 #pragma unroll 4
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      const float d = xr[j] - mean;
+      const float d = to_float(xr[j]) - mean;
       sq += d * d;
     }
     const float var = block_sum(sq) / static_cast<float>(dim);
     const float rstd = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
-    float* yr = y + r * dim;
+    T* yr = y + r * dim;
 #pragma unroll 4
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = fmaf((xr[j] - mean) * rstd, gamma[j], beta[j]);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+      yr[j] = from_float<T>(fmaf((to_float(xr[j]) - mean) * rstd, to_float(gamma[j]), to_float(beta[j])));
     if (threadIdx.x == 0) {
       mean_out[r] = mean;
       rstd_out[r] = rstd;
@@ -112,17 +123,17 @@ __global__ void __launch_bounds__(kRowBlock)
 // over chunks of rows (ln_grad_params), reading dy and x a second time. One kernel doing
 // both kept 2 * N double sums a lane for its columns: 128 registers at D = 1024, which
 // spilled and ran at a tenth of the bandwidth; the second read of dy and x costs less.
-template <int N>
+template <int N, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock)
-    ln_grad_dx(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
-               const float* __restrict__ rstd, const float* __restrict__ gamma, float* __restrict__ dx, int64_t rows,
+    ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+               const float* __restrict__ rstd, const P* __restrict__ gamma, T* __restrict__ dx, int64_t rows,
                int dim) {
   const int lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * kWarps;
   for (int64_t r = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); r < rows; r += stride) {
     const float m = mean[r], s = rstd[r];
-    const float* dyr = dy + r * dim;
-    const float* xr = x + r * dim;
+    const T* dyr = dy + r * dim;
+    const T* xr = x + r * dim;
     float g[N], xh[N];
     float g_sum = 0.f, gx_sum = 0.f;
 #pragma unroll
@@ -130,34 +141,38 @@ __global__ void __launch_bounds__(kWarpBlock)
       const int j = lane + 32 * k;
       g[k] = xh[k] = 0.f;
       if (j < dim) {
-        xh[k] = (xr[j] - m) * s;
-        g[k] = dyr[j] * gamma[j];
+        xh[k] = (to_float(xr[j]) - m) * s;
+        g[k] = to_float(dyr[j]) * to_float(gamma[j]);
         g_sum += g[k];
         gx_sum += g[k] * xh[k];
       }
     }
     const float g_mean = warp_sum(g_sum) / static_cast<float>(dim);
     const float gx_mean = warp_sum(gx_sum) / static_cast<float>(dim);
-    float* dxr = dx + r * dim;
+    T* dxr = dx + r * dim;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int j = lane + 32 * k;
-      if (j < dim) dxr[j] = s * (g[k] - g_mean - xh[k] * gx_mean);
+      if (j < dim) dxr[j] = from_float<T>(s * (g[k] - g_mean - xh[k] * gx_mean));
     }
   }
 }
 
 // The chunk blockIdx.y of rows (`chunk` rows each) for 32 * V columns, V neighbouring
-// columns a thread (V = 4: float4 loads, where D is a multiple of 4): thread row ty adds
-// rows ty, ty + kColRows, ... in double, then thread row 0 adds the kColRows sums in order
-// into partial[chunk][0][j] (dgamma) and partial[chunk][1][j] (dbeta).
+// columns a thread (V > 1: 16-byte loads, where D is a multiple of V: 4 f32 values or 8
+// 16-bit ones): thread row ty adds rows ty, ty + kColRows, ... in double, then thread
+// row 0 adds the kColRows sums in order into partial[chunk][0][j] (dgamma) and
+// partial[chunk][1][j] (dbeta).
 constexpr int kColRows = 8;
-template <int V>
+template <class T>
+constexpr int kColVec = std::is_same_v<T, float> ? 4 : 8;
+template <int V, class T>
 __global__ void __launch_bounds__(32 * kColRows)
-    ln_grad_params(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
+    ln_grad_params(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
                    const float* __restrict__ rstd, double* __restrict__ partial, int64_t rows, int64_t dim,
                    int64_t chunk) {
-  using Vec = std::conditional_t<V == 4, float4, float>;
+  static_assert(V == 1 || V == kColVec<T>);
+  using Vec = std::conditional_t<V == 1, T, std::conditional_t<std::is_same_v<T, float>, float4, Pack8<T>>>;
   __shared__ double sums[2][V][kColRows][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = (blockIdx.x * int64_t{32} + tx) * V;
@@ -169,12 +184,13 @@ __global__ void __launch_bounds__(32 * kColRows)
       const Vec dv = *reinterpret_cast<const Vec*>(dy + r * dim + j);
       const Vec xv = *reinterpret_cast<const Vec*>(x + r * dim + j);
       const double m = mean[r], s = rstd[r];
-      const float* d = reinterpret_cast<const float*>(&dv);
-      const float* xs = reinterpret_cast<const float*>(&xv);
+      const T* d = reinterpret_cast<const T*>(&dv);
+      const T* xs = reinterpret_cast<const T*>(&xv);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        acc_g[v] += static_cast<double>(d[v]) * ((static_cast<double>(xs[v]) - m) * s);
-        acc_b[v] += d[v];
+        const float dj = to_float(d[v]);
+        acc_g[v] += static_cast<double>(dj) * ((static_cast<double>(to_float(xs[v])) - m) * s);
+        acc_b[v] += dj;
       }
     }
   }
@@ -202,10 +218,10 @@ __global__ void __launch_bounds__(32 * kColRows)
 // blockDim.x and accumulates their dgamma/dbeta in registers when M > 0 (dim <= M *
 // blockDim.x), else directly in its block's slice of partial (only it touches those
 // addresses, so no synchronization is needed).
-template <int M>
+template <int M, class T, class P>
 __global__ void __launch_bounds__(kRowBlock)
-    ln_grad_block(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ mean,
-                  const float* __restrict__ rstd, const float* __restrict__ gamma, float* __restrict__ dx,
+    ln_grad_block(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+                  const float* __restrict__ rstd, const P* __restrict__ gamma, T* __restrict__ dx,
                   double* __restrict__ partial, int64_t rows, int64_t dim) {
   double* pg = partial + blockIdx.x * (2 * dim);
   double* pb = pg + dim;
@@ -217,16 +233,16 @@ __global__ void __launch_bounds__(kRowBlock)
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) pg[j] = pb[j] = 0.0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float m = mean[r], s = rstd[r];
-    const float* dyr = dy + r * dim;
-    const float* xr = x + r * dim;
+    const T* dyr = dy + r * dim;
+    const T* xr = x + r * dim;
     float g_sum = 0.f, gx_sum = 0.f;
     if constexpr (M > 0) {
 #pragma unroll
       for (int k = 0; k < M; ++k) {
         const int64_t j = threadIdx.x + int64_t{k} * blockDim.x;
         if (j < dim) {
-          const float d = dyr[j], xv = xr[j];
-          const float xh = (xv - m) * s, g = d * gamma[j];
+          const float d = to_float(dyr[j]), xv = to_float(xr[j]);
+          const float xh = (xv - m) * s, g = d * to_float(gamma[j]);
           g_sum += g;
           gx_sum += g * xh;
           acc_g[k] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
@@ -236,8 +252,8 @@ __global__ void __launch_bounds__(kRowBlock)
     } else {
 #pragma unroll 4
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-        const float d = dyr[j], xv = xr[j];
-        const float xh = (xv - m) * s, g = d * gamma[j];
+        const float d = to_float(dyr[j]), xv = to_float(xr[j]);
+        const float xh = (xv - m) * s, g = d * to_float(gamma[j]);
         g_sum += g;
         gx_sum += g * xh;
         pg[j] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
@@ -246,11 +262,11 @@ __global__ void __launch_bounds__(kRowBlock)
     }
     const float g_mean = block_sum(g_sum) / static_cast<float>(dim);
     const float gx_mean = block_sum(gx_sum) / static_cast<float>(dim);
-    float* dxr = dx + r * dim;
+    T* dxr = dx + r * dim;
 #pragma unroll 4
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      const float xh = (xr[j] - m) * s;
-      dxr[j] = s * (dyr[j] * gamma[j] - g_mean - xh * gx_mean);
+      const float xh = (to_float(xr[j]) - m) * s;
+      dxr[j] = from_float<T>(s * (to_float(dyr[j]) * to_float(gamma[j]) - g_mean - xh * gx_mean));
     }
   }
   if constexpr (M > 0) {
@@ -267,24 +283,23 @@ __global__ void __launch_bounds__(kRowBlock)
 
 // ---- preparers ----
 
-template <int N>
-void launch_ln_warp(cudaStream_t st, unsigned blocks, const float* x, const float* gamma, const float* beta, float* y,
-                    float* mean, float* rstd, int64_t rows, int dim, double eps) {
+template <int N, class T, class P>
+void launch_ln_warp(cudaStream_t st, unsigned blocks, const T* x, const P* gamma, const P* beta, T* y, float* mean,
+                    float* rstd, int64_t rows, int dim, double eps) {
   ln_warp<N><<<blocks, kWarpBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
-template <int N>
-void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, const float* dy, const float* x, const float* mean,
-                       const float* rstd, const float* gamma, float* dx, int64_t rows, int dim) {
+template <int N, class T, class P>
+void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean,
+                       const float* rstd, const P* gamma, T* dx, int64_t rows, int dim) {
   ln_grad_dx<N><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, rows, dim);
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
-template <int M>
-void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const float* dy, const float* x, const float* mean,
-                          const float* rstd, const float* gamma, float* dx, double* partial, int64_t rows,
-                          int64_t dim) {
+template <int M, class T, class P>
+void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean,
+                          const float* rstd, const P* gamma, T* dx, double* partial, int64_t rows, int64_t dim) {
   ln_grad_block<M><<<blocks, kRowBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, partial, rows, dim);
   SEAM_CUDA_LAUNCH_CHECK();
 }
@@ -304,94 +319,140 @@ void with_lane_groups(int n, F&& f) {
   }
 }
 
+// The operands of layer_norm(_grad): `data` (x, y, dy, dx) share x's dtype, `params`
+// (gamma, beta, dgamma, dbeta) are f32 or x's dtype, all one, and `stats` (mean, rstd)
+// are f32.
+void expect_ln_dtypes(const StepArgs& a, std::initializer_list<const DeviceTensor*> data,
+                      std::initializer_list<const DeviceTensor*> params,
+                      std::initializer_list<const DeviceTensor*> stats) {
+  const DType t = (*data.begin())->dtype();
+  for (const DeviceTensor* d : data) expect_dtype(a, *d, d == *data.begin() ? kStored : std::initializer_list{t});
+  const DType p = (*params.begin())->dtype();
+  for (const DeviceTensor* d : params) {
+    if (d != *params.begin()) expect_dtype(a, *d, {p});
+    else if (t == DType::f32) expect_dtype(a, *d, {DType::f32});
+    else expect_dtype(a, *d, {DType::f32, t});
+  }
+  for (const DeviceTensor* d : stats) expect_dtype(a, *d, {DType::f32});
+}
+
+// Calls f.template operator()<T, P>() with x's storage type T and gamma's P (f32 or T).
+template <class F>
+void dispatch_ln(const StepArgs& a, DType x, DType gamma, F&& f) {
+  dispatch_storage(x, op_name(a.step.op), [&]<class T>() {
+    if (gamma == DType::f32) f.template operator()<T, float>();
+    else f.template operator()<T, T>();
+  });
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 Launch prepare_layer_norm(const StepArgs& a) {
-  expect_f32(a);
+  expect_ln_dtypes(a, {&a.in[0], &a.out[0]}, {&a.in[1], &a.in[2]}, {&a.out[1], &a.out[2]});
   const int64_t dim = a.in[0].shape().back();
   const int64_t rows = a.out[1].numel();
   const double eps = a.step.attrs.f("eps");
-  const float* x = a.in[0].as<float>();
-  const float* gamma = a.in[1].as<float>();
-  const float* beta = a.in[2].as<float>();
-  float* y = a.out[0].as<float>();
   float* mean = a.out[1].as<float>();
   float* rstd = a.out[2].as<float>();
   const int sms = std::max(a.ctx.sm_count, 1);
   if (rows == 0 || dim == 0) return [](cudaStream_t) {};  // no row, or rows of nothing (the CPU's 0/0)
-  if (dim <= kMaxWarpDim) {
-    const unsigned blocks = blocks_for(rows, kWarps, sms * 16);
-    const int d = static_cast<int>(dim);
-    const int n = lane_groups(dim);
-    return [=](cudaStream_t st) {
-      with_lane_groups(n, [&](auto w) { launch_ln_warp<decltype(w)::value>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps); });
+  Launch launch;
+  dispatch_ln(a, a.in[0].dtype(), a.in[1].dtype(), [&]<class T, class P>() {
+    const T* x = a.in[0].as<T>();
+    const P* gamma = a.in[1].as<P>();
+    const P* beta = a.in[2].as<P>();
+    T* y = a.out[0].as<T>();
+    if (dim <= kMaxWarpDim) {
+      const unsigned blocks = blocks_for(rows, kWarps, sms * 16);
+      const int d = static_cast<int>(dim);
+      const int n = lane_groups(dim);
+      launch = [=](cudaStream_t st) {
+        with_lane_groups(n, [&](auto w) {
+          launch_ln_warp<decltype(w)::value>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps);
+        });
+      };
+      return;
+    }
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{sms} * 4));
+    launch = [=](cudaStream_t st) {
+      ln_block<<<blocks, kRowBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
+      SEAM_CUDA_LAUNCH_CHECK();
     };
-  }
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{sms} * 4));
-  return [=](cudaStream_t st) {
-    ln_block<<<blocks, kRowBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  });
+  return launch;
 }
 
 Launch prepare_layer_norm_grad(const StepArgs& a) {
-  expect_f32(a);
+  expect_ln_dtypes(a, {&a.in[1], &a.in[0], &a.out[0]}, {&a.in[4], &a.out[1], &a.out[2]}, {&a.in[2], &a.in[3]});
   const int64_t dim = a.in[1].shape().back();
   const int64_t rows = a.in[2].numel();
-  const float* dy = a.in[0].as<float>();
-  const float* x = a.in[1].as<float>();
   const float* mean = a.in[2].as<float>();
   const float* rstd = a.in[3].as<float>();
-  const float* gamma = a.in[4].as<float>();
-  float* dx = a.out[0].as<float>();
-  float* dgamma = a.out[1].as<float>();
-  float* dbeta = a.out[2].as<float>();
   const int sms = std::max(a.ctx.sm_count, 1);
   if (dim == 0) return [](cudaStream_t) {};
-  // Blocks (and so partial slices) fixed here: the summation order is the same every run.
-  // With no rows the kernels still run: they write zero partials, so dgamma = dbeta = 0.
-  const bool warp_path = dim <= kMaxWarpDim;
-  // Warp path: chunks of rows until about eight column blocks an SM, each chunk at least
-  // 32 * V rows (4 * V a thread: shorter chunks' partials cost more than their extra
-  // blocks gain). Block path: a slice per block, blocks as rows up to 2 an SM.
-  const int vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 ? 4 : 1;
-  const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
-  const int64_t chunks = warp_path ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
-                                                         std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
-                                   : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
-  const int64_t chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
-  const int parts = static_cast<int>(warp_path ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
-  auto* partial = static_cast<double*>(
-      a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
-  PartialSums sums;
-  sums.partial = partial;
-  sums.out[0] = dgamma;
-  sums.out[1] = dbeta;
-  sums.scale[0] = sums.scale[1] = 1.0;
-  sums.outputs = 2;
-  sums.chunks = parts;
-  sums.kept = dim;
-  const dim3 col_block(32, kColRows);
-  const auto blocks = static_cast<unsigned>(parts);
-  if (warp_path) {
-    const int d = static_cast<int>(dim);
-    const int n = lane_groups(dim);
-    const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
-    const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
-    return [=](cudaStream_t st) {
-      with_lane_groups(n, [&](auto w) { launch_ln_grad_dx<decltype(w)::value>(st, dx_blocks, dy, x, mean, rstd, gamma, dx, rows, d); });
-      if (vec == 4) ln_grad_params<4><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
-      else ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
-      SEAM_CUDA_LAUNCH_CHECK();
+  Launch launch;
+  dispatch_ln(a, a.in[1].dtype(), a.in[4].dtype(), [&]<class T, class P>() {
+    const T* dy = a.in[0].as<T>();
+    const T* x = a.in[1].as<T>();
+    const P* gamma = a.in[4].as<P>();
+    T* dx = a.out[0].as<T>();
+    // Blocks (and so partial slices) fixed here: the summation order is the same every
+    // run. With no rows the kernels still run: they write zero partials, so dgamma =
+    // dbeta = 0.
+    const bool warp_path = dim <= kMaxWarpDim;
+    // Warp path: chunks of rows until about eight column blocks an SM, each chunk at
+    // least 32 * V rows (4 * V a thread: shorter chunks' partials cost more than their
+    // extra blocks gain). Block path: a slice per block, blocks as rows up to 2 an SM.
+    constexpr int kVec = kColVec<T>;
+    const int vec = dim % kVec == 0 && aligned16(dy) && aligned16(x) ? kVec : 1;
+    const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
+    const int64_t chunks = warp_path ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
+                                                           std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
+                                     : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
+    const int64_t chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
+    const int parts = static_cast<int>(warp_path ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
+    auto* partial = static_cast<double*>(
+        a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
+    PartialSums sums;
+    sums.partial = partial;
+    for (int i = 0; i < 2; ++i) {  // dgamma, dbeta
+      sums.out[i] = a.out[1 + i].data;
+      sums.dtype[i] = a.out[1 + i].dtype();
+    }
+    sums.scale[0] = sums.scale[1] = 1.0;
+    sums.outputs = 2;
+    sums.chunks = parts;
+    sums.kept = dim;
+    const dim3 col_block(32, kColRows);
+    const auto blocks = static_cast<unsigned>(parts);
+    if (warp_path) {
+      const int d = static_cast<int>(dim);
+      const int n = lane_groups(dim);
+      const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
+      const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
+      launch = [=](cudaStream_t st) {
+        with_lane_groups(n, [&](auto w) {
+          launch_ln_grad_dx<decltype(w)::value>(st, dx_blocks, dy, x, mean, rstd, gamma, dx, rows, d);
+        });
+        if (vec > 1)
+          ln_grad_params<kVec><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+        else
+          ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+        SEAM_CUDA_LAUNCH_CHECK();
+        add_partials(sums, st);
+      };
+      return;
+    }
+    const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
+    launch = [=](cudaStream_t st) {
+      if (per_thread <= 4) launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+      else if (per_thread <= 8) launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+      else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+      else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
       add_partials(sums, st);
     };
-  }
-  const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
-  return [=](cudaStream_t st) {
-    if (per_thread <= 4) launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-    else if (per_thread <= 8) launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-    else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-    else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-    add_partials(sums, st);
-  };
+  });
+  return launch;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The optimizer update on the GPU. Same formulas as the CPU reference
 // (src/backend/cpu/optim.cpp: PyTorch's SGD, Adam, AdamW and clip_grad_norm_), in f32
 // with the bias corrections and learning rate computed once per launch in double.
+#include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/check.h"
@@ -26,7 +28,16 @@ struct Hyper {
   int sched_kind;
   int64_t warmup, step_size, total;
   double gamma, min_lr;
+  bool scaled, skip_nonfinite;  // dynamic loss scaling; the NaN/Inf guard
+  float scale_init, growth, backoff;
+  int32_t interval;
 };
+
+// The scale this step's backward pass used (the loss_scale op reads the same), or 1.
+__device__ float step_scale(const Hyper& h, const DeviceCounters* c) {
+  if (!h.scaled) return 1.f;
+  return c->loss_scale > 0.f ? c->loss_scale : h.scale_init;
+}
 
 __device__ double lr_at(const Hyper& h, int64_t step) {
   if (step < h.warmup) return h.lr * static_cast<double>(step + 1) / static_cast<double>(h.warmup);
@@ -50,26 +61,40 @@ __global__ void sumsq_partial(const float* __restrict__ g, int64_t n, float* __r
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sumsq_final(const float* __restrict__ partial, int blocks, DeviceCounters* c) {
+// The norm of the unscaled gradients, and whether the step may update: a NaN or Inf
+// anywhere in the gradients makes the sum of squares (and so the norm) non-finite.
+__global__ void sumsq_final(const float* __restrict__ partial, int blocks, Hyper h, const float* loss,
+                            DeviceCounters* c, int* ok) {
   double s = 0;
   for (int i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
   s = block_sum(s);
-  if (threadIdx.x == 0) c->grad_norm = static_cast<float>(sqrt(s));
+  if (threadIdx.x == 0) {
+    const float norm = static_cast<float>(sqrt(s) / step_scale(h, c));
+    c->grad_norm = norm;
+    const bool finite = isfinite(norm) && (loss == nullptr || isfinite(*loss));
+    *ok = finite || !(h.skip_nonfinite || h.scaled);
+  }
 }
 
 // The last block to finish advances the step counter (every block has read it by then),
 // which saves a launch per step; `done` counts finished blocks and is reset for the next.
+// A skipped step (ok false) changes nothing but the counters: the step, the skips and
+// the loss scale.
 __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                       int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, unsigned* done) {
-  const int64_t t = c->step;
-  const float lr = static_cast<float>(lr_at(h, t));
-  float scale = 1.f;  // gradient clipping
-  if (h.clip_norm > 0.f) scale = fminf(1.f, h.clip_norm / (c->grad_norm + 1e-6f));
+                       int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok, unsigned* done) {
+  const int64_t step = c->step;
+  const bool go = ok == nullptr || *ok;
+  // Updates done so far (Adam's bias correction, SGD's first momentum step): skipped
+  // steps made none. The schedule counts every step.
+  const int64_t t = step - c->skipped_steps;
+  const float lr = static_cast<float>(lr_at(h, step));
+  float scale = 1.f / step_scale(h, c);  // unscaling and clipping in one factor
+  if (h.clip_norm > 0.f) scale *= fminf(1.f, h.clip_norm / (c->grad_norm + 1e-6f));
   const float bc1 = static_cast<float>(1.0 - pow(h.beta1, static_cast<double>(t + 1)));
   const float sqrt_bc2 = static_cast<float>(sqrt(1.0 - pow(h.beta2, static_cast<double>(t + 1))));
   const float beta1 = static_cast<float>(h.beta1), beta2 = static_cast<float>(h.beta2);
   const float step_size = lr / bc1;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; go && i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float clipped = g[i] * scale;
     float gi = clipped, pi = p[i];
     const float wd = i < n_decay ? h.weight_decay : 0.f;
@@ -90,15 +115,27 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
       v[i] = vi;
       p[i] = pi - step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
     }
-    // The clipped gradient, as the CPU leaves it (gi has weight decay and momentum in it).
+    // The unscaled, clipped gradient, as the CPU leaves it (gi has weight decay and
+    // momentum in it).
     if (scale != 1.f) g[i] = clipped;
   }
-  __syncthreads();  // every thread of this block has read c->step
+  __syncthreads();  // every thread of this block has read the counters
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
       c->lr = lr;
-      c->step = t + 1;
+      c->step = step + 1;
+      if (!go) {
+        ++c->skipped_steps;
+        ++c->skip_streak;
+        if (h.scaled) c->loss_scale = step_scale(h, c) * h.backoff, c->scale_good = 0;
+      } else {
+        c->skip_streak = 0;
+        if (h.scaled) {
+          c->loss_scale = step_scale(h, c);
+          if (++c->scale_good >= h.interval) c->loss_scale *= h.growth, c->scale_good = 0;
+        }
+      }
       *done = 0;
     }
   }
@@ -106,14 +143,18 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
 
 }  // namespace
 
-Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx) {
+Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
+                         const float* loss) {
   if (layout.param_dtype != DType::f32)
     fail("the CUDA optimizer updates f32 parameters, the model's are ", dtype_name(layout.param_dtype));
   Hyper h{static_cast<int>(c.kind), static_cast<float>(c.momentum), static_cast<float>(1.0 - c.dampening),
           static_cast<float>(1.0 - c.beta1), static_cast<float>(1.0 - c.beta2), static_cast<float>(c.eps),
           static_cast<float>(c.weight_decay), static_cast<float>(c.clip_norm), c.beta1, c.beta2, c.nesterov, c.lr,
           static_cast<int>(c.schedule.kind), c.schedule.warmup_steps, c.schedule.step_size, c.schedule.total_steps,
-          c.schedule.gamma, c.schedule.min_lr};
+          c.schedule.gamma, c.schedule.min_lr,
+          c.loss_scaling.mode == LossScaling::Mode::dynamic, c.skip_nonfinite,
+          static_cast<float>(c.loss_scaling.init), static_cast<float>(c.loss_scaling.growth),
+          static_cast<float>(c.loss_scaling.backoff), static_cast<int32_t>(std::min<int64_t>(c.loss_scaling.interval, INT32_MAX))};
   const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(float));
   const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(float));
   float* p = reinterpret_cast<float*>(r.params);
@@ -122,14 +163,20 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   float* v = m ? m + n : nullptr;
   DeviceCounters* counters = ctx.counters;
   const unsigned blocks = blocks_for(n, kThreads, ctx.sm_count * 8);
-  float* partial = c.clip_norm > 0 ? static_cast<float*>(ctx.scratch(blocks * sizeof(float))) : nullptr;
+  // The norm pass runs where something reads it: clipping, the guard, the loss scale.
+  const bool norm = c.clip_norm > 0 || h.skip_nonfinite || h.scaled;
+  float* partial = norm ? static_cast<float*>(ctx.scratch(blocks * sizeof(float))) : nullptr;
+  int* ok = norm ? static_cast<int*>(ctx.scratch(sizeof(int))) : nullptr;
   auto* done = static_cast<unsigned*>(ctx.scratch(sizeof(unsigned)));
   return [=](cudaStream_t s) {
     if (partial) {
       sumsq_partial<<<blocks, kThreads, 0, s>>>(g, n, partial);
-      sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), counters);
+      SEAM_CUDA_LAUNCH_CHECK();
+      sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), h, loss, counters, ok);
+      SEAM_CUDA_LAUNCH_CHECK();
     }
-    update<<<blocks, kThreads, 0, s>>>(p, g, m, v, n, n_decay, h, counters, done);
+    update<<<blocks, kThreads, 0, s>>>(p, g, m, v, n, n_decay, h, counters, ok, done);
+    SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 

@@ -7,6 +7,8 @@
 
 namespace seam::cuda {
 
-Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx);
+// `loss`: the plan's f32 loss for the finiteness check (null: none to check).
+Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
+                         const float* loss);
 
 }  // namespace seam::cuda

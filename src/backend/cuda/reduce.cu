@@ -1,7 +1,9 @@
 // sum, mean and broadcast_to on the GPU. Same results as the CPU reference
 // (src/backend/cpu/reduce.cpp): every reduction accumulates in double (bandwidth-bound,
 // so double adds cost nothing on the GPUs we target) and is deterministic: a fixed
-// partition of the work and fixed-order combines, no atomics.
+// partition of the work and fixed-order combines, no atomics. The input is stored as
+// TI and the output as TO (f32, bf16 or f16 each: a sum of bf16 values may be written
+// in f32), and the result is rounded once, when stored.
 //
 // The input's dims are first collapsed into alternating kept/reduced groups (size-1
 // dims dropped, neighbours of the same kind merged). Then:
@@ -13,11 +15,13 @@
 //    per output element (larger L, split into chunks plus the same second pass when
 //    there are few outputs), walking the reduced elements through their strides.
 #include <array>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/storage.cuh"
 
 namespace seam::cuda {
 
@@ -58,47 +62,59 @@ __device__ __forceinline__ int64_t offset_of(const Dims& m, int64_t i) {
   return off;
 }
 
+template <class T>
+__device__ __forceinline__ double load_d(const T* p, int64_t i) {
+  return static_cast<double>(to_float(p[i]));
+}
+template <class T>
+__device__ __forceinline__ void store_d(T* p, int64_t i, double v) {
+  p[i] = from_float<T>(static_cast<float>(v));
+}
+
 // One thread per output element.
+template <class TI, class TO>
 __global__ void __launch_bounds__(kThreads)
-    reduce_thread(const float* x, float* y, Dims kept, Dims red, int64_t outputs, int64_t len, double scale) {
+    reduce_thread(const TI* x, TO* y, Dims kept, Dims red, int64_t outputs, int64_t len, double scale) {
   for (int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; o < outputs;
        o += int64_t{gridDim.x} * blockDim.x) {
-    const float* p = x + offset_of(kept, o);
+    const TI* p = x + offset_of(kept, o);
     double acc = 0;
-    for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(p[offset_of(red, j)]);
-    y[o] = static_cast<float>(acc * scale);
+    for (int64_t j = 0; j < len; ++j) acc += load_d(p, offset_of(red, j));
+    store_d(y, o, acc * scale);
   }
 }
 
 // One warp per output element.
+template <class TI, class TO>
 __global__ void __launch_bounds__(kThreads)
-    reduce_warp(const float* x, float* y, Dims kept, Dims red, int64_t outputs, int64_t len, double scale) {
+    reduce_warp(const TI* x, TO* y, Dims kept, Dims red, int64_t outputs, int64_t len, double scale) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
   for (int64_t o = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5; o < outputs; o += warps) {
-    const float* p = x + offset_of(kept, o);
+    const TI* p = x + offset_of(kept, o);
     double acc = 0;
-    for (int64_t j = lane; j < len; j += 32) acc += static_cast<double>(p[offset_of(red, j)]);
+    for (int64_t j = lane; j < len; j += 32) acc += load_d(p, offset_of(red, j));
     acc = warp_sum(acc);
-    if (lane == 0) y[o] = static_cast<float>(acc * scale);
+    if (lane == 0) store_d(y, o, acc * scale);
   }
 }
 
 // One block per (output element, chunk of `rows` reduced elements); grid (outputs,
 // chunks). With one chunk it writes the output, else its partial [chunk][output].
+template <class TI, class TO>
 __global__ void __launch_bounds__(kThreads)
-    reduce_block(const float* x, float* y, double* partial, Dims kept, Dims red, int64_t outputs, int64_t len,
+    reduce_block(const TI* x, TO* y, double* partial, Dims kept, Dims red, int64_t outputs, int64_t len,
                  int64_t rows, double scale) {
   const int64_t o = blockIdx.x;
   const int64_t c = blockIdx.y;
   const int64_t j0 = c * rows;
   const int64_t j1 = min(len, j0 + rows);
-  const float* p = x + offset_of(kept, o);
+  const TI* p = x + offset_of(kept, o);
   double acc = 0;
-  for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) acc += static_cast<double>(p[offset_of(red, j)]);
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) acc += load_d(p, offset_of(red, j));
   acc = block_sum(acc);
   if (threadIdx.x == 0) {
-    if (gridDim.y == 1) y[o] = static_cast<float>(acc * scale);
+    if (gridDim.y == 1) store_d(y, o, acc * scale);
     else partial[c * outputs + o] = acc;
   }
 }
@@ -106,8 +122,9 @@ __global__ void __launch_bounds__(kThreads)
 // The innermost kept group (k, `width` wide, stride 1) in tiles of 32, by 8 threads down
 // a chunk of `rows` reduced elements. Block (32, 8); grid.x = (outer kept index, tile of
 // k), grid.y = chunks.
+template <class TI, class TO>
 __global__ void __launch_bounds__(kThreads)
-    reduce_columns(const float* x, float* y, double* partial, Dims outer, int64_t width, int64_t tiles, Dims red,
+    reduce_columns(const TI* x, TO* y, double* partial, Dims outer, int64_t width, int64_t tiles, Dims red,
                    int64_t outputs, int64_t len, int64_t rows, double scale) {
   __shared__ double sum[8][32];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -118,9 +135,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t j1 = min(len, j0 + rows);
   double acc = 0;
   if (k < width) {
-    const float* p = x + offset_of(outer, oo) + k;
+    const TI* p = x + offset_of(outer, oo) + k;
 #pragma unroll 4
-    for (int64_t j = j0 + ty; j < j1; j += 8) acc += static_cast<double>(p[offset_of(red, j)]);
+    for (int64_t j = j0 + ty; j < j1; j += 8) acc += load_d(p, offset_of(red, j));
   }
   sum[ty][tx] = acc;
   __syncthreads();
@@ -129,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < 8; ++t) s += sum[t][tx];
     const int64_t o = oo * width + k;
-    if (gridDim.y == 1) y[o] = static_cast<float>(s * scale);
+    if (gridDim.y == 1) store_d(y, o, s * scale);
     else partial[c * outputs + o] = s;
   }
 }
@@ -152,7 +169,12 @@ __global__ void __launch_bounds__(32 * kPartRows) add_partials_kernel(const Part
     if (ty == 0 && o < p.kept) {
       double t = 0;
       for (int k = 0; k < kPartRows; ++k) t += sums[k][tx];
-      p.out[r][o] = static_cast<float>(t * p.scale[r]);
+      const double v = t * p.scale[r];
+      switch (p.dtype[r]) {  // block-uniform
+        case DType::bf16: store_d(static_cast<bf16_t*>(p.out[r]), o, v); break;
+        case DType::f16: store_d(static_cast<f16_t*>(p.out[r]), o, v); break;
+        default: store_d(static_cast<float*>(p.out[r]), o, v); break;
+      }
     }
     __syncthreads();
   }
@@ -161,10 +183,12 @@ __global__ void __launch_bounds__(32 * kPartRows) add_partials_kernel(const Part
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // One output's chunk partials.
-PartialSums partial_sums(const double* partial, float* y, double scale, int64_t chunks, int64_t outputs) {
+template <class TO>
+PartialSums partial_sums(const double* partial, TO* y, double scale, int64_t chunks, int64_t outputs) {
   PartialSums p;
   p.partial = partial;
   p.out[0] = y;
+  p.dtype[0] = dtype_of<TO>();
   p.scale[0] = scale;
   p.outputs = 1;
   p.chunks = static_cast<int>(chunks);
@@ -172,8 +196,8 @@ PartialSums partial_sums(const double* partial, float* y, double scale, int64_t 
   return p;
 }
 
-Launch prepare_reduce(const StepArgs& a, bool mean) {
-  expect_f32(a);
+template <class TI, class TO>
+Launch prepare_reduce_as(const StepArgs& a, bool mean) {
   const Shape& s = a.in[0].shape();
   const size_t r = s.size();
   const auto& axes = a.step.attrs.ints("axes");
@@ -185,8 +209,8 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
   }
   const double scale =
       mean ? static_cast<double>(a.out[0].numel()) / static_cast<double>(a.in[0].numel()) : 1.0;
-  const float* x = a.in[0].as<const float>();
-  float* y = a.out[0].as<float>();
+  const TI* x = a.in[0].as<const TI>();
+  TO* y = a.out[0].as<TO>();
 
   // Groups of neighbouring dims of one kind, outermost first: {size, stride, reduced}.
   struct Group {
@@ -215,7 +239,7 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
   SEAM_ASSERT(outputs == a.out[0].numel());
 
   const size_t bytes = a.out[0].type.bytes();
-  if (len == 1)  // nothing to add up (and scale == 1)
+  if (len == 1 && std::is_same_v<TI, TO>)  // nothing to add up (and scale == 1)
     return [=](cudaStream_t stream) {
       SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
     };
@@ -224,7 +248,7 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
   const int64_t target = sms * 8;  // blocks that keep every SM busy
   const unsigned cap = static_cast<unsigned>(target);
 
-  if (!groups.back().red && groups.back().size >= 32) {
+  if (!groups.empty() && !groups.back().red && groups.back().size >= 32) {
     // Column tiles over the innermost kept group.
     const int64_t width = groups.back().size;
     Dims outer;
@@ -241,8 +265,8 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
     const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(chunks));
     const PartialSums fin = partial_sums(partial, y, scale, chunks, outputs);
     return [=](cudaStream_t stream) {
-      reduce_columns<<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced, outputs, len,
-                                                      rows, scale);
+      reduce_columns<TI, TO><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced, outputs,
+                                                              len, rows, scale);
       SEAM_CUDA_LAUNCH_CHECK();
       if (chunks > 1) add_partials(fin, stream);
     };
@@ -250,14 +274,14 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
   if (len <= 16) {
     const unsigned blocks = blocks_for(outputs, kThreads, static_cast<int>(cap));
     return [=](cudaStream_t stream) {
-      reduce_thread<<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
+      reduce_thread<TI, TO><<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
   if (len <= 4096) {
     const unsigned blocks = blocks_for(outputs * 32, kThreads, static_cast<int>(cap));
     return [=](cudaStream_t stream) {
-      reduce_warp<<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
+      reduce_warp<TI, TO><<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
@@ -271,18 +295,31 @@ Launch prepare_reduce(const StepArgs& a, bool mean) {
   const dim3 grid(static_cast<unsigned>(outputs), static_cast<unsigned>(chunks));
   const PartialSums fin = partial_sums(partial, y, scale, chunks, outputs);
   return [=](cudaStream_t stream) {
-    reduce_block<<<grid, kThreads, 0, stream>>>(x, y, partial, kept, reduced, outputs, len, rows, scale);
+    reduce_block<TI, TO><<<grid, kThreads, 0, stream>>>(x, y, partial, kept, reduced, outputs, len, rows, scale);
     SEAM_CUDA_LAUNCH_CHECK();
     if (chunks > 1) add_partials(fin, stream);
   };
 }
 
+// The input and the output may each be stored as f32, bf16 or f16.
+Launch prepare_reduce(const StepArgs& a, bool mean) {
+  expect_dtype(a, a.in[0], kStored);
+  expect_dtype(a, a.out[0], kStored);
+  const char* what = op_name(a.step.op);
+  Launch l;
+  dispatch_storage(a.in[0].dtype(), what, [&]<class TI>() {
+    dispatch_storage(a.out[0].dtype(), what, [&]<class TO>() { l = prepare_reduce_as<TI, TO>(a, mean); });
+  });
+  return l;
+}
+
 Launch sum(const StepArgs& a) { return prepare_reduce(a, false); }
 Launch mean(const StepArgs& a) { return prepare_reduce(a, true); }
 
-// broadcast_to: output element i reads the input at its broadcast offset.
-template <class I>
-__global__ void __launch_bounds__(kThreads) broadcast_kernel(const float* x, float* y, Dims m, I n) {
+// broadcast_to: output element i reads the input at its broadcast offset. It moves
+// elements, so it takes U, an unsigned type of the element's size, for every dtype.
+template <class U, class I>
+__global__ void __launch_bounds__(kThreads) broadcast_kernel(const U* x, U* y, Dims m, I n) {
   const I stride = static_cast<I>(gridDim.x) * blockDim.x;
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     I off = 0, rest = i;
@@ -298,8 +335,8 @@ __global__ void __launch_bounds__(kThreads) broadcast_kernel(const float* x, flo
   }
 }
 
-Launch broadcast_to(const StepArgs& a) {
-  expect_f32(a);
+template <class U>
+Launch broadcast_as(const StepArgs& a) {
   const Shape& in = a.in[0].shape();
   const Shape& out = a.out[0].shape();
   const size_t r = out.size();
@@ -322,8 +359,8 @@ Launch broadcast_to(const StepArgs& a) {
     }
     m.push(out[d], st[d]);
   }
-  const float* x = a.in[0].as<const float>();
-  float* y = a.out[0].as<float>();
+  const U* x = a.in[0].as<const U>();
+  U* y = a.out[0].as<U>();
   const int64_t n = a.out[0].numel();
   if (m.n == 0 || (m.n == 1 && m.st[0] == 1)) {  // the same elements: a copy
     const size_t bytes = a.out[0].type.bytes();
@@ -334,19 +371,33 @@ Launch broadcast_to(const StepArgs& a) {
   const unsigned blocks = blocks_for(n, kThreads, std::max(a.ctx.sm_count, 1) * 8);
   if (n < (int64_t{1} << 31))
     return [=](cudaStream_t stream) {
-      broadcast_kernel<uint32_t><<<blocks, kThreads, 0, stream>>>(x, y, m, static_cast<uint32_t>(n));
+      broadcast_kernel<U, uint32_t><<<blocks, kThreads, 0, stream>>>(x, y, m, static_cast<uint32_t>(n));
       SEAM_CUDA_LAUNCH_CHECK();
     };
   return [=](cudaStream_t stream) {
-    broadcast_kernel<int64_t><<<blocks, kThreads, 0, stream>>>(x, y, m, n);
+    broadcast_kernel<U, int64_t><<<blocks, kThreads, 0, stream>>>(x, y, m, n);
     SEAM_CUDA_LAUNCH_CHECK();
   };
+}
+
+Launch broadcast_to(const StepArgs& a) {
+  if (a.in[0].dtype() != a.out[0].dtype())
+    fail("broadcast_to '", a.step.name, "': input ", a.in[0].type.str(), " and output ", a.out[0].type.str(),
+         " differ in dtype");
+  switch (dtype_size(a.in[0].dtype())) {
+    case 1: return broadcast_as<uint8_t>(a);
+    case 2: return broadcast_as<uint16_t>(a);
+    case 4: return broadcast_as<uint32_t>(a);
+    default: return broadcast_as<unsigned long long>(a);
+  }
 }
 
 }  // namespace
 
 void add_partials(const PartialSums& p, cudaStream_t st) {
   SEAM_ASSERT(p.outputs >= 1 && p.outputs <= PartialSums::kMaxOutputs && p.chunks >= 1);
+  for (int r = 0; r < p.outputs; ++r)
+    SEAM_ASSERT(p.dtype[r] == DType::f32 || p.dtype[r] == DType::bf16 || p.dtype[r] == DType::f16);
   const dim3 grid(blocks_for(p.kept, 32, 1 << 20), static_cast<unsigned>(p.outputs));
   add_partials_kernel<<<grid, dim3(32, kPartRows), 0, st>>>(p);
   SEAM_CUDA_LAUNCH_CHECK();

@@ -119,6 +119,17 @@ void expect_f32(const StepArgs& a, std::initializer_list<IntOperand> integers) {
     }
 }
 
+void expect_dtype(const StepArgs& a, const DeviceTensor& t, std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (t.dtype() == d) return;
+  const bool input = &t >= a.in.data() && &t < a.in.data() + a.in.size();
+  const auto index = input ? &t - a.in.data() : &t - a.out.data();
+  std::string names;
+  for (DType d : allowed) names += std::string(names.empty() ? "" : ", ") + dtype_name(d);
+  fail(op_name(a.step.op), " '", a.step.name, "': the CUDA kernel takes ", names, " for ", input ? "input " : "output ",
+       index, ", got ", t.type.str());
+}
+
 namespace {
 
 class CudaBackend : public Backend {

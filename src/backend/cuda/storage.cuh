@@ -1,0 +1,50 @@
+// Storage types of the CUDA kernels. Values are stored as f32, bf16 or f16 and always
+// computed in float: a kernel templated on its storage type T loads with to_float and
+// stores with from_float (round to nearest even), so one implementation serves every
+// precision.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "backend/cuda/cuda.h"
+
+namespace seam::cuda {
+
+using bf16_t = __nv_bfloat16;
+using f16_t = __half;
+
+template <class T>
+__device__ __forceinline__ float to_float(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return static_cast<float>(v);
+}
+template <class T>
+__device__ __forceinline__ T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, bf16_t>) return __float2bfloat16_rn(v);
+  else return __float2half_rn(v);
+}
+
+// Calls f.template operator()<T>() with the storage type of a float dtype the kernels
+// take (f32, bf16, f16); throws naming `what` otherwise.
+template <class F>
+void dispatch_storage(DType t, const char* what, F&& f) {
+  switch (t) {
+    case DType::f32: f.template operator()<float>(); return;
+    case DType::bf16: f.template operator()<bf16_t>(); return;
+    case DType::f16: f.template operator()<f16_t>(); return;
+    default: fail(what, ": the CUDA kernels store f32, bf16 or f16, got ", dtype_name(t));
+  }
+}
+
+// The storage type of a DType, for checks (dtype_of<float>() == DType::f32).
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, bf16_t>) return DType::bf16;
+  else return DType::f16;
+}
+
+}  // namespace seam::cuda

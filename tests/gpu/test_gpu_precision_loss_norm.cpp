@@ -1,0 +1,293 @@
+// The losses and layer_norm on the GPU with 16-bit storage (bf16, f16) against the CPU's
+// emulation at the same policy: cross_entropy (fused with its gradient and apart), mse,
+// layer_norm and its gradient, on shapes that take each kernel path (warp and block rows,
+// 16-byte packs and the scalar fallback of widths that are not a multiple of 8, column
+// sums over several chunks of rows), with gamma and beta in f32 and in the data's dtype.
+//
+// The precision pass leaves losses and norms reading what they are given, so each graph
+// makes its 16-bit operands itself: a cast of an f32 parameter (its gradient comes back
+// through the cast, in f32) or a 16-bit input. The outputs are cast to f32 for the
+// comparison, which reads them as floats.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "common/half.h"
+#include "gpu_check.h"
+
+using namespace seam;
+using seam::gpu_testing::bf16;
+using seam::gpu_testing::CompareOptions;
+using seam::gpu_testing::compare_with_cpu;
+using seam::gpu_testing::f16;
+using seam::gpu_testing::GpuCase;
+
+namespace {
+
+// Both 16-bit policies, each with its tolerance.
+std::vector<CompareOptions> policies() { return {bf16(), f16()}; }
+
+DType low(const CompareOptions& o) { return *low_dtype(o.precision); }
+
+std::string policy_name(const CompareOptions& o) { return std::string("policy ") + precision_name(o.precision); }
+
+// An input in dtype t (bf16 or f16), uniform in [lo, hi) rounded to t, fed as t's bytes.
+Var low_input(GpuCase& c, const std::string& name, const Shape& shape, DType t, double lo, double hi) {
+  Var v = c.g.input(name, shape, t);
+  std::uniform_real_distribution<float> d(static_cast<float>(lo), static_cast<float>(hi));
+  std::vector<uint16_t> bits(static_cast<size_t>(numel(shape)));
+  for (auto& b : bits) {
+    const float f = d(c.rng());
+    b = t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f);
+  }
+  c.feeds.emplace_back(name, seam::testing::bytes_of(bits));
+  return v;
+}
+
+// ---- cross_entropy, mse ----
+
+struct CeCase {
+  Shape shape;                  // logits [..., C]
+  double smoothing = 0;
+  std::vector<size_t> ignored;  // rows whose label is set to ignore_index
+  int64_t ignore_index = -100;
+  double lo = -3, hi = 3;       // logits
+};
+
+std::string describe(const CeCase& k) {
+  return "cross_entropy of " + shape_str(k.shape) + ", smoothing " + std::to_string(k.smoothing) + ", " +
+         std::to_string(k.ignored.size()) + " rows set to ignore_index " + std::to_string(k.ignore_index) +
+         ", logits in [" + std::to_string(k.lo) + ", " + std::to_string(k.hi) + ")";
+}
+
+Var labels_for(GpuCase& c, const CeCase& k) {
+  const Shape rows(k.shape.begin(), k.shape.end() - 1);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(k.shape.back()) - 1);
+  std::vector<int32_t> labels(static_cast<size_t>(numel(rows)));
+  for (auto& l : labels) l = pick(c.rng());
+  for (size_t r : k.ignored) labels.at(r) = static_cast<int32_t>(k.ignore_index);
+  return c.ints("labels", rows, labels);
+}
+
+// Logits a 16-bit copy of a parameter, twice a policy: as the loss itself (the fused
+// cross_entropy_with_grad, seed 1) and weighted by a random factor (cross_entropy and
+// cross_entropy_grad apart, the latter with an f32 dy).
+void compare_cross_entropy(const CeCase& k) {
+  SCOPED_TRACE(describe(k));
+  for (const CompareOptions& base : policies())
+    for (bool fused : {true, false}) {
+      SCOPED_TRACE(policy_name(base) + (fused ? ", fused with its gradient" : ", forward and gradient apart"));
+      CompareOptions o = base;
+      o.output_is_loss = fused;
+      compare_with_cpu(
+          [&](GpuCase& c) {
+            Var z = cast(c.param("logits", k.shape, k.lo, k.hi), low(o));
+            return cross_entropy(z, labels_for(c, k), k.ignore_index, k.smoothing);
+          },
+          o);
+    }
+}
+
+// The forward alone on 16-bit logits fed as such.
+void compare_cross_entropy_of_input(const CeCase& k) {
+  SCOPED_TRACE(describe(k) + ", 16-bit input");
+  for (const CompareOptions& base : policies()) {
+    SCOPED_TRACE(policy_name(base));
+    CompareOptions o = base.in_mode(Mode::eval);
+    o.gradients = false;
+    compare_with_cpu(
+        [&](GpuCase& c) {
+          Var z = low_input(c, "logits", k.shape, low(o), k.lo, k.hi);
+          return cross_entropy(z, labels_for(c, k), k.ignore_index, k.smoothing);
+        },
+        o);
+  }
+}
+
+void compare_mse(const Shape& s) {
+  SCOPED_TRACE("mse of " + shape_str(s));
+  for (const CompareOptions& o : policies()) {
+    SCOPED_TRACE(policy_name(o));
+    compare_with_cpu([&](GpuCase& c) { return mse(cast(c.param("p", s), low(o)), cast(c.param("t", s), low(o))); },
+                     o);
+  }
+}
+
+// ---- layer_norm ----
+
+// x a 16-bit copy of a parameter; gamma and beta f32 parameters or 16-bit copies (then
+// dgamma and dbeta are 16-bit too, rounded once from the double column sums). Unfused: a
+// cast feeding a layer norm would join it in one generated kernel (as a residual add
+// does), and the layer_norm kernel would not run.
+void compare_layer_norm(const Shape& shape, bool low_params) {
+  SCOPED_TRACE("layer_norm of " + shape_str(shape) + (low_params ? ", 16-bit gamma and beta" : ", f32 gamma and beta"));
+  for (const CompareOptions& base : policies()) {
+    SCOPED_TRACE(policy_name(base));
+    CompareOptions o = base;
+    o.fuse = false;
+    compare_with_cpu(
+        [&](GpuCase& c) {
+          const Shape dim{shape.back()};
+          const DType t = low(o);
+          Var x = cast(c.param("x", shape, -2, 3), t);
+          Var gamma = c.param("gamma", dim, 0.5, 1.5);
+          Var beta = c.param("beta", dim, -0.5, 0.5);
+          Var y = low_params ? layer_norm(x, cast(gamma, t), cast(beta, t), 1e-5) : layer_norm(x, gamma, beta, 1e-5);
+          return cast(y, DType::f32);
+        },
+        o);
+  }
+}
+
+// x a 16-bit input fed as such (fused as the plans are by default): the gradients of the
+// f32 gamma and beta come from 16-bit dy and x.
+void compare_layer_norm_of_input(const Shape& shape) {
+  SCOPED_TRACE("layer_norm of " + shape_str(shape) + ", 16-bit input, f32 gamma and beta");
+  for (const CompareOptions& o : policies()) {
+    SCOPED_TRACE(policy_name(o));
+    compare_with_cpu(
+        [&](GpuCase& c) {
+          const Shape dim{shape.back()};
+          Var x = low_input(c, "x", shape, low(o), -2, 3);
+          Var y = layer_norm(x, c.param("gamma", dim, 0.5, 1.5), c.param("beta", dim, -0.5, 0.5), 1e-5);
+          return cast(y, DType::f32);
+        },
+        o);
+  }
+}
+
+// Steps of `op` whose operand (input or output `index`) has dtype t.
+int steps_with(const Plan& p, Op op, bool input, size_t index, DType t) {
+  int n = 0;
+  for (const PlanStep& s : p.steps) {
+    const auto& list = input ? s.in : s.out;
+    n += s.op == op && index < list.size() && list[index].type.dtype == t;
+  }
+  return n;
+}
+
+}  // namespace
+
+// The comparisons below mean something only if the plans they compare run the loss and
+// norm kernels on 16-bit operands: the casts the graphs make are kept, and the loss and
+// norm steps read (and their gradients write) the 16-bit dtype.
+TEST(GpuPrecisionLossNorm, TheStepsTakeSixteenBitOperands) {
+  for (const CompareOptions& o : policies()) {
+    SCOPED_TRACE(policy_name(o));
+    const DType t = low(o);
+    {
+      Graph g;
+      Var z = cast(g.param("logits", {8, 16}, Init::uniform(-1, 1)), t);
+      Var loss = cross_entropy(z, g.input("labels", {8}, DType::i32));
+      Model m(g, {.device = Device::cuda, .precision = o.precision});
+      Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {loss.id()}});
+      EXPECT_EQ(steps_with(p.plan(), Op::cross_entropy_with_grad, true, 0, t), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::cross_entropy_with_grad, false, 0, DType::f32), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::cross_entropy_with_grad, false, 1, t), 1) << p.plan().str();
+    }
+    {
+      Graph g;
+      Var z = cast(g.param("logits", {8, 16}, Init::uniform(-1, 1)), t);
+      Var loss = mul(cross_entropy(z, g.input("labels", {8}, DType::i32)), g.input("w", {}));
+      Model m(g, {.device = Device::cuda, .precision = o.precision});
+      Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {loss.id()}});
+      EXPECT_EQ(steps_with(p.plan(), Op::cross_entropy, true, 0, t), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::cross_entropy_grad, true, 1, t), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::cross_entropy_grad, false, 0, t), 1) << p.plan().str();
+    }
+    {
+      Graph g;
+      Var a = cast(g.param("p", {4, 8}, Init::uniform(-1, 1)), t);
+      Var loss = mse(a, cast(g.input("t", {4, 8}), t));
+      Model m(g, {.device = Device::cuda, .precision = o.precision});
+      Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {loss.id()}});
+      EXPECT_EQ(steps_with(p.plan(), Op::mse, true, 0, t), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::mse_grad, false, 0, t), 1) << p.plan().str();
+    }
+    for (bool low_params : {false, true}) {
+      SCOPED_TRACE(low_params ? "16-bit gamma and beta" : "f32 gamma and beta");
+      Graph g;
+      Var x = cast(g.param("x", {4, 64}, Init::uniform(-1, 1)), t);
+      Var gamma = g.param("gamma", {64}, Init::uniform(0.5, 1.5));
+      Var beta = g.param("beta", {64}, Init::uniform(-0.5, 0.5));
+      Var y = low_params ? layer_norm(x, cast(gamma, t), cast(beta, t), 1e-5) : layer_norm(x, gamma, beta, 1e-5);
+      Var loss = sum(cast(y, DType::f32));
+      Model m(g, {.device = Device::cuda, .precision = o.precision});
+      Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {loss.id()}, .fuse = false});
+      const DType pt = low_params ? t : DType::f32;
+      EXPECT_EQ(steps_with(p.plan(), Op::layer_norm, true, 0, t), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::layer_norm, true, 1, pt), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::layer_norm_grad, true, 0, t), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::layer_norm_grad, false, 0, t), 1) << p.plan().str();
+      EXPECT_EQ(steps_with(p.plan(), Op::layer_norm_grad, false, 1, pt), 1) << p.plan().str();
+    }
+  }
+}
+
+// Ten classes: scalar loads (not a multiple of 8); 1000: 16-byte packs on the warp path;
+// 3000: packs on the block path; 2501: the block path's scalar fallback.
+TEST(GpuPrecisionLoss, CrossEntropyOnEachRowPath) {
+  compare_cross_entropy({.shape = {64, 10}});
+  compare_cross_entropy({.shape = {37, 1000}});
+  compare_cross_entropy({.shape = {2, 5, 37}});
+  compare_cross_entropy({.shape = {16, 3000}});
+  compare_cross_entropy({.shape = {9, 2501}});
+  compare_cross_entropy({.shape = {1, 1}});
+}
+
+TEST(GpuPrecisionLoss, CrossEntropyWithSmoothingAndIgnoredRows) {
+  compare_cross_entropy({.shape = {64, 10}, .smoothing = 0.1, .ignored = {0, 3, 63}});
+  compare_cross_entropy({.shape = {33, 1024}, .smoothing = 0.1, .ignored = {1, 32}});
+  compare_cross_entropy({.shape = {8, 4096}, .smoothing = 0.1, .ignored = {5}});
+  compare_cross_entropy({.shape = {6, 16}, .ignored = {0, 1, 2, 3, 4, 5}});  // every row ignored: 0
+}
+
+TEST(GpuPrecisionLoss, CrossEntropyLargeLogits) {
+  compare_cross_entropy({.shape = {64, 10}, .lo = -50, .hi = 50});
+  compare_cross_entropy({.shape = {16, 1000}, .smoothing = 0.1, .lo = -50, .hi = 50});
+  compare_cross_entropy({.shape = {4, 3000}, .lo = -50, .hi = 50});
+}
+
+// Past 2048 rows the fused op counts the rows in a kernel of its own first.
+TEST(GpuPrecisionLoss, CrossEntropyManyRows) {
+  compare_cross_entropy({.shape = {5000, 24}, .smoothing = 0.1, .ignored = {0, 4999}});
+  compare_cross_entropy({.shape = {301, 1100}, .ignored = {3}});
+}
+
+TEST(GpuPrecisionLoss, CrossEntropyOfSixteenBitInputs) {
+  compare_cross_entropy_of_input({.shape = {64, 10}});
+  compare_cross_entropy_of_input({.shape = {37, 1000}, .smoothing = 0.1, .ignored = {2}});
+  compare_cross_entropy_of_input({.shape = {9, 3000}});
+  compare_cross_entropy_of_input({.shape = {5, 2501}, .smoothing = 0.1});
+}
+
+TEST(GpuPrecisionLoss, MseMatchesTheCpu) {
+  for (const Shape& s : {Shape{1}, Shape{3, 7}, Shape{7, 129}, Shape{1000, 1000}}) compare_mse(s);
+}
+
+// Widths up to 1024 take the warp path (37: the scalar column sums; 768 and 1024: 16-byte
+// packs), 4096 the block path (8 columns a thread in registers); the row counts are no
+// multiple of a block's 8 warps, and 1001 rows make several chunks of column sums.
+TEST(GpuPrecisionLayerNorm, ForwardAndBackward) {
+  for (bool low_params : {false, true})
+    for (int64_t dim : {1024, 768, 4096, 37})
+      for (int64_t rows : {1, 37, 1001}) compare_layer_norm({rows, dim}, low_params);
+}
+
+// More columns than the block path keeps in registers (in the block's slice of scratch),
+// an odd width past the warp path, a batch of sequences.
+TEST(GpuPrecisionLayerNorm, OtherBlockPathWidths) {
+  for (bool low_params : {false, true}) {
+    compare_layer_norm({9, 9000}, low_params);
+    compare_layer_norm({5, 1025}, low_params);
+    compare_layer_norm({2, 3, 2048}, low_params);
+  }
+}
+
+TEST(GpuPrecisionLayerNorm, SixteenBitInputs) {
+  for (int64_t dim : {1024, 768, 4096, 37}) compare_layer_norm_of_input({37, dim});
+}

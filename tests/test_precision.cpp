@@ -1,0 +1,318 @@
+// The precision policy on the CPU: what the pass makes of a graph, the CPU's 16-bit
+// storage, training at bf16 and f16 against f32, and the errors of bad overrides.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/half.h"
+#include "model_checks.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+bool is_gemm(Op op) {
+  return op == Op::linear || op == Op::linear_act || op == Op::linear_act_aux || op == Op::matmul ||
+         op == Op::matmul_act_grad || op == Op::linear_grad_weight_bias;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A classifier MLP whose layers are scopes "fc1", "fc2", ... (what overrides name).
+Var scoped_mlp(Graph& g, int64_t batch, int64_t in, const std::vector<int64_t>& hidden, int64_t classes) {
+  Var h = g.input("x", {batch, in});
+  Var y = g.input("y", {batch}, DType::i32);
+  int layer = 0;
+  for (int64_t w : hidden) {
+    const std::string n = "fc" + std::to_string(++layer);
+    auto s = g.scope(n);
+    h = relu(nn::linear(h, w, n));
+  }
+  const std::string n = "fc" + std::to_string(++layer);
+  auto s = g.scope(n);
+  return cross_entropy(nn::linear(h, classes, n), y);
+}
+
+// Losses of `steps` AdamW steps of an MLP on one fixed batch at a precision.
+std::vector<float> losses(Precision p, int steps, std::vector<PrecisionOverride> overrides = {}) {
+  Graph g;
+  Var loss = scoped_mlp(g, 64, 48, {96, 64}, 10);
+  Model m(g, {.seed = 3, .precision = p, .precision_overrides = std::move(overrides)});
+  Program prog = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adamw(3e-3, 0.01)});
+  const auto x = random_floats(64 * 48, 1);
+  const auto y = random_labels(64, 10, 2);
+  prog.set_input("x", std::span<const float>(x));
+  prog.set_input("y", std::span<const int32_t>(y));
+  std::vector<float> out;
+  for (int s = 0; s < steps; ++s) {
+    prog.run();
+    out.push_back(prog.read_as<float>(loss.name()).at(0));
+  }
+  return out;
+}
+
+TEST(Precision, GemmsReadAndWrite16BitsWhileMastersAndTheirGradientsStayF32) {
+  for (Precision p : {Precision::bf16, Precision::f16}) {
+    const DType low = *low_dtype(p);
+    Graph g;
+    Var loss = mlp_loss(g, 32, 40, {64}, 10);
+    Model m(g, {.precision = p});
+    Program prog = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)});
+    const Plan& plan = prog.plan();
+    int gemms = 0;
+    for (const PlanStep& s : plan.steps) {
+      if (!is_gemm(s.op)) continue;
+      ++gemms;
+      for (const BufferRef& b : s.in)
+        if (is_float(b.type.dtype)) EXPECT_EQ(b.type.dtype, low) << s.name;
+      // Forward and input-gradient GEMMs write 16 bits; weight gradients go to the f32
+      // gradient buffer straight from the GEMM (its cast folded in).
+      for (const BufferRef& b : s.out)
+        if (is_float(b.type.dtype)) EXPECT_EQ(b.type.dtype, b.region == Region::grads ? DType::f32 : low) << s.name;
+    }
+    EXPECT_GE(gemms, 4);
+    for (const Binding& b : plan.grads) EXPECT_EQ(b.ref.type.dtype, DType::f32) << b.name;
+    for (const Slot& s : m.layout().params) EXPECT_EQ(s.type.dtype, DType::f32) << s.name;
+    EXPECT_EQ(plan.output(loss.name())->ref.type.dtype, DType::f32);
+    // No cast is left on a GEMM's result: each folded into the GEMM that made it.
+    for (const PlanStep& s : plan.steps) {
+      if (s.op != Op::cast) continue;
+      for (const PlanStep& t : plan.steps)
+        if (is_gemm(t.op))
+          for (const BufferRef& o : t.out) EXPECT_FALSE(o.region == s.in[0].region && o.offset == s.in[0].offset) << s.name << " casts " << t.name << "'s result";
+    }
+  }
+}
+
+TEST(Precision, StoredValuesAre16BitValuesAndReadBackInTheGraphsDtype) {
+  Graph g;
+  Var x = g.input("x", {8, 24});
+  Var logits = nn::linear(relu(nn::linear(x, 32, "fc1")), 5, "fc2");
+  for (Precision p : {Precision::bf16, Precision::f16}) {
+    Model m(g, {.seed = 1, .precision = p});
+    Program prog = m.compile({.mode = Mode::eval, .outputs = {logits.id()}});
+    EXPECT_EQ(prog.plan().output(logits.name())->ref.type.dtype, *low_dtype(p));
+    const auto in = random_floats(8 * 24, 5);
+    prog.set_input("x", std::span<const float>(in));
+    prog.run();
+    const auto out = prog.read_as<float>(logits.name());
+    ASSERT_EQ(out.size(), 40u);
+    for (float v : out) {
+      const float back = p == Precision::bf16 ? bf16_to_float(float_to_bf16(v)) : f16_to_float(float_to_f16(v));
+      EXPECT_EQ(back, v) << "not a " << precision_name(p) << " value";
+    }
+    // The same model in f32 gives nearly the same logits.
+    Model ref(g, {.seed = 1});
+    Program rp = ref.compile({.mode = Mode::eval, .outputs = {logits.id()}});
+    rp.set_input("x", std::span<const float>(in));
+    rp.run();
+    const auto want = rp.read_as<float>(logits.name());
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < want.size(); ++i) err += std::pow(out[i] - want[i], 2), norm += std::pow(want[i], 2);
+    EXPECT_LT(std::sqrt(err / norm), p == Precision::bf16 ? 2e-2 : 3e-3);
+  }
+}
+
+TEST(Precision, Bf16AndF16TrainingTrackTheF32LossCurve) {
+  const auto ref = losses(Precision::f32, 40);
+  EXPECT_LT(ref.back(), 0.5 * ref.front());  // it learns
+  for (Precision p : {Precision::bf16, Precision::f16}) {
+    const auto got = losses(p, 40);
+    for (size_t s = 0; s < ref.size(); ++s)
+      EXPECT_NEAR(got[s], ref[s], 0.03 + 0.05 * ref[s]) << precision_name(p) << " step " << s;
+  }
+}
+
+TEST(Precision, AnOverrideKeepsALayerInF32) {
+  Graph g;
+  Var loss = scoped_mlp(g, 16, 20, {32}, 4);
+  Model m(g, {.precision = Precision::bf16, .precision_overrides = {{"fc2", Precision::f32}}});
+  Program prog = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+  bool saw_fc1 = false, saw_fc2 = false;
+  for (const PlanStep& s : prog.plan().steps) {
+    if (s.op != Op::linear && s.op != Op::linear_act) continue;
+    const DType want = s.name.rfind("fc2", 0) == 0 ? DType::f32 : DType::bf16;
+    (want == DType::f32 ? saw_fc2 : saw_fc1) = true;
+    EXPECT_EQ(s.in[0].type.dtype, want) << s.name;
+    EXPECT_EQ(s.out[0].type.dtype, want) << s.name;
+  }
+  EXPECT_TRUE(saw_fc1 && saw_fc2);
+  // And the other way round: one layer in bf16 in an f32 model.
+  Model m2(g, {.precision_overrides = {{"fc1", Precision::bf16}}});
+  Program p2 = m2.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+  int low = 0;
+  for (const PlanStep& s : p2.plan().steps)
+    if (is_gemm(s.op) && s.in[0].type.dtype == DType::bf16) ++low;
+  EXPECT_GE(low, 2);  // fc1's forward and its weight gradient
+  const auto a = losses(Precision::f32, 5), b = losses(Precision::f32, 5, {{"fc3", Precision::bf16}});
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(a[s], b[s], 0.02 + 0.02 * a[s]);
+}
+
+TEST(Precision, BadOverridesNameTheLayer) {
+  Graph g;
+  Var loss = scoped_mlp(g, 4, 6, {8}, 3);
+  auto make = [&](std::vector<PrecisionOverride> o) {
+    return error_of([&] { Model m(g, {.precision = Precision::bf16, .precision_overrides = std::move(o)}); });
+  };
+  std::string e = make({{"fc9", Precision::f32}});
+  EXPECT_NE(e.find("precision override 'fc9': the graph has no node or scope of that name"), std::string::npos) << e;
+  e = make({{"fc1", Precision::tf32}});
+  EXPECT_NE(e.find("precision override 'fc1': tf32 is a policy for a whole model"), std::string::npos) << e;
+  e = make({{loss.name(), Precision::f16}});
+  EXPECT_NE(e.find("cross_entropy node '" + loss.name() + "' computes in f32 at every precision"), std::string::npos)
+      << e;
+  EXPECT_EQ(make({{"fc1", Precision::f32}}), "");
+}
+
+TEST(Precision, FusedAndUnfusedPlansAgreeAt16Bits) {
+  Graph g;
+  Var loss = mlp_loss(g, 32, 24, {48, 48}, 6);
+  for (Precision p : {Precision::bf16, Precision::f16}) {
+    std::vector<std::vector<float>> grads;
+    for (bool fuse : {true, false}) {
+      Model m(g, {.seed = 9, .precision = p});
+      Program prog = m.compile({.loss = loss.id(), .gradients = true, .fuse = fuse});
+      const auto x = random_floats(32 * 24, 3);
+      const auto y = random_labels(32, 6, 4);
+      prog.set_input("x", std::span<const float>(x));
+      prog.set_input("y", std::span<const int32_t>(y));
+      prog.run();
+      grads.push_back(prog.grad_as<float>("fc1.weight"));
+    }
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      err += std::pow(grads[0][i] - grads[1][i], 2), norm += std::pow(grads[1][i], 2);
+    EXPECT_LT(std::sqrt(err / norm), p == Precision::bf16 ? 2e-2 : 3e-3) << precision_name(p);
+  }
+}
+
+// Parameters and moments, for bitwise comparisons.
+std::vector<HostTensor> trained_state(const Model& m) { return m.save_tensors(); }
+
+TEST(Guard, ANonFiniteLossSkipsTheUpdateAndCountsIt) {
+  Graph g;
+  Var loss = scoped_mlp(g, 8, 12, {16}, 3);
+  auto x = random_floats(8 * 12, 1);
+  const auto y = random_labels(8, 3, 2);
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2)});
+  p.set_input("y", std::span<const int32_t>(y));
+  p.set_input("x", std::span<const float>(x));
+  p.run();  // one clean step first, so moments are not zero
+  const auto before = trained_state(m);
+  x[5] = std::nanf("");
+  p.set_input("x", std::span<const float>(x));
+  p.run();
+  StepState st = p.sync_state();
+  expect_same(trained_state(m), before);  // parameters and moments untouched
+  EXPECT_EQ(st.step, 2);                  // the schedule and dropout still count the step
+  EXPECT_EQ(st.skipped_steps, 1);
+  EXPECT_EQ(st.skip_streak, 1);
+  x[5] = 0.5f;
+  p.set_input("x", std::span<const float>(x));
+  p.run();
+  st = p.sync_state();
+  EXPECT_EQ(st.skipped_steps, 1);
+  EXPECT_EQ(st.skip_streak, 0);
+  EXPECT_FALSE(m.save_tensors()[0].data == before[0].data);  // it updates again
+  // Without the guard the NaN reaches the parameters.
+  auto off = OptimizerConfig::adam(1e-2);
+  off.skip_nonfinite = false;
+  Model m2(g, {.seed = 1});
+  Program p2 = m2.compile({.loss = loss.id(), .optimizer = off});
+  x[5] = std::nanf("");
+  p2.set_input("y", std::span<const int32_t>(y));
+  p2.set_input("x", std::span<const float>(x));
+  p2.run();
+  EXPECT_EQ(p2.sync_state().skipped_steps, 0);
+  const auto w = Program::cast_bytes<float>(m2.read_param("fc1.weight"));
+  EXPECT_TRUE(std::any_of(w.begin(), w.end(), [](float v) { return std::isnan(v); }));
+}
+
+// A loss so large that its gradient overflows f16 (dlogits ~ 1e8 / rows > 65504): without
+// scaling every step is skipped; dynamic scaling backs off below 1 until it fits, then
+// trains.
+TEST(Guard, F16OverflowsWithoutScalingAndTrainsWithDynamicScaling) {
+  Graph g;
+  Var h = g.input("x", {16, 12});
+  Var y = g.input("y", {16}, DType::i32);
+  {
+    auto s = g.scope("fc1");
+    h = relu(nn::linear(h, 32, "fc1"));
+  }
+  Var ce = cross_entropy(nn::linear(h, 4, "fc2"), y);
+  Var loss = scale(ce, 1e8);
+  const auto x = random_floats(16 * 12, 3);
+  const auto labels = random_labels(16, 4, 4);
+  auto run = [&](LossScaling::Mode mode, std::vector<float>* ces) {
+    auto opt = OptimizerConfig::sgd(5e-9);  // the loss is 1e8 times the cross-entropy
+    opt.loss_scaling.mode = mode;
+    opt.loss_scaling.init = 1.0;
+    Model m(g, {.seed = 2, .precision = Precision::f16});
+    Program p = m.compile({.loss = loss.id(), .optimizer = opt, .outputs = {ce.id()}});
+    p.set_input("x", std::span<const float>(x));
+    p.set_input("y", std::span<const int32_t>(labels));
+    for (int s = 0; s < 60; ++s) {
+      p.run();
+      if (ces) ces->push_back(p.read_as<float>(ce.name()).at(0));
+    }
+    return p.sync_state();
+  };
+  const StepState off = run(LossScaling::Mode::off, nullptr);
+  EXPECT_EQ(off.skipped_steps, 60);
+  EXPECT_EQ(off.skip_streak, 60);
+  std::vector<float> ces;
+  const StepState dyn = run(LossScaling::Mode::dynamic, &ces);
+  EXPECT_GE(dyn.skipped_steps, 3);   // 1e8 / 16 over f16's 65504: a few halvings
+  EXPECT_LE(dyn.skipped_steps, 12);
+  EXPECT_LT(dyn.loss_scale, 1.0);
+  EXPECT_EQ(dyn.skip_streak, 0);
+  EXPECT_LT(ces.back(), 0.8 * ces.front()) << "it trains once the scale fits";
+}
+
+TEST(Guard, TheLossScaleGrowsAfterEnoughCleanSteps) {
+  Graph g;
+  Var loss = scoped_mlp(g, 8, 12, {16}, 3);
+  auto opt = OptimizerConfig::adam(1e-3);
+  opt.loss_scaling = {LossScaling::Mode::dynamic, 8.0, 2.0, 0.5, 3};
+  Model m(g, {.seed = 1, .precision = Precision::bf16});
+  Program p = m.compile({.loss = loss.id(), .optimizer = opt});
+  const auto x = random_floats(8 * 12, 1);
+  const auto y = random_labels(8, 3, 2);
+  p.set_input("x", std::span<const float>(x));
+  p.set_input("y", std::span<const int32_t>(y));
+  for (int s = 0; s < 7; ++s) p.run();
+  const StepState& st = p.sync_state();
+  EXPECT_EQ(st.loss_scale, 32.0);  // x2 after steps 3 and 6
+  EXPECT_EQ(st.scale_good, 1);
+  EXPECT_EQ(st.skipped_steps, 0);
+  // The gradient left after the update is the unscaled one: the same as an unscaled run's.
+  Model ref(g, {.seed = 1, .precision = Precision::bf16});
+  auto plain = OptimizerConfig::adam(1e-3);
+  plain.loss_scaling.mode = LossScaling::Mode::off;
+  Program rp = ref.compile({.loss = loss.id(), .optimizer = plain});
+  rp.set_input("x", std::span<const float>(x));
+  rp.set_input("y", std::span<const int32_t>(y));
+  rp.run();
+  Model one(g, {.seed = 1, .precision = Precision::bf16});
+  Program op = one.compile({.loss = loss.id(), .optimizer = opt});
+  op.set_input("x", std::span<const float>(x));
+  op.set_input("y", std::span<const int32_t>(y));
+  op.run();
+  const auto a = op.grad_as<float>("fc1.weight"), b = rp.grad_as<float>("fc1.weight");
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) err += std::pow(a[i] - b[i], 2), norm += std::pow(b[i], 2);
+  EXPECT_LT(std::sqrt(err / norm), 2e-2);  // bf16 rounding of the scaled backward differs
+}
+
+}  // namespace
+}  // namespace seam::testing
