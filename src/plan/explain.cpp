@@ -95,7 +95,8 @@ struct Totals {
 };
 
 double estimate_us(const PlanStep& s, const DeviceModel& d) {
-  const double peak = on_tensor_cores(s.op) ? d.tensor_tflops : d.simt_tflops;
+  const bool half = !s.in.empty() && is_half(s.in[0].type.dtype);
+  const double peak = on_tensor_cores(s.op) ? (half ? d.half_tflops : d.tensor_tflops) : d.simt_tflops;
   return std::max(step_bytes(s) / (d.bandwidth_gbps * 1e3), s.flops / (peak * 1e6));
 }
 
@@ -117,8 +118,10 @@ std::string explain_plan(const Plan& fused, const Plan& unfused, const DeviceMod
   const bool measured = measured_ms.size() >= fused.steps.size();
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof line, "kernels of the step (estimates for %s: %.0f GB/s, %.0f TFLOP/s tensor cores, %.0f TFLOP/s SIMT)\n",
-                d.name.c_str(), d.bandwidth_gbps, d.tensor_tflops, d.simt_tflops);
+  std::snprintf(line, sizeof line,
+                "kernels of the step (estimates for %s: %.0f GB/s, tensor cores %.0f TFLOP/s in TF32 and %.0f in bf16/f16, "
+                "%.0f TFLOP/s SIMT)\n",
+                d.name.c_str(), d.bandwidth_gbps, d.tensor_tflops, d.half_tflops, d.simt_tflops);
   o << line;
   std::snprintf(line, sizeof line, "%4s  %-24s %-34s %10s %9s %9s %9s %5s %10s  %s\n", "#", "op", "covers", "bytes",
                 "GFLOP", "est. us", measured ? "meas. us" : "", "regs", "spill/smem", "why");

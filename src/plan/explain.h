@@ -15,6 +15,7 @@ struct DeviceModel {
   std::string name = "H200";
   double bandwidth_gbps = 4250;
   double tensor_tflops = 400;  // TF32 GEMMs and convolutions
+  double half_tflops = 785;    // bf16 and f16 GEMMs and convolutions (fp32 accumulation)
   double simt_tflops = 60;     // everything else, f32 on the CUDA cores
 };
 

@@ -1,4 +1,7 @@
-// batch_norm and its gradient on the GPU (f32, per channel over axis 1 of [N, C, ...]).
+// batch_norm and its gradient on the GPU, per channel over axis 1 of [N, C, ...]. x, y, dy
+// and dx are f32, bf16 or f16 (one dtype); gamma, beta, the running and saved statistics
+// and dgamma, dbeta are f32 whatever x is: cuDNN's per-channel descriptor, derived from
+// x's, is f32 for 16-bit data, and it computes in f32.
 // Semantics as the CPU reference (src/backend/cpu/norm.cpp, as torch.nn.BatchNorm):
 //  - training: normalize with the batch mean and biased variance; update the running
 //    statistics in place with momentum, the running variance from the UNBIASED batch
@@ -14,7 +17,6 @@
 // Every output has a buffer of its own, read or not (lower() places all outputs of a
 // live step).
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cudnn_util.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/storage.cuh"
 
 namespace seam::cuda {
 
@@ -48,17 +51,31 @@ void expect_channels(const StepArgs& a, const DeviceTensor& t, int64_t channels,
          " channels");
 }
 
-// The three outputs (x-shaped, then two per channel), checked against x.
-std::array<float*, 3> outputs(const StepArgs& a, int64_t values, int64_t channels) {
-  std::array<float*, 3> out{};
+// The three outputs: x-shaped in x's dtype, then two f32 per channel; checked against x.
+struct BnOutputs {
+  void* data;
+  float* c0;
+  float* c1;
+};
+
+BnOutputs outputs(const StepArgs& a, const DeviceTensor& x, int64_t channels) {
   for (size_t i = 0; i < 3; ++i) {
-    const int64_t want = i == 0 ? values : channels;
+    const int64_t want = i == 0 ? x.numel() : channels;
     if (a.out[i].numel() != want)
       fail(op_name(a.step.op), " '", a.step.name, "': output ", i, " ", shape_str(a.out[i].shape()),
-           " does not fit x of ", values, " values in ", channels, " channels");
-    out[i] = a.out[i].as<float>();
+           " does not fit x of ", x.numel(), " values in ", channels, " channels");
+    expect_dtype(a, a.out[i], {i == 0 ? x.dtype() : DType::f32});
   }
-  return out;
+  return {a.out[0].data, a.out[1].as<float>(), a.out[2].as<float>()};
+}
+
+// x (and the x-shaped operands, which must match it) in a storage type, the per-channel
+// inputs f32.
+void expect_dtypes(const StepArgs& a, const DeviceTensor& x, std::initializer_list<size_t> x_like,
+                   std::initializer_list<size_t> per_channel) {
+  expect_dtype(a, x, kStored);
+  for (size_t i : x_like) expect_dtype(a, a.in[i], {x.dtype()});
+  for (size_t i : per_channel) expect_dtype(a, a.in[i], {DType::f32});
 }
 
 struct BnSetup {
@@ -66,9 +83,9 @@ struct BnSetup {
   TensorDesc bn;  // [1, C, 1, 1], derived
 };
 
-std::shared_ptr<BnSetup> bn_setup(const StepArgs& a, const ChannelLayout& l) {
+std::shared_ptr<BnSetup> bn_setup(const StepArgs& a, const ChannelLayout& l, DType t) {
   auto s = std::make_shared<BnSetup>();
-  set_nchw(a, s->x, l.batch, l.channels, l.inner, 1);
+  set_nchw(a, s->x, t, l.batch, l.channels, l.inner, 1);
   SEAM_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(s->bn, s->x, CUDNN_BATCHNORM_SPATIAL));
   return s;
 }
@@ -85,10 +102,10 @@ __global__ void eval_stats_kernel(const float* __restrict__ rm, const float* __r
 
 // inputs: x, gamma, beta, running_mean, running_var; outputs: y, mean, invstd.
 Launch prepare_batch_norm(const StepArgs& a) {
-  expect_f32(a);
+  expect_dtypes(a, a.in[0], {}, {1, 2, 3, 4});
   const ChannelLayout l = channel_layout(a, a.in[0].shape());
   for (size_t i = 1; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
-  const std::array<float*, 3> out = outputs(a, a.in[0].numel(), l.channels);
+  const BnOutputs out = outputs(a, a.in[0], l.channels);
   const bool training = a.step.attrs.i("training") != 0;
   const double momentum = a.step.attrs.f("momentum");
   const double eps = a.step.attrs.f("eps");
@@ -98,7 +115,7 @@ Launch prepare_batch_norm(const StepArgs& a) {
   if (training && l.count() < 2)
     fail("batch_norm '", a.step.name, "' in training needs more than 1 value per channel, got input ",
          shape_str(a.in[0].shape()));
-  auto s = bn_setup(a, l);
+  auto s = bn_setup(a, l, a.in[0].dtype());
   cudnnHandle_t h = cudnn_of(a.ctx);
   const void* x = a.in[0].data;
   const void* gamma = a.in[1].data;
@@ -109,16 +126,16 @@ Launch prepare_batch_norm(const StepArgs& a) {
     return [s, h, out, x, gamma, beta, rm, rv, momentum, eps](cudaStream_t stream) {
       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
       SEAM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-          h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, s->x, x, s->x, out[0], s->bn, gamma, beta, momentum, rm,
-          rv, eps, out[1], out[2]));
+          h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, s->x, x, s->x, out.data, s->bn, gamma, beta, momentum, rm,
+          rv, eps, out.c0, out.c1));
     };
   const int64_t channels = l.channels;
   const unsigned blocks = blocks_for(channels, kThreads);
   return [s, h, out, x, gamma, beta, rm, rv, eps, channels, blocks](cudaStream_t stream) {
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     SEAM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, s->x, x, s->x,
-                                                             out[0], s->bn, gamma, beta, rm, rv, eps));
-    eval_stats_kernel<<<blocks, kThreads, 0, stream>>>(rm, rv, eps, out[1], out[2], channels);
+                                                             out.data, s->bn, gamma, beta, rm, rv, eps));
+    eval_stats_kernel<<<blocks, kThreads, 0, stream>>>(rm, rv, eps, out.c0, out.c1, channels);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
@@ -126,10 +143,11 @@ Launch prepare_batch_norm(const StepArgs& a) {
 // The evaluation gradient, one block per channel (grid-stride over channels):
 // dbeta = sum(dy), dgamma = sum(dy * (x - mean) * invstd), dx = dy * gamma * invstd.
 // Sums in double, each thread's share then a fixed-order block reduction: the same
-// result on every run.
-__global__ void bn_eval_grad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+// result on every run. dy, x and dx in storage type T, the rest f32.
+template <class T>
+__global__ void bn_eval_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                     const float* __restrict__ gamma, const float* __restrict__ mean,
-                                    const float* __restrict__ invstd, float* __restrict__ dx,
+                                    const float* __restrict__ invstd, T* __restrict__ dx,
                                     float* __restrict__ dgamma, float* __restrict__ dbeta, ChannelLayout l) {
   const int64_t n = l.count();
   for (int64_t c = blockIdx.x; c < l.channels; c += gridDim.x) {
@@ -139,10 +157,10 @@ __global__ void bn_eval_grad_kernel(const float* __restrict__ dy, const float* _
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const int64_t b = j / l.inner, k = j - b * l.inner;
       const int64_t i = (b * l.channels + c) * l.inner + k;
-      const double d = dy[i];
+      const double d = to_float(dy[i]);
       sum_dy += d;
-      sum_dyx += d * (static_cast<double>(x[i]) - m) * s;
-      dx[i] = static_cast<float>(scale * d);
+      sum_dyx += d * (static_cast<double>(to_float(x[i])) - m) * s;
+      dx[i] = from_float<T>(static_cast<float>(scale * d));
     }
     sum_dy = block_sum(sum_dy);
     sum_dyx = block_sum(sum_dyx);
@@ -155,16 +173,16 @@ __global__ void bn_eval_grad_kernel(const float* __restrict__ dy, const float* _
 
 // inputs: dy, x, gamma, mean, invstd (the forward's outputs); outputs: dx, dgamma, dbeta.
 Launch prepare_batch_norm_grad(const StepArgs& a) {
-  expect_f32(a);
+  expect_dtypes(a, a.in[1], {0}, {2, 3, 4});
   const ChannelLayout l = channel_layout(a, a.in[1].shape());
   if (a.in[0].shape() != a.in[1].shape())
     fail("batch_norm_grad '", a.step.name, "': dy ", shape_str(a.in[0].shape()), " and x ",
          shape_str(a.in[1].shape()), " differ");
   for (size_t i = 2; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
-  const std::array<float*, 3> out = outputs(a, a.in[1].numel(), l.channels);
+  const BnOutputs out = outputs(a, a.in[1], l.channels);
   const bool training = a.step.attrs.i("training") != 0;
-  const float* dy = a.in[0].as<float>();
-  const float* x = a.in[1].as<float>();
+  const void* dy = a.in[0].data;
+  const void* x = a.in[1].data;
   const float* gamma = a.in[2].as<float>();
   const float* mean = a.in[3].as<float>();
   const float* invstd = a.in[4].as<float>();
@@ -172,7 +190,7 @@ Launch prepare_batch_norm_grad(const StepArgs& a) {
     if (l.count() < 2)
       fail("batch_norm_grad '", a.step.name, "' in training needs more than 1 value per channel, got input ",
            shape_str(a.in[1].shape()));
-    auto s = bn_setup(a, l);
+    auto s = bn_setup(a, l, a.in[1].dtype());
     cudnnHandle_t h = cudnn_of(a.ctx);
     // With the saved mean and inverse std given, cuDNN does not recompute the
     // statistics; eps must still be valid (>= CUDNN_BN_MIN_EPSILON).
@@ -181,16 +199,21 @@ Launch prepare_batch_norm_grad(const StepArgs& a) {
     return [s, h, out, dy, x, gamma, mean, invstd, eps_ok](cudaStream_t stream) {
       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
       SEAM_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, s->x,
-                                                       x, s->x, dy, s->x, out[0], s->bn, gamma,
-                                                       out[1], out[2], eps_ok, mean, invstd));
+                                                       x, s->x, dy, s->x, out.data, s->bn, gamma,
+                                                       out.c0, out.c1, eps_ok, mean, invstd));
     };
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(l.channels, 65535));
-  return [out, dy, x, gamma, mean, invstd, l, blocks](cudaStream_t stream) {
-    bn_eval_grad_kernel<<<blocks, kThreads, 0, stream>>>(dy, x, gamma, mean, invstd, out[0], out[1],
-                                                          out[2], l);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  Launch launch;
+  dispatch_storage(a.in[1].dtype(), "batch_norm_grad", [&]<class T>() {
+    launch = [out, dy = static_cast<const T*>(dy), x = static_cast<const T*>(x), gamma, mean, invstd, l,
+              blocks](cudaStream_t stream) {
+      bn_eval_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, x, gamma, mean, invstd, static_cast<T*>(out.data),
+                                                              out.c0, out.c1, l);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
 }
 
 }  // namespace

@@ -1,4 +1,7 @@
-// conv2d and its two gradients on cuDNN's classic convolution API (NCHW, f32).
+// conv2d and its two gradients on cuDNN's classic convolution API (NCHW; x, w, b, y all
+// f32, bf16 or f16). 16-bit data computes in f32 (CUDNN_DATA_FLOAT, cuDNN's "pseudo"
+// bf16/half configurations) on tensor cores; f32 data on TF32 tensor cores when the
+// context allows it, else with FMA math.
 //
 // Each step builds its descriptors once, then picks an algorithm for its shape: the
 // fastest one cudnnFind*AlgorithmEx measures on the step's own buffers (the executable
@@ -11,9 +14,14 @@
 // Cache file: a header line, then one line per choice, e.g.
 //   # seam cudnn conv algorithms v1 gpu=NVIDIA_H200 cudnn=91400
 //   fwd x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=tf32 algo=1 algo_math=0 ws=4096
-// A file whose header differs is ignored; a line that does not parse, or whose geometry
-// is not a valid convolution, is skipped (its shape is measured again and the file
-// rewritten). A cached algorithm is still checked with cuDNN before use.
+//   bwd_data x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=bf16 math=tensor algo=1 algo_math=1 ws=0
+// math is tf32 or fma for f32 data, tensor for bf16 and f16. A file whose header differs
+// is ignored; a line that does not parse, or whose geometry is not a valid convolution,
+// is skipped (its shape is measured again and the file rewritten). A cached algorithm is
+// still checked with cuDNN before use.
+// The 16-bit lines left the header at v1: the dtype was always part of the key, and a
+// build that knows only f32 skips them as lines it cannot use, while a new header would
+// make builds of either kind that share a cache folder discard each other's whole file.
 
 #include <algorithm>
 #include <charconv>
@@ -32,6 +40,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cudnn_util.h"
+#include "backend/cuda/storage.cuh"
 #include "common/file.h"
 #include "ops/geometry.h"
 
@@ -57,13 +66,18 @@ int algo_count(Pass p) {
   return 0;
 }
 
+// The requested math: for f32 data TF32 allowed (DEFAULT_MATH) or not (FMA_MATH); for
+// 16-bit data tensor cores (TENSOR_OP_MATH), with f32 accumulation either way.
+enum class Math : int { tf32 = 0, fma = 1, tensor = 2 };
+constexpr const char* kMathName[] = {"tf32", "fma", "tensor"};
+
 struct ConvKey {
   Pass pass = Pass::fwd;
   int64_t x[4]{}, w[4]{}, y[4]{};  // roles: x-shaped, filter, y-shaped (dy for gradients)
   int64_t stride[2]{}, pad[2]{}, dil[2]{};
   int64_t groups = 1;
-  std::string dtype = "f32";
-  bool tf32 = true;  // the requested math: TF32 allowed (DEFAULT_MATH) or not (FMA_MATH)
+  std::string dtype = "f32";  // of x, w and y alike
+  Math math = Math::tf32;
 
   // x [N, C, H, W], w [O, C/g, kh, kw] and y [N, O, OH, OW] form a valid convolution.
   bool valid() const {
@@ -79,7 +93,8 @@ struct ConvKey {
       if (x[2 + i] + 2 * pad[i] < dil[i] * (w[2 + i] - 1) + 1) return false;
       if (y[2 + i] != window_out(x[2 + i], w[2 + i], stride[i], pad[i], dil[i])) return false;
     }
-    return dtype == "f32";
+    if (dtype == "f32") return math != Math::tensor;
+    return (dtype == "bf16" || dtype == "f16") && math == Math::tensor;
   }
 
   std::string str() const {
@@ -95,7 +110,7 @@ struct ConvKey {
     list("stride", stride, 2);
     list("pad", pad, 2);
     list("dil", dil, 2);
-    s << " groups=" << groups << " dtype=" << dtype << " math=" << (tf32 ? "tf32" : "fma");
+    s << " groups=" << groups << " dtype=" << dtype << " math=" << kMathName[static_cast<int>(math)];
     return s.str();
   }
 };
@@ -165,8 +180,11 @@ std::optional<std::pair<std::string, ConvChoice>> parse_line(const std::string& 
       !parse_word(tok[8], "dtype", dtype) || !parse_word(tok[9], "math", math))
     return std::nullopt;
   k.dtype = std::string(dtype);
-  if (math != "tf32" && math != "fma") return std::nullopt;
-  k.tf32 = math == "tf32";
+  int m = -1;
+  for (int i = 0; i < 3; ++i)
+    if (math == kMathName[i]) m = i;
+  if (m < 0) return std::nullopt;
+  k.math = static_cast<Math>(m);
   if (!k.valid()) return std::nullopt;
   int64_t algo = -1, algo_math = -1;
   uint64_t ws = 0;
@@ -175,7 +193,7 @@ std::optional<std::pair<std::string, ConvChoice>> parse_line(const std::string& 
       !parse_word(tok[12], "ws", ws_text) || !parse_num(ws_text, ws))
     return std::nullopt;
   if (algo < 0 || algo >= algo_count(k.pass) || !valid_math(algo_math)) return std::nullopt;
-  if (!k.tf32 && algo_math != CUDNN_FMA_MATH) return std::nullopt;  // never TF32 where it was not allowed
+  if (k.math == Math::fma && algo_math != CUDNN_FMA_MATH) return std::nullopt;  // never TF32 where it was not allowed
   std::string key = k.str();
   // The key must be written exactly as this build writes it (no leading zeros, '+' signs).
   std::string want_prefix = key + " ";
@@ -307,7 +325,7 @@ class ConvAlgoCache {
 
 struct ConvSetup {
   Pass pass = Pass::fwd;
-  TensorDesc x, y, bias;  // x-shaped, y-shaped, [1, O, 1, 1]
+  TensorDesc x, y;  // x-shaped, y-shaped
   FilterDesc w;
   ConvDesc conv;
 };
@@ -438,10 +456,20 @@ struct Chosen {
   size_t workspace;
 };
 
+// The math type the descriptor carries while Find measures.
+cudnnMathType_t requested_math(Math m) {
+  switch (m) {
+    case Math::tf32: return CUDNN_DEFAULT_MATH;
+    case Math::fma: return CUDNN_FMA_MATH;
+    case Math::tensor: return CUDNN_TENSOR_OP_MATH;
+  }
+  return CUDNN_FMA_MATH;
+}
+
 // Sets the descriptor's math type for `c` and returns the algorithm with its workspace,
 // or nothing if cuDNN no longer accepts it.
-std::optional<Chosen> apply(cudnnHandle_t h, const ConvSetup& s, bool tf32, const ConvChoice& c) {
-  const cudnnMathType_t math = tf32 ? c.math : CUDNN_FMA_MATH;
+std::optional<Chosen> apply(cudnnHandle_t h, const ConvSetup& s, Math m, const ConvChoice& c) {
+  const cudnnMathType_t math = m == Math::fma ? CUDNN_FMA_MATH : c.math;
   if (cudnnSetConvolutionMathType(s.conv, math) != CUDNN_STATUS_SUCCESS) return std::nullopt;
   size_t bytes = 0;
   if (workspace_size(h, s, c.algo, &bytes) != CUDNN_STATUS_SUCCESS) return std::nullopt;
@@ -452,12 +480,12 @@ std::optional<Chosen> apply(cudnnHandle_t h, const ConvSetup& s, bool tf32, cons
 // x, w, y: the buffers by role; the step's output is one of them, which Find overwrites.
 Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x, void* w, void* y) {
   cudnnHandle_t h = cudnn_of(a.ctx);
-  const bool tf32 = key.tf32;
+  const Math m = key.math;
   const std::string text = key.str();
   ConvAlgoCache& cache = ConvAlgoCache::instance();
   if (auto c = cache.find(text))
-    if (auto chosen = apply(h, s, tf32, *c)) return *chosen;
-  SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    if (auto chosen = apply(h, s, m, *c)) return *chosen;
+  SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, requested_math(m)));
   std::vector<Perf> results = measure(h, a.ctx.stream, s, x, w, y);
   std::optional<Perf> best = pick(results);
   if (!best) {
@@ -465,8 +493,8 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
     for (auto& p : results) why += " algo " + std::to_string(p.algo) + ": " + cudnnGetErrorString(p.status) + ";";
     fail(op_name(a.step.op), " '", a.step.name, "': cuDNN has no working algorithm for ", text, " (", why, ")");
   }
-  ConvChoice c{best->algo, tf32 ? best->math : CUDNN_FMA_MATH, best->memory};
-  auto chosen = apply(h, s, tf32, c);
+  ConvChoice c{best->algo, m == Math::fma ? CUDNN_FMA_MATH : best->math, best->memory};
+  auto chosen = apply(h, s, m, c);
   if (!chosen)
     fail(op_name(a.step.op), " '", a.step.name, "': cuDNN measured algorithm ", best->algo, " for ", text,
          " but rejects its workspace query");
@@ -483,10 +511,12 @@ void check_4d(const StepArgs& a, const Shape& s, const char* what) {
 }
 
 // Descriptors and key of one step. xs / ws / ys: the x-shaped, filter and y-shaped
-// operands, whichever buffers play those roles in this pass.
+// operands, whichever buffers play those roles in this pass. Every operand has one dtype:
+// cuDNN's convolutions take no output (not even the weight gradient) in another.
 std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, const Shape& ws, const Shape& ys,
                                  ConvKey& key) {
-  expect_f32(a);
+  expect_one_stored_dtype(a);
+  const DType dt = a.in[0].dtype();
   check_4d(a, xs, "x");
   check_4d(a, ws, "w");
   check_4d(a, ys, "y");
@@ -510,24 +540,24 @@ std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, 
     key.dil[i] = dl[static_cast<size_t>(i)];
   }
   key.groups = groups;
-  key.dtype = dtype_name(DType::f32);
-  key.tf32 = a.ctx.tf32;
+  key.dtype = dtype_name(dt);
+  key.math = dt != DType::f32 ? Math::tensor : a.ctx.tf32 ? Math::tf32 : Math::fma;
   if (!key.valid())
     fail(op_name(a.step.op), " '", a.step.name, "': not a convolution cuDNN can run: ", key.str());
 
   auto s = std::make_shared<ConvSetup>();
   s->pass = pass;
-  set_nchw(a, s->x, xs);
-  set_nchw(a, s->y, ys);
+  set_nchw(a, s->x, dt, xs);
+  set_nchw(a, s->y, dt, ys);
   check_cudnn_count(a, {ws[0], ws[1], ws[2], ws[3]});
-  SEAM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(s->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, cudnn_dim(a, ws[0], "C_out"),
+  SEAM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(s->w, cudnn_type(a, dt), CUDNN_TENSOR_NCHW, cudnn_dim(a, ws[0], "C_out"),
                                               cudnn_dim(a, ws[1], "C_in/groups"), cudnn_dim(a, ws[2], "kh"),
                                               cudnn_dim(a, ws[3], "kw")));
   SEAM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
       s->conv, static_cast<int>(pd[0]), static_cast<int>(pd[1]), static_cast<int>(st[0]), static_cast<int>(st[1]),
       static_cast<int>(dl[0]), static_cast<int>(dl[1]), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   SEAM_CUDNN_CHECK(cudnnSetConvolutionGroupCount(s->conv, static_cast<int>(groups)));
-  SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s->conv, a.ctx.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s->conv, requested_math(key.math)));
   // cuDNN's own idea of the output must be the one the schema promised.
   int n = 0, c = 0, h = 0, w = 0;
   SEAM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s->conv, s->x, s->w, &n, &c, &h, &w));
@@ -537,27 +567,47 @@ std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, 
   return s;
 }
 
+// y[n, o, :, :] = b[o], for the convolution to add its result to (beta = 1): cuDNN blends
+// in f32 and rounds y once, as the CPU rounds conv + bias. Adding the bias after the
+// convolution would round a 16-bit y twice, and a sum near zero could change sign.
+template <class T>
+__global__ void fill_bias_kernel(const T* __restrict__ b, T* __restrict__ y, int64_t n, int64_t channels,
+                                 int64_t plane) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = b[(i / plane) % channels];
+}
+
 // inputs: x, w, b?
 Launch prepare_conv2d(const StepArgs& a) {
   ConvKey key;
-  auto s = setup(a, Pass::fwd, a.in[0].shape(), a.in[1].shape(), a.out[0].shape(), key);
+  const Shape& ys = a.out[0].shape();
+  auto s = setup(a, Pass::fwd, a.in[0].shape(), a.in[1].shape(), ys, key);
   void* x = a.in[0].data;
   void* w = a.in[1].data;
   void* y = a.out[0].data;
-  const void* b = a.in.size() == 3 ? a.in[2].data : nullptr;
-  if (b) set_nchw(a, s->bias, 1, a.in[1].shape()[0], 1, 1);
+  Launch fill;  // none without a bias
+  if (a.in.size() == 3) {
+    const int64_t n = a.out[0].numel(), channels = ys[1], plane = ys[2] * ys[3];
+    const unsigned blocks = blocks_for(n, 256, static_cast<int>(grid_cap(a.ctx)));
+    dispatch_storage(a.in[2].dtype(), "conv2d", [&]<class T>() {
+      fill = [b = a.in[2].as<const T>(), yt = static_cast<T*>(y), n, channels, plane, blocks](cudaStream_t st) {
+        fill_bias_kernel<T><<<blocks, 256, 0, st>>>(b, yt, n, channels, plane);
+        SEAM_CUDA_LAUNCH_CHECK();
+      };
+    });
+  }
   const Chosen ch = choose(a, *s, key, x, w, y);
   a.ctx.need_workspace(ch.workspace);
   Context* ctx = &a.ctx;
   cudnnHandle_t h = cudnn_of(a.ctx);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ch.algo);
   const size_t ws = ch.workspace;
-  return [s, ctx, h, algo, ws, x, w, y, b](cudaStream_t stream) {
+  return [s, ctx, h, algo, ws, x, w, y, fill](cudaStream_t stream) {
+    if (fill) fill(stream);
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     void* work = ws ? ctx->workspace() : nullptr;
-    SEAM_CUDNN_CHECK(
-        cudnnConvolutionForward(h, &kOne, s->x, x, s->w, w, s->conv, algo, work, ws, &kZero, s->y, y));
-    if (b) SEAM_CUDNN_CHECK(cudnnAddTensor(h, &kOne, s->bias, b, &kOne, s->y, y));
+    SEAM_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, s->x, x, s->w, w, s->conv, algo, work, ws,
+                                             fill ? &kOne : &kZero, s->y, y));
   };
 }
 

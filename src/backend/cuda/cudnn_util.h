@@ -1,7 +1,7 @@
 // Small helpers shared by the cuDNN-backed kernels (conv.cu, pool.cu, batch_norm.cu):
-// owning descriptor wrappers that launches keep alive through a shared_ptr, 4-d f32
-// NCHW tensor descriptors with their dimensions checked against cuDNN's int range, and
-// the host-side blend factors cuDNN reads when a call is made.
+// owning descriptor wrappers that launches keep alive through a shared_ptr, 4-d NCHW
+// tensor descriptors (f32, bf16 or f16) with their dimensions checked against cuDNN's int
+// range, and the host-side blend factors cuDNN reads when a call is made.
 #pragma once
 #include <cudnn.h>
 
@@ -16,7 +16,8 @@ namespace seam::cuda {
 
 inline cudnnHandle_t cudnn_of(const Context& ctx) { return static_cast<cudnnHandle_t>(ctx.cudnn); }
 
-// alpha = 1, beta = 0 / 1 for f32 data (cuDNN reads them on the host during the call).
+// alpha = 1, beta = 0 / 1 (cuDNN reads them on the host during the call). Floats for f32,
+// bf16 and f16 data alike: cuDNN takes float blend factors for every type but double.
 inline const float kOne = 1.0f;
 inline const float kZero = 0.0f;
 
@@ -62,16 +63,35 @@ inline void check_cudnn_count(const StepArgs& a, std::initializer_list<int64_t> 
   }
 }
 
-// A packed f32 NCHW tensor descriptor.
-inline void set_nchw(const StepArgs& a, const TensorDesc& d, int64_t n, int64_t c, int64_t h, int64_t w) {
+// cuDNN's name of a storage type; fails naming the step for any other dtype.
+inline cudnnDataType_t cudnn_type(const StepArgs& a, DType t) {
+  switch (t) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    case DType::f16: return CUDNN_DATA_HALF;
+    default:
+      fail(op_name(a.step.op), " '", a.step.name, "': cuDNN is given f32, bf16 or f16 data, got ", dtype_name(t));
+  }
+}
+
+// A packed NCHW tensor descriptor of dtype t.
+inline void set_nchw(const StepArgs& a, const TensorDesc& d, DType t, int64_t n, int64_t c, int64_t h, int64_t w) {
   check_cudnn_count(a, {n, c, h, w});
-  SEAM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, cudnn_dim(a, n, "N"),
+  SEAM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, cudnn_type(a, t), cudnn_dim(a, n, "N"),
                                               cudnn_dim(a, c, "C"), cudnn_dim(a, h, "H"), cudnn_dim(a, w, "W")));
 }
 
-inline void set_nchw(const StepArgs& a, const TensorDesc& d, const Shape& s) {
+inline void set_nchw(const StepArgs& a, const TensorDesc& d, DType t, const Shape& s) {
   if (s.size() != 4) fail(op_name(a.step.op), " '", a.step.name, "': expected an NCHW tensor, got ", shape_str(s));
-  set_nchw(a, d, s[0], s[1], s[2], s[3]);
+  set_nchw(a, d, t, s[0], s[1], s[2], s[3]);
+}
+
+// Throws unless every input and output of the step has the dtype of input 0, one of the
+// storage types: the cuDNN steps whose operands all share one dtype.
+inline void expect_one_stored_dtype(const StepArgs& a) {
+  expect_dtype(a, a.in.at(0), kStored);
+  for (auto* list : {&a.in, &a.out})
+    for (const DeviceTensor& t : *list) expect_dtype(a, t, {a.in[0].dtype()});
 }
 
 }  // namespace seam::cuda

@@ -1,7 +1,9 @@
-// Pooling on the GPU (NCHW, f32): max and average pooling forward on cuDNN, the max
-// gradient on cuDNN (it reads x and y), the average gradient and the global average as
-// small kernels here. Semantics as the CPU reference (src/backend/cpu/pool.cpp): floor
-// mode, so windows never pass the padding; count_include_pad chooses the divisor.
+// Pooling on the GPU (NCHW; f32, bf16 or f16, one dtype for every operand of a step): max
+// and average pooling forward on cuDNN, the max gradient on cuDNN (it reads x and y), the
+// average gradient and the global average as small kernels here, templated on the storage
+// type and computing in float (the global sums in double). Semantics as the CPU reference
+// (src/backend/cpu/pool.cpp): floor mode, so windows never pass the padding;
+// count_include_pad chooses the divisor.
 #include <algorithm>
 #include <memory>
 
@@ -9,6 +11,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cudnn_util.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/storage.cuh"
 
 namespace seam::cuda {
 
@@ -48,8 +51,9 @@ struct PoolSetup {
 std::shared_ptr<PoolSetup> pool_setup(const StepArgs& a, const Shape& xs, const Shape& ys, const PoolGeom& g,
                                       cudnnPoolingMode_t mode) {
   auto s = std::make_shared<PoolSetup>();
-  set_nchw(a, s->x, xs);
-  set_nchw(a, s->y, ys);
+  const DType t = a.in[0].dtype();
+  set_nchw(a, s->x, t, xs);
+  set_nchw(a, s->y, t, ys);
   // NaN propagates through max pooling, as on the CPU (and in PyTorch).
   SEAM_CUDNN_CHECK(cudnnSetPooling2dDescriptor(s->pool, mode, CUDNN_PROPAGATE_NAN, cudnn_dim(a, g.kh, "kernel h"),
                                                cudnn_dim(a, g.kw, "kernel w"), static_cast<int>(g.ph),
@@ -64,7 +68,7 @@ std::shared_ptr<PoolSetup> pool_setup(const StepArgs& a, const Shape& xs, const 
 }
 
 Launch prepare_pool_forward(const StepArgs& a, cudnnPoolingMode_t mode) {
-  expect_f32(a);
+  expect_one_stored_dtype(a);
   const PoolGeom g = pool_geom(a, a.in[0].shape(), a.out[0].shape());
   auto s = pool_setup(a, a.in[0].shape(), a.out[0].shape(), g, mode);
   cudnnHandle_t h = cudnn_of(a.ctx);
@@ -86,7 +90,7 @@ Launch prepare_avg_pool2d(const StepArgs& a) {
 
 // inputs: dy, x, y (the forward output, which cuDNN reads to find each window's maximum).
 Launch prepare_max_pool2d_grad(const StepArgs& a) {
-  expect_f32(a);
+  expect_one_stored_dtype(a);
   const Shape& xs = a.in[1].shape();
   const Shape& ys = a.in[0].shape();
   if (a.in[2].shape() != ys || a.out[0].shape() != xs)
@@ -107,7 +111,8 @@ Launch prepare_max_pool2d_grad(const StepArgs& a) {
 
 // dx of average pooling, one thread per x element: the sum, over the windows that cover
 // it, of dy divided by that window's divisor (as the CPU, which scatters the same shares).
-__global__ void avg_pool_grad_kernel(const float* __restrict__ dy, float* __restrict__ dx, PoolGeom g) {
+template <class T>
+__global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeom g) {
   const int64_t total = g.planes * g.h * g.w;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t ix = i % g.w;
@@ -120,7 +125,7 @@ __global__ void avg_pool_grad_kernel(const float* __restrict__ dy, float* __rest
     const int64_t ox0 = rx >= g.kw ? (rx - g.kw) / g.sw + 1 : 0;
     const int64_t oy1 = min(ry / g.sh, g.oh - 1);
     const int64_t ox1 = min(rx / g.sw, g.ow - 1);
-    const float* d = dy + pl * g.oh * g.ow;
+    const T* d = dy + pl * g.oh * g.ow;
     float s = 0.f;
     for (int64_t oy = oy0; oy <= oy1; ++oy) {
       const int64_t ys = oy * g.sh - g.ph;
@@ -131,73 +136,83 @@ __global__ void avg_pool_grad_kernel(const float* __restrict__ dy, float* __rest
           const int64_t xs = ox * g.sw - g.pw;
           div = rows * (min(xs + g.kw, g.w) - max(xs, int64_t{0}));
         }
-        s += d[oy * g.ow + ox] / static_cast<float>(div);
+        s += to_float(d[oy * g.ow + ox]) / static_cast<float>(div);
       }
     }
-    dx[i] = s;
+    dx[i] = from_float<T>(s);
   }
 }
 
 // inputs: dy; attribute shape = x's shape.
 Launch prepare_avg_pool2d_grad(const StepArgs& a) {
-  expect_f32(a);
+  expect_one_stored_dtype(a);
   const PoolGeom g = pool_geom(a, a.out[0].shape(), a.in[0].shape());
   const int64_t total = g.planes * g.h * g.w;
   const unsigned blocks = blocks_for(total, kThreads, std::max(a.ctx.sm_count, 1) * 16);
-  const float* dy = a.in[0].as<float>();
-  float* dx = a.out[0].as<float>();
-  return [g, blocks, dy, dx](cudaStream_t stream) {
-    avg_pool_grad_kernel<<<blocks, kThreads, 0, stream>>>(dy, dx, g);
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+  Launch launch;
+  dispatch_storage(a.in[0].dtype(), "avg_pool2d_grad", [&]<class T>() {
+    launch = [g, blocks, dy = a.in[0].as<const T>(), dx = a.out[0].as<T>()](cudaStream_t stream) {
+      avg_pool_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
 }
 
 // The mean of each (n, c) plane: one warp per plane for small planes ...
-__global__ void global_avg_warp_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t planes,
-                                       int64_t hw) {
+template <class T>
+__global__ void global_avg_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t planes, int64_t hw) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
   for (int64_t p = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; p < planes; p += warps) {
-    const float* xp = x + p * hw;
+    const T* xp = x + p * hw;
     double s = 0;
-    for (int64_t i = lane; i < hw; i += 32) s += xp[i];
+    for (int64_t i = lane; i < hw; i += 32) s += to_float(xp[i]);
     s = warp_sum(s);
-    if (lane == 0) y[p] = static_cast<float>(s / static_cast<double>(hw));
+    if (lane == 0) y[p] = from_float<T>(static_cast<float>(s / static_cast<double>(hw)));
   }
 }
 
 // ... one block per plane for large ones.
-__global__ void global_avg_block_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t planes,
-                                        int64_t hw) {
+template <class T>
+__global__ void global_avg_block_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t planes, int64_t hw) {
   for (int64_t p = blockIdx.x; p < planes; p += gridDim.x) {
-    const float* xp = x + p * hw;
+    const T* xp = x + p * hw;
     double s = 0;
-    for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) s += xp[i];
+    for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) s += to_float(xp[i]);
     s = block_sum(s);
-    if (threadIdx.x == 0) y[p] = static_cast<float>(s / static_cast<double>(hw));
+    if (threadIdx.x == 0) y[p] = from_float<T>(static_cast<float>(s / static_cast<double>(hw)));
   }
 }
 
-Launch prepare_global_avg_pool(const StepArgs& a) {
-  expect_f32(a);
+template <class T>
+Launch global_avg_pool_as(const StepArgs& a) {
   const Shape& s = a.in[0].shape();
-  if (s.size() != 4) fail("global_avg_pool '", a.step.name, "': x must be [N, C, H, W], got ", shape_str(s));
   const int64_t planes = s[0] * s[1], hw = s[2] * s[3];
-  const float* x = a.in[0].as<float>();
-  float* y = a.out[0].as<float>();
+  const T* x = a.in[0].as<const T>();
+  T* y = a.out[0].as<T>();
   const int cap = std::max(a.ctx.sm_count, 1) * 16;
   if (hw >= 1024) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(planes, cap));
     return [x, y, planes, hw, blocks](cudaStream_t stream) {
-      global_avg_block_kernel<<<blocks, kThreads, 0, stream>>>(x, y, planes, hw);
+      global_avg_block_kernel<T><<<blocks, kThreads, 0, stream>>>(x, y, planes, hw);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
   const unsigned blocks = blocks_for(planes * 32, kThreads, cap);
   return [x, y, planes, hw, blocks](cudaStream_t stream) {
-    global_avg_warp_kernel<<<blocks, kThreads, 0, stream>>>(x, y, planes, hw);
+    global_avg_warp_kernel<T><<<blocks, kThreads, 0, stream>>>(x, y, planes, hw);
     SEAM_CUDA_LAUNCH_CHECK();
   };
+}
+
+Launch prepare_global_avg_pool(const StepArgs& a) {
+  expect_one_stored_dtype(a);
+  const Shape& s = a.in[0].shape();
+  if (s.size() != 4) fail("global_avg_pool '", a.step.name, "': x must be [N, C, H, W], got ", shape_str(s));
+  Launch launch;
+  dispatch_storage(a.in[0].dtype(), "global_avg_pool", [&]<class T>() { launch = global_avg_pool_as<T>(a); });
+  return launch;
 }
 
 }  // namespace
