@@ -10,6 +10,7 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/.cache}
 bin=.deps/bin
+[ -f .deps/bin.tar.xz ] && tar -C .deps -xJf .deps/bin.tar.xz  # packed by prepare.sh
 data=.deps/fashion-mnist
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests train)
