@@ -32,12 +32,21 @@ struct Model::Core {
   std::byte* state_buf = nullptr;
   std::byte* opt = nullptr;
   std::byte* counters = nullptr;  // the backend's copy of step and seed, if it keeps one
+  // The parameters' 16-bit working copies (Plan::working), made from the masters where
+  // they are stale: after anything but an update that writes them changed the masters.
+  std::byte* working = nullptr;
+  bool working_valid = false;
   StepState synced{-1, 0, 0, 0};  // what `counters` holds (step -1: nothing yet)
   ~Core() {
-    for (std::byte* p : {params, grads, state_buf, opt, counters})
+    for (std::byte* p : {params, grads, state_buf, opt, counters, working})
       if (p) backend->release(p);
   }
-  Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced}; }
+  void refresh_working(DType t) {
+    if (working_valid) return;
+    backend->round_f32(working, t, params, layout.param_bytes / sizeof(float));
+    working_valid = true;
+  }
+  Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced, working}; }
 };
 
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
@@ -182,6 +191,7 @@ void Model::reset() {
     c.backend->upload(c.state_buf + s.offset, bytes.data(), bytes.size());
   }
   if (c.opt) c.backend->fill_zero(c.opt, kOptSlots * c.layout.param_bytes);
+  c.working_valid = false;
   c.state.step = 0;
   c.state.loss_scale = 0;
   c.state.scale_good = c.state.skipped_steps = c.state.skip_streak = 0;
@@ -199,6 +209,7 @@ void Model::write_param(const std::string& name, std::span<const std::byte> data
   if (data.size() != s.type.bytes())
     fail("parameter '", name, "' is ", s.type.str(), " (", s.type.bytes(), " bytes), got ", data.size(), " bytes");
   core_->backend->upload(core_->params + s.offset, data.data(), data.size());
+  core_->working_valid = false;
 }
 
 std::vector<std::byte> Model::read_state(const std::string& name) const {
@@ -269,6 +280,7 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
     if (!known.count(t.name)) fail("tensor '", t.name, "' does not belong to this model");
 
   for (const Slot& s : c.layout.params) c.backend->upload(c.params + s.offset, by_name[s.name]->data.data(), s.type.bytes());
+  c.working_valid = false;
   for (const Slot& s : c.layout.states)
     c.backend->upload(c.state_buf + s.offset, by_name[s.name]->data.data(), s.type.bytes());
   if (moments) {
@@ -368,6 +380,7 @@ Program Model::compile(const CompileOptions& o) {
       for (ValueId& v : keep) v = f.map[static_cast<size_t>(v)];
     }
   }
+  if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
   Plan plan = lower(g, c.layout, req);
   plan.loss = loss_name;
   return Program(core_, std::move(plan));
@@ -378,6 +391,7 @@ Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
   Model::Core& c = *core_;
   if (plan_->optimizer && plan_->optimizer->state_slots() > 0 && !c.opt)
     c.opt = c.backend->alloc(kOptSlots * c.layout.param_bytes);
+  if (plan_->working && !c.working) c.working = c.backend->alloc(c.layout.param_bytes / 2);
   try {
     arena_ = c.backend->alloc(plan_->arena_bytes);
   } catch (const Error& e) {
@@ -427,7 +441,13 @@ void Program::set_input(const std::string& name, std::span<const std::byte> data
   exe_->set_input(static_cast<size_t>(b - plan_->inputs.data()), data);
 }
 
-void Program::run() { exe_->run(core_->state); }
+void Program::run() {
+  Model::Core& c = *core_;
+  if (plan_->working) c.refresh_working(*plan_->working);
+  exe_->run(c.state);
+  // An update that does not write the working copies leaves them behind the masters.
+  if (plan_->optimizer && !plan_->working) c.working_valid = false;
+}
 void Program::check() { exe_->check(); }
 
 const StepState& Program::sync_state() {
@@ -439,6 +459,7 @@ const StepState& Program::sync_state() {
 std::vector<double> Program::time_steps(int reps) {
   Model::Core& c = *core_;
   Backend& be = *c.backend;
+  if (plan_->working) c.refresh_working(*plan_->working);
   const Regions r = c.regions(arena_);
   // Everything a replayed step may change besides intermediates: the model's buffers,
   // the backend's step counter, and the plan's inputs (in the arena on the CPU).
@@ -447,6 +468,7 @@ std::vector<double> Program::time_steps(int reps) {
                                                      {r.state, c.layout.state_bytes},
                                                      {r.counters, kCounterBytes}};
   if (r.opt) kept.emplace_back(r.opt, kOptSlots * c.layout.param_bytes);
+  if (r.working) kept.emplace_back(r.working, c.layout.param_bytes / 2);
   for (const Binding& b : plan_->inputs) kept.emplace_back(r.base(b.ref.region) + b.ref.offset, b.ref.bytes());
   std::vector<std::vector<std::byte>> saved;
   for (auto& [p, bytes] : kept) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli_fixture.h"
 #include "data/idx.h"
 #include "io/safetensors.h"
 
@@ -17,36 +18,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out, err;
-};
+using Result = seam::testing::CliResult;
+using seam::testing::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-class Cli : public ::testing::Test {
+class Cli : public seam::testing::CliTest {
  protected:
-  fs::path dir;
-  void SetUp() override {
-    dir = fs::temp_directory_path() / ("seam_cli_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
-
-  Result run(const std::string& args) {
-    fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-    std::string cmd = std::string(SEAM_CLI_PATH) + " " + args + " >" + out.string() + " 2>" + err.string();
-    int status = std::system(cmd.c_str());
-    return {WEXITSTATUS(status), slurp(out), slurp(err)};
-  }
-
   // A small 28x28, 10-class image set whose classes are learnable: class c lights up
   // row band c, with noise.
   fs::path make_data(int train = 512, int test = 128) {

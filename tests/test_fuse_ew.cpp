@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "common/half.h"
 #ifdef SEAM_HAS_CUDA
 #include "backend/cuda/codegen.h"
 #endif
@@ -32,62 +33,103 @@ void expect_parse_error(const std::string& text, const std::string& part) {
   }
 }
 
+// Element i of a float tensor's bytes, as a double.
+double element(const std::vector<std::byte>& b, DType t, size_t i) {
+  const std::byte* at = b.data() + i * dtype_size(t);
+  uint16_t h = 0;
+  float f = 0;
+  double d = 0;
+  switch (t) {
+    case DType::f64: std::memcpy(&d, at, 8); return d;
+    case DType::bf16: std::memcpy(&h, at, 2); return bf16_to_float(h);
+    case DType::f16: std::memcpy(&h, at, 2); return f16_to_float(h);
+    default: std::memcpy(&f, at, 4); return f;
+  }
+}
+
 // Bitwise equal, except that any NaN equals any NaN: which operand's NaN an add or mul
-// passes on (and so its sign bit) depends on the order the compiler put them in.
-std::string differences(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+// passes on (and so its sign bit) depends on the order the compiler put them in. With a
+// tolerance, within it relative to the larger of 1 and |b|.
+std::string differences(const std::vector<std::byte>& a, const std::vector<std::byte>& b, DType t, double tol) {
   if (a.size() != b.size()) return "sizes differ";
+  const size_t size = dtype_size(t);
   std::string s;
-  for (size_t i = 0; i + 4 <= a.size(); i += 4) {
-    float x, y;
-    std::memcpy(&x, a.data() + i, 4);
-    std::memcpy(&y, b.data() + i, 4);
-    if (std::memcmp(&x, &y, 4) != 0 && !(std::isnan(x) && std::isnan(y)))
-      s += "[" + std::to_string(i / 4) + "] " + std::to_string(x) + " vs " + std::to_string(y) + "\n";
+  for (size_t i = 0; (i + 1) * size <= a.size(); ++i) {
+    const double x = element(a, t, i), y = element(b, t, i);
+    const bool same = tol > 0 ? std::abs(x - y) <= tol * std::max(1.0, std::abs(y))
+                              : std::memcmp(a.data() + i * size, b.data() + i * size, size) == 0;
+    if (!same && !(std::isnan(x) && std::isnan(y)))
+      s += "[" + std::to_string(i) + "] " + std::to_string(x) + " vs " + std::to_string(y) + "\n";
   }
   return s;
 }
 
+// Random values in [-2, 2) as the bytes of a dtype.
+std::vector<std::byte> random_bytes(const TensorType& t, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> b(t.bytes());
+  for (size_t i = 0; i < static_cast<size_t>(t.numel()); ++i) {
+    const float v = std::uniform_real_distribution<float>(-2, 2)(rng);
+    std::byte* at = b.data() + i * dtype_size(t.dtype);
+    const uint16_t h = t.dtype == DType::bf16 ? float_to_bf16(v) : float_to_f16(v);
+    const double d = v;
+    if (t.dtype == DType::f64) std::memcpy(at, &d, 8);
+    else if (is_half(t.dtype)) std::memcpy(at, &h, 2);
+    else std::memcpy(at, &v, 4);
+  }
+  return b;
+}
+
 // Runs `loss` (and reads `outputs` and every parameter's gradient) with fusion on and
-// off; returns the fused plan.
-Plan expect_same_bits(const Graph& g, Var loss, const std::vector<Var>& outputs, const std::string& what) {
-  std::vector<std::vector<std::byte>> got[2];
+// off (at a precision policy); returns the fused plan. Inputs of any float dtype get
+// random values of theirs. A tolerance for plans whose other passes change bits (a cast
+// of a GEMM's result folded into the GEMM skips a rounding).
+Plan expect_same_bits(const Graph& g, Var loss, const std::vector<Var>& outputs, const std::string& what,
+                      Precision policy = Precision::f32, double tol = 0) {
+  std::vector<std::pair<DType, std::vector<std::byte>>> got[2];
   Plan fused_plan;
   for (bool fuse : {false, true}) {
-    Model m(g, {.seed = 5});
+    Model m(g, {.seed = 5, .precision = policy});
     CompileOptions o{.loss = loss.id(), .gradients = true, .fuse = fuse};
     for (Var v : outputs) o.outputs.push_back(v.id());
     Program p = m.compile(o);
-    for (ValueId id : g.inputs()) {
-      const auto& t = g.value(id).type;
-      std::vector<float> x(static_cast<size_t>(t.numel()));
-      std::mt19937 rng(static_cast<uint32_t>(id));
-      for (auto& v : x) v = std::uniform_real_distribution<float>(-2, 2)(rng);
-      p.set_input(g.value(id).name, std::span<const float>(x));
-    }
+    for (ValueId id : g.inputs())
+      p.set_input(g.value(id).name, random_bytes(g.value(id).type, static_cast<uint32_t>(id)));
     p.run();
     auto& r = got[fuse];
-    r.push_back(p.read(loss.name()));
-    for (Var v : outputs) r.push_back(p.read(v.name()));
-    for (ValueId id : g.params()) {
-      auto gr = p.grad_as<float>(g.value(id).name);
-      r.emplace_back(reinterpret_cast<const std::byte*>(gr.data()),
-                     reinterpret_cast<const std::byte*>(gr.data()) + gr.size() * sizeof(float));
-    }
+    r.emplace_back(loss.dtype(), p.read(loss.name()));
+    for (Var v : outputs) r.emplace_back(v.dtype(), p.read(v.name()));
+    for (ValueId id : g.params()) r.emplace_back(g.value(id).type.dtype, p.read_grad(g.value(id).name));
     if (fuse) fused_plan = p.plan();
   }
   EXPECT_EQ(got[0].size(), got[1].size());
   for (size_t i = 0; i < got[0].size(); ++i) {
-    const std::string d = differences(got[0][i], got[1][i]);
+    const std::string d = differences(got[0][i].second, got[1][i].second, got[0][i].first, tol);
     EXPECT_TRUE(d.empty()) << what << ": tensor " << i << " differs\n" << d << fused_plan.str();
   }
   return fused_plan;
+}
+
+// Building a graph by `build` throws an error naming the node (a "fused..." one) and `part`.
+void expect_node_error(const std::function<void(Graph&)>& build, const std::string& part) {
+  Graph g;
+  try {
+    build(g);
+    ADD_FAILURE() << "no error; expected one containing '" << part << "'";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
+  }
 }
 
 // With CUDA in the build: every fused step's generated kernel compiles (NVRTC needs no GPU).
 void expect_kernels_compile(const Plan& plan) {
 #ifdef SEAM_HAS_CUDA
   for (auto& s : plan.steps)
-    if (auto k = generated_kernel_report(s)) EXPECT_GT(k->registers, 0) << s.attrs.s("program");
+    if (auto k = generated_kernel_report(s)) {
+      EXPECT_GT(k->registers, 0) << s.attrs.s("program");
+    }
 #else
   (void)plan;
 #endif
@@ -376,23 +418,37 @@ TEST(FuseElementwise, ResidualAddAndLayerNormAreOneKernel) {
 
 #ifdef SEAM_HAS_CUDA
 // Every walk of the generated kernels compiles with 64-bit index arithmetic too (index
-// spaces of 2^31 elements and more), vectorized or not, rows in registers or not.
-TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndices) {
+// spaces of 2^31 elements and more), vectorized or not, rows in registers or not; and
+// with 16-bit operands, on sm_90 and before sm_80 (bf16 rounded on the bits there). The
+// dtypes are part of the kernel's key: one program at two storage types is two kernels.
+TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndicesAndEveryStorageType) {
   struct Case {
     const char* program;
     cuda::EwLayout layout;
     int vec;
     int row_values = 0;
+    std::vector<DType> in = {}, out = {};  // empty: f32
   };
+  const DType b = DType::bf16, h = DType::f16, f = DType::f32;
+  const cuda::EwLayout ew = cuda::EwLayout::elementwise, cols = cuda::EwLayout::columns, norm = cuda::EwLayout::norm;
   const Case cases[] = {
-      {"mul(i0,i1);tanh(t0)->t1", cuda::EwLayout::elementwise, 4},
-      {"mul(i0,i1);tanh(t0)->t1", cuda::EwLayout::elementwise, 1},
-      {"mul(i0,i1);relu_grad(t0,i1)->t1,sum(t1),sum(t0)", cuda::EwLayout::columns, 4},
-      {"mul(i0,i1);relu_grad(t0,i1)->t1,mean(t1)", cuda::EwLayout::columns, 1},
+      {"mul(i0,i1);tanh(t0)->t1", ew, 4},
+      {"mul(i0,i1);tanh(t0)->t1", ew, 1},
+      {"mul(i0,i1);relu_grad(t0,i1)->t1,sum(t1),sum(t0)", cols, 4},
+      {"mul(i0,i1);relu_grad(t0,i1)->t1,mean(t1)", cols, 1},
       {"mul(i0,i1);relu_grad(t0,i1)->sum(t1)", cuda::EwLayout::rows, 1},
-      {"add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)", cuda::EwLayout::norm, 1},
-      {"add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)", cuda::EwLayout::norm, 1, 32},  // in registers
-      {"add(i0,i1);gelu(t0)->layer_norm[1.0000000000000001e-05](t1,i2,i3)", cuda::EwLayout::norm, 1, 4},
+      {"add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)", norm, 1},
+      {"add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)", norm, 1, 32},  // in registers
+      {"add(i0,i1);gelu(t0)->layer_norm[1.0000000000000001e-05](t1,i2,i3)", norm, 1, 4},
+      {"cast[f32](i0);add(t0,i1);cast[bf16](t1);tanh(t2)->t2,t3", ew, 4, 0, {b, f}, {b, f}},
+      {"mul(i0,i1);cast[f16](t0)->t1", ew, 1, 0, {h, h}, {h}},
+      {"mul(i0,i1);cast[bf16](t0);relu_grad(t1,i1)->t2,sum(t2),sum(t0)", cols, 4, 0, {b, b}, {b, f, b}},
+      {"mul(i0,i1);cast[f16](t0)->mean(t1)", cols, 1, 0, {h, f}, {h}},
+      {"mul(i0,i1)->sum(t0)", cuda::EwLayout::rows, 1, 0, {b, b}, {f}},
+      {"add(i0,i1);cast[bf16](t0)->t1,layer_norm[1e-05](t1,i2,i3)", norm, 1, 0, {b, b, f, f}, {b, b, f, f}},
+      {"add(i0,i1);cast[f16](t0)->layer_norm[1e-05](t1,i2,i3)", norm, 1, 8, {h, h, h, h}, {h, f, f}},
+      // f32 data, y stored in bf16 (a cast absorbed), long rows: computed again each pass
+      {"add(i0,i1)->t0,layer_norm[1e-05](t0,i2,i3)", norm, 1, 0, {f, f, f, f}, {f, b, f, f}},
   };
   for (const Case& c : cases) {
     cuda::EwSignature s;
@@ -403,12 +459,21 @@ TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndices) {
     if (c.vec == 4) s.splat.assign(s.strided.size(), false);
     s.layout = c.layout;
     s.row_values = c.row_values;
-    for (bool idx32 : {true, false}) {
-      s.idx32 = idx32;
-      const cuda::GeneratedKernel k = cuda::compile_ew(s);
-      EXPECT_GT(k.registers, 0) << c.program << (idx32 ? " i32" : " i64") << "\n" << k.log;
-      EXPECT_EQ(k.spill_bytes, 0) << c.program << (idx32 ? " i32" : " i64") << "\n" << k.log;
+    const cuda::EwSignature all_f32 = s;
+    s.in_dtypes = c.in;
+    s.out_dtypes = c.out;
+    if (!c.in.empty()) {
+      EXPECT_NE(all_f32.hash(), s.hash()) << c.program;
     }
+    for (int arch : c.in.empty() ? std::vector<int>{90} : std::vector<int>{90, 75})
+      for (bool idx32 : {true, false}) {
+        s.arch = arch;
+        s.idx32 = idx32;
+        const cuda::GeneratedKernel k = cuda::compile_ew(s);
+        const std::string what = std::string(c.program) + " sm" + std::to_string(arch) + (idx32 ? " i32" : " i64");
+        EXPECT_GT(k.registers, 0) << what << "\n" << k.log;
+        EXPECT_EQ(k.spill_bytes, 0) << what << "\n" << k.log;
+      }
   }
 }
 #endif
@@ -467,17 +532,7 @@ TEST(ExplainPlan, NamesWhatEachKernelCoversAndTheSavings) {
 // A fused_elementwise node built by hand is checked like any op: its program, the inputs
 // it reads, their shapes and dtypes, each error naming the node.
 TEST(FusedProgram, TheOpRejectsBadProgramsAndOperands) {
-  auto expect_error = [](const std::function<void(Graph&)>& build, const std::string& part) {
-    Graph g;
-    try {
-      build(g);
-      ADD_FAILURE() << "no error; expected one containing '" << part << "'";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find(part), std::string::npos) << msg;
-      EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
-    }
-  };
+  const auto expect_error = expect_node_error;
   auto add = [](Graph& g, const std::vector<Var>& xs, const std::string& program) {
     std::vector<ValueId> ids;
     for (Var v : xs) ids.push_back(v.id());
@@ -519,4 +574,227 @@ TEST(FusedProgram, TheOpRejectsBadProgramsAndOperands) {
   EXPECT_EQ(g.value(red[0]).type.shape, (Shape{4, 3}));
   EXPECT_EQ(g.value(red[1]).type.shape, (Shape{3}));
   EXPECT_EQ(g.value(red[2]).type.shape, (Shape{3}));
+}
+
+// Mixed precision: cast[<dtype>] in the text, each temp's dtype as one kernel per op would
+// store it, and the bytes each way counted at each operand's own size.
+TEST(FusedProgram, CastsRoundTripAndValuesKeepTheirDtypes) {
+  const std::string text = "cast[f32](i0);add(t0,i1);cast[bf16](t1);mul(t2,i0);cast[f16](t3)->t2,t4";
+  const EwProgram p = EwProgram::parse(text);
+  ASSERT_EQ(p.code.size(), 5u);
+  EXPECT_EQ(p.code[0].op, Op::cast);
+  EXPECT_EQ(p.code[0].dtype, DType::f32);
+  EXPECT_EQ(p.code[2].dtype, DType::bf16);
+  EXPECT_EQ(p.code[4].dtype, DType::f16);
+  EXPECT_EQ(p.str(), text);
+  EXPECT_EQ(ew_arity(Op::cast), 1);
+  EXPECT_EQ(std::string(ew_attr(Op::cast)), "dtype");
+  // bf16 in, f32 bias: the add is f32, the cast's bf16, and a bf16 times bf16 stays bf16.
+  EXPECT_EQ(p.temp_dtypes({DType::bf16, DType::f32}),
+            (std::vector<DType>{DType::f32, DType::f32, DType::bf16, DType::bf16, DType::f16}));
+  // Operands that disagree compute in f32.
+  EXPECT_EQ(EwProgram::parse("add(i0,i1)->t0").temp_dtypes({DType::bf16, DType::f16}), std::vector<DType>{DType::f32});
+  expect_parse_error("cast(i0)->t0", "cast needs its dtype in [...]");
+  expect_parse_error("cast[i32](i0)->t0", "'i32' is not a float dtype");
+  expect_parse_error("cast[bf17](i0)->t0", "'bf17' is not a float dtype");
+  // The outputs' dtypes: listed, or by default the first input's (f32 statistics of a
+  // 16-bit layer norm).
+  const EwProgram ln = EwProgram::parse("add(i0,i1)->t0,layer_norm[1e-05](t0,i2,i3)");
+  EXPECT_EQ(ew_output_dtypes(ln, "", DType::bf16),
+            (std::vector<DType>{DType::bf16, DType::bf16, DType::f32, DType::f32}));
+  EXPECT_EQ(ew_output_dtypes(p, "f32,f16", DType::bf16), (std::vector<DType>{DType::f32, DType::f16}));
+  EXPECT_EQ(ew_dtypes_str({DType::bf16, DType::f32}), "bf16,f32");
+  EXPECT_THROW(ew_output_dtypes(p, "f32", DType::f32), Error);
+
+  // bf16 [64, 32] in (4 KB), an f32 bias: the split casts to f32 (4 + 8 KB), adds (8 +
+  // 0.125 + 8 KB) and casts back (8 + 4 KB); one kernel reads 4.125 KB and writes 4.
+  const TensorType x{DType::bf16, {64, 32}}, bias{DType::f32, {32}};
+  EwTraffic t = ew_traffic(EwProgram::parse("cast[f32](i0);add(t0,i1);cast[bf16](t1)->t2"), {x, bias}, {},
+                           {DType::bf16});
+  EXPECT_EQ(t.fused_bytes, 4096 + 128 + 4096);
+  EXPECT_EQ(t.split_bytes, (4096 + 8192) + (8192 + 128 + 8192) + (8192 + 4096));
+  EXPECT_EQ(t.split_kernels, 3);
+  // The rounding after a bf16 op is the op's own store, no kernel; a sum of bf16 values
+  // stored in f32.
+  t = ew_traffic(EwProgram::parse("mul(i0,i1);cast[bf16](t0)->sum(t1)"), {x, x}, {0}, {DType::f32});
+  EXPECT_EQ(t.fused_bytes, 2 * 4096 + 32 * 4);
+  EXPECT_EQ(t.split_bytes, 3 * 4096 + 4096 + 32 * 4);
+  EXPECT_EQ(t.split_kernels, 2);
+}
+
+// The schema of mixed groups: inputs of their own dtypes, outputs of the listed ones, and
+// errors naming what is wrong.
+TEST(FusedProgram, TheOpTakesADtypePerOperand) {
+  auto build = [](Graph& g, const std::vector<Var>& xs, const std::string& program, const std::string& dtypes) {
+    std::vector<ValueId> ids;
+    for (Var v : xs) ids.push_back(v.id());
+    std::vector<std::string> names;
+    for (size_t j = 0; j < EwProgram::parse(program).outputs.size(); ++j)
+      names.push_back("fused" + std::to_string(g.nodes().size()) + "_" + std::to_string(j));
+    return g.add_named(Op::fused_elementwise, ids, {{"program", program}, {"dtypes", dtypes}}, names);
+  };
+  const auto expect_error = expect_node_error;
+  {
+    Graph g;
+    Var x = g.input("x", {4, 3}, DType::bf16), b = g.input("b", {3});
+    auto out = build(g, {x, b}, "cast[f32](i0);add(t0,i1);cast[bf16](t1)->t2,t1", "bf16,f32");
+    EXPECT_EQ(g.value(out[0]).type, (TensorType{DType::bf16, {4, 3}}));
+    EXPECT_EQ(g.value(out[1]).type, (TensorType{DType::f32, {4, 3}}));
+    // No list: the first input's dtype.
+    out = build(g, {x, b}, "cast[f32](i0);add(t0,i1)->t1", "");
+    EXPECT_EQ(g.value(out[0]).type.dtype, DType::bf16);
+    // A layer norm of f16 data: y f16, its statistics f32.
+    Var h = g.input("h", {4, 3}, DType::f16);
+    out = build(g, {h, b, b}, "relu(i0)->layer_norm[1e-05](t0,i1,i2)", "");
+    EXPECT_EQ(g.value(out[0]).type.dtype, DType::f16);
+    EXPECT_EQ(g.value(out[1]).type, (TensorType{DType::f32, {4}}));
+  }
+  auto x16 = [](Graph& g) { return g.input("x", {4, 3}, DType::bf16); };
+  expect_error([&](Graph& g) { build(g, {x16(g)}, "relu(i0)->t0", "bf16,f32"); },
+               "names 2 dtype(s) for the program's 1 outputs");
+  expect_error([&](Graph& g) { build(g, {x16(g)}, "relu(i0)->t0", "i32"); }, "'i32' is not a float dtype");
+  expect_error([&](Graph& g) { build(g, {g.input("x", {4, 3}, DType::f64)}, "relu(i0)->t0", "f32"); },
+               "output 0 is f32 where another operand is f64");
+  expect_error([&](Graph& g) { build(g, {x16(g), g.input("b", {3}, DType::f64)}, "add(i0,i1)->t0", ""); },
+               "input 0 is bf16 where another operand is f64");
+  expect_error(
+      [&](Graph& g) {
+        Var b = g.input("b", {3});
+        build(g, {x16(g), b, b}, "relu(i0)->layer_norm[1e-05](t0,i1,i2)", "bf16,bf16,bf16");
+      },
+      "mean and rstd (outputs 1 and 2) must be f32 for its bf16 y, got bf16");
+}
+
+// A bf16 activation read into an f32 residual stream and back, as the precision pass
+// leaves it: the casts join the elementwise ops around them, forward and backward, the
+// 16-bit values round where the unfused ops would store them, and every bit (bf16
+// outputs, f32 gradients) is the unfused plan's.
+TEST(FuseElementwise, CastsJoinGroupsAndChangeNoBit) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    Graph g;
+    Var x = g.input("x", {8, 16}, low);
+    Var bias = g.param("bias", {16}, Init::uniform(-1, 1));
+    Var r = add(cast(x, DType::f32), bias);           // f32
+    Var h = gelu(cast(r, low), true);                 // 16-bit, stored in 16 bits
+    Var y = mul(cast(h, DType::f32), g.param("s", {16}, Init::uniform(0.5, 1.5)));
+    const Plan plan = expect_same_bits(g, sum(mul(y, y)), {h}, "residual");
+    EXPECT_EQ(count(plan, Op::cast), 0) << plan.str();
+    bool mixed = false;
+    for (auto& s : plan.steps) {
+      if (s.op != Op::fused_elementwise) continue;
+      const std::string prog = s.attrs.s("program");
+      // The rounding the gelu's store does is a cast right after it.
+      if (prog.find("gelu_tanh(") != std::string::npos) {
+        EXPECT_NE(prog.find("cast[" + std::string(dtype_name(low)) + "]"), std::string::npos) << prog;
+        EXPECT_NE(prog.find("cast[f32]"), std::string::npos) << prog;
+      }
+      for (size_t j = 0; j < s.out.size(); ++j)
+        if (s.out[j].type.dtype != s.in[0].type.dtype) {
+          mixed = true;
+          EXPECT_EQ(ew_output_dtypes(EwProgram::cached(prog), s.attrs.s("dtypes"), s.in[0].type.dtype)[j],
+                    s.out[j].type.dtype);
+        }
+    }
+    EXPECT_TRUE(mixed) << "some group stores another dtype than it loads first\n" << plan.str();
+    EXPECT_NE(plan.output(h.name()), nullptr);
+    EXPECT_EQ(plan.output(h.name())->ref.type.dtype, low);
+    EXPECT_NE(plan.str().find("dtypes="), std::string::npos) << plan.str();
+    expect_kernels_compile(plan);
+  }
+}
+
+// A residual add of bf16 values ending in a layer norm with f32 gamma and beta (y bf16,
+// the statistics f32), and a bf16 product summed into f32: groups ending in a layer norm
+// or in sums, at mixed dtypes, bitwise as unfused.
+TEST(FuseElementwise, MixedGroupsEndingInANormOrASum) {
+  Graph g;
+  Var x = g.input("x", {6, 16}, DType::bf16), res = g.input("res", {6, 16}, DType::bf16);
+  Var h = add(x, res);
+  Var y = layer_norm(h, g.param("gamma", {16}, Init::uniform(0.5, 1.5)), g.param("beta", {16}, Init::uniform(-1, 1)),
+                     1e-5);
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  Var z = g.input("z", {16, 12}, DType::bf16);
+  Var cols = g.add1(Op::sum, {mul(z, z).id()},
+                    {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}, {"dtype", std::string("f32")}});
+  ASSERT_EQ(cols.dtype(), DType::f32);
+  Var loss = add(sum(seam::tanh(cast(y, DType::f32))), sum(cols));
+  const Plan plan = expect_same_bits(g, loss, {cols}, "norm and sum");
+  EXPECT_EQ(count(plan, Op::layer_norm) + count(plan, Op::cast), 0) << plan.str();
+  bool normed = false, summed_f32 = false;
+  for (auto& s : plan.steps) {
+    if (s.op != Op::fused_elementwise) continue;
+    const EwProgram& p = EwProgram::cached(s.attrs.s("program"));
+    if (p.normalizes()) {
+      normed = true;
+      ASSERT_EQ(s.out.size(), 4u) << "h (the gradient reads it), y, mean, rstd\n" << plan.str();
+      EXPECT_EQ(s.out[1].type.dtype, DType::bf16);
+      EXPECT_EQ(s.out[2].type.dtype, DType::f32);
+      EXPECT_EQ(s.out[3].type.dtype, DType::f32);
+    }
+    if (p.reduces() && s.out.size() == 1 && s.in[0].type.dtype == DType::bf16) {  // the column sums
+      summed_f32 = true;
+      EXPECT_EQ(s.attrs.s("dtypes"), "f32") << plan.str();
+    }
+  }
+  EXPECT_TRUE(normed) << plan.str();
+  EXPECT_TRUE(summed_f32) << plan.str();
+  expect_kernels_compile(plan);
+}
+
+// A cast of a group's sum that only a non-elementwise op reads (here a reshape; a GEMM
+// as often): the group stores the sum in the cast's dtype, rounded as the cast would.
+TEST(FuseElementwise, ACastOfAGroupsSumIsItsStore) {
+  Graph g;
+  Var z = g.param("z", {16, 12}, Init::uniform(-1, 1));
+  Var s = cast(seam::mean(mul(z, z), {0}), DType::bf16);
+  Var y = reshape(s, {3, 4});
+  const Plan plan = expect_same_bits(g, sum(seam::tanh(cast(y, DType::f32))), {}, "a mean for a reshape");
+  bool stored = false;
+  for (auto& st : plan.steps)
+    for (size_t j = 0; st.op == Op::fused_elementwise && j < st.out.size(); ++j)
+      stored = stored || st.out[j].type == TensorType{DType::bf16, {12}};
+  EXPECT_TRUE(stored) << plan.str();
+  // One cast is left, in the backward: the gradient's, between the reshape and the mean's
+  // broadcast, next to no elementwise op.
+  EXPECT_EQ(count(plan, Op::cast), 1) << plan.str();
+}
+
+// Casts next to no elementwise op stay casts: a 16-bit working copy of a parameter for a
+// GEMM, as the precision pass makes them.
+TEST(FuseElementwise, ACastBetweenLibraryCallsStaysACast) {
+  Graph g;
+  Var x = g.input("x", {4, 8}, DType::bf16);
+  Var w = g.param("w", {8, 5}, Init::uniform(-1, 1));
+  Var y = matmul(x, cast(w, DType::bf16));
+  Model m(g);
+  Program p = m.compile({.outputs = {y.id()}});
+  EXPECT_EQ(count(p.plan(), Op::cast), 1) << p.plan().str();
+  EXPECT_EQ(count(p.plan(), Op::fused_elementwise), 0) << p.plan().str();
+}
+
+// A block at the bf16 policy (the precision pass on): linear + GELU, a residual add in
+// f32 and a layer norm whose bf16 output feeds the next GEMM. Every cast next to an
+// elementwise op, forward and backward, is inside a group, the layer norm's output stored
+// in bf16 by its group; the casts left make working copies for GEMMs of what a GEMM
+// reads first (parameters, the f32 input). As unfused but for the GEMMs writing f32 where
+// their result was cast to it (fold_casts): a bf16 rounding fewer.
+TEST(FuseElementwise, AtTheBf16PolicyCastsLeftOnlyFeedGemms) {
+  Graph g;
+  Var x = g.input("x", {8, 16});
+  Var h = gelu(nn::linear(x, 16, "fc1"), true);
+  Var y = nn::layer_norm(add(h, x), "ln");
+  Var loss = sum(seam::tanh(nn::linear(y, 4, "fc2")));
+  const Plan plan = expect_same_bits(g, loss, {}, "bf16 block", Precision::bf16, 2e-2);
+  EXPECT_GT(count(plan, Op::fused_elementwise), 2) << plan.str();
+  for (auto& s : plan.steps) {
+    if (s.op == Op::cast) {
+      bool input = s.in[0].region == Region::params;
+      for (auto& b : plan.inputs) input = input || (b.ref.region == s.in[0].region && b.ref.offset == s.in[0].offset);
+      EXPECT_TRUE(input) << s.name << "\n" << plan.str();
+    }
+    if (s.op == Op::fused_elementwise && EwProgram::cached(s.attrs.s("program")).normalizes()) {
+      EXPECT_EQ(s.attrs.s("dtypes"), "f32,bf16,f32,f32") << "the residual sum in f32, y in bf16\n" << plan.str();
+    }
+  }
 }

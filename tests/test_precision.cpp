@@ -73,11 +73,15 @@ TEST(Precision, GemmsReadAndWrite16BitsWhileMastersAndTheirGradientsStayF32) {
       if (!is_gemm(s.op)) continue;
       ++gemms;
       for (const BufferRef& b : s.in)
-        if (is_float(b.type.dtype)) EXPECT_EQ(b.type.dtype, low) << s.name;
+        if (is_float(b.type.dtype)) {
+          EXPECT_EQ(b.type.dtype, low) << s.name;
+        }
       // Forward and input-gradient GEMMs write 16 bits; weight gradients go to the f32
       // gradient buffer straight from the GEMM (its cast folded in).
       for (const BufferRef& b : s.out)
-        if (is_float(b.type.dtype)) EXPECT_EQ(b.type.dtype, b.region == Region::grads ? DType::f32 : low) << s.name;
+        if (is_float(b.type.dtype)) {
+          EXPECT_EQ(b.type.dtype, b.region == Region::grads ? DType::f32 : low) << s.name;
+        }
     }
     EXPECT_GE(gemms, 4);
     for (const Binding& b : plan.grads) EXPECT_EQ(b.ref.type.dtype, DType::f32) << b.name;
@@ -86,9 +90,12 @@ TEST(Precision, GemmsReadAndWrite16BitsWhileMastersAndTheirGradientsStayF32) {
     // No cast is left on a GEMM's result: each folded into the GEMM that made it.
     for (const PlanStep& s : plan.steps) {
       if (s.op != Op::cast) continue;
-      for (const PlanStep& t : plan.steps)
-        if (is_gemm(t.op))
-          for (const BufferRef& o : t.out) EXPECT_FALSE(o.region == s.in[0].region && o.offset == s.in[0].offset) << s.name << " casts " << t.name << "'s result";
+      for (const PlanStep& t : plan.steps) {
+        if (!is_gemm(t.op)) continue;
+        for (const BufferRef& o : t.out) {
+          EXPECT_FALSE(o.region == s.in[0].region && o.offset == s.in[0].offset) << s.name << " casts " << t.name << "'s result";
+        }
+      }
     }
   }
 }
@@ -193,6 +200,55 @@ TEST(Precision, FusedAndUnfusedPlansAgreeAt16Bits) {
       err += std::pow(grads[0][i] - grads[1][i], 2), norm += std::pow(grads[1][i], 2);
     EXPECT_LT(std::sqrt(err / norm), p == Precision::bf16 ? 2e-2 : 3e-3) << precision_name(p);
   }
+}
+
+TEST(Precision, TheUpdateKeepsTheWorkingCopiesInPlaceOfCastKernels) {
+  Graph g;
+  Var loss = scoped_mlp(g, 16, 20, {32}, 4);
+  Model m(g, {.seed = 4, .precision = Precision::bf16});
+  Program train = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2)});
+  const Plan& plan = train.plan();
+  ASSERT_EQ(plan.working, DType::bf16);
+  int reads = 0;
+  for (const PlanStep& s : plan.steps) {
+    for (const BufferRef& b : s.in) reads += b.region == Region::working;
+    if (s.op == Op::cast) {
+      EXPECT_NE(s.in[0].region, Region::params) << s.name << ": a parameter cast left as a step";
+    }
+  }
+  EXPECT_EQ(reads, 5);  // both layers forward (weight, bias), fc2.weight for the input gradient
+  const auto x = random_floats(16 * 20, 1);
+  const auto y = random_labels(16, 4, 2);
+  train.set_input("x", std::span<const float>(x));
+  train.set_input("y", std::span<const int32_t>(y));
+  for (int s = 0; s < 3; ++s) train.run();
+  // An evaluation program reads the copies the update wrote: its loss is the one a model
+  // made fresh from the trained masters computes.
+  Program eval = m.compile({.mode = Mode::eval, .outputs = {loss.id()}});
+  eval.set_input("x", std::span<const float>(x));
+  eval.set_input("y", std::span<const int32_t>(y));
+  eval.run();
+  Model fresh(g, {.seed = 4, .precision = Precision::bf16});
+  fresh.load_tensors(m.save_tensors());
+  Program fe = fresh.compile({.mode = Mode::eval, .outputs = {loss.id()}});
+  fe.set_input("x", std::span<const float>(x));
+  fe.set_input("y", std::span<const int32_t>(y));
+  fe.run();
+  EXPECT_EQ(eval.read(loss.name()), fe.read(loss.name()));
+  // Parameters written by hand reach the copies before the next run.
+  const auto before = eval.read(loss.name());
+  std::vector<float> zeros(32 * 20, 0.0f);
+  m.write_param("fc1.weight", std::as_bytes(std::span(zeros)));
+  eval.run();
+  EXPECT_NE(eval.read(loss.name()), before);
+  fresh.write_param("fc1.weight", std::as_bytes(std::span(zeros)));
+  fe.run();
+  EXPECT_EQ(eval.read(loss.name()), fe.read(loss.name()));
+  m.reset();
+  fresh.reset();
+  eval.run();
+  fe.run();
+  EXPECT_EQ(eval.read(loss.name()), fe.read(loss.name()));
 }
 
 // Parameters and moments, for bitwise comparisons.

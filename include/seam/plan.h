@@ -16,7 +16,9 @@ namespace seam {
 
 // arena: every intermediate and input, placed by the memory planner; params, grads:
 // the flat parameter and gradient buffers (same layout); state: running statistics.
-enum class Region : uint8_t { arena, params, grads, state };
+// working: the parameters' 16-bit working copies under a mixed policy, one per parameter
+// at half its f32 offset, made when parameters change and kept by the update.
+enum class Region : uint8_t { arena, params, grads, state, working };
 const char* region_name(Region r);
 
 struct BufferRef {
@@ -63,6 +65,9 @@ struct Plan {
   std::vector<Binding> inputs, outputs, grads;  // grads: by parameter name
   std::optional<OptimizerConfig> optimizer;  // its loss scaling resolved to off or dynamic
   std::string loss;  // the output the update's finiteness check reads ("" if none)
+  // The dtype of the working copies this plan reads (Region::working); the update writes
+  // them beside the f32 masters.
+  std::optional<DType> working;
   Layout layout;
   size_t arena_bytes = 0;  // peak of the memory plan
   size_t naive_bytes = 0;  // what the arena would need without reuse

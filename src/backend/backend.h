@@ -23,6 +23,7 @@ struct Regions {
   // here, and record in `synced` the host state they last received or produced.
   std::byte* counters = nullptr;
   StepState* synced = nullptr;
+  std::byte* working = nullptr;  // the parameters' 16-bit working copies (Plan::working)
   std::byte* base(Region r) const;
 };
 
@@ -68,6 +69,9 @@ class Backend {
   virtual void upload(std::byte* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const std::byte* src, size_t bytes) = 0;
   virtual void fill_zero(std::byte* dst, size_t bytes) = 0;
+  // dst[i] = src[i] rounded to nearest even in `to` (bf16 or f16), for n f32 values in
+  // this backend's memory: the parameters' working copies.
+  virtual void round_f32(std::byte* dst, DType to, const std::byte* src, size_t n) = 0;
   virtual std::unique_ptr<Executable> prepare(const Plan& plan, const Regions& regions) = 0;
 };
 

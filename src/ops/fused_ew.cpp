@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "ops/elementwise.h"
 #include "ops/registry.h"
@@ -15,12 +16,14 @@
 namespace seam {
 
 int ew_arity(Op op) {
+  if (op == Op::cast) return 1;
   if (const UnaryInfo* u = unary_info(op)) return op == u->op ? 1 : (u->uses == Uses::N ? 1 : 2);
   if (const BinaryInfo* b = binary_info(op)) return op == b->op ? 2 : 3;
   return 0;
 }
 
 const char* ew_attr(Op op) {
+  if (op == Op::cast) return "dtype";
   const UnaryInfo* u = unary_info(op);
   return u ? u->attr : "";
 }
@@ -33,7 +36,18 @@ std::string number(double v) {
   return buf;
 }
 
-std::string operand(int a) { return a >= 0 ? "i" + std::to_string(a) : "t" + std::to_string(-a - 1); }
+// Built piecewise: GCC 12 warns (-Wrestrict, falsely) on "literal" + std::string&&.
+std::string temp_name(int k) {
+  std::string s(1, 't');
+  s += std::to_string(k);
+  return s;
+}
+std::string operand(int a) {
+  if (a < 0) return temp_name(-a - 1);
+  std::string s(1, 'i');
+  s += std::to_string(a);
+  return s;
+}
 
 }  // namespace
 
@@ -43,21 +57,32 @@ std::string EwProgram::str() const {
     const EwInstr& in = code[k];
     if (k) s += ';';
     s += op_name(in.op);
-    if (*ew_attr(in.op)) s += "[" + number(in.p) + "]";
+    if (in.op == Op::cast || *ew_attr(in.op)) {
+      s += '[';
+      s += in.op == Op::cast ? std::string(dtype_name(in.dtype)) : number(in.p);
+      s += ']';
+    }
     s += '(';
-    for (size_t j = 0; j < in.args.size(); ++j) s += (j ? "," : "") + operand(in.args[j]);
+    for (size_t j = 0; j < in.args.size(); ++j) {
+      if (j) s += ',';
+      s += operand(in.args[j]);
+    }
     s += ')';
   }
   s += "->";
   for (size_t j = 0; j < outputs.size(); ++j) {
-    const std::string t = "t" + std::to_string(outputs[j]);
+    const std::string t = temp_name(outputs[j]);
     const EwReduce r = reduce[j];
     if (r == EwReduce::ln_mean || r == EwReduce::ln_rstd) continue;  // written with ln_y
     s += j ? "," : "";
     if (r == EwReduce::none) s += t;
     else if (r == EwReduce::ln_y)
       s += "layer_norm[" + number(ln_eps) + "](" + t + "," + operand(ln_gamma) + "," + operand(ln_beta) + ")";
-    else s += (r == EwReduce::sum ? "sum(" : "mean(") + t + ")";
+    else {
+      s += r == EwReduce::sum ? "sum(" : "mean(";
+      s += t;
+      s += ')';
+    }
   }
   return s;
 }
@@ -103,9 +128,15 @@ EwProgram EwProgram::parse(const std::string& text) {
       const size_t close = text.find(']', i);
       if (close == std::string::npos || close > arrow) bad("unclosed [");
       const std::string num = text.substr(i + 1, close - i - 1);
-      char* end = nullptr;
-      in.p = std::strtod(num.c_str(), &end);
-      if (num.empty() || *end) bad("'" + num + "' is not a number");
+      if (*op == Op::cast) {
+        const auto t = parse_dtype(num);
+        if (!t || !is_float(*t)) bad("'" + num + "' is not a float dtype (f32, f64, bf16, f16)");
+        in.dtype = *t;
+      } else {
+        char* end = nullptr;
+        in.p = std::strtod(num.c_str(), &end);
+        if (num.empty() || *end) bad("'" + num + "' is not a number");
+      }
       i = close + 1;
     }
     if (i >= arrow || text[i] != '(') bad("expected '('");
@@ -203,36 +234,106 @@ const EwProgram& EwProgram::cached(const std::string& text) {
   return *it->second;
 }
 
-EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, const std::vector<int64_t>& axes) {
+std::vector<DType> EwProgram::temp_dtypes(const std::vector<DType>& in) const {
+  std::vector<DType> t;
+  for (const EwInstr& c : code) {
+    if (c.op == Op::cast) {
+      t.push_back(c.dtype);
+      continue;
+    }
+    std::optional<DType> common;
+    bool agree = true, f64 = false;
+    for (int v : c.args) {
+      const DType d = v >= 0 ? in.at(static_cast<size_t>(v)) : t.at(static_cast<size_t>(-v - 1));
+      agree = agree && (!common || *common == d);
+      common = d;
+      f64 = f64 || d == DType::f64;
+    }
+    t.push_back(agree && common ? *common : f64 ? DType::f64 : DType::f32);
+  }
+  return t;
+}
+
+std::vector<DType> ew_output_dtypes(const EwProgram& p, const std::string& dtypes, DType first_input) {
+  std::vector<DType> out;
+  if (dtypes.empty()) {
+    for (EwReduce r : p.reduce)
+      out.push_back(r == EwReduce::ln_mean || r == EwReduce::ln_rstd ? compute_dtype(first_input) : first_input);
+    return out;
+  }
+  for (size_t at = 0;;) {
+    const size_t comma = std::min(dtypes.find(',', at), dtypes.size());
+    const std::string name = dtypes.substr(at, comma - at);
+    const auto t = parse_dtype(name);
+    if (!t || !is_float(*t))
+      fail("dtypes '", dtypes, "': '", name, "' is not a float dtype (f32, f64, bf16, f16)");
+    out.push_back(*t);
+    if (comma == dtypes.size()) break;
+    at = comma + 1;
+  }
+  if (out.size() != p.reduce.size())
+    fail("dtypes '", dtypes, "' names ", out.size(), " dtype(s) for the program's ", p.reduce.size(),
+         " outputs (a layer norm counts three: y, mean, rstd)");
+  return out;
+}
+
+std::string ew_dtypes_str(const std::vector<DType>& dtypes) {
+  std::string s;
+  for (DType t : dtypes) {
+    if (!s.empty()) s += ',';
+    s += dtype_name(t);
+  }
+  return s;
+}
+
+EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, const std::vector<int64_t>& axes,
+                     const std::vector<DType>& outputs) {
   SEAM_ASSERT(!inputs.empty() && static_cast<int>(inputs.size()) >= p.inputs);
   Shape shape;
-  for (const TensorType& t : inputs) shape = broadcast_shapes(shape, t.shape).value_or(shape);
-  const double elem = static_cast<double>(dtype_size(inputs[0].dtype));
-  const double full = static_cast<double>(numel(shape)) * elem;
-  const double reduced = static_cast<double>(numel(reduced_shape(shape, reduce_axes(axes, shape.size(), nullptr), false))) * elem;
+  std::vector<DType> in_dtypes;
+  for (const TensorType& t : inputs) {
+    shape = broadcast_shapes(shape, t.shape).value_or(shape);
+    in_dtypes.push_back(t.dtype);
+  }
+  const std::vector<DType> temp = p.temp_dtypes(in_dtypes);
+  const std::vector<DType> out = outputs.empty() ? ew_output_dtypes(p, "", inputs[0].dtype) : outputs;
+  SEAM_ASSERT(out.size() == p.reduce.size());
+  // Elements of the index space, of the reduced shape and of the layer norm's rows, and
+  // their bytes in a dtype.
+  const double full = static_cast<double>(numel(shape));
+  const double reduced = static_cast<double>(numel(reduced_shape(shape, reduce_axes(axes, shape.size(), nullptr), false)));
   const double rows = shape.empty() ? 0 : full / static_cast<double>(shape.back());
+  auto bytes = [](double elems, DType t) { return elems * static_cast<double>(dtype_size(t)); };
   auto in_bytes = [&](int k) { return static_cast<double>(inputs[static_cast<size_t>(k)].bytes()); };
+  auto operand_bytes = [&](int v) { return v >= 0 ? in_bytes(v) : bytes(full, temp[static_cast<size_t>(-v - 1)]); };
   EwTraffic t;
   for (const TensorType& in : inputs) t.fused_bytes += static_cast<double>(in.bytes());
-  for (const EwInstr& in : p.code) {
-    for (int v : in.args) t.split_bytes += v >= 0 ? in_bytes(v) : full;
-    t.split_bytes += full;
+  for (size_t c = 0; c < p.code.size(); ++c) {
+    const EwInstr& in = p.code[c];
+    if (in.op == Op::cast) {
+      const int v = in.args[0];
+      if ((v >= 0 ? in_dtypes[static_cast<size_t>(v)] : temp[static_cast<size_t>(-v - 1)]) == in.dtype) continue;
+    }
+    for (int v : in.args) t.split_bytes += operand_bytes(v);
+    t.split_bytes += bytes(full, temp[c]);
     ++t.split_kernels;
   }
-  for (EwReduce r : p.reduce) {
-    switch (r) {
-      case EwReduce::none: t.fused_bytes += full; break;
+  for (size_t j = 0; j < p.reduce.size(); ++j) {
+    const double value = bytes(full, temp[static_cast<size_t>(p.outputs[j])]);
+    switch (p.reduce[j]) {
+      case EwReduce::none: t.fused_bytes += bytes(full, out[j]); break;
       case EwReduce::sum: case EwReduce::mean:
-        t.fused_bytes += reduced;
-        t.split_bytes += full + reduced;
+        t.fused_bytes += bytes(reduced, out[j]);
+        t.split_bytes += value + bytes(reduced, out[j]);
         ++t.split_kernels;
         break;
       case EwReduce::ln_y:
-        t.fused_bytes += full;
-        t.split_bytes += full + in_bytes(p.ln_gamma) + in_bytes(p.ln_beta) + full + 2 * rows;
+        t.fused_bytes += bytes(full, out[j]);
+        t.split_bytes += value + in_bytes(p.ln_gamma) + in_bytes(p.ln_beta) + bytes(full, out[j]) +
+                         bytes(rows, out[j + 1]) + bytes(rows, out[j + 2]);
         ++t.split_kernels;
         break;
-      case EwReduce::ln_mean: case EwReduce::ln_rstd: t.fused_bytes += rows; break;
+      case EwReduce::ln_mean: case EwReduce::ln_rstd: t.fused_bytes += bytes(rows, out[j]); break;
     }
   }
   return t;
@@ -250,21 +351,40 @@ void register_fused_elementwise(OpTable& t) {
   d.name = "fused_elementwise";
   d.inputs = {"xs..."};
   d.outputs = {"ys..."};
-  d.attrs = {{"program", std::string(), true}, {"axes", std::vector<int64_t>{}}, {"keepdims", int64_t{0}}};
+  d.attrs = {{"program", std::string(), true},
+             {"axes", std::vector<int64_t>{}},
+             {"keepdims", int64_t{0}},
+             {"dtypes", std::string()}};
   d.doc = "a chain of elementwise ops evaluated per element in one kernel, intermediates never "
-          "stored, outputs stored or summed over axes (made by fusion; the program names the ops)";
+          "stored, outputs stored or summed over axes (made by fusion; the program names the ops); "
+          "each input in its own float dtype, each output in its entry of `dtypes` (\"\": the "
+          "first input's; f32 statistics of a 16-bit layer norm)";
   d.infer = [](const InferCtx& c) {
     EwProgram p = EwProgram::parse(c.attrs.s("program"));
     if (p.inputs > static_cast<int>(c.n()))
       c.fail("the program reads input i", p.inputs - 1, " of ", c.n());
     Shape shape;
     for (size_t k = 0; k < c.n(); ++k) {
-      if (c.type(k).dtype != c.type(0).dtype) c.fail("inputs differ in dtype");
+      c.expect_float(k);
       auto b = broadcast_shapes(shape, c.shape(k));
       if (!b) c.fail("inputs do not broadcast together");
       shape = *b;
     }
-    c.expect_float(0);
+    std::vector<DType> dtypes;
+    try {
+      dtypes = ew_output_dtypes(p, c.attrs.s("dtypes"), c.type(0).dtype);
+    } catch (const Error& e) {
+      c.fail(e.what());
+    }
+    // f64 is the CPU's gradient-check dtype: a group computes in double only as a whole.
+    std::vector<DType> all;  // the inputs', then the outputs'
+    for (size_t k = 0; k < c.n(); ++k) all.push_back(c.type(k).dtype);
+    all.insert(all.end(), dtypes.begin(), dtypes.end());
+    if (std::count(all.begin(), all.end(), DType::f64) > 0)
+      for (size_t k = 0; k < all.size(); ++k)
+        if (all[k] != DType::f64)
+          c.fail("inputs differ in dtype: ", k < c.n() ? "input " : "output ", k < c.n() ? k : k - c.n(), " is ",
+                 dtype_name(all[k]), " where another operand is f64 (f64 only with f64 everywhere)");
     if (!p.reduces() && (!c.attrs.ints("axes").empty() || c.attrs.i("keepdims")))
       c.fail("axes or keepdims given, but no output of the program is a sum or mean");
     const Shape reduced =
@@ -278,10 +398,17 @@ void register_fused_elementwise(OpTable& t) {
         c.fail("the layer norm's gamma and beta must have shape ", shape_str(dim));
     }
     std::vector<TensorType> out;
-    for (EwReduce r : p.reduce) {
+    for (size_t j = 0; j < p.reduce.size(); ++j) {
+      const EwReduce r = p.reduce[j];
       const bool stat = r == EwReduce::ln_mean || r == EwReduce::ln_rstd;
       const bool full = r == EwReduce::none || r == EwReduce::ln_y;
-      out.push_back({c.type(0).dtype, full ? shape : stat ? rows : reduced});
+      if (r == EwReduce::ln_y)
+        for (size_t s = j + 1; s < j + 3; ++s)
+          if (dtypes[s] != compute_dtype(dtypes[j]))
+            c.fail("the layer norm's mean and rstd (outputs ", j + 1, " and ", j + 2, ") must be ",
+                   dtype_name(compute_dtype(dtypes[j])), " for its ", dtype_name(dtypes[j]), " y, got ",
+                   dtype_name(dtypes[s]));
+      out.push_back({dtypes[j], full ? shape : stat ? rows : reduced});
     }
     return out;
   };

@@ -14,6 +14,14 @@
 // with gamma i<g> and beta i<b>: three outputs, as layer_norm's (y, mean, rstd). A
 // program ends in sums or in one layer norm, not both (a residual add + layer norm):
 //   add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)
+//
+// Mixed precision: each input is loaded in its own dtype and every temp is computed in
+// float (double when the data is f64), never rounded except by cast[<dtype>](x), which
+// rounds x to that dtype (to nearest even) and goes on in float: cast[f32] is the identity
+// on float data and rounds f64 data to float. Each output is stored in its own dtype (the
+// op's "dtypes" attribute). The fusion pass writes the rounding of every 16-bit value of
+// the unfused graph as a cast, so that fused and unfused compute the same bits:
+//   cast[f32](i0);add(t0,i1);cast[bf16](t1)->t2        (dtypes=bf16: a bf16 result)
 #pragma once
 #include <string>
 #include <vector>
@@ -27,6 +35,7 @@ struct EwInstr {
   Op op;
   double p = 0;           // the op's scalar attribute (0 if it has none)
   std::vector<int> args;  // >= 0: input index; < 0: temp -(arg + 1)
+  DType dtype = DType::f32;  // Op::cast: the dtype it rounds to (its attribute, a name)
 };
 
 enum class EwReduce { none, sum, mean, ln_y, ln_mean, ln_rstd };
@@ -48,19 +57,35 @@ struct EwProgram {
   std::string str() const;
   bool reduces() const;  // whether some output is a sum or mean
   bool normalizes() const { return ln_gamma >= 0; }  // whether it ends in a layer norm
+  // The dtype each temp would be stored in by one kernel per op, given the inputs': a
+  // cast's target; another op's, its operands' dtype where they agree, else the one they
+  // compute in (f32, or f64). The fusion pass's programs round every 16-bit temp by a cast
+  // right after the op, so these are the dtypes of the unfused graph's values.
+  std::vector<DType> temp_dtypes(const std::vector<DType>& inputs) const;
 };
+
+// The outputs' dtypes from the op's "dtypes" attribute ("bf16,f32,f32": a name per output,
+// in order, a layer norm's y, mean and rstd included), or, when it is empty, the first
+// input's dtype for every output except a layer norm's mean and rstd, which take the
+// dtype it computes in (f32 for 16-bit data). Throws seam::Error on a bad list.
+std::vector<DType> ew_output_dtypes(const EwProgram& p, const std::string& dtypes, DType first_input);
+std::string ew_dtypes_str(const std::vector<DType>& dtypes);  // "bf16,f32,f32"
 
 // The bytes a group moves as one kernel and as one kernel per op (the split: each op reads
 // its operands and writes its value; a sum or mean reads the value and writes its result;
 // a layer norm reads the value, gamma and beta and writes y and its statistics), counted
-// from the program, its input types and the reduced axes.
+// from the program, its input types, the reduced axes and the outputs' dtypes (empty: as
+// ew_output_dtypes gives them without a "dtypes" attribute), each operand at its own
+// element size. A cast to the dtype its operand already has (the rounding the pass writes
+// after a 16-bit op) is no kernel of the split.
 struct EwTraffic {
   double fused_bytes = 0, split_bytes = 0;
   int split_kernels = 0;
   // "0.43x the bytes of one kernel per op (50.3 of 117.5 MB, 3 kernels)"
   std::string str() const;
 };
-EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, const std::vector<int64_t>& axes);
+EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, const std::vector<int64_t>& axes,
+                     const std::vector<DType>& outputs = {});
 
 // Where the model decides between the generated kernel and the split without timing them:
 // when the kernel moves at most half the split's bytes. Generated kernels reach 60-85% of
@@ -70,9 +95,10 @@ EwTraffic ew_traffic(const EwProgram& p, const std::vector<TensorType>& inputs, 
 inline bool fused_clearly_faster(const EwTraffic& t) { return 2 * t.fused_bytes <= t.split_bytes; }
 
 // Whether an op can be part of a fused elementwise program, and how many operands it
-// takes there (0 if it cannot).
+// takes there (0 if it cannot): the ops of ops.def, their gradients, and cast.
 int ew_arity(Op op);
-// The op's scalar attribute name ("" if none).
+// The op's scalar attribute name ("" if none): a number, except cast's "dtype", a dtype
+// name (EwInstr::dtype).
 const char* ew_attr(Op op);
 
 }  // namespace seam

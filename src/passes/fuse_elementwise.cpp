@@ -15,11 +15,17 @@ namespace {
 
 // A node the pass may put in a group: an elementwise op on floats whose operands all
 // broadcast to its output's shape (a binary gradient's output is at dy's shape; its sum
-// over broadcast axes is a separate node).
+// over broadcast axes is a separate node), or a cast between float dtypes: the kernel
+// loads each operand in its own dtype and stores each value in its own, so casts cost
+// nothing inside a group. f64 (the CPU's gradient checks) stays among f64.
 bool fusable(const Graph& g, const Node& n) {
   if (ew_arity(n.op) == 0 || n.out.size() != 1) return false;
   const TensorType& out = g.value(n.out[0]).type;
   if (!is_float(out.dtype)) return false;
+  if (n.op == Op::cast) {
+    const DType from = g.value(n.in[0]).type.dtype;
+    return is_float(from) && (from == out.dtype || (from != DType::f64 && out.dtype != DType::f64));
+  }
   for (ValueId v : n.in) {
     const TensorType& t = g.value(v).type;
     if (t.dtype != out.dtype) return false;
@@ -172,6 +178,33 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     group[static_cast<size_t>(c.node)] = c.gid;
     members[static_cast<size_t>(c.gid)].push_back(c.node);
   }
+  //    A cast left alone reading a group's layer-norm y or sum, and nothing else reads that
+  //    value: the group stores it in the cast's dtype instead (the store rounds as the
+  //    cast would), e.g. a layer norm's output for the GEMM after it. Its only operand is
+  //    the group's, so it closes no cycle.
+  std::vector<int> stored_by(g.values().size(), -1);  // value -> the cast that stores it
+  std::vector<bool> absorbed(static_cast<size_t>(nn), false);
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    const int own = group[static_cast<size_t>(k)];
+    if (n.op != Op::cast || !fusable(g, n) || (own >= 0 && members[static_cast<size_t>(own)].size() > 1)) continue;
+    const ValueId v = n.in[0];
+    const int p = producer(v);
+    if (p < 0 || group[static_cast<size_t>(p)] < 0 || keep.count(v) || users[static_cast<size_t>(v)].size() != 1) continue;
+    const Op pop = nodes[static_cast<size_t>(p)].op;
+    if (!((pop == Op::layer_norm && nodes[static_cast<size_t>(p)].out[0] == v) || pop == Op::sum || pop == Op::mean))
+      continue;
+    if (own >= 0) members[static_cast<size_t>(own)].clear();
+    group[static_cast<size_t>(k)] = group[static_cast<size_t>(p)];
+    members[static_cast<size_t>(group[static_cast<size_t>(p)])].push_back(k);
+    stored_by[static_cast<size_t>(v)] = k;
+    absorbed[static_cast<size_t>(k)] = true;
+  }
+  // The value that stands for v outside the group: v, or the cast that stores it.
+  auto stored_value = [&](ValueId v) {
+    const int c = stored_by[static_cast<size_t>(v)];
+    return c < 0 ? v : nodes[static_cast<size_t>(c)].out[0];
+  };
   for (int k = 0; k < nn; ++k)  // a group of one node stays that node
     if (group[static_cast<size_t>(k)] >= 0 && members[static_cast<size_t>(group[static_cast<size_t>(k)])].size() < 2)
       group[static_cast<size_t>(k)] = -1;
@@ -203,8 +236,11 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     auto is_reduction = [&](int k) { return ew_arity(nodes[static_cast<size_t>(k)].op) == 0; };
     for (int k : ms) {
       const Node& n = nodes[static_cast<size_t>(k)];
-      if (is_reduction(k)) continue;
-      EwInstr in{n.op, *ew_attr(n.op) ? n.attrs.f(ew_attr(n.op)) : 0.0, {}};
+      if (is_reduction(k) || absorbed[static_cast<size_t>(k)]) continue;
+      const DType dtype = g.value(n.out[0]).type.dtype;
+      EwInstr in{n.op, 0.0, {}};
+      if (n.op == Op::cast) in.dtype = dtype;
+      else if (*ew_attr(n.op)) in.p = n.attrs.f(ew_attr(n.op));
       for (ValueId v : n.in) {
         const int t = temp_of[static_cast<size_t>(v)];
         if (t >= 0) {
@@ -215,12 +251,20 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
       }
       temp_of[static_cast<size_t>(n.out[0])] = static_cast<int>(prog.code.size());
       prog.code.push_back(std::move(in));
+      // The unfused op stores a 16-bit value rounded, and its readers see that: so does
+      // the group, by a cast right after it (temps are floats).
+      if (n.op != Op::cast && is_half(dtype)) {
+        const int t = temp_of[static_cast<size_t>(n.out[0])];
+        prog.code.push_back(EwInstr{Op::cast, 0.0, {-t - 1}, dtype});
+        temp_of[static_cast<size_t>(n.out[0])] = t + 1;
+      }
     }
     std::vector<ValueId> outs;
     std::vector<std::string> names;
     for (int k : ms) {
       const Node& n = nodes[static_cast<size_t>(k)];
       const ValueId v = n.out[0];
+      if (absorbed[static_cast<size_t>(k)]) continue;  // stored with the value it reads
       if (n.op == Op::layer_norm) {  // y, mean and rstd
         prog.ln_gamma = input_of(n.in[1]);
         prog.ln_beta = input_of(n.in[2]);
@@ -230,8 +274,8 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
           prog.reduce.push_back(kind);
         }
         for (ValueId o : n.out) {
-          outs.push_back(o);
-          names.push_back(g.value(o).name);
+          outs.push_back(stored_value(o));
+          names.push_back(g.value(stored_value(o)).name);
         }
         continue;
       }
@@ -245,8 +289,8 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
         prog.outputs.push_back(temp_of[static_cast<size_t>(v)]);
         prog.reduce.push_back(EwReduce::none);
       }
-      outs.push_back(v);
-      names.push_back(g.value(v).name);
+      outs.push_back(stored_value(v));
+      names.push_back(g.value(stored_value(v)).name);
     }
     if (outs.empty()) {  // a dead chain: left as it is, for the lowering to drop
       for (int k : ms) emit_node(k);
@@ -259,6 +303,11 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
       attrs.set("axes", std::vector<int64_t>(red->axes.begin(), red->axes.end()));
       attrs.set("keepdims", int64_t{red->keepdims});
     }
+    // Each output in the dtype of the value it stands for; the attribute only where that
+    // is not what it defaults to, so that f32 plans read as before.
+    std::vector<DType> dtypes;
+    for (ValueId v : outs) dtypes.push_back(g.value(v).type.dtype);
+    if (dtypes != ew_output_dtypes(prog, "", g.value(ext[0]).type.dtype)) attrs.set("dtypes", ew_dtypes_str(dtypes));
     auto made = ng.add_named(Op::fused_elementwise, in, attrs, names);
     for (size_t i = 0; i < outs.size(); ++i) r.map[static_cast<size_t>(outs[i])] = made[i];
     for (int k : ms) done[static_cast<size_t>(k)] = true;

@@ -161,6 +161,7 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
   // reduction); absorbed[c]: a cast that is now its producer's output.
   std::vector<std::optional<DType>> folded(nodes.size());
   std::vector<bool> absorbed(nodes.size(), false);
+  std::map<ValueId, std::string> renamed;
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
     if (n.op != Op::matmul && n.op != Op::linear_grad_weight_bias && n.op != Op::sum && n.op != Op::mean) continue;
@@ -172,7 +173,7 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
       for (int u : users[static_cast<size_t>(v)]) {
         const Node& c = nodes[static_cast<size_t>(u)];
         auto t = c.op == Op::cast ? parse_dtype(c.attrs.s("dtype")) : std::nullopt;
-        ok = ok && t && (!to || *to == *t);
+        ok = ok && t && (!to || *to == *t) && users[static_cast<size_t>(v)].size() == 1;
         if (ok) to = *t, casts.push_back(u);
       }
     }
@@ -181,6 +182,8 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
     if (!ok || !to || *to == in || *to != compute_dtype(in)) continue;
     folded[k] = *to;
     for (int c : casts) absorbed[static_cast<size_t>(c)] = true;
+    // Each output takes its cast's name: a requested value keeps the name it is read by.
+    for (size_t i = 0; i < n.out.size(); ++i) renamed[n.out[i]] = g.value(nodes[static_cast<size_t>(casts[i])].out[0]).name;
   }
 
   FuseResult r = start_rebuild(g);
@@ -194,11 +197,16 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
     std::vector<ValueId> in;
     for (ValueId v : n.in) in.push_back(mapped(r, v));
     Attrs attrs = n.attrs;
+    std::vector<ValueId> out;
     if (folded[k]) {
       attrs.set("dtype", std::string(dtype_name(*folded[k])));
       ++r.backward;
+      std::vector<std::string> names;
+      for (ValueId v : n.out) names.push_back(renamed.at(v));
+      out = ng.add_named(n.op, in, attrs, names);
+    } else {
+      out = emit(ng, g, n, in, attrs);
     }
-    auto out = emit(ng, g, n, in, attrs);
     for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
   }
   return r;

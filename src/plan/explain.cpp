@@ -72,7 +72,9 @@ std::string why(const PlanStep& s) {
       if (p.normalizes()) o << ", the last normalized row by row (layer norm) before it is stored";
       std::vector<TensorType> in;
       for (auto& b : s.in) in.push_back(b.type);
-      const EwTraffic t = ew_traffic(p, in, s.attrs.ints("axes"));
+      std::vector<DType> out;  // each output at its own size
+      for (auto& b : s.out) out.push_back(b.type.dtype);
+      const EwTraffic t = ew_traffic(p, in, s.attrs.ints("axes"), out);
       o << (fused_clearly_faster(t) ? "; kept over one kernel per op by the model: " : "; timed against one kernel per op: ")
         << t.str();
       return o.str();

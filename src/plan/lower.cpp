@@ -81,6 +81,19 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   Plan plan;
   plan.layout = layout;
   plan.optimizer = req.optimizer;
+  // A cast of an f32 parameter to the working dtype reads the parameter's working copy
+  // (at half its offset): no step, no arena space, no cast kernel on the step's path.
+  std::vector<bool> working_cast(static_cast<size_t>(nn), false);
+  if (req.working && layout.param_dtype == DType::f32)
+    for (int k = 0; k < nn; ++k) {
+      const Node& n = g.node(k);
+      if (!live_node[static_cast<size_t>(k)] || n.op != Op::cast) continue;
+      const Value& src = g.value(n.in[0]);
+      if (src.kind != ValueKind::param || g.value(n.out[0]).type.dtype != *req.working) continue;
+      working_cast[static_cast<size_t>(k)] = true;
+      fixed(n.out[0], Region::working, layout.param(src.name)->offset / 2);
+      plan.working = req.working;
+    }
   for (auto& [v, slot] : req.grads) {
     const Slot& s = layout.params.at(slot);
     if (root[static_cast<size_t>(v)] != v || g.value(v).kind != ValueKind::intermediate)
@@ -103,7 +116,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     if (!live_node[static_cast<size_t>(k)]) continue;
     const Node& n = g.node(k);
     const OpDef& d = op_def(n.op);
-    if (d.view_of >= 0) continue;
+    if (d.view_of >= 0 || working_cast[static_cast<size_t>(k)]) continue;
     // A node of no inputs (the gradient seed) gives the same value every step; its output
     // keeps its arena place, so it is computed once. (Not into the gradient buffers:
     // another program of the model may write there.)

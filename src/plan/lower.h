@@ -24,6 +24,9 @@ struct LowerRequest {
   // ordered by a shared buffer: in backward, a layer's input gradient would otherwise
   // take the place of the activation the weight gradient beside it still reads.
   int reuse_gap = 0;
+  // Casts of f32 parameters to this dtype read the model's working copies
+  // (Region::working) instead of running as steps.
+  std::optional<DType> working;
 };
 
 // Keeps only the nodes the requested values need, places every value, and plans the

@@ -12,6 +12,7 @@ const char* region_name(Region r) {
     case Region::params: return "params";
     case Region::grads: return "grads";
     case Region::state: return "state";
+    case Region::working: return "working";
   }
   return "?";
 }

@@ -1,6 +1,7 @@
-// The seam command line: train, eval, plan, bench, ops. Every command reports bad input as
-// one line on stderr starting "seam: error:"; a usage mistake (a flag, value or argument
-// the command does not take) exits with status 2, a failure while running with 1.
+// The seam command line: train, eval, plan, bench, numerics, ops. Every command reports
+// bad input as one line on stderr starting "seam: error:"; a usage mistake (a flag, value
+// or argument the command does not take) exits with status 2, a failure while running
+// with 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "bench/bench.h"
+#include "bench/numerics.h"
 #include "common/strings.h"
 #include "data/fashion_mnist.h"
 #include "ops/registry.h"
@@ -83,6 +85,18 @@ CLI::Validator one_of(std::vector<std::string> allowed) {
         return std::find(allowed.begin(), allowed.end(), s) != allowed.end() ? "" : "must be one of " + list + ", got '" + s + "'";
       },
       "{" + list + "}");
+}
+
+// A case of `seam numerics`, or a family of them ("matmul").
+CLI::Validator numerics_case() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (seam::bench::selects_numerics_op(s)) return "";
+        std::string near = seam::nearest_names(s, seam::bench::numerics_ops());
+        return "must be a case or a family of cases (see --list), got '" + s + "'" +
+               (near.empty() ? "" : "; did you mean " + near + "?");
+      },
+      "CASE");
 }
 
 // CLI11's wording of a parse error, reworded where it reads badly as one sentence.
@@ -249,20 +263,37 @@ int main(int argc, char** argv) {
   bench->add_option("--streams", bo.streams, "CUDA streams independent steps may run on side by side (1: one)")
       ->transform(whole<int>(1, 16));
 
+  seam::bench::NumericsOptions no;
+  std::vector<std::string> numerics_precisions;
+  bool numerics_list = false;
+  auto* numerics = app.add_subcommand(
+      "numerics", "error of each op family's output and gradients at each precision against a float64 reference");
+  numerics->add_option("--device", no.device, "cpu, cuda or auto (default: the GPU if there is one)")
+      ->check(one_of({"cpu", "cuda", "auto"}));
+  numerics->add_option("--precision", numerics_precisions,
+                       "precisions to measure, repeatable or comma-separated (default: f32, tf32, bf16, f16)")
+      ->delimiter(',')
+      ->check(one_of(seam::precision_names()));
+  numerics->add_option("--op", no.ops, "only this case, or a family (matmul: every layout); repeatable or comma-separated")
+      ->delimiter(',')
+      ->check(numerics_case());
+  numerics->add_option("--csv", no.csv, "also write the rows as CSV");
+  numerics->add_flag("--list", numerics_list, "print the cases and exit");
+
   auto* ops = app.add_subcommand("ops", "list every op with its signature");
   bool grads = false;
   ops->add_flag("--grads", grads, "include the gradient ops that autodiff inserts");
 
   // Arguments CLI11 cannot place are kept, not thrown, so that the message can name the
   // flag or command meant.
-  for (CLI::App* a : {&app, train, eval, plan, bench, ops}) a->allow_extras();
+  for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops}) a->allow_extras();
   auto help_hint = [&] {
     auto subs = app.get_subcommands();
     return " (see 'seam " + (subs.empty() ? std::string() : subs[0]->get_name() + " ") + "--help')";
   };
   try {
     app.parse(argc, argv);
-    for (CLI::App* a : {&app, train, eval, plan, bench, ops})
+    for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops})
       if (!a->remaining().empty()) throw UsageError(unexpected(*a, a->remaining()[0], a == &app));
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
@@ -294,6 +325,17 @@ int main(int argc, char** argv) {
       bo.graph = !no_graph;
       bo.precision = precision_of(bench_precision);
       return seam::bench::run_bench(bo);
+    }
+    if (*numerics) {
+      if (numerics_list) {
+        for (const std::string& n : seam::bench::numerics_ops()) std::cout << n << "\n";
+        return 0;
+      }
+      for (const std::string& name : numerics_precisions) {
+        const seam::Precision p = *seam::parse_precision(name);  // checked by one_of
+        if (std::find(no.precisions.begin(), no.precisions.end(), p) == no.precisions.end()) no.precisions.push_back(p);
+      }
+      return seam::bench::run_numerics_command(no);
     }
     if (*ops) {
       print_ops(grads);

@@ -1,7 +1,9 @@
 // CPU kernels of the elementwise ops, generated from the expressions in seam/ops.def.
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cpu/cpu.h"
+#include "common/half.h"
 #include "ops/elementwise.h"
 #include "ops/fused_ew.h"
 #include "ops/shapes.h"
@@ -103,8 +105,9 @@ void binary_bwd(const KernelArgs& k) {
 }
 
 // fused_elementwise: the program interpreted per element, each op through the functor of
-// its unfused kernel with the same operands and each temp held in T, so the results are
-// bitwise those of the unfused ops.
+// its unfused kernel with the same operands and each temp held in T (float, or double for
+// f64 data), so the results are bitwise those of the unfused ops. cast[<dtype>] rounds
+// as the cast kernel does (a double through float first).
 template <class T>
 using EwEval = T (*)(const T* v, T p);
 
@@ -115,97 +118,163 @@ T unary_grad_of(const T* v, T p) {  // v = (dy) or (dy, x) or (dy, y)
 }
 
 template <class T>
-EwEval<T> evaluator(Op op) {
-  switch (op) {
-#define SEAM_UNARY(name, attr, def, value, derivative, uses)                           case Op::name:                                                                         return [](const T* v, T p) { return fn::name##_fn::fwd(v[0], p); };                case Op::name##_grad:                                                                  return [](const T* v, T p) { return unary_grad_of<fn::name##_fn, Uses::uses>(v, p); };
-#define SEAM_BINARY(name, value, da, db)                                                           case Op::name:                                                                                     return [](const T* v, T) { return fn::name##_fn::fwd(v[0], v[1]); };                           case Op::name##_grad_a:                                                                            return [](const T* v, T) { return fn::name##_fn::grad_a(v[1], v[2], v[0]); };                  case Op::name##_grad_b:                                                                            return [](const T* v, T) { return fn::name##_fn::grad_b(v[1], v[2], v[0]); };
-#include "seam/ops.def"
-    default:
-      fail("fused_elementwise: ", op_name(op), " is not an elementwise op");
+EwEval<T> cast_evaluator(DType to) {
+  switch (to) {
+    case DType::bf16:
+      return [](const T* v, T) { return static_cast<T>(bf16_to_float(float_to_bf16(static_cast<float>(v[0])))); };
+    case DType::f16:
+      return [](const T* v, T) { return static_cast<T>(f16_to_float(float_to_f16(static_cast<float>(v[0])))); };
+    case DType::f32: return [](const T* v, T) { return static_cast<T>(static_cast<float>(v[0])); };
+    default: return [](const T* v, T) { return v[0]; };
   }
+}
+
+template <class T>
+EwEval<T> evaluator(const EwInstr& in) {
+  switch (in.op) {
+#define SEAM_UNARY(name, attr, def, value, derivative, uses)                           \
+  case Op::name:                                                                       \
+    return [](const T* v, T p) { return fn::name##_fn::fwd(v[0], p); };                \
+  case Op::name##_grad:                                                                \
+    return [](const T* v, T p) { return unary_grad_of<fn::name##_fn, Uses::uses>(v, p); };
+#define SEAM_BINARY(name, value, da, db)                                               \
+  case Op::name:                                                                       \
+    return [](const T* v, T) { return fn::name##_fn::fwd(v[0], v[1]); };               \
+  case Op::name##_grad_a:                                                              \
+    return [](const T* v, T) { return fn::name##_fn::grad_a(v[1], v[2], v[0]); };      \
+  case Op::name##_grad_b:                                                              \
+    return [](const T* v, T) { return fn::name##_fn::grad_b(v[1], v[2], v[0]); };
+#include "seam/ops.def"
+    case Op::cast: return cast_evaluator<T>(in.dtype);
+    default:
+      fail("fused_elementwise: ", op_name(in.op), " is not an elementwise op");
+  }
+}
+
+// Element i of a float tensor of any dtype, and a store rounding to it (to nearest even,
+// a double through float first, as the cast kernel).
+double load_float(const TensorView& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return t.as<float>()[i];
+    case DType::f64: return t.as<double>()[i];
+    case DType::bf16: return bf16_to_float(t.as<uint16_t>()[i]);
+    case DType::f16: return f16_to_float(t.as<uint16_t>()[i]);
+    default: fail("fused_elementwise: ", t.type.str(), " is not a float tensor");
+  }
+}
+void store_float(const TensorView& t, int64_t i, double v) {
+  switch (t.dtype()) {
+    case DType::f32: t.as<float>()[i] = static_cast<float>(v); return;
+    case DType::f64: t.as<double>()[i] = v; return;
+    case DType::bf16: t.as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v)); return;
+    case DType::f16: t.as<uint16_t>()[i] = float_to_f16(static_cast<float>(v)); return;
+    default: fail("fused_elementwise: ", t.type.str(), " is not a float tensor");
+  }
+}
+
+// The executor hands 16-bit operands over as f32 copies; an operand in another dtype than
+// the one the group computes in (a 16-bit one, should it come as is) is converted here,
+// into a copy of its own on the way in and from one on the way out.
+template <class T>
+void fused_elementwise_in(const KernelArgs& a, const EwProgram& prog) {
+  constexpr DType own = std::is_same_v<T, double> ? DType::f64 : DType::f32;
+  const size_t nin = a.in.size(), ncode = prog.code.size(), nout = a.out.size();
+  std::vector<EwEval<T>> eval;
+  std::vector<T> param;
+  for (const EwInstr& in : prog.code) {
+    eval.push_back(evaluator<T>(in));
+    param.push_back(static_cast<T>(in.p));
+  }
+  Shape shape;  // the index space: every input broadcast
+  for (auto& in : a.in) shape = *broadcast_shapes(shape, in.shape());
+  const size_t r = shape.size();
+  // Element strides over the index space of each input (0 where it is broadcast), then
+  // of each output (0 along the reduced axes of a sum or mean).
+  std::vector<std::vector<int64_t>> st(nin + nout, std::vector<int64_t>(r, 0));
+  auto strides_of = [&](std::vector<int64_t>& to, const Shape& s) {
+    const auto own_st = row_major_strides(s);
+    const size_t lead = r - s.size();
+    for (size_t d = lead; d < r; ++d)
+      if (s[d - lead] != 1) to[d] = own_st[d - lead];
+  };
+  std::vector<std::vector<T>> copies(nin + nout);
+  auto converted = [&](size_t slot, const TensorView& t, bool load) {
+    auto& c = copies[slot];
+    c.resize(static_cast<size_t>(t.numel()));
+    if (load)
+      for (size_t e = 0; e < c.size(); ++e) c[e] = static_cast<T>(load_float(t, static_cast<int64_t>(e)));
+    return c.data();
+  };
+  std::vector<const T*> src(nin);
+  for (size_t k = 0; k < nin; ++k) {
+    src[k] = a.in[k].dtype() == own ? a.in[k].as<T>() : converted(k, a.in[k], true);
+    strides_of(st[k], a.in[k].shape());
+  }
+  const auto axes = reduce_axes(a.attrs().ints("axes"), r, nullptr);
+  Shape kept = shape;
+  for (int d : axes) kept[static_cast<size_t>(d)] = 1;
+  std::vector<T*> dst;
+  std::vector<std::vector<double>> acc(nout);  // a reduced output's sums, as sum adds them
+  // A layer norm's input goes to y first, and is normalized in place after the walk.
+  auto stored = [&](size_t o) { return prog.reduce[o] == EwReduce::none || prog.reduce[o] == EwReduce::ln_y; };
+  for (size_t o = 0; o < nout; ++o) {
+    dst.push_back(a.out[o].dtype() == own ? a.out[o].as<T>() : converted(nin + o, a.out[o], false));
+    if (summed(prog.reduce[o])) {
+      strides_of(st[nin + o], kept);
+      acc[o].assign(static_cast<size_t>(a.out[o].numel()), 0.0);
+    } else if (stored(o)) {
+      strides_of(st[nin + o], shape);
+    }
+  }
+  std::vector<T> temp(ncode);
+  std::vector<int64_t> idx(r, 0), off(nin + nout, 0);
+  T args[3];
+  const int64_t n = numel(shape);
+  for (int64_t i = 0; i < n; ++i) {
+    for (size_t c = 0; c < ncode; ++c) {
+      const auto& as = prog.code[c].args;
+      for (size_t j = 0; j < as.size(); ++j) {
+        const int v = as[j];
+        args[j] = v >= 0 ? src[static_cast<size_t>(v)][off[static_cast<size_t>(v)]] : temp[static_cast<size_t>(-v - 1)];
+      }
+      temp[c] = eval[c](args, param[c]);
+    }
+    for (size_t o = 0; o < nout; ++o) {
+      const T v = temp[static_cast<size_t>(prog.outputs[o])];
+      if (stored(o)) dst[o][off[nin + o]] = v;
+      else if (summed(prog.reduce[o])) acc[o][static_cast<size_t>(off[nin + o])] += static_cast<double>(v);
+    }
+    for (size_t d = r; d-- > 0;) {  // the next index, odometer style
+      ++idx[d];
+      for (size_t k = 0; k < st.size(); ++k) off[k] += st[k][d];
+      if (idx[d] < shape[d]) break;
+      for (size_t k = 0; k < st.size(); ++k) off[k] -= st[k][d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+  for (size_t o = 0; o < nout; ++o) {
+    if (prog.reduce[o] == EwReduce::ln_y) {  // followed by mean and rstd
+      layer_norm_rows<T>(dst[o], src[static_cast<size_t>(prog.ln_gamma)], src[static_cast<size_t>(prog.ln_beta)],
+                         dst[o], dst[o + 1], dst[o + 2], a.out[o + 1].numel(), shape.back(), prog.ln_eps);
+    }
+    if (!summed(prog.reduce[o])) continue;
+    // mean's own scale (src/backend/cpu/reduce.cpp), so that fusing changes no bit
+    const double scale =
+        prog.reduce[o] == EwReduce::mean ? static_cast<double>(numel(kept)) / static_cast<double>(n) : 1.0;
+    for (size_t e = 0; e < acc[o].size(); ++e) dst[o][e] = static_cast<T>(acc[o][e] * scale);
+  }
+  for (size_t o = 0; o < nout; ++o)
+    if (a.out[o].dtype() != own)
+      for (int64_t e = 0; e < a.out[o].numel(); ++e) store_float(a.out[o], e, static_cast<double>(dst[o][e]));
 }
 
 void fused_elementwise(const KernelArgs& a) {
   const EwProgram& prog = EwProgram::cached(a.attrs().s("program"));
-  dispatch_float(a.in[0].dtype(), [&]<class T>() {
-    const size_t nin = a.in.size(), ncode = prog.code.size(), nout = a.out.size();
-    std::vector<EwEval<T>> eval;
-    std::vector<T> param;
-    for (const EwInstr& in : prog.code) {
-      eval.push_back(evaluator<T>(in.op));
-      param.push_back(static_cast<T>(in.p));
-    }
-    Shape shape;  // the index space: every input broadcast
-    for (auto& in : a.in) shape = *broadcast_shapes(shape, in.shape());
-    const size_t r = shape.size();
-    // Element strides over the index space of each input (0 where it is broadcast), then
-    // of each output (0 along the reduced axes of a sum or mean).
-    std::vector<std::vector<int64_t>> st(nin + nout, std::vector<int64_t>(r, 0));
-    auto strides_of = [&](std::vector<int64_t>& to, const Shape& s) {
-      const auto own = row_major_strides(s);
-      const size_t lead = r - s.size();
-      for (size_t d = lead; d < r; ++d)
-        if (s[d - lead] != 1) to[d] = own[d - lead];
-    };
-    std::vector<const T*> src(nin);
-    for (size_t k = 0; k < nin; ++k) {
-      src[k] = a.in[k].as<T>();
-      strides_of(st[k], a.in[k].shape());
-    }
-    const auto axes = reduce_axes(a.attrs().ints("axes"), r, nullptr);
-    Shape kept = shape;
-    for (int d : axes) kept[static_cast<size_t>(d)] = 1;
-    std::vector<T*> dst;
-    std::vector<std::vector<double>> acc(nout);  // a reduced output's sums, as sum adds them
-    // A layer norm's input goes to y first, and is normalized in place after the walk.
-    auto stored = [&](size_t o) { return prog.reduce[o] == EwReduce::none || prog.reduce[o] == EwReduce::ln_y; };
-    for (size_t o = 0; o < nout; ++o) {
-      dst.push_back(a.out[o].as<T>());
-      if (summed(prog.reduce[o])) {
-        strides_of(st[nin + o], kept);
-        acc[o].assign(static_cast<size_t>(a.out[o].numel()), 0.0);
-      } else if (stored(o)) {
-        strides_of(st[nin + o], shape);
-      }
-    }
-    std::vector<T> temp(ncode);
-    std::vector<int64_t> idx(r, 0), off(nin + nout, 0);
-    T args[3];
-    const int64_t n = numel(shape);
-    for (int64_t i = 0; i < n; ++i) {
-      for (size_t c = 0; c < ncode; ++c) {
-        const auto& as = prog.code[c].args;
-        for (size_t j = 0; j < as.size(); ++j) {
-          const int v = as[j];
-          args[j] = v >= 0 ? src[static_cast<size_t>(v)][off[static_cast<size_t>(v)]] : temp[static_cast<size_t>(-v - 1)];
-        }
-        temp[c] = eval[c](args, param[c]);
-      }
-      for (size_t o = 0; o < nout; ++o) {
-        const T v = temp[static_cast<size_t>(prog.outputs[o])];
-        if (stored(o)) dst[o][off[nin + o]] = v;
-        else if (summed(prog.reduce[o])) acc[o][static_cast<size_t>(off[nin + o])] += static_cast<double>(v);
-      }
-      for (size_t d = r; d-- > 0;) {  // the next index, odometer style
-        ++idx[d];
-        for (size_t k = 0; k < st.size(); ++k) off[k] += st[k][d];
-        if (idx[d] < shape[d]) break;
-        for (size_t k = 0; k < st.size(); ++k) off[k] -= st[k][d] * shape[d];
-        idx[d] = 0;
-      }
-    }
-    for (size_t o = 0; o < nout; ++o) {
-      if (prog.reduce[o] == EwReduce::ln_y) {  // followed by mean and rstd
-        layer_norm_rows<T>(dst[o], src[static_cast<size_t>(prog.ln_gamma)], src[static_cast<size_t>(prog.ln_beta)],
-                           dst[o], dst[o + 1], dst[o + 2], a.out[o + 1].numel(), shape.back(), prog.ln_eps);
-      }
-      if (!summed(prog.reduce[o])) continue;
-      // mean's own scale (src/backend/cpu/reduce.cpp), so that fusing changes no bit
-      const double scale =
-          prog.reduce[o] == EwReduce::mean ? static_cast<double>(numel(kept)) / static_cast<double>(n) : 1.0;
-      for (size_t e = 0; e < acc[o].size(); ++e) dst[o][e] = static_cast<T>(acc[o][e] * scale);
-    }
-  });
+  bool f64 = false;
+  for (auto* ts : {&a.in, &a.out})
+    for (const TensorView& t : *ts) f64 = f64 || t.dtype() == DType::f64;
+  if (f64) fused_elementwise_in<double>(a, prog);
+  else fused_elementwise_in<float>(a, prog);
 }
 
 // Attribute names as objects with linkage, so they can be template arguments.

@@ -17,6 +17,7 @@ std::byte* Regions::base(Region r) const {
     case Region::params: return params;
     case Region::grads: return grads;
     case Region::state: return state;
+    case Region::working: return working;
   }
   return nullptr;
 }
@@ -100,7 +101,7 @@ class CpuExecutable : public Executable {
         if (b->ref.type.dtype == DType::f64) std::memcpy(&loss, p, 8);
         else if (b->ref.type.dtype == DType::f32) loss = *reinterpret_cast<const float*>(p);
       }
-      optimizer_update(*plan_.optimizer, plan_.layout, regions_, state, loss);
+      optimizer_update(*plan_.optimizer, plan_.layout, regions_, state, loss, plan_.working);
       ++state.step;
     }
   }
@@ -157,6 +158,11 @@ class CpuBackend : public Backend {
   void upload(std::byte* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const std::byte* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void fill_zero(std::byte* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+  void round_f32(std::byte* dst, DType to, const std::byte* src, size_t n) override {
+    auto* h = reinterpret_cast<uint16_t*>(dst);
+    const auto* f = reinterpret_cast<const float*>(src);
+    for (size_t i = 0; i < n; ++i) h[i] = to == DType::bf16 ? float_to_bf16(f[i]) : float_to_f16(f[i]);
+  }
   std::unique_ptr<Executable> prepare(const Plan& plan, const Regions& r) override {
     return std::make_unique<CpuExecutable>(plan, r);
   }

@@ -4,12 +4,36 @@
 
 #include "backend/cpu/optim.h"
 
+#include "common/half.h"
+
 namespace seam::cpu {
 
 namespace {
 
 template <class T>
-void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss) {
+void adam(const OptimizerConfig& c, int64_t n, int64_t n_decay, T* p, const T* g, T* m, T* v, double lr, int64_t t) {
+  const double wd = c.weight_decay;
+  const bool decoupled = c.kind == OptimizerConfig::Kind::adamw;
+  const double bc1 = 1 - std::pow(c.beta1, static_cast<double>(t + 1));
+  const double bc2 = 1 - std::pow(c.beta2, static_cast<double>(t + 1));
+  const double step_size = lr / bc1, sqrt_bc2 = std::sqrt(bc2);
+  for (int64_t i = 0; i < n; ++i) {
+    double gi = g[i], pi = p[i];
+    if (wd != 0 && i < n_decay) {
+      if (decoupled) pi *= 1 - lr * wd;
+      else gi += wd * pi;
+    }
+    double mi = c.beta1 * m[i] + (1 - c.beta1) * gi;
+    double vi = c.beta2 * v[i] + (1 - c.beta2) * gi * gi;
+    m[i] = static_cast<T>(mi);
+    v[i] = static_cast<T>(vi);
+    p[i] = static_cast<T>(pi - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + c.eps));
+  }
+}
+
+template <class T>
+void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
+                  std::optional<DType> working) {
   const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(T));
   const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(T));
   T* p = reinterpret_cast<T*>(r.params);
@@ -54,30 +78,24 @@ void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions&
       }
       p[i] = static_cast<T>(p[i] - lr * gi);
     }
-    return;
+  } else {
+    adam(c, n, n_decay, p, g, m, v, lr, t);
   }
-  const bool decoupled = c.kind == OptimizerConfig::Kind::adamw;
-  const double bc1 = 1 - std::pow(c.beta1, static_cast<double>(t + 1));
-  const double bc2 = 1 - std::pow(c.beta2, static_cast<double>(t + 1));
-  const double step_size = lr / bc1, sqrt_bc2 = std::sqrt(bc2);
-  for (int64_t i = 0; i < n; ++i) {
-    double gi = g[i], pi = p[i];
-    if (wd != 0 && i < n_decay) {
-      if (decoupled) pi *= 1 - lr * wd;
-      else gi += wd * pi;
+  // The working copies leave the update with the masters, rounded once.
+  if (working) {
+    auto* w = reinterpret_cast<uint16_t*>(r.working);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto f = static_cast<float>(p[i]);
+      w[i] = *working == DType::bf16 ? float_to_bf16(f) : float_to_f16(f);
     }
-    double mi = c.beta1 * m[i] + (1 - c.beta1) * gi;
-    double vi = c.beta2 * v[i] + (1 - c.beta2) * gi * gi;
-    m[i] = static_cast<T>(mi);
-    v[i] = static_cast<T>(vi);
-    p[i] = static_cast<T>(pi - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + c.eps));
   }
 }
 
 }  // namespace
 
-void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss) {
-  dispatch_float(layout.param_dtype, [&]<class T>() { update_typed<T>(c, layout, r, st, loss); });
+void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
+                      std::optional<DType> working) {
+  dispatch_float(layout.param_dtype, [&]<class T>() { update_typed<T>(c, layout, r, st, loss, working); });
 }
 
 }  // namespace seam::cpu

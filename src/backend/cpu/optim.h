@@ -8,6 +8,8 @@ namespace seam::cpu {
 // One update of every parameter from its gradient; sets st.lr and st.grad_norm, and skips
 // the update (counting it) where `loss` or the gradient norm is not finite, with the loss
 // scale's bookkeeping (OptimizerConfig::loss_scaling). The caller advances st.step.
-void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss);
+// With `working`, the parameters' working copies (Regions::working) are written too.
+void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
+                      std::optional<DType> working);
 
 }  // namespace seam::cpu

@@ -43,6 +43,65 @@ std::string operand(const std::string& lane, int a) {
   return a >= 0 ? "i" + std::to_string(a) + lane : "t" + std::to_string(-a - 1) + lane;
 }
 
+// How a dtype is stored in generated source. 16-bit values travel as unsigned short and
+// convert through the conversion instructions that cuda_bf16.h's and cuda_fp16.h's
+// intrinsics compile to (round to nearest even), written inline: NVRTC then needs no
+// header search path and no time for those headers.
+std::string ctype(DType t) {
+  SEAM_ASSERT(t == DType::f32 || is_half(t));
+  return t == DType::f32 ? "float" : "unsigned short";
+}
+const char* half_name(DType t) { return t == DType::bf16 ? "bf16" : "f16"; }
+
+// The value of element `idx` of operand `ptr` (an EwArgs pointer) as a float.
+std::string load_expr(DType t, const std::string& ptr, const std::string& idx) {
+  const std::string raw = "((const " + ctype(t) + "*)" + ptr + ")[" + idx + "]";
+  return t == DType::f32 ? raw : "seam_from_" + std::string(half_name(t)) + "(" + raw + ")";
+}
+// Stores float `v` at element `idx` of output `ptr`.
+std::string store_stmt(DType t, const std::string& ptr, const std::string& idx, const std::string& v) {
+  return "((" + ctype(t) + "*)" + ptr + ")[" + idx + "] = " +
+         (t == DType::f32 ? v : "seam_to_" + std::string(half_name(t)) + "(" + v + ")") + ";\n";
+}
+
+// The conversions a kernel uses, for the 16-bit dtypes among `used`: one value, and four
+// packed in a uint2 (element 0 in the low half of .x). Before sm_80 there is no bf16
+// conversion instruction: the rounding is done on the bits.
+std::string half_helpers(const std::vector<DType>& used, int arch) {
+  std::ostringstream o;
+  for (DType t : {DType::bf16, DType::f16}) {
+    if (std::find(used.begin(), used.end(), t) == used.end()) continue;
+    const std::string n = half_name(t);
+    if (t == DType::bf16) {
+      o << "__device__ __forceinline__ float seam_from_bf16(unsigned short h) {\n"
+           "  return __uint_as_float((unsigned)h << 16);\n}\n";
+      if (arch >= 80)
+        o << "__device__ __forceinline__ unsigned short seam_to_bf16(float f) {\n"
+             "  unsigned short h;\n  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n}\n";
+      else
+        o << "__device__ __forceinline__ unsigned short seam_to_bf16(float f) {\n"
+             "  const unsigned u = __float_as_uint(f);\n"
+             "  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);\n"
+             "  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}\n";
+    } else {
+      o << "__device__ __forceinline__ float seam_from_f16(unsigned short h) {\n"
+           "  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n";
+      o << "__device__ __forceinline__ unsigned short seam_to_f16(float f) {\n"
+           "  unsigned short h;\n  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n}\n";
+    }
+    o << "__device__ __forceinline__ float seam_round_" << n << "(float f) { return seam_from_" << n << "(seam_to_" << n
+      << "(f)); }\n";
+    o << "__device__ __forceinline__ float4 seam_unpack_" << n << "(uint2 w) {\n"
+      << "  return make_float4(seam_from_" << n << "((unsigned short)(w.x & 0xffffu)), seam_from_" << n
+      << "((unsigned short)(w.x >> 16)),\n                     seam_from_" << n
+      << "((unsigned short)(w.y & 0xffffu)), seam_from_" << n << "((unsigned short)(w.y >> 16)));\n}\n";
+    o << "__device__ __forceinline__ uint2 seam_pack_" << n << "(float4 v) {\n"
+      << "  return make_uint2((unsigned)seam_to_" << n << "(v.x) | ((unsigned)seam_to_" << n << "(v.y) << 16),\n"
+      << "                    (unsigned)seam_to_" << n << "(v.z) | ((unsigned)seam_to_" << n << "(v.w) << 16));\n}\n";
+  }
+  return o.str();
+}
+
 // The statements computing every temp of the program from i<k><lane> into t<k><lane>.
 std::string body(const EwProgram& p, const std::string& lane) {
   std::ostringstream s;
@@ -61,6 +120,10 @@ std::string body(const EwProgram& p, const std::string& lane) {
         s << "      const T y = " << (u->uses == Uses::Y ? arg(1) : "T(0)") << ";\n";
         s << "      " << t << " = (" << u->derivative << ");\n";
       }
+    } else if (in.op == Op::cast) {  // a round trip through the dtype; f32 (or f64) keeps the float
+      const std::string x = arg(0);
+      const std::string v = is_half(in.dtype) ? "seam_round_" + std::string(half_name(in.dtype)) + "(" + x + ")" : x;
+      s << "      " << t << " = " << v << ";\n";
     } else if (const BinaryInfo* b = binary_info(in.op)) {
       if (in.op == b->op) {
         s << "      const T a = " << arg(0) << ", b = " << arg(1) << ";\n      " << t << " = (" << b->value << ");\n";
@@ -184,6 +247,11 @@ std::string EwSignature::key() const {
                   (layout == EwLayout::norm ? " row" + std::to_string(row_values) : std::string()) + " vec" + std::to_string(vec) + (idx32 ? " i32" : " i64") +
                   " strided=";
   for (bool b : strided) s += b ? '1' : '0';
+  s += " in=";
+  for (int k = 0; k < inputs(); ++k) s += (k ? "," : "") + std::string(dtype_name(in_dtype(k)));
+  s += " out=";
+  const int outputs = static_cast<int>(EwProgram::cached(program).outputs.size());
+  for (int j = 0; j < outputs; ++j) s += (j ? "," : "") + std::string(dtype_name(out_dtype(j)));
   if (vec == 4) {
     s += " splat=";
     for (size_t k = 0; k < strided.size(); ++k) s += strided[k] && k < splat.size() && splat[k] ? '1' : '0';
@@ -200,31 +268,48 @@ namespace {
 // The statements reading every input at index-space element e into i<k>.
 std::string loads(const EwSignature& s) {
   std::string o;
-  for (int k = 0; k < s.inputs(); ++k)
-    o += "    const T i" + std::to_string(k) + " = args.in[" + std::to_string(k) + "][" +
-         (s.strided[static_cast<size_t>(k)] ? "seam_off(args, " + std::to_string(k) + ", e)" : std::string("e")) +
-         "];\n";
+  for (int k = 0; k < s.inputs(); ++k) {
+    const std::string n = std::to_string(k);
+    const std::string at = s.strided[static_cast<size_t>(k)] ? "seam_off(args, " + n + ", e)" : std::string("e");
+    o += "    const T i" + n + " = " + load_expr(s.in_dtype(k), "args.in[" + n + "]", at) + ";\n";
+  }
   return o;
 }
 
 // The statements reading every input as a float4 v<k> at index-space element `at` (a
 // multiple of 4): full inputs at `at`, broadcast ones at their own offset, or one value
 // for the four lanes where constant along the innermost dim; then the lanes i<k>_<x..w>.
+// A 16-bit input's four values are one 8-byte load.
 std::string vec_loads(const EwSignature& s, const std::string& at) {
   std::ostringstream o;
   for (int k = 0; k < s.inputs(); ++k) {
     const std::string n = std::to_string(k);
+    const DType t = s.in_dtype(k);
     const std::string in = "args.in[" + n + "]";
     const std::string off = "seam_off(args, " + n + ", " + at + ")";
-    if (!s.strided[static_cast<size_t>(k)])
-      o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(" << in << " + " << at << ");\n";
-    else if (static_cast<size_t>(k) < s.splat.size() && s.splat[static_cast<size_t>(k)])
-      o << "    const float s" << n << " = " << in << "[" << off << "];\n"
+    const bool strided = s.strided[static_cast<size_t>(k)];
+    if (strided && static_cast<size_t>(k) < s.splat.size() && s.splat[static_cast<size_t>(k)]) {
+      o << "    const float s" << n << " = " << load_expr(t, in, off) << ";\n"
         << "    const float4 v" << n << " = make_float4(s" << n << ", s" << n << ", s" << n << ", s" << n << ");\n";
+      continue;
+    }
+    const std::string ptr = "((const " + ctype(t) + "*)" + in + " + " + (strided ? off : at) + ")";
+    if (t == DType::f32)
+      o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>" << ptr << ";\n";
     else
-      o << "    const float4 v" << n << " = *reinterpret_cast<const float4*>(" << in << " + " << off << ");\n";
+      o << "    const float4 v" << n << " = seam_unpack_" << half_name(t) << "(*reinterpret_cast<const uint2*>" << ptr
+        << ");\n";
   }
   return o.str();
+}
+
+// Stores the float4 r<j> at element `at` (a multiple of 4) of output j.
+std::string vec_store(const EwSignature& s, int j, const std::string& at) {
+  const DType t = s.out_dtype(j);
+  const std::string r = "r" + std::to_string(j);
+  const std::string ptr = "((" + ctype(t) + "*)args.out[" + std::to_string(j) + "] + " + at + ")";
+  if (t == DType::f32) return "    *reinterpret_cast<float4*>" + ptr + " = " + r + ";\n";
+  return "    *reinterpret_cast<uint2*>" + ptr + " = seam_pack_" + half_name(t) + "(" + r + ");\n";
 }
 
 constexpr const char* kLanes[] = {"x", "y", "z", "w"};
@@ -246,10 +331,16 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
        "    i = q;\n"
        "  }\n"
        "  return off;\n}\n";
-  // A block's sum for reduced output j (the r-th): stored, or a chunk's partial.
-  o << "__device__ __forceinline__ void seam_put(const EwArgs& args, int j, int r, I o, double v) {\n"
-       "  if (gridDim.y == 1) args.out[j][o] = (float)(v * args.scale[j]);\n"
-       "  else args.partial[((long long)blockIdx.y * " << nred << " + r) * args.kept + o] = v;\n}\n";
+  // A block's sum v for reduced output j (the r-th) at kept element o: stored in j's
+  // dtype, or a chunk's partial.
+  auto put = [&](int r, const std::string& at, const std::string& v) {
+    const int j = red[static_cast<size_t>(r)];
+    return "  if (gridDim.y == 1) " +
+           store_stmt(s.out_dtype(j), "args.out[" + std::to_string(j) + "]", at,
+                      "(float)(" + v + " * args.scale[" + std::to_string(j) + "])") +
+           "  else args.partial[((long long)blockIdx.y * " + std::to_string(nred) + " + " + std::to_string(r) +
+           ") * args.kept + " + at + "] = " + v + ";\n";
+  };
   // With vec 4 (columns only) each thread takes four neighbouring kept elements: float4
   // loads and stores, four sums per reduced output.
   const bool v4 = cols && s.vec == 4;
@@ -290,13 +381,13 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
       o << "   }\n";
     }
     for (size_t j = 0; j < p.outputs.size(); ++j)
-      if (p.reduce[j] == EwReduce::none)
-        o << "    *reinterpret_cast<float4*>(args.out[" << j << "] + e) = r" << j << ";\n";
+      if (p.reduce[j] == EwReduce::none) o << vec_store(s, static_cast<int>(j), "e");
   } else {
     o << loads(s) << body(p, "");
     for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
       const std::string t = "t" + std::to_string(p.outputs[j]);
-      if (p.reduce[j] == EwReduce::none) o << "    args.out[" << j << "][e] = " << t << ";\n";
+      if (p.reduce[j] == EwReduce::none)
+        o << "    " << store_stmt(s.out_dtype(static_cast<int>(j)), "args.out[" + std::to_string(j) + "]", "e", t);
       else o << "    acc" << r++ << " += (double)" << t << ";\n";
     }
   }
@@ -309,13 +400,13 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
     for (int r = 0; r < nred; ++r)
       for (int l = 0; l < nl; ++l) {
         o << "  {\n    double v = 0;\n    for (int y = 0; y < 8; ++y) v += seam_sh[" << r * nl + l << "][y][threadIdx.x];\n";
-        o << "    seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o + " << l << ", v);\n  }\n";
+        o << put(r, "(o + " + std::to_string(l) + ")", "v") << "  }\n";
       }
   } else {
     for (int r = 0; r < nred; ++r)
       o << "  for (int d = 16; d > 0; d >>= 1) acc" << r << " += __shfl_down_sync(0xffffffffu, acc" << r << ", d);\n";
     o << "  if (lane != 0 || o >= (I)args.kept) return;\n";
-    for (int r = 0; r < nred; ++r) o << "  seam_put(args, " << red[static_cast<size_t>(r)] << ", " << r << ", o, acc" << r << ");\n";
+    for (int r = 0; r < nred; ++r) o << put(r, "o", "acc" + std::to_string(r));
   }
   o << "}\n";
 }
@@ -324,8 +415,10 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
 // (src/backend/cuda/norm.cu) with the same formulas. The first pass computes the program
 // along the row, stores its stored outputs and sums the value to normalize; then the
 // centred sum of squares, and y. Rows of up to 1024 stay in registers between the passes
-// (row_values a lane, unrolled); longer ones are written to y and read back by the lane
-// that wrote them.
+// (row_values a lane, unrolled); longer ones are written to an f32 y and read back by the
+// lane that wrote them, or, with a 16-bit y (which would round the value), computed
+// again in each pass from inputs the first pass brought into the caches. Gamma, beta and
+// every output are read and written in their own dtypes; the statistics are float sums.
 void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p) {
   size_t jy = 0;
   while (p.reduce[jy] != EwReduce::ln_y) ++jy;
@@ -337,14 +430,15 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   const std::string each = n > 0 ? "#pragma unroll\n   for (int k = 0; k < " + std::to_string(n) +
                                        "; ++k) {\n    const I c = seam_lane + 32 * k;\n    if (c >= seam_dim) break;\n"
                                  : "   for (I c = seam_lane; c < seam_dim; c += 32) {\n";
-  const std::string value = n > 0 ? "seam_v[k]" : "seam_y[c]";
+  const DType ydt = s.out_dtype(static_cast<int>(jy));
+  const std::string y = "args.out[" + std::to_string(jy) + "]", at = "seam_r * seam_dim + c";
+  const bool recompute = n == 0 && ydt != DType::f32;
+  const std::string value = n > 0 ? "seam_v[k]" : recompute ? ty : load_expr(ydt, y, at);
+  const std::string again = recompute ? "    const I e = " + at + ";\n" + loads(s) + body(p, "") : std::string();
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
   o << "  const int seam_lane = threadIdx.x & 31;\n";
   o << "  const I seam_rows = (I)args.kept, seam_dim = (I)args.len;\n";
-  o << "  const float* seam_gamma = args.in[" << p.ln_gamma << "];\n";
-  o << "  const float* seam_beta = args.in[" << p.ln_beta << "];\n";
   o << "  for (I seam_r = (I)blockIdx.x * 8 + (threadIdx.x >> 5); seam_r < seam_rows; seam_r += (I)gridDim.x * 8) {\n";
-  o << "   float* seam_y = args.out[" << jy << "] + seam_r * seam_dim;\n";
   if (n > 0) o << "   float seam_v[" << n << "];\n";
   o << "   float seam_s = 0.f;\n";
   o << each << "    const I e = seam_r * seam_dim + c;\n";
@@ -354,20 +448,32 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   auto later = [&](size_t j) { return n > 0 && p.outputs[j] == p.outputs[jy]; };
   o << loads(s) << body(p, "");
   for (size_t j = 0; j < p.outputs.size(); ++j)
-    if (p.reduce[j] == EwReduce::none && !later(j)) o << "    args.out[" << j << "][e] = t" << p.outputs[j] << ";\n";
-  o << "    " << value << " = " << ty << ";\n    seam_s += " << ty << ";\n   }\n";
+    if (p.reduce[j] == EwReduce::none && !later(j))
+      o << "    "
+        << store_stmt(s.out_dtype(static_cast<int>(j)), "args.out[" + std::to_string(j) + "]", "e",
+                      "t" + std::to_string(p.outputs[j]));
+  if (n > 0) o << "    seam_v[k] = " << ty << ";\n";
+  else if (!recompute) o << "    " << store_stmt(ydt, y, at, ty);
+  o << "    seam_s += " << ty << ";\n   }\n";
   o << "   for (int d = 16; d > 0; d >>= 1) seam_s += __shfl_xor_sync(0xffffffffu, seam_s, d);\n";
   o << "   const float seam_mean = seam_s / (float)seam_dim;\n";
   o << "   float seam_sq = 0.f;\n";
-  o << each << "    const float d = " << value << " - seam_mean;\n    seam_sq += d * d;\n";
+  o << each << again << "    const float d = " << value << " - seam_mean;\n    seam_sq += d * d;\n";
   for (size_t j = 0; j < p.outputs.size(); ++j)
-    if (p.reduce[j] == EwReduce::none && later(j)) o << "    args.out[" << j << "][seam_r * seam_dim + c] = " << value << ";\n";
+    if (p.reduce[j] == EwReduce::none && later(j))
+      o << "    " << store_stmt(s.out_dtype(static_cast<int>(j)), "args.out[" + std::to_string(j) + "]", at, value);
   o << "   }\n";
   o << "   for (int d = 16; d > 0; d >>= 1) seam_sq += __shfl_xor_sync(0xffffffffu, seam_sq, d);\n";
   o << "   const float seam_rstd = (float)(1.0 / sqrt((double)(seam_sq / (float)seam_dim) + " << eps << "));\n";
-  o << each << "    seam_y[c] = fmaf((" << value << " - seam_mean) * seam_rstd, seam_gamma[c], seam_beta[c]);\n   }\n";
-  o << "   if (seam_lane == 0) {\n    args.out[" << jy + 1 << "][seam_r] = seam_mean;\n    args.out[" << jy + 2
-    << "][seam_r] = seam_rstd;\n   }\n  }\n}\n";
+  const std::string gamma = load_expr(s.in_dtype(p.ln_gamma), "args.in[" + std::to_string(p.ln_gamma) + "]", "c");
+  const std::string beta = load_expr(s.in_dtype(p.ln_beta), "args.in[" + std::to_string(p.ln_beta) + "]", "c");
+  o << each << again << "    "
+    << store_stmt(ydt, y, at, "fmaf((" + value + " - seam_mean) * seam_rstd, " + gamma + ", " + beta + ")") << "   }\n";
+  o << "   if (seam_lane == 0) {\n    "
+    << store_stmt(s.out_dtype(static_cast<int>(jy + 1)), "args.out[" + std::to_string(jy + 1) + "]", "seam_r", "seam_mean")
+    << "    "
+    << store_stmt(s.out_dtype(static_cast<int>(jy + 2)), "args.out[" + std::to_string(jy + 2) + "]", "seam_r", "seam_rstd")
+    << "   }\n  }\n}\n";
 }
 
 }  // namespace
@@ -378,10 +484,17 @@ std::string ew_source(const EwSignature& s) {
   SEAM_ASSERT(inputs <= kEwMaxInputs && outputs <= kEwMaxOutputs && p.inputs <= inputs);
   SEAM_ASSERT(p.reduces() == (s.layout == EwLayout::columns || s.layout == EwLayout::rows));
   SEAM_ASSERT(p.normalizes() == (s.layout == EwLayout::norm));
+  SEAM_ASSERT((s.in_dtypes.empty() || static_cast<int>(s.in_dtypes.size()) == inputs) &&
+              (s.out_dtypes.empty() || static_cast<int>(s.out_dtypes.size()) == outputs));
+  std::vector<DType> used = s.in_dtypes;  // what needs conversions
+  used.insert(used.end(), s.out_dtypes.begin(), s.out_dtypes.end());
+  for (const EwInstr& in : p.code)
+    if (in.op == Op::cast) used.push_back(in.dtype);
   std::ostringstream o;
   o << "// fused_elementwise: " << s.program << "\n";
   o << "#include \"ew_math.h\"\nusing namespace seam_ew;\ntypedef float T;\n";
-  o << "struct EwArgs {\n  const float* in[" << kEwMaxInputs << "];\n  float* out[" << kEwMaxOutputs
+  o << half_helpers(used, s.arch);
+  o << "struct EwArgs {\n  const void* in[" << kEwMaxInputs << "];\n  void* out[" << kEwMaxOutputs
     << "];\n  long long n, nvec;\n  int rank;\n  long long size[" << kEwMaxDims << "];\n  long long st["
     << kEwMaxInputs << "][" << kEwMaxDims << "];\n  int kept_rank, red_rank;\n  long long kept_size[" << kEwMaxDims
     << "], kept_st[" << kEwMaxDims << "], red_size[" << kEwMaxDims << "], red_st[" << kEwMaxDims
@@ -420,13 +533,14 @@ std::string ew_source(const EwSignature& s) {
         o << "    r" << j << "." << lane << " = t" << p.outputs[static_cast<size_t>(j)] << l << ";\n";
       o << "  }\n";
     }
-    for (int j = 0; j < outputs; ++j) o << "    reinterpret_cast<float4*>(args.out[" << j << "])[v] = r" << j << ";\n";
+    for (int j = 0; j < outputs; ++j) o << vec_store(s, j, "v * 4");
     o << "  }\n";
   }
   o << "  for (I e = (I)args.nvec * 4 + first; e < (I)args.n; e += stride) {\n";
   o << loads(s) << body(p, "");
   for (int j = 0; j < outputs; ++j)
-    o << "    args.out[" << j << "][e] = t" << p.outputs[static_cast<size_t>(j)] << ";\n";
+    o << "    " << store_stmt(s.out_dtype(j), "args.out[" + std::to_string(j) + "]", "e",
+                              "t" + std::to_string(p.outputs[static_cast<size_t>(j)]));
   o << "  }\n}\n";
   return o.str();
 }

@@ -2,11 +2,13 @@
 // program and the expressions of seam/ops.def (and ew_math.h), compiled by NVRTC into a
 // cubin for this GPU, once per signature, cached in memory and on disk.
 //
-// The signature: the program text (which names the outputs), which inputs have the
-// output's shape (read at the element's own index) or are broadcast (read through
-// strides), the vector width (4: float4 loads and stores when every operand is 16-byte
-// aligned and each broadcast one is contiguous or constant along an innermost dim of a
-// multiple of 4), 32- or 64-bit index arithmetic, how the kernel walks its elements
+// The signature: the program text (which names the outputs), the dtype each input is
+// loaded in and each output stored in (f32, bf16, f16; every value is computed in float),
+// which inputs have the output's shape (read at the element's own index) or are broadcast
+// (read through strides), the vector width (4: four neighbouring elements a thread, loaded
+// and stored 4 at a time, a float4 or four 16-bit values in 8 bytes, when every operand is
+// aligned to that and each broadcast one is contiguous or constant along an innermost dim
+// of a multiple of 4), 32- or 64-bit index arithmetic, how the kernel walks its elements
 // (layout), and the GPU architecture. Its hash names the
 // file: $XDG_CACHE_HOME/seam/kernels/ew-<hash>.cubin (or ~/.cache/seam/...), holding a
 // header line, the signature, what the compiler reported (registers, spill bytes, shared
@@ -31,9 +33,10 @@ inline constexpr int kEwMaxOutputs = 8;
 inline constexpr int kEwMaxDims = 8;
 
 // The generated kernel's one parameter; the same struct is written into the source.
+// Operands are untyped: each is read or written in its signature's dtype.
 struct EwArgs {
-  const float* in[kEwMaxInputs];
-  float* out[kEwMaxOutputs];
+  const void* in[kEwMaxInputs];
+  void* out[kEwMaxOutputs];
   long long n;     // elements of the index space (every input broadcast)
   long long nvec;  // groups of four handled by the vector loop (0 when vec is 1)
   int rank;        // dims of the index space, innermost first
@@ -61,6 +64,8 @@ enum class EwLayout { elementwise, columns, rows, norm };
 struct EwSignature {
   std::string program;        // its outputs are the kernel's
   std::vector<bool> strided;  // per input: read through strides (broadcast)
+  // Per input and per output: its storage dtype (f32, bf16 or f16); empty: all f32.
+  std::vector<DType> in_dtypes, out_dtypes;
   // Per input, with vec 4: a broadcast input constant along the innermost dim (one load
   // for the four lanes) rather than contiguous along it (a float4 at its own offset).
   std::vector<bool> splat;
@@ -72,6 +77,8 @@ struct EwSignature {
   // lane_groups), or 0: the row is written to y and read back.
   int row_values = 0;
   int inputs() const { return static_cast<int>(strided.size()); }
+  DType in_dtype(int k) const { return in_dtypes.empty() ? DType::f32 : in_dtypes.at(static_cast<size_t>(k)); }
+  DType out_dtype(int j) const { return out_dtypes.empty() ? DType::f32 : out_dtypes.at(static_cast<size_t>(j)); }
   std::string key() const;    // one line, every field and the generated source's hash
   std::string hash() const;   // of the key, 16 hex digits
 };

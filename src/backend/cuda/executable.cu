@@ -137,7 +137,7 @@ class CudaExecutable : public Executable {
       if (loss && loss->ref.type.dtype != DType::f32)
         fail("the CUDA optimizer checks an f32 loss, '", plan.loss, "' is ", loss->ref.type.str());
       const float* lp = loss ? reinterpret_cast<const float*>(r.base(loss->ref.region) + loss->ref.offset) : nullptr;
-      launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_, lp));
+      launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_, lp, plan.working));
     }
     sched_ = schedule_lanes(step_dependencies(plan), static_cast<int>(sh_->lanes.size()));
     ctx_.add_lanes(sched_.lanes_used);

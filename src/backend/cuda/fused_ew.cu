@@ -24,38 +24,80 @@ int current_arch() {
 }
 
 // The split variant: each op of the program by its own kernel (the unfused ops' kernels),
-// temps in scratch; `unused` frees them if the generated kernel is chosen.
+// temps in scratch in the dtypes EwProgram::temp_dtypes gives; `unused` frees them if the
+// generated kernel is chosen. A cast to the dtype its operand has is no kernel; an op on
+// operands of different dtypes (no program of the fusion pass has one) reads them cast to
+// the dtype it computes in. Results whose op writes another dtype than their output's are
+// cast into it last.
 Variant split_variant(const StepArgs& a, const std::string& program, const Shape& shape) {
   const EwProgram& prog = EwProgram::cached(program);
-  std::vector<DeviceTensor> temp(prog.code.size());
+  std::vector<DType> in_dtypes;
+  for (auto& t : a.in) in_dtypes.push_back(t.dtype());
+  const std::vector<DType> td = prog.temp_dtypes(in_dtypes);
   std::vector<void*> scratch;
-  for (size_t j = 0; j < prog.outputs.size(); ++j)
-    if (prog.reduce[j] == EwReduce::none) temp[static_cast<size_t>(prog.outputs[j])] = a.out[j];
-  const TensorType full{a.out[0].type.dtype, shape};
-  for (auto& t : temp)
-    if (!t.data) {
-      t = {a.ctx.scratch(std::max<size_t>(full.bytes(), 1)), full};
-      scratch.push_back(t.data);
-    }
-  std::vector<Launch> parts;
+  auto fresh = [&](DType t, const Shape& s) {
+    const TensorType type{t, s};
+    DeviceTensor d{a.ctx.scratch(std::max<size_t>(type.bytes(), 1)), type};
+    scratch.push_back(d.data);
+    return d;
+  };
+  auto convert = [&](const DeviceTensor& from, const DeviceTensor& to) {
+    if (from.dtype() == to.dtype()) return prepare_as_step(a, Op::copy, Attrs{}, {from}, {to});
+    return prepare_as_step(a, Op::cast, Attrs{{"dtype", std::string(dtype_name(to.dtype()))}}, {from}, {to});
+  };
+  std::vector<Launch> parts, last;
+  auto into = [&](DType t, const DeviceTensor& out) {  // where an op writing t puts out's value
+    if (out.dtype() == t) return out;
+    DeviceTensor d = fresh(t, out.shape());
+    last.push_back(convert(d, out));
+    return d;
+  };
+  std::vector<DeviceTensor> temp(prog.code.size());
+  for (size_t j = 0; j < prog.outputs.size(); ++j) {
+    const auto t = static_cast<size_t>(prog.outputs[j]);
+    if (prog.reduce[j] == EwReduce::none && !temp[t].data && a.out[j].dtype() == td[t]) temp[t] = a.out[j];
+  }
   for (size_t c = 0; c < prog.code.size(); ++c) {
     const EwInstr& in = prog.code[c];
     std::vector<DeviceTensor> operands;
     for (int v : in.args) operands.push_back(v >= 0 ? a.in[static_cast<size_t>(v)] : temp[static_cast<size_t>(-v - 1)]);
+    if (in.op == Op::cast && operands[0].dtype() == in.dtype && !temp[c].data) {
+      temp[c] = operands[0];
+      continue;
+    }
+    if (!temp[c].data) temp[c] = fresh(td[c], shape);
+    if (in.op == Op::cast) {
+      parts.push_back(convert(operands[0], temp[c]));
+      continue;
+    }
+    for (DeviceTensor& o : operands)
+      if (o.dtype() != td[c]) {
+        DeviceTensor d = fresh(td[c], o.shape());
+        parts.push_back(convert(o, d));
+        o = d;
+      }
     Attrs attrs;
     if (*ew_attr(in.op)) attrs.set(ew_attr(in.op), in.p);
     parts.push_back(prepare_as_step(a, in.op, attrs, operands, {temp[c]}));
   }
-  const Attrs reduce_attrs{{"axes", a.step.attrs.ints("axes")}, {"keepdims", a.step.attrs.i("keepdims")}};
   for (size_t j = 0; j < prog.outputs.size(); ++j) {
     const DeviceTensor& t = temp[static_cast<size_t>(prog.outputs[j])];
-    if (summed(prog.reduce[j]))
-      parts.push_back(prepare_as_step(a, prog.reduce[j] == EwReduce::sum ? Op::sum : Op::mean, reduce_attrs, {t}, {a.out[j]}));
+    const DType wide = compute_dtype(t.dtype());
+    if (summed(prog.reduce[j])) {  // sum writes its input's dtype or the one it computes in
+      const DType to = a.out[j].dtype() == t.dtype() ? t.dtype() : wide;
+      const Attrs reduce_attrs{{"axes", a.step.attrs.ints("axes")},
+                               {"keepdims", a.step.attrs.i("keepdims")},
+                               {"dtype", std::string(to == t.dtype() ? "" : dtype_name(to))}};
+      parts.push_back(prepare_as_step(a, prog.reduce[j] == EwReduce::sum ? Op::sum : Op::mean, reduce_attrs, {t},
+                                      {into(to, a.out[j])}));
+    }
     if (prog.reduce[j] == EwReduce::ln_y)
       parts.push_back(prepare_as_step(a, Op::layer_norm, Attrs{{"eps", prog.ln_eps}},
                                       {t, a.in[static_cast<size_t>(prog.ln_gamma)], a.in[static_cast<size_t>(prog.ln_beta)]},
-                                      {a.out[j], a.out[j + 1], a.out[j + 2]}));
+                                      {into(t.dtype(), a.out[j]), into(wide, a.out[j + 1]), into(wide, a.out[j + 2])}));
+    if (prog.reduce[j] == EwReduce::none && t.data != a.out[j].data) last.push_back(convert(t, a.out[j]));
   }
+  parts.insert(parts.end(), last.begin(), last.end());
   Context* ctx = &a.ctx;
   return {"split", in_order(parts), [ctx, scratch] {
             for (void* p : scratch) ctx->release(p);
@@ -165,7 +207,8 @@ EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, con
 static_assert(PartialSums::kMaxOutputs >= kEwMaxOutputs, "every reduced output's partials are added up in one launch");
 
 Launch prepare_fused_elementwise(const StepArgs& a) {
-  expect_f32(a);
+  for (auto* ts : {&a.in, &a.out})
+    for (const DeviceTensor& t : *ts) expect_dtype(a, t, kStored);
   const EwProgram& prog = EwProgram::cached(a.step.attrs.s("program"));
   std::vector<Shape> in_shapes;
   for (auto& t : a.in) in_shapes.push_back(t.shape());
@@ -187,25 +230,32 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   }
   EwSignature s = signature_of(w, in_shapes, a.step.attrs.s("program"), args);
   s.arch = current_arch();
-  // Vector loads and stores need every full operand, and each broadcast one read as a
-  // float4, 16-byte aligned.
+  for (auto& t : a.in) s.in_dtypes.push_back(t.dtype());
+  for (auto& t : a.out) s.out_dtypes.push_back(t.dtype());
+  // Vector loads and stores need every full operand, and each broadcast one read four
+  // at a time, aligned to four elements (16 bytes of f32, 8 of a 16-bit type).
   bool aligned = true;
+  auto vector_aligned = [](const DeviceTensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % (4 * dtype_size(t.dtype())) == 0;
+  };
   for (size_t k = 0; k < a.in.size(); ++k) {
-    args.in[k] = a.in[k].as<const float>();
-    const bool as_float4 = !s.strided[k] || (s.vec == 4 && !s.splat[k]);
-    aligned = aligned && (!as_float4 || reinterpret_cast<uintptr_t>(args.in[k]) % 16 == 0);
+    args.in[k] = a.in[k].data;
+    const bool as_vector = !s.strided[k] || (s.vec == 4 && !s.splat[k]);
+    aligned = aligned && (!as_vector || vector_aligned(a.in[k]));
   }
   int reduced = 0;
   PartialSums fin;
+  std::vector<size_t> reduced_output;  // the output each reduced one is
   for (size_t j = 0; j < a.out.size(); ++j) {
-    args.out[j] = a.out[j].as<float>();
-    // only stored outputs are written as float4
-    if (prog.reduce[j] == EwReduce::none) aligned = aligned && reinterpret_cast<uintptr_t>(args.out[j]) % 16 == 0;
+    args.out[j] = a.out[j].data;
+    // only stored outputs are written four at a time
+    if (prog.reduce[j] == EwReduce::none) aligned = aligned && vector_aligned(a.out[j]);
     const EwReduce r = prog.reduce[j];
     args.scale[j] = r == EwReduce::mean ? static_cast<double>(w.kept) / static_cast<double>(n) : 1.0;
     if (!summed(r)) continue;
-    fin.out[reduced] = args.out[j];
+    fin.out[reduced] = a.out[j].dtype() == DType::f32 ? a.out[j].as<float>() : nullptr;
     fin.scale[reduced] = args.scale[j];
+    reduced_output.push_back(j);
     ++reduced;
   }
   if (!aligned) s.vec = 1, s.splat.clear();
@@ -255,6 +305,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     if (bx > 2147483647) fail("fused_elementwise: ", w.kept, " kept elements are too many for one grid");
     PartialSums f = fin;
     std::vector<void*> scratch;
+    std::vector<Launch> casts;  // 16-bit reduced outputs: the chunks add up in f32, then round
     if (chunks > 1) {
       ka.partial = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * reduced * w.kept) * sizeof(double)));
       scratch.push_back(ka.partial);
@@ -262,17 +313,29 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
       f.outputs = reduced;
       f.chunks = static_cast<int>(chunks);
       f.kept = w.kept;
+      for (int r = 0; r < reduced; ++r) {
+        const DeviceTensor& out = a.out[reduced_output[static_cast<size_t>(r)]];
+        if (out.dtype() == DType::f32) continue;
+        const TensorType f32{DType::f32, out.shape()};
+        const DeviceTensor sums{a.ctx.scratch(f32.bytes()), f32};
+        scratch.push_back(sums.data);
+        f.out[r] = sums.as<float>();
+        casts.push_back(
+            prepare_as_step(a, Op::cast, Attrs{{"dtype", std::string(dtype_name(out.dtype()))}}, {sums}, {out}));
+      }
     }
+    const Launch round = casts.empty() ? Launch() : in_order(casts);
     const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks));
     const dim3 block = cols ? dim3(32, 8) : dim3(256);
     Context* ctx = &a.ctx;
     return Variant{name,
-                   [k, ka, grid, block, f](cudaStream_t st) {
+                   [k, ka, grid, block, f, round](cudaStream_t st) {
                      EwArgs copy = ka;
                      void* params[] = {&copy};
                      SEAM_CUDA_CHECK(
                          cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block, params, 0, st));
                      if (grid.y > 1) add_partials(f, st);
+                     if (round) round(st);
                    },
                    [ctx, scratch] {
                      for (void* p : scratch) ctx->release(p);
@@ -298,7 +361,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   }
   std::vector<TensorType> in_types;
   for (auto& t : a.in) in_types.push_back(t.type);
-  const EwTraffic traffic = ew_traffic(prog, in_types, a.step.attrs.ints("axes"));
+  const EwTraffic traffic = ew_traffic(prog, in_types, a.step.attrs.ints("axes"), s.out_dtypes);
   const bool model_decides = a.ctx.epilogue == EpiloguePolicy::fastest && fused_clearly_faster(traffic);
   if (model_decides && variants.size() == 1) {
     a.ctx.choices.emplace_back(a.index, "fused (the model: " + traffic.str() + "); generated kernel " + stats);
@@ -332,6 +395,13 @@ std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& ste
   const cuda::Walk w = cuda::walk_of(shapes, step.attrs, nullptr);
   cuda::EwArgs args{};
   cuda::EwSignature s = cuda::signature_of(w, shapes, step.attrs.s("program"), args);
+  // The GPU stores f32, bf16 and f16 (an f64 plan is the CPU's alone).
+  auto stored = [](DType t) { return t == DType::f32 || is_half(t); };
+  for (auto& b : step.in) s.in_dtypes.push_back(b.type.dtype);
+  for (auto& b : step.out) s.out_dtypes.push_back(b.type.dtype);
+  if (!std::all_of(s.in_dtypes.begin(), s.in_dtypes.end(), stored) ||
+      !std::all_of(s.out_dtypes.begin(), s.out_dtypes.end(), stored))
+    return std::nullopt;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) == cudaSuccess &&
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/optim.h"
+#include "backend/cuda/storage.cuh"
 
 namespace seam::cuda {
 
@@ -80,8 +82,12 @@ __global__ void sumsq_final(const float* __restrict__ partial, int blocks, Hyper
 // which saves a launch per step; `done` counts finished blocks and is reset for the next.
 // A skipped step (ok false) changes nothing but the counters: the step, the skips and
 // the loss scale.
+// W: the storage type of the parameters' working copies the update writes beside the
+// masters (void: none).
+template <class W>
 __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                       int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok, unsigned* done) {
+                       W* __restrict__ working, int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok,
+                       unsigned* done) {
   const int64_t step = c->step;
   const bool go = ok == nullptr || *ok;
   // Updates done so far (Adam's bias correction, SGD's first momentum step): skipped
@@ -105,7 +111,7 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
         m[i] = b;
         gi = h.nesterov ? gi + h.momentum * b : b;
       }
-      p[i] = pi - lr * gi;
+      pi -= lr * gi;
     } else {
       if (h.kind == static_cast<int>(OptimizerConfig::Kind::adamw)) pi *= 1.f - lr * wd;
       else gi += wd * pi;
@@ -113,8 +119,10 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
       float vi = beta2 * v[i] + h.one_minus_beta2 * gi * gi;
       m[i] = mi;
       v[i] = vi;
-      p[i] = pi - step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
+      pi -= step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
     }
+    p[i] = pi;
+    if constexpr (!std::is_void_v<W>) working[i] = from_float<W>(pi);
     // The unscaled, clipped gradient, as the CPU leaves it (gi has weight decay and
     // momentum in it).
     if (scale != 1.f) g[i] = clipped;
@@ -144,7 +152,10 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
 }  // namespace
 
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
-                         const float* loss) {
+                         const float* loss, std::optional<DType> working) {
+  if (working && (*working != DType::bf16 && *working != DType::f16))
+    fail("the CUDA optimizer writes bf16 or f16 working copies, not ", dtype_name(*working));
+  void* w = working ? r.working : nullptr;
   if (layout.param_dtype != DType::f32)
     fail("the CUDA optimizer updates f32 parameters, the model's are ", dtype_name(layout.param_dtype));
   Hyper h{static_cast<int>(c.kind), static_cast<float>(c.momentum), static_cast<float>(1.0 - c.dampening),
@@ -175,7 +186,13 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
       sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), h, loss, counters, ok);
       SEAM_CUDA_LAUNCH_CHECK();
     }
-    update<<<blocks, kThreads, 0, s>>>(p, g, m, v, n, n_decay, h, counters, ok, done);
+    if (!working) {
+      update<void><<<blocks, kThreads, 0, s>>>(p, g, m, v, nullptr, n, n_decay, h, counters, ok, done);
+    } else if (*working == DType::bf16) {
+      update<bf16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<bf16_t*>(w), n, n_decay, h, counters, ok, done);
+    } else {
+      update<f16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<f16_t*>(w), n, n_decay, h, counters, ok, done);
+    }
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }

@@ -8,7 +8,8 @@
 namespace seam::cuda {
 
 // `loss`: the plan's f32 loss for the finiteness check (null: none to check).
+// `working`: the dtype of the parameters' working copies to write (Regions::working).
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
-                         const float* loss);
+                         const float* loss, std::optional<DType> working);
 
 }  // namespace seam::cuda

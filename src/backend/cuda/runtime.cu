@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/storage.cuh"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/optim.h"
@@ -132,6 +133,12 @@ void expect_dtype(const StepArgs& a, const DeviceTensor& t, std::initializer_lis
 
 namespace {
 
+template <class T>
+__global__ void round_kernel(T* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = from_float<T>(src[i]);
+}
+
 class CudaBackend : public Backend {
  public:
   explicit CudaBackend(CudaOptions o) : sh_(std::make_shared<Shared>()) {
@@ -185,6 +192,15 @@ class CudaBackend : public Backend {
   }
   void fill_zero(std::byte* dst, size_t bytes) override {
     SEAM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, sh_->stream));
+  }
+  void round_f32(std::byte* dst, DType to, const std::byte* src, size_t n) override {
+    const auto* f = reinterpret_cast<const float*>(src);
+    const unsigned blocks = blocks_for(static_cast<int64_t>(n), 256, 65535);
+    dispatch_storage(to, "round_f32", [&]<class T>() {
+      if constexpr (std::is_same_v<T, float>) fail("round_f32: the target must be bf16 or f16");
+      else round_kernel<T><<<blocks, 256, 0, sh_->stream>>>(reinterpret_cast<T*>(dst), f, static_cast<int64_t>(n));
+    });
+    SEAM_CUDA_LAUNCH_CHECK();
   }
   std::unique_ptr<Executable> prepare(const Plan& plan, const Regions& r) override {
     return make_executable(sh_, plan, r);
