@@ -105,12 +105,13 @@ void train_both(Graph& g, Var loss, const OptimizerConfig& opt, size_t rows, siz
   compare(res[1], res[0], rel, /*elementwise=*/precision == Precision::f32);
 }
 
-// Eight steps of `c` on a linear loss whose gradients are the inputs gw and gb.
-Results optimizer_steps(const OptimizerConfig& c, Device d) {
+// Eight steps of `c` on a linear loss whose gradients are the inputs gw and gb. 1037
+// parameters take the update's scalar path, 1036 (a multiple of 4) its float4 path.
+Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37) {
   Graph g;
   Var w = g.param("w", {1000}, Init::uniform(-1, 1));
-  Var b = g.param("b", {37}, Init::uniform(-1, 1), false);
-  Var gw = g.input("gw", {1000}), gb = g.input("gb", {37});
+  Var b = g.param("b", {nb}, Init::uniform(-1, 1), false);
+  Var gw = g.input("gw", {1000}), gb = g.input("gb", {nb});
   Var loss = add(sum(mul(w, gw)), sum(mul(b, gb)));
   Model m(g, {.seed = 2, .device = d});
   const Results initial = initial_params(m);
@@ -118,7 +119,7 @@ Results optimizer_steps(const OptimizerConfig& c, Device d) {
   std::mt19937_64 rng(8);
   std::normal_distribution<float> nd(0, 1);
   for (int s = 0; s < 8; ++s) {
-    std::vector<float> a(1000), bb(37);
+    std::vector<float> a(1000), bb(static_cast<size_t>(nb));
     for (auto& v : a) v = nd(rng);
     for (auto& v : bb) v = nd(rng);
     prog.set_input("gw", std::span<const float>(a));
@@ -153,10 +154,11 @@ std::vector<OptimizerConfig> optimizer_configs() {
 
 TEST(GpuOptimizer, EveryOptimizerMatchesTheCpu) {
   // Updates, the gradients left after the last step and the moments.
-  for (auto& c : optimizer_configs()) {
-    SCOPED_TRACE(c.str());
-    compare(optimizer_steps(c, Device::cuda), optimizer_steps(c, Device::cpu), 1e-5);
-  }
+  for (auto& c : optimizer_configs())
+    for (int64_t nb : {37, 36}) {
+      SCOPED_TRACE(c.str() + ", " + std::to_string(1000 + nb) + " parameters");
+      compare(optimizer_steps(c, Device::cuda, nb), optimizer_steps(c, Device::cpu, nb), 1e-5);
+    }
 }
 
 TEST(GpuOptimizer, AClippedStepLeavesTheClippedGradient) {

@@ -103,6 +103,8 @@ for step in "${steps[@]}"; do
       read -r -a variants <<< "${SEAM_TORCH_VARIANTS:-eager_fused compile_default cuda_graph_whole_step}"
       {
         "$bin/seam" bench "${work[@]}" --device cuda --precision "$prec" --csv "$csv/seam_graph.csv" --breakdown --explain
+        # One stream: whether concurrent GEMMs on several streams cost the step more than they hide.
+        "$bin/seam" bench "${work[@]}" --device cuda --precision "$prec" --streams 1 --csv "$csv/seam_graph_1stream.csv"
         "$py" bench/compare_torch.py "${work[@]}" --precision "$prec" --variants "${variants[@]}" --csv "$csv/torch.csv"
         "$py" bench/report.py "$csv"/seam_*.csv "$csv/torch.csv"
         for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done

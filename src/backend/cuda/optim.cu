@@ -78,60 +78,88 @@ __global__ void sumsq_final(const float* __restrict__ partial, int blocks, Hyper
   }
 }
 
+// The step's factors, the same for every element.
+struct StepConsts {
+  int64_t t;  // updates done so far
+  float lr, scale, step_size, sqrt_bc2, beta1, beta2;
+};
+
+// One element's update: p, g (unscaled and clipped on the way in), m, v in registers.
+__device__ __forceinline__ void update_one(const Hyper& h, const StepConsts& k, float wd, float& pi, float gi,
+                                           float& mi, float& vi) {
+  if (h.kind == static_cast<int>(OptimizerConfig::Kind::sgd)) {
+    gi += wd * pi;
+    if (h.momentum != 0.f) {
+      mi = k.t == 0 ? gi : h.momentum * mi + h.one_minus_dampening * gi;
+      gi = h.nesterov ? gi + h.momentum * mi : mi;
+    }
+    pi -= k.lr * gi;
+  } else {
+    if (h.kind == static_cast<int>(OptimizerConfig::Kind::adamw)) pi *= 1.f - k.lr * wd;
+    else gi += wd * pi;
+    mi = k.beta1 * mi + h.one_minus_beta1 * gi;
+    vi = k.beta2 * vi + h.one_minus_beta2 * gi * gi;
+    pi -= k.step_size * mi / (sqrtf(vi) / k.sqrt_bc2 + h.eps);
+  }
+}
+
 // The last block to finish advances the step counter (every block has read it by then),
 // which saves a launch per step; `done` counts finished blocks and is reset for the next.
 // A skipped step (ok false) changes nothing but the counters: the step, the skips and
-// the loss scale.
-// W: the storage type of the parameters' working copies the update writes beside the
-// masters (void: none).
+// the loss scale. W: the storage type of the parameters' working copies the update
+// writes beside the masters (void: none). vec4: every buffer is read and written four
+// floats at a time (n % 4 == 0, so v = m + n stays 16-byte aligned).
 template <class W>
 __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                        W* __restrict__ working, int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok,
-                       unsigned* done) {
+                       unsigned* done, bool vec4) {
   const int64_t step = c->step;
   const bool go = ok == nullptr || *ok;
   // Updates done so far (Adam's bias correction, SGD's first momentum step): skipped
   // steps made none. The schedule counts every step.
-  const int64_t t = step - c->skipped_steps;
-  const float lr = static_cast<float>(lr_at(h, step));
-  float scale = 1.f / step_scale(h, c);  // unscaling and clipping in one factor
-  if (h.clip_norm > 0.f) scale *= fminf(1.f, h.clip_norm / (c->grad_norm + 1e-6f));
-  const float bc1 = static_cast<float>(1.0 - pow(h.beta1, static_cast<double>(t + 1)));
-  const float sqrt_bc2 = static_cast<float>(sqrt(1.0 - pow(h.beta2, static_cast<double>(t + 1))));
-  const float beta1 = static_cast<float>(h.beta1), beta2 = static_cast<float>(h.beta2);
-  const float step_size = lr / bc1;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; go && i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float clipped = g[i] * scale;
-    float gi = clipped, pi = p[i];
-    const float wd = i < n_decay ? h.weight_decay : 0.f;
-    if (h.kind == static_cast<int>(OptimizerConfig::Kind::sgd)) {
-      gi += wd * pi;
-      if (h.momentum != 0.f) {
-        float b = t == 0 ? gi : h.momentum * m[i] + h.one_minus_dampening * gi;
-        m[i] = b;
-        gi = h.nesterov ? gi + h.momentum * b : b;
-      }
-      pi -= lr * gi;
-    } else {
-      if (h.kind == static_cast<int>(OptimizerConfig::Kind::adamw)) pi *= 1.f - lr * wd;
-      else gi += wd * pi;
-      float mi = beta1 * m[i] + h.one_minus_beta1 * gi;
-      float vi = beta2 * v[i] + h.one_minus_beta2 * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      pi -= step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
+  StepConsts k;
+  k.t = step - c->skipped_steps;
+  k.lr = static_cast<float>(lr_at(h, step));
+  k.scale = 1.f / step_scale(h, c);  // unscaling and clipping in one factor
+  if (h.clip_norm > 0.f) k.scale *= fminf(1.f, h.clip_norm / (c->grad_norm + 1e-6f));
+  const float bc1 = static_cast<float>(1.0 - pow(h.beta1, static_cast<double>(k.t + 1)));
+  k.sqrt_bc2 = static_cast<float>(sqrt(1.0 - pow(h.beta2, static_cast<double>(k.t + 1))));
+  k.beta1 = static_cast<float>(h.beta1), k.beta2 = static_cast<float>(h.beta2);
+  k.step_size = k.lr / bc1;
+  const bool has_m = m != nullptr, has_v = v != nullptr;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t j = first; go && vec4 && j < n / 4; j += stride) {
+    const int64_t i = 4 * j;
+    float4 gv = reinterpret_cast<const float4*>(g)[j], pv = reinterpret_cast<const float4*>(p)[j];
+    float4 mv = has_m ? reinterpret_cast<const float4*>(m)[j] : float4{};
+    float4 vv = has_v ? reinterpret_cast<const float4*>(v)[j] : float4{};
+    float* pe = &pv.x; float* ge = &gv.x; float* me = &mv.x; float* ve = &vv.x;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      ge[e] *= k.scale;  // the unscaled, clipped gradient, as the CPU leaves it
+      update_one(h, k, i + e < n_decay ? h.weight_decay : 0.f, pe[e], ge[e], me[e], ve[e]);
+      if constexpr (!std::is_void_v<W>) working[i + e] = from_float<W>(pe[e]);
     }
+    reinterpret_cast<float4*>(p)[j] = pv;
+    if (has_m) reinterpret_cast<float4*>(m)[j] = mv;
+    if (has_v) reinterpret_cast<float4*>(v)[j] = vv;
+    if (k.scale != 1.f) reinterpret_cast<float4*>(g)[j] = gv;
+  }
+  for (int64_t i = first; go && !vec4 && i < n; i += stride) {
+    const float clipped = g[i] * k.scale;
+    float pi = p[i], mi = has_m ? m[i] : 0.f, vi = has_v ? v[i] : 0.f;
+    update_one(h, k, i < n_decay ? h.weight_decay : 0.f, pi, clipped, mi, vi);
     p[i] = pi;
+    if (has_m) m[i] = mi;
+    if (has_v) v[i] = vi;
     if constexpr (!std::is_void_v<W>) working[i] = from_float<W>(pi);
-    // The unscaled, clipped gradient, as the CPU leaves it (gi has weight decay and
-    // momentum in it).
-    if (scale != 1.f) g[i] = clipped;
+    if (k.scale != 1.f) g[i] = clipped;
   }
   __syncthreads();  // every thread of this block has read the counters
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
-      c->lr = lr;
+      c->lr = k.lr;
       c->step = step + 1;
       if (!go) {
         ++c->skipped_steps;
@@ -170,8 +198,10 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(float));
   float* p = reinterpret_cast<float*>(r.params);
   float* g = reinterpret_cast<float*>(r.grads);
-  float* m = reinterpret_cast<float*>(r.opt);
-  float* v = m ? m + n : nullptr;
+  // Only the moments the optimizer has: momentum SGD one, Adam two.
+  float* m = c.state_slots() > 0 ? reinterpret_cast<float*>(r.opt) : nullptr;
+  float* v = m && c.state_slots() > 1 ? m + n : nullptr;
+  const bool vec4 = n % 4 == 0;  // cudaMalloc'd buffers: then every one is 16-byte aligned
   DeviceCounters* counters = ctx.counters;
   const unsigned blocks = blocks_for(n, kThreads, ctx.sm_count * 8);
   // The norm pass runs where something reads it: clipping, the guard, the loss scale.
@@ -187,11 +217,13 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
       SEAM_CUDA_LAUNCH_CHECK();
     }
     if (!working) {
-      update<void><<<blocks, kThreads, 0, s>>>(p, g, m, v, nullptr, n, n_decay, h, counters, ok, done);
+      update<void><<<blocks, kThreads, 0, s>>>(p, g, m, v, nullptr, n, n_decay, h, counters, ok, done, vec4);
     } else if (*working == DType::bf16) {
-      update<bf16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<bf16_t*>(w), n, n_decay, h, counters, ok, done);
+      update<bf16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<bf16_t*>(w), n, n_decay, h, counters, ok, done,
+                                                 vec4);
     } else {
-      update<f16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<f16_t*>(w), n, n_decay, h, counters, ok, done);
+      update<f16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<f16_t*>(w), n, n_decay, h, counters, ok, done,
+                                                vec4);
     }
     SEAM_CUDA_LAUNCH_CHECK();
   };
