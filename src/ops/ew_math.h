@@ -30,16 +30,20 @@ SEAM_HD inline T gelu_erf_grad(T x) {
          x * T(0.39894228040143267794) * exp(T(-0.5) * x * x);
 }
 
-// GELU, tanh approximation (the form cuBLASLt's GELU epilogues compute).
+// GELU, tanh approximation (the form cuBLASLt's GELU epilogues compute):
+// 0.5 x (1 + tanh(u)), u = k (x + 0.044715 x^3). Written with 1 + tanh(u) = 2 sigmoid(2u)
+// and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u), which do not cancel where tanh(u) is
+// near -1 (x below -3: in the tanh form the f32 gradient there is off by 7e-4).
 template <class T>
 SEAM_HD inline T gelu_tanh(T x) {
-  return T(0.5) * x * (T(1) + tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
+  return x * sigmoid(T(2 * 0.79788456080286535588) * (x + T(0.044715) * x * x * x));
 }
 template <class T>
 SEAM_HD inline T gelu_tanh_grad(T x) {
   T k = T(0.79788456080286535588);
-  T t = tanh(k * (x + T(0.044715) * x * x * x));
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3 * 0.044715) * x * x);
+  T u2 = T(2) * k * (x + T(0.044715) * x * x * x);
+  T s = sigmoid(u2), sm = sigmoid(-u2);
+  return s + T(2) * k * x * s * sm * (T(1) + T(3 * 0.044715) * x * x);
 }
 
 template <class T>
