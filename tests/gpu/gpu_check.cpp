@@ -20,12 +20,19 @@ Var GpuCase::param(const std::string& name, Shape shape, double lo, double hi, b
   return g.param(name, std::move(shape), Init::uniform(lo, hi), decay);
 }
 
-Var GpuCase::data(const std::string& name, Shape shape, double lo, double hi) {
-  Var v = g.input(name, shape);
+Var GpuCase::data(const std::string& name, Shape shape, double lo, double hi, DType dtype) {
+  Var v = g.input(name, shape, dtype);
   std::uniform_real_distribution<float> d(static_cast<float>(lo), static_cast<float>(hi));
   std::vector<float> x(static_cast<size_t>(numel(shape)));
   for (auto& e : x) e = d(rng_);
-  feeds.emplace_back(name, bytes_of(x));
+  if (dtype == DType::f32) {
+    feeds.emplace_back(name, bytes_of(x));
+  } else {
+    SEAM_ASSERT(is_half(dtype));
+    std::vector<uint16_t> bits(x.size());
+    for (size_t i = 0; i < x.size(); ++i) bits[i] = dtype == DType::bf16 ? float_to_bf16(x[i]) : float_to_f16(x[i]);
+    feeds.emplace_back(name, bytes_of(bits));
+  }
   return v;
 }
 

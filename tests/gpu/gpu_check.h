@@ -34,8 +34,8 @@ class GpuCase {
   Graph g;
   // A parameter (compared gradient), uniform in [lo, hi).
   Var param(const std::string& name, Shape shape, double lo = -1, double hi = 1, bool decay = true);
-  // Input data, uniform in [lo, hi).
-  Var data(const std::string& name, Shape shape, double lo = -1, double hi = 1);
+  // Input data, uniform in [lo, hi), in f32 or (rounded to it) a 16-bit dtype.
+  Var data(const std::string& name, Shape shape, double lo = -1, double hi = 1, DType dtype = DType::f32);
   // i32 labels or ids, uniform in [0, n).
   Var labels(const std::string& name, Shape shape, int32_t n);
   // i32 input with given values.

@@ -45,19 +45,6 @@ struct Low {
 };
 constexpr Low kLows[] = {{DType::bf16, "bf16"}, {DType::f16, "f16"}};
 
-// An input in dtype t (bf16 or f16), uniform in [lo, hi) rounded to t, fed as t's bytes.
-Var low_input(GpuCase& c, const std::string& name, const Shape& shape, DType t, double lo, double hi) {
-  Var v = c.g.input(name, shape, t);
-  std::uniform_real_distribution<float> d(static_cast<float>(lo), static_cast<float>(hi));
-  std::vector<uint16_t> bits(static_cast<size_t>(numel(shape)));
-  for (auto& b : bits) {
-    const float f = d(c.rng());
-    b = t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f);
-  }
-  c.feeds.emplace_back(name, seam::testing::bytes_of(bits));
-  return v;
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
@@ -133,7 +120,7 @@ TEST(GpuPrecisionConv, SixteenBitOperandsWithoutThePass) {
       SCOPED_TRACE(std::string(low.name) + " " + k.str());
       compare_with_cpu(
           [&](GpuCase& c) {
-            Var x = low_input(c, "x", k.x, low.dtype, -1, 1);
+            Var x = c.data("x", k.x, -1, 1, low.dtype);
             Var w = cast(c.param("w", k.w), low.dtype);
             std::optional<Var> b;
             if (k.bias) b = cast(c.param("b", {k.w[0]}), low.dtype);
@@ -302,7 +289,7 @@ TEST(GpuPrecisionBatchNorm, OnSixteenBitDataWithoutAnInputGradient) {
     SCOPED_TRACE(low.name);
     compare_with_cpu(
         [&](GpuCase& c) {
-          Var x = low_input(c, "x", {4, 3, 5, 5}, low.dtype, -2, 2);
+          Var x = c.data("x", {4, 3, 5, 5}, -2, 2, low.dtype);
           Var y = batch_norm(x, c.param("gamma", {3}, 0.5, 1.5), c.param("beta", {3}),
                              c.state("running_mean", {3}, Init::zeros()), c.state("running_var", {3}, Init::ones()),
                              0.1, 1e-5);

@@ -18,19 +18,6 @@ using namespace seam::gpu_testing;
 
 namespace {
 
-// A 16-bit input of uniform values in [lo, hi), fed as its own bytes.
-Var low_data(GpuCase& c, const std::string& name, const Shape& shape, DType t, double lo = -1, double hi = 1) {
-  Var v = c.g.input(name, shape, t);
-  std::uniform_real_distribution<float> d(static_cast<float>(lo), static_cast<float>(hi));
-  std::vector<uint16_t> x(static_cast<size_t>(numel(shape)));
-  for (auto& e : x) {
-    const float f = d(c.rng());
-    e = t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f);
-  }
-  c.feeds.emplace_back(name, seam::testing::bytes_of(x));
-  return v;
-}
-
 // The comparison for a 16-bit dtype at its policy, under an epilogue policy.
 CompareOptions at(DType low, EpiloguePolicy e = EpiloguePolicy::fastest) {
   CompareOptions o = low == DType::bf16 ? bf16() : f16();
@@ -49,8 +36,8 @@ std::string trace(DType low, EpiloguePolicy e) {
 Var random_low_chain(GpuCase& c, std::mt19937_64& rng, const Shape& shape, DType low) {
   const Shape row{shape.back()}, col{shape[0], 1};
   Var a = c.param("a", shape, 0.5, 1.5), row_f32 = c.param("row", row, 0.5, 1.5);
-  std::vector<Var> pool = {low_data(c, "x", shape, low, -2, 2), cast(a, low), cast(row_f32, low),
-                           low_data(c, "col", col, low)};
+  std::vector<Var> pool = {c.data("x", shape, -2, 2, low), cast(a, low), cast(row_f32, low),
+                           c.data("col", col, -1, 1, low)};
   auto pick = [&] { return pool[rng() % pool.size()]; };
   auto full = [&] {
     for (int k = 0; k < 20; ++k)
@@ -106,7 +93,7 @@ TEST(GpuPrecisionFused, MixedDtypeGroupsMatchTheCpu) {
   const Shape shape{96, 64};
   auto build = [&](DType low) {
     return [&, low](GpuCase& c) {
-      Var x = low_data(c, "x", shape, low);
+      Var x = c.data("x", shape, -1, 1, low);
       Var r = add(cast(x, DType::f32), c.param("bias", {shape.back()}));
       Var h = gelu(cast(r, low), true);
       return mul(cast(h, DType::f32), c.param("s", {shape.back()}, 0.5, 1.5));
@@ -140,8 +127,8 @@ TEST(GpuPrecisionFused, BroadcastLowOperandsReadAsVectorsMatchTheCpu) {
       o.gradients = false;
       compare_with_cpu(
           [&](GpuCase& c) {
-            Var x = low_data(c, "x", shape, low);
-            Var row = low_data(c, "row", {shape.back()}, low, 0.5, 1.5);
+            Var x = c.data("x", shape, -1, 1, low);
+            Var row = c.data("row", {shape.back()}, 0.5, 1.5, low);
             Shape col_shape = shape;
             col_shape.back() = 1;
             Var col = c.param("col", col_shape);  // f32, joined through a cast
@@ -151,8 +138,8 @@ TEST(GpuPrecisionFused, BroadcastLowOperandsReadAsVectorsMatchTheCpu) {
     }
   // Rows of a multiple of 4, aligned: the kernel reads and writes four values at a time.
   GpuCase c;
-  Var x = low_data(c, "x", {64, 100}, DType::bf16);
-  Var y = seam::tanh(mul(x, low_data(c, "row", {100}, DType::bf16)));
+  Var x = c.data("x", {64, 100}, -1, 1, DType::bf16);
+  Var y = seam::tanh(mul(x, c.data("row", {100}, -1, 1, DType::bf16)));
   Model m(c.g, {.device = Device::cuda});
   Program p = m.compile({.outputs = {y.id()}});
   int fused = 0;
@@ -188,7 +175,7 @@ TEST(GpuPrecisionFused, LowGroupsEndingInReductionsMatchTheCpu) {
                      (k.f32_result ? " into f32, " : ", ") + trace(low, e));
         compare_with_cpu(
             [&](GpuCase& c) {
-              Var x = low_data(c, "x", k.shape, low, -2, 2);
+              Var x = c.data("x", k.shape, -2, 2, low);
               Var w = cast(c.param("w", {k.shape.back()}, 0.5, 1.5), low);
               Var t = seam::tanh(add(mul(x, w), cast(c.param("b", {k.shape.back()}), low)));
               Attrs attrs{{"axes", k.axes}, {"keepdims", int64_t{k.keepdims}}};
@@ -210,7 +197,7 @@ TEST(GpuPrecisionFused, LowGroupsEndingInALayerNormMatchTheCpu) {
         compare_with_cpu(
             [&](GpuCase& c) {
               const Shape dim{shape.back()};
-              Var h = add(low_data(c, "x", shape, low), mul(cast(c.param("r", shape), low), low_data(c, "s", dim, low)));
+              Var h = add(c.data("x", shape, -1, 1, low), mul(cast(c.param("r", shape), low), c.data("s", dim, -1, 1, low)));
               Var y = layer_norm(h, c.param("gamma", dim, 0.5, 1.5), c.param("beta", dim), 1e-5);
               return cast(add(seam::tanh(y), h), DType::f32);
             },
@@ -232,8 +219,8 @@ TEST(GpuPrecisionFused, LowGroupsEndingInALayerNormMatchTheCpu) {
             at(low, e));
       }
   GpuCase c;
-  Var x = low_data(c, "x", {16, 64}, DType::bf16);
-  Var h = add(x, low_data(c, "r", {16, 64}, DType::bf16));
+  Var x = c.data("x", {16, 64}, -1, 1, DType::bf16);
+  Var h = add(x, c.data("r", {16, 64}, -1, 1, DType::bf16));
   Var y = layer_norm(h, c.param("gamma", {64}), c.param("beta", {64}), 1e-5);
   Model m(c.g, {.device = Device::cuda, .precision = Precision::bf16});
   Program p = m.compile({.outputs = {y.id()}});

@@ -35,19 +35,6 @@ DType low(const CompareOptions& o) { return *low_dtype(o.precision); }
 
 std::string policy_name(const CompareOptions& o) { return std::string("policy ") + precision_name(o.precision); }
 
-// An input in dtype t (bf16 or f16), uniform in [lo, hi) rounded to t, fed as t's bytes.
-Var low_input(GpuCase& c, const std::string& name, const Shape& shape, DType t, double lo, double hi) {
-  Var v = c.g.input(name, shape, t);
-  std::uniform_real_distribution<float> d(static_cast<float>(lo), static_cast<float>(hi));
-  std::vector<uint16_t> bits(static_cast<size_t>(numel(shape)));
-  for (auto& b : bits) {
-    const float f = d(c.rng());
-    b = t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f);
-  }
-  c.feeds.emplace_back(name, seam::testing::bytes_of(bits));
-  return v;
-}
-
 // ---- cross_entropy, mse ----
 
 struct CeCase {
@@ -101,7 +88,7 @@ void compare_cross_entropy_of_input(const CeCase& k) {
     o.gradients = false;
     compare_with_cpu(
         [&](GpuCase& c) {
-          Var z = low_input(c, "logits", k.shape, low(o), k.lo, k.hi);
+          Var z = c.data("logits", k.shape, k.lo, k.hi, low(o));
           return cross_entropy(z, labels_for(c, k), k.ignore_index, k.smoothing);
         },
         o);
@@ -152,7 +139,7 @@ void compare_layer_norm_of_input(const Shape& shape) {
     compare_with_cpu(
         [&](GpuCase& c) {
           const Shape dim{shape.back()};
-          Var x = low_input(c, "x", shape, low(o), -2, 3);
+          Var x = c.data("x", shape, -2, 3, low(o));
           Var y = layer_norm(x, c.param("gamma", dim, 0.5, 1.5), c.param("beta", dim, -0.5, 0.5), 1e-5);
           return cast(y, DType::f32);
         },
