@@ -136,10 +136,14 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   }
   const int end = static_cast<int>(plan.steps.size());
   for (ValueId o : req.outputs) use(o, end);
-  // Inputs keep their place for the whole step, so an input set once stays valid for
-  // every later step until it is set again.
+  // Backends keep each input where a run copies it from into the arena as the step
+  // begins (an input set once stays valid for later steps), so a float input's place is
+  // free after its last reader: under a mixed policy the f32 batch is read once, by its
+  // cast. Integer inputs (labels, ids) keep theirs for the whole step: a step replayed
+  // alone for timing (Executable::time_steps) must not read a label or id out of range
+  // from a buffer another step reused.
   for (ValueId id : g.inputs())
-    if (needed[static_cast<size_t>(id)]) use(id, end);
+    if (needed[static_cast<size_t>(id)] && !is_float(g.value(id).type.dtype)) use(id, end);
   for (int k : init_nodes)
     for (ValueId o : g.node(k).out) first[static_cast<size_t>(o)] = -1, use(o, end);
   // Values read by views live as long as the views' readers: handled by root in use().

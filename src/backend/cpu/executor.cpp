@@ -63,12 +63,15 @@ class CpuExecutable : public Executable {
     }
   }
 
+  // Inputs wait here and are copied into the arena as a run begins: their arena place
+  // may be reused after their last reader (lower.cpp).
   void set_input(size_t index, std::span<const std::byte> data) override {
-    const BufferRef& b = plan_.inputs.at(index).ref;
-    std::memcpy(regions_.arena + b.offset, data.data(), data.size());
+    if (staged_.size() < plan_.inputs.size()) staged_.resize(plan_.inputs.size());
+    staged_.at(index).assign(data.begin(), data.end());
   }
 
   std::vector<double> time_steps(int reps) override {
+    copy_inputs();
     std::vector<double> ms;
     StepState state;
     for (size_t i = 0; i < steps_.size(); ++i) {
@@ -87,6 +90,7 @@ class CpuExecutable : public Executable {
   ExecStats stats() override { return {static_cast<int>(steps_.size()), static_cast<int>(steps_.size()), false}; }
 
   void run(StepState& state) override {
+    copy_inputs();
     for (size_t i = 0; i < steps_.size(); ++i) {
       try {
         run_step(i, state);
@@ -107,6 +111,13 @@ class CpuExecutable : public Executable {
   }
 
  private:
+  void copy_inputs() {
+    for (size_t k = 0; k < staged_.size(); ++k) {
+      const BufferRef& b = plan_.inputs[k].ref;
+      if (!staged_[k].empty()) std::memcpy(regions_.arena + b.offset, staged_[k].data(), staged_[k].size());
+    }
+  }
+
   struct Widen {
     bool out;
     size_t index;
@@ -142,6 +153,7 @@ class CpuExecutable : public Executable {
   Regions regions_;
   std::vector<Prepared> steps_;
   std::vector<float> scratch_;
+  std::vector<std::vector<std::byte>> staged_;  // by Plan::inputs index
 };
 
 class CpuBackend : public Backend {
