@@ -25,6 +25,7 @@ struct Model::Core {
   Device device = Device::cpu;
   Precision precision = Precision::f32;
   std::vector<PrecisionOverride> overrides;
+  std::optional<DType> stored;  // the 16-bit parameter dtype without masters (master_weights false)
   int reuse_gap = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
   std::shared_ptr<Backend> backend;
   std::byte* params = nullptr;
@@ -155,7 +156,13 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
   check_overrides(c.graph, options.precision_overrides);
   c.precision = options.precision;
   c.overrides = options.precision_overrides;
-  c.layout = make_layout(c.graph);
+  if (!options.master_weights) {
+    c.stored = low_dtype(options.precision);
+    if (!c.stored)
+      fail("ModelOptions::master_weights = false stores the parameters in 16 bits: it needs precision bf16 or f16, got ",
+           precision_name(options.precision));
+  }
+  c.layout = make_layout(c.stored ? params_in(c.graph, *c.stored).graph : c.graph);
   c.state.seed = options.seed;
   c.backend = c.device == Device::cuda
                   ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,
@@ -190,7 +197,7 @@ void Model::reset() {
     auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
     c.backend->upload(c.state_buf + s.offset, bytes.data(), bytes.size());
   }
-  if (c.opt) c.backend->fill_zero(c.opt, kOptSlots * c.layout.param_bytes);
+  if (c.opt) c.backend->fill_zero(c.opt, kOptSlots * c.layout.moment_bytes());
   c.working_valid = false;
   c.state.step = 0;
   c.state.loss_scale = 0;
@@ -238,8 +245,9 @@ std::vector<HostTensor> Model::save_tensors() const {
   if (c.opt)
     for (int k = 0; k < kOptSlots; ++k)
       for (const Slot& s : c.layout.params) {
-        HostTensor t{kMomentNames[k] + s.name, s.type, std::vector<std::byte>(s.type.bytes())};
-        c.backend->download(t.data.data(), c.opt + k * c.layout.param_bytes + s.offset, t.data.size());
+        const TensorType mt{c.layout.moment_dtype(), s.type.shape};
+        HostTensor t{kMomentNames[k] + s.name, mt, std::vector<std::byte>(mt.bytes())};
+        c.backend->download(t.data.data(), c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), t.data.size());
         out.push_back(std::move(t));
       }
   return out;
@@ -249,27 +257,31 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   Core& c = *core_;
   std::map<std::string, const HostTensor*> by_name;
   for (auto& t : tensors) by_name[t.name] = &t;
-  auto check = [&](const Slot& s, const std::string& name, bool required) -> const HostTensor* {
+  auto check_type = [&](const TensorType& want, const std::string& name, bool required) -> const HostTensor* {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      if (required) fail("tensor '", name, "' (", s.type.str(), ") is missing");
+      if (required) fail("tensor '", name, "' (", want.str(), ") is missing");
       return nullptr;
     }
     const HostTensor& t = *it->second;
-    if (!(t.type == s.type)) fail("tensor '", name, "' is ", t.type.str(), " but the model needs ", s.type.str());
-    if (t.data.size() != s.type.bytes()) fail("tensor '", name, "' has ", t.data.size(), " bytes for ", s.type.str());
+    if (!(t.type == want)) fail("tensor '", name, "' is ", t.type.str(), " but the model needs ", want.str());
+    if (t.data.size() != want.bytes()) fail("tensor '", name, "' has ", t.data.size(), " bytes for ", want.str());
     return &t;
+  };
+  auto check = [&](const Slot& s, const std::string& name, bool required) { return check_type(s.type, name, required); };
+  auto check_moment = [&](const Slot& s, const std::string& name, bool required) {
+    return check_type({c.layout.moment_dtype(), s.type.shape}, name, required);
   };
   // Validate everything first: a failed load must change nothing.
   bool moments = false;
   for (const Slot& s : c.layout.params) {
     check(s, s.name, true);
-    for (auto* m : kMomentNames) moments = check(s, m + s.name, false) || moments;
+    for (auto* m : kMomentNames) moments = check_moment(s, m + s.name, false) || moments;
   }
   for (const Slot& s : c.layout.states) check(s, s.name, true);
   if (moments)
     for (const Slot& s : c.layout.params)
-      for (auto* m : kMomentNames) check(s, m + s.name, true);
+      for (auto* m : kMomentNames) check_moment(s, m + s.name, true);
   std::set<std::string> known;
   for (const Slot& s : c.layout.params) {
     known.insert(s.name);
@@ -284,11 +296,12 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   for (const Slot& s : c.layout.states)
     c.backend->upload(c.state_buf + s.offset, by_name[s.name]->data.data(), s.type.bytes());
   if (moments) {
-    if (!c.opt) c.opt = c.backend->alloc(kOptSlots * c.layout.param_bytes);
+    if (!c.opt) c.opt = c.backend->alloc(kOptSlots * c.layout.moment_bytes());
     for (int k = 0; k < kOptSlots; ++k)
-      for (const Slot& s : c.layout.params)
-        c.backend->upload(c.opt + k * c.layout.param_bytes + s.offset, by_name[kMomentNames[k] + s.name]->data.data(),
-                          s.type.bytes());
+      for (const Slot& s : c.layout.params) {
+        const HostTensor& t = *by_name[kMomentNames[k] + s.name];
+        c.backend->upload(c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), t.data.data(), t.data.size());
+      }
   }
 }
 
@@ -300,14 +313,17 @@ Program Model::compile(const CompileOptions& o) {
     if (id < 0 || id >= nv) fail("compile: ", what, " ", id, " is not a value of this model's graph");
   };
   apply_mode(g, o.mode);
-  // Outputs and the loss keep their ids through the precision pass (its map), so the
+  // Outputs and the loss keep their ids through the rewrites below (their maps), so the
   // checks and requests below speak of the rewritten graph.
   std::vector<ValueId> to_new;
-  if (low_dtype(c.precision) || !c.overrides.empty()) {
-    FuseResult p = apply_precision(g, c.precision, c.overrides);
+  auto rewrite = [&](FuseResult p) {
     g = std::move(p.graph);
-    to_new = std::move(p.map);
-  }
+    if (to_new.empty()) to_new = std::move(p.map);
+    else
+      for (ValueId& v : to_new) v = v < 0 ? v : p.map[static_cast<size_t>(v)];
+  };
+  if (c.stored) rewrite(params_in(g, *c.stored));
+  if (low_dtype(c.precision) || !c.overrides.empty()) rewrite(apply_precision(g, c.precision, c.overrides));
   auto renumber = [&](ValueId v) { return to_new.empty() || v < 0 || v >= nv ? v : to_new[static_cast<size_t>(v)]; };
   LowerRequest req;
   req.reuse_memory = o.reuse_memory;
@@ -390,7 +406,7 @@ Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
     : core_(std::move(core)), plan_(std::make_unique<Plan>(std::move(plan))) {
   Model::Core& c = *core_;
   if (plan_->optimizer && plan_->optimizer->state_slots() > 0 && !c.opt)
-    c.opt = c.backend->alloc(kOptSlots * c.layout.param_bytes);
+    c.opt = c.backend->alloc(kOptSlots * c.layout.moment_bytes());
   if (plan_->working && !c.working) c.working = c.backend->alloc(c.layout.param_bytes / 2);
   try {
     arena_ = c.backend->alloc(plan_->arena_bytes);
@@ -467,7 +483,7 @@ std::vector<double> Program::time_steps(int reps) {
                                                      {r.grads, c.layout.param_bytes},
                                                      {r.state, c.layout.state_bytes},
                                                      {r.counters, kCounterBytes}};
-  if (r.opt) kept.emplace_back(r.opt, kOptSlots * c.layout.param_bytes);
+  if (r.opt) kept.emplace_back(r.opt, kOptSlots * c.layout.moment_bytes());
   if (r.working) kept.emplace_back(r.working, c.layout.param_bytes / 2);
   for (const Binding& b : plan_->inputs) kept.emplace_back(r.base(b.ref.region) + b.ref.offset, b.ref.bytes());
   std::vector<std::vector<std::byte>> saved;

@@ -127,6 +127,10 @@ TEST(ModelFile, PrecisionNamesWhatGemmsComputeIn) {
   EXPECT_NE(e.find("m.json: unknown precision 'tf33'; did you mean 'tf32'"), std::string::npos) << e;
   EXPECT_EQ(io::parse_model_json(head + R"(, "precision": "bf16"})", "m.json").precision, Precision::bf16);
   EXPECT_EQ(parse_precision("f16"), Precision::f16);
+  EXPECT_TRUE(io::parse_model_json(head + "}", "m.json").master_weights);
+  EXPECT_FALSE(io::parse_model_json(head + R"(, "precision": "bf16", "master_weights": false})", "m.json").master_weights);
+  const std::string bad = model_error(head + R"(, "master_weights": "no"})");
+  EXPECT_NE(bad.find("m.json: 'master_weights' has the wrong type"), std::string::npos) << bad;
   EXPECT_EQ(parse_precision("fp16"), std::nullopt);
   EXPECT_EQ(precision_names(), (std::vector<std::string>{"f32", "tf32", "bf16", "f16"}));
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <set>
 #include <cmath>
 
 #include "common/half.h"
@@ -372,6 +374,79 @@ TEST(Guard, TheLossScaleGrowsAfterEnoughCleanSteps) {
   double err = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) err += std::pow(a[i] - b[i], 2), norm += std::pow(b[i], 2);
   EXPECT_LT(std::sqrt(err / norm), 2e-2);  // bf16 rounding of the scaled backward differs
+}
+
+TEST(MasterWeights, WithoutMastersParametersAreStoredIn16BitsAndTrain) {
+  Graph g;
+  Var loss = scoped_mlp(g, 64, 48, {96, 64}, 10);
+  Model m(g, {.seed = 3, .precision = Precision::bf16, .master_weights = false});
+  EXPECT_EQ(m.layout().param_dtype, DType::bf16);
+  Model masters(g, {.seed = 3, .precision = Precision::bf16});
+  EXPECT_LE(m.layout().param_bytes, masters.layout().param_bytes / 2 + 64 * m.layout().params.size());  // slots stay aligned
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adamw(3e-3, 0.01)});
+  EXPECT_FALSE(p.plan().working) << "the parameters are the 16-bit values";
+  for (const Binding& b : p.plan().grads) EXPECT_EQ(b.ref.type.dtype, DType::bf16) << b.name;
+  const auto x = random_floats(64 * 48, 1);
+  const auto y = random_labels(64, 10, 2);
+  p.set_input("x", std::span<const float>(x));
+  p.set_input("y", std::span<const int32_t>(y));
+  std::vector<float> got;
+  for (int s = 0; s < 40; ++s) {
+    p.run();
+    got.push_back(p.read_as<float>(loss.name()).at(0));
+  }
+  const auto ref = losses(Precision::bf16, 40);  // with f32 masters
+  EXPECT_LT(got.back(), 0.5 * got.front());
+  for (size_t s = 0; s < ref.size(); ++s) EXPECT_NEAR(got[s], ref[s], 0.05 + 0.1 * ref[s]) << "step " << s;
+  // Checkpoints hold the 16-bit parameters and f32 moments, and load back bitwise.
+  const auto saved = m.save_tensors();
+  for (const HostTensor& t : saved)
+    EXPECT_EQ(t.type.dtype, t.name.rfind("optimizer.", 0) == 0 ? DType::f32 : DType::bf16) << t.name;
+  Model again(g, {.seed = 8, .precision = Precision::bf16, .master_weights = false});
+  again.load_tensors(saved);
+  expect_same(again.save_tensors(), saved);
+  // The same run twice: the stochastic rounding is a function of (seed, step, index).
+  Model twin(g, {.seed = 3, .precision = Precision::bf16, .master_weights = false});
+  Program tp = twin.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adamw(3e-3, 0.01)});
+  tp.set_input("x", std::span<const float>(x));
+  tp.set_input("y", std::span<const int32_t>(y));
+  for (int s = 0; s < 40; ++s) tp.run();
+  expect_same(twin.save_tensors(), saved);
+}
+
+// Updates of 1e-4 a step on values near 1, where a bf16 unit is 2^-7: rounded to nearest
+// the parameters would never move; rounded stochastically they move by the sum of the
+// updates on average.
+TEST(MasterWeights, StochasticRoundingKeepsUpdatesBelowHalfAUnit) {
+  Graph g;
+  Var w = g.param("w", {4096}, Init::ones());
+  Var d = g.input("d", {4096});
+  Var loss = sum(mul(w, d));
+  Model m(g, {.seed = 5, .precision = Precision::bf16, .master_weights = false});
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(1e-4)});
+  const std::vector<float> ones(4096, 1.0f);
+  p.set_input("d", std::span<const float>(ones));
+  for (int s = 0; s < 200; ++s) p.run();
+  const auto bits = m.read_param("w");
+  double mean = 0;
+  std::set<uint16_t> distinct;
+  for (size_t i = 0; i < 4096; ++i) {
+    uint16_t h;
+    std::memcpy(&h, bits.data() + 2 * i, 2);
+    distinct.insert(h);
+    mean += bf16_to_float(h) / 4096.0;
+  }
+  EXPECT_NEAR(mean, 1.0 - 200 * 1e-4, 2e-3);
+  EXPECT_GT(distinct.size(), 1u);
+}
+
+TEST(MasterWeights, WithoutMastersNeedsA16BitPolicy) {
+  Graph g;
+  scoped_mlp(g, 4, 6, {8}, 3);
+  const std::string e = error_of([&] { Model m(g, {.precision = Precision::tf32, .master_weights = false}); });
+  EXPECT_NE(e.find("master_weights = false stores the parameters in 16 bits: it needs precision bf16 or f16, got tf32"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

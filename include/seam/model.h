@@ -106,6 +106,11 @@ struct ModelOptions {
   Device device = Device::cpu;
   Precision precision = Precision::f32;
   std::vector<PrecisionOverride> precision_overrides;  // checked when the model is made
+  // false (with a bf16 or f16 policy): the parameters themselves are stored in 16 bits,
+  // with no f32 masters, as llm.c can: half the parameter and gradient memory, and the
+  // update rounds each new value stochastically (so updates below half a unit in the last
+  // place still move a parameter on average). Moments stay f32.
+  bool master_weights = true;
   bool cuda_graph = true;  // replay each step as one captured CUDA Graph (CUDA)
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   // CUDA streams a step may spread independent steps over (step_dependencies): e.g. a

@@ -54,6 +54,11 @@ struct Layout {
   size_t param_bytes = 0, state_bytes = 0;
   size_t decay_bytes = 0;  // params [0, decay_bytes) get weight decay
   DType param_dtype = DType::f32;
+  // Optimizer moments are kept in the dtype the parameters compute in: f32 for 16-bit
+  // parameters (ModelOptions::master_weights = false), else the parameters' own.
+  DType moment_dtype() const { return compute_dtype(param_dtype); }
+  size_t moment_bytes() const { return param_bytes / dtype_size(param_dtype) * dtype_size(moment_dtype()); }
+  size_t moment_offset(const Slot& s) const { return s.offset / dtype_size(param_dtype) * dtype_size(moment_dtype()); }
   int64_t param_count() const;
   const Slot* param(const std::string& name) const;
   const Slot* state(const std::string& name) const;

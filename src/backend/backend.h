@@ -18,7 +18,7 @@ struct Regions {
   std::byte* params = nullptr;
   std::byte* grads = nullptr;
   std::byte* state = nullptr;
-  std::byte* opt = nullptr;  // optimizer moments: slot s at s * layout.param_bytes
+  std::byte* opt = nullptr;  // optimizer moments: slot s at s * layout.moment_bytes()
   // Backends that keep the step counter and seed in their own memory (CUDA) keep them
   // here, and record in `synced` the host state they last received or produced.
   std::byte* counters = nullptr;

@@ -137,6 +137,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
               .device = dev,
               .precision = precision,
               .precision_overrides = overrides,
+              .master_weights = o.master_weights,
               .cuda_graph = o.graph,
               .epilogue = epilogue,
               .cuda_streams = o.streams});

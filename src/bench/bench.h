@@ -25,6 +25,7 @@ struct BenchOptions {
   int streams = 4;                     // CUDA streams a step may spread over
   std::string fusion = "all";          // all; epilogues (GEMM epilogues and loss only); none
   std::optional<Precision> precision;  // overrides each workload's (W1-W4: tf32; a file: its own)
+  bool master_weights = true;          // false: 16-bit parameters (ModelOptions::master_weights)
   std::string csv;                     // also write the results here
 };
 

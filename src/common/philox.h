@@ -33,6 +33,10 @@ SEAM_PHILOX_HD inline Philox4 philox4x32(Philox4 c, uint32_t k0, uint32_t k1) {
 // Uniform in [0, 1) from the top 24 bits: exact in float.
 SEAM_PHILOX_HD inline float philox_uniform(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 16777216.0f); }
 
+// The stream of the update's stochastic rounding (ModelOptions::master_weights = false);
+// dropout streams are node indices, far below it.
+inline constexpr uint32_t kRoundingStream = 0xFFFFFFFFu;
+
 // The dropout draw of element i: counter (i/4, step, stream), key seed; word i%4.
 SEAM_PHILOX_HD inline float dropout_uniform(uint64_t seed, uint64_t step, uint32_t stream, uint64_t i) {
   uint64_t block = i >> 2;

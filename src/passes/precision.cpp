@@ -62,6 +62,30 @@ std::vector<ValueId> emit(Graph& ng, const Graph& g, const Node& n, const std::v
 
 }  // namespace
 
+FuseResult params_in(const Graph& g, DType low) {
+  FuseResult r;
+  r.map.assign(g.values().size(), -1);
+  Graph& ng = r.graph;
+  for (size_t v = 0; v < g.values().size(); ++v) {
+    const Value& val = g.values()[v];
+    if (val.kind == ValueKind::input) r.map[v] = ng.input(val.name, val.type.shape, val.type.dtype).id();
+    if (val.kind == ValueKind::state) r.map[v] = ng.state(val.name, val.type.shape, val.init, val.type.dtype).id();
+    if (val.kind != ValueKind::param) continue;
+    Var p = ng.param(val.name, val.type.shape, val.init, val.decay, is_float(val.type.dtype) ? low : val.type.dtype);
+    r.map[v] = p.dtype() == val.type.dtype
+                   ? p.id()
+                   : ng.add_named(Op::cast, {p.id()}, {{"dtype", std::string(dtype_name(val.type.dtype))}},
+                                  val.name + "." + dtype_name(val.type.dtype)).at(0);
+  }
+  for (const Node& n : g.nodes()) {
+    std::vector<ValueId> in;
+    for (ValueId v : n.in) in.push_back(mapped(r, v));
+    auto out = emit(ng, g, n, in, n.attrs);
+    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+  }
+  return r;
+}
+
 void check_overrides(const Graph& g, const std::vector<PrecisionOverride>& overrides) {
   for (const PrecisionOverride& o : overrides) {
     if (o.precision == Precision::tf32)
@@ -94,6 +118,11 @@ FuseResult apply_precision(const Graph& g, Precision policy, const std::vector<P
   // One cast per value and dtype, named after the value: "fc1.weight.bf16".
   auto as = [&](ValueId v, DType t) {
     if (ng.value(v).type.dtype == t) return v;
+    // A value widened from t by a cast goes back to t exactly: read the original.
+    if (const int k = ng.value(v).node; k >= 0 && ng.node(k).op == Op::cast) {
+      const ValueId u = ng.node(k).in[0];
+      if (ng.value(u).type.dtype == t && is_float(t) && rank(ng.value(v).type.dtype) > rank(t)) return u;
+    }
     auto [it, fresh] = casts.try_emplace({v, t}, -1);
     if (fresh) {
       std::string name = ng.value(v).name + "." + dtype_name(t);

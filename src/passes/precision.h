@@ -23,6 +23,12 @@ namespace seam {
 // for a precision its ops do not have (tf32 is a policy for a whole model's f32 GEMMs).
 void check_overrides(const Graph& g, const std::vector<PrecisionOverride>& overrides);
 
+// Parameters stored in 16 bits (ModelOptions::master_weights = false): each parameter of
+// g is made in `low` and read through a cast back to its dtype, so every node sees what
+// it saw; apply_precision then reads the 16-bit value directly wherever a consumer wants
+// it (an exact round trip), and the parameter's gradient arrives in `low`.
+FuseResult params_in(const Graph& g, DType low);
+
 // Rewrites g at `policy` with `overrides`; f32 and tf32 without overrides leave g as it is.
 FuseResult apply_precision(const Graph& g, Precision policy, const std::vector<PrecisionOverride>& overrides);
 

@@ -243,7 +243,7 @@ int run_train(const TrainOptions& o) {
   spec.fix_schedule_length(steps_per_epoch);
 
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides});
+  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights});
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   // The epoch's sums so far, read from the device only at log points: [loss, correct].
@@ -445,7 +445,7 @@ int run_eval(const EvalOptions& o) {
   data::ImageData data = data::load_image_data(o.data_dir);
   check_input(spec, data);
   io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights});
   try {
     model.load_tensors(ck.tensors);
   } catch (const Error& e) {
@@ -483,7 +483,7 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   const int64_t B = batch.value_or(spec.batch_size);
   spec.fix_schedule_length(60000 / B);  // as a run over the 60000 Fashion-MNIST training images would
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
                    : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
   std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",

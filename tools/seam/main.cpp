@@ -173,12 +173,14 @@ int main(int argc, char** argv) {
 
   // --precision for train, plan and bench: a name of seam::parse_precision, or the model
   // file's (a workload's) own when not given.
-  const std::string precision_help = "what GEMMs and convolutions compute in: f32 (IEEE) or tf32 (TF32 tensor cores)";
+  const std::string precision_help =
+      "f32 (IEEE), tf32 (TF32 tensor cores in GEMMs and convolutions), bf16 or f16 (mixed precision, fp32 masters)";
   auto precision_of = [](const std::string& s) -> std::optional<seam::Precision> {
     if (s.empty()) return std::nullopt;
     return seam::parse_precision(s);
   };
   std::string train_precision, plan_precision, bench_precision;
+  bool no_masters = false;
 
   seam::train::TrainOptions t;
   t.data_dir = seam::data::default_fashion_mnist_dir();
@@ -253,6 +255,8 @@ int main(int argc, char** argv) {
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
   bench->add_option("--precision", bench_precision, precision_help + " (default: tf32 for W1-W4, a model file's own)")
       ->check(one_of(seam::precision_names()));
+  bench->add_flag("--no-master-weights", no_masters,
+                  "with bf16 or f16: parameters stored in 16 bits, updated with stochastic rounding");
   bench->add_option("--epilogue", bo.epilogue,
                     "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
                     "(fastest), or always one of them")
@@ -324,6 +328,7 @@ int main(int argc, char** argv) {
     if (*bench) {
       bo.graph = !no_graph;
       bo.precision = precision_of(bench_precision);
+      bo.master_weights = !no_masters;
       return seam::bench::run_bench(bo);
     }
     if (*numerics) {

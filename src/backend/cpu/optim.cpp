@@ -5,6 +5,8 @@
 #include "backend/cpu/optim.h"
 
 #include "common/half.h"
+#include "common/philox.h"
+#include "common/stochastic.h"
 
 namespace seam::cpu {
 
@@ -31,16 +33,10 @@ void adam(const OptimizerConfig& c, int64_t n, int64_t n_decay, T* p, const T* g
   }
 }
 
+// The update over n values (the first n_decay decay); false when the step was skipped.
 template <class T>
-void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
-                  std::optional<DType> working) {
-  const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(T));
-  const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(T));
-  T* p = reinterpret_cast<T*>(r.params);
-  T* g = reinterpret_cast<T*>(r.grads);
-  T* m = reinterpret_cast<T*>(r.opt);
-  T* v = m + n;
-
+bool update_values(const OptimizerConfig& c, int64_t n, int64_t n_decay, T* p, T* g, T* m, T* v, StepState& st,
+                   double loss) {
   const LossScaling& ls = c.loss_scaling;
   const bool scaled = ls.mode == LossScaling::Mode::dynamic;
   if (scaled && st.loss_scale <= 0) st.loss_scale = ls.init;
@@ -54,7 +50,7 @@ void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions&
     ++st.skipped_steps;
     ++st.skip_streak;
     if (scaled) st.loss_scale *= ls.backoff, st.scale_good = 0;
-    return;
+    return false;
   }
   st.skip_streak = 0;
   double coef = unscale;  // the gradient left in g is unscaled and clipped
@@ -81,13 +77,47 @@ void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions&
   } else {
     adam(c, n, n_decay, p, g, m, v, lr, t);
   }
+  return true;
+}
+
+uint16_t to_half(float f, DType t) { return t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f); }
+float from_half(uint16_t h, DType t) { return t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h); }
+
+// f32 or f64 parameters (the masters): updated in place, their working copies after.
+template <class T>
+void update_masters(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
+                    std::optional<DType> working) {
+  const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(T));
+  T* m = reinterpret_cast<T*>(r.opt);
+  if (!update_values(c, n, static_cast<int64_t>(layout.decay_bytes / sizeof(T)), reinterpret_cast<T*>(r.params),
+                     reinterpret_cast<T*>(r.grads), m, m ? m + n : nullptr, st, loss) ||
+      !working)
+    return;
   // The working copies leave the update with the masters, rounded once.
-  if (working) {
-    auto* w = reinterpret_cast<uint16_t*>(r.working);
-    for (int64_t i = 0; i < n; ++i) {
-      const auto f = static_cast<float>(p[i]);
-      w[i] = *working == DType::bf16 ? float_to_bf16(f) : float_to_f16(f);
-    }
+  auto* w = reinterpret_cast<uint16_t*>(r.working);
+  const T* p = reinterpret_cast<const T*>(r.params);
+  for (int64_t i = 0; i < n; ++i) w[i] = to_half(static_cast<float>(p[i]), *working);
+}
+
+// 16-bit parameters without masters: the update in f32 (f32 moments), each new value
+// rounded stochastically with a draw keyed by (seed, step, index) that the GPU makes too.
+void update_stored16(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss) {
+  const DType t = layout.param_dtype;
+  const auto n = static_cast<int64_t>(layout.param_bytes / 2);
+  auto* ph = reinterpret_cast<uint16_t*>(r.params);
+  auto* gh = reinterpret_cast<uint16_t*>(r.grads);
+  std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = from_half(ph[i], t), g[static_cast<size_t>(i)] = from_half(gh[i], t);
+  const int64_t step = st.step;
+  float* m = reinterpret_cast<float*>(r.opt);
+  if (!update_values(c, n, static_cast<int64_t>(layout.decay_bytes / 2), p.data(), g.data(), m, m ? m + n : nullptr, st,
+                     loss))
+    return;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = p[static_cast<size_t>(i)];
+    const float u = dropout_uniform(st.seed, static_cast<uint64_t>(step), kRoundingStream, static_cast<uint64_t>(i));
+    ph[i] = round_stochastic(x, to_half(x, t), [t](uint16_t h) { return from_half(h, t); }, u);
+    gh[i] = to_half(g[static_cast<size_t>(i)], t);  // unscaled and clipped, as with masters
   }
 }
 
@@ -95,7 +125,8 @@ void update_typed(const OptimizerConfig& c, const Layout& layout, const Regions&
 
 void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
                       std::optional<DType> working) {
-  dispatch_float(layout.param_dtype, [&]<class T>() { update_typed<T>(c, layout, r, st, loss, working); });
+  if (is_half(layout.param_dtype)) return update_stored16(c, layout, r, st, loss);
+  dispatch_float(layout.param_dtype, [&]<class T>() { update_masters<T>(c, layout, r, st, loss, working); });
 }
 
 }  // namespace seam::cpu

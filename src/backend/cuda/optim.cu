@@ -10,6 +10,8 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/optim.h"
 #include "backend/cuda/storage.cuh"
+#include "common/philox.h"
+#include "common/stochastic.h"
 
 namespace seam::cuda {
 
@@ -55,10 +57,13 @@ __device__ double lr_at(const Hyper& h, int64_t step) {
 
 // Squared norm of the gradients: per-block partial sums, then one block adds them up,
 // in a fixed order so the result is the same on every run.
-__global__ void sumsq_partial(const float* __restrict__ g, int64_t n, float* __restrict__ partial) {
+template <class G>
+__global__ void sumsq_partial(const G* __restrict__ g, int64_t n, float* __restrict__ partial) {
   float s = 0.f;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    s += g[i] * g[i];
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = to_float(g[i]);
+    s += x * x;
+  }
   s = block_sum(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -105,12 +110,38 @@ __device__ __forceinline__ void update_one(const Hyper& h, const StepConsts& k, 
 
 // The last block to finish advances the step counter (every block has read it by then),
 // which saves a launch per step; `done` counts finished blocks and is reset for the next.
+// The bits of a 16-bit value as a float, for round_stochastic.
+template <class P>
+__device__ __forceinline__ float half_bits_value(uint16_t b) {
+  if constexpr (std::is_same_v<P, bf16_t>) return __bfloat162float(__ushort_as_bfloat16(b));
+  else return __half2float(__ushort_as_half(b));
+}
+
+// A new value of a parameter stored as P: f32 as it is; 16-bit (no masters) rounded
+// stochastically with the CPU's draw for (seed, step, index).
+template <class P>
+__device__ __forceinline__ P store_param(float x, const DeviceCounters* c, int64_t step, int64_t i) {
+  if constexpr (std::is_same_v<P, float>) {
+    return x;
+  } else {
+    const float u = dropout_uniform(c->seed, static_cast<uint64_t>(step), kRoundingStream, static_cast<uint64_t>(i));
+    const P nearest = from_float<P>(x);
+    uint16_t bits;
+    memcpy(&bits, &nearest, 2);
+    const uint16_t r = round_stochastic(x, bits, half_bits_value<P>, u);
+    P out;
+    memcpy(&out, &r, 2);
+    return out;
+  }
+}
+
 // A skipped step (ok false) changes nothing but the counters: the step, the skips and
-// the loss scale. W: the storage type of the parameters' working copies the update
-// writes beside the masters (void: none). vec4: every buffer is read and written four
-// floats at a time (n % 4 == 0, so v = m + n stays 16-byte aligned).
-template <class W>
-__global__ void update(float* __restrict__ p, float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+// the loss scale. P: how parameters and gradients are stored (f32 masters, or 16 bits
+// without). W: the storage type of the working copies the update writes beside f32
+// masters (void: none). vec4: every buffer is read and written four floats at a time
+// (f32 parameters, n % 4 == 0, so v = m + n stays 16-byte aligned).
+template <class P, class W>
+__global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                        W* __restrict__ working, int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok,
                        unsigned* done, bool vec4) {
   const int64_t step = c->step;
@@ -128,6 +159,7 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
   k.step_size = k.lr / bc1;
   const bool has_m = m != nullptr, has_v = v != nullptr;
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  if constexpr (std::is_same_v<P, float>)
   for (int64_t j = first; go && vec4 && j < n / 4; j += stride) {
     const int64_t i = 4 * j;
     float4 gv = reinterpret_cast<const float4*>(g)[j], pv = reinterpret_cast<const float4*>(p)[j];
@@ -145,15 +177,16 @@ __global__ void update(float* __restrict__ p, float* __restrict__ g, float* __re
     if (has_v) reinterpret_cast<float4*>(v)[j] = vv;
     if (k.scale != 1.f) reinterpret_cast<float4*>(g)[j] = gv;
   }
-  for (int64_t i = first; go && !vec4 && i < n; i += stride) {
-    const float clipped = g[i] * k.scale;
-    float pi = p[i], mi = has_m ? m[i] : 0.f, vi = has_v ? v[i] : 0.f;
+  const bool scalar = !vec4 || !std::is_same_v<P, float>;
+  for (int64_t i = first; go && scalar && i < n; i += stride) {
+    const float clipped = to_float(g[i]) * k.scale;
+    float pi = to_float(p[i]), mi = has_m ? m[i] : 0.f, vi = has_v ? v[i] : 0.f;
     update_one(h, k, i < n_decay ? h.weight_decay : 0.f, pi, clipped, mi, vi);
-    p[i] = pi;
+    p[i] = store_param<P>(pi, c, step, i);
     if (has_m) m[i] = mi;
     if (has_v) v[i] = vi;
     if constexpr (!std::is_void_v<W>) working[i] = from_float<W>(pi);
-    if (k.scale != 1.f) g[i] = clipped;
+    if (k.scale != 1.f) g[i] = from_float<P>(clipped);
   }
   __syncthreads();  // every thread of this block has read the counters
   if (threadIdx.x == 0) {
@@ -184,8 +217,10 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   if (working && (*working != DType::bf16 && *working != DType::f16))
     fail("the CUDA optimizer writes bf16 or f16 working copies, not ", dtype_name(*working));
   void* w = working ? r.working : nullptr;
-  if (layout.param_dtype != DType::f32)
-    fail("the CUDA optimizer updates f32 parameters, the model's are ", dtype_name(layout.param_dtype));
+  const DType pt = layout.param_dtype;
+  if (pt != DType::f32 && !is_half(pt))
+    fail("the CUDA optimizer updates f32, bf16 or f16 parameters, the model's are ", dtype_name(pt));
+  if (working && pt != DType::f32) fail("working copies are of f32 masters, the parameters are ", dtype_name(pt));
   Hyper h{static_cast<int>(c.kind), static_cast<float>(c.momentum), static_cast<float>(1.0 - c.dampening),
           static_cast<float>(1.0 - c.beta1), static_cast<float>(1.0 - c.beta2), static_cast<float>(c.eps),
           static_cast<float>(c.weight_decay), static_cast<float>(c.clip_norm), c.beta1, c.beta2, c.nesterov, c.lr,
@@ -194,10 +229,10 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
           c.loss_scaling.mode == LossScaling::Mode::dynamic, c.skip_nonfinite,
           static_cast<float>(c.loss_scaling.init), static_cast<float>(c.loss_scaling.growth),
           static_cast<float>(c.loss_scaling.backoff), static_cast<int32_t>(std::min<int64_t>(c.loss_scaling.interval, INT32_MAX))};
-  const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(float));
-  const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(float));
-  float* p = reinterpret_cast<float*>(r.params);
-  float* g = reinterpret_cast<float*>(r.grads);
+  const auto n = static_cast<int64_t>(layout.param_bytes / dtype_size(pt));
+  const auto n_decay = static_cast<int64_t>(layout.decay_bytes / dtype_size(pt));
+  void* p = r.params;
+  void* g = r.grads;
   // Only the moments the optimizer has: momentum SGD one, Adam two.
   float* m = c.state_slots() > 0 ? reinterpret_cast<float*>(r.opt) : nullptr;
   float* v = m && c.state_slots() > 1 ? m + n : nullptr;
@@ -209,24 +244,33 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   float* partial = norm ? static_cast<float*>(ctx.scratch(blocks * sizeof(float))) : nullptr;
   int* ok = norm ? static_cast<int*>(ctx.scratch(sizeof(int))) : nullptr;
   auto* done = static_cast<unsigned*>(ctx.scratch(sizeof(unsigned)));
-  return [=](cudaStream_t s) {
-    if (partial) {
-      sumsq_partial<<<blocks, kThreads, 0, s>>>(g, n, partial);
+  Launch launch;
+  dispatch_storage(pt, "optimizer", [&]<class P>() {
+    auto* pp = static_cast<P*>(p);
+    auto* gp = static_cast<P*>(g);
+    launch = [=](cudaStream_t s) {
+      if (partial) {
+        sumsq_partial<P><<<blocks, kThreads, 0, s>>>(gp, n, partial);
+        SEAM_CUDA_LAUNCH_CHECK();
+        sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), h, loss, counters, ok);
+        SEAM_CUDA_LAUNCH_CHECK();
+      }
+      if constexpr (std::is_same_v<P, float>) {
+        if (working && *working == DType::bf16)
+          update<P, bf16_t><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, static_cast<bf16_t*>(w), n, n_decay, h, counters,
+                                                        ok, done, vec4);
+        else if (working)
+          update<P, f16_t><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, static_cast<f16_t*>(w), n, n_decay, h, counters, ok,
+                                                       done, vec4);
+        else
+          update<P, void><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, nullptr, n, n_decay, h, counters, ok, done, vec4);
+      } else {
+        update<P, void><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, nullptr, n, n_decay, h, counters, ok, done, false);
+      }
       SEAM_CUDA_LAUNCH_CHECK();
-      sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), h, loss, counters, ok);
-      SEAM_CUDA_LAUNCH_CHECK();
-    }
-    if (!working) {
-      update<void><<<blocks, kThreads, 0, s>>>(p, g, m, v, nullptr, n, n_decay, h, counters, ok, done, vec4);
-    } else if (*working == DType::bf16) {
-      update<bf16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<bf16_t*>(w), n, n_decay, h, counters, ok, done,
-                                                 vec4);
-    } else {
-      update<f16_t><<<blocks, kThreads, 0, s>>>(p, g, m, v, static_cast<f16_t*>(w), n, n_decay, h, counters, ok, done,
-                                                vec4);
-    }
-    SEAM_CUDA_LAUNCH_CHECK();
-  };
+    };
+  });
+  return launch;
 }
 
 }  // namespace seam::cuda
