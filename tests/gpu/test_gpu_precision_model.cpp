@@ -138,3 +138,31 @@ TEST(GpuPrecisionModel, TrainingWithoutMastersMatchesTheCpu) {
   for (size_t i = 0; i < params[0].size(); ++i)
     expect_close(params[1][i], params[0][i], Tolerance(1e-2, INFINITY, INFINITY), "parameter " + std::to_string(i));
 }
+
+// Under replay of the captured step: an f16 step whose scaled gradients overflow changes
+// nothing but the loss scale (halved) and the skip count; the next clean step updates.
+TEST(GpuPrecisionModel, ALossScaleSkipUnderReplayChangesOnlyTheScaleAndTheCount) {
+  GpuCase c(7);
+  Var loss = gelu_mlp(c);
+  auto opt = OptimizerConfig::adamw(1e-3, 0.01);
+  opt.loss_scaling = {LossScaling::Mode::dynamic, 1e30, 2.0, 0.5, 1000};  // overflows f16 at once
+  Model m(c.g, {.seed = 2, .device = Device::cuda, .precision = Precision::f16, .cuda_graph = true});
+  Program p = m.compile({.loss = loss.id(), .optimizer = opt});
+  for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
+  const auto before = m.save_tensors();
+  p.run();
+  StepState st = p.sync_state();
+  EXPECT_EQ(st.skipped_steps, 1);
+  EXPECT_EQ(st.skip_streak, 1);
+  EXPECT_EQ(st.step, 1);
+  EXPECT_FLOAT_EQ(static_cast<float>(st.loss_scale), 5e29f);
+  const auto after = m.save_tensors();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(after[i].data == before[i].data) << after[i].name;
+  // The scale halves each skipped step until the gradients fit, then the step updates.
+  for (int s = 0; s < 120 && p.sync_state().skip_streak > 0; ++s) p.run();
+  st = p.sync_state();
+  EXPECT_EQ(st.skip_streak, 0);
+  EXPECT_GT(st.skipped_steps, 50);  // 1e30 down to f16's range: about 85 halvings
+  EXPECT_FALSE(m.save_tensors()[0].data == before[0].data);
+}
