@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] ...   (default: tests train)
+#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] [numerics] ...
+#   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
 set -uo pipefail
@@ -91,6 +92,11 @@ for step in "${steps[@]}"; do
       } > "$out/bench.log" 2>&1
       note "bench: rc=$?"
       sed -n '/seam best/,$p' "$out/bench.log"
+      ;;
+    numerics)
+      # Every op at every precision against float64 (docs/numerics.md), on the GPU.
+      "$bin/seam" numerics --device cuda --csv "$out/numerics.csv" > "$out/numerics.log" 2>&1
+      note "numerics: rc=$?"
       ;;
     bench16)
       # The same at 16 bits (SEAM_BENCH_PRECISION: bf16 or f16) against PyTorch's autocast
