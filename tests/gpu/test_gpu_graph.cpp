@@ -120,3 +120,33 @@ TEST(GpuGraph, DropoutMasksChangeEveryStepAsOnTheCpu) {
   EXPECT_NE(masks[1][1], masks[1][2]);
   for (int s = 0; s < 3; ++s) EXPECT_EQ(masks[1][static_cast<size_t>(s)], masks[0][static_cast<size_t>(s)]) << "step " << s;
 }
+
+// An input set once keeps its value over later replays (it is carried into the other
+// landing slot once, not copied every step), and a new value replaces it at once.
+TEST(GpuGraph, AnInputSetOnceKeepsItsValueAndANewOneReplacesIt) {
+  Graph g;
+  Var x = g.input("x", {256, 64});
+  Var w = g.param("w", {64}, Init::uniform(-1, 1));
+  Var loss = sum(mul(x, w));
+  Model cpu(g, {.seed = 3}), gpu(g, {.seed = 3, .device = Device::cuda});
+  Program pc = cpu.compile({.loss = loss.id(), .gradients = true});
+  Program pg = gpu.compile({.loss = loss.id(), .gradients = true});
+  const auto a = random_floats(256 * 64, 1), b = random_floats(256 * 64, 2);
+  auto loss_of = [&](Program& p, const std::vector<float>& v) {
+    p.set_input("x", std::span<const float>(v));
+    p.run();
+    return p.read_as<float>(loss.name()).at(0);
+  };
+  const float la = loss_of(pc, a), lb = loss_of(pc, b);
+  ASSERT_NE(la, lb);
+  const std::vector<const std::vector<float>*> sets = {&a, nullptr, nullptr, nullptr, &b, nullptr, nullptr, &a, nullptr};
+  float want = 0;
+  for (size_t k = 0; k < sets.size(); ++k) {
+    if (sets[k]) {
+      pg.set_input("x", std::span<const float>(*sets[k]));
+      want = sets[k] == &a ? la : lb;
+    }
+    pg.run();
+    EXPECT_NEAR(pg.read_as<float>(loss.name()).at(0), want, 1e-4 * std::fabs(want) + 1e-4) << "run " << k;
+  }
+}

@@ -95,6 +95,9 @@ struct StagedInput {
   cudaEvent_t uploaded[2] = {};    // copy stream: landing[s] holds the data
   bool written[2] = {false, false};
   int last = -1;                   // slot written most recently
+  // Which set_input each landing buffer holds (the count of calls so far), so that an
+  // input set once is carried into the other slot once, not on every step.
+  uint64_t version = 0, held[2] = {0, 0};
 };
 
 class CudaExecutable : public Executable {
@@ -193,6 +196,7 @@ class CudaExecutable : public Executable {
     // The pinned buffer may still feed the upload of two steps ago.
     if (in.written[s]) SEAM_CUDA_CHECK(cudaEventSynchronize(in.uploaded[s]));
     std::memcpy(in.pinned[s], data.data(), data.size());
+    ++in.version;
     upload(in, s, in.pinned[s], cudaMemcpyHostToDevice);
   }
 
@@ -217,8 +221,10 @@ class CudaExecutable : public Executable {
     }
     const int s = slot_;
     for (auto& in : inputs_) {
-      // An input not set for this step keeps its last value: carry it into this slot.
-      if (in.last >= 0 && in.last != s) upload(in, s, in.landing[in.last], cudaMemcpyDeviceToDevice);
+      // An input not set for this step keeps its last value: carry it into this slot,
+      // unless the slot holds it already.
+      if (in.last >= 0 && in.last != s && in.held[s] != in.version)
+        upload(in, s, in.landing[in.last], cudaMemcpyDeviceToDevice);
       if (in.written[s]) SEAM_CUDA_CHECK(cudaStreamWaitEvent(sh_->stream, in.uploaded[s], 0));
     }
     if (sh_->graph) {
@@ -328,6 +334,7 @@ class CudaExecutable : public Executable {
     SEAM_CUDA_CHECK(cudaEventRecord(in.uploaded[s], sh_->copy_stream));
     in.written[s] = true;
     in.last = s;
+    in.held[s] = in.version;
   }
 
   // The step reading slot s: the inputs into the arena (always all of them, so a graph
