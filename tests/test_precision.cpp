@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <cmath>
 
 #include "common/half.h"
+#include "common/stochastic.h"
 #include "model_checks.h"
 #include "seam/seam.h"
 #include "test_util.h"
@@ -438,6 +440,41 @@ TEST(MasterWeights, StochasticRoundingKeepsUpdatesBelowHalfAUnit) {
   }
   EXPECT_NEAR(mean, 1.0 - 200 * 1e-4, 2e-3);
   EXPECT_GT(distinct.size(), 1u);
+}
+
+// Each value rounds to one of its two neighbours, the expected result being the value:
+// positive and negative, normal and subnormal, bf16 and f16.
+TEST(MasterWeights, StochasticRoundingIsUnbiasedBetweenTheTwoNeighbours) {
+  for (DType t : {DType::bf16, DType::f16}) {
+    auto near = [t](float f) { return t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f); };
+    auto value = [t](uint16_t h) { return t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h); };
+    for (float x : {1.0f + 1e-3f, -3.14159f, 1e-6f, -2.5e-7f, 65000.0f, 0.1f}) {
+      if (t == DType::bf16 && std::fabs(x) < 1e-5f) x *= 1e-33f;  // bf16 subnormals (as f32 ones)
+      const uint16_t n = near(x);
+      double mean = 0;
+      std::set<uint16_t> seen;
+      constexpr int kDraws = 20000;
+      for (int k = 0; k < kDraws; ++k) {
+        const uint16_t r = round_stochastic(x, n, value, (static_cast<float>(k) + 0.5f) / kDraws);
+        seen.insert(r);
+        mean += static_cast<double>(value(r)) / kDraws;
+      }
+      EXPECT_LE(seen.size(), 2u) << dtype_name(t) << " " << x;
+      // The other result is the neighbour on x's other side, one unit from the nearest.
+      double spread = 0;
+      for (uint16_t r : seen) {
+        if (r == n) continue;
+        EXPECT_EQ(std::abs((r & 0x7FFF) - (n & 0x7FFF)), 1) << dtype_name(t) << " " << x;
+        EXPECT_LT((static_cast<double>(value(r)) - x) * (static_cast<double>(value(n)) - x), 0.0) << dtype_name(t) << " " << x;
+        spread = std::fabs(static_cast<double>(value(r)) - value(n));
+      }
+      // Evenly spaced draws: the mean is x within one draw's share of the gap.
+      EXPECT_NEAR(mean, x, 2 * spread / kDraws + 1e-7 * std::fabs(x)) << dtype_name(t) << " " << x;
+    }
+    EXPECT_EQ(round_stochastic(1.0f, near(1.0f), value, 0.99f), near(1.0f)) << "exact values stay";
+    const float inf = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(round_stochastic(inf, near(inf), value, 0.5f), near(inf));
+  }
 }
 
 TEST(MasterWeights, WithoutMastersNeedsA16BitPolicy) {
