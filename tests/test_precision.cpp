@@ -416,6 +416,27 @@ TEST(MasterWeights, WithoutMastersParametersAreStoredIn16BitsAndTrain) {
   expect_same(twin.save_tensors(), saved);
 }
 
+// A 16-bit parameter read by an elementwise op (a gated residual's gamma) is read as it
+// is: no cast of any parameter to f32 is left, forward or backward.
+TEST(MasterWeights, ElementwiseOpsReadSixteenBitParametersAsTheyAre) {
+  Graph g;
+  Var x = g.input("x", {16, 24});
+  Var gamma = g.param("gamma", {32}, Init::constant(0.1));
+  Var loss = sum(mul(gamma, nn::linear(x, 32, "fc")));
+  Model m(g, {.precision = Precision::bf16, .master_weights = false});
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1), .fuse = false});
+  for (const PlanStep& s : p.plan().steps) {
+    for (const BufferRef& b : s.in) {
+      if (b.region == Region::params) {
+        EXPECT_EQ(s.op == Op::cast, false) << s.name << " casts a parameter\n" << p.plan().str();
+      }
+    }
+    if (s.op == Op::mul) {
+      EXPECT_EQ(s.in[0].type.dtype, DType::bf16) << s.name;
+    }
+  }
+}
+
 // Updates of 1e-4 a step on values near 1, where a bf16 unit is 2^-7: rounded to nearest
 // the parameters would never move; rounded stochastically they move by the sum of the
 // updates on average.

@@ -150,7 +150,11 @@ FuseResult apply_precision(const Graph& g, Precision policy, const std::vector<P
         std::optional<DType> t;
         for (size_t i = 0; i < in.size(); ++i) {
           if (!is_f(i)) continue;
-          const bool param = ng.value(in[i]).kind == ValueKind::param;
+          // A parameter, or one stored in 16 bits and read through its cast (params_in).
+          const Value& val = ng.value(in[i]);
+          const bool param = val.kind == ValueKind::param ||
+                             (val.node >= 0 && ng.node(val.node).op == Op::cast &&
+                              ng.value(ng.node(val.node).in[0]).kind == ValueKind::param);
           const DType d = param && low ? *low : type(i);
           t = t ? widest(*t, d) : d;
         }
