@@ -27,6 +27,7 @@
 #include "backend/cuda/gemm.h"
 #include "common/half.h"
 #include "gpu_check.h"
+#include "mlp_case.h"
 #include "ops/geometry.h"
 
 using namespace seam;
@@ -34,6 +35,9 @@ using seam::testing::count;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::GpuCase;
+using seam::gpu_testing::Mlp;
+using seam::gpu_testing::build_mlp;
+using seam::gpu_testing::mlp_name;
 using seam::gpu_testing::TempCacheDir;
 using seam::gpu_testing::Tolerance;
 
@@ -153,35 +157,6 @@ TEST(GpuPrecisionMatmul, LinearWithAndWithoutBiasMatchesTheCpu) {
 }
 
 namespace {
-
-struct Mlp {
-  std::string act;  // relu | gelu
-  Shape x;
-  std::vector<int64_t> widths;  // hidden widths, then the output width
-  bool bias;
-};
-
-std::string mlp_name(const Mlp& m) {
-  std::string s = m.act + " " + shape_str(m.x);
-  for (int64_t w : m.widths) s += " -> " + std::to_string(w);
-  return s + (m.bias ? " with biases" : " without biases");
-}
-
-// linear -> act -> linear ... -> linear, parameters in PyTorch's default range.
-Var build_mlp(GpuCase& c, const Mlp& m) {
-  Var h = c.data("x", m.x);
-  int64_t in = m.x.back();
-  for (size_t i = 0; i < m.widths.size(); ++i) {
-    const int64_t out = m.widths[i];
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    const std::string name = "fc" + std::to_string(i + 1);
-    Var w = c.param(name + ".weight", {out, in}, -bound, bound);
-    h = m.bias ? linear(h, w, c.param(name + ".bias", {out}, -bound, bound)) : linear(h, w);
-    if (i + 1 < m.widths.size()) h = m.act == "relu" ? relu(h) : gelu(h, /*tanh_approximation=*/true);
-    in = out;
-  }
-  return h;
-}
 
 const std::vector<Mlp>& mlps() {
   static const std::vector<Mlp> v = {
