@@ -86,12 +86,4 @@ inline void set_nchw(const StepArgs& a, const TensorDesc& d, DType t, const Shap
   set_nchw(a, d, t, s[0], s[1], s[2], s[3]);
 }
 
-// Throws unless every input and output of the step has the dtype of input 0, one of the
-// storage types: the cuDNN steps whose operands all share one dtype.
-inline void expect_one_stored_dtype(const StepArgs& a) {
-  expect_dtype(a, a.in.at(0), kStored);
-  for (auto* list : {&a.in, &a.out})
-    for (const DeviceTensor& t : *list) expect_dtype(a, t, {a.in[0].dtype()});
-}
-
 }  // namespace seam::cuda

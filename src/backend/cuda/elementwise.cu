@@ -288,12 +288,7 @@ Launch prepare_ew(const StepArgs& a, G g) {
   constexpr int N = G::kIn;
   if (a.in.size() != static_cast<size_t>(N) || a.out.size() != 1)
     fail(op_name(a.step.op), " '", a.step.name, "': expected ", N, " inputs, got ", a.in.size());
-  expect_dtype(a, a.out[0], kStored);
-  const DType t = a.out[0].dtype();
-  for (size_t k = 0; k < a.in.size(); ++k)
-    if (a.in[k].dtype() != t)
-      fail(op_name(a.step.op), " '", a.step.name, "': input ", k, " is ", a.in[k].type.str(), ", the output ",
-           a.out[0].type.str(), "; the CUDA kernel takes one dtype for every operand");
+  const DType t = expect_one_stored_dtype(a);
   Launch l;
   dispatch_storage(t, op_name(a.step.op), [&]<class T>() { l = prepare_ew_as<G, T>(a, g); });
   return l;

@@ -131,6 +131,14 @@ void expect_dtype(const StepArgs& a, const DeviceTensor& t, std::initializer_lis
        index, ", got ", t.type.str());
 }
 
+DType expect_one_stored_dtype(const StepArgs& a) {
+  const DeviceTensor& first = a.in.empty() ? a.out.at(0) : a.in[0];
+  expect_dtype(a, first, kStored);
+  for (auto* list : {&a.in, &a.out})
+    for (const DeviceTensor& t : *list) expect_dtype(a, t, {first.dtype()});
+  return first.dtype();
+}
+
 namespace {
 
 template <class T>
