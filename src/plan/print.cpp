@@ -86,8 +86,10 @@ std::string Plan::str() const {
   for (auto& b : inputs) s << " " << b.name << "=" << ref_str(b.ref);
   s << "\noutputs:";
   for (auto& b : outputs) s << " " << b.name << "=" << ref_str(b.ref);
-  s << "\nparameters: " << layout.param_count() << " (" << bytes_str(layout.param_bytes) << ")"
-    << ", state: " << bytes_str(layout.state_bytes) << "\n"
+  s << "\nparameters: " << layout.param_count() << " (" << dtype_name(layout.param_dtype) << ", "
+    << bytes_str(layout.param_bytes) << ")";
+  if (working) s << ", their " << dtype_name(*working) << " working copies: " << bytes_str(layout.param_bytes / 2);
+  s << ", state: " << bytes_str(layout.state_bytes) << "\n"
     << "arena peak: " << bytes_str(arena_bytes) << " (busiest step: " << bytes_str(live_bytes)
     << ", without reuse: " << bytes_str(naive_bytes) << ")\n"
     << "flops per step: " << flops() << "\n";
