@@ -258,7 +258,8 @@ int run_bench(const BenchOptions& o) {
       f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
         << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
         << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
-        << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string()) << "," << r.device << ","
+        << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string())
+        << (o.master_weights ? std::string() : std::string("+no-masters")) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << "\n";
   }
