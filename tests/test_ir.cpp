@@ -6,19 +6,10 @@
 #include "io/model_file.h"
 #include "ops/registry.h"
 #include "seam/seam.h"
+#include "test_util.h"
 
 using namespace seam;
-
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
+using seam::testing::error_of;
 
 TEST(Graph, InfersShapesAndNamesNodes) {
   Graph g;

@@ -22,14 +22,6 @@ bool is_gemm(Op op) {
          op == Op::matmul_act_grad || op == Op::linear_grad_weight_bias;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A classifier MLP whose layers are scopes "fc1", "fc2", ... (what overrides name).
 Var scoped_mlp(Graph& g, int64_t batch, int64_t in, const std::vector<int64_t>& hidden, int64_t classes) {

@@ -1,6 +1,7 @@
 // Small helpers the CPU and GPU tests share.
 #pragma once
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -9,6 +10,16 @@
 #include "seam/seam.h"
 
 namespace seam::testing {
+
+// The message of the seam::Error f throws, or "" if it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // How many steps of a plan run an op: for tests that check what a pass made.
 inline int count(const Plan& p, Op op) {

@@ -9,9 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "ce_case.h"
 #include "gpu_check.h"
 
 using namespace seam;
+using seam::gpu_testing::CeCase;
+using seam::gpu_testing::describe;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::f32;
@@ -32,23 +35,7 @@ void compare_softmax(const Shape& shape, int64_t axis, bool log, double lo = -1,
       f32());
 }
 
-struct CeCase {
-  Shape shape;                  // logits [..., C]
-  double smoothing = 0;
-  std::vector<size_t> ignored;  // rows whose label is set to ignore_index
-  int64_t ignore_index = -100;
-  double lo = -3, hi = 3;       // logits
-};
 
-std::string describe(const CeCase& k) {
-  return "cross_entropy of " + shape_str(k.shape) + ", smoothing " + std::to_string(k.smoothing) + ", " +
-         std::to_string(k.ignored.size()) + " rows set to ignore_index " + std::to_string(k.ignore_index) +
-         ", logits in [" + std::to_string(k.lo) + ", " + std::to_string(k.hi) + ")";
-}
-
-// Twice: as the loss itself (the fused cross_entropy_with_grad, seed 1) and weighted by a
-// random factor (cross_entropy and cross_entropy_grad apart: the weight's gradient is
-// made after the forward).
 // Twice: as the loss itself (the fused cross_entropy_with_grad, seed 1) and weighted by a
 // random factor (cross_entropy and cross_entropy_grad apart: the weight's gradient is
 // made after the forward).

@@ -17,9 +17,12 @@
 
 #include "../test_util.h"
 #include "common/half.h"
+#include "ce_case.h"
 #include "gpu_check.h"
 
 using namespace seam;
+using seam::gpu_testing::CeCase;
+using seam::gpu_testing::describe;
 using seam::gpu_testing::bf16;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
@@ -37,19 +40,6 @@ std::string policy_name(const CompareOptions& o) { return std::string("policy ")
 
 // ---- cross_entropy, mse ----
 
-struct CeCase {
-  Shape shape;                  // logits [..., C]
-  double smoothing = 0;
-  std::vector<size_t> ignored;  // rows whose label is set to ignore_index
-  int64_t ignore_index = -100;
-  double lo = -3, hi = 3;       // logits
-};
-
-std::string describe(const CeCase& k) {
-  return "cross_entropy of " + shape_str(k.shape) + ", smoothing " + std::to_string(k.smoothing) + ", " +
-         std::to_string(k.ignored.size()) + " rows set to ignore_index " + std::to_string(k.ignore_index) +
-         ", logits in [" + std::to_string(k.lo) + ", " + std::to_string(k.hi) + ")";
-}
 
 Var labels_for(GpuCase& c, const CeCase& k) {
   const Shape rows(k.shape.begin(), k.shape.end() - 1);
