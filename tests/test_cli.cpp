@@ -362,6 +362,20 @@ TEST_F(Cli, UsageErrorsExitWithTwoAndRuntimeErrorsWithOne) {
 
 // A short run on the real Fashion-MNIST (installed by tools/setup.sh): a broken trainer
 // stays near 0.1; a working one passes 0.8 after two epochs on 20000 images.
+// A learning rate that sends the weights to 1e30: from the second step on, every loss is
+// NaN, every update is skipped, and the run stops at the first log point after the limit,
+// naming the step, with no checkpoint of the broken weights.
+TEST_F(Cli, TooManySkippedUpdatesInARowStopTheRun) {
+  fs::path data = make_data();
+  fs::path model = write("small.json", kSmallMlp);
+  Result r = run("train " + model.string() + " --data " + data.string() + " --out " + (dir / "run").string() +
+                 " --lr 1e30 --max-skipped-steps 5 --log-every 8 --quiet");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("seam: error: step 8: the last 7 updates were skipped, the loss or a gradient was not finite", 0), 0u)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoint.safetensors"));
+}
+
 TEST_F(Cli, FashionMnistShortRunLearns) {
   const char* fmnist = "/usr/share/datasets/fashion-mnist";
   ASSERT_TRUE(fs::exists(fs::path(fmnist) / "train-images-idx3-ubyte.gz"))
