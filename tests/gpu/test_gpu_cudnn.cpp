@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_check.h"
+#include "pool_case.h"
 
 using namespace seam;
 using seam::gpu_testing::compare_with_cpu;
@@ -148,14 +149,7 @@ TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
 
 namespace {
 
-struct PoolCase {
-  Shape x;
-  std::vector<int64_t> kernel, stride, padding;
-  std::string str() const {
-    return "x " + shape_str(x) + " kernel " + shape_str(kernel) + " stride " + shape_str(stride) + " pad " +
-           shape_str(padding);
-  }
-};
+using seam::gpu_testing::PoolCase;
 
 std::vector<PoolCase> pool_cases() {
   return {

@@ -25,6 +25,7 @@
 #include "../test_util.h"
 #include "common/half.h"
 #include "gpu_check.h"
+#include "pool_case.h"
 
 using namespace seam;
 using seam::gpu_testing::CompareOptions;
@@ -304,14 +305,7 @@ TEST(GpuPrecisionBatchNorm, OnSixteenBitDataWithoutAnInputGradient) {
 
 namespace {
 
-struct PoolCase {
-  Shape x;
-  std::vector<int64_t> kernel, stride, padding;
-  std::string str() const {
-    return "x " + shape_str(x) + " kernel " + shape_str(kernel) + " stride " + shape_str(stride) + " pad " +
-           shape_str(padding);
-  }
-};
+using seam::gpu_testing::PoolCase;
 
 std::vector<PoolCase> pool_cases() {
   return {
