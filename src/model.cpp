@@ -534,7 +534,7 @@ std::vector<std::byte> Program::read(const std::string& output) const {
     for (size_t i = 0; i < v.size(); ++i) {
       uint16_t h;
       std::memcpy(&h, out.data() + 2 * i, 2);
-      v[i] = b->ref.type.dtype == DType::bf16 ? bf16_to_float(h) : f16_to_float(h);
+      v[i] = half_to_float(h, b->ref.type.dtype);
     }
     return encode(v, want);
   }

@@ -459,8 +459,8 @@ TEST(MasterWeights, StochasticRoundingKeepsUpdatesBelowHalfAUnit) {
 // positive and negative, normal and subnormal, bf16 and f16.
 TEST(MasterWeights, StochasticRoundingIsUnbiasedBetweenTheTwoNeighbours) {
   for (DType t : {DType::bf16, DType::f16}) {
-    auto near = [t](float f) { return t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f); };
-    auto value = [t](uint16_t h) { return t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h); };
+    auto near = [t](float f) { return float_to_half(f, t); };
+    auto value = [t](uint16_t h) { return half_to_float(h, t); };
     for (float x : {1.0f + 1e-3f, -3.14159f, 1e-6f, -2.5e-7f, 65000.0f, 0.1f}) {
       if (t == DType::bf16 && std::fabs(x) < 1e-5f) x *= 1e-33f;  // bf16 subnormals (as f32 ones)
       const uint16_t n = near(x);

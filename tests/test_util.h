@@ -76,7 +76,7 @@ inline std::vector<float> as_floats(const std::vector<std::byte>& b, DType t) {
     } else {
       uint16_t h;
       std::memcpy(&h, p, 2);
-      r[i] = t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h);
+      r[i] = half_to_float(h, t);
     }
   }
   return r;

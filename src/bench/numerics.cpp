@@ -354,7 +354,7 @@ std::vector<double> as_doubles(const std::vector<std::byte>& b, DType t) {
       SEAM_ASSERT(is_half(t));
       uint16_t h;
       std::memcpy(&h, p, 2);
-      r[i] = t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h);
+      r[i] = half_to_float(h, t);
     }
   }
   return r;

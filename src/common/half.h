@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "seam/dtype.h"
+
 namespace seam {
 
 inline uint32_t float_bits(float f) {
@@ -51,5 +53,9 @@ inline float f16_to_float(uint16_t h) {
   if (e == 31) return bits_float(sign | 0x7F800000u | (m << 13));
   return bits_float(sign | ((e + 112) << 23) | (m << 13));
 }
+
+// The same for a 16-bit dtype named at run time: bf16 or f16.
+inline uint16_t float_to_half(float f, DType t) { return t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f); }
+inline float half_to_float(uint16_t h, DType t) { return t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h); }
 
 }  // namespace seam

@@ -30,7 +30,7 @@ Var GpuCase::data(const std::string& name, Shape shape, double lo, double hi, DT
   } else {
     SEAM_ASSERT(is_half(dtype));
     std::vector<uint16_t> bits(x.size());
-    for (size_t i = 0; i < x.size(); ++i) bits[i] = dtype == DType::bf16 ? float_to_bf16(x[i]) : float_to_f16(x[i]);
+    for (size_t i = 0; i < x.size(); ++i) bits[i] = float_to_half(x[i], dtype);
     feeds.emplace_back(name, bytes_of(bits));
   }
   return v;

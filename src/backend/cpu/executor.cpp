@@ -133,11 +133,11 @@ class CpuExecutable : public Executable {
   static void convert(const TensorView& half, float* f, bool to_float) {
     auto* h = half.as<uint16_t>();
     const int64_t n = half.numel();
-    const bool bf = half.dtype() == DType::bf16;
+    const DType t = half.dtype();
     if (to_float)
-      for (int64_t i = 0; i < n; ++i) f[i] = bf ? bf16_to_float(h[i]) : f16_to_float(h[i]);
+      for (int64_t i = 0; i < n; ++i) f[i] = half_to_float(h[i], t);
     else
-      for (int64_t i = 0; i < n; ++i) h[i] = bf ? float_to_bf16(f[i]) : float_to_f16(f[i]);
+      for (int64_t i = 0; i < n; ++i) h[i] = float_to_half(f[i], t);
   }
 
   void run_step(size_t i, StepState& state) {
@@ -173,7 +173,7 @@ class CpuBackend : public Backend {
   void round_f32(std::byte* dst, DType to, const std::byte* src, size_t n) override {
     auto* h = reinterpret_cast<uint16_t*>(dst);
     const auto* f = reinterpret_cast<const float*>(src);
-    for (size_t i = 0; i < n; ++i) h[i] = to == DType::bf16 ? float_to_bf16(f[i]) : float_to_f16(f[i]);
+    for (size_t i = 0; i < n; ++i) h[i] = float_to_half(f[i], to);
   }
   std::unique_ptr<Executable> prepare(const Plan& plan, const Regions& r) override {
     return std::make_unique<CpuExecutable>(plan, r);

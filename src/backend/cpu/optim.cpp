@@ -80,9 +80,6 @@ bool update_values(const OptimizerConfig& c, int64_t n, int64_t n_decay, T* p, T
   return true;
 }
 
-uint16_t to_half(float f, DType t) { return t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f); }
-float from_half(uint16_t h, DType t) { return t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h); }
-
 // f32 or f64 parameters (the masters): updated in place, their working copies after.
 template <class T>
 void update_masters(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
@@ -96,7 +93,7 @@ void update_masters(const OptimizerConfig& c, const Layout& layout, const Region
   // The working copies leave the update with the masters, rounded once.
   auto* w = reinterpret_cast<uint16_t*>(r.working);
   const T* p = reinterpret_cast<const T*>(r.params);
-  for (int64_t i = 0; i < n; ++i) w[i] = to_half(static_cast<float>(p[i]), *working);
+  for (int64_t i = 0; i < n; ++i) w[i] = float_to_half(static_cast<float>(p[i]), *working);
 }
 
 // 16-bit parameters without masters: the update in f32 (f32 moments), each new value
@@ -107,7 +104,7 @@ void update_stored16(const OptimizerConfig& c, const Layout& layout, const Regio
   auto* ph = reinterpret_cast<uint16_t*>(r.params);
   auto* gh = reinterpret_cast<uint16_t*>(r.grads);
   std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = from_half(ph[i], t), g[static_cast<size_t>(i)] = from_half(gh[i], t);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = half_to_float(ph[i], t), g[i] = half_to_float(gh[i], t);
   const int64_t step = st.step;
   float* m = reinterpret_cast<float*>(r.opt);
   if (!update_values(c, n, static_cast<int64_t>(layout.decay_bytes / 2), p.data(), g.data(), m, m ? m + n : nullptr, st,
@@ -116,8 +113,8 @@ void update_stored16(const OptimizerConfig& c, const Layout& layout, const Regio
   for (int64_t i = 0; i < n; ++i) {
     const float x = p[static_cast<size_t>(i)];
     const float u = dropout_uniform(st.seed, static_cast<uint64_t>(step), kRoundingStream, static_cast<uint64_t>(i));
-    ph[i] = round_stochastic(x, to_half(x, t), [t](uint16_t h) { return from_half(h, t); }, u);
-    gh[i] = to_half(g[static_cast<size_t>(i)], t);  // unscaled and clipped, as with masters
+    ph[i] = round_stochastic(x, float_to_half(x, t), [t](uint16_t h) { return half_to_float(h, t); }, u);
+    gh[i] = float_to_half(g[static_cast<size_t>(i)], t);  // unscaled and clipped, as with masters
   }
 }
 
