@@ -126,6 +126,29 @@ TEST(ModelFile, PrecisionNamesWhatGemmsComputeIn) {
   EXPECT_EQ(precision_names(), (std::vector<std::string>{"f32", "tf32", "bf16", "f16"}));
 }
 
+TEST(ModelFile, ALayerTakesAPrecisionOfItsOwnAndBadOnesNameTheLayer) {
+  const std::string head = R"({"input": {"shape": [4]}, "classes": 2, "precision": "bf16", "layers": [)";
+  io::ModelSpec spec = io::parse_model_json(
+      head + R"({"op": "linear", "name": "fc1", "out": 8}, {"op": "linear", "name": "fc2", "out": 2, "precision": "f32"}]})",
+      "m.json");
+  io::BuiltGraph b = io::build_graph(spec, 3);
+  ASSERT_EQ(b.overrides.size(), 1u);
+  EXPECT_EQ(b.overrides[0].node, "fc2");
+  EXPECT_EQ(b.overrides[0].precision, Precision::f32);
+  std::string e = model_error(head + R"({"op": "linear", "name": "fc1", "out": 2, "precision": "bf17"}]})");
+  EXPECT_NE(e.find("m.json: layer 0 ('fc1') linear: unknown precision 'bf17'; did you mean 'bf16'"), std::string::npos)
+      << e;
+  e = model_error(head + R"({"op": "linear", "name": "fc1", "out": 2}, {"op": "layer_norm", "name": "ln", "precision": "f16"}]})");
+  EXPECT_NE(e.find("m.json: layer 1 ('ln') layer_norm: precision override 'ln' (f16): layer_norm node 'ln/layer_norm' "
+                   "computes in f32 at every precision"),
+            std::string::npos)
+      << e;
+  e = model_error(head + R"({"op": "linear", "name": "fc1", "out": 2, "precision": "tf32"}]})");
+  EXPECT_NE(e.find("layer 0 ('fc1') linear: precision override 'fc1': tf32 is a policy for a whole model"),
+            std::string::npos)
+      << e;
+}
+
 TEST(ModelFile, UnknownOpSuggestsEachNameOnce) {
   // "linear" is both an op and a layer with parameters.
   std::string msg = model_error(R"({"input": {"shape": [784]}, "layers": [{"op": "lineer", "out": 10}]})");
