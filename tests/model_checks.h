@@ -72,9 +72,11 @@ inline void expect_a_program_outlives_its_model(Device d) {
 // Timing each step alone replays the optimizer, batch norm's statistics and dropout's
 // draws; afterwards the model (and the backend's own step counter) is bitwise as before:
 // the next steps match a model that was never timed.
-inline void expect_timing_leaves_the_model_as_it_was(Device d) {
+// At a mixed precision the parameters' working copies are kept as they were too.
+inline void expect_timing_leaves_the_model_as_it_was(Device d, Precision p = Precision::f32) {
   CheckNet net;
-  Model timed(net.g, {.seed = 4, .device = d}), untimed(net.g, {.seed = 4, .device = d});
+  const ModelOptions o{.seed = 4, .device = d, .precision = p};
+  Model timed(net.g, o), untimed(net.g, o);
   Program pt = timed.compile({.loss = net.loss.id(), .optimizer = net.opt});
   Program pu = untimed.compile({.loss = net.loss.id(), .optimizer = net.opt});
   for (uint64_t s = 0; s < 3; ++s) {

@@ -6,6 +6,7 @@ TEST(Program, OutlivesItsModel) { seam::testing::expect_a_program_outlives_its_m
 
 TEST(Program, TimingStepsLeavesTheModelBitwiseAsItWas) {
   seam::testing::expect_timing_leaves_the_model_as_it_was(seam::Device::cpu);
+  seam::testing::expect_timing_leaves_the_model_as_it_was(seam::Device::cpu, seam::Precision::bf16);
 }
 
 TEST(Program, AFailedMeasurementLeavesTheModelAsItWas) {

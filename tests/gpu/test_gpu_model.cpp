@@ -87,6 +87,7 @@ TEST(GpuModel, CompilingASecondProgramLeavesTheFirstsGradients) {
 
 TEST(GpuModel, TimingStepsLeavesTheModelBitwiseAsItWas) {
   seam::testing::expect_timing_leaves_the_model_as_it_was(Device::cuda);
+  seam::testing::expect_timing_leaves_the_model_as_it_was(Device::cuda, Precision::bf16);
 }
 
 TEST(GpuModel, AProgramOutlivesItsModel) { seam::testing::expect_a_program_outlives_its_model(Device::cuda); }
