@@ -14,9 +14,11 @@
 //
 // Logits (and predictions) are stored as f32, bf16 or f16 (the kernels template on the
 // storage type T and compute in float); the losses are f32, the gradients in the logits'
-// dtype. 16-bit rows whose length is a multiple of 8 are read and written 16 bytes at a
-// time: a warp of 2-byte loads moves half of what the f32 kernels' loads move, and the
-// row's read would be bound by the loads in flight.
+// dtype. Rows whose length is a multiple of a 16-byte pack (4 floats, 8 16-bit values)
+// are read and written a pack at a time: a warp of 2- or 4-byte loads would leave the
+// row's read bound by the loads in flight. A pack's exponentials are independent of
+// each other (one rescale for the pack's maximum), so they overlap instead of forming
+// one serial chain per row.
 #include <cmath>
 
 #include <type_traits>
@@ -35,13 +37,12 @@ constexpr int kReduceBlock = 1024;
 constexpr int kThreads = 256;     // elementwise kernels
 constexpr int64_t kMaxWarpClasses = 1024;
 
+// 16 bytes of T (4 floats, 8 16-bit values): one load or store.
 template <class T>
-inline constexpr bool kHalf = !std::is_same_v<T, float>;
-
-// Eight 16-bit values: one 16-byte load or store.
+inline constexpr int kPer = 16 / static_cast<int>(sizeof(T));
 template <class T>
-struct alignas(16) Pack8 {
-  T v[8];
+struct alignas(16) Pack {
+  T v[kPer<T>];
 };
 
 // The upstream gradient dy: f32, or the data's own dtype. It is read once per launch, so
@@ -160,38 +161,53 @@ __device__ void stats_scalar(const T* __restrict__ z, int64_t classes, int64_t r
   }
 }
 
-// The same over packs of 8 (z 16-byte aligned, classes a multiple of 8): packs rank,
+// A pack of values into (m, s): one rescale to the pack's maximum, then its terms, which
+// do not depend on each other. A value equal to an infinite m counts 1, as lse_add
+// counts a new maximum; fmaxf passes over a NaN, whose term then makes s NaN.
+template <int K>
+__device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K]) {
+  float mx = m;
+#pragma unroll
+  for (int k = 0; k < K; ++k) mx = fmaxf(mx, v[k]);
+  if (mx > m) {
+    s = __fmul_rn(s, expf(m - mx));  // from m = -inf: s is 0
+    m = mx;
+  }
+  float t = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) t = __fadd_rn(t, v[k] == -INFINITY ? 0.f : v[k] == m ? 1.f : expf(v[k] - m));
+  s = __fadd_rn(s, t);
+}
+
+// The same over packs (z 16-byte aligned, classes a multiple of kPer<T>): packs rank,
 // rank + step, ...; two loads in flight.
 template <bool WithSum, class T>
-__device__ void stats_vec8(const T* __restrict__ z, int64_t classes, int64_t rank, int64_t step, float& m, float& s,
-                           float& zsum) {
-  const auto* zv = reinterpret_cast<const Pack8<T>*>(z);
+__device__ void stats_vec(const T* __restrict__ z, int64_t classes, int64_t rank, int64_t step, float& m, float& s,
+                          float& zsum) {
+  const auto* zv = reinterpret_cast<const Pack<T>*>(z);
 #pragma unroll 2
-  for (int64_t c = rank; c < classes / 8; c += step) {
-    const Pack8<T> p = zv[c];
+  for (int64_t c = rank; c < classes / kPer<T>; c += step) {
+    const Pack<T> p = zv[c];
+    float v[kPer<T>];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float v = to_float(p.v[k]);
-      lse_add(m, s, v);
-      if constexpr (WithSum) zsum += v;
+    for (int k = 0; k < kPer<T>; ++k) {
+      v[k] = to_float(p.v[k]);
+      if constexpr (WithSum) zsum += v[k];
     }
+    lse_add_pack(m, s, v);
   }
 }
 
 // The row's max m and sum(exp(z - m)) (and sum(z) when wanted), known to every thread of
-// the group; one read of the row. vec: 16-bit T read by stats_vec8.
+// the group; one read of the row. vec: read by stats_vec.
 template <class G, bool WithSum, class T>
 __device__ void row_stats(const G& g, const T* __restrict__ z, int64_t classes, bool vec, float& m, float& s,
                           float& zsum) {
   m = -INFINITY;
   s = 0.f;
   zsum = 0.f;
-  if constexpr (kHalf<T>) {
-    if (vec) stats_vec8<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
-    else stats_scalar<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
-  } else {
-    stats_scalar<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
-  }
+  if (vec) stats_vec<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
+  else stats_scalar<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
   g.lse(m, s);
   if constexpr (WithSum) zsum = g.sum(zsum);
 }
@@ -211,33 +227,32 @@ __device__ double row_loss_of(const G& g, const T* __restrict__ z, int32_t label
 }
 
 // dlogits of a counting row whose stats are m, s: sc * (softmax(z) - target), target =
-// (1 - eps) * onehot(label) + eps / C.
+// (1 - eps) * onehot(label) + eps / C, in float as PyTorch computes it (p - target is
+// exact where p is near the target).
 template <class G, class T>
 __device__ void row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d, int32_t label, int64_t classes,
                          double smoothing, double off_target, double sc, bool vec, float m, float s) {
-  if constexpr (kHalf<T>) {
-    if (vec) {
-      const auto* zv = reinterpret_cast<const Pack8<T>*>(z);
-      auto* dv = reinterpret_cast<Pack8<T>*>(d);
-      for (int64_t c = g.rank(); c < classes / 8; c += g.size()) {
-        const Pack8<T> in = zv[c];
-        Pack8<T> out;
+  const float inv_s = 1.f / s, scf = static_cast<float>(sc), off = static_cast<float>(off_target);
+  const float on = static_cast<float>(off_target + (1.0 - smoothing));
+  if (vec) {
+    const auto* zv = reinterpret_cast<const Pack<T>*>(z);
+    auto* dv = reinterpret_cast<Pack<T>*>(d);
+    for (int64_t c = g.rank(); c < classes / kPer<T>; c += g.size()) {
+      const Pack<T> in = zv[c];
+      Pack<T> out;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const double p = static_cast<double>(expf(to_float(in.v[k]) - m)) / static_cast<double>(s);
-          const double target = off_target + (8 * c + k == label ? 1.0 - smoothing : 0.0);
-          out.v[k] = from_float<T>(static_cast<float>(sc * (p - target)));
-        }
-        dv[c] = out;
+      for (int k = 0; k < kPer<T>; ++k) {
+        const float p = expf(to_float(in.v[k]) - m) * inv_s;
+        out.v[k] = from_float<T>(scf * (p - (kPer<T> * c + k == label ? on : off)));
       }
-      return;
+      dv[c] = out;
     }
+    return;
   }
 #pragma unroll 4
   for (int64_t c = g.rank(); c < classes; c += g.size()) {
-    const double p = static_cast<double>(expf(to_float(z[c]) - m)) / static_cast<double>(s);
-    const double target = off_target + (c == label ? 1.0 - smoothing : 0.0);
-    d[c] = from_float<T>(static_cast<float>(sc * (p - target)));
+    const float p = expf(to_float(z[c]) - m) * inv_s;
+    d[c] = from_float<T>(scf * (p - (c == label ? on : off)));
   }
 }
 
@@ -350,34 +365,38 @@ __global__ void __launch_bounds__(kReduceBlock)
 // count before any row is written: for a small batch every block counts them itself from
 // the labels (one launch in all); for a large one (every block re-reading every label
 // would cost as much as the logits) ce_count runs first (Counted). Then each row's loss
-// and gradient come from one read of the row; the last block to finish adds the row
-// losses in row order (deterministic) and re-arms the arrival counter for the next launch.
+// and gradient come from one read of the row. Each block adds its rows' losses (each
+// group its own rows in order, then the groups in order) into block_loss; the last block
+// to finish adds those in block order and re-arms the arrival counter for the next
+// launch. The grid is fixed when the step is prepared, so the sum is the same every run.
 template <class G, bool Counted, class T>
 __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
                                   int64_t classes, int64_t ignore_index, double smoothing, bool vec, Scalar dy,
-                                  const int64_t* __restrict__ counted, double* __restrict__ row_loss, unsigned* arrived,
+                                  const int64_t* __restrict__ counted, double* __restrict__ block_loss, unsigned* arrived,
                                   float* __restrict__ loss, T* __restrict__ dz, DeviceError* err, int step) {
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
   const double off_target = smoothing / static_cast<double>(classes);
+  double mine = 0;  // the group's rows, held by its rank 0
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = labels[r];
     T* d = dz + r * classes;
     if (!row_counts(g, label, r, classes, ignore_index, err, step)) {
-      if (g.rank() == 0) row_loss[r] = 0.0;
       zero_row(g, d, classes);
       continue;
     }
     const T* z = logits + r * classes;
     float m, s;
     const double loss = row_loss_of(g, z, label, classes, smoothing, vec, m, s);
-    if (g.rank() == 0) row_loss[r] = loss;
+    if (g.rank() == 0) mine += loss;
     row_grad(g, z, d, label, classes, smoothing, off_target, sc, vec, m, s);
   }
-  // The last block to arrive sees every row_loss (each block's writes are fenced before
+  const double block_total = block_sum(mine);
+  // The last block to arrive sees every block_loss (each block's write is fenced before
   // it arrives).
   __shared__ bool last;
+  if (threadIdx.x == 0) block_loss[blockIdx.x] = block_total;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(arrived, 1u) == gridDim.x - 1;
@@ -385,7 +404,7 @@ __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* _
   if (!last) return;
   __threadfence();
   double total = 0;
-  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) total += __ldcg(row_loss + i);
+  for (int64_t i = threadIdx.x; i < gridDim.x; i += blockDim.x) total += __ldcg(block_loss + i);
   total = block_sum(total);
   if (threadIdx.x == 0) {
     loss[0] = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
@@ -441,7 +460,7 @@ struct CeShape {
   int64_t rows, classes, ignore_index;
   double smoothing;
   bool warp;          // one warp per row, else one block per row
-  bool vec;           // 16-bit rows read and written in packs of 8
+  bool vec;           // rows read and written in 16-byte packs
   unsigned blocks;    // of the row kernels
 };
 
@@ -456,7 +475,7 @@ CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTens
   c.ignore_index = a.step.attrs.i("ignore_index");
   c.smoothing = a.step.attrs.f("label_smoothing");
   c.warp = c.classes <= kMaxWarpClasses;
-  c.vec = logits.dtype() != DType::f32 && c.classes % 8 == 0 && aligned16(logits.data) &&
+  c.vec = c.classes % (16 / static_cast<int64_t>(dtype_size(logits.dtype()))) == 0 && aligned16(logits.data) &&
           (!dlogits || aligned16(dlogits->data));
   const int sms = std::max(a.ctx.sm_count, 1);
   c.blocks = c.warp ? blocks_for(c.rows, kWarpBlock / 32, sms * 16)
@@ -529,7 +548,7 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const bool counted = c.rows > kSelfCountRows;
   const int32_t* labels = labels_t.as<int32_t>();
   float* loss = a.out[0].as<float>();
-  auto* row_loss = static_cast<double*>(a.ctx.scratch(static_cast<size_t>(c.rows) * sizeof(double)));
+  auto* block_loss = static_cast<double*>(a.ctx.scratch(c.blocks * sizeof(double)));
   auto* arrived = static_cast<unsigned*>(a.ctx.scratch(sizeof(unsigned)));
   auto* count = static_cast<int64_t*>(a.ctx.scratch(sizeof(int64_t)));
   DeviceError* err = a.ctx.error;
@@ -549,7 +568,7 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
         SEAM_CUDA_LAUNCH_CHECK();
       }
       rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, c.vec,
-                                                dy, count, row_loss, arrived, loss, dz, err, step);
+                                                dy, count, block_loss, arrived, loss, dz, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });

@@ -55,16 +55,43 @@ __device__ double lr_at(const Hyper& h, int64_t step) {
   return h.lr;
 }
 
+// 16 bytes of G: four floats or eight 16-bit values.
+template <class G>
+struct alignas(16) Vec16 {
+  G v[16 / sizeof(G)];
+};
+
+template <class G, int K>
+__device__ __forceinline__ float sumsq_of(const G (&v)[K]) {
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < K; ++e) s = fmaf(to_float(v[e]), to_float(v[e]), s);
+  return s;
+}
+
 // Squared norm of the gradients: per-block partial sums, then one block adds them up,
-// in a fixed order so the result is the same on every run.
+// in a fixed order so the result is the same on every run. g is 16-byte aligned; each
+// thread keeps two 16-byte loads in flight (one scalar load at a time would leave the
+// read latency-bound at about half the memory's bandwidth), the rest is read one by one.
 template <class G>
 __global__ void sumsq_partial(const G* __restrict__ g, int64_t n, float* __restrict__ partial) {
-  float s = 0.f;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = to_float(g[i]);
-    s += x * x;
+  constexpr int64_t kPer = 16 / sizeof(G);
+  const auto* gv = reinterpret_cast<const Vec16<G>*>(g);
+  const int64_t packs = n / kPer;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  float s0 = 0.f, s1 = 0.f;
+  int64_t j = first;
+  for (; j + stride < packs; j += 2 * stride) {
+    const Vec16<G> a = gv[j], b = gv[j + stride];
+    s0 += sumsq_of(a.v);
+    s1 += sumsq_of(b.v);
   }
-  s = block_sum(s);
+  if (j < packs) s0 += sumsq_of(gv[j].v);
+  for (int64_t i = packs * kPer + first; i < n; i += stride) {
+    const float x = to_float(g[i]);
+    s1 = fmaf(x, x, s1);
+  }
+  const float s = block_sum(s0 + s1);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
@@ -135,11 +162,18 @@ __device__ __forceinline__ P store_param(float x, const DeviceCounters* c, int64
   }
 }
 
+// Four working values: one 8-byte store.
+template <class W>
+struct alignas(8) Pack4 {
+  W v[4];
+};
+
 // A skipped step (ok false) changes nothing but the counters: the step, the skips and
 // the loss scale. P: how parameters and gradients are stored (f32 masters, or 16 bits
 // without). W: the storage type of the working copies the update writes beside f32
-// masters (void: none). vec4: every buffer is read and written four floats at a time
-// (f32 parameters, n % 4 == 0, so v = m + n stays 16-byte aligned).
+// masters (void: none). vec4: every buffer is read and written four values at a time
+// (f32 parameters, n % 4 == 0, so v = m + n stays 16-byte aligned and the working copies
+// 8-byte aligned).
 template <class P, class W>
 __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                        W* __restrict__ working, int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok,
@@ -170,7 +204,12 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
     for (int e = 0; e < 4; ++e) {
       ge[e] *= k.scale;  // the unscaled, clipped gradient, as the CPU leaves it
       update_one(h, k, i + e < n_decay ? h.weight_decay : 0.f, pe[e], ge[e], me[e], ve[e]);
-      if constexpr (!std::is_void_v<W>) working[i + e] = from_float<W>(pe[e]);
+    }
+    if constexpr (!std::is_void_v<W>) {  // one 8-byte store of the four working values
+      Pack4<W> wv;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wv.v[e] = from_float<W>(pe[e]);
+      reinterpret_cast<Pack4<W>*>(working)[j] = wv;
     }
     reinterpret_cast<float4*>(p)[j] = pv;
     if (has_m) reinterpret_cast<float4*>(m)[j] = mv;
@@ -210,6 +249,8 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
   }
 }
 
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 }  // namespace
 
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
@@ -236,7 +277,9 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   // Only the moments the optimizer has: momentum SGD one, Adam two.
   float* m = c.state_slots() > 0 ? reinterpret_cast<float*>(r.opt) : nullptr;
   float* v = m && c.state_slots() > 1 ? m + n : nullptr;
-  const bool vec4 = n % 4 == 0;  // cudaMalloc'd buffers: then every one is 16-byte aligned
+  // cudaMalloc'd buffers and an arena region: then every one is aligned as vec4 needs.
+  const bool vec4 = n % 4 == 0 && aligned(p, 16) && aligned(g, 16) && aligned(r.opt, 16) && aligned(w, 8);
+  if (!aligned(g, 16)) fail("the gradient buffer is not 16-byte aligned");
   DeviceCounters* counters = ctx.counters;
   const unsigned blocks = blocks_for(n, kThreads, ctx.sm_count * 8);
   // The norm pass runs where something reads it: clipping, the guard, the loss scale.
