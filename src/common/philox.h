@@ -37,13 +37,16 @@ SEAM_PHILOX_HD inline float philox_uniform(uint32_t x) { return static_cast<floa
 // dropout streams are node indices, far below it.
 inline constexpr uint32_t kRoundingStream = 0xFFFFFFFFu;
 
-// The dropout draw of element i: counter (i/4, step, stream), key seed; word i%4.
+// The words of elements 4 block .. 4 block + 3: counter (block, step, stream), key seed.
+SEAM_PHILOX_HD inline Philox4 dropout_words(uint64_t seed, uint64_t step, uint32_t stream, uint64_t block) {
+  return philox4x32({{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(step),
+                      stream}},
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// The dropout draw of element i: word i%4 of block i/4.
 SEAM_PHILOX_HD inline float dropout_uniform(uint64_t seed, uint64_t step, uint32_t stream, uint64_t i) {
-  uint64_t block = i >> 2;
-  Philox4 r = philox4x32({{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                           static_cast<uint32_t>(step), stream}},
-                         static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return philox_uniform(r.v[i & 3]);
+  return philox_uniform(dropout_words(seed, step, stream, i >> 2).v[i & 3]);
 }
 
 }  // namespace seam

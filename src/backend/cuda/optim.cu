@@ -145,13 +145,12 @@ __device__ __forceinline__ float half_bits_value(uint16_t b) {
 }
 
 // A new value of a parameter stored as P: f32 as it is; 16-bit (no masters) rounded
-// stochastically with the CPU's draw for (seed, step, index).
+// stochastically with the draw u, the CPU's for (seed, step, index).
 template <class P>
-__device__ __forceinline__ P store_param(float x, const DeviceCounters* c, int64_t step, int64_t i) {
+__device__ __forceinline__ P rounded_param(float x, float u) {
   if constexpr (std::is_same_v<P, float>) {
     return x;
   } else {
-    const float u = dropout_uniform(c->seed, static_cast<uint64_t>(step), kRoundingStream, static_cast<uint64_t>(i));
     const P nearest = from_float<P>(x);
     uint16_t bits;
     memcpy(&bits, &nearest, 2);
@@ -162,18 +161,24 @@ __device__ __forceinline__ P store_param(float x, const DeviceCounters* c, int64
   }
 }
 
-// Four working values: one 8-byte store.
-template <class W>
-struct alignas(8) Pack4 {
-  W v[4];
+template <class P>
+__device__ __forceinline__ P store_param(float x, const DeviceCounters* c, int64_t step, int64_t i) {
+  if constexpr (std::is_same_v<P, float>) return x;
+  else return rounded_param<P>(x, dropout_uniform(c->seed, static_cast<uint64_t>(step), kRoundingStream, i));
+}
+
+// Four consecutive values: one 16-byte (f32) or 8-byte (16-bit) load or store.
+template <class T>
+struct alignas(4 * sizeof(T)) Pack4 {
+  T v[4];
 };
 
 // A skipped step (ok false) changes nothing but the counters: the step, the skips and
 // the loss scale. P: how parameters and gradients are stored (f32 masters, or 16 bits
 // without). W: the storage type of the working copies the update writes beside f32
 // masters (void: none). vec4: every buffer is read and written four values at a time
-// (f32 parameters, n % 4 == 0, so v = m + n stays 16-byte aligned and the working copies
-// 8-byte aligned).
+// (n % 4 == 0, so v = m + n stays 16-byte aligned), and 16-bit parameters draw the four
+// roundings from one Philox call (elements 4j .. 4j + 3 are the words of block j).
 template <class P, class W>
 __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                        W* __restrict__ working, int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok,
@@ -193,30 +198,44 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
   k.step_size = k.lr / bc1;
   const bool has_m = m != nullptr, has_v = v != nullptr;
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  if constexpr (std::is_same_v<P, float>)
   for (int64_t j = first; go && vec4 && j < n / 4; j += stride) {
     const int64_t i = 4 * j;
-    float4 gv = reinterpret_cast<const float4*>(g)[j], pv = reinterpret_cast<const float4*>(p)[j];
+    const Pack4<P> gv = reinterpret_cast<const Pack4<P>*>(g)[j], pv = reinterpret_cast<const Pack4<P>*>(p)[j];
     float4 mv = has_m ? reinterpret_cast<const float4*>(m)[j] : float4{};
     float4 vv = has_v ? reinterpret_cast<const float4*>(v)[j] : float4{};
-    float* pe = &pv.x; float* ge = &gv.x; float* me = &mv.x; float* ve = &vv.x;
+    float* me = &mv.x; float* ve = &vv.x;
+    float pe[4], ge[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      ge[e] *= k.scale;  // the unscaled, clipped gradient, as the CPU leaves it
+      pe[e] = to_float(pv.v[e]);
+      ge[e] = to_float(gv.v[e]) * k.scale;  // the unscaled, clipped gradient, as the CPU leaves it
       update_one(h, k, i + e < n_decay ? h.weight_decay : 0.f, pe[e], ge[e], me[e], ve[e]);
     }
-    if constexpr (!std::is_void_v<W>) {  // one 8-byte store of the four working values
+    Pack4<P> po, go4;
+    if constexpr (std::is_same_v<P, float>) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) po.v[e] = pe[e];
+    } else {
+      const Philox4 r = dropout_words(c->seed, static_cast<uint64_t>(step), kRoundingStream, static_cast<uint64_t>(j));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) po.v[e] = rounded_param<P>(pe[e], philox_uniform(r.v[e]));
+    }
+    if constexpr (!std::is_void_v<W>) {
       Pack4<W> wv;
 #pragma unroll
       for (int e = 0; e < 4; ++e) wv.v[e] = from_float<W>(pe[e]);
       reinterpret_cast<Pack4<W>*>(working)[j] = wv;
     }
-    reinterpret_cast<float4*>(p)[j] = pv;
+    reinterpret_cast<Pack4<P>*>(p)[j] = po;
     if (has_m) reinterpret_cast<float4*>(m)[j] = mv;
     if (has_v) reinterpret_cast<float4*>(v)[j] = vv;
-    if (k.scale != 1.f) reinterpret_cast<float4*>(g)[j] = gv;
+    if (k.scale != 1.f) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) go4.v[e] = from_float<P>(ge[e]);
+      reinterpret_cast<Pack4<P>*>(g)[j] = go4;
+    }
   }
-  const bool scalar = !vec4 || !std::is_same_v<P, float>;
+  const bool scalar = !vec4;
   for (int64_t i = first; go && scalar && i < n; i += stride) {
     const float clipped = to_float(g[i]) * k.scale;
     float pi = to_float(p[i]), mi = has_m ? m[i] : 0.f, vi = has_v ? v[i] : 0.f;
@@ -278,7 +297,8 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   float* m = c.state_slots() > 0 ? reinterpret_cast<float*>(r.opt) : nullptr;
   float* v = m && c.state_slots() > 1 ? m + n : nullptr;
   // cudaMalloc'd buffers and an arena region: then every one is aligned as vec4 needs.
-  const bool vec4 = n % 4 == 0 && aligned(p, 16) && aligned(g, 16) && aligned(r.opt, 16) && aligned(w, 8);
+  const bool vec4 = n % 4 == 0 && aligned(p, 4 * dtype_size(pt)) && aligned(g, 4 * dtype_size(pt)) &&
+                    aligned(r.opt, 16) && aligned(w, 8);
   if (!aligned(g, 16)) fail("the gradient buffer is not 16-byte aligned");
   DeviceCounters* counters = ctx.counters;
   const unsigned blocks = blocks_for(n, kThreads, ctx.sm_count * 8);
@@ -308,7 +328,7 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
         else
           update<P, void><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, nullptr, n, n_decay, h, counters, ok, done, vec4);
       } else {
-        update<P, void><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, nullptr, n, n_decay, h, counters, ok, done, false);
+        update<P, void><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, nullptr, n, n_decay, h, counters, ok, done, vec4);
       }
       SEAM_CUDA_LAUNCH_CHECK();
     };
