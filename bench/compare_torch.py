@@ -27,6 +27,9 @@ WORKLOADS = {
     "W2": dict(batch=8192, dims=[4096, 4096, 4096, 4096, 1000], act="gelu_tanh", opt="adamw", lr=1e-3, wd=0.01),
     "W3": dict(batch=4096, dims=[1024, 1024, 2048, 1000], blocks=4, opt="adamw", lr=1e-3, wd=0.01),
     "W4": dict(batch=4096, dims=[1024, 1024, 4096, 1000], blocks=4, norm=True, opt="adamw", lr=1e-3, wd=0.01),
+    # torchvision's resnet18(num_classes=10) on 32x32x3 inputs, channels_last, as
+    # examples/resnet18_cifar.json (seam's W5).
+    "W5": dict(batch=256, image=[3, 32, 32], classes=10, resnet18=True, opt="sgd", lr=0.1, momentum=0.9, wd=5e-4),
 }
 
 
@@ -74,6 +77,16 @@ class Residual(torch.nn.Module):
 
 def make(spec, **opt_kwargs):
     torch.manual_seed(0)
+    if spec.get("resnet18"):
+        import torchvision
+
+        model = torchvision.models.resnet18(num_classes=spec["classes"]).cuda().to(memory_format=torch.channels_last)
+        opt_kwargs.pop("capturable", None)  # SGD keeps no step count: nothing to capture
+        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"], momentum=spec["momentum"], weight_decay=spec["wd"],
+                              **opt_kwargs)
+        x = torch.randn(spec["batch"], *spec["image"], device="cuda").to(memory_format=torch.channels_last)
+        y = torch.randint(0, spec["classes"], (spec["batch"],), device="cuda")
+        return model, opt, x, y
     if "blocks" in spec:
         model = Residual(spec["dims"], spec["blocks"], spec.get("norm", False)).cuda()
     else:
@@ -178,7 +191,8 @@ VARIANTS = {
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("workloads", nargs="*", default=list(WORKLOADS))
+    # As seam bench: W1-W4 unless named (W5, a ResNet-18, by name).
+    p.add_argument("workloads", nargs="*", default=["W1", "W2", "W3", "W4"])
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
     # seam bench's defaults: the same number of steps on both sides, so that both are timed
     # in the same power state (a long run of large GEMMs reaches the board's power cap and

@@ -161,6 +161,23 @@ TEST_F(Cli, ResumedRunGivesTheBitwiseSameLossCurve) {
   }
 }
 
+// `seam --version` names what runs the CPU GEMMs. OpenBLAS's generic SSE3 kernels
+// ("Prescott", its fallback for a CPU model it does not know) never run on a CPU with
+// AVX2 and FMA: seam restarts itself with the kernels the CPU supports.
+TEST_F(Cli, VersionNamesTheGemmKernelsAndNeverTheGenericOnesOnAnAvx2Cpu) {
+  Result r = run("--version");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t line = r.out.find("CPU GEMMs: ");
+  ASSERT_NE(line, std::string::npos) << r.out;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const std::string gemms = r.out.substr(line, r.out.find('\n', line) - line);
+  if (gemms.find("OpenBLAS") != std::string::npos && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      !std::getenv("OPENBLAS_CORETYPE"))
+    EXPECT_EQ(gemms.find("Prescott"), std::string::npos) << gemms;
+#endif
+}
+
 TEST_F(Cli, PlanPrintsStepsMemoryAndFlops) {
   Result r = run(std::string("plan ") + SEAM_EXAMPLES "/fmnist_cnn.json --batch 32");
   ASSERT_EQ(r.code, 0) << r.err;

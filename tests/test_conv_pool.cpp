@@ -293,6 +293,54 @@ TEST(ConvGrad, InputWeightAndBias) {
   }
 }
 
+// A batch's images are independent: each image's output and input gradient must be what
+// that image alone gives, and the weight and bias gradients the sum of the images' own
+// (the weight gradient accumulates over the batch; large images, grouped channels).
+TEST(ConvGrad, EachImageOfABatchGivesItsOwnResult) {
+  const int64_t n = 5, c = 8, hw = 200, o = 4;
+  const Conv2dOptions opt{.padding = {1, 1}, .groups = 2};
+  const auto x_all = random_values(n * c * hw * hw, 31);
+  const auto w_vals = random_values(o * (c / 2) * 9, 32);
+  const auto b_vals = random_values(o, 33);
+  const auto r_all = random_values(n * o * hw * hw, 34, 0.5, 1.5);
+  struct Out {
+    std::vector<double> y, dx, dw, db;
+  };
+  auto run = [&](int64_t first, int64_t count) {
+    Graph g;
+    Var x = g.param("x", {count, c, hw, hw}, Init::zeros(), true, DType::f64);
+    Var w = g.param("w", {o, c / 2, 3, 3}, Init::zeros(), true, DType::f64);
+    Var b = g.param("b", {o}, Init::zeros(), true, DType::f64);
+    Var r = g.input("r", {count, o, hw, hw}, DType::f64);
+    Var y = conv2d(x, w, b, opt);
+    Var loss = sum(mul(y, r));
+    Model m(g);
+    Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {y.id()}});
+    const size_t img = static_cast<size_t>(c * hw * hw), out = static_cast<size_t>(o * hw * hw);
+    std::vector<double> xs(x_all.begin() + first * img, x_all.begin() + (first + count) * img);
+    std::vector<double> rs(r_all.begin() + first * out, r_all.begin() + (first + count) * out);
+    m.write_param("x", std::as_bytes(std::span(xs)));
+    m.write_param("w", std::as_bytes(std::span(w_vals)));
+    m.write_param("b", std::as_bytes(std::span(b_vals)));
+    p.set_input("r", std::span<const double>(rs));
+    p.run();
+    return Out{p.read_as<double>(y.name()), p.grad_as<double>("x"), p.grad_as<double>("w"), p.grad_as<double>("b")};
+  };
+  const Out all = run(0, n);
+  std::vector<double> y, dx, dw(w_vals.size(), 0.0), db(b_vals.size(), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const Out one = run(i, 1);
+    y.insert(y.end(), one.y.begin(), one.y.end());
+    dx.insert(dx.end(), one.dx.begin(), one.dx.end());
+    for (size_t k = 0; k < dw.size(); ++k) dw[k] += one.dw[k];
+    for (size_t k = 0; k < db.size(); ++k) db[k] += one.db[k];
+  }
+  expect_close(all.y, y, 1e-12);
+  expect_close(all.dx, dx, 1e-12);
+  expect_close(all.dw, dw, 1e-10);
+  expect_close(all.db, db, 1e-10);
+}
+
 TEST(ConvGrad, FixedInputOnlyWeight) {
   // x is data: the graph needs no conv2d_grad_input.
   check_gradients([](GradCase& c) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <new>
 #include <span>
@@ -364,3 +365,38 @@ TEST_F(Io, TwoWritersNeverLeaveATornOrMixedCheckpoint) {
 }
 
 }  // namespace
+
+namespace seam {
+
+// examples/resnet18_cifar.json (W5 of `seam bench`) is torchvision's resnet18 with 10
+// classes: the same parameters under the same names and shapes, so that its weights map
+// one to one onto PyTorch's state dict.
+TEST(ModelFiles, Resnet18IsTorchvisionsResnet18) {
+  const io::ModelSpec spec = io::parse_model_file(SEAM_EXAMPLES "/resnet18_cifar.json");
+  EXPECT_EQ(spec.input_shape, (Shape{3, 32, 32}));
+  EXPECT_EQ(spec.batch_size, 256);
+  EXPECT_EQ(spec.optimizer.kind, OptimizerConfig::Kind::sgd);
+  EXPECT_DOUBLE_EQ(spec.optimizer.momentum, 0.9);
+  EXPECT_DOUBLE_EQ(spec.optimizer.weight_decay, 5e-4);
+  const io::BuiltGraph b = io::build_graph(spec, 2);
+  EXPECT_EQ(b.graph.value(b.logits).type.shape, (Shape{2, 10}));
+  std::map<std::string, Shape> params;
+  int64_t count = 0;
+  for (ValueId id : b.graph.params()) {
+    const Value& v = b.graph.value(id);
+    params[v.name] = v.type.shape;
+    count += v.type.numel();
+  }
+  EXPECT_EQ(count, 11181642);  // sum(p.numel() for p in resnet18(num_classes=10).parameters())
+  EXPECT_EQ(params.size(), 62u);
+  EXPECT_EQ(params["conv1.weight"], (Shape{64, 3, 7, 7}));
+  EXPECT_EQ(params["layer1.0.conv1.weight"], (Shape{64, 64, 3, 3}));
+  EXPECT_EQ(params["layer2.0.downsample.0.weight"], (Shape{128, 64, 1, 1}));
+  EXPECT_EQ(params["layer2.0.downsample.1.weight"], (Shape{128}));
+  EXPECT_EQ(params["layer4.1.bn2.bias"], (Shape{512}));
+  EXPECT_EQ(params["fc.weight"], (Shape{10, 512}));
+  EXPECT_EQ(params["fc.bias"], (Shape{10}));
+  EXPECT_FALSE(params.count("conv1.bias"));  // torchvision's convolutions have no bias
+}
+
+}  // namespace seam

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "bench/resnet18_model.h"
 #include "io/model_file.h"
 #include "plan/explain.h"
 #include "seam/seam.h"
@@ -28,13 +29,26 @@ struct Workload {
 };
 
 // A model file as a workload: its graph, batch size and optimizer.
-Workload file_workload(const std::string& path) {
-  io::ModelSpec spec = io::parse_model_file(path);
+Workload spec_workload(io::ModelSpec spec, std::string name, std::string description) {
   spec.fix_schedule_length(60000 / spec.batch_size);  // as a run over Fashion-MNIST's 60000 images would
-  Workload w{spec.name, "model file " + path, spec.batch_size, numel(spec.input_shape), spec.classes,
+  Workload w{std::move(name), std::move(description), spec.batch_size, numel(spec.input_shape), spec.classes,
              nullptr, spec.optimizer, spec.precision};
   w.file = [spec] { return io::build_graph(spec, spec.batch_size); };
   return w;
+}
+
+Workload file_workload(const std::string& path) {
+  io::ModelSpec spec = io::parse_model_file(path);
+  std::string name = spec.name;
+  return spec_workload(std::move(spec), std::move(name), "model file " + path);
+}
+
+// W5: ResNet-18 (examples/resnet18_cifar.json, built into the binary), at the file's
+// precision (bf16) unless --precision says otherwise.
+Workload resnet18_workload() {
+  return spec_workload(io::parse_model_json(kResnet18Json, kResnet18Name), "W5",
+                       "ResNet-18 (torchvision's resnet18, 10 classes) on 32x32x3, SGD momentum 0.9, weight decay "
+                       "5e-4, batch 256 (" + std::string(kResnet18Name) + ")");
 }
 
 // W3's and W4's shape: 1024 wide in, four residual blocks, 1000 classes out.
@@ -233,10 +247,11 @@ int run_bench(const BenchOptions& o) {
     std::vector<Workload> builtin = workloads();
     auto it = std::find_if(builtin.begin(), builtin.end(), [&](const Workload& w) { return w.name == name; });
     if (it != builtin.end()) chosen.push_back(*it);
+    else if (name == "W5") chosen.push_back(resnet18_workload());
     else if (name.ends_with(".json")) chosen.push_back(file_workload(name));
-    else fail("no workload named ", name, " (known: W1, W2, W3, W4, or a model file)");
+    else fail("no workload named ", name, " (known: W1, W2, W3, W4, W5, or a model file)");
   }
-  if (o.workloads.empty()) chosen = workloads();
+  if (o.workloads.empty()) chosen = workloads();  // W1-W4: W5 (a ResNet-18) is asked for by name
   for (const Workload& w : chosen) {
     std::printf("%s: %s, %s\n", w.name.c_str(), w.description.c_str(),
                 precision_name(o.precision.value_or(w.precision)));

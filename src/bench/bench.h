@@ -12,7 +12,7 @@
 namespace seam::bench {
 
 struct BenchOptions {
-  std::vector<std::string> workloads;  // W1..W4 or model files (empty: W1..W4)
+  std::vector<std::string> workloads;  // W1..W5 or model files (empty: W1..W4)
   int steps = 200;                     // timed steps per repetition
   int repeats = 5;                     // the median repetition is reported
   int warmup = 20;
@@ -24,7 +24,7 @@ struct BenchOptions {
   std::string epilogue = "fastest";    // fused GEMM epilogues: fastest, fused, split, split_t
   int streams = 4;                     // CUDA streams a step may spread over
   std::string fusion = "all";          // all; epilogues (GEMM epilogues and loss only); none
-  std::optional<Precision> precision;  // overrides each workload's (W1-W4: tf32; a file: its own)
+  std::optional<Precision> precision;  // overrides each workload's (W1-W4: tf32; W5 and a file: its own)
   bool master_weights = true;          // false: 16-bit parameters (ModelOptions::master_weights)
   std::string csv;                     // also write the results here
 };

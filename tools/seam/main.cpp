@@ -9,7 +9,9 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <unistd.h>
 
+#include "backend/cpu/gemm.h"
 #include "bench/bench.h"
 #include "bench/numerics.h"
 #include "common/strings.h"
@@ -137,6 +139,7 @@ std::string unexpected(const CLI::App& app, const std::string& arg, bool top) {
 
 void print_version() {
   std::cout << "seam " << SEAM_VERSION << "\n";
+  std::cout << "CPU GEMMs: " << seam::cpu::gemm_library() << "\n";
 #ifdef SEAM_HAS_CUDA
   std::string why;
   auto devs = seam::cuda::devices(&why);
@@ -166,6 +169,12 @@ void print_ops(bool with_grads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenBLAS chose its generic kernels on a CPU that has faster ones (gemm.h says when):
+  // run again with them. If the exec fails, go on with what was loaded.
+  if (const char* core = seam::cpu::blas_core_override()) {
+    setenv("OPENBLAS_CORETYPE", core, 0);
+    execv("/proc/self/exe", argv);
+  }
   CLI::App app{"seam: compiles a neural network's whole training step into one plan and runs it"};
   app.require_subcommand(0, 1);
   bool version = false;
@@ -241,8 +250,8 @@ int main(int argc, char** argv) {
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
-  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1 to W4, or model files): ms/step, kernels, TFLOP/s");
-  bench->add_option("workloads", bo.workloads, "W1, W2, W3, W4 or MODEL.json files (default: W1 to W4)");
+  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1 to W5, or model files): ms/step, kernels, TFLOP/s");
+  bench->add_option("workloads", bo.workloads, "W1, W2, W3, W4, W5 (ResNet-18, examples/resnet18_cifar.json) or MODEL.json files (default: W1 to W4)");
   bench->add_option("--steps", bo.steps, "timed steps per repetition")->transform(whole<int>(1));
   bench->add_option("--repeats", bo.repeats, "repetitions; the median is reported")->transform(whole<int>(1));
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->transform(whole<int>(0));
@@ -253,7 +262,7 @@ int main(int argc, char** argv) {
                   "also print each workload's kernel table as `seam plan --measure` does, against the unfused step");
   bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
-  bench->add_option("--precision", bench_precision, precision_help + " (default: tf32 for W1-W4, a model file's own)")
+  bench->add_option("--precision", bench_precision, precision_help + " (default: tf32 for W1-W4, a model file's own, W5's bf16)")
       ->check(one_of(seam::precision_names()));
   bench->add_flag("--no-master-weights", no_masters,
                   "with bf16 or f16: parameters stored in 16 bits, updated with stochastic rounding");

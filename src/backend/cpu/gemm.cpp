@@ -2,6 +2,8 @@
 #include "backend/cpu/gemm.h"
 
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #ifdef SEAM_HAS_BLAS
@@ -57,6 +59,32 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, co
 #else
   gemm_loops(ta, tb, m, n, k, a, b, beta, c);
 #endif
+}
+
+std::string gemm_library() {
+#ifdef SEAM_HAS_OPENBLAS
+  std::string config = openblas_get_config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY ..."
+  const size_t version_end = config.find(' ', config.find(' ') + 1);
+  return config.substr(0, version_end) + ", " + openblas_get_corename() + " kernels, " +
+         std::to_string(openblas_get_num_threads()) + " threads";
+#elif defined(SEAM_HAS_BLAS)
+  return "CBLAS";
+#else
+  return "plain loops (built without BLAS)";
+#endif
+}
+
+const char* blas_core_override() {
+#if defined(SEAM_HAS_OPENBLAS) && (defined(__x86_64__) || defined(__i386__))
+  if (std::getenv("OPENBLAS_CORETYPE")) return nullptr;
+  if (std::strcmp(openblas_get_corename(), "Prescott") != 0) return nullptr;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return nullptr;
 }
 
 }  // namespace seam::cpu
