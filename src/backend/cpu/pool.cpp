@@ -40,14 +40,20 @@ PoolGeom pool_geom(const Attrs& a, const Shape& x, const Shape& y) {
 }
 
 // Offset (within the plane) of the first maximum of a window in row-major order; a NaN
-// wins so that it propagates, as in PyTorch. Padding never wins.
+// wins so that it propagates, as in PyTorch. Padding never wins. v replaces the best so
+// far b when v > b, or v is NaN and b is not: !(v <= b) && b == b, which compiles to a
+// select rather than a branch that random data mispredicts half the time.
 template <class T>
 int64_t argmax(const PoolGeom& g, const T* x, const PoolGeom::Window& win) {
-  int64_t best = -1;
+  int64_t best = win.y0 * g.w + win.x0;
+  T b = x[best];
   for (int64_t iy = win.y0; iy < win.y1; ++iy)
     for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-      int64_t i = iy * g.w + ix;
-      if (best < 0 || x[i] > x[best] || (std::isnan(x[i]) && !std::isnan(x[best]))) best = i;
+      const int64_t i = iy * g.w + ix;
+      const T v = x[i];
+      const bool wins = !(v <= b) && b == b;
+      best = wins ? i : best;
+      b = wins ? v : b;
     }
   return best;
 }
