@@ -400,3 +400,20 @@ TEST(ModelFiles, Resnet18IsTorchvisionsResnet18) {
 }
 
 }  // namespace seam
+
+namespace seam {
+
+// examples/fmnist_resnet.json: a residual CNN trained with augmentation.
+TEST(ModelFiles, TheResidualFashionMnistExampleAugmentsItsTrainingImages) {
+  const io::ModelSpec spec = io::parse_model_file(SEAM_EXAMPLES "/fmnist_resnet.json");
+  EXPECT_EQ(spec.input_shape, (Shape{1, 28, 28}));
+  EXPECT_EQ(spec.crop_padding, 2);
+  EXPECT_TRUE(spec.horizontal_flip);
+  const io::BuiltGraph b = io::build_graph(spec, 2);
+  EXPECT_EQ(b.graph.value(b.logits).type.shape, (Shape{2, 10}));
+  int adds = 0;
+  for (const Node& n : b.graph.nodes()) adds += n.op == Op::add;
+  EXPECT_EQ(adds, 6);  // one residual add per block
+}
+
+}  // namespace seam

@@ -66,6 +66,7 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t stream) {
 BatchLoader::BatchLoader(const ImageSet& set, std::vector<int64_t> indices, Options o)
     : set_(set), indices_(std::move(indices)), o_(o) {
   if (o_.batch < 1) fail("batch size must be >= 1, got ", o_.batch);
+  if (o_.augment.crop_padding < 0) fail("augment.crop_padding must be >= 0, got ", o_.augment.crop_padding);
   if (o_.drop_last && samples() < o_.batch)
     fail("a batch of ", o_.batch, " needs at least that many samples; this split has ", samples());
 }
@@ -86,7 +87,30 @@ void BatchLoader::stop_worker() {
   stop_ = false;
 }
 
-void BatchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t index) const {
+namespace {
+
+// One image through the augmentation: src (rows x cols, pixel values) into dst
+// (normalized), with the draws of `state`. Pixels from the padding are black (0).
+void augmented(const uint8_t* src, int64_t rows, int64_t cols, const Augment& a, uint64_t state, float scale,
+               float shift, float* dst) {
+  const int64_t span = 2 * a.crop_padding + 1;
+  const auto draw = [&](int64_t n) {
+    return static_cast<int64_t>((static_cast<unsigned __int128>(splitmix64(state)) * static_cast<uint64_t>(n)) >> 64);
+  };
+  // The window's top-left corner in the padded image, as an offset into the original.
+  const int64_t oy = draw(span) - a.crop_padding, ox = draw(span) - a.crop_padding;
+  const bool flip = a.horizontal_flip && draw(2) == 1;
+  for (int64_t y = 0; y < rows; ++y)
+    for (int64_t x = 0; x < cols; ++x) {
+      const int64_t sy = y + oy, sx = (flip ? cols - 1 - x : x) + ox;
+      const bool inside = sy >= 0 && sy < rows && sx >= 0 && sx < cols;
+      dst[y * cols + x] = (inside ? static_cast<float>(src[sy * cols + sx]) : 0.0f) * scale - shift;
+    }
+}
+
+}  // namespace
+
+void BatchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t epoch, int64_t index) const {
   const int64_t px = set_.pixels();
   const int64_t begin = index * o_.batch;
   const int64_t rows = std::min(o_.batch, samples() - begin);
@@ -99,7 +123,14 @@ void BatchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t inde
     int64_t k = indices_[static_cast<size_t>(order[static_cast<size_t>(begin + r)])];
     const uint8_t* src = set_.images.data() + k * px;
     float* dst = b.x.data() + r * px;
-    for (int64_t p = 0; p < px; ++p) dst[p] = static_cast<float>(src[p]) * scale - shift;
+    if (o_.augment.any()) {
+      // A stream per (seed, epoch, position), apart from the shuffle's.
+      uint64_t state = (o_.seed * 0xD1B54A32D192ED03ull + static_cast<uint64_t>(epoch)) * 0x9E3779B97F4A7C15ull +
+                       static_cast<uint64_t>(begin + r) + 0xA5A5A5A5ull;
+      augmented(src, set_.rows, set_.cols, o_.augment, state, scale, shift, dst);
+    } else {
+      for (int64_t p = 0; p < px; ++p) dst[p] = static_cast<float>(src[p]) * scale - shift;
+    }
     b.y[static_cast<size_t>(r)] = set_.labels[static_cast<size_t>(k)];
   }
   // Padding rows are zeros in pixel space, like an empty image.
@@ -122,10 +153,10 @@ void BatchLoader::start_epoch(int64_t epoch, int64_t first) {
     done_ = false;
   }
   const int64_t total = batches_per_epoch();
-  worker_ = std::thread([this, order = std::move(order), first, total] {
+  worker_ = std::thread([this, order = std::move(order), epoch, first, total] {
     for (int64_t i = first; i < total; ++i) {
       Batch b;
-      fill(b, order, i);
+      fill(b, order, epoch, i);
       std::unique_lock<std::mutex> l(mu_);
       // Stay at most two batches ahead of the trainer.
       cv_.wait(l, [&] { return stop_ || ready_.size() < 2; });

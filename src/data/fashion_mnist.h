@@ -40,6 +40,17 @@ struct Normalize {
   float mean = 0.2860f, stddev = 0.3530f;  // Fashion-MNIST training-set statistics
 };
 
+// Train-time augmentation, as torchvision's RandomCrop(size, padding) and
+// RandomHorizontalFlip(): each image is padded with `crop_padding` black pixels on every
+// side and a window of its own size cut at a random offset, then mirrored left to right
+// with probability 1/2. The draws are a function of (seed, epoch, position in the
+// epoch), so a resumed run sees the same images.
+struct Augment {
+  int64_t crop_padding = 0;
+  bool horizontal_flip = false;
+  bool any() const { return crop_padding > 0 || horizontal_flip; }
+};
+
 struct Batch {
   std::vector<float> x;      // batch * pixels, normalized
   std::vector<int32_t> y;    // batch labels; padding rows carry `pad_label`
@@ -59,6 +70,7 @@ class BatchLoader {
     uint64_t seed = 0;
     int32_t pad_label = -100;
     Normalize normalize;
+    Augment augment;
   };
   BatchLoader(const ImageSet& set, std::vector<int64_t> indices, Options o);
   ~BatchLoader();
@@ -73,7 +85,7 @@ class BatchLoader {
   bool next(Batch& out);
 
  private:
-  void fill(Batch& b, const std::vector<int64_t>& order, int64_t index) const;
+  void fill(Batch& b, const std::vector<int64_t>& order, int64_t epoch, int64_t index) const;
   void stop_worker();
 
   const ImageSet& set_;

@@ -197,9 +197,21 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   s.optimizer = j.contains("optimizer") ? parse_optimizer(j["optimizer"], source + ": optimizer", &s.cosine_total_from_run)
                                         : OptimizerConfig::adam(1e-3);
   if (j.contains("data")) {
-    check_keys(j["data"], {"val_split"}, source + ": data");
+    check_keys(j["data"], {"val_split", "augment"}, source + ": data");
     s.val_split = get<double>(j["data"], "val_split", 0.0, source + ": data");
     if (s.val_split < 0 || s.val_split >= 1) fail(source, ": data.val_split must be in [0, 1)");
+    if (j["data"].contains("augment")) {
+      const json& a = j["data"]["augment"];
+      const std::string where = source + ": data.augment";
+      if (!a.is_object()) fail(where, ": must be an object, e.g. {\"crop_padding\": 2, \"horizontal_flip\": true}");
+      check_keys(a, {"crop_padding", "horizontal_flip"}, where);
+      s.crop_padding = get<int64_t>(a, "crop_padding", 0, where);
+      s.horizontal_flip = get<bool>(a, "horizontal_flip", false, where);
+      if (s.crop_padding < 0) fail(where, ": crop_padding must be >= 0, got ", s.crop_padding);
+      if (s.input_shape.size() != 3)
+        fail(where, ": augmentation crops and flips images; input.shape ", shape_str(s.input_shape),
+             " is not [channels, height, width]");
+    }
   }
   build_graph(s, 2);  // checks every layer and shape now, not at training time
   return s;

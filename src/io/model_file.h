@@ -37,6 +37,10 @@ struct ModelSpec {
   }
   double label_smoothing = 0.0;
   double val_split = 0.0;
+  // Train-time augmentation (data.augment): random crops of the image padded by this many
+  // pixels, and left-right flips (data::Augment).
+  int64_t crop_padding = 0;
+  bool horizontal_flip = false;
 };
 
 // Parses and checks a model file; throws seam::Error with file:line:column for JSON

@@ -234,7 +234,9 @@ int run_train(const TrainOptions& o) {
   if (ck && ck->train_samples != static_cast<int64_t>(train_idx.size()))
     fail(*o.resume, ": was trained on ", ck->train_samples, " samples, this run has ", train_idx.size());
   const int64_t B = spec.batch_size;
-  data::BatchLoader train_loader(data.train, train_idx, {.batch = B, .shuffle = true, .drop_last = true, .seed = spec.seed});
+  data::BatchLoader train_loader(data.train, train_idx,
+                                 {.batch = B, .shuffle = true, .drop_last = true, .seed = spec.seed,
+                                  .augment = {.crop_padding = spec.crop_padding, .horizontal_flip = spec.horizontal_flip}});
   data::BatchLoader test_loader(data.test, first_n(data.test.n, o.limit_test), {.batch = B, .shuffle = false, .drop_last = false});
   std::optional<data::BatchLoader> val_loader;
   if (!val_idx.empty()) val_loader.emplace(data.train, val_idx, data::BatchLoader::Options{.batch = B, .shuffle = false, .drop_last = false});
