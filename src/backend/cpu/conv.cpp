@@ -1,7 +1,8 @@
-// conv2d and its two gradients on the CPU: im2col (or col2im) over a chunk of images
-// side by side, then one GEMM per group and chunk: a batch of 128 Fashion-MNIST images is
-// one GEMM of [64, 288] x [288, 25088] rather than 128 of [64, 288] x [288, 196], which
-// leave BLAS mostly in its call and packing overhead.
+// conv2d and its two gradients on the CPU: im2col (or col2im) per image, then one GEMM
+// per group. One image at a time keeps the column matrix compact and in cache (226 KB for
+// fmnist_cnn's 3x3 convolution): a column matrix of many images side by side, for fewer
+// and wider GEMMs, measured 2.5x slower on a 2-core AVX-512 machine, its rows written
+// 100 KB apart (docs/perf.md).
 
 #include <algorithm>
 
@@ -22,6 +23,8 @@ struct ConvGeom {
   int64_t og() const { return o / groups; }
   int64_t k() const { return cg() * kh * kw; }  // GEMM depth of one group
   int64_t p() const { return oh * ow; }         // output pixels per image
+  // A 1x1 kernel with unit stride and no padding reads x itself as the column matrix.
+  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
 
 ConvGeom conv_geom(const Attrs& a, const Shape& x, const Shape& w, const Shape& y) {
@@ -32,40 +35,14 @@ ConvGeom conv_geom(const Attrs& a, const Shape& x, const Shape& w, const Shape& 
           st[0], st[1], pd[0], pd[1], dl[0], dl[1], a.i("groups")};
 }
 
-// Images are taken in chunks whose column matrix stays under this many elements (32 MB of
-// f32), so a batch becomes a few GEMMs of many columns instead of one small GEMM per
-// image. A GEMM of little depth (c kh kw / groups under 32, as a stem convolution of a
-// one-channel image) gains nothing from more columns and would pay more for moving its
-// output into and out of the chunk's [channels][images x pixels] layout than for the
-// GEMM itself: it goes one image at a time, reading dy and writing y in place.
-constexpr int64_t kChunkElements = int64_t{8} << 20;
-constexpr int64_t kMinChunkDepth = 32;
-
-// A thread's working buffers, kept between calls: a fresh 30 MB vector per call would be
-// new pages to fault in and zero on every step. slot 0: columns, 1: output or dy.
-template <class T>
-T* scratch(int slot, int64_t elements) {
-  thread_local std::vector<T> buf[2];
-  auto& b = buf[slot];
-  if (b.size() < static_cast<size_t>(elements)) b.resize(static_cast<size_t>(elements));
-  return b.data();
-}
-
-int64_t chunk_images(const ConvGeom& g) {
-  if (g.k() < kMinChunkDepth) return 1;
-  const int64_t per_image = std::max<int64_t>(1, g.c * g.kh * g.kw * g.p());
-  return std::clamp<int64_t>(kChunkElements / per_image, 1, std::max<int64_t>(g.n, 1));
-}
-
 // col[(c * kh + i) * kw + j][oy * ow + ox] = x[c][oy * sh - ph + i * dh][ox * sw - pw + j * dw],
-// zero where that falls in the padding. x is one image, all channels; col points at the
-// image's first column of a matrix whose rows are ld long (the chunk's images side by side).
+// zero where that falls in the padding. x is one image, all channels.
 template <class T>
-void im2col(const ConvGeom& g, const T* x, T* col, int64_t ld) {
+void im2col(const ConvGeom& g, const T* x, T* col) {
   for (int64_t c = 0; c < g.c; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
+        T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
         for (int64_t oy = 0; oy < g.oh; ++oy) {
           int64_t iy = oy * g.sh - g.ph + i * g.dh;
           T* out = row + oy * g.ow;
@@ -90,11 +67,11 @@ void im2col(const ConvGeom& g, const T* x, T* col, int64_t ld) {
 // The adjoint of im2col: adds every column entry back to the pixel it was read from.
 // x must be zeroed by the caller; overlapping windows accumulate.
 template <class T>
-void col2im(const ConvGeom& g, const T* col, int64_t ld, T* x) {
+void col2im(const ConvGeom& g, const T* col, T* x) {
   for (int64_t c = 0; c < g.c; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
+        const T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
         for (int64_t oy = 0; oy < g.oh; ++oy) {
           int64_t iy = oy * g.sh - g.ph + i * g.dh;
           if (iy < 0 || iy >= g.h) continue;
@@ -108,50 +85,30 @@ void col2im(const ConvGeom& g, const T* col, int64_t ld, T* x) {
       }
 }
 
-// The chunk's column matrix [c kh kw][nb p]: image b's columns at b p.
-template <class T>
-void chunk_columns(const ConvGeom& g, const T* x, int64_t n0, int64_t nb, T* col) {
-  for (int64_t b = 0; b < nb; ++b) im2col(g, x + (n0 + b) * g.c * g.h * g.w, col + b * g.p(), nb * g.p());
-}
-
-// dy of the chunk's images, [n][o][p] -> [o][nb p], the layout its GEMMs read.
-template <class T>
-void gather_dy(const ConvGeom& g, const T* dy, int64_t n0, int64_t nb, T* out) {
-  for (int64_t b = 0; b < nb; ++b)
-    for (int64_t o = 0; o < g.o; ++o) {
-      const T* src = dy + ((n0 + b) * g.o + o) * g.p();
-      std::copy(src, src + g.p(), out + (o * nb + b) * g.p());
-    }
-}
-
 // inputs: x, w, b?
 void conv2d(const KernelArgs& a) {
   const ConvGeom g = conv_geom(a.attrs(), a.in[0].shape(), a.in[1].shape(), a.out[0].shape());
-  const int64_t chunk = chunk_images(g);
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* x = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
-    const T* bias = a.in.size() == 3 ? a.in[2].as<T>() : nullptr;
     T* y = a.out[0].as<T>();
-    T* col = scratch<T>(0, g.groups * g.k() * chunk * g.p());
-    T* out = chunk > 1 ? scratch<T>(1, g.o * chunk * g.p()) : nullptr;
-    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-      const int64_t nb = std::min(chunk, g.n - n0), cols = nb * g.p();
-      chunk_columns(g, x, n0, nb, col);
-      // One image's [o][p] is y's own layout: written in place.
-      T* dst = chunk > 1 ? out : y + n0 * g.o * g.p();
+    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+    for (int64_t n = 0; n < g.n; ++n) {
+      const T* xn = x + n * g.c * g.h * g.w;
+      T* yn = y + n * g.o * g.p();
+      const T* cols = xn;
+      if (!g.pointwise()) {
+        im2col(g, xn, col.data());
+        cols = col.data();
+      }
       for (int64_t gr = 0; gr < g.groups; ++gr)
-        gemm(false, false, g.og(), cols, g.k(), w + gr * g.og() * g.k(), col + gr * g.k() * cols, T(0),
-             dst + gr * g.og() * cols);
-      // [o][nb p] back to [n][o][p], the bias added on the way.
-      for (int64_t b = 0; b < nb; ++b)
-        for (int64_t o = 0; o < g.o; ++o) {
-          const T* src = dst + (o * nb + b) * g.p();
-          T* to = y + ((n0 + b) * g.o + o) * g.p();
-          const T add = bias ? bias[o] : T(0);
-          if (src != to || add != T(0))
-            for (int64_t q = 0; q < g.p(); ++q) to[q] = src[q] + add;
-        }
+        gemm(false, false, g.og(), g.p(), g.k(), w + gr * g.og() * g.k(), cols + gr * g.k() * g.p(), T(0),
+             yn + gr * g.og() * g.p());
+      if (a.in.size() == 3) {
+        const T* b = a.in[2].as<T>();
+        for (int64_t o = 0; o < g.o; ++o)
+          for (int64_t q = 0; q < g.p(); ++q) yn[o * g.p() + q] += b[o];
+      }
     }
   });
 }
@@ -159,22 +116,23 @@ void conv2d(const KernelArgs& a) {
 // inputs: dy, w; attribute shape = x's shape.
 void conv2d_grad_input(const KernelArgs& a) {
   const ConvGeom g = conv_geom(a.attrs(), a.out[0].shape(), a.in[1].shape(), a.in[0].shape());
-  const int64_t chunk = chunk_images(g);
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* dy = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
     T* dx = a.out[0].as<T>();
-    std::fill(dx, dx + a.out[0].numel(), T(0));
-    T* col = scratch<T>(0, g.groups * g.k() * chunk * g.p());
-    T* dyc = chunk > 1 ? scratch<T>(1, g.o * chunk * g.p()) : nullptr;
-    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-      const int64_t nb = std::min(chunk, g.n - n0), cols = nb * g.p();
-      const T* src = chunk > 1 ? dyc : dy + n0 * g.o * g.p();
-      if (chunk > 1) gather_dy(g, dy, n0, nb, dyc);
+    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+    for (int64_t n = 0; n < g.n; ++n) {
+      const T* dyn = dy + n * g.o * g.p();
+      T* dxn = dx + n * g.c * g.h * g.w;
+      // Pointwise: the column matrix is dx itself, so the GEMM writes it directly.
+      T* cols = g.pointwise() ? dxn : col.data();
       for (int64_t gr = 0; gr < g.groups; ++gr)
-        gemm(true, false, g.k(), cols, g.og(), w + gr * g.og() * g.k(), src + gr * g.og() * cols, T(0),
-             col + gr * g.k() * cols);
-      for (int64_t b = 0; b < nb; ++b) col2im(g, col + b * g.p(), cols, dx + (n0 + b) * g.c * g.h * g.w);
+        gemm(true, false, g.k(), g.p(), g.og(), w + gr * g.og() * g.k(), dyn + gr * g.og() * g.p(), T(0),
+             cols + gr * g.k() * g.p());
+      if (!g.pointwise()) {
+        std::fill(dxn, dxn + g.c * g.h * g.w, T(0));
+        col2im(g, col.data(), dxn);
+      }
     }
   });
 }
@@ -182,22 +140,23 @@ void conv2d_grad_input(const KernelArgs& a) {
 // inputs: dy, x; attribute shape = w's shape.
 void conv2d_grad_weight(const KernelArgs& a) {
   const ConvGeom g = conv_geom(a.attrs(), a.in[1].shape(), a.out[0].shape(), a.in[0].shape());
-  const int64_t chunk = chunk_images(g);
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* dy = a.in[0].as<T>();
     const T* x = a.in[1].as<T>();
     T* dw = a.out[0].as<T>();
     std::fill(dw, dw + a.out[0].numel(), T(0));
-    T* col = scratch<T>(0, g.groups * g.k() * chunk * g.p());
-    T* dyc = chunk > 1 ? scratch<T>(1, g.o * chunk * g.p()) : nullptr;
-    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-      const int64_t nb = std::min(chunk, g.n - n0), cols = nb * g.p();
-      chunk_columns(g, x, n0, nb, col);
-      const T* src = chunk > 1 ? dyc : dy + n0 * g.o * g.p();
-      if (chunk > 1) gather_dy(g, dy, n0, nb, dyc);
-      // Summed over the chunks: beta = 1 adds each chunk's contribution.
+    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+    for (int64_t n = 0; n < g.n; ++n) {
+      const T* xn = x + n * g.c * g.h * g.w;
+      const T* dyn = dy + n * g.o * g.p();
+      const T* cols = xn;
+      if (!g.pointwise()) {
+        im2col(g, xn, col.data());
+        cols = col.data();
+      }
+      // Summed over the batch: beta = 1 adds each image's contribution.
       for (int64_t gr = 0; gr < g.groups; ++gr)
-        gemm(false, true, g.og(), g.k(), cols, src + gr * g.og() * cols, col + gr * g.k() * cols, T(1),
+        gemm(false, true, g.og(), g.k(), g.p(), dyn + gr * g.og() * g.p(), cols + gr * g.k() * g.p(), T(1),
              dw + gr * g.og() * g.k());
     }
   });

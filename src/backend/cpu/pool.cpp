@@ -58,14 +58,46 @@ int64_t argmax(const PoolGeom& g, const T* x, const PoolGeom::Window& win) {
   return best;
 }
 
+// The same for a K x K window wholly inside the plane, its top-left corner at offset i0:
+// the loops unroll.
+template <int K, class T>
+int64_t argmax_inside(const PoolGeom& g, const T* x, int64_t i0) {
+  int64_t best = i0;
+  T b = x[i0];
+  for (int dy = 0; dy < K; ++dy)
+    for (int dx = 0; dx < K; ++dx) {
+      const int64_t i = i0 + dy * g.w + dx;
+      const T v = x[i];
+      const bool wins = !(v <= b) && b == b;
+      best = wins ? i : best;
+      b = wins ? v : b;
+    }
+  return best;
+}
+
+// Calls f(output offset, input offset of its window's maximum) for every output of a plane.
+template <class T, class F>
+void each_argmax(const PoolGeom& g, const T* x, F&& f) {
+  const bool square = g.kh == g.kw && (g.kh == 2 || g.kh == 3);
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const auto win = g.window(oy, ox);
+      const bool inside = win.y1 - win.y0 == g.kh && win.x1 - win.x0 == g.kw;
+      const int64_t i0 = win.y0 * g.w + win.x0;
+      const int64_t best = !(square && inside) ? argmax(g, x, win)
+                           : g.kh == 2         ? argmax_inside<2>(g, x, i0)
+                                               : argmax_inside<3>(g, x, i0);
+      f(oy * g.ow + ox, best);
+    }
+}
+
 void max_pool2d(const KernelArgs& a) {
   const PoolGeom g = pool_geom(a.attrs(), a.in[0].shape(), a.out[0].shape());
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     for (int64_t pl = 0; pl < g.planes; ++pl) {
       const T* x = a.in[0].as<T>() + pl * g.h * g.w;
       T* y = a.out[0].as<T>() + pl * g.oh * g.ow;
-      for (int64_t oy = 0; oy < g.oh; ++oy)
-        for (int64_t ox = 0; ox < g.ow; ++ox) y[oy * g.ow + ox] = x[argmax(g, x, g.window(oy, ox))];
+      each_argmax(g, x, [&](int64_t o, int64_t i) { y[o] = x[i]; });
     }
   });
 }
@@ -80,8 +112,7 @@ void max_pool2d_grad(const KernelArgs& a) {
       const T* dy = a.in[0].as<T>() + pl * g.oh * g.ow;
       const T* x = a.in[1].as<T>() + pl * g.h * g.w;
       T* dx = a.out[0].as<T>() + pl * g.h * g.w;
-      for (int64_t oy = 0; oy < g.oh; ++oy)
-        for (int64_t ox = 0; ox < g.ow; ++ox) dx[argmax(g, x, g.window(oy, ox))] += dy[oy * g.ow + ox];
+      each_argmax(g, x, [&](int64_t o, int64_t i) { dx[i] += dy[o]; });
     }
   });
 }
