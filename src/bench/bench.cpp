@@ -46,7 +46,7 @@ Workload file_workload(const std::string& path) {
 // W5: ResNet-18 (examples/resnet18_cifar.json, built into the binary), at the file's
 // precision (bf16) unless --precision says otherwise.
 Workload resnet18_workload() {
-  return spec_workload(io::parse_model_json(kResnet18Json, kResnet18Name), "W5",
+  return spec_workload(resnet18_spec(), "W5",
                        "ResNet-18 (torchvision's resnet18, 10 classes) on 32x32x3, SGD momentum 0.9, weight decay "
                        "5e-4, batch 256 (" + std::string(kResnet18Name) + ")");
 }
@@ -238,6 +238,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
 }
 
 }  // namespace
+
+io::ModelSpec resnet18_spec() { return io::parse_model_json(kResnet18Json, kResnet18Name); }
 
 int run_bench(const BenchOptions& o) {
   Device dev = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : default_device();

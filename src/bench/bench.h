@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "io/model_file.h"
 #include "seam/model.h"
 
 namespace seam::bench {
@@ -30,5 +31,8 @@ struct BenchOptions {
 };
 
 int run_bench(const BenchOptions& o);
+
+// W5's model: examples/resnet18_cifar.json as built into the binary.
+io::ModelSpec resnet18_spec();
 
 }  // namespace seam::bench

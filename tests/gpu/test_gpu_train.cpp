@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "bench/bench.h"
 #include "gpu_check.h"
 
 using namespace seam;
@@ -218,4 +219,19 @@ TEST(GpuTraining, TwentyCnnStepsMatchTheCpu) {
   Var logits = nn::linear(dropout(flatten(h), 0.25), 10, "fc");
   Var loss = cross_entropy(logits, y);
   train_both(g, loss, OptimizerConfig::adam(1e-3), batch, 784, 20, 1e-3, Precision::f32);
+}
+
+// W5, ResNet-18 (examples/resnet18_cifar.json), at batch 8: the 7x7/2 stem, the 3x3/2
+// max pool with padding, the 1x1/2 downsampling convolutions, batch norm down to 1x1
+// planes (8 values a channel), the residual adds and the global average pool, one step
+// on both devices. One step only, and not a smaller batch: on the CPU alone, inputs
+// scaled by 1 + 1e-6 move the parameters by 1e-5 (relative L2) after one step at batch 8,
+// by 2e-2 after two, and by O(1) after one at batch 2, where batch norm over two values a
+// channel is near singular. Steps after the first measure that amplification, not the
+// kernels.
+TEST(GpuTraining, ResNet18StepMatchesTheCpu) {
+  const io::BuiltGraph b = io::build_graph(bench::resnet18_spec(), 8);
+  Graph g = b.graph;
+  const Var loss = g.var(b.loss);
+  train_both(g, loss, bench::resnet18_spec().optimizer, 8, 3 * 32 * 32, 1, 1e-3, Precision::f32);
 }
