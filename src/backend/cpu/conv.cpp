@@ -77,10 +77,11 @@ void col2im(const ConvGeom& g, const T* col, T* x) {
           if (iy < 0 || iy >= g.h) continue;
           T* out = x + (c * g.h + iy) * g.w;
           const T* in = row + oy * g.ow;
-          for (int64_t ox = 0; ox < g.ow; ++ox) {
-            int64_t ix = ox * g.sw - g.pw + j * g.dw;
-            if (ix >= 0 && ix < g.w) out[ix] += in[ox];
-          }
+          // As in im2col: outputs [lo, hi) came from inside the row.
+          const int64_t off = j * g.dw - g.pw;
+          const int64_t lo = std::clamp<int64_t>((-off + g.sw - 1) / g.sw, 0, g.ow);
+          const int64_t hi = std::clamp<int64_t>((g.w - off + g.sw - 1) / g.sw, lo, g.ow);
+          for (int64_t ox = lo; ox < hi; ++ox) out[ox * g.sw + off] += in[ox];
         }
       }
 }
