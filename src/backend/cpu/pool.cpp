@@ -39,22 +39,24 @@ PoolGeom pool_geom(const Attrs& a, const Shape& x, const Shape& y) {
   return g;
 }
 
-// Offset (within the plane) of the first maximum of a window in row-major order; a NaN
-// wins so that it propagates, as in PyTorch. Padding never wins. v replaces the best so
-// far b when v > b, or v is NaN and b is not: !(v <= b) && b == b, which compiles to a
-// select rather than a branch that random data mispredicts half the time.
+// The running first maximum (offset best, value b) after element i: x[i] replaces it when
+// it is larger, or NaN over a number (so that a NaN propagates, as in PyTorch).
+template <class T>
+void keep_max(const T* x, int64_t i, int64_t& best, T& b) {
+  const T v = x[i];
+  const bool wins = !(v <= b) && b == b;
+  best = wins ? i : best;
+  b = wins ? v : b;
+}
+
+// Offset (within the plane) of the first maximum of a window in row-major order. Padding
+// never wins.
 template <class T>
 int64_t argmax(const PoolGeom& g, const T* x, const PoolGeom::Window& win) {
   int64_t best = win.y0 * g.w + win.x0;
   T b = x[best];
   for (int64_t iy = win.y0; iy < win.y1; ++iy)
-    for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-      const int64_t i = iy * g.w + ix;
-      const T v = x[i];
-      const bool wins = !(v <= b) && b == b;
-      best = wins ? i : best;
-      b = wins ? v : b;
-    }
+    for (int64_t ix = win.x0; ix < win.x1; ++ix) keep_max(x, iy * g.w + ix, best, b);
   return best;
 }
 
@@ -65,13 +67,7 @@ int64_t argmax_inside(const PoolGeom& g, const T* x, int64_t i0) {
   int64_t best = i0;
   T b = x[i0];
   for (int dy = 0; dy < K; ++dy)
-    for (int dx = 0; dx < K; ++dx) {
-      const int64_t i = i0 + dy * g.w + dx;
-      const T v = x[i];
-      const bool wins = !(v <= b) && b == b;
-      best = wins ? i : best;
-      b = wins ? v : b;
-    }
+    for (int dx = 0; dx < K; ++dx) keep_max(x, i0 + dy * g.w + dx, best, b);
   return best;
 }
 
