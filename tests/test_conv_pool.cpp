@@ -382,6 +382,42 @@ TEST(PoolGrad, MaxRoutesTiesToTheFirstMaximum) {
   expect_close(p.grad_as<double>("x"), want, 0);
 }
 
+// 2x2 windows at stride 2: a tie goes to the window's first maximum, and a NaN wins its
+// window, forward and backward. Plane 0 has no NaN (the tiling form runs), plane 1 the
+// same values but one NaN (the general form runs for that plane).
+TEST(PoolGrad, TwoByTwoTilesRouteTiesToTheFirstAndLetANaNWin) {
+  const std::vector<double> plane{1, 3, 5, 5,   //
+                                  3, 2, 0, 4,   //
+                                  7, 7, 9, 1,   //
+                                  7, 7, 2, 0};
+  std::vector<double> xs = plane;
+  xs.insert(xs.end(), plane.begin(), plane.end());
+  xs.back() = NAN;
+  Graph g;
+  Var x = g.param("x", {1, 2, 4, 4}, Init::zeros(), true, DType::f64);
+  Var y = max_pool2d(x, {2, 2});
+  Var loss = sum(mul(y, g.input("r", {1, 2, 2, 2}, DType::f64)));
+  Model m(g);
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {y.id()}});
+  m.write_param("x", std::as_bytes(std::span(xs)));
+  const std::vector<double> r{1, 2, 3, 4, 1, 2, 3, 4};
+  p.set_input("r", std::span<const double>(r));
+  p.run();
+  const auto out = p.read_as<double>(y.name());
+  const std::vector<double> want_y{3, 5, 7, 9, 3, 5, 7, NAN};
+  for (size_t i = 0; i < want_y.size(); ++i)
+    EXPECT_TRUE(out[i] == want_y[i] || (std::isnan(out[i]) && std::isnan(want_y[i]))) << "output " << i;
+  const std::vector<double> tiles{0, 1, 2, 0,   // 3 first at (0, 1); 5 first at (0, 2)
+                                  0, 0, 0, 0,   //
+                                  3, 0, 4, 0,   // 7 first at (2, 0); 9
+                                  0, 0, 0, 0};
+  std::vector<double> want = tiles;
+  want.insert(want.end(), tiles.begin(), tiles.end());
+  want[16 + 10] = 0, want[16 + 15] = 4;  // plane 1: the NaN, not 9, takes the last window's dy
+  const auto dx = p.grad_as<double>("x");
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(dx[i], want[i]) << "element " << i;
+}
+
 TEST(PoolGrad, AverageBothPaddingCounts) {
   const PoolCase cases[] = {
       {{2, 3, 5, 5}, 3, 3, {2, 2}, 1, 1},
