@@ -35,6 +35,17 @@ ConvGeom conv_geom(const Attrs& a, const Shape& x, const Shape& w, const Shape& 
           st[0], st[1], pd[0], pd[1], dl[0], dl[1], a.i("groups")};
 }
 
+// For kernel column j: output column ox reads input column ox * sw + off, which is inside
+// the row for ox in [lo, hi).
+struct Inside {
+  int64_t off, lo, hi;
+};
+Inside inside(const ConvGeom& g, int64_t j) {
+  const int64_t off = j * g.dw - g.pw;
+  const int64_t lo = std::clamp<int64_t>((-off + g.sw - 1) / g.sw, 0, g.ow);
+  return {off, lo, std::clamp<int64_t>((g.w - off + g.sw - 1) / g.sw, lo, g.ow)};
+}
+
 // col[(c * kh + i) * kw + j][oy * ow + ox] = x[c][oy * sh - ph + i * dh][ox * sw - pw + j * dw],
 // zero where that falls in the padding. x is one image, all channels.
 template <class T>
@@ -51,10 +62,7 @@ void im2col(const ConvGeom& g, const T* x, T* col) {
             continue;
           }
           const T* in = x + (c * g.h + iy) * g.w;
-          // Outputs [lo, hi) read inside the row; the rest read the padding.
-          const int64_t off = j * g.dw - g.pw;
-          const int64_t lo = std::clamp<int64_t>((-off + g.sw - 1) / g.sw, 0, g.ow);
-          const int64_t hi = std::clamp<int64_t>((g.w - off + g.sw - 1) / g.sw, lo, g.ow);
+          const auto [off, lo, hi] = inside(g, j);  // the rest read the padding
           std::fill(out, out + lo, T(0));
           if (g.sw == 1) std::copy(in + lo + off, in + hi + off, out + lo);
           else
@@ -77,10 +85,7 @@ void col2im(const ConvGeom& g, const T* col, T* x) {
           if (iy < 0 || iy >= g.h) continue;
           T* out = x + (c * g.h + iy) * g.w;
           const T* in = row + oy * g.ow;
-          // As in im2col: outputs [lo, hi) came from inside the row.
-          const int64_t off = j * g.dw - g.pw;
-          const int64_t lo = std::clamp<int64_t>((-off + g.sw - 1) / g.sw, 0, g.ow);
-          const int64_t hi = std::clamp<int64_t>((g.w - off + g.sw - 1) / g.sw, lo, g.ow);
+          const auto [off, lo, hi] = inside(g, j);
           for (int64_t ox = lo; ox < hi; ++ox) out[ox * g.sw + off] += in[ox];
         }
       }
