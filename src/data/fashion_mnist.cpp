@@ -51,13 +51,17 @@ uint64_t splitmix64(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
+uint64_t draw_below(uint64_t& state, uint64_t n) {
+  // Multiply-shift maps a 64-bit draw to [0, n) without modulo bias worth noting here.
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(splitmix64(state)) * n) >> 64);
+}
+
 std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t stream) {
   std::vector<int64_t> p(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = i;
   uint64_t s = seed * 0xD1B54A32D192ED03ull + stream;
   for (int64_t i = n - 1; i > 0; --i) {
-    // Multiply-shift maps a 64-bit draw to [0, i] without modulo bias worth noting here.
-    auto j = static_cast<int64_t>((static_cast<unsigned __int128>(splitmix64(s)) * static_cast<uint64_t>(i + 1)) >> 64);
+    auto j = static_cast<int64_t>(draw_below(s, static_cast<uint64_t>(i + 1)));
     std::swap(p[static_cast<size_t>(i)], p[static_cast<size_t>(j)]);
   }
   return p;
@@ -94,9 +98,7 @@ namespace {
 void augmented(const uint8_t* src, int64_t rows, int64_t cols, const Augment& a, uint64_t state, float scale,
                float shift, float* dst) {
   const int64_t span = 2 * a.crop_padding + 1;
-  const auto draw = [&](int64_t n) {
-    return static_cast<int64_t>((static_cast<unsigned __int128>(splitmix64(state)) * static_cast<uint64_t>(n)) >> 64);
-  };
+  const auto draw = [&](int64_t n) { return static_cast<int64_t>(draw_below(state, static_cast<uint64_t>(n))); };
   // The window's top-left corner in the padded image, as an offset into the original.
   const int64_t oy = draw(span) - a.crop_padding, ox = draw(span) - a.crop_padding;
   const bool flip = a.horizontal_flip && draw(2) == 1;

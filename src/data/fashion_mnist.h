@@ -33,6 +33,8 @@ ImageData load_image_data(const std::string& dir, int64_t classes = 10);
 // splitmix64: a tiny, portable generator for data order (std::shuffle's algorithm is
 // not specified by the standard, so orders would differ between library versions).
 uint64_t splitmix64(uint64_t& state);
+// A draw in [0, n) from the next splitmix64 value.
+uint64_t draw_below(uint64_t& state, uint64_t n);
 // A permutation of [0, n) that depends only on (seed, stream).
 std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t stream);
 
