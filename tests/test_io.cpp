@@ -19,6 +19,7 @@
 
 #include "common/file.h"
 #include "data/idx.h"
+#include "bench/bench.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "seam/dtype.h"
@@ -397,6 +398,8 @@ TEST(ModelFiles, Resnet18IsTorchvisionsResnet18) {
   EXPECT_EQ(params["fc.weight"], (Shape{10, 512}));
   EXPECT_EQ(params["fc.bias"], (Shape{10}));
   EXPECT_FALSE(params.count("conv1.bias"));  // torchvision's convolutions have no bias
+  // `seam bench W5` runs this file as built into the binary.
+  EXPECT_EQ(bench::resnet18_spec().json, spec.json);
 }
 
 }  // namespace seam
