@@ -54,6 +54,12 @@ void register_misc(KernelTable& t);
 
 inline void set(KernelTable& t, Op op, Kernel k) { t.at(static_cast<size_t>(op)) = k; }
 
+// Element i of a tensor of any dtype as a double, and a store of a double into one:
+// floats round to nearest even (a double through float first, as the cast kernel),
+// integers truncate toward zero and saturate.
+double load_value(const TensorView& t, int64_t i);
+void store_value(const TensorView& t, int64_t i, double v);
+
 // layer_norm over rows of `dim` (src/backend/cpu/norm.cpp); y may be x (in place). For
 // the layer_norm kernel and fused groups ending in one, so both give the same bits.
 template <class T>

@@ -151,27 +151,6 @@ EwEval<T> evaluator(const EwInstr& in) {
   }
 }
 
-// Element i of a float tensor of any dtype, and a store rounding to it (to nearest even,
-// a double through float first, as the cast kernel).
-double load_float(const TensorView& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::f32: return t.as<float>()[i];
-    case DType::f64: return t.as<double>()[i];
-    case DType::bf16: return bf16_to_float(t.as<uint16_t>()[i]);
-    case DType::f16: return f16_to_float(t.as<uint16_t>()[i]);
-    default: fail("fused_elementwise: ", t.type.str(), " is not a float tensor");
-  }
-}
-void store_float(const TensorView& t, int64_t i, double v) {
-  switch (t.dtype()) {
-    case DType::f32: t.as<float>()[i] = static_cast<float>(v); return;
-    case DType::f64: t.as<double>()[i] = v; return;
-    case DType::bf16: t.as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v)); return;
-    case DType::f16: t.as<uint16_t>()[i] = float_to_f16(static_cast<float>(v)); return;
-    default: fail("fused_elementwise: ", t.type.str(), " is not a float tensor");
-  }
-}
-
 // The executor hands 16-bit operands over as f32 copies; an operand in another dtype than
 // the one the group computes in (a 16-bit one, should it come as is) is converted here,
 // into a copy of its own on the way in and from one on the way out.
@@ -202,7 +181,7 @@ void fused_elementwise_in(const KernelArgs& a, const EwProgram& prog) {
     auto& c = copies[slot];
     c.resize(static_cast<size_t>(t.numel()));
     if (load)
-      for (size_t e = 0; e < c.size(); ++e) c[e] = static_cast<T>(load_float(t, static_cast<int64_t>(e)));
+      for (size_t e = 0; e < c.size(); ++e) c[e] = static_cast<T>(load_value(t, static_cast<int64_t>(e)));
     return c.data();
   };
   std::vector<const T*> src(nin);
@@ -265,7 +244,7 @@ void fused_elementwise_in(const KernelArgs& a, const EwProgram& prog) {
   }
   for (size_t o = 0; o < nout; ++o)
     if (a.out[o].dtype() != own)
-      for (int64_t e = 0; e < a.out[o].numel(); ++e) store_float(a.out[o], e, static_cast<double>(dst[o][e]));
+      for (int64_t e = 0; e < a.out[o].numel(); ++e) store_value(a.out[o], e, static_cast<double>(dst[o][e]));
 }
 
 void fused_elementwise(const KernelArgs& a) {

@@ -8,9 +8,7 @@
 
 namespace seam::cpu {
 
-namespace {
-
-double load(const TensorView& t, int64_t i) {
+double load_value(const TensorView& t, int64_t i) {
   switch (t.dtype()) {
     case DType::f32: return t.as<float>()[i];
     case DType::f64: return t.as<double>()[i];
@@ -23,7 +21,7 @@ double load(const TensorView& t, int64_t i) {
 }
 
 // Floats round to nearest even; integers truncate toward zero and saturate.
-void store(const TensorView& t, int64_t i, double v) {
+void store_value(const TensorView& t, int64_t i, double v) {
   switch (t.dtype()) {
     case DType::f32: t.as<float>()[i] = static_cast<float>(v); return;
     case DType::f64: t.as<double>()[i] = v; return;
@@ -38,10 +36,12 @@ void store(const TensorView& t, int64_t i, double v) {
   }
 }
 
+namespace {
+
 void full(const KernelArgs& a) {
   double v = a.attrs().f("value");
   const int64_t n = a.out[0].numel();
-  for (int64_t i = 0; i < n; ++i) store(a.out[0], i, v);
+  for (int64_t i = 0; i < n; ++i) store_value(a.out[0], i, v);
 }
 
 void loss_scale(const KernelArgs& a) {
@@ -50,7 +50,7 @@ void loss_scale(const KernelArgs& a) {
 
 void cast(const KernelArgs& a) {
   const int64_t n = a.out[0].numel();
-  for (int64_t i = 0; i < n; ++i) store(a.out[0], i, load(a.in[0], i));
+  for (int64_t i = 0; i < n; ++i) store_value(a.out[0], i, load_value(a.in[0], i));
 }
 
 void copy(const KernelArgs& a) { std::memcpy(a.out[0].data, a.in[0].data, a.out[0].type.bytes()); }
@@ -110,7 +110,7 @@ void accumulate(const KernelArgs& a) {
   if (a.attrs().i("training") == 0) return;
   float* acc = a.in[0].as<float>();
   for (size_t i = 1; i < a.in.size(); ++i) {
-    const double v = load(a.in[i], 0);
+    const double v = load_value(a.in[i], 0);
     if (std::isfinite(v)) acc[i - 1] += static_cast<float>(v);
   }
 }
