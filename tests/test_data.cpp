@@ -112,6 +112,18 @@ TEST(Loader, AugmentationDependsOnSeedEpochAndPositionOnly) {
   for (int64_t p = 0; p < 64; ++p) EXPECT_NEAR(got[static_cast<size_t>(p)], set.images[static_cast<size_t>(k * 64 + p)], 1e-3);
 }
 
+TEST(Loader, ANegativeCropPaddingIsRefused) {
+  const ImageSet set = distinct_images(8, 4, 4);
+  BatchLoader::Options o{.batch = 4};
+  o.augment = {.crop_padding = -1};
+  try {
+    BatchLoader l(set, all(8), o);
+    ADD_FAILURE() << "a negative crop padding was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("crop_padding must be >= 0, got -1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Loader, ModelFileAugmentationIsCheckedAndNamed) {
   const std::string head = R"({"input": {"shape": [1, 28, 28]}, "layers": [{"op": "flatten"},
       {"op": "linear", "name": "fc", "out": 10}], )";

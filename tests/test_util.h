@@ -64,22 +64,8 @@ std::vector<std::byte> bytes_of(const std::vector<T>& v) {
 
 // Values of a float dtype (f32, f64, bf16, f16) as floats, for comparisons.
 inline std::vector<float> as_floats(const std::vector<std::byte>& b, DType t) {
-  std::vector<float> r(b.size() / dtype_size(t));
-  for (size_t i = 0; i < r.size(); ++i) {
-    const std::byte* p = b.data() + i * dtype_size(t);
-    if (t == DType::f32) {
-      std::memcpy(&r[i], p, 4);
-    } else if (t == DType::f64) {
-      double d;
-      std::memcpy(&d, p, 8);
-      r[i] = static_cast<float>(d);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      r[i] = half_to_float(h, t);
-    }
-  }
-  return r;
+  const std::vector<double> d = float_values(b, t);
+  return std::vector<float>(d.begin(), d.end());
 }
 
 }  // namespace seam::testing

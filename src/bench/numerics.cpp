@@ -340,26 +340,6 @@ std::vector<std::byte> bytes_in(const std::vector<float>& v, DType t) {
   return b;
 }
 
-std::vector<double> as_doubles(const std::vector<std::byte>& b, DType t) {
-  std::vector<double> r(b.size() / dtype_size(t));
-  for (size_t i = 0; i < r.size(); ++i) {
-    const std::byte* p = b.data() + i * dtype_size(t);
-    if (t == DType::f64) {
-      std::memcpy(&r[i], p, 8);
-    } else if (t == DType::f32) {
-      float f;
-      std::memcpy(&f, p, 4);
-      r[i] = f;
-    } else {
-      SEAM_ASSERT(is_half(t));
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      r[i] = half_to_float(h, t);
-    }
-  }
-  return r;
-}
-
 struct Run {
   std::vector<std::string> what;
   std::vector<std::vector<double>> values;
@@ -386,10 +366,10 @@ Run run_case(const Case& c, DType dtype, Device device, Precision precision) {
     p.run();
     Run r;
     r.what.push_back("output");
-    r.values.push_back(as_doubles(p.read(out.name()), out.dtype()));
+    r.values.push_back(float_values(p.read(out.name()), out.dtype()));
     for (const auto& v : b.params) {
       r.what.push_back("gradient of " + v.name);
-      r.values.push_back(as_doubles(p.read_grad(v.name), dtype));
+      r.values.push_back(float_values(p.read_grad(v.name), dtype));
     }
     return r;
   } catch (const Error& e) {

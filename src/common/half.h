@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "seam/dtype.h"
 
@@ -57,5 +58,25 @@ inline float f16_to_float(uint16_t h) {
 // The same for a 16-bit dtype named at run time: bf16 or f16.
 inline uint16_t float_to_half(float f, DType t) { return t == DType::bf16 ? float_to_bf16(f) : float_to_f16(f); }
 inline float half_to_float(uint16_t h, DType t) { return t == DType::bf16 ? bf16_to_float(h) : f16_to_float(h); }
+
+// The values of a float tensor's bytes (f64, f32, bf16 or f16) as doubles.
+inline std::vector<double> float_values(const std::vector<std::byte>& b, DType t) {
+  std::vector<double> r(b.size() / dtype_size(t));
+  for (size_t i = 0; i < r.size(); ++i) {
+    const std::byte* p = b.data() + i * dtype_size(t);
+    if (t == DType::f64) {
+      std::memcpy(&r[i], p, 8);
+    } else if (t == DType::f32) {
+      float f;
+      std::memcpy(&f, p, 4);
+      r[i] = f;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      r[i] = half_to_float(h, t);
+    }
+  }
+  return r;
+}
 
 }  // namespace seam
