@@ -12,6 +12,8 @@
 #include "common/philox.h"
 #include "ops/registry.h"
 #include "passes/fuse.h"
+#include "ops/layout.h"
+#include "passes/layout.h"
 #include "passes/precision.h"
 #include "passes/passes.h"
 #include "plan/lower.h"
@@ -26,6 +28,7 @@ struct Model::Core {
   Precision precision = Precision::f32;
   std::vector<PrecisionOverride> overrides;
   std::optional<DType> stored;  // the 16-bit parameter dtype without masters (master_weights false)
+  DataLayout conv_layout = DataLayout::plain;  // ModelOptions::layout, resolved
   int reuse_gap = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
   std::shared_ptr<Backend> backend;
   std::byte* params = nullptr;
@@ -75,6 +78,21 @@ std::optional<DType> low_dtype(Precision p) {
 std::optional<Precision> parse_precision(std::string_view name) {
   for (Precision p : kPrecisions)
     if (name == precision_name(p)) return p;
+  return std::nullopt;
+}
+
+const char* layout_policy_name(LayoutPolicy p) {
+  switch (p) {
+    case LayoutPolicy::automatic: return "auto";
+    case LayoutPolicy::nchw: return "nchw";
+    case LayoutPolicy::nhwc: return "nhwc";
+  }
+  return "?";
+}
+
+std::optional<LayoutPolicy> parse_layout_policy(std::string_view name) {
+  for (LayoutPolicy p : {LayoutPolicy::automatic, LayoutPolicy::nchw, LayoutPolicy::nhwc})
+    if (name == layout_policy_name(p)) return p;
   return std::nullopt;
 }
 
@@ -163,6 +181,11 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
            precision_name(options.precision));
   }
   c.layout = make_layout(c.stored ? params_in(c.graph, *c.stored).graph : c.graph);
+  c.conv_layout = options.layout == LayoutPolicy::nhwc ||
+                          (options.layout == LayoutPolicy::automatic && c.device == Device::cuda &&
+                           options.precision != Precision::f32)
+                      ? DataLayout::nhwc
+                      : DataLayout::plain;
   c.state.seed = options.seed;
   c.backend = c.device == Device::cuda
                   ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,
@@ -324,6 +347,7 @@ Program Model::compile(const CompileOptions& o) {
   };
   if (c.stored) rewrite(params_in(g, *c.stored));
   if (low_dtype(c.precision) || !c.overrides.empty()) rewrite(apply_precision(g, c.precision, c.overrides));
+  if (c.conv_layout != DataLayout::plain) rewrite(apply_layout(g, c.conv_layout));
   auto renumber = [&](ValueId v) { return to_new.empty() || v < 0 || v >= nv ? v : to_new[static_cast<size_t>(v)]; };
   LowerRequest req;
   req.reuse_memory = o.reuse_memory;
@@ -526,8 +550,18 @@ std::vector<std::byte> Program::read(const std::string& output) const {
   }
   auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
-  // A value the precision pass stored in 16 bits reads back in the dtype the graph gave it.
   auto id = core_->graph.find(output);
+  // A value the layout pass stored channels-last reads back in the graph's NCHW order.
+  if (b->ref.type.layout == DataLayout::nhwc) {
+    const Shape& s = b->ref.type.shape;
+    if (!id || nhwc_order(core_->graph.value(*id).type.shape) != s)
+      fail("internal error: output '", output, "' is stored as ", b->ref.type.str(), ", not the channels-last order of ",
+           id ? core_->graph.value(*id).type.str() : std::string("a value of the graph"));
+    std::vector<std::byte> nchw(out.size());
+    reorder_nhwc(out.data(), nchw.data(), s, dtype_size(b->ref.type.dtype), true);
+    out = std::move(nchw);
+  }
+  // A value the precision pass stored in 16 bits reads back in the dtype the graph gave it.
   const DType want = id ? core_->graph.value(*id).type.dtype : b->ref.type.dtype;
   if (want != b->ref.type.dtype && is_half(b->ref.type.dtype) && is_float(want)) {
     std::vector<double> v(static_cast<size_t>(b->ref.type.numel()));

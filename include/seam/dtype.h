@@ -34,13 +34,22 @@ std::string shape_str(const Shape& s);
 // Normalizes a possibly negative axis against a rank, or returns -1 if out of range.
 int normalize_axis(int64_t axis, size_t rank);
 
+// The order of a 4-d value's elements in memory. plain: row-major over its shape, which is
+// NCHW for an image batch and [C_out, C_in, kh, kw] for a filter. nhwc: the shape itself
+// is written in memory order, [N, H, W, C] ([C_out, kh, kw, C_in] for a filter), and the
+// value stands for the NCHW tensor whose channels are its last dim. Assigned by the
+// layout pass (src/passes/layout.h) and by Graph::add from each node's operands; ops that
+// care read their `layout` attribute, never this tag.
+enum class DataLayout : uint8_t { plain, nhwc };
+
 struct TensorType {
   DType dtype = DType::f32;
   Shape shape;
+  DataLayout layout = DataLayout::plain;
   int64_t numel() const { return seam::numel(shape); }
   size_t bytes() const;  // throws seam::Error naming the type when it overflows size_t
   std::optional<size_t> checked_bytes() const;  // nullopt on a negative dim or overflow
-  std::string str() const;  // e.g. "f32[128,784]"
+  std::string str() const;  // e.g. "f32[128,784]", "bf16[256,32,32,64]nhwc"
   bool operator==(const TensorType&) const = default;
 };
 

@@ -101,6 +101,15 @@ Device default_device();
 // Forcing split_t gives split where a step has no such variant.
 enum class EpiloguePolicy { fastest, fused, split, split_t };
 
+// Where convolutions run channels-last (the layout pass, src/passes/layout.h). automatic:
+// nhwc on CUDA at tf32, bf16 and f16, where cuDNN's implicit-GEMM kernels on tensor
+// cores read NHWC and convert NCHW operands with extra transposes; nchw otherwise (the
+// CPU's im2col reads NCHW planes). Results are the same either way, within the
+// precision's rounding of a different summation order.
+enum class LayoutPolicy : uint8_t { automatic, nchw, nhwc };
+const char* layout_policy_name(LayoutPolicy p);
+std::optional<LayoutPolicy> parse_layout_policy(std::string_view name);  // "auto", "nchw", "nhwc"
+
 struct ModelOptions {
   uint64_t seed = 0;
   Device device = Device::cpu;
@@ -111,6 +120,7 @@ struct ModelOptions {
   // update rounds each new value stochastically (so updates below half a unit in the last
   // place still move a parameter on average). Moments stay f32.
   bool master_weights = true;
+  LayoutPolicy layout = LayoutPolicy::automatic;
   bool cuda_graph = true;  // replay each step as one captured CUDA Graph (CUDA)
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   // CUDA streams a step may spread independent steps over (step_dependencies): e.g. a

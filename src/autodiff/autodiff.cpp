@@ -61,7 +61,9 @@ std::vector<ValueId> autodiff(Graph& g, ValueId loss, const std::vector<ValueId>
       if (g.value(dx).type.shape == g.value(x).type.shape && g.value(dx).type.dtype != g.value(x).type.dtype &&
           is_float(g.value(x).type.dtype))
         dx = cast(g.var(dx), g.value(x).type.dtype).id();
-      if (!(g.value(dx).type == g.value(x).type))
+      // The layout tag may differ: a gradient made by broadcasting has no operand to take
+      // channels-last order from, and the tag only describes (src/ops/layout.h).
+      if (g.value(dx).type.shape != g.value(x).type.shape || g.value(dx).type.dtype != g.value(x).type.dtype)
         fail("internal error: gradient rule of ", op_name(c.node.op), " gave ", g.describe(dx),
              " for ", g.describe(x));
       ValueId& acc = grad[static_cast<size_t>(x)];

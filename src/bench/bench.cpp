@@ -26,6 +26,7 @@ struct Workload {
   OptimizerConfig opt;
   Precision precision = Precision::tf32;      // the built-in workloads: fp32 values, TF32 GEMMs
   std::function<io::BuiltGraph()> file = {};  // a model file's graph instead of net
+  LayoutPolicy layout = LayoutPolicy::automatic;
 };
 
 // A model file as a workload: its graph, batch size and optimizer.
@@ -34,6 +35,7 @@ Workload spec_workload(io::ModelSpec spec, std::string name, std::string descrip
   Workload w{std::move(name), std::move(description), spec.batch_size, numel(spec.input_shape), spec.classes,
              nullptr, spec.optimizer, spec.precision};
   w.file = [spec] { return io::build_graph(spec, spec.batch_size); };
+  w.layout = spec.layout;
   return w;
 }
 
@@ -152,6 +154,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
               .precision = precision,
               .precision_overrides = overrides,
               .master_weights = o.master_weights,
+              .layout = o.layout.value_or(w.layout),
               .cuda_graph = o.graph,
               .epilogue = epilogue,
               .cuda_streams = o.streams});

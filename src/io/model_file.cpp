@@ -18,7 +18,7 @@ using json = nlohmann::ordered_json;
 namespace {
 
 const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "output", "loss",
-                                            "optimizer", "batch_size", "epochs", "seed", "device", "precision", "master_weights",
+                                            "optimizer", "batch_size", "epochs", "seed", "device", "precision", "master_weights", "layout",
                                             "data", "description"};
 // Layers that create their own parameters, with the settings each accepts.
 const std::map<std::string, std::vector<std::string>> kLayers = {
@@ -185,6 +185,9 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   if (auto p = parse_precision(precision)) s.precision = *p;
   else unknown(source, "precision", precision, precision_names());
   s.master_weights = get<bool>(j, "master_weights", true, source);
+  const std::string layout = get<std::string>(j, "layout", "auto", source);
+  if (auto l = parse_layout_policy(layout)) s.layout = *l;
+  else unknown(source, "layout", layout, {"auto", "nchw", "nhwc"});
   if (s.batch_size < 1) fail(source, ": batch_size must be >= 1");
   if (s.epochs < 1) fail(source, ": epochs must be >= 1");
   if (j.contains("loss")) {

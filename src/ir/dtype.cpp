@@ -80,6 +80,8 @@ size_t TensorType::bytes() const {
   fail("tensor ", str(), " has more bytes than fit in 64 bits");
 }
 
-std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
+std::string TensorType::str() const {
+  return std::string(dtype_name(dtype)) + shape_str(shape) + (layout == DataLayout::nhwc ? "nhwc" : "");
+}
 
 }  // namespace seam

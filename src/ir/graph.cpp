@@ -4,9 +4,35 @@
 #include <cmath>
 
 #include "common/strings.h"
+#include "ops/layout.h"
 #include "ops/registry.h"
 
 namespace seam {
+
+namespace {
+
+// The DataLayout of each 4-d output, from the node alone: nhwc where the op works in nhwc
+// (its layout attribute), where a transpose takes a plain value to channels-last order,
+// or where an operand of the output's shape is nhwc (elementwise ops, fused groups,
+// views); plain otherwise, and back to plain where a transpose restores NCHW order.
+void tag_layouts(const Graph& g, Op op, const std::vector<ValueId>& in, const Attrs& attrs,
+                 std::vector<TensorType>& types) {
+  for (TensorType& t : types) {
+    t.layout = DataLayout::plain;
+    if (t.shape.size() != 4) continue;
+    if (is_nhwc(attrs)) {
+      t.layout = DataLayout::nhwc;
+    } else if (op == Op::transpose) {
+      const DataLayout from = g.value(in.at(0)).type.layout;
+      if (from == DataLayout::plain && attrs.ints("perm") == to_nhwc_perm()) t.layout = DataLayout::nhwc;
+    } else {
+      for (ValueId v : in)
+        if (g.value(v).type.layout == DataLayout::nhwc && g.value(v).type.shape == t.shape) t.layout = DataLayout::nhwc;
+    }
+  }
+}
+
+}  // namespace
 
 Init Init::fan_in_uniform(int64_t fan_in) {
   double bound = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(fan_in, 1)));
@@ -176,6 +202,7 @@ std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, 
   Attrs full = complete_attrs(d, attrs, name);
   InferCtx ctx{*this, op, name, inputs, full};
   std::vector<TensorType> types = d.infer(ctx);
+  tag_layouts(*this, op, inputs, full, types);
   // A variadic output list ("ys...") takes as many outputs as shape inference gives.
   const bool variadic = d.outputs.size() == 1 && d.outputs[0].ends_with("...");
   SEAM_ASSERT(variadic ? !types.empty() : types.size() == d.outputs.size());
@@ -226,6 +253,7 @@ void Graph::verify() const {
     if (!(full == n.attrs)) fail(d.name, " node '", n.name, "': attributes out of schema order");
     InferCtx ctx{*this, n.op, n.name, n.in, n.attrs};
     std::vector<TensorType> types = d.infer(ctx);
+    tag_layouts(*this, n.op, n.in, n.attrs, types);
     if (types.size() != n.out.size()) ctx.fail("has ", n.out.size(), " outputs, schema says ", types.size());
     for (size_t i = 0; i < types.size(); ++i) {
       const Value& v = value(n.out[i]);

@@ -1,6 +1,7 @@
-// conv2d, NCHW, with stride, padding, dilation and groups. Its gradients are separate
-// ops so that a first layer's input gradient is never computed.
+// conv2d, NCHW or NHWC (src/ops/layout.h), with stride, padding, dilation and groups. Its
+// gradients are separate ops so that a first layer's input gradient is never computed.
 #include "ops/geometry.h"
+#include "ops/layout.h"
 #include "ops/registry.h"
 
 namespace seam {
@@ -11,11 +12,12 @@ std::vector<AttrSpec> conv_attrs() {
   return {{"stride", std::vector<int64_t>{1, 1}},
           {"padding", std::vector<int64_t>{0, 0}},
           {"dilation", std::vector<int64_t>{1, 1}},
-          {"groups", int64_t{1}}};
+          {"groups", int64_t{1}},
+          {"layout", std::string("nchw")}};
 }
 
-// Checks x [N, C, H, W] against w [O, C/g, kh, kw]; returns the output shape.
-Shape conv_out_shape(const InferCtx& c, const Shape& x, const Shape& w) {
+// Checks x [N, C, H, W] against w [O, C/g, kh, kw] (NCHW order); returns the output shape.
+Shape conv_out_nchw(const InferCtx& c, const Shape& x, const Shape& w) {
   const auto& st = c.attrs.ints("stride");
   const auto& pd = c.attrs.ints("padding");
   const auto& dl = c.attrs.ints("dilation");
@@ -38,6 +40,15 @@ Shape conv_out_shape(const InferCtx& c, const Shape& x, const Shape& w) {
   return {x[0], w[0], window_out(x[2], w[2], st[0], pd[0], dl[0]), window_out(x[3], w[3], st[1], pd[1], dl[1])};
 }
 
+// The same on shapes in the node's layout, the result in it too.
+Shape conv_out_shape(const InferCtx& c, const Shape& x, const Shape& w) {
+  if (!c.nhwc()) return conv_out_nchw(c, x, w);
+  if (x.size() != 4) c.fail("x must be [N, H, W, C] (layout nhwc), got ", shape_str(x));
+  if (w.size() != 4) c.fail("w must be [C_out, kh, kw, C_in/groups] (layout nhwc), got ", shape_str(w));
+  return nhwc_order(conv_out_nchw(c, nchw_order(x), nchw_order(w)));
+}
+
+// w in either layout: the product of its last three dims is C_in/groups * kh * kw.
 double conv_flops(const Shape& y, const Shape& w) {
   return 2.0 * static_cast<double>(numel(y)) * static_cast<double>(w[1] * w[2] * w[3]);
 }
@@ -51,12 +62,13 @@ void register_conv(OpTable& t) {
     d.inputs = {"x", "w", "b?"};
     d.outputs = {"y"};
     d.attrs = conv_attrs();
-    d.doc = "2D cross-correlation, NCHW (as torch.nn.functional.conv2d)";
+    d.doc = "2D cross-correlation (as torch.nn.functional.conv2d), NCHW, or NHWC with w [C_out, kh, kw, C_in/groups]";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_same_dtype();
       Shape y = conv_out_shape(c, c.shape(0), c.shape(1));
-      if (c.n() == 3 && c.shape(2) != Shape{y[1]}) c.fail("b must have shape [", y[1], "]");
+      const int64_t channels = c.nhwc() ? y[3] : y[1];
+      if (c.n() == 3 && c.shape(2) != Shape{channels}) c.fail("b must have shape [", channels, "]");
       return std::vector<TensorType>{{c.type(0).dtype, y}};
     };
     d.flops = [](const OpCostCtx& c) { return conv_flops(c.out[0].shape, c.in[1].shape); };
@@ -72,7 +84,7 @@ void register_conv(OpTable& t) {
         a.set("shape", w.shape());
         c.set(1, c.g.add1(Op::conv2d_grad_weight, {dy.id(), x.id()}, a));
       }
-      if (c.needs(2)) c.set(2, sum(dy, {0, 2, 3}));
+      if (c.needs(2)) c.set(2, sum(dy, is_nhwc(c.attrs()) ? std::vector<int64_t>{0, 1, 2} : std::vector<int64_t>{0, 2, 3}));
     };
   }
   for (Op op : {Op::conv2d_grad_input, Op::conv2d_grad_weight}) {

@@ -1,4 +1,5 @@
-// layer_norm (over the last dim) and batch_norm (per channel, axis 1). Both save the
+// layer_norm (over the last dim) and batch_norm (per channel: axis 1, or the last axis of a
+// 4-d value with layout nhwc). Both save the
 // mean and reciprocal standard deviation as extra outputs for their backward nodes.
 #include "ops/registry.h"
 
@@ -55,7 +56,7 @@ void register_norm(OpTable& t) {
     d.name = "batch_norm";
     d.inputs = {"x", "gamma", "beta", "running_mean", "running_var"};
     d.outputs = {"y", "mean", "invstd"};
-    d.attrs = {{"momentum", 0.1}, {"eps", 1e-5}, {"training", int64_t{1}}};
+    d.attrs = {{"momentum", 0.1}, {"eps", 1e-5}, {"training", int64_t{1}}, {"layout", std::string("nchw")}};
     d.doc = "per-channel normalization of [N, C, ...]; training uses batch statistics and "
             "updates the running ones (unbiased variance), evaluation uses the running ones";
     d.infer = [](const InferCtx& c) {
@@ -65,7 +66,8 @@ void register_norm(OpTable& t) {
         if (c.type(i).dtype != c.type(1).dtype) c.fail("gamma, beta and the running statistics must share one dtype");
       const Shape& x = c.shape(0);
       if (x.size() < 2) c.fail("x needs rank >= 2 ([N, C, ...])");
-      Shape ch{x[1]};
+      if (c.nhwc() && x.size() != 4) c.fail("x must be [N, H, W, C] (layout nhwc), got ", shape_str(x));
+      Shape ch{c.nhwc() ? x[3] : x[1]};
       for (size_t i = 1; i < 5; ++i)
         if (c.shape(i) != ch) c.fail("input ", i, " must have shape ", shape_str(ch));
       for (size_t i = 3; i < 5; ++i)
@@ -78,7 +80,7 @@ void register_norm(OpTable& t) {
     d.grad = [](GradCtx& c) {
       auto out = c.g.add(Op::batch_norm_grad,
                          {c.dy().id(), c.x(0).id(), c.x(1).id(), c.y(1).id(), c.y(2).id()},
-                         {{"training", c.attrs().i("training")}});
+                         {{"training", c.attrs().i("training")}, {"layout", c.attrs().s("layout")}});
       for (size_t i = 0; i < 3; ++i) c.set(i, c.g.var(out[i]));
     };
   }
@@ -87,7 +89,7 @@ void register_norm(OpTable& t) {
     d.name = "batch_norm_grad";
     d.inputs = {"dy", "x", "gamma", "mean", "invstd"};
     d.outputs = {"dx", "dgamma", "dbeta"};
-    d.attrs = {{"training", int64_t{1}}};
+    d.attrs = {{"training", int64_t{1}}, {"layout", std::string("nchw")}};
     d.doc = "gradients of batch_norm (through the batch statistics when training)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(1);
@@ -96,6 +98,7 @@ void register_norm(OpTable& t) {
       for (size_t i : {3, 4})
         if (c.type(i).dtype != compute_dtype(c.type(1).dtype)) c.fail("mean and invstd must be ", dtype_name(compute_dtype(c.type(1).dtype)));
       if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
+      if (c.nhwc() && c.shape(1).size() != 4) c.fail("x must be [N, H, W, C] (layout nhwc), got ", shape_str(c.shape(1)));
       return std::vector<TensorType>{c.type(1), c.type(2), c.type(2)};
     };
     d.flops = [](const OpCostCtx& c) { return 10.0 * static_cast<double>(c.in[0].numel()); };

@@ -1,6 +1,7 @@
-// Pooling over NCHW windows. max_pool2d_grad recomputes the argmax from x rather than
+// Pooling over NCHW or NHWC windows (src/ops/layout.h). max_pool2d_grad recomputes the argmax from x rather than
 // keeping an index tensor alive from forward to backward.
 #include "ops/geometry.h"
+#include "ops/layout.h"
 #include "ops/registry.h"
 
 namespace seam {
@@ -10,12 +11,13 @@ namespace {
 std::vector<AttrSpec> pool_attrs(bool avg) {
   std::vector<AttrSpec> a{{"kernel", std::vector<int64_t>{}, true},
                           {"stride", std::vector<int64_t>{}},
-                          {"padding", std::vector<int64_t>{0, 0}}};
+                          {"padding", std::vector<int64_t>{0, 0}},
+                          {"layout", std::string("nchw")}};
   if (avg) a.push_back({"count_include_pad", int64_t{1}});
   return a;
 }
 
-Shape pool_out_shape(const InferCtx& c, const Shape& x) {
+Shape pool_out_nchw(const InferCtx& c, const Shape& x) {
   const auto& k = c.attrs.ints("kernel");
   auto st = c.attrs.ints("stride");
   if (st.empty()) st = k;
@@ -33,6 +35,13 @@ Shape pool_out_shape(const InferCtx& c, const Shape& x) {
       c.fail("the window ", k[i], " does not fit the padded input (", x[2 + i], " + 2*", pd[i], ") along ",
              i == 0 ? "H" : "W");
   return {x[0], x[1], window_out(x[2], k[0], st[0], pd[0]), window_out(x[3], k[1], st[1], pd[1])};
+}
+
+// The same on a shape in the node's layout, the result in it too.
+Shape pool_out_shape(const InferCtx& c, const Shape& x) {
+  if (!c.nhwc()) return pool_out_nchw(c, x);
+  if (x.size() != 4) c.fail("x must be [N, H, W, C] (layout nhwc), got ", shape_str(x));
+  return nhwc_order(pool_out_nchw(c, nchw_order(x)));
 }
 
 }  // namespace
@@ -97,16 +106,20 @@ void register_pool(OpTable& t) {
     d.name = "global_avg_pool";
     d.inputs = {"x"};
     d.outputs = {"y"};
-    d.doc = "[N, C, H, W] -> [N, C], the mean over H and W";
+    d.attrs = {{"layout", std::string("nchw")}};
+    d.doc = "[N, C, H, W] (or [N, H, W, C] with layout nhwc) -> [N, C], the mean over H and W";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_rank(0, 4);
-      return std::vector<TensorType>{{c.type(0).dtype, {c.shape(0)[0], c.shape(0)[1]}}};
+      const Shape& x = c.shape(0);
+      return std::vector<TensorType>{{c.type(0).dtype, {x[0], c.nhwc() ? x[3] : x[1]}}};
     };
     d.grad = [](GradCtx& c) {
       const Shape& x = c.x(0).shape();
-      Var g = broadcast_to(reshape(c.dy(), {x[0], x[1], 1, 1}), x);
-      c.set(0, scale(g, 1.0 / static_cast<double>(x[2] * x[3])));
+      const bool nhwc = is_nhwc(c.attrs());
+      const Shape kept = nhwc ? Shape{x[0], 1, 1, x[3]} : Shape{x[0], x[1], 1, 1};
+      Var g = broadcast_to(reshape(c.dy(), kept), x);
+      c.set(0, scale(g, 1.0 / static_cast<double>(nhwc ? x[1] * x[2] : x[2] * x[3])));
     };
   }
 }

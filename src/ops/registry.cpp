@@ -125,6 +125,12 @@ int InferCtx::axis(const std::string& attr, size_t rank) const {
   return r;
 }
 
+bool InferCtx::nhwc() const {
+  const std::string& l = attrs.s("layout");
+  if (l != "nchw" && l != "nhwc") fail("layout must be \"nchw\" or \"nhwc\", got \"", l, "\"");
+  return l == "nhwc";
+}
+
 Var GradCtx::dy(size_t i) {
   if (dys.at(i) < 0)
     fail("internal error: ", node.name, " output ", i, " has no gradient");

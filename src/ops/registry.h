@@ -50,6 +50,8 @@ struct InferCtx {
   // may write f32, e.g. a weight gradient into the f32 gradient buffer).
   DType result_dtype(DType in) const;
   int axis(const std::string& attr, size_t rank) const;  // normalized, checked
+  // The `layout` attribute (src/ops/layout.h), checked: true for "nhwc".
+  bool nhwc() const;
 };
 
 // What a gradient rule sees: the node (copied: the graph grows while rules run), handles

@@ -209,6 +209,7 @@ int run_train(const TrainOptions& o) {
   if (o.seed) spec.seed = *o.seed;
   if (o.device) spec.device = *o.device;
   if (o.precision) spec.precision = *o.precision;
+  if (o.layout) spec.layout = *o.layout;
   if (o.val_split) spec.val_split = *o.val_split;
   if (spec.epochs < 1 || spec.batch_size < 1) fail("epochs and batch size must be >= 1");
   spec.optimizer.validate();
@@ -245,7 +246,7 @@ int run_train(const TrainOptions& o) {
   spec.fix_schedule_length(steps_per_epoch);
 
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights});
+  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   // The epoch's sums so far, read from the device only at log points: [loss, correct].
@@ -447,7 +448,7 @@ int run_eval(const EvalOptions& o) {
   data::ImageData data = data::load_image_data(o.data_dir);
   check_input(spec, data);
   io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
   try {
     model.load_tensors(ck.tensors);
   } catch (const Error& e) {
@@ -479,13 +480,14 @@ int run_eval(const EvalOptions& o) {
 }
 
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
-             bool measure, std::optional<Precision> precision) {
+             bool measure, std::optional<Precision> precision, std::optional<LayoutPolicy> layout) {
   io::ModelSpec spec = io::parse_model_file(model_path);
   if (precision) spec.precision = *precision;
+  if (layout) spec.layout = *layout;
   const int64_t B = batch.value_or(spec.batch_size);
   spec.fix_schedule_length(60000 / B);  // as a run over the 60000 Fashion-MNIST training images would
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
                    : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
   std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",

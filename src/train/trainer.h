@@ -22,6 +22,7 @@ struct TrainOptions {
   std::optional<uint64_t> seed;
   std::optional<std::string> device;
   std::optional<Precision> precision;     // overrides the model file's
+  std::optional<LayoutPolicy> layout;     // overrides the model file's
   std::optional<double> val_split;
   Output output = Output::bar;
   int64_t max_steps = 0;    // > 0: stop after this many steps in all, checkpointing
@@ -56,6 +57,7 @@ int run_eval(const EvalOptions& o);
 // the estimate.
 // precision: overrides the model file's.
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
-             bool measure = false, std::optional<Precision> precision = std::nullopt);
+             bool measure = false, std::optional<Precision> precision = std::nullopt,
+             std::optional<LayoutPolicy> layout = std::nullopt);
 
 }  // namespace seam::train

@@ -11,6 +11,7 @@
 
 #include "bench/bench.h"
 #include "gpu_check.h"
+#include "layout_case.h"
 
 using namespace seam;
 using seam::gpu_testing::expect_close;
@@ -87,11 +88,15 @@ void compare(const Results& gpu, const Results& cpu, double rel, bool elementwis
 }
 
 // Trains the same model on both devices for `steps` steps and compares what it did.
+// `layout`: the GPU model's (the CPU's is its automatic nchw).
 void train_both(Graph& g, Var loss, const OptimizerConfig& opt, size_t rows, size_t dim, int steps, double rel,
-                Precision precision) {
+                Precision precision, LayoutPolicy layout = LayoutPolicy::automatic) {
   Results res[2];
   for (int d = 0; d < 2; ++d) {
-    Model m(g, {.seed = 5, .device = d ? Device::cuda : Device::cpu, .precision = precision});
+    Model m(g, {.seed = 5,
+                .device = d ? Device::cuda : Device::cpu,
+                .precision = precision,
+                .layout = d ? layout : LayoutPolicy::automatic});
     const Results initial = initial_params(m);
     Program p = m.compile({.loss = loss.id(), .optimizer = opt});
     for (int s = 0; s < steps; ++s) {
@@ -234,4 +239,25 @@ TEST(GpuTraining, ResNet18StepMatchesTheCpu) {
   Graph g = b.graph;
   const Var loss = g.var(b.loss);
   train_both(g, loss, bench::resnet18_spec().optimizer, 8, 3 * 32 * 32, 1, 1e-3, Precision::f32);
+}
+
+// The same step with the GPU's convolution regions channels-last (the CPU's stay NCHW).
+TEST(GpuTraining, ResNet18StepMatchesTheCpuChannelsLast) {
+  const io::BuiltGraph b = io::build_graph(bench::resnet18_spec(), 8);
+  Graph g = b.graph;
+  const Var loss = g.var(b.loss);
+  train_both(g, loss, bench::resnet18_spec().optimizer, 8, 3 * 32 * 32, 1, 1e-3, Precision::f32, LayoutPolicy::nhwc);
+  train_both(g, loss, bench::resnet18_spec().optimizer, 8, 3 * 32 * 32, 1, 2e-2, Precision::bf16, LayoutPolicy::nhwc);
+}
+
+// Every op the layout pass moves (tests/layout_case.h), three steps, channels-last on the
+// GPU against the CPU in NCHW, at each precision.
+TEST(GpuTraining, ChannelsLastNetMatchesTheCpu) {
+  LayoutNet net;
+  const auto opt = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+  const size_t dim = 3 * 16 * 16;
+  train_both(net.g, net.loss, opt, LayoutNet::kBatch, dim, 3, 1e-4, Precision::f32, LayoutPolicy::nhwc);
+  train_both(net.g, net.loss, opt, LayoutNet::kBatch, dim, 3, 5e-3, Precision::tf32, LayoutPolicy::nhwc);
+  train_both(net.g, net.loss, opt, LayoutNet::kBatch, dim, 3, 3e-2, Precision::bf16, LayoutPolicy::nhwc);
+  train_both(net.g, net.loss, opt, LayoutNet::kBatch, dim, 3, 1e-2, Precision::f16, LayoutPolicy::nhwc);
 }

@@ -189,6 +189,14 @@ int main(int argc, char** argv) {
     return seam::parse_precision(s);
   };
   std::string train_precision, plan_precision, bench_precision;
+  // --layout for train, plan and bench: where convolutions run channels-last.
+  const std::string layout_help =
+      "auto (nhwc on CUDA at tf32, bf16 and f16, else nchw), nchw or nhwc: the layout of convolution regions";
+  std::string train_layout, plan_layout, bench_layout;
+  auto layout_of = [](const std::string& s) -> std::optional<seam::LayoutPolicy> {
+    if (s.empty()) return std::nullopt;
+    return seam::parse_layout_policy(s);
+  };
   bool no_masters = false;
 
   seam::train::TrainOptions t;
@@ -205,6 +213,8 @@ int main(int argc, char** argv) {
       ->check(one_of({"cpu", "cuda", "auto"}));
   train->add_option("--precision", train_precision, precision_help + " (default: the model file's)")
       ->check(one_of(seam::precision_names()));
+  train->add_option("--layout", train_layout, layout_help + " (default: the model file's)")
+      ->check(one_of({"auto", "nchw", "nhwc"}));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
   train->add_option("--data", t.data_dir, "folder with the four Fashion-MNIST IDX files");
@@ -247,6 +257,8 @@ int main(int argc, char** argv) {
       ->check(one_of({"cpu", "cuda", "auto"}));
   plan->add_option("--precision", plan_precision, precision_help + " (default: the model file's)")
       ->check(one_of(seam::precision_names()));
+  plan->add_option("--layout", plan_layout, layout_help + " (default: the model file's)")
+      ->check(one_of({"auto", "nchw", "nhwc"}));
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
@@ -264,6 +276,8 @@ int main(int argc, char** argv) {
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
   bench->add_option("--precision", bench_precision, precision_help + " (default: tf32 for W1-W4, a model file's own, W5's bf16)")
       ->check(one_of(seam::precision_names()));
+  bench->add_option("--layout", bench_layout, layout_help + " (default: a model file's own, else auto)")
+      ->check(one_of({"auto", "nchw", "nhwc"}));
   bench->add_flag("--no-master-weights", no_masters,
                   "with bf16 or f16: parameters stored in 16 bits, updated with stochastic rounding");
   bench->add_option("--epilogue", bo.epilogue,
@@ -325,6 +339,7 @@ int main(int argc, char** argv) {
       if (!train_model.empty()) t.model_path = train_model;
       t.output = json ? seam::train::Output::json : quiet ? seam::train::Output::quiet : seam::train::Output::bar;
       t.precision = precision_of(train_precision);
+      t.layout = layout_of(train_layout);
       return seam::train::run_train(t);
     }
     if (*eval) {
@@ -333,10 +348,11 @@ int main(int argc, char** argv) {
     }
     if (*plan)
       return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
-                                   precision_of(plan_precision));
+                                   precision_of(plan_precision), layout_of(plan_layout));
     if (*bench) {
       bo.graph = !no_graph;
       bo.precision = precision_of(bench_precision);
+      bo.layout = layout_of(bench_layout);
       bo.master_weights = !no_masters;
       return seam::bench::run_bench(bo);
     }

@@ -3,11 +3,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/optim.h"
 #include "common/half.h"
+#include "ops/layout.h"
 
 namespace seam {
 
@@ -29,9 +31,9 @@ namespace {
 class CpuExecutable : public Executable {
  public:
   CpuExecutable(const Plan& plan, const Regions& r) : plan_(plan), regions_(r) {
-    size_t scratch = 0;
+    size_t scratch = 0, permuted = 0;
     for (auto& s : plan.steps) {
-      Prepared p{kernel_for(s.op), {}, {}, {}, {}, {}};
+      Prepared p{kernel_for(s.op), {}, {}, {}, {}, {}, {}, {}, {}, {}};
       for (auto& b : s.in) p.in.push_back({r.base(b.region) + b.offset, b.type});
       for (auto& b : s.out) p.out.push_back({r.base(b.region) + b.offset, b.type});
       // 16-bit operands: the kernel runs on f32 copies, and each 16-bit output is rounded
@@ -49,11 +51,17 @@ class CpuExecutable : public Executable {
           used += static_cast<size_t>(v.numel());
         }
       scratch = std::max(scratch, used);
+      if (is_nhwc(s.attrs)) permuted = std::max(permuted, plan_nchw(s, p));
       steps_.push_back(std::move(p));
     }
     scratch_.resize(scratch);
-    for (Prepared& p : steps_)
+    nchw_scratch_.resize(permuted);
+    for (Prepared& p : steps_) {
       for (const Widen& w : p.widen) (w.out ? p.out_f32 : p.in_f32)[w.index].data = reinterpret_cast<std::byte*>(scratch_.data() + w.offset);
+      // The kernel reads the NCHW copies; the permutes read and write the views above.
+      p.in_k = p.in_f32, p.out_k = p.out_f32;
+      for (const Permute& m : p.permute) (m.out ? p.out_k : p.in_k)[m.index] = {nchw_scratch_.data() + m.offset, m.nchw};
+    }
     StepState none;
     for (auto& s : plan.init) {
       std::vector<TensorView> out;
@@ -123,12 +131,41 @@ class CpuExecutable : public Executable {
     size_t index;
     size_t offset;  // in scratch_, in floats
   };
+  // A 4-d operand of an nhwc step, run through the step's NCHW kernel on a copy.
+  struct Permute {
+    bool out;
+    size_t index;
+    size_t offset;  // in nchw_scratch_, in bytes
+    TensorType nchw;
+  };
   struct Prepared {
     Kernel kernel;
     std::vector<TensorView> in, out;
-    std::vector<TensorView> in_f32, out_f32;  // the kernel's views: 16-bit operands on f32 scratch
+    std::vector<TensorView> in_f32, out_f32;  // 16-bit operands on f32 scratch
     std::vector<Widen> widen;
+    std::vector<Permute> permute;
+    std::vector<TensorView> in_k, out_k;  // the kernel's views: 4-d operands of nhwc steps in NCHW order
+    std::unique_ptr<PlanStep> nchw;  // an nhwc step as its NCHW kernel sees it
   };
+
+  // An nhwc step runs as its NCHW kernel on permuted copies of its 4-d operands (the
+  // filter's [C_out, kh, kw, C_in] order permutes the same way), with its `shape`
+  // attribute in NCHW order: one implementation, the reference for both layouts.
+  // Returns the scratch bytes the copies take (steps run one at a time and share them).
+  static size_t plan_nchw(const PlanStep& s, Prepared& p) {
+    size_t used = 0;
+    p.nchw = std::make_unique<PlanStep>(s);
+    p.nchw->attrs.set("layout", std::string("nchw"));
+    if (s.attrs.has("shape")) p.nchw->attrs.set("shape", nchw_order(s.attrs.ints("shape")));
+    for (const auto* list : {&p.in_f32, &p.out_f32})
+      for (size_t k = 0; k < list->size(); ++k) {
+        const TensorType& t = (*list)[k].type;
+        if (t.shape.size() != 4) continue;
+        p.permute.push_back({list == &p.out_f32, k, used, {t.dtype, nchw_order(t.shape)}});
+        used += (t.bytes() + 63) / 64 * 64;
+      }
+    return used;
+  }
 
   static void convert(const TensorView& half, float* f, bool to_float) {
     auto* h = half.as<uint16_t>();
@@ -145,7 +182,16 @@ class CpuExecutable : public Executable {
     // Outputs are widened too: a kernel may accumulate into its output.
     for (const Widen& w : p.widen)
       convert((w.out ? p.out : p.in)[w.index], scratch_.data() + w.offset, true);
-    p.kernel(KernelArgs{plan_.steps[i], p.in_f32, p.out_f32, state});
+    for (const Permute& m : p.permute) {
+      const TensorView& v = (m.out ? p.out_f32 : p.in_f32)[m.index];
+      reorder_nhwc(v.data, nchw_scratch_.data() + m.offset, v.shape(), dtype_size(v.dtype()), true);
+    }
+    p.kernel(KernelArgs{p.nchw ? *p.nchw : plan_.steps[i], p.in_k, p.out_k, state});
+    for (const Permute& m : p.permute)
+      if (m.out) {
+        const TensorView& v = p.out_f32[m.index];
+        reorder_nhwc(nchw_scratch_.data() + m.offset, v.data, v.shape(), dtype_size(v.dtype()), false);
+      }
     for (const Widen& w : p.widen)
       if (w.out) convert(p.out[w.index], scratch_.data() + w.offset, false);
   }
@@ -153,6 +199,7 @@ class CpuExecutable : public Executable {
   Regions regions_;
   std::vector<Prepared> steps_;
   std::vector<float> scratch_;
+  std::vector<std::byte> nchw_scratch_;
   std::vector<std::vector<std::byte>> staged_;  // by Plan::inputs index
 };
 

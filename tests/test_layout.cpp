@@ -1,0 +1,118 @@
+// The layout pass (src/passes/layout.h): convolution regions run channels-last with
+// transposes only at their boundaries, and the layout never changes what a model computes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "layout_case.h"
+#include "ops/layout.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+const OptimizerConfig kSgd = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+
+int count_nhwc(const Plan& p, Op op) {
+  int n = 0;
+  for (const PlanStep& s : p.steps) n += s.op == op && is_nhwc(s.attrs);
+  return n;
+}
+
+TEST(LayoutPass, ConvolutionRegionsRunChannelsLast) {
+  LayoutNet net;
+  Model m(net.g, {.seed = 1, .layout = LayoutPolicy::nhwc});
+  Program p = m.compile({.loss = net.loss.id(), .optimizer = kSgd});
+  const Plan& plan = p.plan();
+  EXPECT_EQ(count_nhwc(plan, Op::conv2d), count(plan, Op::conv2d));
+  EXPECT_EQ(count(plan, Op::conv2d), 6);
+  EXPECT_EQ(count_nhwc(plan, Op::conv2d_grad_input), count(plan, Op::conv2d_grad_input));
+  EXPECT_EQ(count_nhwc(plan, Op::conv2d_grad_weight), 6);
+  EXPECT_EQ(count_nhwc(plan, Op::batch_norm), 5);
+  EXPECT_EQ(count_nhwc(plan, Op::batch_norm_grad), 5);
+  EXPECT_EQ(count_nhwc(plan, Op::max_pool2d), 1);
+  EXPECT_EQ(count_nhwc(plan, Op::avg_pool2d), 1);
+  EXPECT_EQ(count_nhwc(plan, Op::global_avg_pool), 1);
+  // Transposes only at the region's boundaries: the input into it, each 3x3 filter into
+  // [C_out, kh, kw, C_in] and its gradient back, and the pooled value around dropout
+  // (whose mask follows NCHW indices) and back. The 1x1 filter and the [8, 1, 1] scale
+  // move only dims of size 1: views.
+  EXPECT_EQ(count(plan, Op::transpose), 1 + 5 + 5 + 2) << plan.str();
+  EXPECT_NE(plan.str().find("nhwc"), std::string::npos);
+}
+
+TEST(LayoutPass, AutomaticIsNchwOnTheCpu) {
+  LayoutNet net;
+  Model m(net.g, {.seed = 1, .precision = Precision::bf16});
+  Program p = m.compile({.loss = net.loss.id(), .optimizer = kSgd});
+  EXPECT_EQ(count_nhwc(p.plan(), Op::conv2d), 0);
+  EXPECT_EQ(count(p.plan(), Op::transpose), 0);
+}
+
+// Training in either layout gives the same losses and parameters: each element is
+// computed by the same kernels in the same order, except the bias and per-channel
+// gradient sums, whose order differs (they add in double).
+void expect_same_training(Precision precision, double tol) {
+  LayoutNet net;
+  Model a(net.g, {.seed = 3, .precision = precision, .layout = LayoutPolicy::nchw});
+  Model b(net.g, {.seed = 3, .precision = precision, .layout = LayoutPolicy::nhwc});
+  Program pa = a.compile({.loss = net.loss.id(), .optimizer = kSgd, .outputs = {net.logits.id()}});
+  Program pb = b.compile({.loss = net.loss.id(), .optimizer = kSgd, .outputs = {net.logits.id()}});
+  ASSERT_GT(count_nhwc(pb.plan(), Op::conv2d), 0);
+  for (uint64_t step = 0; step < 3; ++step) {
+    net.feed(pa, step);
+    net.feed(pb, step);
+    pa.run();
+    pb.run();
+    const float la = pa.read_as<float>(net.loss.name())[0], lb = pb.read_as<float>(net.loss.name())[0];
+    EXPECT_NEAR(la, lb, tol * std::abs(la)) << "step " << step;
+    const auto ya = pa.read_as<float>(net.logits.name()), yb = pb.read_as<float>(net.logits.name());
+    ASSERT_EQ(ya.size(), yb.size());
+    for (size_t i = 0; i < ya.size(); ++i) EXPECT_NEAR(ya[i], yb[i], tol * (1 + std::abs(ya[i]))) << "logit " << i;
+  }
+  for (const Slot& s : a.layout().params) {
+    const auto wa = as_floats(a.read_param(s.name), s.type.dtype), wb = as_floats(b.read_param(s.name), s.type.dtype);
+    for (size_t i = 0; i < wa.size(); ++i)
+      ASSERT_NEAR(wa[i], wb[i], tol * (1 + std::abs(wa[i]))) << s.name << " element " << i;
+  }
+}
+
+TEST(LayoutPass, TrainingIsTheSameInEitherLayoutF32) { expect_same_training(Precision::f32, 1e-5); }
+TEST(LayoutPass, TrainingIsTheSameInEitherLayoutBf16) { expect_same_training(Precision::bf16, 1e-2); }
+
+// A requested output inside the region reads in NCHW order, as the graph describes it.
+TEST(LayoutPass, RequestedValuesReadInTheGraphsOrder) {
+  LayoutNet net;
+  const ValueId stem = net.stem.id();
+  Model a(net.g, {.seed = 2, .layout = LayoutPolicy::nchw});
+  Model b(net.g, {.seed = 2, .layout = LayoutPolicy::nhwc});
+  Program pa = a.compile({.mode = Mode::eval, .outputs = {stem}});
+  Program pb = b.compile({.mode = Mode::eval, .outputs = {stem}});
+  net.feed(pa, 0);
+  net.feed(pb, 0);
+  pa.run();
+  pb.run();
+  const auto ya = pa.read_as<float>(net.stem.name()), yb = pb.read_as<float>(net.stem.name());
+  ASSERT_EQ(ya.size(), yb.size());
+  for (size_t i = 0; i < ya.size(); ++i) ASSERT_NEAR(ya[i], yb[i], 1e-5 * (1 + std::abs(ya[i]))) << i;
+}
+
+TEST(LayoutPass, PolicyNames) {
+  EXPECT_EQ(parse_layout_policy("auto"), LayoutPolicy::automatic);
+  EXPECT_EQ(parse_layout_policy("nhwc"), LayoutPolicy::nhwc);
+  EXPECT_EQ(parse_layout_policy("NHWC"), std::nullopt);
+  EXPECT_STREQ(layout_policy_name(LayoutPolicy::nchw), "nchw");
+}
+
+TEST(LayoutPass, ABadLayoutAttributeIsNamed) {
+  Graph g;
+  Var x = g.input("x", {1, 4, 4, 3});
+  Var w = g.param("w", {2, 3, 3, 3}, Init::uniform(-1, 1));
+  const std::string e = error_of([&] { g.add(Op::conv2d, {x.id(), w.id()}, {{"layout", std::string("nwhc")}}); });
+  EXPECT_NE(e.find("layout must be \"nchw\" or \"nhwc\""), std::string::npos) << e;
+  EXPECT_NE(e.find("conv2d"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace seam::testing
