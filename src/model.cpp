@@ -551,8 +551,9 @@ std::vector<std::byte> Program::read(const std::string& output) const {
   auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
   auto id = core_->graph.find(output);
-  // A value the layout pass stored channels-last reads back in the graph's NCHW order.
-  if (b->ref.type.layout == DataLayout::nhwc) {
+  // A value the layout pass stored channels-last reads back in the graph's NCHW order (one
+  // the graph itself made channels-last reads as it is).
+  if (b->ref.type.layout == DataLayout::nhwc && !(id && core_->graph.value(*id).type.layout == DataLayout::nhwc)) {
     const Shape& s = b->ref.type.shape;
     if (!id || nhwc_order(core_->graph.value(*id).type.shape) != s)
       fail("internal error: output '", output, "' is stored as ", b->ref.type.str(), ", not the channels-last order of ",

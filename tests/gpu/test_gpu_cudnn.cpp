@@ -22,7 +22,7 @@ using seam::gpu_testing::expect_close;
 using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
 using seam::gpu_testing::TempCacheDir;
-using seam::gpu_testing::tf32;
+using seam::gpu_testing::tf32_nhwc;
 using seam::gpu_testing::Tolerance;
 
 namespace {
@@ -81,10 +81,12 @@ Var build_conv(GpuCase& c, const ConvCase& k) {
 // ------------------------------------------------------------------------------------------
 // conv2d
 
+// At tf32 the layout pass runs the convolutions channels-last (ModelOptions::layout), on
+// cuDNN's tensor-core kernels: their tolerance (gpu_check.h).
 TEST(GpuConv, MatchesTheCpuWithTf32) {
   for (const ConvCase& k : conv_cases()) {
     SCOPED_TRACE(k.str());
-    compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, tf32());
+    compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, tf32_nhwc());
   }
 }
 
@@ -102,7 +104,7 @@ TEST(GpuConv, WeightGradientOnlyWhenXIsData) {
         return conv2d(c.data("x", {3, 3, 9, 9}), c.param("w", {4, 3, 3, 3}), c.param("b", {4}),
                       {.stride = {2, 2}, .padding = {1, 1}});
       },
-      tf32());
+      tf32_nhwc());
 }
 
 TEST(GpuConv, TwoLayersOfOneShapeShareTheirChoice) {
@@ -113,7 +115,7 @@ TEST(GpuConv, TwoLayersOfOneShapeShareTheirChoice) {
                             {.padding = {1, 1}}));
         return conv2d(h, c.param("w2", {4, 4, 3, 3}), c.param("b2", {4}), {.padding = {1, 1}});
       },
-      tf32());
+      tf32_nhwc());
 }
 
 TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
@@ -263,7 +265,7 @@ TEST(GpuBatchNorm, ConvBatchNormReluPool) {
                        1e-5);
         return global_avg_pool(max_pool2d(relu(h), {2, 2}));
       },
-      tf32().with_runs(2));
+      tf32_nhwc().with_runs(2));
 }
 
 TEST(GpuBatchNorm, NegativeEpsIsRejected) {

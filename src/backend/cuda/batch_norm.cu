@@ -1,24 +1,40 @@
-// batch_norm and its gradient on the GPU, per channel over axis 1 of [N, C, ...]. x, y, dy
-// and dx are f32, bf16 or f16 (one dtype); gamma, beta, the running and saved statistics
-// and dgamma, dbeta are f32 whatever x is: cuDNN's per-channel descriptor, derived from
-// x's, is f32 for 16-bit data, and it computes in f32.
+// batch_norm and its gradient on the GPU, per channel: over axis 1 of [N, C, ...]
+// (layout nchw), or over the last axis of x [N, H, W, C] (layout nhwc, src/ops/layout.h).
+// x, y, dy and dx are f32, bf16 or f16 (one dtype); gamma, beta, the running and saved
+// statistics and dgamma, dbeta are f32 whatever x is: cuDNN's per-channel descriptor,
+// derived from x's, is f32 for 16-bit data, and it computes in f32.
 // Semantics as the CPU reference (src/backend/cpu/norm.cpp, as torch.nn.BatchNorm):
 //  - training: normalize with the batch mean and biased variance; update the running
 //    statistics in place with momentum, the running variance from the UNBIASED batch
-//    variance. cudnnBatchNormalizationForwardTraining does exactly that (cuDNN's
+//    variance. cudnnBatchNormalizationForwardTraining(Ex) does exactly that (cuDNN's
 //    moving variance uses the n / (n - 1) estimate, which is why PyTorch and MXNet feed
 //    it their running buffers unchanged); its saved "inverse variance" is 1/sqrt(var+eps).
 //  - evaluation: normalize with the running statistics (cuDNN inference), and report
 //    them as mean and invstd = 1/sqrt(running_var + eps) (a small kernel here).
-//  - gradient in training: cudnnBatchNormalizationBackward with the saved mean/invstd;
-//    in evaluation (statistics are constants): a kernel here, one block per channel,
-//    deterministic (no atomics).
-// x of any rank >= 2 is viewed as [N, C, inner, 1], which SPATIAL mode normalizes per C.
+//  - gradient in training: cudnnBatchNormalizationBackward(Ex) with the saved
+//    mean/invstd; in evaluation (statistics are constants): a kernel here, one block per
+//    channel, deterministic (no atomics).
+// nchw: x of any rank >= 2 is viewed as [N, C, inner, 1], which SPATIAL mode normalizes
+// per C, with the classic calls. nhwc: a 4-d NHWC descriptor [N, C, H, W]. Training
+// there prefers cuDNN's channels-last kernels: the *Ex calls in
+// CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode with CUDNN_BATCHNORM_OPS_BN (no activation, no
+// residual add: z, dz and the activation are null), their workspace the executable's
+// shared one. The Ex calls may want a reserve space that the forward writes and the
+// backward reads; the two are separate steps with no buffer for it, so where cuDNN asks
+// for one (or rejects the Ex workspace query) the step takes the classic calls in
+// SPATIAL_PERSISTENT mode, and where cuDNN rejects that, SPATIAL. Each step tries its
+// candidates once while it is prepared, on its own buffers (running statistics on scratch
+// copies: a trial must not move them), keeps the first cuDNN runs, and says which in the
+// executable's choices. The forward and the backward decide alike (one reserve query);
+// either may take any path, as only the saved mean and invstd pass between them.
+// cuDNN documents that SPATIAL_PERSISTENT reduces with scaled integers: finite inputs of
+// very large magnitude may overflow to inf/NaN there where SPATIAL stays finite.
 // Every output has a buffer of its own, read or not (lower() places all outputs of a
 // live step).
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -33,15 +49,23 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// x as [batch, channels, inner] (nchw) or [batch, inner, channels] (nhwc).
 struct ChannelLayout {
   int64_t batch, channels, inner;
+  int64_t h, w;  // the descriptor's spatial dims: (inner, 1) for nchw, (H, W) for nhwc
   __host__ __device__ int64_t count() const { return batch * inner; }  // values per channel
 };
 
-ChannelLayout channel_layout(const StepArgs& a, const Shape& s) {
+ChannelLayout channel_layout(const StepArgs& a, const Shape& s, bool nhwc) {
+  if (nhwc) {
+    if (s.size() != 4)
+      fail(op_name(a.step.op), " '", a.step.name, "': x must be [N, H, W, C] (layout nhwc), got ", shape_str(s));
+    return {s[0], s[3], s[1] * s[2], s[1], s[2]};
+  }
   if (s.size() < 2) fail(op_name(a.step.op), " '", a.step.name, "': x needs rank >= 2, got ", shape_str(s));
-  ChannelLayout l{s[0], s[1], 1};
+  ChannelLayout l{s[0], s[1], 1, 1, 1};
   for (size_t d = 2; d < s.size(); ++d) l.inner *= s[d];
+  l.h = l.inner;
   return l;
 }
 
@@ -79,16 +103,140 @@ void expect_dtypes(const StepArgs& a, const DeviceTensor& x, std::initializer_li
 }
 
 struct BnSetup {
-  TensorDesc x;   // [N, C, inner, 1]
-  TensorDesc bn;  // [1, C, 1, 1], derived
+  TensorDesc x;   // [N, C, inner, 1] NCHW, or [N, C, H, W] stored NHWC
+  TensorDesc bn;  // [1, C, 1, 1], derived (the same for every spatial mode)
 };
 
-std::shared_ptr<BnSetup> bn_setup(const StepArgs& a, const ChannelLayout& l, DType t) {
+std::shared_ptr<BnSetup> bn_setup(const StepArgs& a, const ChannelLayout& l, DType t, bool nhwc) {
   auto s = std::make_shared<BnSetup>();
-  set_nchw(a, s->x, t, l.batch, l.channels, l.inner, 1);
+  set_4d(a, s->x, t, l.batch, l.channels, l.h, l.w, nhwc);
   SEAM_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(s->bn, s->x, CUDNN_BATCHNORM_SPATIAL));
   return s;
 }
+
+// How a training step calls cuDNN. nchw: always the classic call in SPATIAL mode.
+struct BnPath {
+  bool ex = false;  // cudnnBatchNormalization*Ex with CUDNN_BATCHNORM_OPS_BN
+  cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;
+  size_t workspace = 0;  // the Ex call's, in the executable's shared workspace
+  std::string str() const {
+    std::string s = ex ? "Ex (CUDNN_BATCHNORM_OPS_BN), " : "classic, ";
+    s += mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "SPATIAL_PERSISTENT" : "SPATIAL";
+    if (ex) s += ", workspace " + std::to_string(workspace) + " bytes";
+    return s;
+  }
+};
+
+struct BnForward {
+  const void* x;
+  const void* gamma;
+  const void* beta;
+  void* y;
+  float* mean;
+  float* invstd;
+  double momentum, eps;
+};
+
+// One training forward on path p; the status, unchecked, so that a trial can read it.
+cudnnStatus_t forward_training(cudnnHandle_t h, const BnSetup& s, const BnPath& p, const BnForward& f, float* rm,
+                               float* rv, void* work) {
+  if (p.ex)
+    return cudnnBatchNormalizationForwardTrainingEx(h, p.mode, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero, s.x, f.x,
+                                                    nullptr, nullptr, s.x, f.y, s.bn, f.gamma, f.beta, f.momentum, rm,
+                                                    rv, f.eps, f.mean, f.invstd, nullptr, work, p.workspace, nullptr,
+                                                    0);
+  return cudnnBatchNormalizationForwardTraining(h, p.mode, &kOne, &kZero, s.x, f.x, s.x, f.y, s.bn, f.gamma, f.beta,
+                                                f.momentum, rm, rv, f.eps, f.mean, f.invstd);
+}
+
+struct BnBackward {
+  const void* dy;
+  const void* x;
+  const float* gamma;
+  const float* mean;
+  const float* invstd;
+  void* dx;
+  float* dgamma;
+  float* dbeta;
+  double eps;
+};
+
+// One training backward on path p; the status, unchecked.
+cudnnStatus_t backward_training(cudnnHandle_t h, const BnSetup& s, const BnPath& p, const BnBackward& b, void* work) {
+  if (p.ex)
+    return cudnnBatchNormalizationBackwardEx(h, p.mode, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero, &kOne, &kZero, s.x, b.x,
+                                             nullptr, nullptr, s.x, b.dy, nullptr, nullptr, s.x, b.dx, s.bn, b.gamma,
+                                             nullptr, b.dgamma, b.dbeta, b.eps, b.mean, b.invstd, nullptr, work,
+                                             p.workspace, nullptr, 0);
+  return cudnnBatchNormalizationBackward(h, p.mode, &kOne, &kZero, &kOne, &kZero, s.x, b.x, s.x, b.dy, s.x, b.dx, s.bn,
+                                         b.gamma, b.dgamma, b.dbeta, b.eps, b.mean, b.invstd);
+}
+
+// The nhwc training path of a forward or backward step (see the top of the file): the
+// first candidate whose trial call, trial(path, workspace), cuDNN runs. The queries pass
+// descriptors as PyTorch's channels-last batch norm does (x for every data descriptor, a
+// null dz in the backward), the calls null z, dz and activation.
+template <class Trial>
+BnPath choose_nhwc(const StepArgs& a, const BnSetup& s, const Shape& xs, bool forward, Trial&& trial) {
+  cudnnHandle_t h = cudnn_of(a.ctx);
+  constexpr cudnnBatchNormMode_t persistent = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  std::vector<BnPath> candidates;
+  std::string notes;  // what was passed over, and why
+  size_t reserve = 0, ws = 0;
+  cudnnStatus_t st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, persistent, CUDNN_BATCHNORM_OPS_BN,
+                                                                          nullptr, s.x, &reserve);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = forward ? cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, persistent, CUDNN_BATCHNORM_OPS_BN, s.x,
+                                                                           s.x, s.x, s.bn, nullptr, &ws)
+                 : cudnnGetBatchNormalizationBackwardExWorkspaceSize(h, persistent, CUDNN_BATCHNORM_OPS_BN, s.x, s.x,
+                                                                    s.x, nullptr, s.x, s.bn, nullptr, &ws);
+  if (st != CUDNN_STATUS_SUCCESS)
+    notes = std::string("Ex: the size queries say ") + cudnnGetErrorString(st);
+  else if (reserve > 0)
+    notes = "Ex: wants a reserve space of " + std::to_string(reserve) + " bytes";
+  else
+    candidates.push_back({true, persistent, ws});
+  candidates.push_back({false, persistent, 0});
+  candidates.push_back({false, CUDNN_BATCHNORM_SPATIAL, 0});
+  SEAM_CUDNN_CHECK(cudnnSetStream(h, a.ctx.stream));
+  for (const BnPath& p : candidates) {
+    if (p.workspace) a.ctx.need_workspace(p.workspace);
+    st = trial(p, p.workspace ? a.ctx.workspace() : nullptr);
+    if (st == CUDNN_STATUS_SUCCESS) {
+      a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + " nhwc: " + p.str() +
+                                              (notes.empty() ? "" : " (passed over: " + notes + ")"));
+      return p;
+    }
+    (void)cudaGetLastError();  // a launch cuDNN gave up on leaves no error for the next check
+    notes += (notes.empty() ? "" : "; ") + p.str() + ": " + cudnnGetErrorString(st);
+  }
+  fail(op_name(a.step.op), " '", a.step.name, "': cuDNN runs no training batch norm for x ", shape_str(xs),
+       " (layout nhwc, ", dtype_name(a.in[forward ? 0 : 1].dtype()), "): ", notes);
+}
+
+// Scratch running statistics for a forward's trial calls, which must leave the model's
+// alone; freed stream-ordered behind them.
+class TrialStats {
+ public:
+  TrialStats(int64_t channels, cudaStream_t stream) : stream_(stream) {
+    const size_t bytes = 2 * static_cast<size_t>(channels) * sizeof(float);
+    SEAM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes, stream_));
+    SEAM_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, stream_));
+    channels_ = channels;
+  }
+  ~TrialStats() {
+    if (p_) (void)cudaFreeAsync(p_, stream_);
+  }
+  TrialStats(const TrialStats&) = delete;
+  TrialStats& operator=(const TrialStats&) = delete;
+  float* mean() const { return p_; }
+  float* var() const { return p_ + channels_; }
+
+ private:
+  cudaStream_t stream_;
+  float* p_ = nullptr;
+  int64_t channels_ = 0;
+};
 
 // Evaluation reports the running statistics: mean = running_mean,
 // invstd = 1 / sqrt(running_var + eps) (in double, as the CPU).
@@ -103,7 +251,8 @@ __global__ void eval_stats_kernel(const float* __restrict__ rm, const float* __r
 // inputs: x, gamma, beta, running_mean, running_var; outputs: y, mean, invstd.
 Launch prepare_batch_norm(const StepArgs& a) {
   expect_dtypes(a, a.in[0], {}, {1, 2, 3, 4});
-  const ChannelLayout l = channel_layout(a, a.in[0].shape());
+  const bool nhwc = step_nhwc(a);
+  const ChannelLayout l = channel_layout(a, a.in[0].shape(), nhwc);
   for (size_t i = 1; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
   const BnOutputs out = outputs(a, a.in[0], l.channels);
   const bool training = a.step.attrs.i("training") != 0;
@@ -115,20 +264,28 @@ Launch prepare_batch_norm(const StepArgs& a) {
   if (training && l.count() < 2)
     fail("batch_norm '", a.step.name, "' in training needs more than 1 value per channel, got input ",
          shape_str(a.in[0].shape()));
-  auto s = bn_setup(a, l, a.in[0].dtype());
+  auto s = bn_setup(a, l, a.in[0].dtype(), nhwc);
   cudnnHandle_t h = cudnn_of(a.ctx);
   const void* x = a.in[0].data;
   const void* gamma = a.in[1].data;
   const void* beta = a.in[2].data;
   float* rm = a.in[3].as<float>();  // persistent state, updated in place when training
   float* rv = a.in[4].as<float>();
-  if (training)
-    return [s, h, out, x, gamma, beta, rm, rv, momentum, eps](cudaStream_t stream) {
+  if (training) {
+    const BnForward f{x, gamma, beta, out.data, out.c0, out.c1, momentum, eps};
+    BnPath path;
+    if (nhwc) {
+      TrialStats scratch(l.channels, a.ctx.stream);
+      path = choose_nhwc(a, *s, a.in[0].shape(), true, [&](const BnPath& p, void* work) {
+        return forward_training(h, *s, p, f, scratch.mean(), scratch.var(), work);
+      });
+    }
+    Context* ctx = &a.ctx;
+    return [s, h, path, f, rm, rv, ctx](cudaStream_t stream) {
       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
-      SEAM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-          h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, s->x, x, s->x, out.data, s->bn, gamma, beta, momentum, rm,
-          rv, eps, out.c0, out.c1));
+      SEAM_CUDNN_CHECK(forward_training(h, *s, path, f, rm, rv, path.workspace ? ctx->workspace() : nullptr));
     };
+  }
   const int64_t channels = l.channels;
   const unsigned blocks = blocks_for(channels, kThreads);
   return [s, h, out, x, gamma, beta, rm, rv, eps, channels, blocks](cudaStream_t stream) {
@@ -143,8 +300,11 @@ Launch prepare_batch_norm(const StepArgs& a) {
 // The evaluation gradient, one block per channel (grid-stride over channels):
 // dbeta = sum(dy), dgamma = sum(dy * (x - mean) * invstd), dx = dy * gamma * invstd.
 // Sums in double, each thread's share then a fixed-order block reduction: the same
-// result on every run. dy, x and dx in storage type T, the rest f32.
-template <class T>
+// result on every run. dy, x and dx in storage type T, the rest f32. Value j of a channel
+// is (batch b, position k) = (j / inner, j % inner); with Nhwc the channel is the last
+// axis, so j sits at j * channels + c: strided loads, which this path (gradients through
+// frozen statistics) can afford.
+template <class T, bool Nhwc>
 __global__ void bn_eval_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                     const float* __restrict__ gamma, const float* __restrict__ mean,
                                     const float* __restrict__ invstd, T* __restrict__ dx,
@@ -155,8 +315,13 @@ __global__ void bn_eval_grad_kernel(const T* __restrict__ dy, const T* __restric
     const double scale = static_cast<double>(gamma[c]) * s;
     double sum_dy = 0, sum_dyx = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const int64_t b = j / l.inner, k = j - b * l.inner;
-      const int64_t i = (b * l.channels + c) * l.inner + k;
+      int64_t i;
+      if constexpr (Nhwc) {
+        i = j * l.channels + c;
+      } else {
+        const int64_t b = j / l.inner, k = j - b * l.inner;
+        i = (b * l.channels + c) * l.inner + k;
+      }
       const double d = to_float(dy[i]);
       sum_dy += d;
       sum_dyx += d * (static_cast<double>(to_float(x[i])) - m) * s;
@@ -171,47 +336,53 @@ __global__ void bn_eval_grad_kernel(const T* __restrict__ dy, const T* __restric
   }
 }
 
+template <class T, bool Nhwc>
+Launch eval_grad_launch(const BnBackward& b, const ChannelLayout& l, unsigned blocks) {
+  return [b, l, blocks](cudaStream_t stream) {
+    bn_eval_grad_kernel<T, Nhwc><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(b.dy), static_cast<const T*>(b.x), b.gamma, b.mean, b.invstd, static_cast<T*>(b.dx),
+        b.dgamma, b.dbeta, l);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
 // inputs: dy, x, gamma, mean, invstd (the forward's outputs); outputs: dx, dgamma, dbeta.
 Launch prepare_batch_norm_grad(const StepArgs& a) {
   expect_dtypes(a, a.in[1], {0}, {2, 3, 4});
-  const ChannelLayout l = channel_layout(a, a.in[1].shape());
+  const bool nhwc = step_nhwc(a);
+  const ChannelLayout l = channel_layout(a, a.in[1].shape(), nhwc);
   if (a.in[0].shape() != a.in[1].shape())
     fail("batch_norm_grad '", a.step.name, "': dy ", shape_str(a.in[0].shape()), " and x ",
          shape_str(a.in[1].shape()), " differ");
   for (size_t i = 2; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
   const BnOutputs out = outputs(a, a.in[1], l.channels);
   const bool training = a.step.attrs.i("training") != 0;
-  const void* dy = a.in[0].data;
-  const void* x = a.in[1].data;
-  const float* gamma = a.in[2].as<float>();
-  const float* mean = a.in[3].as<float>();
-  const float* invstd = a.in[4].as<float>();
+  // With the saved mean and inverse std given, cuDNN does not recompute the statistics;
+  // eps must still be valid (>= CUDNN_BN_MIN_EPSILON).
+  const double eps = a.step.attrs.has("eps") ? a.step.attrs.f("eps") : 1e-5;
+  const double eps_ok = eps >= CUDNN_BN_MIN_EPSILON ? eps : 1e-5;
+  const BnBackward b{a.in[0].data,      a.in[1].data, a.in[2].as<float>(), a.in[3].as<float>(), a.in[4].as<float>(),
+                     out.data,          out.c0,       out.c1,              eps_ok};
   if (training) {
     if (l.count() < 2)
       fail("batch_norm_grad '", a.step.name, "' in training needs more than 1 value per channel, got input ",
            shape_str(a.in[1].shape()));
-    auto s = bn_setup(a, l, a.in[1].dtype());
+    auto s = bn_setup(a, l, a.in[1].dtype(), nhwc);
     cudnnHandle_t h = cudnn_of(a.ctx);
-    // With the saved mean and inverse std given, cuDNN does not recompute the
-    // statistics; eps must still be valid (>= CUDNN_BN_MIN_EPSILON).
-    const double eps = a.step.attrs.has("eps") ? a.step.attrs.f("eps") : 1e-5;
-    const double eps_ok = eps >= CUDNN_BN_MIN_EPSILON ? eps : 1e-5;
-    return [s, h, out, dy, x, gamma, mean, invstd, eps_ok](cudaStream_t stream) {
+    BnPath path;
+    if (nhwc)
+      path = choose_nhwc(a, *s, a.in[1].shape(), false,
+                         [&](const BnPath& p, void* work) { return backward_training(h, *s, p, b, work); });
+    Context* ctx = &a.ctx;
+    return [s, h, path, b, ctx](cudaStream_t stream) {
       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
-      SEAM_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, s->x,
-                                                       x, s->x, dy, s->x, out.data, s->bn, gamma,
-                                                       out.c0, out.c1, eps_ok, mean, invstd));
+      SEAM_CUDNN_CHECK(backward_training(h, *s, path, b, path.workspace ? ctx->workspace() : nullptr));
     };
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(l.channels, 65535));
   Launch launch;
   dispatch_storage(a.in[1].dtype(), "batch_norm_grad", [&]<class T>() {
-    launch = [out, dy = static_cast<const T*>(dy), x = static_cast<const T*>(x), gamma, mean, invstd, l,
-              blocks](cudaStream_t stream) {
-      bn_eval_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, x, gamma, mean, invstd, static_cast<T*>(out.data),
-                                                              out.c0, out.c1, l);
-      SEAM_CUDA_LAUNCH_CHECK();
-    };
+    launch = nhwc ? eval_grad_launch<T, true>(b, l, blocks) : eval_grad_launch<T, false>(b, l, blocks);
   });
   return launch;
 }

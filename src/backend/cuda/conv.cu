@@ -1,27 +1,35 @@
-// conv2d and its two gradients on cuDNN's classic convolution API (NCHW; x, w, b, y all
-// f32, bf16 or f16). 16-bit data computes in f32 (CUDNN_DATA_FLOAT, cuDNN's "pseudo"
-// bf16/half configurations) on tensor cores; f32 data on TF32 tensor cores when the
-// context allows it, else with FMA math.
+// conv2d and its two gradients on cuDNN's classic convolution API (x, w, b, y all f32,
+// bf16 or f16). Layout nchw, or nhwc (src/ops/layout.h): x, y channels-last and the
+// filter in cuDNN's NHWC filter format [C_out, kh, kw, C_in/groups] ("KRSC"), each shape
+// written in memory order; the descriptors take the logical NCHW dims with the format,
+// and every check compares logical dims. 16-bit data computes in f32 (CUDNN_DATA_FLOAT,
+// cuDNN's "pseudo" bf16/half configurations) on tensor cores; f32 data on TF32 tensor
+// cores when the context allows it, else with FMA math.
 //
 // Each step builds its descriptors once, then picks an algorithm for its shape: the
 // fastest one cudnnFind*AlgorithmEx measures on the step's own buffers (the executable
 // keeps a copy of outputs outside the arena while a step is prepared), among the
 // deterministic ones when there is any. The choice is kept in a process-wide cache keyed
-// by (pass, x/w/y shapes, stride, padding, dilation, groups, dtype, math) and saved to
-// $XDG_CACHE_HOME/seam/ (else $HOME/.cache/seam/), one text file per GPU name and cuDNN
-// version, so a later run measures nothing it has measured before.
+// by (pass, x/w/y shapes, stride, padding, dilation, groups, dtype, math, layout) and
+// saved to $XDG_CACHE_HOME/seam/ (else $HOME/.cache/seam/), one text file per GPU name and
+// cuDNN version, so a later run measures nothing it has measured before.
 //
 // Cache file: a header line, then one line per choice, e.g.
 //   # seam cudnn conv algorithms v1 gpu=NVIDIA_H200 cudnn=91400
-//   fwd x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=tf32 algo=1 algo_math=0 ws=4096
-//   bwd_data x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=bf16 math=tensor algo=1 algo_math=1 ws=0
-// math is tf32 or fma for f32 data, tensor for bf16 and f16. A file whose header differs
-// is ignored; a line that does not parse, or whose geometry is not a valid convolution,
-// is skipped (its shape is measured again and the file rewritten). A cached algorithm is
-// still checked with cuDNN before use.
-// The 16-bit lines left the header at v1: the dtype was always part of the key, and a
-// build that knows only f32 skips them as lines it cannot use, while a new header would
-// make builds of either kind that share a cache folder discard each other's whole file.
+//   fwd x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=tf32 layout=nchw algo=1 algo_math=0 ws=4096
+//   bwd_data x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=bf16 math=tensor layout=nhwc algo=1 algo_math=1 ws=0
+// x, w and y are the logical NCHW dims ([N, C, H, W], [C_out, C_in/groups, kh, kw],
+// [N, C_out, OH, OW]) in either layout, so that one geometry reads the same in both and
+// the validity check is one; layout says how the buffers are stored. math is tf32 or fma
+// for f32 data, tensor for bf16 and f16. A file whose header differs is ignored; a line
+// that does not parse, or whose geometry is not a valid convolution, is skipped (its
+// shape is measured again and the file rewritten). A cached algorithm is still checked
+// with cuDNN before use.
+// The 16-bit lines and the layout token left the header at v1: the dtype was always part
+// of the key, and a build that knows only f32 (or only NCHW) skips the lines it cannot
+// parse, while a new header would make builds of either kind that share a cache folder
+// discard each other's whole file. A line without the layout token, written before it
+// existed, is read as layout=nchw and rewritten with it.
 
 #include <algorithm>
 #include <charconv>
@@ -73,11 +81,13 @@ constexpr const char* kMathName[] = {"tf32", "fma", "tensor"};
 
 struct ConvKey {
   Pass pass = Pass::fwd;
-  int64_t x[4]{}, w[4]{}, y[4]{};  // roles: x-shaped, filter, y-shaped (dy for gradients)
+  // Roles: x-shaped, filter, y-shaped (dy for gradients); logical NCHW dims in either layout.
+  int64_t x[4]{}, w[4]{}, y[4]{};
   int64_t stride[2]{}, pad[2]{}, dil[2]{};
   int64_t groups = 1;
   std::string dtype = "f32";  // of x, w and y alike
   Math math = Math::tf32;
+  bool nhwc = false;  // x, y NHWC and the filter KRSC
 
   // x [N, C, H, W], w [O, C/g, kh, kw] and y [N, O, OH, OW] form a valid convolution.
   bool valid() const {
@@ -97,7 +107,8 @@ struct ConvKey {
     return (dtype == "bf16" || dtype == "f16") && math == Math::tensor;
   }
 
-  std::string str() const {
+  // with_layout = false: the key as lines before the layout token wrote it (nchw only).
+  std::string str(bool with_layout = true) const {
     std::ostringstream s;
     auto list = [&](const char* name, const int64_t* v, int n) {
       s << ' ' << name << '=';
@@ -111,6 +122,7 @@ struct ConvKey {
     list("pad", pad, 2);
     list("dil", dil, 2);
     s << " groups=" << groups << " dtype=" << dtype << " math=" << kMathName[static_cast<int>(math)];
+    if (with_layout) s << " layout=" << (nhwc ? "nhwc" : "nchw");
     return s.str();
   }
 };
@@ -166,7 +178,9 @@ std::optional<std::pair<std::string, ConvChoice>> parse_line(const std::string& 
     rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
     if (sp != std::string_view::npos && rest.empty()) return std::nullopt;
   }
-  if (tok.size() != 13) return std::nullopt;
+  // 14 tokens; 13 for a line written before the layout token (see the top of the file).
+  if (tok.size() != 13 && tok.size() != 14) return std::nullopt;
+  const bool has_layout = tok.size() == 14;
   ConvKey k;
   int p = -1;
   for (int i = 0; i < 3; ++i)
@@ -185,20 +199,28 @@ std::optional<std::pair<std::string, ConvChoice>> parse_line(const std::string& 
     if (math == kMathName[i]) m = i;
   if (m < 0) return std::nullopt;
   k.math = static_cast<Math>(m);
+  size_t t = 10;  // the first token after the key
+  if (has_layout) {
+    std::string_view layout;
+    if (!parse_word(tok[10], "layout", layout) || (layout != "nchw" && layout != "nhwc")) return std::nullopt;
+    k.nhwc = layout == "nhwc";
+    t = 11;
+  }
   if (!k.valid()) return std::nullopt;
   int64_t algo = -1, algo_math = -1;
   uint64_t ws = 0;
   std::string_view ws_text;
-  if (!parse_list(tok[10], "algo", &algo, 1) || !parse_list(tok[11], "algo_math", &algo_math, 1) ||
-      !parse_word(tok[12], "ws", ws_text) || !parse_num(ws_text, ws))
+  if (!parse_list(tok[t], "algo", &algo, 1) || !parse_list(tok[t + 1], "algo_math", &algo_math, 1) ||
+      !parse_word(tok[t + 2], "ws", ws_text) || !parse_num(ws_text, ws))
     return std::nullopt;
   if (algo < 0 || algo >= algo_count(k.pass) || !valid_math(algo_math)) return std::nullopt;
   if (k.math == Math::fma && algo_math != CUDNN_FMA_MATH) return std::nullopt;  // never TF32 where it was not allowed
-  std::string key = k.str();
-  // The key must be written exactly as this build writes it (no leading zeros, '+' signs).
-  std::string want_prefix = key + " ";
+  // The key must be written exactly as this build writes it (no leading zeros, '+' signs);
+  // an old line as builds before the layout token wrote it. Either is kept under the key
+  // with the token, which is how it is saved again.
+  const std::string want_prefix = k.str(has_layout) + " ";
   if (line.compare(0, want_prefix.size(), want_prefix) != 0) return std::nullopt;
-  return std::make_pair(std::move(key),
+  return std::make_pair(k.str(),
                         ConvChoice{static_cast<int>(algo), static_cast<cudnnMathType_t>(algo_math), static_cast<size_t>(ws)});
 }
 
@@ -506,20 +528,18 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
 // ---------------------------------------------------------------------------------------
 // Preparers
 
-void check_4d(const StepArgs& a, const Shape& s, const char* what) {
-  if (s.size() != 4) fail(op_name(a.step.op), " '", a.step.name, "': ", what, " must be 4-d, got ", shape_str(s));
-}
-
 // Descriptors and key of one step. xs / ws / ys: the x-shaped, filter and y-shaped
-// operands, whichever buffers play those roles in this pass. Every operand has one dtype:
-// cuDNN's convolutions take no output (not even the weight gradient) in another.
+// operands, whichever buffers play those roles in this pass, with their shapes in the
+// step's layout. Every operand has one dtype: cuDNN's convolutions take no output (not
+// even the weight gradient) in another.
 std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, const Shape& ws, const Shape& ys,
                                  ConvKey& key) {
   expect_one_stored_dtype(a);
   const DType dt = a.in[0].dtype();
-  check_4d(a, xs, "x");
-  check_4d(a, ws, "w");
-  check_4d(a, ys, "y");
+  const bool nhwc = step_nhwc(a);
+  const Shape x = logical_nchw(a, xs, nhwc, "x");
+  const Shape w = logical_nchw(a, ws, nhwc, "w");
+  const Shape y = logical_nchw(a, ys, nhwc, "y");
   const Attrs& at = a.step.attrs;
   const auto& st = at.ints("stride");
   const auto& pd = at.ints("padding");
@@ -530,9 +550,9 @@ std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, 
 
   key.pass = pass;
   for (int i = 0; i < 4; ++i) {
-    key.x[i] = xs[static_cast<size_t>(i)];
-    key.w[i] = ws[static_cast<size_t>(i)];
-    key.y[i] = ys[static_cast<size_t>(i)];
+    key.x[i] = x[static_cast<size_t>(i)];
+    key.w[i] = w[static_cast<size_t>(i)];
+    key.y[i] = y[static_cast<size_t>(i)];
   }
   for (int i = 0; i < 2; ++i) {
     key.stride[i] = st[static_cast<size_t>(i)];
@@ -542,34 +562,39 @@ std::shared_ptr<ConvSetup> setup(const StepArgs& a, Pass pass, const Shape& xs, 
   key.groups = groups;
   key.dtype = dtype_name(dt);
   key.math = dt != DType::f32 ? Math::tensor : a.ctx.tf32 ? Math::tf32 : Math::fma;
+  key.nhwc = nhwc;
   if (!key.valid())
-    fail(op_name(a.step.op), " '", a.step.name, "': not a convolution cuDNN can run: ", key.str());
+    fail(op_name(a.step.op), " '", a.step.name, "': not a convolution cuDNN can run: ", key.str(), " (x ",
+         shape_str(xs), ", w ", shape_str(ws), ", y ", shape_str(ys), ")");
 
   auto s = std::make_shared<ConvSetup>();
   s->pass = pass;
-  set_nchw(a, s->x, dt, xs);
-  set_nchw(a, s->y, dt, ys);
-  check_cudnn_count(a, {ws[0], ws[1], ws[2], ws[3]});
-  SEAM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(s->w, cudnn_type(a, dt), CUDNN_TENSOR_NCHW, cudnn_dim(a, ws[0], "C_out"),
-                                              cudnn_dim(a, ws[1], "C_in/groups"), cudnn_dim(a, ws[2], "kh"),
-                                              cudnn_dim(a, ws[3], "kw")));
+  set_4d(a, s->x, dt, x, nhwc);
+  set_4d(a, s->y, dt, y, nhwc);
+  check_cudnn_count(a, {w[0], w[1], w[2], w[3]});
+  // cuDNN's filter dims are (k, c, h, w) whatever the format; NHWC stores them KRSC.
+  SEAM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(s->w, cudnn_type(a, dt), cudnn_format(nhwc),
+                                              cudnn_dim(a, w[0], "C_out"), cudnn_dim(a, w[1], "C_in/groups"),
+                                              cudnn_dim(a, w[2], "kh"), cudnn_dim(a, w[3], "kw")));
   SEAM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
       s->conv, static_cast<int>(pd[0]), static_cast<int>(pd[1]), static_cast<int>(st[0]), static_cast<int>(st[1]),
       static_cast<int>(dl[0]), static_cast<int>(dl[1]), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   SEAM_CUDNN_CHECK(cudnnSetConvolutionGroupCount(s->conv, static_cast<int>(groups)));
   SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s->conv, requested_math(key.math)));
-  // cuDNN's own idea of the output must be the one the schema promised.
-  int n = 0, c = 0, h = 0, w = 0;
-  SEAM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s->conv, s->x, s->w, &n, &c, &h, &w));
-  if (n != ys[0] || c != ys[1] || h != ys[2] || w != ys[3])
-    fail(op_name(a.step.op), " '", a.step.name, "': cuDNN computes the output as [", n, ", ", c, ", ", h, ", ", w,
-         "], the graph has ", shape_str(ys));
+  // cuDNN's own idea of the output must be the one the schema promised (logical dims).
+  int n = 0, c = 0, h = 0, wd = 0;
+  SEAM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s->conv, s->x, s->w, &n, &c, &h, &wd));
+  if (n != y[0] || c != y[1] || h != y[2] || wd != y[3])
+    fail(op_name(a.step.op), " '", a.step.name, "': cuDNN computes the output as [", n, ", ", c, ", ", h, ", ", wd,
+         "] (NCHW), the graph has ", shape_str(ys), nhwc ? " (NHWC)" : "");
   return s;
 }
 
 // y[n, o, :, :] = b[o], for the convolution to add its result to (beta = 1): cuDNN blends
 // in f32 and rounds y once, as the CPU rounds conv + bias. Adding the bias after the
 // convolution would round a 16-bit y twice, and a sum near zero could change sign.
+// Element i's channel is (i / plane) % channels: plane = OH * OW for NCHW, 1 for NHWC,
+// where the channel is the fastest-moving index.
 template <class T>
 __global__ void fill_bias_kernel(const T* __restrict__ b, T* __restrict__ y, int64_t n, int64_t channels,
                                  int64_t plane) {
@@ -587,7 +612,11 @@ Launch prepare_conv2d(const StepArgs& a) {
   void* y = a.out[0].data;
   Launch fill;  // none without a bias
   if (a.in.size() == 3) {
-    const int64_t n = a.out[0].numel(), channels = ys[1], plane = ys[2] * ys[3];
+    const int64_t n = a.out[0].numel();
+    const int64_t channels = key.y[1], plane = key.nhwc ? 1 : key.y[2] * key.y[3];
+    if (a.in[2].numel() != channels)
+      fail("conv2d '", a.step.name, "': b has ", a.in[2].numel(), " values for ", channels, " output channels (y ",
+           shape_str(ys), ")");
     const unsigned blocks = blocks_for(n, 256, static_cast<int>(grid_cap(a.ctx)));
     dispatch_storage(a.in[2].dtype(), "conv2d", [&]<class T>() {
       fill = [b = a.in[2].as<const T>(), yt = static_cast<T*>(y), n, channels, plane, blocks](cudaStream_t st) {
@@ -611,7 +640,7 @@ Launch prepare_conv2d(const StepArgs& a) {
   };
 }
 
-// inputs: dy, w; attribute shape = x's shape.
+// inputs: dy, w; attribute shape = x's shape (in the step's layout, as every operand).
 Launch prepare_conv2d_grad_input(const StepArgs& a) {
   ConvKey key;
   auto s = setup(a, Pass::bwd_data, a.out[0].shape(), a.in[1].shape(), a.in[0].shape(), key);
@@ -632,7 +661,7 @@ Launch prepare_conv2d_grad_input(const StepArgs& a) {
   };
 }
 
-// inputs: dy, x; attribute shape = w's shape.
+// inputs: dy, x; attribute shape = w's shape (in the step's layout: KRSC for nhwc).
 Launch prepare_conv2d_grad_weight(const StepArgs& a) {
   ConvKey key;
   auto s = setup(a, Pass::bwd_filter, a.in[1].shape(), a.out[0].shape(), a.in[0].shape(), key);

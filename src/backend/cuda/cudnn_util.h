@@ -1,16 +1,19 @@
 // Small helpers shared by the cuDNN-backed kernels (conv.cu, pool.cu, batch_norm.cu):
-// owning descriptor wrappers that launches keep alive through a shared_ptr, 4-d NCHW
-// tensor descriptors (f32, bf16 or f16) with their dimensions checked against cuDNN's int
-// range, and the host-side blend factors cuDNN reads when a call is made.
+// owning descriptor wrappers that launches keep alive through a shared_ptr, packed 4-d
+// tensor descriptors (f32, bf16 or f16; NCHW or channels-last NHWC) with their dimensions
+// checked against cuDNN's int range, the step's `layout` attribute (src/ops/layout.h), and
+// the host-side blend factors cuDNN reads when a call is made.
 #pragma once
 #include <cudnn.h>
 
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
+#include "ops/layout.h"
 
 namespace seam::cuda {
 
@@ -74,11 +77,48 @@ inline cudnnDataType_t cudnn_type(const StepArgs& a, DType t) {
   }
 }
 
+// The step's layout: true for "nhwc", false for "nchw" or no attribute. Shape inference
+// rejects other values; a plan that reached the backend another way fails here, naming
+// the step, rather than running as NCHW.
+inline bool step_nhwc(const StepArgs& a) {
+  if (!a.step.attrs.has("layout")) return false;
+  const std::string& l = a.step.attrs.s("layout");
+  if (l != "nchw" && l != "nhwc")
+    fail(op_name(a.step.op), " '", a.step.name, "': layout must be \"nchw\" or \"nhwc\", got \"", l, "\"");
+  return l == "nhwc";
+}
+
+inline cudnnTensorFormat_t cudnn_format(bool nhwc) { return nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW; }
+
+// The logical [N, C, H, W] dims of a 4-d operand whose shape is written in the step's
+// layout ([N, H, W, C] for nhwc; a filter [C_out, kh, kw, C_in/g] maps the same way to
+// [C_out, C_in/g, kh, kw]). cuDNN's descriptors, and every shape check, take these.
+inline Shape logical_nchw(const StepArgs& a, const Shape& s, bool nhwc, const char* what) {
+  if (s.size() != 4)
+    fail(op_name(a.step.op), " '", a.step.name, "': ", what, " must be 4-d (layout ", nhwc ? "nhwc" : "nchw",
+         "), got ", shape_str(s));
+  return nhwc ? nchw_order(s) : s;
+}
+
+// A packed 4-d tensor descriptor of dtype t for the logical dims (n, c, h, w), stored
+// NCHW or channels-last: cuDNN takes the logical dims with the format either way and
+// derives the strides from it.
+inline void set_4d(const StepArgs& a, const TensorDesc& d, DType t, int64_t n, int64_t c, int64_t h, int64_t w,
+                   bool nhwc) {
+  check_cudnn_count(a, {n, c, h, w});
+  SEAM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, cudnn_format(nhwc), cudnn_type(a, t), cudnn_dim(a, n, "N"),
+                                              cudnn_dim(a, c, "C"), cudnn_dim(a, h, "H"), cudnn_dim(a, w, "W")));
+}
+
+// The same from a logical [N, C, H, W] shape.
+inline void set_4d(const StepArgs& a, const TensorDesc& d, DType t, const Shape& nchw, bool nhwc) {
+  if (nchw.size() != 4) fail(op_name(a.step.op), " '", a.step.name, "': expected a 4-d tensor, got ", shape_str(nchw));
+  set_4d(a, d, t, nchw[0], nchw[1], nchw[2], nchw[3], nhwc);
+}
+
 // A packed NCHW tensor descriptor of dtype t.
 inline void set_nchw(const StepArgs& a, const TensorDesc& d, DType t, int64_t n, int64_t c, int64_t h, int64_t w) {
-  check_cudnn_count(a, {n, c, h, w});
-  SEAM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, cudnn_type(a, t), cudnn_dim(a, n, "N"),
-                                              cudnn_dim(a, c, "C"), cudnn_dim(a, h, "H"), cudnn_dim(a, w, "W")));
+  set_4d(a, d, t, n, c, h, w, false);
 }
 
 inline void set_nchw(const StepArgs& a, const TensorDesc& d, DType t, const Shape& s) {

@@ -1,9 +1,11 @@
-// Pooling on the GPU (NCHW; f32, bf16 or f16, one dtype for every operand of a step): max
-// and average pooling forward on cuDNN, the max gradient on cuDNN (it reads x and y), the
-// average gradient and the global average as small kernels here, templated on the storage
-// type and computing in float (the global sums in double). Semantics as the CPU reference
-// (src/backend/cpu/pool.cpp): floor mode, so windows never pass the padding;
-// count_include_pad chooses the divisor.
+// Pooling on the GPU (f32, bf16 or f16, one dtype for every operand of a step), NCHW or,
+// with layout nhwc (src/ops/layout.h), channels-last with every 4-d shape written in
+// memory order ([N, H, W, C]): max and average pooling forward on cuDNN, the max gradient
+// on cuDNN (it reads x and y), the average gradient and the global average as small
+// kernels here, templated on the storage type (and the layout) and computing in float
+// (the global sums in double). cuDNN's descriptors and every geometry check take the
+// logical NCHW dims. Semantics as the CPU reference (src/backend/cpu/pool.cpp): floor
+// mode, so windows never pass the padding; count_include_pad chooses the divisor.
 #include <algorithm>
 #include <memory>
 
@@ -19,24 +21,28 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The geometry of one pooling op; x [N, C, H, W] -> y [N, C, OH, OW].
+// The geometry of one pooling op; x [N, C, H, W] -> y [N, C, OH, OW] (logical dims).
 struct PoolGeom {
-  int64_t planes, h, w, oh, ow;
+  int64_t planes, channels, h, w, oh, ow;  // planes = N * C
   int64_t kh, kw, sh, sw, ph, pw;
   bool count_include_pad;
 };
 
-PoolGeom pool_geom(const StepArgs& a, const Shape& x, const Shape& y) {
+// xs, ys: the shapes of x and y in the step's layout.
+PoolGeom pool_geom(const StepArgs& a, const Shape& xs, const Shape& ys, bool nhwc) {
+  const Shape x = logical_nchw(a, xs, nhwc, "x");
+  const Shape y = logical_nchw(a, ys, nhwc, "y");
   const Attrs& at = a.step.attrs;
   const auto& k = at.ints("kernel");
   auto st = at.has("stride") ? at.ints("stride") : std::vector<int64_t>{};
   if (st.empty()) st = k;
   const std::vector<int64_t> pd = at.has("padding") ? at.ints("padding") : std::vector<int64_t>{0, 0};
-  if (x.size() != 4 || y.size() != 4 || k.size() != 2 || st.size() != 2 || pd.size() != 2)
-    fail(op_name(a.step.op), " '", a.step.name, "': needs 4-d x and y and 2 entries of kernel, stride, padding");
+  if (k.size() != 2 || st.size() != 2 || pd.size() != 2)
+    fail(op_name(a.step.op), " '", a.step.name, "': needs 2 entries of kernel, stride, padding");
   if (x[0] != y[0] || x[1] != y[1])
-    fail(op_name(a.step.op), " '", a.step.name, "': x ", shape_str(x), " and y ", shape_str(y), " differ in N or C");
-  PoolGeom g{x[0] * x[1], x[2], x[3], y[2], y[3], k[0], k[1], st[0], st[1], pd[0], pd[1], true};
+    fail(op_name(a.step.op), " '", a.step.name, "': x ", shape_str(xs), " and y ", shape_str(ys), " differ in N or C",
+         nhwc ? " (layout nhwc)" : "");
+  PoolGeom g{x[0] * x[1], x[1], x[2], x[3], y[2], y[3], k[0], k[1], st[0], st[1], pd[0], pd[1], true};
   if (at.has("count_include_pad")) g.count_include_pad = at.i("count_include_pad") != 0;
   return g;
 }
@@ -46,31 +52,33 @@ struct PoolSetup {
   PoolDesc pool;
 };
 
-// cuDNN descriptors for x [N, C, H, W] -> y; checks that cuDNN's output shape is the
-// graph's.
+// cuDNN descriptors for x -> y (shapes in the step's layout); checks that cuDNN's output
+// shape is the graph's.
 std::shared_ptr<PoolSetup> pool_setup(const StepArgs& a, const Shape& xs, const Shape& ys, const PoolGeom& g,
-                                      cudnnPoolingMode_t mode) {
+                                      cudnnPoolingMode_t mode, bool nhwc) {
   auto s = std::make_shared<PoolSetup>();
   const DType t = a.in[0].dtype();
-  set_nchw(a, s->x, t, xs);
-  set_nchw(a, s->y, t, ys);
+  const int64_t n = xs[0], c = g.channels;
+  set_4d(a, s->x, t, n, c, g.h, g.w, nhwc);
+  set_4d(a, s->y, t, n, c, g.oh, g.ow, nhwc);
   // NaN propagates through max pooling, as on the CPU (and in PyTorch).
   SEAM_CUDNN_CHECK(cudnnSetPooling2dDescriptor(s->pool, mode, CUDNN_PROPAGATE_NAN, cudnn_dim(a, g.kh, "kernel h"),
                                                cudnn_dim(a, g.kw, "kernel w"), static_cast<int>(g.ph),
                                                static_cast<int>(g.pw), cudnn_dim(a, g.sh, "stride h"),
                                                cudnn_dim(a, g.sw, "stride w")));
-  int n = 0, c = 0, h = 0, w = 0;
-  SEAM_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(s->pool, s->x, &n, &c, &h, &w));
-  if (n != ys[0] || c != ys[1] || h != ys[2] || w != ys[3])
-    fail(op_name(a.step.op), " '", a.step.name, "': cuDNN computes the output as [", n, ", ", c, ", ", h, ", ", w,
-         "], the graph has ", shape_str(ys));
+  int on = 0, oc = 0, oh = 0, ow = 0;
+  SEAM_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(s->pool, s->x, &on, &oc, &oh, &ow));
+  if (on != n || oc != c || oh != g.oh || ow != g.ow)
+    fail(op_name(a.step.op), " '", a.step.name, "': cuDNN computes the output as [", on, ", ", oc, ", ", oh, ", ", ow,
+         "] (NCHW), the graph has ", shape_str(ys), nhwc ? " (NHWC)" : "");
   return s;
 }
 
 Launch prepare_pool_forward(const StepArgs& a, cudnnPoolingMode_t mode) {
   expect_one_stored_dtype(a);
-  const PoolGeom g = pool_geom(a, a.in[0].shape(), a.out[0].shape());
-  auto s = pool_setup(a, a.in[0].shape(), a.out[0].shape(), g, mode);
+  const bool nhwc = step_nhwc(a);
+  const PoolGeom g = pool_geom(a, a.in[0].shape(), a.out[0].shape(), nhwc);
+  auto s = pool_setup(a, a.in[0].shape(), a.out[0].shape(), g, mode, nhwc);
   cudnnHandle_t h = cudnn_of(a.ctx);
   const void* x = a.in[0].data;
   void* y = a.out[0].data;
@@ -96,8 +104,9 @@ Launch prepare_max_pool2d_grad(const StepArgs& a) {
   if (a.in[2].shape() != ys || a.out[0].shape() != xs)
     fail("max_pool2d_grad '", a.step.name, "': dy ", shape_str(ys), ", x ", shape_str(xs), ", y ",
          shape_str(a.in[2].shape()), " and dx ", shape_str(a.out[0].shape()), " do not fit together");
-  const PoolGeom g = pool_geom(a, xs, ys);
-  auto s = pool_setup(a, xs, ys, g, CUDNN_POOLING_MAX_DETERMINISTIC);
+  const bool nhwc = step_nhwc(a);
+  const PoolGeom g = pool_geom(a, xs, ys, nhwc);
+  auto s = pool_setup(a, xs, ys, g, CUDNN_POOLING_MAX_DETERMINISTIC, nhwc);
   cudnnHandle_t h = cudnn_of(a.ctx);
   const void* dy = a.in[0].data;
   const void* x = a.in[1].data;
@@ -111,13 +120,26 @@ Launch prepare_max_pool2d_grad(const StepArgs& a) {
 
 // dx of average pooling, one thread per x element: the sum, over the windows that cover
 // it, of dy divided by that window's divisor (as the CPU, which scatters the same shares).
-template <class T>
+// Element i is (plane, iy, ix) in NCHW; with Nhwc it is (n, iy, ix, c), and the windows of
+// its channel sit `channels` apart in dy.
+template <class T, bool Nhwc>
 __global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeom g) {
   const int64_t total = g.planes * g.h * g.w;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t ix = i % g.w;
-    const int64_t iy = (i / g.w) % g.h;
-    const int64_t pl = i / (g.w * g.h);
+    int64_t ix, iy, step;
+    const T* d;  // dy at the channel's window (0, 0)
+    if constexpr (Nhwc) {
+      const int64_t c = i % g.channels, p = i / g.channels;
+      ix = p % g.w;
+      iy = (p / g.w) % g.h;
+      d = dy + (p / (g.w * g.h)) * g.oh * g.ow * g.channels + c;
+      step = g.channels;
+    } else {
+      ix = i % g.w;
+      iy = (i / g.w) % g.h;
+      d = dy + (i / (g.w * g.h)) * g.oh * g.ow;
+      step = 1;
+    }
     // Window oy covers rows [oy * sh - ph, oy * sh - ph + kh): iy is inside for
     // (iy + ph - kh) / sh < oy <= (iy + ph) / sh.
     const int64_t ry = iy + g.ph, rx = ix + g.pw;  // >= 0
@@ -125,7 +147,6 @@ __global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ d
     const int64_t ox0 = rx >= g.kw ? (rx - g.kw) / g.sw + 1 : 0;
     const int64_t oy1 = min(ry / g.sh, g.oh - 1);
     const int64_t ox1 = min(rx / g.sw, g.ow - 1);
-    const T* d = dy + pl * g.oh * g.ow;
     float s = 0.f;
     for (int64_t oy = oy0; oy <= oy1; ++oy) {
       const int64_t ys = oy * g.sh - g.ph;
@@ -136,23 +157,27 @@ __global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ d
           const int64_t xs = ox * g.sw - g.pw;
           div = rows * (min(xs + g.kw, g.w) - max(xs, int64_t{0}));
         }
-        s += to_float(d[oy * g.ow + ox]) / static_cast<float>(div);
+        s += to_float(d[(oy * g.ow + ox) * step]) / static_cast<float>(div);
       }
     }
     dx[i] = from_float<T>(s);
   }
 }
 
-// inputs: dy; attribute shape = x's shape.
+// inputs: dy; attribute shape = x's shape (in the step's layout).
 Launch prepare_avg_pool2d_grad(const StepArgs& a) {
   expect_one_stored_dtype(a);
-  const PoolGeom g = pool_geom(a, a.out[0].shape(), a.in[0].shape());
+  const bool nhwc = step_nhwc(a);
+  const PoolGeom g = pool_geom(a, a.out[0].shape(), a.in[0].shape(), nhwc);
   const int64_t total = g.planes * g.h * g.w;
   const unsigned blocks = blocks_for(total, kThreads, std::max(a.ctx.sm_count, 1) * 16);
   Launch launch;
   dispatch_storage(a.in[0].dtype(), "avg_pool2d_grad", [&]<class T>() {
-    launch = [g, blocks, dy = a.in[0].as<const T>(), dx = a.out[0].as<T>()](cudaStream_t stream) {
-      avg_pool_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
+    launch = [g, blocks, nhwc, dy = a.in[0].as<const T>(), dx = a.out[0].as<T>()](cudaStream_t stream) {
+      if (nhwc)
+        avg_pool_grad_kernel<T, true><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
+      else
+        avg_pool_grad_kernel<T, false><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
@@ -185,13 +210,49 @@ __global__ void global_avg_block_kernel(const T* __restrict__ x, T* __restrict__
   }
 }
 
+// NHWC: x [N, HW, C] -> y [N, C]. A block of 32 x kRows threads takes 32 neighbouring
+// channels of one image: threadIdx.x picks the channel, so that a warp's loads are 32
+// consecutive values, and the kRows rows of threads stride over the positions. Each
+// thread sums in double; the rows' sums meet in shared memory and are added in a fixed
+// order, so every run gives the same result.
+constexpr int kRows = kThreads / 32;
+
 template <class T>
-Launch global_avg_pool_as(const StepArgs& a) {
+__global__ void global_avg_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t batch, int64_t hw,
+                                       int64_t channels) {
+  __shared__ double part[kRows][32];
+  const int64_t chunks = (channels + 31) / 32;
+  for (int64_t job = blockIdx.x; job < batch * chunks; job += gridDim.x) {  // the same trip count in every thread
+    const int64_t n = job / chunks, c = (job - n * chunks) * 32 + threadIdx.x;
+    double s = 0;
+    if (c < channels)
+      for (int64_t i = threadIdx.y; i < hw; i += kRows) s += to_float(x[(n * hw + i) * channels + c]);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < channels) {
+      double t = 0;
+      for (int r = 0; r < kRows; ++r) t += part[r][threadIdx.x];
+      y[n * channels + c] = from_float<T>(static_cast<float>(t / static_cast<double>(hw)));
+    }
+    __syncthreads();  // part is written again by the next job
+  }
+}
+
+template <class T>
+Launch global_avg_pool_as(const StepArgs& a, bool nhwc) {
   const Shape& s = a.in[0].shape();
-  const int64_t planes = s[0] * s[1], hw = s[2] * s[3];
   const T* x = a.in[0].as<const T>();
   T* y = a.out[0].as<T>();
   const int cap = std::max(a.ctx.sm_count, 1) * 16;
+  if (nhwc) {
+    const int64_t batch = s[0], hw = s[1] * s[2], channels = s[3];
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(batch * ((channels + 31) / 32), cap));
+    return [x, y, batch, hw, channels, blocks](cudaStream_t stream) {
+      global_avg_nhwc_kernel<T><<<blocks, dim3(32, kRows), 0, stream>>>(x, y, batch, hw, channels);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  }
+  const int64_t planes = s[0] * s[1], hw = s[2] * s[3];
   if (hw >= 1024) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(planes, cap));
     return [x, y, planes, hw, blocks](cudaStream_t stream) {
@@ -208,10 +269,17 @@ Launch global_avg_pool_as(const StepArgs& a) {
 
 Launch prepare_global_avg_pool(const StepArgs& a) {
   expect_one_stored_dtype(a);
+  const bool nhwc = step_nhwc(a);
   const Shape& s = a.in[0].shape();
-  if (s.size() != 4) fail("global_avg_pool '", a.step.name, "': x must be [N, C, H, W], got ", shape_str(s));
+  if (s.size() != 4)
+    fail("global_avg_pool '", a.step.name, "': x must be ", nhwc ? "[N, H, W, C] (layout nhwc)" : "[N, C, H, W]",
+         ", got ", shape_str(s));
+  const Shape want{s[0], nhwc ? s[3] : s[1]};
+  if (a.out[0].shape() != want)
+    fail("global_avg_pool '", a.step.name, "': y ", shape_str(a.out[0].shape()), " does not fit x ", shape_str(s),
+         " (want ", shape_str(want), ")");
   Launch launch;
-  dispatch_storage(a.in[0].dtype(), "global_avg_pool", [&]<class T>() { launch = global_avg_pool_as<T>(a); });
+  dispatch_storage(a.in[0].dtype(), "global_avg_pool", [&]<class T>() { launch = global_avg_pool_as<T>(a, nhwc); });
   return launch;
 }
 

@@ -1,0 +1,600 @@
+// The cuDNN-backed ops in layout nhwc (src/ops/layout.h) on the GPU against the CPU, which
+// runs an nhwc step as its NCHW kernel on permuted copies: conv2d with its input and
+// weight gradients, batch_norm in training and evaluation, max / average / global average
+// pooling, forward and backward, at f32, TF32, bf16 and f16.
+//
+// The graphs carry layout "nhwc" themselves (Graph::add with the attribute), so the
+// layout pass leaves them as written: x is [N, H, W, C], the filter [C_out, kh, kw,
+// C_in/groups], y [N, OH, OW, C_out]. Each case is written with its NCHW geometry and
+// reordered here. Inputs are fresh random values (gpu_check.h), so any indexing slip in
+// a channels-last kernel or descriptor shows.
+//
+// Also: the NHWC convolution against the NCHW one of the same values on the GPU, the
+// algorithm cache's layout token (and its old lines without one), and the cuDNN path the
+// channels-last batch norm took, printed for the run's log.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "backend/backend.h"
+#include "gpu_check.h"
+#include "ops/layout.h"
+#include "pool_case.h"
+
+using namespace seam;
+using seam::gpu_testing::compare_with_cpu;
+using seam::gpu_testing::CompareOptions;
+using seam::gpu_testing::expect_close;
+using seam::gpu_testing::f32;
+using seam::gpu_testing::GpuCase;
+using seam::gpu_testing::PoolCase;
+using seam::gpu_testing::TempCacheDir;
+using seam::gpu_testing::tf32_nhwc;
+using seam::gpu_testing::Tolerance;
+
+namespace {
+
+const std::string kNhwc = "nhwc";
+
+struct Low {
+  DType dtype;
+  const char* name;
+  CompareOptions options() const { return dtype == DType::bf16 ? gpu_testing::bf16() : gpu_testing::f16(); }
+  Tolerance tol() const { return dtype == DType::bf16 ? Tolerance::bf16() : Tolerance::f16(); }
+  // Explicit 16-bit operands, no precision pass.
+  CompareOptions direct() const { return CompareOptions(Precision::f32, tol()); }
+};
+constexpr Low kLows[] = {{DType::bf16, "bf16"}, {DType::f16, "f16"}};
+
+// compare_with_cpu on a graph whose output may be one of its own channels-last values,
+// compared through an exact permute to NCHW: Program::read reorders an output stored
+// channels-last as one the layout pass moved (src/model.cpp), which a value the graph
+// itself declares [N, H, W, C] is not.
+double compare_nhwc(const std::function<Var(GpuCase&)>& build, const CompareOptions& o) {
+  return compare_with_cpu(
+      [&](GpuCase& c) {
+        Var y = build(c);
+        return y.type().layout == DataLayout::nhwc ? permute(y, to_nchw_perm()) : y;
+      },
+      o);
+}
+
+// ------------------------------------------------------------------------------------------
+// Builders of nhwc nodes
+
+Attrs conv_attrs(const Conv2dOptions& o, const std::string& layout) {
+  return {{"stride", o.stride},
+          {"padding", o.padding},
+          {"dilation", o.dilation},
+          {"groups", o.groups},
+          {"layout", layout}};
+}
+
+// x [N, H, W, C], w [C_out, kh, kw, C_in/groups], b [C_out].
+Var conv2d_nhwc(Var x, Var w, std::optional<Var> b, const Conv2dOptions& o) {
+  std::vector<ValueId> in{x.id(), w.id()};
+  if (b) in.push_back(b->id());
+  Var y = x.graph().add1(Op::conv2d, in, conv_attrs(o, kNhwc));
+  EXPECT_EQ(y.type().layout, DataLayout::nhwc) << y.type().str();
+  return y;
+}
+
+Var batch_norm_nhwc(GpuCase& c, Var x, Init rm, Init rv) {
+  const Shape ch{x.shape()[3]};
+  auto out = c.g.add(Op::batch_norm,
+                     {x.id(), c.param("gamma", ch, 0.5, 1.5).id(), c.param("beta", ch).id(),
+                      c.state("running_mean", ch, rm).id(), c.state("running_var", ch, rv).id()},
+                     {{"momentum", 0.1}, {"eps", 1e-5}, {"layout", kNhwc}});
+  return c.g.var(out[0]);
+}
+
+Var max_pool_nhwc(Var x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
+                  const std::vector<int64_t>& padding) {
+  return x.graph().add1(Op::max_pool2d, {x.id()},
+                        {{"kernel", kernel}, {"stride", stride}, {"padding", padding}, {"layout", kNhwc}});
+}
+
+Var avg_pool_nhwc(Var x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
+                  const std::vector<int64_t>& padding, bool include) {
+  return x.graph().add1(Op::avg_pool2d, {x.id()},
+                        {{"kernel", kernel},
+                         {"stride", stride},
+                         {"padding", padding},
+                         {"count_include_pad", int64_t{include}},
+                         {"layout", kNhwc}});
+}
+
+Var global_avg_pool_nhwc(Var x) { return x.graph().add1(Op::global_avg_pool, {x.id()}, {{"layout", kNhwc}}); }
+
+// ------------------------------------------------------------------------------------------
+// Convolution cases: NCHW geometry, reordered for the graph
+
+struct ConvCase {
+  Shape x, w;  // [N, C, H, W] and [C_out, C_in/groups, kh, kw]
+  bool bias;
+  Conv2dOptions o;
+  // Without TF32: a large layer's gradients are float sums of thousands of terms that
+  // largely cancel, so elements near zero carry rounding above f32()'s atol on both
+  // devices (see test_gpu_cudnn.cpp); the relative L2 error stays below 1e-5.
+  Tolerance no_tf32 = Tolerance::f32();
+  std::string str() const {
+    return "x " + shape_str(x) + " w " + shape_str(w) + (bias ? " +b" : "") + " stride " + shape_str(o.stride) +
+           " pad " + shape_str(o.padding) + " dil " + shape_str(o.dilation) + " groups " + std::to_string(o.groups) +
+           " (NCHW geometry, run NHWC)";
+  }
+};
+
+std::vector<ConvCase> conv_cases() {
+  return {
+      // 3x3 with padding, batch 1, bias; 3x3 stride 2, no padding, no bias
+      {{1, 3, 7, 7}, {4, 3, 3, 3}, true, {.padding = {1, 1}}},
+      {{3, 3, 7, 7}, {5, 3, 3, 3}, false, {.stride = {2, 2}}},
+      // 1x1 (pointwise) with bias; 1x1 stride 2 on channels a tensor core takes whole
+      {{3, 4, 7, 7}, {6, 4, 1, 1}, true, {}},
+      {{2, 8, 8, 8}, {8, 8, 1, 1}, false, {.stride = {2, 2}}},
+      // dilation 2 with padding
+      {{3, 2, 7, 7}, {4, 2, 3, 3}, true, {.padding = {1, 1}, .dilation = {2, 2}}},
+      // groups 2, with and without bias
+      {{3, 4, 7, 7}, {6, 2, 3, 3}, true, {.padding = {1, 1}, .groups = 2}},
+      {{2, 8, 6, 6}, {8, 4, 3, 3}, false, {.stride = {2, 2}, .padding = {1, 1}, .groups = 2}},
+      // depthwise (groups = C) with stride 2 and padding; depthwise with multiplier 2
+      {{3, 4, 7, 7}, {4, 1, 3, 3}, true, {.stride = {2, 2}, .padding = {1, 1}, .groups = 4}},
+      {{1, 3, 7, 7}, {6, 1, 3, 3}, false, {.groups = 3}},
+      // the 7x7 stride-2 stem of a ResNet, with and without bias
+      {{2, 3, 16, 16}, {8, 3, 7, 7}, true, {.stride = {2, 2}, .padding = {3, 3}}},
+      {{1, 4, 15, 13}, {8, 4, 7, 7}, false, {.stride = {2, 2}, .padding = {3, 3}}},
+      // asymmetric stride, padding and dilation on a non-square input
+      {{3, 3, 7, 8}, {4, 3, 3, 2}, true, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}}},
+      // a layer of a real network's size, where cuDNN picks tensor-core algorithms
+      {{8, 16, 16, 16}, {32, 16, 3, 3}, true, {.padding = {1, 1}}, {1e-5, 1e-4, 1e-4}},
+  };
+}
+
+// x is a parameter, so that conv2d_grad_input runs beside conv2d_grad_weight (and the
+// bias gradient, a sum over N, H, W of dy).
+Var build_conv(GpuCase& c, const ConvCase& k) {
+  Var x = c.param("x", nhwc_order(k.x));
+  Var w = c.param("w", nhwc_order(k.w));
+  std::optional<Var> b;
+  if (k.bias) b = c.param("b", {k.w[0]});
+  return conv2d_nhwc(x, w, b, k.o);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// conv2d
+
+TEST(GpuNhwcConv, MatchesTheCpuWithTf32) {
+  for (const ConvCase& k : conv_cases()) {
+    SCOPED_TRACE(k.str());
+    compare_nhwc([&](GpuCase& c) { return build_conv(c, k); }, tf32_nhwc());
+  }
+}
+
+TEST(GpuNhwcConv, MatchesTheCpuWithoutTf32) {
+  for (const ConvCase& k : conv_cases()) {
+    SCOPED_TRACE(k.str());
+    compare_nhwc([&](GpuCase& c) { return build_conv(c, k); }, CompareOptions(Precision::f32, k.no_tf32));
+  }
+}
+
+TEST(GpuNhwcConv, SixteenBitMatchesTheCpu) {
+  // Through the precision pass: x, w and b get 16-bit working copies.
+  for (const Low& low : kLows)
+    for (const ConvCase& k : conv_cases()) {
+      SCOPED_TRACE(std::string(low.name) + " " + k.str());
+      compare_nhwc([&](GpuCase& c) { return build_conv(c, k); }, low.options());
+    }
+}
+
+TEST(GpuNhwcConv, SixteenBitOperandsWithoutThePass) {
+  // Every operand 16-bit as given: x an input, w and b casts of f32 parameters.
+  const std::vector<ConvCase> all = conv_cases();
+  for (const Low& low : kLows)
+    for (const ConvCase& k : {all[0], all[5], all[7], all[9], all.back()}) {
+      SCOPED_TRACE(std::string(low.name) + " " + k.str());
+      compare_nhwc(
+          [&](GpuCase& c) {
+            Var x = c.data("x", nhwc_order(k.x), -1, 1, low.dtype);
+            Var w = cast(c.param("w", nhwc_order(k.w)), low.dtype);
+            std::optional<Var> b;
+            if (k.bias) b = cast(c.param("b", {k.w[0]}), low.dtype);
+            Var y = conv2d_nhwc(x, w, b, k.o);
+            EXPECT_EQ(y.dtype(), low.dtype);
+            return cast(y, DType::f32);
+          },
+          low.direct());
+    }
+}
+
+TEST(GpuNhwcConv, WeightGradientOnlyWhenXIsData) {
+  // x is data: conv2d_grad_weight and the bias sum, no conv2d_grad_input.
+  auto build = [](GpuCase& c) {
+    return conv2d_nhwc(c.data("x", {3, 9, 9, 3}), c.param("w", {4, 3, 3, 3}), c.param("b", {4}),
+                       {.stride = {2, 2}, .padding = {1, 1}});
+  };
+  compare_nhwc(build, tf32_nhwc());
+  compare_nhwc(build, CompareOptions(Precision::f32, Tolerance::f32()));
+  for (const Low& low : kLows) {
+    SCOPED_TRACE(low.name);
+    compare_nhwc(build, low.options());
+  }
+}
+
+TEST(GpuNhwcConv, TwoLayersWithReluBetween) {
+  // The second layer's shapes equal the first's (its algorithms come from the cache); the
+  // relu after conv + bias tells whether the channels-last bias landed on the right
+  // channel and y was rounded once.
+  for (const CompareOptions& o : {tf32_nhwc(), gpu_testing::bf16(), gpu_testing::f16()}) {
+    SCOPED_TRACE(precision_name(o.precision));
+    compare_nhwc(
+        [](GpuCase& c) {
+          Var h = relu(conv2d_nhwc(c.param("x", {2, 8, 8, 8}), c.param("w1", {8, 3, 3, 8}), c.param("b1", {8}),
+                                   {.padding = {1, 1}}));
+          return conv2d_nhwc(h, c.param("w2", {8, 3, 3, 8}), c.param("b2", {8}), {.padding = {1, 1}});
+        },
+        o);
+  }
+}
+
+namespace {
+
+// One convolution on the GPU, in NCHW or (transposing x and w to channels-last, and y
+// back) in NHWC; both graphs declare the same parameters and input in the same order, so
+// they start from the same values (Model::reset seeds each by its position in the graph).
+struct ConvRun {
+  std::vector<float> y;
+  std::vector<std::vector<float>> grads;  // x, w, b?
+};
+
+ConvRun run_on_gpu(const ConvCase& k, bool nhwc, Precision precision) {
+  Graph g;
+  Var x = g.param("x", k.x, Init::uniform(-1, 1));
+  Var w = g.param("w", k.w, Init::uniform(-1, 1));
+  std::optional<Var> b;
+  if (k.bias) b = g.param("b", {k.w[0]}, Init::uniform(-1, 1));
+  // The output's NCHW shape, from an NCHW node that only this graph's inference sees.
+  const Shape ys = Graph(g).add1(Op::conv2d, {x.id(), w.id()}, conv_attrs(k.o, "nchw")).shape();
+  Var r = g.input("r", ys);
+  Var y;
+  if (nhwc) {
+    std::vector<ValueId> in{permute(x, to_nhwc_perm()).id(), permute(w, to_nhwc_perm()).id()};
+    if (b) in.push_back(b->id());
+    y = permute(g.add1(Op::conv2d, in, conv_attrs(k.o, kNhwc)), to_nchw_perm());
+  } else {
+    std::vector<ValueId> in{x.id(), w.id()};
+    if (b) in.push_back(b->id());
+    y = g.add1(Op::conv2d, in, conv_attrs(k.o, "nchw"));
+  }
+  Var loss = sum(mul(y, r));
+  Model m(g, {.seed = 5, .device = Device::cuda, .precision = precision, .layout = LayoutPolicy::nchw});
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {y.id()}});
+  // The convolutions ran in the layout asked for, not one a pass chose.
+  int convs = 0;
+  for (const PlanStep& s : p.plan().steps)
+    if (s.op == Op::conv2d || s.op == Op::conv2d_grad_input || s.op == Op::conv2d_grad_weight) {
+      ++convs;
+      EXPECT_EQ(is_nhwc(s.attrs), nhwc) << op_name(s.op) << " '" << s.name << "'";
+    }
+  EXPECT_EQ(convs, 3);
+  p.set_input("r", seam::testing::bytes_of(seam::testing::random_floats(static_cast<size_t>(numel(ys)), 99)));
+  p.run();
+  ConvRun out;
+  out.y = p.read_as<float>(y.name());
+  for (const char* name : {"x", "w", "b"})
+    if (name != std::string("b") || k.bias) out.grads.push_back(p.grad_as<float>(name));
+  return out;
+}
+
+}  // namespace
+
+TEST(GpuNhwcConv, MatchesTheNchwConvolutionOnTheGpu) {
+  // Both layouts on cuDNN, each with the algorithm it measures fastest: they differ by
+  // the rounding of another summation order, within the precision's tolerance.
+  for (Precision precision : {Precision::f32, Precision::tf32})
+    for (const ConvCase& k : conv_cases()) {
+      SCOPED_TRACE(std::string(precision_name(precision)) + " " + k.str());
+      const Tolerance tol = precision == Precision::tf32 ? Tolerance::tf32_nhwc() : k.no_tf32;
+      const ConvRun nchw = run_on_gpu(k, false, precision);
+      const ConvRun nhwc = run_on_gpu(k, true, precision);
+      expect_close(nhwc.y, nchw.y, tol, "y");
+      ASSERT_EQ(nhwc.grads.size(), nchw.grads.size());
+      const char* names[] = {"dx", "dw", "db"};
+      for (size_t i = 0; i < nchw.grads.size(); ++i) expect_close(nhwc.grads[i], nchw.grads[i], tol, names[i]);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The algorithm cache keeps the layouts apart
+
+namespace {
+
+std::vector<std::filesystem::path> conv_files(const TempCacheDir& cache) {
+  std::vector<std::filesystem::path> out;
+  const std::filesystem::path dir = std::filesystem::path(cache.dir()) / "seam";
+  if (!std::filesystem::exists(dir)) return out;
+  for (auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("conv-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".txt")
+      out.push_back(e.path());
+  }
+  return out;
+}
+
+std::vector<std::string> lines_of(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+int lines_starting(const std::vector<std::string>& lines, const std::string& prefix) {
+  int n = 0;
+  for (const std::string& l : lines) n += l.rfind(prefix, 0) == 0;
+  return n;
+}
+
+// One f32 convolution forward (padding 1) at Precision::f32 (FMA math), x and w given in
+// NCHW geometry.
+void compile_conv(const Shape& x, const Shape& w, bool nhwc) {
+  Graph g;
+  Var xi = g.input("x", nhwc ? nhwc_order(x) : x);
+  Var wi = g.input("w", nhwc ? nhwc_order(w) : w);
+  Var y = g.add1(Op::conv2d, {xi.id(), wi.id()}, conv_attrs({.padding = {1, 1}}, nhwc ? kNhwc : "nchw"));
+  Model m(g, {.seed = 1, .device = Device::cuda, .layout = LayoutPolicy::nchw});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {y.id()}});
+  p.set_input("x", seam::testing::bytes_of(seam::testing::random_floats(static_cast<size_t>(numel(x)), 3)));
+  p.set_input("w", seam::testing::bytes_of(seam::testing::random_floats(static_cast<size_t>(numel(w)), 4)));
+  p.run();
+  p.check();
+}
+
+}  // namespace
+
+TEST(GpuNhwcConvCache, EachLayoutHasALineOfItsOwnWithLogicalDims) {
+  TempCacheDir cache;  // a folder of its own: both are measured here
+  const Shape x{2, 5, 13, 11}, w{6, 5, 3, 3};
+  compile_conv(x, w, false);
+  compile_conv(x, w, true);
+  const std::string geometry =
+      "fwd x=2,5,13,11 w=6,5,3,3 y=2,6,13,11 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=fma ";
+  const auto files = conv_files(cache);
+  ASSERT_EQ(files.size(), 1u) << cache.dir();
+  const auto lines = lines_of(files[0]);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("# seam cudnn conv algorithms v1 gpu=", 0), 0u) << lines[0];
+  EXPECT_EQ(lines_starting(lines, geometry + "layout=nchw algo="), 1) << files[0];
+  EXPECT_EQ(lines_starting(lines, geometry + "layout=nhwc algo="), 1) << files[0];
+}
+
+TEST(GpuNhwcConvCache, LinesWithoutALayoutAreReadAsNchw) {
+  TempCacheDir cache;
+  compile_conv({1, 2, 5, 5}, {2, 2, 3, 3}, false);
+  const auto files = conv_files(cache);
+  ASSERT_EQ(files.size(), 1u) << cache.dir();
+  // A line as builds before the layout token wrote it. Its ws is informational (the
+  // workspace is queried again before use) and no measurement gives 12345: if the line
+  // comes back rewritten with it, it was read, not measured again.
+  const std::string geometry =
+      "fwd x=1,3,9,7 w=2,3,3,3 y=1,2,9,7 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=fma";
+  const std::string old_line = geometry + " algo=0 algo_math=3 ws=12345";  // IMPLICIT_GEMM, FMA
+  const std::string new_line = geometry + " layout=nchw algo=0 algo_math=3 ws=12345";
+  const std::string nhwc_line = geometry + " layout=nhwc algo=0 algo_math=3 ws=12345";
+  {
+    std::ofstream out(files[0], std::ios::app);
+    out << old_line << '\n';
+  }
+  // A new shape is measured and the file rewritten from what parses.
+  compile_conv({1, 4, 6, 6}, {3, 4, 3, 3}, false);
+  auto lines = lines_of(files[0]);
+  EXPECT_EQ(lines_starting(lines, old_line), 0) << files[0];
+  EXPECT_EQ(lines_starting(lines, new_line), 1) << files[0];
+  // That choice serves the NCHW convolution (nothing new is written), not the NHWC one,
+  // which is measured and gets a line of its own.
+  compile_conv({1, 3, 9, 7}, {2, 3, 3, 3}, false);
+  compile_conv({1, 3, 9, 7}, {2, 3, 3, 3}, true);
+  lines = lines_of(files[0]);
+  EXPECT_EQ(lines_starting(lines, new_line), 1) << files[0];
+  EXPECT_EQ(lines_starting(lines, geometry + " layout=nhwc algo="), 1) << files[0];
+  EXPECT_EQ(lines_starting(lines, nhwc_line), 0) << files[0];
+}
+
+// ------------------------------------------------------------------------------------------
+// batch_norm: x [N, H, W, C]
+
+namespace {
+
+// Not N * H * W = 2: there xhat is +-1 whatever x is, and dx is all rounding.
+const std::vector<Shape> kBnShapes = {{4, 5, 5, 3}, {6, 1, 1, 3}, {16, 7, 7, 8}, {8, 4, 4, 64}, {4, 3, 5, 33}};
+
+Var build_bn(GpuCase& c, const Shape& s, Init rm, Init rv) {
+  return batch_norm_nhwc(c, c.param("x", s, -2, 2), rm, rv);
+}
+
+// 16-bit x and y, f32 gamma, beta and statistics; y compared in f32.
+Var build_bn_low(GpuCase& c, const Shape& s, DType t, Init rm, Init rv) {
+  Var y = batch_norm_nhwc(c, cast(c.param("x", s, -2, 2), t), rm, rv);
+  EXPECT_EQ(y.dtype(), t);
+  return cast(y, DType::f32);
+}
+
+}  // namespace
+
+TEST(GpuNhwcBatchNorm, TrainingMatchesTheCpuIncludingRunningStats) {
+  // runs = 2: the running statistics are compared after two updates.
+  for (const Shape& s : kBnShapes) {
+    SCOPED_TRACE(shape_str(s));
+    compare_nhwc([&](GpuCase& c) { return build_bn(c, s, Init::zeros(), Init::ones()); }, f32().with_runs(2));
+    compare_nhwc([&](GpuCase& c) { return build_bn(c, s, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5)); },
+                     f32().with_runs(2));
+  }
+}
+
+TEST(GpuNhwcBatchNorm, EvaluationMatchesTheCpu) {
+  // The running statistics normalize; the gradient is batch_norm.cu's channels-last kernel.
+  for (const Shape& s : {Shape{4, 5, 5, 3}, Shape{1, 2, 2, 3}, Shape{8, 4, 4, 64}}) {
+    SCOPED_TRACE(shape_str(s));
+    compare_nhwc([&](GpuCase& c) { return build_bn(c, s, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5)); },
+                     f32().in_mode(Mode::eval).with_runs(2));
+  }
+}
+
+TEST(GpuNhwcBatchNorm, SixteenBitTrainingAndEvaluationMatchTheCpu) {
+  for (const Low& low : kLows)
+    for (const Shape& s : {Shape{4, 5, 5, 3}, Shape{16, 7, 7, 8}, Shape{8, 4, 4, 64}}) {
+      SCOPED_TRACE(std::string(low.name) + " " + shape_str(s));
+      auto build = [&](GpuCase& c) {
+        return build_bn_low(c, s, low.dtype, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5));
+      };
+      compare_nhwc(build, low.options().with_runs(2));
+      compare_nhwc(build, low.options().in_mode(Mode::eval).with_runs(2));
+    }
+}
+
+TEST(GpuNhwcBatchNorm, OnDataWithoutAnInputGradient) {
+  // x is data: nothing reads batch_norm_grad's dx, which must not land on live memory.
+  compare_nhwc(
+      [](GpuCase& c) {
+        return relu(batch_norm_nhwc(c, c.data("x", {4, 5, 5, 3}, -2, 2), Init::zeros(), Init::ones()));
+      },
+      f32().with_runs(2));
+}
+
+TEST(GpuNhwcBatchNorm, ReportsTheCudnnPathItTook) {
+  // Which calls the channels-last batch norm runs (the *Ex ones, or the classic ones where
+  // cuDNN wants a reserve space or rejects them) is the executable's choice to report;
+  // printed so that the run's log says what this cuDNN did.
+  GpuCase c(3);
+  Var y = build_bn(c, {8, 4, 4, 64}, Init::zeros(), Init::ones());
+  Var loss = sum(mul(y, c.data("r", y.shape())));
+  Model m(c.g, {.seed = 1, .device = Device::cuda});
+  Program p = m.compile({.loss = loss.id(), .gradients = true});
+  int forward = 0, backward = 0;
+  for (auto& [step, what] : p.executable().stats().choices) {
+    if (what.rfind("batch_norm nhwc: ", 0) == 0) ++forward;
+    if (what.rfind("batch_norm_grad nhwc: ", 0) == 0) ++backward;
+    if (what.find("nhwc: ") != std::string::npos) std::cout << "[ cuDNN    ] step " << step << ": " << what << "\n";
+  }
+  EXPECT_EQ(forward, 1);
+  EXPECT_EQ(backward, 1);
+  for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
+  p.run();
+  p.check();
+}
+
+// ------------------------------------------------------------------------------------------
+// Pooling: x [N, H, W, C]
+
+namespace {
+
+std::vector<PoolCase> pool_cases() {  // NCHW geometry
+  return {
+      {{2, 3, 8, 8}, {2, 2}, {}, {0, 0}},            // the usual 2x2, stride = kernel
+      {{3, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1}},        // overlapping windows with padding
+      {{2, 1, 5, 5}, {2, 2}, {1, 1}, {0, 0}},        // overlapping, no padding
+      {{1, 2, 7, 6}, {3, 2}, {1, 2}, {1, 1}},        // asymmetric, padding = kernel / 2
+      {{3, 2, 7, 7}, {7, 7}, {}, {0, 0}},            // one window over the whole 7x7 plane
+      {{2, 2, 9, 9}, {5, 3}, {3, 2}, {2, 1}},        // windows cut by the padding at both ends
+      {{2, 40, 6, 6}, {3, 3}, {2, 2}, {1, 1}},       // more channels than a warp
+  };
+}
+
+}  // namespace
+
+TEST(GpuNhwcPool, MaxPoolMatchesTheCpu) {
+  for (const PoolCase& k : pool_cases()) {
+    SCOPED_TRACE(k.str());
+    auto build = [&](GpuCase& c) {
+      return max_pool_nhwc(c.param("x", nhwc_order(k.x)), k.kernel, k.stride, k.padding);
+    };
+    compare_nhwc(build, f32());
+    for (const Low& low : kLows) {
+      SCOPED_TRACE(low.name);
+      compare_nhwc(build, low.options());
+    }
+  }
+}
+
+TEST(GpuNhwcPool, MaxPoolGradientGoesToTheFirstOfTiedMaxima) {
+  // Every column of x repeats down the rows, so each 2x2 window holds its maximum twice
+  // (the 3x3 windows three times); the CPU routes dy to the first in row-major order.
+  compare_nhwc(
+      [](GpuCase& c) {
+        return max_pool_nhwc(broadcast_to(c.param("x", {2, 1, 6, 3}), {2, 6, 6, 3}), {2, 2}, {}, {0, 0});
+      },
+      f32());
+  compare_nhwc(
+      [](GpuCase& c) {
+        return max_pool_nhwc(broadcast_to(c.param("x", {1, 1, 7, 2}), {1, 7, 7, 2}), {3, 3}, {2, 2}, {1, 1});
+      },
+      f32());
+}
+
+TEST(GpuNhwcPool, AvgPoolMatchesTheCpuWithAndWithoutPaddingInTheCount) {
+  for (bool include : {true, false})
+    for (const PoolCase& k : pool_cases()) {
+      SCOPED_TRACE(k.str() + (include ? " count_include_pad" : " count_exclude_pad"));
+      auto build = [&](GpuCase& c) {
+        return avg_pool_nhwc(c.param("x", nhwc_order(k.x)), k.kernel, k.stride, k.padding, include);
+      };
+      compare_nhwc(build, f32());
+      for (const Low& low : kLows) {
+        SCOPED_TRACE(low.name);
+        compare_nhwc(build, low.options());
+      }
+    }
+}
+
+TEST(GpuNhwcPool, GlobalAvgPoolMatchesTheCpu) {
+  // A single value; channels below, at and above a warp's 32, many positions per image.
+  for (const Shape& s : {Shape{3, 7, 7, 4}, Shape{2, 40, 40, 3}, Shape{1, 1, 1, 1}, Shape{5, 3, 2, 70},
+                         Shape{4, 5, 5, 100}, Shape{2, 2, 2, 512}, Shape{3, 4, 4, 32}}) {
+    SCOPED_TRACE(shape_str(s));
+    auto build = [&](GpuCase& c) {
+      Var y = global_avg_pool_nhwc(c.param("x", s));
+      EXPECT_EQ(y.shape(), (Shape{s[0], s[3]}));
+      return y;
+    };
+    compare_nhwc(build, f32());
+    for (const Low& low : kLows) {
+      SCOPED_TRACE(low.name);
+      compare_nhwc(build, low.options());
+    }
+  }
+}
+
+TEST(GpuNhwcPool, SixteenBitOperandsWithoutThePass) {
+  for (const Low& low : kLows) {
+    SCOPED_TRACE(low.name);
+    compare_nhwc(
+        [&](GpuCase& c) {
+          Var x = cast(c.param("x", {2, 9, 9, 3}), low.dtype);
+          Var m = max_pool_nhwc(x, {3, 3}, {2, 2}, {1, 1});
+          Var a = avg_pool_nhwc(m, {2, 2}, {1, 1}, {1, 1}, false);
+          return cast(global_avg_pool_nhwc(a), DType::f32);
+        },
+        low.direct());
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// A channels-last network as a whole: conv, batch norm, relu, max pool, conv, global pool
+
+TEST(GpuNhwcNetwork, ConvBatchNormReluPoolMatchesTheCpu) {
+  auto build = [](GpuCase& c) {
+    Var h = conv2d_nhwc(c.param("x", {4, 8, 8, 3}), c.param("w1", {8, 3, 3, 3}), std::nullopt, {.padding = {1, 1}});
+    h = max_pool_nhwc(relu(batch_norm_nhwc(c, h, Init::zeros(), Init::ones())), {2, 2}, {}, {0, 0});  // [4, 4, 4, 8]
+    h = conv2d_nhwc(h, c.param("w2", {16, 3, 3, 8}), c.param("b2", {16}), {.stride = {2, 2}, .padding = {1, 1}});
+    return global_avg_pool_nhwc(relu(h));  // [4, 16]
+  };
+  compare_nhwc(build, tf32_nhwc().with_runs(2));
+  compare_nhwc(build, f32().in_mode(Mode::eval));
+}
