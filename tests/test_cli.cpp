@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -436,4 +437,48 @@ TEST_F(Cli, BenchReportsATableAndCsv) {
   Result missing = run("bench nowhere.json --device cpu");
   EXPECT_NE(missing.code, 0);
   EXPECT_NE(missing.err.find("nowhere.json"), std::string::npos) << missing.err;
+}
+
+// seam step writes what a twin in another framework needs to check itself: the weights
+// before, the batch, and after one update the weights, gradients, logits and loss.
+TEST_F(Cli, StepWritesTheWeightsTheBatchAndTheResults) {
+  const fs::path out = dir / "step";
+  Result r = run(std::string("step ") + SEAM_EXAMPLES "/fmnist_cnn.json --batch 4 --device cpu --data-seed 3 --out " +
+                 out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto info = nlohmann::json::parse(slurp(out / "step.json"));
+  EXPECT_EQ(info["batch"], 4);
+  EXPECT_EQ(info["precision"], "f32");
+  const seam::io::TensorFile init = seam::io::read_safetensors((out / "init.safetensors").string());
+  const seam::io::TensorFile batch = seam::io::read_safetensors((out / "batch.safetensors").string());
+  const seam::io::TensorFile after = seam::io::read_safetensors((out / "after.safetensors").string());
+  ASSERT_NE(batch.find("x"), nullptr);
+  EXPECT_EQ(batch.find("x")->type.shape, (seam::Shape{4, 1, 28, 28}));
+  EXPECT_EQ(batch.find("y")->type.dtype, seam::DType::i32);
+  ASSERT_NE(after.find("loss"), nullptr);
+  float loss = 0;
+  std::memcpy(&loss, after.find("loss")->data.data(), 4);
+  EXPECT_FLOAT_EQ(loss, info["loss"].get<float>());
+  EXPECT_EQ(after.find("logits")->type.shape, (seam::Shape{4, 10}));
+  // Every parameter has its gradient, and the update moved it; no optimizer moments.
+  int params = 0;
+  for (const auto& t : init.tensors) {
+    EXPECT_EQ(t.name.rfind("optimizer.", 0), std::string::npos) << t.name;
+    const auto* a = after.find(t.name);
+    ASSERT_NE(a, nullptr) << t.name;
+    if (const auto* g = after.find("grad/" + t.name)) {
+      ++params;
+      EXPECT_EQ(g->type, t.type) << t.name;
+      EXPECT_NE(a->data, t.data) << t.name << " did not move";
+    }
+  }
+  EXPECT_GT(params, 4);
+  // The same seed gives the same batch and step; another seed another batch.
+  Result again = run(std::string("step ") + SEAM_EXAMPLES "/fmnist_cnn.json --batch 4 --device cpu --data-seed 3 --out " +
+                     (dir / "again").string());
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(slurp(dir / "again" / "after.safetensors"), slurp(out / "after.safetensors"));
+  Result missing = run(std::string("step ") + SEAM_EXAMPLES "/fmnist_cnn.json");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("--out"), std::string::npos) << missing.err;
 }

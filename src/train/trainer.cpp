@@ -141,12 +141,6 @@ Checkpoint read_checkpoint(const std::string& path) {
   return c;
 }
 
-Device resolve_device(const std::string& requested) {
-  if (requested == "cpu") return Device::cpu;
-  if (requested == "cuda") return Device::cuda;  // the Model reports a missing GPU
-  return default_device();
-}
-
 struct EvalResult {
   double loss = 0, accuracy = 0;
   int64_t samples = 0;
@@ -505,6 +499,12 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   if (measure) measured = p.time_steps(20);
   std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
   return 0;
+}
+
+Device resolve_device(const std::string& requested) {
+  if (requested == "cpu") return Device::cpu;
+  if (requested == "cuda") return Device::cuda;  // the Model reports a missing GPU
+  return default_device();
 }
 
 }  // namespace seam::train

@@ -34,6 +34,9 @@ struct TrainOptions {
   int64_t limit_test = 0;   // > 0: evaluate on the first N test samples
 };
 
+// "cpu", "cuda", or "auto": the GPU if there is one.
+Device resolve_device(const std::string& requested);
+
 // Runs the whole training; returns the process exit code (0, or 130 when interrupted).
 int run_train(const TrainOptions& o);
 
@@ -50,6 +53,23 @@ struct EvalOptions {
 
 // Evaluates a checkpoint on the test set: accuracy, loss, confusion matrix.
 int run_eval(const EvalOptions& o);
+
+struct StepOptions {
+  std::string model_path;
+  std::string out_dir;
+  std::optional<int64_t> batch;
+  std::string device = "auto";
+  std::optional<Precision> precision;  // overrides the model file's
+  std::optional<LayoutPolicy> layout;
+  uint64_t data_seed = 0;
+};
+
+// One training step of a model file on a random batch, written out for another framework
+// to check itself against (bench/torch_twin.py): OUT/init.safetensors (parameters and
+// states before the step, by name), OUT/batch.safetensors (x, y), OUT/after.safetensors
+// (parameters and states after the update, the gradients as "grad/<name>", the logits
+// and the loss) and OUT/step.json (what was run).
+int run_step(const StepOptions& o);
 
 // Prints the compiled step of a model file (training plan, or evaluation with eval).
 // device: where the plan's kernels are prepared (cpu, cuda, auto).

@@ -230,6 +230,20 @@ int main(int argc, char** argv) {
   train->add_flag("--quiet", quiet, "print only errors");
   train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
 
+  seam::train::StepOptions so;
+  std::string step_precision, step_layout;
+  auto* step = app.add_subcommand(
+      "step", "run one training step of a model file on a random batch and write it out (for bench/torch_twin.py)");
+  step->add_option("model", so.model_path, "model file (JSON)")->required();
+  step->add_option("--out", so.out_dir, "folder for init/batch/after.safetensors and step.json")->required();
+  step->add_option("--batch", so.batch, "batch size (default: the model file's)")->transform(whole<int64_t>(1));
+  step->add_option("--device", so.device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
+  step->add_option("--precision", step_precision, precision_help + " (default: the model file's)")
+      ->check(one_of(seam::precision_names()));
+  step->add_option("--layout", step_layout, layout_help + " (default: the model file's)")
+      ->check(one_of({"auto", "nchw", "nhwc"}));
+  step->add_option("--data-seed", so.data_seed, "seed of the random batch")->transform(whole<uint64_t>(0));
+
   seam::train::EvalOptions e;
   e.data_dir = seam::data::default_fashion_mnist_dir();
   std::string eval_model;
@@ -345,6 +359,11 @@ int main(int argc, char** argv) {
     if (*eval) {
       if (!eval_model.empty()) e.model_path = eval_model;
       return seam::train::run_eval(e);
+    }
+    if (*step) {
+      so.precision = precision_of(step_precision);
+      so.layout = layout_of(step_layout);
+      return seam::train::run_step(so);
     }
     if (*plan)
       return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
