@@ -7,17 +7,19 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "conv_case.h"
 #include "gpu_check.h"
 #include "pool_case.h"
 
 using namespace seam;
+using seam::gpu_testing::build_conv;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::CompareOptions;
+using seam::gpu_testing::ConvCase;
 using seam::gpu_testing::expect_close;
 using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
@@ -27,53 +29,19 @@ using seam::gpu_testing::Tolerance;
 
 namespace {
 
-struct ConvCase {
-  Shape x, w;
-  bool bias;
-  Conv2dOptions o;
-  // Without TF32. A large layer's gradients are float sums of thousands of terms that
-  // largely cancel: an element near zero carries rounding far above f32()'s atol of 1e-6
-  // on both devices (seen on the H200: 1.7e-5 on a weight gradient of 0.064, the tensor's
-  // norm being ~1000x larger), while the relative L2 error stays below 1e-5.
-  Tolerance no_tf32 = Tolerance::f32();
-  std::string str() const {
-    return "x " + shape_str(x) + " w " + shape_str(w) + (bias ? " +b" : "") + " stride " + shape_str(o.stride) +
-           " pad " + shape_str(o.padding) + " dil " + shape_str(o.dilation) + " groups " + std::to_string(o.groups);
-  }
-};
-
+// Beside shared_conv_cases(), run by every conv2d test file.
 std::vector<ConvCase> conv_cases() {
-  return {
-      // 3x3, stride 1, padding 1, batch 1, bias
-      {{1, 3, 7, 7}, {4, 3, 3, 3}, true, {.padding = {1, 1}}},
-      // 3x3, stride 2, no padding, batch 3, no bias
-      {{3, 3, 7, 7}, {5, 3, 3, 3}, false, {.stride = {2, 2}}},
-      // 1x1 (pointwise), batch 3, bias; and 1x1 with stride 2
-      {{3, 4, 7, 7}, {6, 4, 1, 1}, true, {}},
+  return gpu_testing::shared_conv_cases_and({
+      // 1x1 with stride 2
       {{1, 4, 7, 7}, {3, 4, 1, 1}, false, {.stride = {2, 2}}},
       // dilation 2 with padding 1
       {{3, 2, 7, 7}, {4, 2, 3, 3}, true, {.padding = {1, 1}, .dilation = {2, 2}}},
-      // groups 2
-      {{3, 4, 7, 7}, {6, 2, 3, 3}, true, {.padding = {1, 1}, .groups = 2}},
-      // depthwise (groups = C), stride 2, padding 1; and depthwise with multiplier 2
-      {{3, 4, 7, 7}, {4, 1, 3, 3}, true, {.stride = {2, 2}, .padding = {1, 1}, .groups = 4}},
+      // depthwise with multiplier 2
       {{1, 3, 7, 7}, {6, 1, 3, 3}, false, {.groups = 3}},
-      // asymmetric everything on a non-square input
-      {{3, 3, 7, 8}, {4, 3, 3, 2}, true, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}}},
       // a large kernel, and a kernel as large as the 7x7 input
       {{2, 3, 7, 7}, {2, 3, 5, 5}, true, {.padding = {2, 2}}},
       {{2, 2, 7, 7}, {3, 2, 7, 7}, true, {}},
-      // a layer of a real network's size, where cuDNN picks tensor-core algorithms
-      {{8, 16, 16, 16}, {32, 16, 3, 3}, true, {.padding = {1, 1}}, {1e-5, 1e-4, 1e-4}},
-  };
-}
-
-Var build_conv(GpuCase& c, const ConvCase& k) {
-  Var x = c.param("x", k.x);  // a parameter, so that conv2d_grad_input runs too
-  Var w = c.param("w", k.w);
-  std::optional<Var> b;
-  if (k.bias) b = c.param("b", {k.w[0]});
-  return conv2d(x, w, b, k.o);
+  });
 }
 
 }  // namespace
@@ -128,17 +96,14 @@ TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
   Model m(g, {.device = Device::cuda, .precision = Precision::tf32});
   Program p = m.compile({.mode = Mode::eval, .outputs = {y.id()}});
   const std::string key = "fwd x=1,5,11,13 w=7,5,3,3 y=1,7,11,13 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=tf32 ";
-  bool found = false;
-  for (auto& e : std::filesystem::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("conv-", 0) != 0 || name.size() < 4 || name.substr(name.size() - 4) != ".txt") continue;
-    std::ifstream in(e.path());
-    std::string line;
-    ASSERT_TRUE(std::getline(in, line)) << e.path();
-    EXPECT_EQ(line.rfind("# seam cudnn conv algorithms v1 gpu=", 0), 0u) << e.path() << ": " << line;
-    while (std::getline(in, line)) found = found || line.rfind(key, 0) == 0;
+  int found = 0;
+  for (const std::filesystem::path& f : gpu_testing::conv_files(cache)) {
+    const auto lines = gpu_testing::lines_of(f);
+    ASSERT_FALSE(lines.empty()) << f;
+    EXPECT_EQ(lines[0].rfind(gpu_testing::kConvCacheHeader, 0), 0u) << f << ": " << lines[0];
+    found += gpu_testing::lines_starting(lines, key);
   }
-  EXPECT_TRUE(found) << "no line starting with '" << key << "' in " << dir;
+  EXPECT_GT(found, 0) << "no line starting with '" << key << "' in " << dir;
   // Another folder knows nothing of it: the cache follows XDG_CACHE_HOME.
   TempCacheDir other;
   Model m2(g, {.device = Device::cuda, .precision = Precision::tf32});

@@ -24,6 +24,7 @@
 
 #include "../test_util.h"
 #include "backend/backend.h"
+#include "conv_case.h"
 #include "gpu_check.h"
 #include "ops/layout.h"
 #include "pool_case.h"
@@ -31,9 +32,13 @@
 using namespace seam;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::CompareOptions;
+using seam::gpu_testing::conv_files;
+using seam::gpu_testing::ConvCase;
 using seam::gpu_testing::expect_close;
 using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
+using seam::gpu_testing::lines_of;
+using seam::gpu_testing::lines_starting;
 using seam::gpu_testing::PoolCase;
 using seam::gpu_testing::TempCacheDir;
 using seam::gpu_testing::tf32_nhwc;
@@ -116,50 +121,30 @@ Var global_avg_pool_nhwc(Var x) { return x.graph().add1(Op::global_avg_pool, {x.
 // ------------------------------------------------------------------------------------------
 // Convolution cases: NCHW geometry, reordered for the graph
 
-struct ConvCase {
-  Shape x, w;  // [N, C, H, W] and [C_out, C_in/groups, kh, kw]
-  bool bias;
-  Conv2dOptions o;
-  // Without TF32: a large layer's gradients are float sums of thousands of terms that
-  // largely cancel, so elements near zero carry rounding above f32()'s atol on both
-  // devices (see test_gpu_cudnn.cpp); the relative L2 error stays below 1e-5.
-  Tolerance no_tf32 = Tolerance::f32();
-  std::string str() const {
-    return "x " + shape_str(x) + " w " + shape_str(w) + (bias ? " +b" : "") + " stride " + shape_str(o.stride) +
-           " pad " + shape_str(o.padding) + " dil " + shape_str(o.dilation) + " groups " + std::to_string(o.groups) +
-           " (NCHW geometry, run NHWC)";
-  }
-};
+// A case's trace: its NCHW geometry, and that it ran NHWC.
+std::string trace(const ConvCase& k) { return k.str() + " (NCHW geometry, run NHWC)"; }
 
-std::vector<ConvCase> conv_cases() {
+// Beside shared_conv_cases(), run by every conv2d test file.
+std::vector<ConvCase> own_conv_cases() {
   return {
-      // 3x3 with padding, batch 1, bias; 3x3 stride 2, no padding, no bias
-      {{1, 3, 7, 7}, {4, 3, 3, 3}, true, {.padding = {1, 1}}},
-      {{3, 3, 7, 7}, {5, 3, 3, 3}, false, {.stride = {2, 2}}},
-      // 1x1 (pointwise) with bias; 1x1 stride 2 on channels a tensor core takes whole
-      {{3, 4, 7, 7}, {6, 4, 1, 1}, true, {}},
+      // 1x1 stride 2 on channels a tensor core takes whole
       {{2, 8, 8, 8}, {8, 8, 1, 1}, false, {.stride = {2, 2}}},
       // dilation 2 with padding
       {{3, 2, 7, 7}, {4, 2, 3, 3}, true, {.padding = {1, 1}, .dilation = {2, 2}}},
-      // groups 2, with and without bias
-      {{3, 4, 7, 7}, {6, 2, 3, 3}, true, {.padding = {1, 1}, .groups = 2}},
+      // groups 2 with stride 2, no bias; depthwise with multiplier 2
       {{2, 8, 6, 6}, {8, 4, 3, 3}, false, {.stride = {2, 2}, .padding = {1, 1}, .groups = 2}},
-      // depthwise (groups = C) with stride 2 and padding; depthwise with multiplier 2
-      {{3, 4, 7, 7}, {4, 1, 3, 3}, true, {.stride = {2, 2}, .padding = {1, 1}, .groups = 4}},
       {{1, 3, 7, 7}, {6, 1, 3, 3}, false, {.groups = 3}},
       // the 7x7 stride-2 stem of a ResNet, with and without bias
       {{2, 3, 16, 16}, {8, 3, 7, 7}, true, {.stride = {2, 2}, .padding = {3, 3}}},
       {{1, 4, 15, 13}, {8, 4, 7, 7}, false, {.stride = {2, 2}, .padding = {3, 3}}},
-      // asymmetric stride, padding and dilation on a non-square input
-      {{3, 3, 7, 8}, {4, 3, 3, 2}, true, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}}},
-      // a layer of a real network's size, where cuDNN picks tensor-core algorithms
-      {{8, 16, 16, 16}, {32, 16, 3, 3}, true, {.padding = {1, 1}}, {1e-5, 1e-4, 1e-4}},
   };
 }
 
+std::vector<ConvCase> conv_cases() { return gpu_testing::shared_conv_cases_and(own_conv_cases()); }
+
 // x is a parameter, so that conv2d_grad_input runs beside conv2d_grad_weight (and the
 // bias gradient, a sum over N, H, W of dy).
-Var build_conv(GpuCase& c, const ConvCase& k) {
+Var build_conv_nhwc(GpuCase& c, const ConvCase& k) {
   Var x = c.param("x", nhwc_order(k.x));
   Var w = c.param("w", nhwc_order(k.w));
   std::optional<Var> b;
@@ -174,15 +159,15 @@ Var build_conv(GpuCase& c, const ConvCase& k) {
 
 TEST(GpuNhwcConv, MatchesTheCpuWithTf32) {
   for (const ConvCase& k : conv_cases()) {
-    SCOPED_TRACE(k.str());
-    compare_nhwc([&](GpuCase& c) { return build_conv(c, k); }, tf32_nhwc());
+    SCOPED_TRACE(trace(k));
+    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, tf32_nhwc());
   }
 }
 
 TEST(GpuNhwcConv, MatchesTheCpuWithoutTf32) {
   for (const ConvCase& k : conv_cases()) {
-    SCOPED_TRACE(k.str());
-    compare_nhwc([&](GpuCase& c) { return build_conv(c, k); }, CompareOptions(Precision::f32, k.no_tf32));
+    SCOPED_TRACE(trace(k));
+    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, CompareOptions(Precision::f32, k.no_tf32));
   }
 }
 
@@ -190,17 +175,18 @@ TEST(GpuNhwcConv, SixteenBitMatchesTheCpu) {
   // Through the precision pass: x, w and b get 16-bit working copies.
   for (const Low& low : kLows)
     for (const ConvCase& k : conv_cases()) {
-      SCOPED_TRACE(std::string(low.name) + " " + k.str());
-      compare_nhwc([&](GpuCase& c) { return build_conv(c, k); }, low.options());
+      SCOPED_TRACE(std::string(low.name) + " " + trace(k));
+      compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, low.options());
     }
 }
 
 TEST(GpuNhwcConv, SixteenBitOperandsWithoutThePass) {
   // Every operand 16-bit as given: x an input, w and b casts of f32 parameters.
-  const std::vector<ConvCase> all = conv_cases();
+  const std::vector<ConvCase> shared = gpu_testing::shared_conv_cases(), own = own_conv_cases();
+  // 3x3 with bias, groups 2, depthwise, the first ResNet stem, the large layer
   for (const Low& low : kLows)
-    for (const ConvCase& k : {all[0], all[5], all[7], all[9], all.back()}) {
-      SCOPED_TRACE(std::string(low.name) + " " + k.str());
+    for (const ConvCase& k : {shared[0], shared[3], shared[4], own[4], shared.back()}) {
+      SCOPED_TRACE(std::string(low.name) + " " + trace(k));
       compare_nhwc(
           [&](GpuCase& c) {
             Var x = c.data("x", nhwc_order(k.x), -1, 1, low.dtype);
@@ -301,7 +287,7 @@ TEST(GpuNhwcConv, MatchesTheNchwConvolutionOnTheGpu) {
   // the rounding of another summation order, within the precision's tolerance.
   for (Precision precision : {Precision::f32, Precision::tf32})
     for (const ConvCase& k : conv_cases()) {
-      SCOPED_TRACE(std::string(precision_name(precision)) + " " + k.str());
+      SCOPED_TRACE(std::string(precision_name(precision)) + " " + trace(k));
       const Tolerance tol = precision == Precision::tf32 ? Tolerance::tf32_nhwc() : k.no_tf32;
       const ConvRun nchw = run_on_gpu(k, false, precision);
       const ConvRun nhwc = run_on_gpu(k, true, precision);
@@ -316,31 +302,6 @@ TEST(GpuNhwcConv, MatchesTheNchwConvolutionOnTheGpu) {
 // The algorithm cache keeps the layouts apart
 
 namespace {
-
-std::vector<std::filesystem::path> conv_files(const TempCacheDir& cache) {
-  std::vector<std::filesystem::path> out;
-  const std::filesystem::path dir = std::filesystem::path(cache.dir()) / "seam";
-  if (!std::filesystem::exists(dir)) return out;
-  for (auto& e : std::filesystem::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("conv-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".txt")
-      out.push_back(e.path());
-  }
-  return out;
-}
-
-std::vector<std::string> lines_of(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
-
-int lines_starting(const std::vector<std::string>& lines, const std::string& prefix) {
-  int n = 0;
-  for (const std::string& l : lines) n += l.rfind(prefix, 0) == 0;
-  return n;
-}
 
 // One f32 convolution forward (padding 1) at Precision::f32 (FMA math), x and w given in
 // NCHW geometry.
@@ -370,7 +331,7 @@ TEST(GpuNhwcConvCache, EachLayoutHasALineOfItsOwnWithLogicalDims) {
   ASSERT_EQ(files.size(), 1u) << cache.dir();
   const auto lines = lines_of(files[0]);
   ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines[0].rfind("# seam cudnn conv algorithms v1 gpu=", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].rfind(gpu_testing::kConvCacheHeader, 0), 0u) << lines[0];
   EXPECT_EQ(lines_starting(lines, geometry + "layout=nchw algo="), 1) << files[0];
   EXPECT_EQ(lines_starting(lines, geometry + "layout=nhwc algo="), 1) << files[0];
 }

@@ -24,13 +24,19 @@
 
 #include "../test_util.h"
 #include "common/half.h"
+#include "conv_case.h"
 #include "gpu_check.h"
 #include "pool_case.h"
 
 using namespace seam;
+using seam::gpu_testing::build_conv;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
+using seam::gpu_testing::conv_files;
+using seam::gpu_testing::ConvCase;
 using seam::gpu_testing::GpuCase;
+using seam::gpu_testing::lines_of;
+using seam::gpu_testing::lines_starting;
 using seam::gpu_testing::TempCacheDir;
 using seam::gpu_testing::Tolerance;
 
@@ -53,51 +59,23 @@ constexpr Low kLows[] = {{DType::bf16, "bf16"}, {DType::f16, "f16"}};
 
 namespace {
 
-struct ConvCase {
-  Shape x, w;
-  bool bias;
-  Conv2dOptions o;
-  std::string str() const {
-    return "x " + shape_str(x) + " w " + shape_str(w) + (bias ? " +b" : "") + " stride " + shape_str(o.stride) +
-           " pad " + shape_str(o.padding) + " dil " + shape_str(o.dilation) + " groups " + std::to_string(o.groups);
-  }
-};
-
+// Beside shared_conv_cases(), run by every conv2d test file.
 std::vector<ConvCase> conv_cases() {
-  return {
-      // 3x3, padding 1, bias; 3x3, stride 2, no padding, no bias
-      {{1, 3, 7, 7}, {4, 3, 3, 3}, true, {.padding = {1, 1}}},
-      {{3, 3, 7, 7}, {5, 3, 3, 3}, false, {.stride = {2, 2}}},
-      // 1x1 with bias; 1x1 with stride 2 on channels a tensor core takes whole
-      {{3, 4, 7, 7}, {6, 4, 1, 1}, true, {}},
+  return gpu_testing::shared_conv_cases_and({
+      // 1x1 with stride 2 on channels a tensor core takes whole
       {{2, 8, 8, 8}, {8, 8, 1, 1}, false, {.stride = {2, 2}}},
-      // groups 2; depthwise with stride 2 and padding
-      {{3, 4, 7, 7}, {6, 2, 3, 3}, true, {.padding = {1, 1}, .groups = 2}},
-      {{3, 4, 7, 7}, {4, 1, 3, 3}, true, {.stride = {2, 2}, .padding = {1, 1}, .groups = 4}},
-      // asymmetric stride, padding and dilation on a non-square input
-      {{3, 3, 7, 8}, {4, 3, 3, 2}, true, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}}},
-      // a layer of a real network's size, where cuDNN picks tensor-core algorithms
-      {{8, 16, 16, 16}, {32, 16, 3, 3}, true, {.padding = {1, 1}}},
-  };
+  });
 }
 
 }  // namespace
 
 TEST(GpuPrecisionConv, Conv2dAndItsGradientsMatchTheCpu) {
-  // x is a parameter, so that conv2d_grad_input runs beside conv2d_grad_weight and the
-  // bias gradient.
+  // x is a parameter (build_conv), so that conv2d_grad_input runs beside
+  // conv2d_grad_weight and the bias gradient.
   for (const Low& low : kLows)
     for (const ConvCase& k : conv_cases()) {
       SCOPED_TRACE(std::string(low.name) + " " + k.str());
-      compare_with_cpu(
-          [&](GpuCase& c) {
-            Var x = c.param("x", k.x);
-            Var w = c.param("w", k.w);
-            std::optional<Var> b;
-            if (k.bias) b = c.param("b", {k.w[0]});
-            return conv2d(x, w, b, k.o);
-          },
-          low.options());
+      compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, low.options());
     }
 }
 
@@ -116,8 +94,10 @@ TEST(GpuPrecisionConv, WeightGradientOnlyWhenXIsData) {
 
 TEST(GpuPrecisionConv, SixteenBitOperandsWithoutThePass) {
   // Every operand 16-bit as given: x an input, w and b casts of f32 parameters.
+  const std::vector<ConvCase> shared = gpu_testing::shared_conv_cases();
+  // 3x3 with bias, groups 2, the large layer
   for (const Low& low : kLows)
-    for (const ConvCase& k : {conv_cases()[0], conv_cases()[4], conv_cases()[7]}) {
+    for (const ConvCase& k : {shared[0], shared[3], shared.back()}) {
       SCOPED_TRACE(std::string(low.name) + " " + k.str());
       compare_with_cpu(
           [&](GpuCase& c) {
@@ -154,28 +134,6 @@ TEST(GpuPrecisionConv, TwoLayersOfOneShapeShareTheirChoice) {
 
 namespace {
 
-const char* kConvHeader = "# seam cudnn conv algorithms v1 gpu=";
-
-// The conv-*.txt files under a cache folder.
-std::vector<std::filesystem::path> conv_files(const TempCacheDir& cache) {
-  std::vector<std::filesystem::path> out;
-  const std::filesystem::path dir = std::filesystem::path(cache.dir()) / "seam";
-  if (!std::filesystem::exists(dir)) return out;
-  for (auto& e : std::filesystem::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("conv-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".txt")
-      out.push_back(e.path());
-  }
-  return out;
-}
-
-std::vector<std::string> lines_of(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
-
 // Compiles one convolution forward of dtype t at Precision::f32 (f32 data: FMA math).
 void compile_conv(DType t, const Shape& x, const Shape& w) {
   Graph g;
@@ -188,7 +146,7 @@ void compile_conv(DType t, const Shape& x, const Shape& w) {
 
 TEST(GpuPrecisionConvCache, SixteenBitConvolutionsAreChosenApartFromF32) {
   TempCacheDir cache;
-  // A shape no other test uses, so that every dtype is measured here.
+  // A cache folder of its own, so that every dtype is measured here and written to it.
   const Shape x{2, 5, 13, 11}, w{6, 5, 3, 3};
   for (DType t : {DType::f32, DType::bf16, DType::f16}) compile_conv(t, x, w);
   const std::string geometry = "fwd x=2,5,13,11 w=6,5,3,3 y=2,6,13,11 stride=1,1 pad=1,1 dil=1,1 groups=1 ";
@@ -198,12 +156,9 @@ TEST(GpuPrecisionConvCache, SixteenBitConvolutionsAreChosenApartFromF32) {
   ASSERT_EQ(files.size(), 1u) << cache.dir();
   const auto lines = lines_of(files[0]);
   ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines[0].rfind(kConvHeader, 0), 0u) << lines[0];
-  for (const std::string& key : keys) {
-    int found = 0;
-    for (const std::string& l : lines) found += l.rfind(key, 0) == 0;
-    EXPECT_EQ(found, 1) << "lines starting with '" << key << "' in " << files[0];
-  }
+  EXPECT_EQ(lines[0].rfind(gpu_testing::kConvCacheHeader, 0), 0u) << lines[0];
+  for (const std::string& key : keys)
+    EXPECT_EQ(lines_starting(lines, key), 1) << "lines starting with '" << key << "' in " << files[0];
 }
 
 TEST(GpuPrecisionConvCache, LinesWhoseMathDoesNotFitTheirDtypeAreDropped) {
@@ -226,7 +181,7 @@ TEST(GpuPrecisionConvCache, LinesWhoseMathDoesNotFitTheirDtypeAreDropped) {
   compile_conv(DType::f16, {1, 3, 9, 7}, {2, 3, 3, 3});
   const auto lines = lines_of(files[0]);
   ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines[0].rfind(kConvHeader, 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].rfind(gpu_testing::kConvCacheHeader, 0), 0u) << lines[0];
   int bf16 = 0, f16 = 0;
   for (const std::string& l : lines) {
     for (const std::string& b : bad) EXPECT_NE(l, b);
