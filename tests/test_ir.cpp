@@ -197,3 +197,22 @@ TEST(ModelFile, UnknownNodeKeyNamesTheKeyTheNodeAndTheNearestKey) {
   EXPECT_NE(msg.find("('r') relu: unknown key 'inptu'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'input'"), std::string::npos) << msg;
 }
+
+// stop_gradient is a forward op (its name holds "_grad" only inside "_gradient"); the
+// ops the backward pass emits are not model-file ops.
+TEST(ModelFile, StopGradientIsAModelFileOpAndGradientOpsAreNot) {
+  EXPECT_FALSE(is_gradient_op(Op::stop_gradient));
+  EXPECT_TRUE(is_gradient_op(Op::relu_grad));
+  EXPECT_TRUE(is_gradient_op(Op::conv2d_grad_input));
+  EXPECT_TRUE(is_gradient_op(Op::linear_grad_weight_bias));
+  EXPECT_TRUE(is_gradient_op(Op::cross_entropy_with_grad));
+  io::ModelSpec m = io::parse_model_json(R"({"input": {"shape": [8]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 16},
+      {"name": "frozen", "op": "stop_gradient", "input": "a"},
+      {"name": "out", "op": "linear", "input": "frozen", "out": 10}]})", "m.json");
+  io::BuiltGraph bg = io::build_graph(m, 2);
+  EXPECT_TRUE(bg.graph.find("out.weight"));
+  const std::string msg = model_error(R"({"input": {"shape": [8]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 10}, {"name": "g", "op": "relu_grad", "inputs": ["a", "a"]}]})");
+  EXPECT_NE(msg.find("unknown op 'relu_grad'"), std::string::npos) << msg;
+}

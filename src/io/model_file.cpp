@@ -140,8 +140,7 @@ AttrValue to_attr(const json& v, const AttrValue& like, const std::string& where
 std::vector<std::string> forward_ops() {
   std::vector<std::string> r;
   for (int i = 0; i < kNumOps; ++i) {
-    std::string n = op_name(static_cast<Op>(i));
-    if (n.find("_grad") == std::string::npos) r.push_back(n);
+    if (!is_gradient_op(static_cast<Op>(i))) r.push_back(op_name(static_cast<Op>(i)));
   }
   for (auto& [k, v] : kLayers)
     if (std::find(r.begin(), r.end(), k) == r.end()) r.push_back(k);
@@ -263,7 +262,7 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
       allowed.insert(allowed.end(), layer->second.begin(), layer->second.end());
     } else {
       parsed = parse_op(op);
-      if (!parsed || op.find("_grad") != std::string::npos) unknown(where.substr(0, where.rfind(' ')), "op", op, known_ops);
+      if (!parsed || is_gradient_op(*parsed)) unknown(where.substr(0, where.rfind(' ')), "op", op, known_ops);
       for (auto& a : op_def(*parsed).attrs) allowed.push_back(a.name);
     }
     check_keys(L, allowed, where);

@@ -125,6 +125,13 @@ int InferCtx::axis(const std::string& attr, size_t rank) const {
   return r;
 }
 
+bool is_gradient_op(Op op) {
+  const std::string_view n = op_name(op);
+  for (size_t at = n.find("_grad"); at != std::string_view::npos; at = n.find("_grad", at + 1))
+    if (at + 5 == n.size() || n[at + 5] == '_') return true;
+  return false;
+}
+
 bool InferCtx::nhwc() const {
   const std::string& l = attrs.s("layout");
   if (l != "nchw" && l != "nhwc") fail("layout must be \"nchw\" or \"nhwc\", got \"", l, "\"");

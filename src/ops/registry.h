@@ -105,6 +105,9 @@ struct OpDef {
 };
 
 const OpDef& op_def(Op op);
+// An op the backward pass emits (relu_grad, conv2d_grad_input, cross_entropy_with_grad):
+// "_grad" as a word of its name. stop_gradient is a forward op.
+bool is_gradient_op(Op op);
 
 // Family registration, one per src/ops/<family>.cpp.
 using OpTable = std::vector<OpDef>;

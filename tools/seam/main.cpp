@@ -157,7 +157,7 @@ void print_version() {
 void print_ops(bool with_grads) {
   for (int i = 0; i < seam::kNumOps; ++i) {
     const seam::OpDef& d = seam::op_def(static_cast<seam::Op>(i));
-    bool is_grad = d.name.find("_grad") != std::string::npos;
+    bool is_grad = seam::is_gradient_op(static_cast<seam::Op>(i));
     if (is_grad && !with_grads) continue;
     std::cout << d.signature() << "\n    " << d.doc;
     if (!is_grad && !d.grad) std::cout << "  [no gradient]";
