@@ -216,3 +216,18 @@ TEST(ModelFile, StopGradientIsAModelFileOpAndGradientOpsAreNot) {
       {"name": "a", "op": "linear", "out": 10}, {"name": "g", "op": "relu_grad", "inputs": ["a", "a"]}]})");
   EXPECT_NE(msg.find("unknown op 'relu_grad'"), std::string::npos) << msg;
 }
+
+// A single int is both entries of a window attribute, and the one entry of any other list.
+TEST(ModelFile, ASingleIntIsAWindowsTwoEntriesAndOtherListsOne) {
+  io::ModelSpec m = io::parse_model_json(R"({"input": {"shape": [1, 8, 8]}, "nodes": [
+      {"name": "c", "op": "conv2d", "out": 4, "kernel": 3, "padding": 1},
+      {"name": "p", "op": "max_pool2d", "input": "c", "kernel": 2},
+      {"name": "s", "op": "sum", "input": "p", "axes": 1, "keepdims": 1},
+      {"name": "f", "op": "flatten", "input": "s"},
+      {"name": "out", "op": "linear", "input": "f", "out": 10}]})", "m.json");
+  io::BuiltGraph bg = io::build_graph(m, 2);
+  // [2, 4, 4, 4] summed over the channels: 16 features.
+  const auto w = bg.graph.find("out.weight");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(bg.graph.value(*w).type.str(), "f32[10,16]");
+}

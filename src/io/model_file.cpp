@@ -107,8 +107,9 @@ OptimizerConfig parse_optimizer(const json& o, const std::string& where, bool* t
   return c;
 }
 
-// A JSON value as an op attribute of the schema's type; a single int fills a list
-// attribute's entries ("kernel": 3 means [3, 3]).
+// A JSON value as an op attribute of the schema's type. A single int fills a window
+// attribute's two entries ("kernel": 3 means [3, 3]); for any other list it is the one
+// entry ("axes": 1 means [1]).
 AttrValue to_attr(const json& v, const AttrValue& like, const std::string& where, const std::string& key) {
   auto bad = [&] { fail(where, ": '", key, "' must be a ", attr_type_name(like), ", got ", v.dump()); };
   switch (like.index()) {
@@ -120,8 +121,8 @@ AttrValue to_attr(const json& v, const AttrValue& like, const std::string& where
       return v.get<double>();
     case 2: {
       if (v.is_number_integer()) {
-        auto n = std::get<std::vector<int64_t>>(like).size();
-        return std::vector<int64_t>(n == 0 ? 2 : n, v.get<int64_t>());
+        const bool window = key == "kernel" || key == "stride" || key == "padding" || key == "dilation";
+        return std::vector<int64_t>(window ? 2 : 1, v.get<int64_t>());
       }
       if (!v.is_array()) bad();
       std::vector<int64_t> r;
