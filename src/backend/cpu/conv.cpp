@@ -1,5 +1,5 @@
 // conv2d and its two gradients on the CPU: im2col (or col2im) per image, then one GEMM
-// per group. One image at a time keeps the column matrix compact and in cache (226 KB for
+// per group; the images spread over the cores (each GEMM on one). One image at a time keeps the column matrix compact and in cache (226 KB for
 // fmnist_cnn's 3x3 convolution): a column matrix of many images side by side, for fewer
 // and wider GEMMs, measured 2.5x slower on a 2-core AVX-512 machine, its rows written
 // 100 KB apart (docs/perf.md).
@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
 
 namespace seam::cpu {
 
@@ -50,45 +51,49 @@ Inside inside(const ConvGeom& g, int64_t j) {
 // zero where that falls in the padding. x is one image, all channels.
 template <class T>
 void im2col(const ConvGeom& g, const T* x, T* col) {
-  for (int64_t c = 0; c < g.c; ++c)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
-        for (int64_t oy = 0; oy < g.oh; ++oy) {
-          int64_t iy = oy * g.sh - g.ph + i * g.dh;
-          T* out = row + oy * g.ow;
-          if (iy < 0 || iy >= g.h) {
-            std::fill(out, out + g.ow, T(0));
-            continue;
+  parallel_for(g.c, 4, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) {
+          T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
+          for (int64_t oy = 0; oy < g.oh; ++oy) {
+            int64_t iy = oy * g.sh - g.ph + i * g.dh;
+            T* out = row + oy * g.ow;
+            if (iy < 0 || iy >= g.h) {
+              std::fill(out, out + g.ow, T(0));
+              continue;
+            }
+            const T* in = x + (c * g.h + iy) * g.w;
+            const auto [off, lo, hi] = inside(g, j);  // the rest read the padding
+            std::fill(out, out + lo, T(0));
+            if (g.sw == 1) std::copy(in + lo + off, in + hi + off, out + lo);
+            else
+              for (int64_t ox = lo; ox < hi; ++ox) out[ox] = in[ox * g.sw + off];
+            std::fill(out + hi, out + g.ow, T(0));
           }
-          const T* in = x + (c * g.h + iy) * g.w;
-          const auto [off, lo, hi] = inside(g, j);  // the rest read the padding
-          std::fill(out, out + lo, T(0));
-          if (g.sw == 1) std::copy(in + lo + off, in + hi + off, out + lo);
-          else
-            for (int64_t ox = lo; ox < hi; ++ox) out[ox] = in[ox * g.sw + off];
-          std::fill(out + hi, out + g.ow, T(0));
         }
-      }
+  });
 }
 
 // The adjoint of im2col: adds every column entry back to the pixel it was read from.
 // x must be zeroed by the caller; overlapping windows accumulate.
 template <class T>
 void col2im(const ConvGeom& g, const T* col, T* x) {
-  for (int64_t c = 0; c < g.c; ++c)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
-        for (int64_t oy = 0; oy < g.oh; ++oy) {
-          int64_t iy = oy * g.sh - g.ph + i * g.dh;
-          if (iy < 0 || iy >= g.h) continue;
-          T* out = x + (c * g.h + iy) * g.w;
-          const T* in = row + oy * g.ow;
-          const auto [off, lo, hi] = inside(g, j);
-          for (int64_t ox = lo; ox < hi; ++ox) out[ox * g.sw + off] += in[ox];
+  parallel_for(g.c, 4, [&](int64_t c0, int64_t c1) {  // a channel's rows write only its plane
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const T* row = col + ((c * g.kh + i) * g.kw + j) * g.p();
+          for (int64_t oy = 0; oy < g.oh; ++oy) {
+            int64_t iy = oy * g.sh - g.ph + i * g.dh;
+            if (iy < 0 || iy >= g.h) continue;
+            T* out = x + (c * g.h + iy) * g.w;
+            const T* in = row + oy * g.ow;
+            const auto [off, lo, hi] = inside(g, j);
+            for (int64_t ox = lo; ox < hi; ++ox) out[ox * g.sw + off] += in[ox];
+          }
         }
-      }
+  });
 }
 
 // inputs: x, w, b?
@@ -98,24 +103,26 @@ void conv2d(const KernelArgs& a) {
     const T* x = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
     T* y = a.out[0].as<T>();
-    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
-    for (int64_t n = 0; n < g.n; ++n) {
-      const T* xn = x + n * g.c * g.h * g.w;
-      T* yn = y + n * g.o * g.p();
-      const T* cols = xn;
-      if (!g.pointwise()) {
-        im2col(g, xn, col.data());
-        cols = col.data();
+    parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+      std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+      for (int64_t n = n0; n < n1; ++n) {
+        const T* xn = x + n * g.c * g.h * g.w;
+        T* yn = y + n * g.o * g.p();
+        const T* cols = xn;
+        if (!g.pointwise()) {
+          im2col(g, xn, col.data());
+          cols = col.data();
+        }
+        for (int64_t gr = 0; gr < g.groups; ++gr)
+          gemm(false, false, g.og(), g.p(), g.k(), w + gr * g.og() * g.k(), cols + gr * g.k() * g.p(), T(0),
+               yn + gr * g.og() * g.p());
+        if (a.in.size() == 3) {
+          const T* b = a.in[2].as<T>();
+          for (int64_t o = 0; o < g.o; ++o)
+            for (int64_t q = 0; q < g.p(); ++q) yn[o * g.p() + q] += b[o];
+        }
       }
-      for (int64_t gr = 0; gr < g.groups; ++gr)
-        gemm(false, false, g.og(), g.p(), g.k(), w + gr * g.og() * g.k(), cols + gr * g.k() * g.p(), T(0),
-             yn + gr * g.og() * g.p());
-      if (a.in.size() == 3) {
-        const T* b = a.in[2].as<T>();
-        for (int64_t o = 0; o < g.o; ++o)
-          for (int64_t q = 0; q < g.p(); ++q) yn[o * g.p() + q] += b[o];
-      }
-    }
+    });
   });
 }
 
@@ -126,20 +133,22 @@ void conv2d_grad_input(const KernelArgs& a) {
     const T* dy = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
     T* dx = a.out[0].as<T>();
-    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
-    for (int64_t n = 0; n < g.n; ++n) {
-      const T* dyn = dy + n * g.o * g.p();
-      T* dxn = dx + n * g.c * g.h * g.w;
-      // Pointwise: the column matrix is dx itself, so the GEMM writes it directly.
-      T* cols = g.pointwise() ? dxn : col.data();
-      for (int64_t gr = 0; gr < g.groups; ++gr)
-        gemm(true, false, g.k(), g.p(), g.og(), w + gr * g.og() * g.k(), dyn + gr * g.og() * g.p(), T(0),
-             cols + gr * g.k() * g.p());
-      if (!g.pointwise()) {
-        std::fill(dxn, dxn + g.c * g.h * g.w, T(0));
-        col2im(g, col.data(), dxn);
+    parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+      std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+      for (int64_t n = n0; n < n1; ++n) {
+        const T* dyn = dy + n * g.o * g.p();
+        T* dxn = dx + n * g.c * g.h * g.w;
+        // Pointwise: the column matrix is dx itself, so the GEMM writes it directly.
+        T* cols = g.pointwise() ? dxn : col.data();
+        for (int64_t gr = 0; gr < g.groups; ++gr)
+          gemm(true, false, g.k(), g.p(), g.og(), w + gr * g.og() * g.k(), dyn + gr * g.og() * g.p(), T(0),
+               cols + gr * g.k() * g.p());
+        if (!g.pointwise()) {
+          std::fill(dxn, dxn + g.c * g.h * g.w, T(0));
+          col2im(g, col.data(), dxn);
+        }
       }
-    }
+    });
   });
 }
 
@@ -150,21 +159,32 @@ void conv2d_grad_weight(const KernelArgs& a) {
     const T* dy = a.in[0].as<T>();
     const T* x = a.in[1].as<T>();
     T* dw = a.out[0].as<T>();
-    std::fill(dw, dw + a.out[0].numel(), T(0));
-    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
-    for (int64_t n = 0; n < g.n; ++n) {
-      const T* xn = x + n * g.c * g.h * g.w;
-      const T* dyn = dy + n * g.o * g.p();
-      const T* cols = xn;
-      if (!g.pointwise()) {
-        im2col(g, xn, col.data());
-        cols = col.data();
-      }
-      // Summed over the batch: beta = 1 adds each image's contribution.
-      for (int64_t gr = 0; gr < g.groups; ++gr)
-        gemm(false, true, g.og(), g.k(), g.p(), dyn + gr * g.og() * g.p(), cols + gr * g.k() * g.p(), T(1),
-             dw + gr * g.og() * g.k());
-    }
+    // The images in kSlices contiguous slices, each summed into a partial dw of its own
+    // (beta = 1 adds an image's contribution), then the partials in order: the same sums
+    // for any number of cores.
+    constexpr int64_t kSlices = 8;
+    const int64_t slices = std::min(kSlices, g.n), size = a.out[0].numel();
+    std::vector<T> partial(static_cast<size_t>(slices * size), T(0));
+    parallel_for(slices, 1, [&](int64_t s0, int64_t s1) {
+      std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+      for (int64_t s = s0; s < s1; ++s)
+        for (int64_t n = g.n * s / slices; n < g.n * (s + 1) / slices; ++n) {
+          const T* xn = x + n * g.c * g.h * g.w;
+          const T* dyn = dy + n * g.o * g.p();
+          const T* cols = xn;
+          if (!g.pointwise()) {
+            im2col(g, xn, col.data());
+            cols = col.data();
+          }
+          T* part = partial.data() + s * size;
+          for (int64_t gr = 0; gr < g.groups; ++gr)
+            gemm(false, true, g.og(), g.k(), g.p(), dyn + gr * g.og() * g.p(), cols + gr * g.k() * g.p(), T(1),
+                 part + gr * g.og() * g.k());
+        }
+    });
+    std::copy(partial.begin(), partial.begin() + size, dw);
+    for (int64_t s = 1; s < slices; ++s)
+      for (int64_t i = 0; i < size; ++i) dw[i] += partial[static_cast<size_t>(s * size + i)];
   });
 }
 

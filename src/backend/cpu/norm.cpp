@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/parallel.h"
 
 namespace seam::cpu {
 
@@ -135,28 +136,30 @@ void batch_norm(const KernelArgs& a) {
     T* running_mean = a.in[3].as<T>();
     T* running_var = a.in[4].as<T>();
     T* y = a.out[0].as<T>();
-    for (int64_t c = 0; c < l.channels; ++c) {
-      double mean, invstd;
-      if (training) {
-        mean = l.sum(c, [&](int64_t i) { return static_cast<double>(x[i]); }) / n;
-        const double sq = l.sum(c, [&](int64_t i) {
-          const double d = static_cast<double>(x[i]) - mean;
-          return d * d;
-        });
-        const double var = sq / n;
-        invstd = 1.0 / std::sqrt(var + eps);
-        // The running variance is unbiased (n / (n - 1)), the normalization is not.
-        running_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_mean[c]) + momentum * mean);
-        running_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_var[c]) + momentum * sq / (n - 1));
-      } else {
-        mean = static_cast<double>(running_mean[c]);
-        invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
+    parallel_for(l.channels, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double mean, invstd;
+        if (training) {
+          mean = l.sum(c, [&](int64_t i) { return static_cast<double>(x[i]); }) / n;
+          const double sq = l.sum(c, [&](int64_t i) {
+            const double d = static_cast<double>(x[i]) - mean;
+            return d * d;
+          });
+          const double var = sq / n;
+          invstd = 1.0 / std::sqrt(var + eps);
+          // The running variance is unbiased (n / (n - 1)), the normalization is not.
+          running_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_mean[c]) + momentum * mean);
+          running_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_var[c]) + momentum * sq / (n - 1));
+        } else {
+          mean = static_cast<double>(running_mean[c]);
+          invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
+        }
+        const double g = static_cast<double>(gamma[c]), b = static_cast<double>(beta[c]);
+        l.each(c, [&](int64_t i) { y[i] = static_cast<T>((static_cast<double>(x[i]) - mean) * invstd * g + b); });
+        a.out[1].as<T>()[c] = static_cast<T>(mean);
+        a.out[2].as<T>()[c] = static_cast<T>(invstd);
       }
-      const double g = static_cast<double>(gamma[c]), b = static_cast<double>(beta[c]);
-      l.each(c, [&](int64_t i) { y[i] = static_cast<T>((static_cast<double>(x[i]) - mean) * invstd * g + b); });
-      a.out[1].as<T>()[c] = static_cast<T>(mean);
-      a.out[2].as<T>()[c] = static_cast<T>(invstd);
-    }
+    });
   });
 }
 
@@ -174,24 +177,26 @@ void batch_norm_grad(const KernelArgs& a) {
     const T* mean = a.in[3].as<T>();
     const T* invstd = a.in[4].as<T>();
     T* dx = a.out[0].as<T>();
-    for (int64_t c = 0; c < l.channels; ++c) {
-      const double m = static_cast<double>(mean[c]), s = static_cast<double>(invstd[c]);
-      const double scale = static_cast<double>(gamma[c]) * s;
-      const double dbeta = l.sum(c, [&](int64_t i) { return static_cast<double>(dy[i]); });
-      const double dgamma =
-          l.sum(c, [&](int64_t i) { return static_cast<double>(dy[i]) * (static_cast<double>(x[i]) - m) * s; });
-      l.each(c, [&](int64_t i) {
-        const double d = static_cast<double>(dy[i]);
-        if (training) {
-          const double xhat = (static_cast<double>(x[i]) - m) * s;
-          dx[i] = static_cast<T>(scale / n * (n * d - dbeta - xhat * dgamma));
-        } else {
-          dx[i] = static_cast<T>(scale * d);
-        }
-      });
-      a.out[1].as<T>()[c] = static_cast<T>(dgamma);
-      a.out[2].as<T>()[c] = static_cast<T>(dbeta);
-    }
+    parallel_for(l.channels, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const double m = static_cast<double>(mean[c]), s = static_cast<double>(invstd[c]);
+        const double scale = static_cast<double>(gamma[c]) * s;
+        const double dbeta = l.sum(c, [&](int64_t i) { return static_cast<double>(dy[i]); });
+        const double dgamma =
+            l.sum(c, [&](int64_t i) { return static_cast<double>(dy[i]) * (static_cast<double>(x[i]) - m) * s; });
+        l.each(c, [&](int64_t i) {
+          const double d = static_cast<double>(dy[i]);
+          if (training) {
+            const double xhat = (static_cast<double>(x[i]) - m) * s;
+            dx[i] = static_cast<T>(scale / n * (n * d - dbeta - xhat * dgamma));
+          } else {
+            dx[i] = static_cast<T>(scale * d);
+          }
+        });
+        a.out[1].as<T>()[c] = static_cast<T>(dgamma);
+        a.out[2].as<T>()[c] = static_cast<T>(dbeta);
+      }
+    });
   });
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/parallel.h"
 
 namespace seam::cpu {
 
@@ -138,12 +139,14 @@ void max_2x2_grad(const PoolGeom& g, const T* x, const T* dy, T* dx) {
 void max_pool2d(const KernelArgs& a) {
   const PoolGeom g = pool_geom(a.attrs(), a.in[0].shape(), a.out[0].shape());
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
-    for (int64_t pl = 0; pl < g.planes; ++pl) {
-      const T* x = a.in[0].as<T>() + pl * g.h * g.w;
-      T* y = a.out[0].as<T>() + pl * g.oh * g.ow;
-      if (tiles_2x2(g) && !has_nan(x, g.h * g.w)) max_2x2(g, x, y);
-      else each_argmax(g, x, [&](int64_t o, int64_t i) { y[o] = x[i]; });
-    }
+    parallel_for(g.planes, 16, [&](int64_t p0, int64_t p1) {
+      for (int64_t pl = p0; pl < p1; ++pl) {
+        const T* x = a.in[0].as<T>() + pl * g.h * g.w;
+        T* y = a.out[0].as<T>() + pl * g.oh * g.ow;
+        if (tiles_2x2(g) && !has_nan(x, g.h * g.w)) max_2x2(g, x, y);
+        else each_argmax(g, x, [&](int64_t o, int64_t i) { y[o] = x[i]; });
+      }
+    });
   });
 }
 
@@ -152,14 +155,16 @@ void max_pool2d(const KernelArgs& a) {
 void max_pool2d_grad(const KernelArgs& a) {
   const PoolGeom g = pool_geom(a.attrs(), a.in[1].shape(), a.in[0].shape());
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
-    std::fill(a.out[0].as<T>(), a.out[0].as<T>() + a.out[0].numel(), T(0));
-    for (int64_t pl = 0; pl < g.planes; ++pl) {
-      const T* dy = a.in[0].as<T>() + pl * g.oh * g.ow;
-      const T* x = a.in[1].as<T>() + pl * g.h * g.w;
-      T* dx = a.out[0].as<T>() + pl * g.h * g.w;
-      if (tiles_2x2(g) && !has_nan(x, g.h * g.w)) max_2x2_grad(g, x, dy, dx);
-      else each_argmax(g, x, [&](int64_t o, int64_t i) { dx[i] += dy[o]; });
-    }
+    parallel_for(g.planes, 16, [&](int64_t p0, int64_t p1) {
+      std::fill(a.out[0].as<T>() + p0 * g.h * g.w, a.out[0].as<T>() + p1 * g.h * g.w, T(0));
+      for (int64_t pl = p0; pl < p1; ++pl) {
+        const T* dy = a.in[0].as<T>() + pl * g.oh * g.ow;
+        const T* x = a.in[1].as<T>() + pl * g.h * g.w;
+        T* dx = a.out[0].as<T>() + pl * g.h * g.w;
+        if (tiles_2x2(g) && !has_nan(x, g.h * g.w)) max_2x2_grad(g, x, dy, dx);
+        else each_argmax(g, x, [&](int64_t o, int64_t i) { dx[i] += dy[o]; });
+      }
+    });
   });
 }
 
