@@ -11,16 +11,34 @@ stays on the GPU, as in `seam bench` without --upload.
 --precision: tf32 (fp32 values, TF32 matmuls: seam's "tf32"), f32 (IEEE), bf16 or f16
 (torch.autocast around the forward pass and the loss, fp32 parameters and optimizer,
 as seam's mixed policies; f16 adds a GradScaler, which the hand-captured graph cannot
-hold, so that variant is left out at f16).
+hold, so that variant is left out at f16). Without it, W1-W5 run in tf32 and a model file
+in its own "precision" (seam bench takes W5's from its file too: give --precision bf16 to
+time the same).
+
+A model file is a workload too (`compare_torch.py W5 examples/fmnist_cnn.json`): its
+PyTorch twin (bench/twin/: the file's layers and nodes, optimizer and loss), at
+the file's batch size, channels-last where it has convolutions, on random data like the
+others, named as seam bench names it (the file's "name"). --check-first-step SEAM runs
+`seam step` and the same step on the twin for every model-file workload (W5: its model
+file, examples/resnet18_cifar.json) before the timing, and reports whether the loss,
+logits, gradients and update agree (twin.check_step); the exit status is 1 if one
+does not.
+
+W5's torchvision ResNet-18 decays only what seam decays (conv and linear weights, never
+biases or batch-norm parameters: twin.module_param_groups), so that the optimizer step
+timed here is the one seam and the twin run.
 """
 import contextlib
 import argparse
 import csv
+import os
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+import twin
 
 WORKLOADS = {
     "W1": dict(batch=128, dims=[784, 1024, 1024, 10], act="relu", opt="adam", lr=1e-3, wd=0.0),
@@ -31,6 +49,16 @@ WORKLOADS = {
     # examples/resnet18_cifar.json (seam's W5).
     "W5": dict(batch=256, image=[3, 32, 32], classes=10, resnet18=True, opt="sgd", lr=0.1, momentum=0.9, wd=5e-4),
 }
+# The built-in workloads that are model files in seam (bench's W5 is this file, built in).
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+MODEL_FILES = {"W5": os.path.join(EXAMPLES, "resnet18_cifar.json")}
+
+
+def model_file_spec(path):
+    """A model file as a workload: its twin, batch size, precision and loss."""
+    m = twin.load_model(path)
+    return dict(batch=m.batch_size, model_file=path, name=m.name, precision=m.precision,
+                label_smoothing=m.label_smoothing)
 
 
 class Mlp(torch.nn.Module):
@@ -77,12 +105,22 @@ class Residual(torch.nn.Module):
 
 def make(spec, **opt_kwargs):
     torch.manual_seed(0)
+    if spec.get("model_file"):
+        model = twin.Twin(spec["model_file"], precision=PRECISION).cuda()
+        if model.has_conv:
+            model = model.to(memory_format=torch.channels_last)
+        opt, _ = twin.make_optimizer(model, **opt_kwargs)  # SGD drops capturable, as W5's
+        x = torch.randn(spec["batch"], *model.input_shape, device="cuda")
+        if model.has_conv and x.dim() == 4:
+            x = x.to(memory_format=torch.channels_last)
+        y = torch.randint(0, model.classes, (spec["batch"],), device="cuda")
+        return model, opt, x, y
     if spec.get("resnet18"):
         import torchvision
 
         model = torchvision.models.resnet18(num_classes=spec["classes"]).cuda().to(memory_format=torch.channels_last)
         opt_kwargs.pop("capturable", None)  # SGD keeps no step count: nothing to capture
-        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"], momentum=spec["momentum"], weight_decay=spec["wd"],
+        opt = torch.optim.SGD(twin.module_param_groups(model, spec["wd"]), lr=spec["lr"], momentum=spec["momentum"],
                               **opt_kwargs)
         x = torch.randn(spec["batch"], *spec["image"], device="cuda").to(memory_format=torch.channels_last)
         y = torch.randint(0, spec["classes"], (spec["batch"],), device="cuda")
@@ -126,14 +164,14 @@ def autocast():
     return contextlib.nullcontext()
 
 
-def trainer(model, opt, x, y):
+def trainer(model, opt, x, y, label_smoothing=0.0):
     """One step: forward and loss under autocast, backward, update (scaled at f16)."""
     scaler = torch.amp.GradScaler("cuda") if PRECISION == "f16" else None
 
     def step():
         opt.zero_grad(set_to_none=True)
         with autocast():
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(model(x), y, label_smoothing=label_smoothing)
         if scaler:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -147,25 +185,26 @@ def trainer(model, opt, x, y):
 
 def variant_eager(spec, fused):
     model, opt, x, y = make(spec, fused=True) if fused else make(spec, foreach=True)
-    return trainer(model, opt, x, y)
+    return trainer(model, opt, x, y, spec.get("label_smoothing", 0.0))
 
 
 def variant_compile(spec, mode):
     model, opt, x, y = make(spec, fused=True)
-    return trainer(torch.compile(model, mode=mode), opt, x, y)
+    return trainer(torch.compile(model, mode=mode), opt, x, y, spec.get("label_smoothing", 0.0))
 
 
 def variant_graph(spec):
     if PRECISION == "f16":
         raise RuntimeError("GradScaler reads its overflow flag on the host: no whole-step graph at f16")
     model, opt, x, y = make(spec, fused=True, capturable=True)
+    ls = spec.get("label_smoothing", 0.0)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             opt.zero_grad(set_to_none=True)
             with autocast():
-                loss = F.cross_entropy(model(x), y)
+                loss = F.cross_entropy(model(x), y, label_smoothing=ls)
             loss.backward()
             opt.step()
     torch.cuda.current_stream().wait_stream(side)
@@ -173,7 +212,7 @@ def variant_graph(spec):
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(g):
         with autocast():
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(model(x), y, label_smoothing=ls)
         loss.backward()
         opt.step()
     return g.replay
@@ -189,9 +228,29 @@ VARIANTS = {
 }
 
 
+def check_first_steps(names, specs, a):
+    """twin.check_step for every workload that is a model file; returns whether all pass."""
+    ok = True
+    for w in names:
+        spec = specs[w]
+        path = spec.get("model_file") or MODEL_FILES.get(w)
+        if not path:
+            print(f"{w}: first step not checked: a built-in workload of seam bench, not a model file", flush=True)
+            continue
+        precision = a.precision or spec.get("precision", "tf32")
+        try:
+            r = twin.check_step(a.check_first_step, path, precision, a.check_device,
+                                a.check_batch or spec["batch"])
+            ok = ok and r.ok
+        except Exception as e:  # reported; the timing still runs
+            print(f"{w}: first-step check failed to run: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            ok = False
+    return ok
+
+
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    # As seam bench: W1-W4 unless named (W5, a ResNet-18, by name).
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # As seam bench: W1-W4 unless named (W5, a ResNet-18, by name), and model files.
     p.add_argument("workloads", nargs="*", default=["W1", "W2", "W3", "W4"])
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
     # seam bench's defaults: the same number of steps on both sides, so that both are timed
@@ -201,34 +260,55 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--csv", default="")
-    p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default="tf32")
+    p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default=None,
+                   help="default: tf32 for W1-W5, a model file's own precision")
+    p.add_argument("--check-first-step", metavar="SEAM_BINARY", default=None,
+                   help="before timing, check seam's first training step against the twin of every model-file "
+                        "workload (and W5's model file)")
+    p.add_argument("--check-device", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--check-batch", type=int, default=None, help="default: the workload's batch")
     a = p.parse_args()
+    specs = {}
+    for w in a.workloads:
+        if w in WORKLOADS:
+            specs[w] = WORKLOADS[w]
+        elif w.endswith(".json") or os.path.exists(w):
+            specs[w] = model_file_spec(w)
+        else:
+            p.error(f"no workload named {w} (known: {', '.join(WORKLOADS)}, or a model file)")
+    checked = True
+    if a.check_first_step:
+        checked = check_first_steps(a.workloads, specs, a)
     global PRECISION
-    PRECISION = a.precision
-    # TF32 only where asked: at f32 as IEEE fp32; bf16 and f16 matmuls are autocast's.
-    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
-    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
     rows = []
     for w in a.workloads:
-        spec = WORKLOADS[w]
+        spec = specs[w]
+        name = spec.get("name", w)
+        PRECISION = a.precision or spec.get("precision", "tf32")
+        # TF32 only where asked: at f32 as IEEE fp32; bf16 and f16 matmuls are autocast's.
+        torch.backends.cuda.matmul.allow_tf32 = PRECISION == "tf32"
+        torch.backends.cudnn.allow_tf32 = PRECISION == "tf32"
         for v in a.variants:
             try:
                 ms, lo, hi = timed(VARIANTS[v](spec), a.steps, a.warmup, a.repeats)
             except Exception as e:  # a variant that fails is reported, the others still run
-                print(f"{w} {v}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+                print(f"{name} {v}: failed: {type(e).__name__}: {e}", file=sys.stderr)
                 continue
-            print(f"{w} {v:26s} {ms:9.4f} ms/step ({lo:.4f}-{hi:.4f})  {spec['batch'] / ms * 1e3:12.0f} samples/s",
+            print(f"{name} {v:26s} {ms:9.4f} ms/step ({lo:.4f}-{hi:.4f})  {spec['batch'] / ms * 1e3:12.0f} samples/s",
                   flush=True)
-            rows.append(dict(framework="torch", workload=w, variant=v, device="cuda", ms_per_step=ms, ms_min=lo,
+            rows.append(dict(framework="torch", workload=name, variant=v, device="cuda", ms_per_step=ms, ms_min=lo,
                              ms_max=hi, samples_per_s=spec["batch"] / ms * 1e3, version=torch.__version__,
-                             precision=a.precision))
+                             precision=PRECISION))
             torch.cuda.empty_cache()
-    if a.csv:
+    if a.csv and rows:
         with open(a.csv, "w", newline="") as f:
             out = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             out.writeheader()
             out.writerows(rows)
+    if not checked:
+        print("first-step check: MISMATCH (see above)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

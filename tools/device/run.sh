@@ -78,7 +78,7 @@ for step in "${steps[@]}"; do
       [ -x "$py" ] || py=python3
       csv=$(mktemp -d)
       {
-        work=(W1 W2 W3 W4 W5 examples/fmnist_cnn.json)
+        work=(W1 W2 W3 W4 W5 examples/fmnist_cnn.json examples/fmnist_resnet.json)
         "$bin/seam" bench "${work[@]}" --device cuda --csv "$csv/seam_graph.csv" --breakdown --explain
         "$bin/seam" bench "${work[@]}" --device cuda --no-graph --csv "$csv/seam_eager.csv"
         # The same step with fewer fusions: GEMM epilogues and the loss only, then none.
@@ -86,7 +86,9 @@ for step in "${steps[@]}"; do
         "$bin/seam" bench "${work[@]}" --device cuda --fusion none --csv "$csv/seam_graph_unfused.csv"
         [ -n "${SEAM_BENCH_STREAMS:-}" ] &&
           "$bin/seam" bench "${work[@]}" --device cuda --streams 1 --csv "$csv/seam_graph_1stream.csv"
-        "$py" bench/compare_torch.py W1 W2 W3 W4 W5 --csv "$csv/torch.csv"
+        # The model files through their PyTorch twins (bench/twin), each first checked
+        # against one seam step on the GPU.
+        "$py" bench/compare_torch.py "${work[@]}" --check-first-step "$bin/seam" --check-device cuda --csv "$csv/torch.csv"
         "$py" bench/report.py "$csv"/seam_*.csv "$csv/torch.csv"
         for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done
       } > "$out/bench.log" 2>&1
@@ -105,7 +107,7 @@ for step in "${steps[@]}"; do
       [ -x "$py" ] || py=python3
       csv=$(mktemp -d)
       prec=${SEAM_BENCH_PRECISION:-bf16}
-      read -r -a work <<< "${SEAM_BENCH_WORK:-W1 W2 W3 W4 W5}"
+      read -r -a work <<< "${SEAM_BENCH_WORK:-W1 W2 W3 W4 W5 examples/fmnist_cnn.json examples/fmnist_resnet.json}"
       read -r -a variants <<< "${SEAM_TORCH_VARIANTS:-eager_fused compile_default cuda_graph_whole_step}"
       {
         "$bin/seam" bench "${work[@]}" --device cuda --precision "$prec" --csv "$csv/seam_graph.csv" --breakdown --explain
