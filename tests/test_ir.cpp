@@ -231,3 +231,16 @@ TEST(ModelFile, ASingleIntIsAWindowsTwoEntriesAndOtherListsOne) {
   ASSERT_TRUE(w);
   EXPECT_EQ(bg.graph.value(*w).type.str(), "f32[10,16]");
 }
+
+// A model file is checked at its own batch size, so a shape written for it is accepted.
+TEST(ModelFile, IsCheckedAtItsOwnBatchSize) {
+  const char* text = R"({"input": {"shape": [8]}, "batch_size": 4, "nodes": [
+      {"name": "a", "op": "linear", "out": 16},
+      {"name": "r", "op": "reshape", "input": "a", "shape": [4, 4, 4]},
+      {"name": "f", "op": "flatten", "input": "r"},
+      {"name": "out", "op": "linear", "input": "f", "out": 10}]})";
+  io::ModelSpec m = io::parse_model_json(text, "m.json");
+  EXPECT_EQ(m.batch_size, 4);
+  EXPECT_NE(model_error(std::string(text).replace(std::string(text).find("\"batch_size\": 4"), 15, "\"batch_size\": 3")).find("reshape"),
+            std::string::npos);
+}

@@ -216,7 +216,9 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
              " is not [channels, height, width]");
     }
   }
-  build_graph(s, 2);  // checks every layer and shape now, not at training time
+  // Every layer and shape checked now, not at training time, at the batch the file trains
+  // with (a shape written for it is then checked as it will run).
+  build_graph(s, s.batch_size);
   return s;
 }
 
