@@ -244,3 +244,13 @@ TEST(ModelFile, IsCheckedAtItsOwnBatchSize) {
   EXPECT_NE(model_error(std::string(text).replace(std::string(text).find("\"batch_size\": 4"), 15, "\"batch_size\": 3")).find("reshape"),
             std::string::npos);
 }
+
+// Attributes the compiler sets are refused by name rather than silently overwritten.
+TEST(ModelFile, AttributesTheCompilerSetsAreRefused) {
+  std::string msg = model_error(R"({"input": {"shape": [8]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 10}, {"name": "d", "op": "dropout", "input": "a", "p": 0.1, "training": 0}]})");
+  EXPECT_NE(msg.find("('d') dropout: 'training' is set by the mode"), std::string::npos) << msg;
+  msg = model_error(R"({"input": {"shape": [8]}, "nodes": [
+      {"name": "a", "op": "linear", "out": 10}, {"name": "d", "op": "dropout", "input": "a", "stream": 3}]})");
+  EXPECT_NE(msg.find("'stream'"), std::string::npos) << msg;
+}

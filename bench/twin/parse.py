@@ -350,6 +350,12 @@ def parse_nodes(model):
             if not (len(ins) >= max(required, 1) if variadic else required <= len(ins) <= len(spec_in)):
                 fail(where, ": ", op, " node '", name, "': takes ", op, "(", ", ".join(spec_in), "), got ",
                      len(ins), " input(s)")
+            if "training" in L:
+                fail(where, ": 'training' is set by the mode a program is compiled in (train or eval), "
+                     "not by the model file")
+            if op == "dropout" and "stream" in L:
+                fail(where, ": 'stream' (which random stream the mask draws from) is the node's place in the "
+                     "file, not a key")
             attrs = {}
             for k, d in spec_attrs.items():
                 if k in L:
@@ -361,7 +367,7 @@ def parse_nodes(model):
             if op == "dropout":
                 attrs["stream"] = i  # the layer's index names its random stream
             if "training" in attrs:
-                attrs["training"] = 1  # set by the mode pass: a training step trains
+                attrs["training"] = 1  # the mode pass's: a training step trains
         out.append(Node(i, op, name, ins, attrs, where, layer, precision))
         names.add(name)
         prev = name

@@ -268,6 +268,11 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
       if (!parsed || is_gradient_op(*parsed)) unknown(where.substr(0, where.rfind(' ')), "op", op, known_ops);
       for (auto& a : op_def(*parsed).attrs) allowed.push_back(a.name);
     }
+    // Attributes the compiler owns: a value written here would be overwritten silently.
+    if (L.contains("training"))
+      fail(where, ": 'training' is set by the mode a program is compiled in (train or eval), not by the model file");
+    if (parsed == Op::dropout && L.contains("stream"))
+      fail(where, ": 'stream' (which random stream the mask draws from) is the node's place in the file, not a key");
     check_keys(L, allowed, where);
     // Operands: explicit "inputs" (or "input", the one-operand form), else the previous layer.
     if (L.contains("input") && L.contains("inputs")) fail(where, ": give \"input\" (one name) or \"inputs\" (a list), not both");
