@@ -482,3 +482,23 @@ TEST_F(Cli, StepWritesTheWeightsTheBatchAndTheResults) {
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.err.find("--out"), std::string::npos) << missing.err;
 }
+
+// The CPU kernels cut their loops over the cores (src/backend/cpu/parallel.h): the same
+// step on one thread and on three gives the same bits. The MLP's batch of 256 cuts its
+// GEMMs into row blocks; the CNN's images spread over the threads.
+TEST_F(Cli, OneThreadAndThreeGiveTheSameBits) {
+  for (const char* model : {"fmnist_cnn.json", "fmnist_mlp.json"}) {
+    std::string after[2];
+    for (int k = 0; k < 2; ++k) {
+      ::setenv("SEAM_CPU_THREADS", k ? "3" : "1", 1);
+      const fs::path out = dir / (std::string(model) + std::to_string(k));
+      Result r = run(std::string("step ") + SEAM_EXAMPLES "/" + model + " --batch " +
+                     (std::string(model) == "fmnist_mlp.json" ? "256" : "17") + " --device cpu --out " + out.string());
+      ASSERT_EQ(r.code, 0) << r.err;
+      after[k] = slurp(out / "after.safetensors");
+    }
+    ::setenv("SEAM_CPU_THREADS", "1", 1);
+    EXPECT_FALSE(after[0].empty());
+    EXPECT_TRUE(after[0] == after[1]) << model << ": the step differs on three threads";
+  }
+}

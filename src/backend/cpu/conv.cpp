@@ -164,7 +164,9 @@ void conv2d_grad_weight(const KernelArgs& a) {
     // for any number of cores.
     constexpr int64_t kSlices = 8;
     const int64_t slices = std::min(kSlices, g.n), size = a.out[0].numel();
-    std::vector<T> partial(static_cast<size_t>(slices * size), T(0));
+    // Slice 0 sums into dw itself, the others into partials added after.
+    std::fill(dw, dw + size, T(0));
+    std::vector<T> partial(static_cast<size_t>((slices - 1) * size), T(0));
     parallel_for(slices, 1, [&](int64_t s0, int64_t s1) {
       std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
       for (int64_t s = s0; s < s1; ++s)
@@ -176,15 +178,14 @@ void conv2d_grad_weight(const KernelArgs& a) {
             im2col(g, xn, col.data());
             cols = col.data();
           }
-          T* part = partial.data() + s * size;
+          T* part = s == 0 ? dw : partial.data() + (s - 1) * size;
           for (int64_t gr = 0; gr < g.groups; ++gr)
             gemm(false, true, g.og(), g.k(), g.p(), dyn + gr * g.og() * g.p(), cols + gr * g.k() * g.p(), T(1),
                  part + gr * g.og() * g.k());
         }
     });
-    std::copy(partial.begin(), partial.begin() + size, dw);
     for (int64_t s = 1; s < slices; ++s)
-      for (int64_t i = 0; i < size; ++i) dw[i] += partial[static_cast<size_t>(s * size + i)];
+      for (int64_t i = 0; i < size; ++i) dw[i] += partial[static_cast<size_t>((s - 1) * size + i)];
   });
 }
 

@@ -61,14 +61,21 @@ void gemm_loops(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, c
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float beta, float* c) {
 #ifdef SEAM_HAS_BLAS
   blas_single_threaded();
-  // Blocks of rows of c over the cores, each one single-threaded GEMM over all of k: an
-  // element's sum runs in the same order however the rows are cut. Inside another
-  // parallel loop (a convolution's images) this runs on its caller alone.
-  const int64_t rows = (m * n * k) >= (int64_t{1} << 21) ? 16 : m;
-  parallel_for(m, rows, [&](int64_t m0, int64_t m1) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m1 - m0), static_cast<int>(n), static_cast<int>(k), 1.0f, ta ? a + m0 : a + m0 * k,
-                static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c + m0 * n, static_cast<int>(n));
+  // Large products in blocks of kRows rows of c, spread over the cores: each block is one
+  // single-threaded GEMM over all of k, and the blocks are the same for any number of
+  // cores, so the results are too. Inside another parallel loop (a convolution's images)
+  // the blocks run on their caller.
+  constexpr int64_t kRows = 64;
+  const int64_t rows = m * n * k >= (int64_t{1} << 21) ? kRows : m;
+  const int64_t blocks = (m + rows - 1) / rows;
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t m0 = blk * rows, m1 = std::min(m, m0 + rows);
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(m1 - m0), static_cast<int>(n), static_cast<int>(k), 1.0f,
+                  ta ? a + m0 : a + m0 * k, static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta,
+                  c + m0 * n, static_cast<int>(n));
+    }
   });
 #else
   gemm_loops(ta, tb, m, n, k, a, b, beta, c);
