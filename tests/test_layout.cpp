@@ -116,3 +116,34 @@ TEST(LayoutPass, ABadLayoutAttributeIsNamed) {
 
 }  // namespace
 }  // namespace seam::testing
+
+namespace seam::testing {
+namespace {
+
+// The pass's own views get names of their own: a value the user named "<x>.4d" is not
+// taken for the pass's 4-d view of x.
+TEST(LayoutPass, NamesOfThePassNeverCaptureTheUsersValues) {
+  Graph g;
+  Var x = g.input("x", {2, 3, 6, 6});
+  Var y = g.input("y", {2}, DType::i32);
+  Var c = nn::conv2d(x, 4, 3, "c", {.padding = {1, 1}});
+  Var s = g.param("s", {4, 1, 1}, Init::uniform(0.5, 1.5));
+  Var t = g.param("s.4d", {1, 4, 1, 1}, Init::uniform(-1, 1));
+  Var h = add(mul(c, s), t);
+  Var loss = cross_entropy(nn::linear(flatten(global_avg_pool(h)), 5, "fc"), y);
+  float l[2];
+  for (int k = 0; k < 2; ++k) {
+    Model m(g, {.seed = 4, .layout = k ? LayoutPolicy::nhwc : LayoutPolicy::nchw});
+    Program p = m.compile({.loss = loss.id(), .gradients = true});
+    const auto xs = random_floats(2 * 3 * 6 * 6, 9);
+    const std::vector<int32_t> ys{1, 3};
+    p.set_input("x", std::span<const float>(xs));
+    p.set_input("y", std::span<const int32_t>(ys));
+    p.run();
+    l[k] = p.read_as<float>(loss.name())[0];
+  }
+  EXPECT_NEAR(l[0], l[1], 1e-6 * std::abs(l[0]));
+}
+
+}  // namespace
+}  // namespace seam::testing

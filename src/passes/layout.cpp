@@ -56,15 +56,21 @@ class Rewriter {
   Graph& ng() { return r_.graph; }
   const Shape& shape(ValueId old) const { return g_.value(old).type.shape; }
 
+  // "<value>.<suffix>", or with _2, _3... where that name is taken.
+  std::string fresh_name(ValueId nv, const char* suffix) {
+    const std::string base = ng().value(nv).name + "." + suffix;
+    std::string name = base;
+    for (int k = 2; ng().find(name); ++k) name = base + "_" + std::to_string(k);
+    return name;
+  }
+
   // The new value reordered by perm: a view where the memory order stays, else one
   // transpose (cached, named after the value).
   ValueId reorder(ValueId nv, const std::vector<int64_t>& perm, const char* suffix) {
     auto [it, fresh] = cache_.try_emplace({nv, suffix}, -1);
     if (!fresh) return it->second;
-    const Var x = ng().var(nv);
-    const Shape& s = x.shape();
-    std::string name = x.name() + "." + suffix;
-    for (int k = 2; ng().find(name); ++k) name = x.name() + "." + suffix + "_" + std::to_string(k);
+    const Shape s = ng().value(nv).type.shape;
+    const std::string name = fresh_name(nv, suffix);
     if (moves_only_ones(s, perm)) {
       Shape to;
       for (int64_t p : perm) to.push_back(s[static_cast<size_t>(p)]);
@@ -87,12 +93,14 @@ class Rewriter {
   // shape (leading 1s), then in channels-last order.
   ValueId as_nhwc_operand(ValueId old) {
     if (nhwc_[static_cast<size_t>(old)] || shape(old).size() == 4) return as_nhwc(old);
-    ValueId nv = mapped(r_, old);
-    Shape s4(4 - shape(old).size(), 1);
-    s4.insert(s4.end(), shape(old).begin(), shape(old).end());
-    const std::string name = ng().value(nv).name + ".4d";
-    nv = ng().find(name) ? *ng().find(name) : ng().add_named(Op::reshape, {nv}, {{"shape", s4}}, name).at(0);
-    return reorder(nv, to_nhwc_perm(), "nhwc");
+    const ValueId nv = mapped(r_, old);
+    auto [it, fresh] = cache_.try_emplace({nv, "4d"}, -1);
+    if (fresh) {
+      Shape s4(4 - shape(old).size(), 1);
+      s4.insert(s4.end(), shape(old).begin(), shape(old).end());
+      it->second = ng().add_named(Op::reshape, {nv}, {{"shape", s4}}, fresh_name(nv, "4d")).at(0);
+    }
+    return reorder(it->second, to_nhwc_perm(), "nhwc");
   }
 
   void emit(const Node& n, const std::vector<ValueId>& in, const Attrs& attrs, bool nhwc) {
