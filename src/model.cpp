@@ -96,6 +96,13 @@ std::optional<LayoutPolicy> parse_layout_policy(std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<std::string> layout_policy_names() {
+  std::vector<std::string> names;
+  for (LayoutPolicy p : {LayoutPolicy::automatic, LayoutPolicy::nchw, LayoutPolicy::nhwc})
+    names.emplace_back(layout_policy_name(p));
+  return names;
+}
+
 std::vector<std::string> precision_names() {
   std::vector<std::string> names;
   for (Precision p : kPrecisions) names.emplace_back(precision_name(p));

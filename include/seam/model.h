@@ -110,6 +110,7 @@ enum class EpiloguePolicy { fastest, fused, split, split_t };
 enum class LayoutPolicy : uint8_t { automatic, nchw, nhwc };
 const char* layout_policy_name(LayoutPolicy p);
 std::optional<LayoutPolicy> parse_layout_policy(std::string_view name);  // "auto", "nchw", "nhwc"
+std::vector<std::string> layout_policy_names();  // for messages and flag checks
 
 struct ModelOptions {
   uint64_t seed = 0;

@@ -187,7 +187,7 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   s.master_weights = get<bool>(j, "master_weights", true, source);
   const std::string layout = get<std::string>(j, "layout", "auto", source);
   if (auto l = parse_layout_policy(layout)) s.layout = *l;
-  else unknown(source, "layout", layout, {"auto", "nchw", "nhwc"});
+  else unknown(source, "layout", layout, layout_policy_names());
   if (s.batch_size < 1) fail(source, ": batch_size must be >= 1");
   if (s.epochs < 1) fail(source, ": epochs must be >= 1");
   if (j.contains("loss")) {

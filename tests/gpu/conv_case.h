@@ -11,6 +11,17 @@
 
 namespace seam::gpu_testing {
 
+// A 16-bit dtype of the convolution tests: through the precision pass (options) or as
+// explicit 16-bit operands with no pass (direct).
+struct Low {
+  DType dtype;
+  const char* name;
+  CompareOptions options() const { return dtype == DType::bf16 ? gpu_testing::bf16() : gpu_testing::f16(); }
+  Tolerance tol() const { return dtype == DType::bf16 ? Tolerance::bf16() : Tolerance::f16(); }
+  CompareOptions direct() const { return CompareOptions(Precision::f32, tol()); }
+};
+constexpr Low kLows[] = {{DType::bf16, "bf16"}, {DType::f16, "f16"}};
+
 struct ConvCase {
   Shape x, w;  // NCHW geometry: [N, C, H, W] and [C_out, C_in/groups, kh, kw]
   bool bias;

@@ -34,6 +34,8 @@ using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::conv_files;
 using seam::gpu_testing::ConvCase;
+using seam::gpu_testing::kLows;
+using seam::gpu_testing::Low;
 using seam::gpu_testing::GpuCase;
 using seam::gpu_testing::lines_of;
 using seam::gpu_testing::lines_starting;
@@ -41,16 +43,6 @@ using seam::gpu_testing::TempCacheDir;
 using seam::gpu_testing::Tolerance;
 
 namespace {
-
-struct Low {
-  DType dtype;
-  const char* name;
-  CompareOptions options() const { return dtype == DType::bf16 ? gpu_testing::bf16() : gpu_testing::f16(); }
-  Tolerance tol() const { return dtype == DType::bf16 ? Tolerance::bf16() : Tolerance::f16(); }
-  // Explicit 16-bit operands, no precision pass.
-  CompareOptions direct() const { return CompareOptions(Precision::f32, tol()); }
-};
-constexpr Low kLows[] = {{DType::bf16, "bf16"}, {DType::f16, "f16"}};
 
 }  // namespace
 

@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   train->add_option("--precision", train_precision, precision_help + " (default: the model file's)")
       ->check(one_of(seam::precision_names()));
   train->add_option("--layout", train_layout, layout_help + " (default: the model file's)")
-      ->check(one_of({"auto", "nchw", "nhwc"}));
+      ->check(one_of(seam::layout_policy_names()));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
   train->add_option("--data", t.data_dir, "folder with the four Fashion-MNIST IDX files");
@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
   step->add_option("--precision", step_precision, precision_help + " (default: the model file's)")
       ->check(one_of(seam::precision_names()));
   step->add_option("--layout", step_layout, layout_help + " (default: the model file's)")
-      ->check(one_of({"auto", "nchw", "nhwc"}));
+      ->check(one_of(seam::layout_policy_names()));
   step->add_option("--data-seed", so.data_seed, "seed of the random batch")->transform(whole<uint64_t>(0));
 
   seam::train::EvalOptions e;
@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
   plan->add_option("--precision", plan_precision, precision_help + " (default: the model file's)")
       ->check(one_of(seam::precision_names()));
   plan->add_option("--layout", plan_layout, layout_help + " (default: the model file's)")
-      ->check(one_of({"auto", "nchw", "nhwc"}));
+      ->check(one_of(seam::layout_policy_names()));
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
   bench->add_option("--precision", bench_precision, precision_help + " (default: tf32 for W1-W4, a model file's own, W5's bf16)")
       ->check(one_of(seam::precision_names()));
   bench->add_option("--layout", bench_layout, layout_help + " (default: a model file's own, else auto)")
-      ->check(one_of({"auto", "nchw", "nhwc"}));
+      ->check(one_of(seam::layout_policy_names()));
   bench->add_flag("--no-master-weights", no_masters,
                   "with bf16 or f16: parameters stored in 16 bits, updated with stochastic rounding");
   bench->add_option("--epilogue", bo.epilogue,
