@@ -80,6 +80,16 @@ inline Var build_conv(GpuCase& c, const ConvCase& k) {
 
 inline const char* const kConvCacheHeader = "# seam cudnn conv algorithms v1 gpu=";
 
+// Convolutions on cuDNN's classic API while it lives (SEAM_CUDNN_CONV=classic): for the
+// tests of the classic algorithm cache, which the graph API path never writes.
+class ClassicConvApi {
+ public:
+  ClassicConvApi() { setenv("SEAM_CUDNN_CONV", "classic", 1); }
+  ~ClassicConvApi() { unsetenv("SEAM_CUDNN_CONV"); }
+  ClassicConvApi(const ClassicConvApi&) = delete;
+  ClassicConvApi& operator=(const ClassicConvApi&) = delete;
+};
+
 // The conv-*.txt files under a cache folder.
 inline std::vector<std::filesystem::path> conv_files(const TempCacheDir& cache) {
   std::vector<std::filesystem::path> out;

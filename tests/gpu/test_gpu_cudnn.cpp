@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "conv_case.h"
 #include "gpu_check.h"
 #include "pool_case.h"
@@ -87,6 +88,7 @@ TEST(GpuConv, TwoLayersOfOneShapeShareTheirChoice) {
 }
 
 TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
+  gpu_testing::ClassicConvApi classic;
   // A folder of its own: the choice is measured here, saved there, and read back from it.
   TempCacheDir cache;
   const std::filesystem::path dir = std::filesystem::path(cache.dir()) / "seam";
@@ -109,6 +111,42 @@ TEST(GpuConv, AlgorithmChoicesAreSavedToTheCacheFile) {
   Model m2(g, {.device = Device::cuda, .precision = Precision::tf32});
   Program p2 = m2.compile({.mode = Mode::eval, .outputs = {y.id()}});
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(other.dir()) / "seam")) << other.dir();
+}
+
+TEST(GpuConvEngine, TheFastestEngineIsSavedAndRebuiltFromTheCache) {
+  TempCacheDir cache;  // a folder of its own: the engines are timed here and saved there
+  Graph g;
+  Var x = g.input("x", {2, 8, 9, 9});
+  Var y = conv2d(x, g.param("w", {16, 8, 3, 3}, Init::uniform(-1, 1)), std::nullopt, {.padding = {1, 1}});
+  auto choices_of = [&](Program& p) {
+    std::string all;
+    for (auto& [step, what] : p.executable().stats().choices) all += what + "\n";
+    return all;
+  };
+  Model m(g, {.device = Device::cuda, .precision = Precision::bf16, .layout = LayoutPolicy::nhwc});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {y.id()}});
+  const std::string first = choices_of(p);
+  EXPECT_NE(first.find("conv2d nhwc: cuDNN graph API"), std::string::npos) << first;
+  EXPECT_NE(first.find("fastest of"), std::string::npos) << first;
+  const std::filesystem::path dir = std::filesystem::path(cache.dir()) / "seam";
+  const std::string key =
+      "fwd x=2,8,9,9 w=16,8,3,3 y=2,16,9,9 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=bf16 math=tensor layout=nhwc "
+      "engine=";
+  int found = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("cudnn-conv-engines-", 0) == 0) {
+      const auto lines = gpu_testing::lines_of(e.path());
+      ASSERT_FALSE(lines.empty());
+      EXPECT_EQ(lines[0].rfind("# seam cudnn conv engines v1 gpu=", 0), 0u) << lines[0];
+      found += gpu_testing::lines_starting(lines, key);
+    }
+  EXPECT_EQ(found, 1) << "lines starting with '" << key << "' in " << dir;
+  // Another model of the same shape takes the saved engine without timing any.
+  Model m2(g, {.device = Device::cuda, .precision = Precision::bf16, .layout = LayoutPolicy::nhwc});
+  Program p2 = m2.compile({.mode = Mode::eval, .outputs = {y.id()}});
+  const std::string second = choices_of(p2);
+  EXPECT_NE(second.find("cuDNN graph API"), std::string::npos) << second;
+  EXPECT_NE(second.find(", cached,"), std::string::npos) << second;
 }
 
 // ------------------------------------------------------------------------------------------

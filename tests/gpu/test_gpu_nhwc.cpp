@@ -313,6 +313,7 @@ void compile_conv(const Shape& x, const Shape& w, bool nhwc) {
 }  // namespace
 
 TEST(GpuNhwcConvCache, EachLayoutHasALineOfItsOwnWithLogicalDims) {
+  gpu_testing::ClassicConvApi classic;
   TempCacheDir cache;  // a folder of its own: both are measured here
   const Shape x{2, 5, 13, 11}, w{6, 5, 3, 3};
   compile_conv(x, w, false);
@@ -329,6 +330,7 @@ TEST(GpuNhwcConvCache, EachLayoutHasALineOfItsOwnWithLogicalDims) {
 }
 
 TEST(GpuNhwcConvCache, LinesWithoutALayoutAreReadAsNchw) {
+  gpu_testing::ClassicConvApi classic;
   TempCacheDir cache;
   compile_conv({1, 2, 5, 5}, {2, 2, 3, 3}, false);
   const auto files = conv_files(cache);

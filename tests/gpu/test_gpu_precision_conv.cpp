@@ -137,6 +137,7 @@ void compile_conv(DType t, const Shape& x, const Shape& w) {
 }  // namespace
 
 TEST(GpuPrecisionConvCache, SixteenBitConvolutionsAreChosenApartFromF32) {
+  gpu_testing::ClassicConvApi classic;
   TempCacheDir cache;
   // A cache folder of its own, so that every dtype is measured here and written to it.
   const Shape x{2, 5, 13, 11}, w{6, 5, 3, 3};
@@ -154,6 +155,7 @@ TEST(GpuPrecisionConvCache, SixteenBitConvolutionsAreChosenApartFromF32) {
 }
 
 TEST(GpuPrecisionConvCache, LinesWhoseMathDoesNotFitTheirDtypeAreDropped) {
+  gpu_testing::ClassicConvApi classic;
   TempCacheDir cache;
   compile_conv(DType::bf16, {1, 3, 9, 7}, {2, 3, 3, 3});
   auto files = conv_files(cache);

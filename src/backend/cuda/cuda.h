@@ -137,6 +137,11 @@ inline void set(PreparerTable& t, Op op, Preparer p) { t.at(static_cast<size_t>(
 // kernels of a split variant are the unfused ops' kernels.
 Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in,
                        std::vector<DeviceTensor> out);
+// Milliseconds per run of `run` as a step runs it: a few runs captured into one CUDA
+// graph and replayed, after a warm-up (gemm.cu); -1 where `run` returns false (a
+// candidate that does not launch). For choosing among a library's candidates.
+float time_in_graph(const std::function<bool(cudaStream_t)>& run, cudaStream_t s);
+
 // Where the backend's caches live: $XDG_CACHE_HOME/seam (an absolute one; relative ones
 // are ignored, as the XDG spec says), else $HOME/.cache/seam; empty if neither is set.
 std::string cache_root();

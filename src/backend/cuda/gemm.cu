@@ -426,6 +426,15 @@ float time_runs(const std::function<bool(cudaStream_t)>& run, cudaStream_t s, Ev
   return total / static_cast<float>(reps);
 }
 
+}  // namespace
+
+float time_in_graph(const std::function<bool(cudaStream_t)>& run, cudaStream_t s) {
+  EventPair ev;
+  return time_runs(run, s, ev);
+}
+
+namespace {
+
 // Milliseconds per run of `al` (all calls), or a negative number if it fails to launch.
 float time_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& al, void* ws, cudaStream_t s, EventPair& ev) {
   return time_runs([&](cudaStream_t st) { return p.run(al, ws, kGemmWorkspaceBytes, st) == CUBLAS_STATUS_SUCCESS; },
