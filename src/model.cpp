@@ -159,6 +159,14 @@ std::vector<std::byte> encode(const std::vector<double>& v, DType t) {
   return out;
 }
 
+// Bytes between a slot's stored order and its users' (NCHW) order; a copy where they agree.
+std::vector<std::byte> reordered(const TensorType& stored, std::span<const std::byte> data, DType element,
+                                 bool to_user) {
+  std::vector<std::byte> out(data.begin(), data.end());
+  if (stored.layout == DataLayout::nhwc) reorder_nhwc(data.data(), out.data(), stored.shape, dtype_size(element), to_user);
+  return out;
+}
+
 const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, const char* what) {
   for (auto& s : slots)
     if (s.name == name) return s;
@@ -187,12 +195,15 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
       fail("ModelOptions::master_weights = false stores the parameters in 16 bits: it needs precision bf16 or f16, got ",
            precision_name(options.precision));
   }
-  c.layout = make_layout(c.stored ? params_in(c.graph, *c.stored).graph : c.graph);
   c.conv_layout = options.layout == LayoutPolicy::nhwc ||
                           (options.layout == LayoutPolicy::automatic && c.device == Device::cuda &&
                            options.precision != Precision::f32)
                       ? DataLayout::nhwc
                       : DataLayout::plain;
+  // The parameters as the compiled graphs declare them: filters channels-last under nhwc.
+  Graph declared = c.stored ? params_in(c.graph, *c.stored).graph : c.graph;
+  if (c.conv_layout == DataLayout::nhwc) declared = apply_layout(declared, c.conv_layout).graph;
+  c.layout = make_layout(declared);
   c.state.seed = options.seed;
   c.backend = c.device == Device::cuda
                   ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,
@@ -220,6 +231,7 @@ void Model::reset() {
     // does not change the values.
     auto index = static_cast<uint32_t>(*c.graph.find(s.name));
     auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
+    bytes = reordered(s.type, bytes, s.type.dtype, false);  // drawn in NCHW order, whatever the storage
     c.backend->upload(c.params + s.offset, bytes.data(), bytes.size());
   }
   for (const Slot& s : c.layout.states) {
@@ -238,14 +250,16 @@ std::vector<std::byte> Model::read_param(const std::string& name) const {
   const Slot& s = find_slot(core_->layout.params, name, "parameter");
   std::vector<std::byte> out(s.type.bytes());
   core_->backend->download(out.data(), core_->params + s.offset, out.size());
-  return out;
+  return reordered(s.type, out, s.type.dtype, true);
 }
 
 void Model::write_param(const std::string& name, std::span<const std::byte> data) {
   const Slot& s = find_slot(core_->layout.params, name, "parameter");
   if (data.size() != s.type.bytes())
-    fail("parameter '", name, "' is ", s.type.str(), " (", s.type.bytes(), " bytes), got ", data.size(), " bytes");
-  core_->backend->upload(core_->params + s.offset, data.data(), data.size());
+    fail("parameter '", name, "' is ", s.user_type().str(), " (", s.type.bytes(), " bytes), got ", data.size(),
+         " bytes");
+  const auto stored = reordered(s.type, data, s.type.dtype, false);
+  core_->backend->upload(core_->params + s.offset, stored.data(), stored.size());
   core_->working_valid = false;
 }
 
@@ -270,14 +284,16 @@ const char* const kMomentNames[kOptSlots] = {"optimizer.m/", "optimizer.v/"};
 std::vector<HostTensor> Model::save_tensors() const {
   const Core& c = *core_;
   std::vector<HostTensor> out;
-  for (const Slot& s : c.layout.params) out.push_back({s.name, s.type, read_param(s.name)});
-  for (const Slot& s : c.layout.states) out.push_back({s.name, s.type, read_state(s.name)});
+  for (const Slot& s : c.layout.params) out.push_back({s.name, s.user_type(), read_param(s.name)});
+  for (const Slot& s : c.layout.states) out.push_back({s.name, s.user_type(), read_state(s.name)});
   if (c.opt)
     for (int k = 0; k < kOptSlots; ++k)
       for (const Slot& s : c.layout.params) {
-        const TensorType mt{c.layout.moment_dtype(), s.type.shape};
-        HostTensor t{kMomentNames[k] + s.name, mt, std::vector<std::byte>(mt.bytes())};
-        c.backend->download(t.data.data(), c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), t.data.size());
+        const DType md = c.layout.moment_dtype();
+        std::vector<std::byte> stored(TensorType{md, s.type.shape}.bytes());
+        c.backend->download(stored.data(), c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), stored.size());
+        HostTensor t{kMomentNames[k] + s.name, s.user_type(), reordered(s.type, stored, md, true)};
+        t.type.dtype = md;
         out.push_back(std::move(t));
       }
   return out;
@@ -298,9 +314,11 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
     if (t.data.size() != want.bytes()) fail("tensor '", name, "' has ", t.data.size(), " bytes for ", want.str());
     return &t;
   };
-  auto check = [&](const Slot& s, const std::string& name, bool required) { return check_type(s.type, name, required); };
+  auto check = [&](const Slot& s, const std::string& name, bool required) {
+    return check_type(s.user_type(), name, required);
+  };
   auto check_moment = [&](const Slot& s, const std::string& name, bool required) {
-    return check_type({c.layout.moment_dtype(), s.type.shape}, name, required);
+    return check_type({c.layout.moment_dtype(), s.user_type().shape}, name, required);
   };
   // Validate everything first: a failed load must change nothing.
   bool moments = false;
@@ -321,7 +339,10 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   for (auto& t : tensors)
     if (!known.count(t.name)) fail("tensor '", t.name, "' does not belong to this model");
 
-  for (const Slot& s : c.layout.params) c.backend->upload(c.params + s.offset, by_name[s.name]->data.data(), s.type.bytes());
+  for (const Slot& s : c.layout.params) {
+    const auto stored = reordered(s.type, by_name[s.name]->data, s.type.dtype, false);
+    c.backend->upload(c.params + s.offset, stored.data(), stored.size());
+  }
   c.working_valid = false;
   for (const Slot& s : c.layout.states)
     c.backend->upload(c.state_buf + s.offset, by_name[s.name]->data.data(), s.type.bytes());
@@ -330,7 +351,8 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
     for (int k = 0; k < kOptSlots; ++k)
       for (const Slot& s : c.layout.params) {
         const HostTensor& t = *by_name[kMomentNames[k] + s.name];
-        c.backend->upload(c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), t.data.data(), t.data.size());
+        const auto stored = reordered(s.type, t.data, c.layout.moment_dtype(), false);
+        c.backend->upload(c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), stored.data(), stored.size());
       }
   }
 }
@@ -355,6 +377,13 @@ Program Model::compile(const CompileOptions& o) {
   if (c.stored) rewrite(params_in(g, *c.stored));
   if (low_dtype(c.precision) || !c.overrides.empty()) rewrite(apply_precision(g, c.precision, c.overrides));
   if (c.conv_layout != DataLayout::plain) rewrite(apply_layout(g, c.conv_layout));
+  for (ValueId id : g.params()) {
+    const Value& v = g.value(id);
+    const Slot* s = c.layout.param(v.name);
+    if (!s || !(s->type == v.type))
+      fail("internal error: compile declares parameter ", g.describe(id), " where the model stores ",
+           s ? s->type.str() : std::string("none of that name"));
+  }
   auto renumber = [&](ValueId v) { return to_new.empty() || v < 0 || v >= nv ? v : to_new[static_cast<size_t>(v)]; };
   LowerRequest req;
   req.reuse_memory = o.reuse_memory;
@@ -588,7 +617,12 @@ std::vector<std::byte> Program::read_grad(const std::string& param) const {
   if (!b) fail("this program computes no gradient for '", param, "'");
   auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
-  return out;
+  const Slot* s = core_->layout.param(param);  // a channels-last filter's reads in NCHW order
+  return s ? reordered(s->type, out, b->ref.type.dtype, true) : out;
+}
+
+TensorType Slot::user_type() const {
+  return type.layout == DataLayout::nhwc ? TensorType{type.dtype, nchw_order(type.shape)} : type;
 }
 
 }  // namespace seam

@@ -6,6 +6,7 @@
 
 #include "layout_case.h"
 #include "ops/layout.h"
+#include "passes/layout.h"
 #include "seam/seam.h"
 #include "test_util.h"
 
@@ -34,12 +35,54 @@ TEST(LayoutPass, ConvolutionRegionsRunChannelsLast) {
   EXPECT_EQ(count_nhwc(plan, Op::max_pool2d), 1);
   EXPECT_EQ(count_nhwc(plan, Op::avg_pool2d), 1);
   EXPECT_EQ(count_nhwc(plan, Op::global_avg_pool), 1);
-  // Transposes only at the region's boundaries: the input into it, each 3x3 filter into
-  // [C_out, kh, kw, C_in] and its gradient back, and the pooled value around dropout
-  // (whose mask follows NCHW indices) and back. The 1x1 filter and the [8, 1, 1] scale
-  // move only dims of size 1: views.
-  EXPECT_EQ(count(plan, Op::transpose), 1 + 5 + 5 + 2) << plan.str();
+  // Transposes only at the region's boundaries: the input into it, and the pooled value
+  // around dropout (whose mask follows NCHW indices) and back. The filters are stored
+  // channels-last ([C_out, kh, kw, C_in]: no transpose of them or of their gradients), and
+  // the [8, 1, 1] scale moves only dims of size 1: a view.
+  EXPECT_EQ(count(plan, Op::transpose), 1 + 2) << plan.str();
   EXPECT_NE(plan.str().find("nhwc"), std::string::npos);
+  for (const std::string& name : channels_last_params(net.g)) {
+    const Slot* s = m.layout().param(name);
+    ASSERT_NE(s, nullptr) << name;
+    EXPECT_EQ(s->type.layout, DataLayout::nhwc) << name;
+    EXPECT_EQ(s->user_type().shape, net.g.value(*net.g.find(name)).type.shape) << name;
+  }
+  EXPECT_EQ(channels_last_params(net.g).size(), 6u);
+}
+
+// Channels-last filters read, write, save and load in NCHW order: a checkpoint of a model
+// stored channels-last loads into one stored NCHW, and the two then train alike.
+TEST(LayoutPass, ChannelsLastFiltersSpeakNchwToTheirUsers) {
+  LayoutNet net;
+  Model a(net.g, {.seed = 5, .layout = LayoutPolicy::nhwc});
+  Model b(net.g, {.seed = 5, .layout = LayoutPolicy::nchw});
+  Program pa = a.compile({.loss = net.loss.id(), .optimizer = kSgd});
+  Program pb = b.compile({.loss = net.loss.id(), .optimizer = kSgd});
+  for (const Slot& s : b.layout().params) EXPECT_EQ(a.read_param(s.name), b.read_param(s.name)) << s.name;
+  net.feed(pa, 0);
+  pa.run();
+  // a's trained weights and moments, through a checkpoint, into b; then one more step each.
+  b.load_tensors(a.save_tensors());
+  b.state() = a.state();  // the step count (momentum's first step, dropout's seed) as a checkpoint keeps it
+  for (const Slot& s : b.layout().params) {
+    EXPECT_EQ(a.read_param(s.name), b.read_param(s.name)) << s.name;
+    EXPECT_EQ(a.layout().param(s.name)->user_type(), s.type) << s.name;
+  }
+  const std::string w = *channels_last_params(net.g).begin();
+  std::vector<std::byte> bytes = b.read_param(w);
+  bytes[4] = std::byte{0x3f};
+  a.write_param(w, bytes);
+  b.write_param(w, bytes);
+  EXPECT_EQ(a.read_param(w), bytes);
+  net.feed(pa, 1);
+  net.feed(pb, 1);
+  pa.run();
+  pb.run();
+  for (const Slot& s : b.layout().params) {
+    const auto va = as_floats(a.read_param(s.name), DType::f32), vb = as_floats(b.read_param(s.name), DType::f32);
+    ASSERT_EQ(va.size(), vb.size());
+    for (size_t i = 0; i < va.size(); ++i) EXPECT_NEAR(va[i], vb[i], 1e-5 * (1 + std::abs(vb[i]))) << s.name << " " << i;
+  }
 }
 
 TEST(LayoutPass, AutomaticIsNchwOnTheCpu) {

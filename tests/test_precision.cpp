@@ -100,6 +100,41 @@ TEST(Precision, GemmsReadAndWrite16BitsWhileMastersAndTheirGradientsStayF32) {
   }
 }
 
+// A convolution's weight gradient folds its cast as a GEMM's does: written in f32 from
+// 16-bit operands, no cast kernel after it, and the same training as the unfused plan.
+TEST(Precision, ConvolutionWeightGradientsAreWrittenInF32WithoutACast) {
+  Graph g;
+  Var x = g.input("x", {4, 3, 8, 8});
+  Var h = relu(nn::conv2d(x, 6, 3, "c1", {.padding = {1, 1}}));
+  Var logits = nn::linear(flatten(h), 5, "fc");
+  Var loss = cross_entropy(logits, g.input("y", {4}, DType::i32));
+  for (Precision p : {Precision::bf16, Precision::f16}) {
+    Model m(g, {.seed = 2, .precision = p});
+    Program prog = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+    int wgrads = 0;
+    for (const PlanStep& s : prog.plan().steps) {
+      if (s.op != Op::conv2d_grad_weight) continue;
+      ++wgrads;
+      EXPECT_EQ(s.in[0].type.dtype, *low_dtype(p)) << s.name;
+      EXPECT_EQ(s.out[0].type.dtype, DType::f32) << s.name;
+      EXPECT_EQ(s.out[0].region, Region::grads) << s.name;
+    }
+    EXPECT_EQ(wgrads, 1);
+    Model u(g, {.seed = 2, .precision = p});
+    Program unfused = u.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1), .fuse = false});
+    const auto xs = random_floats(4 * 3 * 8 * 8, 9);
+    const std::vector<int32_t> ys{0, 3, 1, 4};
+    for (Program* q : {&prog, &unfused}) {
+      q->set_input("x", std::span<const float>(xs));
+      q->set_input("y", std::span<const int32_t>(ys));
+      q->run();
+    }
+    // Unfused, the gradient is rounded to 16 bits before its cast back: within that rounding.
+    const auto a = as_floats(m.read_param("c1.weight"), DType::f32), b = as_floats(u.read_param("c1.weight"), DType::f32);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-3 * (1 + std::abs(b[i]))) << i;
+  }
+}
+
 TEST(Precision, StoredValuesAre16BitValuesAndReadBackInTheGraphsDtype) {
   Graph g;
   Var x = g.input("x", {8, 24});

@@ -44,10 +44,13 @@ struct Binding {
 // Where each parameter and state tensor lives; shared by every plan of a model.
 struct Slot {
   std::string name;
-  TensorType type;
+  TensorType type;  // as stored: a filter the layout pass keeps channels-last is [O, kh, kw, C] nhwc
   size_t offset = 0;  // bytes
   Init init;
   bool decay = true;
+  // The type its users see (checkpoints, Model::read_param/write_param, gradients read
+  // back): a channels-last tensor in NCHW order.
+  TensorType user_type() const;
 };
 struct Layout {
   std::vector<Slot> params, states;

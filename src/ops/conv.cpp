@@ -95,13 +95,17 @@ void register_conv(OpTable& t) {
     d.outputs = {input ? "dx" : "dw"};
     d.attrs = conv_attrs();
     d.attrs.push_back({"shape", std::vector<int64_t>{}, true});
-    d.doc = input ? "gradient of conv2d with respect to x" : "gradient of conv2d with respect to w";
+    // The weight gradient may be written in f32 from 16-bit operands (fold_casts: the
+    // master weight's gradient without a cast kernel).
+    if (!input) d.attrs.push_back({"dtype", std::string()});
+    d.doc = input ? "gradient of conv2d with respect to x"
+                  : "gradient of conv2d with respect to w, in `dtype` (\"\": x's; f32 for 16-bit x)";
     d.infer = [input](const InferCtx& c) {
       c.expect_same_dtype();
       const Shape& s = c.attrs.ints("shape");
       Shape y = input ? conv_out_shape(c, s, c.shape(1)) : conv_out_shape(c, c.shape(1), s);
       if (y != c.shape(0)) c.fail("dy has shape ", shape_str(c.shape(0)), ", the convolution gives ", shape_str(y));
-      return std::vector<TensorType>{{c.type(0).dtype, s}};
+      return std::vector<TensorType>{{input ? c.type(0).dtype : c.result_dtype(c.type(0).dtype), s}};
     };
     d.flops = [input](const OpCostCtx& c) {
       return conv_flops(c.in[0].shape, input ? c.in[1].shape : c.out[0].shape);

@@ -34,6 +34,7 @@ FuseResult start_rebuild(const Graph& g) {
     if (val.kind == ValueKind::input) r.map[v] = ng.input(val.name, val.type.shape, val.type.dtype).id();
     if (val.kind == ValueKind::param) r.map[v] = ng.param(val.name, val.type.shape, val.init, val.decay, val.type.dtype).id();
     if (val.kind == ValueKind::state) r.map[v] = ng.state(val.name, val.type.shape, val.init, val.type.dtype).id();
+    if (r.map[v] >= 0) ng.value(r.map[v]).type.layout = val.type.layout;  // a filter stored channels-last stays so
   }
   return r;
 }

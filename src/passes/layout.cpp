@@ -45,7 +45,15 @@ bool moves_only_ones(const Shape& s, const std::vector<int64_t>& perm) {
 
 class Rewriter {
  public:
-  explicit Rewriter(const Graph& g) : g_(g), r_(start_rebuild(g)), nhwc_(g.values().size(), false) {}
+  explicit Rewriter(const Graph& g) : g_(g), r_(start_rebuild(g)), nhwc_(g.values().size(), false) {
+    for (const std::string& name : channels_last_params(g)) {
+      const ValueId old = *g.find(name);
+      Value& v = ng().value(mapped(r_, old));
+      v.type.shape = nhwc_order(v.type.shape);
+      v.type.layout = DataLayout::nhwc;
+      nhwc_[static_cast<size_t>(old)] = true;
+    }
+  }
 
   FuseResult run() {
     for (const Node& n : g_.nodes()) rewrite(n);
@@ -143,6 +151,20 @@ class Rewriter {
 };
 
 }  // namespace
+
+std::set<std::string> channels_last_params(const Graph& g) {
+  std::set<std::string> out;
+  if (has_nhwc_op(g)) return out;
+  for (const Node& n : g.nodes()) {
+    if (n.op != Op::conv2d || n.in.size() < 2 || g.value(n.in[0]).type.shape.size() != 4) continue;
+    ValueId w = n.in[1];
+    while (g.value(w).kind == ValueKind::intermediate && g.node(g.value(w).node).op == Op::cast)
+      w = g.node(g.value(w).node).in[0];
+    const Value& v = g.value(w);
+    if (v.kind == ValueKind::param && v.type.shape.size() == 4) out.insert(v.name);
+  }
+  return out;
+}
 
 FuseResult apply_layout(const Graph& g, DataLayout conv_layout) {
   if (conv_layout == DataLayout::plain || has_nhwc_op(g)) {

@@ -197,7 +197,9 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
   std::map<ValueId, std::string> renamed;
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
-    if (n.op != Op::matmul && n.op != Op::linear_grad_weight_bias && n.op != Op::sum && n.op != Op::mean) continue;
+    if (n.op != Op::matmul && n.op != Op::linear_grad_weight_bias && n.op != Op::conv2d_grad_weight &&
+        n.op != Op::sum && n.op != Op::mean)
+      continue;
     std::optional<DType> to;
     std::vector<int> casts;
     bool ok = true;

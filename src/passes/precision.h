@@ -32,8 +32,8 @@ FuseResult params_in(const Graph& g, DType low);
 // Rewrites g at `policy` with `overrides`; f32 and tf32 without overrides leave g as it is.
 FuseResult apply_precision(const Graph& g, Precision policy, const std::vector<PrecisionOverride>& overrides);
 
-// Folds a cast of a GEMM's or a reduction's result into that op (its "dtype" attribute:
-// a weight gradient written in f32 from 16-bit operands), when every float output of the
+// Folds a cast of a GEMM's, a convolution weight gradient's or a reduction's result into
+// that op (its "dtype" attribute: a weight gradient written in f32 from 16-bit operands), when every float output of the
 // op goes only to casts to one dtype and none is kept. Casts next to elementwise ops are
 // fuse_elementwise's to absorb.
 FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep);

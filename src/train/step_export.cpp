@@ -74,7 +74,7 @@ int run_step(const StepOptions& o) {
   p.run();
   const float loss = p.read_as<float>(bg.graph.value(bg.loss).name).at(0);
   std::vector<HostTensor> after = model_tensors(model);
-  for (const Slot& s : model.layout().params) after.push_back(host_tensor("grad/" + s.name, s.type, p.read_grad(s.name)));
+  for (const Slot& s : model.layout().params) after.push_back(host_tensor("grad/" + s.name, s.user_type(), p.read_grad(s.name)));
   const std::string logits = bg.graph.value(bg.logits).name;
   after.push_back(host_tensor("logits", {DType::f32, bg.graph.value(bg.logits).type.shape}, p.read(logits)));
   after.push_back(host_tensor("loss", {DType::f32, {}}, bytes_of(std::vector<float>{loss})));

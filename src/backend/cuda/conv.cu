@@ -554,10 +554,11 @@ std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const En
     c.dil[i] = key.dil[i];
   }
   c.dtype = a.in[0].dtype();
+  c.out_dtype = a.out[0].dtype();
   c.tensor_math = key.math != Math::fma;
   c.nhwc = key.nhwc;
   c.bias = buf.b != nullptr;
-  c.key = key.str() + (c.bias ? " bias=1" : "");
+  c.key = key.str() + (c.bias ? " bias=1" : "") + (c.out_dtype != c.dtype ? std::string(" out=") + dtype_name(c.out_dtype) : "");
   std::string why;
   std::optional<Launch> l = prepare_engine_conv(a, c, buf, &why);
   if (!l)
@@ -706,25 +707,41 @@ Launch prepare_conv2d_grad_input(const StepArgs& a) {
   };
 }
 
-// inputs: dy, x; attribute shape = w's shape (in the step's layout: KRSC for nhwc).
+// inputs: dy, x; attribute shape = w's shape (in the step's layout: KRSC for nhwc). dw
+// may be f32 from 16-bit operands (attribute dtype, folded from its cast): the graph API
+// writes it so directly; the classic API writes its operands' dtype, into a scratch
+// buffer that a cast then widens (rounded once either way, as the CPU).
 Launch prepare_conv2d_grad_weight(const StepArgs& a) {
+  const DType dt = a.in[0].dtype();
+  const bool wide = a.out[0].dtype() != dt;
+  if (wide && !(a.out[0].dtype() == DType::f32 && is_half(dt)))
+    fail("conv2d_grad_weight '", a.step.name, "': dw in ", dtype_name(a.out[0].dtype()), " from ", dtype_name(dt),
+         " operands (only f32 from 16-bit ones)");
+  StepArgs narrow = a;  // the classic API's view: dw in the operands' dtype
+  narrow.out[0].type.dtype = dt;
   ConvKey key;
-  auto s = setup(a, Pass::bwd_filter, a.in[1].shape(), a.out[0].shape(), a.in[0].shape(), key);
+  auto s = setup(narrow, Pass::bwd_filter, a.in[1].shape(), a.out[0].shape(), a.in[0].shape(), key);
   void* dy = a.in[0].data;
   void* x = a.in[1].data;
-  void* dw = a.out[0].data;
-  if (auto l = try_engine(a, key, {x, dw, dy})) return *l;
-  const Chosen ch = choose(a, *s, key, x, dw, dy);
+  if (auto l = try_engine(a, key, {x, a.out[0].data, dy})) return *l;
+  Launch widen;
+  if (wide) {
+    narrow.out[0].data = a.ctx.scratch(narrow.out[0].type.bytes());
+    widen = prepare_as_step(a, Op::cast, {{"dtype", std::string("f32")}}, {narrow.out[0]}, {a.out[0]});
+  }
+  void* dw = narrow.out[0].data;
+  const Chosen ch = choose(narrow, *s, key, x, dw, dy);
   a.ctx.need_workspace(ch.workspace);
   Context* ctx = &a.ctx;
   cudnnHandle_t h = cudnn_of(a.ctx);
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(ch.algo);
   const size_t ws = ch.workspace;
-  return [s, ctx, h, algo, ws, dy, x, dw](cudaStream_t stream) {
+  return [s, ctx, h, algo, ws, dy, x, dw, widen](cudaStream_t stream) {
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     void* work = ws ? ctx->workspace() : nullptr;
     SEAM_CUDNN_CHECK(
         cudnnConvolutionBackwardFilter(h, &kOne, s->x, x, s->y, dy, s->conv, algo, work, ws, &kZero, s->w, dw));
+    if (widen) widen(stream);
   };
 }
 

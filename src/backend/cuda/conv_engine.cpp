@@ -90,7 +90,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(const EngineConv& c) {
       .set_dim(dims(*out_dims))
       .set_stride(strides(*out_dims, c.nhwc))
       .set_uid(out_uid)
-      .set_data_type(fe_type(c.dtype));
+      .set_data_type(fe_type(c.out_dtype));
   return g;
 }
 

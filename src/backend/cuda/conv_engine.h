@@ -7,8 +7,9 @@
 //
 // The choice is kept per (pass, shapes, geometry, dtype, math, layout, bias) in a
 // process-wide cache and saved beside the classic one ($XDG_CACHE_HOME/seam/, one file per
-// GPU name and cuDNN version: cudnn-conv-engines-<gpu>-cudnn<version>.txt), as the engine's global id and knob choices, which cuDNN
-// rebuilds without asking its heuristics again.
+// GPU name and cuDNN version: cudnn-conv-engines-<gpu>-cudnn<version>.txt), as the
+// engine's global id and knob choices, which cuDNN rebuilds without asking its
+// heuristics again.
 //
 // File: a header line, then "<key> engine=<global id> knobs=<type>:<value>,..." lines.
 //
@@ -28,7 +29,8 @@ struct EngineConv {
   int pass = 0;                    // 0 forward, 1 data gradient, 2 filter gradient
   int64_t x[4]{}, w[4]{}, y[4]{};  // logical NCHW dims of the x-shaped, filter and y-shaped roles
   int64_t stride[2]{}, pad[2]{}, dil[2]{};
-  DType dtype = DType::f32;        // of every operand
+  DType dtype = DType::f32;        // of every operand but the output
+  DType out_dtype = DType::f32;    // the output's: dtype, or f32 for a 16-bit filter gradient
   bool tensor_math = true;         // f32 data: TF32 tensor cores allowed
   bool nhwc = false;               // x, y channels-last and the filter KRSC
   bool bias = false;               // forward only: y = conv(x, w) + b[C_out], one rounding
