@@ -137,7 +137,7 @@ TEST(GpuConvEngine, TheFastestEngineIsSavedAndRebuiltFromTheCache) {
     if (e.path().filename().string().rfind("cudnn-conv-engines-", 0) == 0) {
       const auto lines = gpu_testing::lines_of(e.path());
       ASSERT_FALSE(lines.empty());
-      EXPECT_EQ(lines[0].rfind("# seam cudnn conv engines v1 gpu=", 0), 0u) << lines[0];
+      EXPECT_EQ(lines[0].rfind("# seam cudnn conv engines v2 gpu=", 0), 0u) << lines[0];
       found += gpu_testing::lines_starting(lines, key);
     }
   EXPECT_EQ(found, 1) << "lines starting with '" << key << "' in " << dir;

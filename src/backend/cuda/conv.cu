@@ -532,7 +532,8 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
 // pass: a 3-step training run drifted to 0.44 relative L2 in a bias gradient against
 // 0.005, a weight gradient element by 25%), or no engine runs it. Why not goes into the
 // step's choices, beside the classic algorithm taken instead.
-std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const EngineBuffers& buf) {
+std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const EngineBuffers& buf,
+                                 float* ms = nullptr) {
   if (!engine_conv_enabled()) return std::nullopt;
   const char* classic = key.groups != 1 ? "groups > 1"
                         : key.math == Math::tf32 ? "TF32: the graph API's TF32 engines were measured outside TF32's tolerance"
@@ -560,7 +561,7 @@ std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const En
   c.bias = buf.b != nullptr;
   c.key = key.str() + (c.bias ? " bias=1" : "") + (c.out_dtype != c.dtype ? std::string(" out=") + dtype_name(c.out_dtype) : "");
   std::string why;
-  std::optional<Launch> l = prepare_engine_conv(a, c, buf, &why);
+  std::optional<Launch> l = prepare_engine_conv(a, c, buf, &why, ms);
   if (!l)
     a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + ": classic API (the graph API: " + why + ")");
   return l;
@@ -709,25 +710,57 @@ Launch prepare_conv2d_grad_input(const StepArgs& a) {
 
 // inputs: dy, x; attribute shape = w's shape (in the step's layout: KRSC for nhwc). dw
 // may be f32 from 16-bit operands (attribute dtype, folded from its cast): the graph API
-// writes it so directly; the classic API writes its operands' dtype, into a scratch
-// buffer that a cast then widens (rounded once either way, as the CPU).
+// writing it so directly, or dw in the operands' dtype into a scratch buffer that a cast
+// then widens, whichever is faster (cuDNN offers few, and sometimes slow, engines for the
+// first: measured 4x slower on 28x28 layers); the classic API takes the second way.
 Launch prepare_conv2d_grad_weight(const StepArgs& a) {
   const DType dt = a.in[0].dtype();
   const bool wide = a.out[0].dtype() != dt;
   if (wide && !(a.out[0].dtype() == DType::f32 && is_half(dt)))
     fail("conv2d_grad_weight '", a.step.name, "': dw in ", dtype_name(a.out[0].dtype()), " from ", dtype_name(dt),
          " operands (only f32 from 16-bit ones)");
-  StepArgs narrow = a;  // the classic API's view: dw in the operands' dtype
+  StepArgs narrow = a;  // dw in the operands' dtype
   narrow.out[0].type.dtype = dt;
   ConvKey key;
   auto s = setup(narrow, Pass::bwd_filter, a.in[1].shape(), a.out[0].shape(), a.in[0].shape(), key);
   void* dy = a.in[0].data;
   void* x = a.in[1].data;
-  if (auto l = try_engine(a, key, {x, a.out[0].data, dy})) return *l;
+  if (!wide) {
+    if (auto l = try_engine(a, key, {x, a.out[0].data, dy})) return *l;
+  }
   Launch widen;
   if (wide) {
-    narrow.out[0].data = a.ctx.scratch(narrow.out[0].type.bytes());
+    float direct_ms = -1, narrow_ms = -1;
+    std::optional<Launch> direct = try_engine(a, key, {x, a.out[0].data, dy}, &direct_ms);
+    void* scratch = a.ctx.scratch(narrow.out[0].type.bytes());
+    narrow.out[0].data = scratch;
     widen = prepare_as_step(a, Op::cast, {{"dtype", std::string("f32")}}, {narrow.out[0]}, {a.out[0]});
+    std::optional<Launch> in16 = try_engine(narrow, key, {x, scratch, dy}, &narrow_ms);
+    if (in16) {
+      const float cast_ms = time_in_graph(
+          [&](cudaStream_t st) {
+            widen(st);
+            return true;
+          },
+          a.ctx.stream);
+      char line[200];
+      std::snprintf(line, sizeof line, "conv2d_grad_weight: f32 dw directly %.1f us, in %s and a cast %.1f + %.1f us",
+                    direct_ms * 1e3, dtype_name(dt), narrow_ms * 1e3, cast_ms * 1e3);
+      const bool narrow_wins = !direct || direct_ms < 0 || (narrow_ms >= 0 && narrow_ms + cast_ms < direct_ms);
+      a.ctx.choices.emplace_back(a.index, std::string(line) + (narrow_wins ? ": the cast" : ": directly"));
+      if (!narrow_wins) {
+        a.ctx.release(scratch);
+        return *direct;
+      }
+      return [l = *in16, widen](cudaStream_t st) {
+        l(st);
+        widen(st);
+      };
+    }
+    if (direct) {
+      a.ctx.release(scratch);
+      return *direct;
+    }
   }
   void* dw = narrow.out[0].data;
   const Chosen ch = choose(narrow, *s, key, x, dw, dy);

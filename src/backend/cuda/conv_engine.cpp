@@ -98,20 +98,26 @@ std::shared_ptr<fe::graph::Graph> make_graph(const EngineConv& c) {
 struct EngineChoice {
   int64_t engine = -1;
   std::vector<std::pair<int64_t, int64_t>> knobs;  // (KnobType_t, value), sorted
+  float ms = -1;  // as timed when chosen
 
   std::string str() const {
     std::ostringstream s;
     s << "engine=" << engine << " knobs=";
     for (size_t i = 0; i < knobs.size(); ++i) s << (i ? "," : "") << knobs[i].first << ':' << knobs[i].second;
     if (knobs.empty()) s << '-';
+    s << " us=" << ms * 1e3f;
     return s.str();
   }
   static std::optional<EngineChoice> parse(const std::string& text) {
     EngineChoice c;
     std::istringstream in(text);
-    std::string e, k, rest;
-    if (!(in >> e >> k) || (in >> rest) || e.rfind("engine=", 0) != 0 || k.rfind("knobs=", 0) != 0) return std::nullopt;
+    std::string e, k, us, rest;
+    if (!(in >> e >> k >> us) || (in >> rest) || e.rfind("engine=", 0) != 0 || k.rfind("knobs=", 0) != 0 ||
+        us.rfind("us=", 0) != 0)
+      return std::nullopt;
     char* end = nullptr;
+    c.ms = std::strtof(us.c_str() + 3, &end) * 1e-3f;
+    if (*end || !(c.ms > 0)) return std::nullopt;
     c.engine = std::strtoll(e.c_str() + 7, &end, 10);
     if (*end || c.engine < 0) return std::nullopt;
     const std::string list = k.substr(6);
@@ -192,7 +198,7 @@ class EngineCache {
     auto it = stores_.find(id);
     if (it != stores_.end()) return it->second;
     Store s;
-    s.header = "# seam cudnn conv engines v1 gpu=" + names_[dev] + " cudnn=" + ver;
+    s.header = "# seam cudnn conv engines v2 gpu=" + names_[dev] + " cudnn=" + ver;
     s.path = path;
     load(s);
     return stores_.emplace(id, std::move(s)).first->second;
@@ -274,7 +280,7 @@ bool engine_conv_enabled() {
 }
 
 std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c, const EngineBuffers& buf,
-                                          std::string* why) {
+                                          std::string* why, float* ms) {
   cudnnHandle_t h = cudnn_of(a.ctx);
   cudaStream_t stream = a.ctx.stream;
   SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
@@ -294,6 +300,7 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
       a.ctx.need_workspace(static_cast<size_t>(ws));
       shared->graph = b.graph;
       index = 0;
+      best_ms = cached->ms;
       how = "cached";
     }
   }
@@ -335,6 +342,7 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
       return std::nullopt;
     }
     EngineChoice choice;
+    choice.ms = best_ms;
     std::unordered_map<fe::KnobType_t, int64_t> knobs;
     if (g.get_engine_and_knobs_at_index(index, choice.engine, knobs).is_good()) {
       for (auto [type, value] : knobs) choice.knobs.emplace_back(static_cast<int64_t>(type), value);
@@ -357,6 +365,7 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + (c.nhwc ? " nhwc" : " nchw") +
                                           ": cuDNN graph API " + name + (c.bias ? " with the bias" : "") + ", " + how +
                                           ", workspace " + std::to_string(ws_bytes) + " bytes");
+  if (ms) *ms = best_ms;
   Context* ctx = &a.ctx;
   const std::string what = std::string(op_name(a.step.op)) + " '" + a.step.name + "' (" + kPassName[c.pass] + ")";
   return Launch([shared, h, ctx, index, ws_bytes, what](cudaStream_t st) {

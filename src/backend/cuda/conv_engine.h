@@ -11,7 +11,8 @@
 // engine's global id and knob choices, which cuDNN rebuilds without asking its
 // heuristics again.
 //
-// File: a header line, then "<key> engine=<global id> knobs=<type>:<value>,..." lines.
+// File: a header line, then "<key> engine=<global id> knobs=<type>:<value>,... us=<time>"
+// lines.
 //
 // Numerics: computes in f32 (16-bit data as "pseudo" bf16/half configurations); f32 data
 // without TF32 excludes tensor-core engines; engines cuDNN marks non-deterministic or as
@@ -47,9 +48,10 @@ struct EngineBuffers {
 
 // The fastest engine's launch, or nothing (with *why) where the graph API builds and runs
 // no plan for this convolution; the caller then takes the classic API. Says what it chose
-// in the context's choices. Groups are the caller's to exclude (EngineConv has none).
+// in the context's choices, and its time per run in *ms (if given; as timed when it was
+// chosen). Groups are the caller's to exclude (EngineConv has none).
 std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c, const EngineBuffers& buf,
-                                          std::string* why);
+                                          std::string* why, float* ms = nullptr);
 
 // Whether the graph API path is on: SEAM_CUDNN_CONV=classic turns it off (for comparing
 // the two; the default is the graph API).
