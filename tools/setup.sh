@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what seam needs to build and test on Debian or Ubuntu: compiler, CMake,
-# Ninja, OpenBLAS, GoogleTest, CLI11, nlohmann/json, zlib and the Fashion-MNIST data.
+# Ninja, OpenBLAS, GoogleTest, CLI11, nlohmann/json, zlib and the Fashion-MNIST data (and, for
+# a CUDA build, cudnn-frontend's headers).
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libgtest-dev googletest
-          libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist)
+          libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist python3-pip)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -16,4 +17,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Where a CUDA compiler is (CMake then builds the CUDA backend), its convolutions need
+# cudnn-frontend's headers, from PyPI.
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  "$(dirname "$0")/fetch_cudnn_frontend.sh"
 fi

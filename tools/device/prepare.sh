@@ -7,7 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/setup.sh
-tools/fetch_cudnn_frontend.sh
 build=build-gpu
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEAM_CUDA=ON -DSEAM_BLAS=OFF >/dev/null
 cmake --build "$build" --target seam seam_gpu_tests seam_tests
