@@ -152,7 +152,9 @@ TEST(MemPlan, PeakIsWellUnderTheSumOfIntermediatesForACnn) {
   h = relu(nn::linear(flatten(h), 128, "fc1"));
   Var loss = cross_entropy(nn::linear(dropout(h, 0.25), 10, "fc2"), y);
   Model m(g);
-  check_peak("CNN conv32-conv64-fc128, batch 64", m, loss, 0.5);
+  // Fused batch norm + ReLU leaves fewer intermediates to sum (41.7 MiB, 60.1 unfused)
+  // around the same busiest step (26.2 MiB): the bound is the busiest step's.
+  check_peak("CNN conv32-conv64-fc128, batch 64", m, loss, 0.65);
 }
 
 TEST(MemPlan, OutputsNobodyReadsStillGetTheirOwnPlace) {

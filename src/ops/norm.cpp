@@ -5,6 +5,15 @@
 
 namespace seam {
 
+namespace {
+// batch_norm's `activation`: "none" or "relu"; true for relu.
+bool expect_activation(const InferCtx& c) {
+  const std::string& a = c.attrs.s("activation");
+  if (a != "none" && a != "relu") c.fail("activation must be \"none\" or \"relu\", got \"", a, "\"");
+  return a == "relu";
+}
+}  // namespace
+
 void register_norm(OpTable& t) {
   {
     OpDef& d = def(t, Op::layer_norm);
@@ -56,11 +65,17 @@ void register_norm(OpTable& t) {
     d.name = "batch_norm";
     d.inputs = {"x", "gamma", "beta", "running_mean", "running_var"};
     d.outputs = {"y", "mean", "invstd"};
-    d.attrs = {{"momentum", 0.1}, {"eps", 1e-5}, {"training", int64_t{1}}, {"layout", std::string("nchw")}};
+    d.attrs = {{"momentum", 0.1},
+               {"eps", 1e-5},
+               {"training", int64_t{1}},
+               {"layout", std::string("nchw")},
+               {"activation", std::string("none")}};
     d.doc = "per-channel normalization of [N, C, ...]; training uses batch statistics and "
-            "updates the running ones (unbiased variance), evaluation uses the running ones";
+            "updates the running ones (unbiased variance), evaluation uses the running ones; "
+            "activation relu: y = relu(normalized) (fuse_norm_activations)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
+      expect_activation(c);
       c.expect_dtype_or_compute(0, {1, 2, 3, 4});
       for (size_t i = 2; i < 5; ++i)
         if (c.type(i).dtype != c.type(1).dtype) c.fail("gamma, beta and the running statistics must share one dtype");
@@ -78,21 +93,29 @@ void register_norm(OpTable& t) {
     };
     d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
     d.grad = [](GradCtx& c) {
-      auto out = c.g.add(Op::batch_norm_grad,
-                         {c.dy().id(), c.x(0).id(), c.x(1).id(), c.y(1).id(), c.y(2).id()},
-                         {{"training", c.attrs().i("training")}, {"layout", c.attrs().s("layout")}});
+      std::vector<ValueId> in{c.dy().id(), c.x(0).id(), c.x(1).id(), c.y(1).id(), c.y(2).id()};
+      const std::string act = c.attrs().s("activation");
+      if (act != "none") in.insert(in.end(), {c.x(2).id(), c.y(0).id()});  // beta, y: the activation's mask
+      auto out = c.g.add(Op::batch_norm_grad, in,
+                         {{"training", c.attrs().i("training")}, {"layout", c.attrs().s("layout")}, {"activation", act}});
       for (size_t i = 0; i < 3; ++i) c.set(i, c.g.var(out[i]));
     };
   }
   {
     OpDef& d = def(t, Op::batch_norm_grad);
     d.name = "batch_norm_grad";
-    d.inputs = {"dy", "x", "gamma", "mean", "invstd"};
+    d.inputs = {"dy", "x", "gamma", "mean", "invstd", "beta?", "y?"};
     d.outputs = {"dx", "dgamma", "dbeta"};
-    d.attrs = {{"training", int64_t{1}}, {"layout", std::string("nchw")}};
-    d.doc = "gradients of batch_norm (through the batch statistics when training)";
+    d.attrs = {{"training", int64_t{1}}, {"layout", std::string("nchw")}, {"activation", std::string("none")}};
+    d.doc = "gradients of batch_norm (through the batch statistics when training); activation relu: "
+            "dy is the gradient of relu's output y, and beta and y are given";
     d.infer = [](const InferCtx& c) {
       c.expect_float(1);
+      const bool act = expect_activation(c);
+      if (act != (c.in.size() == 7)) c.fail("beta and y are given with an activation, and only then");
+      if (act && (c.type(6) != c.type(1))) c.fail("y must be x's type ", c.type(1).str(), ", got ", c.type(6).str());
+      if (act && c.type(5).dtype != c.type(2).dtype) c.fail("beta must share gamma's dtype");
+      if (act && c.shape(5) != c.shape(2)) c.fail("beta must have gamma's shape ", shape_str(c.shape(2)));
       if (c.type(0).dtype != c.type(1).dtype) c.fail("dy and x must share one dtype");
       c.expect_dtype_or_compute(1, {2});
       for (size_t i : {3, 4})

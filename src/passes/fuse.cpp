@@ -39,6 +39,13 @@ FuseResult start_rebuild(const Graph& g) {
   return r;
 }
 
+std::vector<std::vector<int>> value_users(const Graph& g) {
+  std::vector<std::vector<int>> users(g.values().size());
+  for (size_t k = 0; k < g.nodes().size(); ++k)
+    for (ValueId v : g.nodes()[k].in) users[static_cast<size_t>(v)].push_back(static_cast<int>(k));
+  return users;
+}
+
 ValueId mapped(const FuseResult& r, ValueId old) {
   const ValueId m = r.map[static_cast<size_t>(old)];
   SEAM_ASSERT(m >= 0);
@@ -49,9 +56,7 @@ FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep_list)
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
   std::set<ValueId> keep(keep_list.begin(), keep_list.end());
-  std::vector<std::vector<int>> users(g.values().size());
-  for (int k = 0; k < nn; ++k)
-    for (ValueId v : nodes[static_cast<size_t>(k)].in) users[static_cast<size_t>(v)].push_back(k);
+  const std::vector<std::vector<int>> users = value_users(g);
   auto node_of = [&](ValueId v) { return g.value(v).node; };
   auto only_user = [&](ValueId v, int k) {
     auto& u = users[static_cast<size_t>(v)];

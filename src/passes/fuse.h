@@ -22,6 +22,8 @@ struct FuseResult {
 FuseResult start_rebuild(const Graph& g);
 // The new id of an old value that has one by now.
 ValueId mapped(const FuseResult& r, ValueId old);
+// For each value of g, the nodes that read it, in node order.
+std::vector<std::vector<int>> value_users(const Graph& g);
 
 // `keep`: values that must survive as they are (requested outputs, pinned gradients).
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
@@ -32,6 +34,15 @@ FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 // the loss's seed, which moves ahead). One read of the logits instead of two, one kernel
 // instead of four on the GPU. (src/passes/fuse_loss.cpp)
 FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
+
+// Batch norm + ReLU fusion: a batch_norm whose normalized value only a relu reads
+// becomes batch_norm with activation relu, which writes relu's output (and name); its
+// gradient, where relu_grad(dr, r) feeds only the batch norm's gradient, becomes one
+// batch_norm_grad with activation relu reading dr, beta and r. cuDNN runs each as one
+// kernel (CUDNN_BATCHNORM_OPS_BN_ACTIVATION); the CPU as its plain batch norm with
+// relu's value and mask applied in place, so fused and unfused compute the same values.
+// (src/passes/fuse_norm.cpp)
+FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& keep);
 
 // Elementwise fusion: chains of elementwise ops (ops.def's unary and binary ops and their
 // gradients) whose outputs have one shape, operands broadcasting to it, become one

@@ -41,9 +41,7 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
   const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
-  std::vector<std::vector<int>> users(g.values().size());
-  for (int k = 0; k < nn; ++k)
-    for (ValueId v : nodes[static_cast<size_t>(k)].in) users[static_cast<size_t>(v)].push_back(k);
+  const std::vector<std::vector<int>> users = value_users(g);
   auto producer = [&](ValueId v) { return g.value(v).node; };
 
   // 1. Groups, in node order: a node joins the group of one of its operands' producers,

@@ -10,9 +10,7 @@ namespace seam {
 FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& /*keep*/) {
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
-  std::vector<std::vector<int>> users(g.values().size());
-  for (int k = 0; k < nn; ++k)
-    for (ValueId v : nodes[static_cast<size_t>(k)].in) users[static_cast<size_t>(v)].push_back(k);
+  const std::vector<std::vector<int>> users = value_users(g);
 
   // partner[k]: for a cross_entropy node, its gradient node; early[p]: a node with no
   // inputs (the loss's gradient seed) that the fused op needs before its own position.

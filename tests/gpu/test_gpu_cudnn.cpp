@@ -236,6 +236,26 @@ TEST(GpuBatchNorm, TrainingMatchesTheCpuIncludingRunningStats) {
   }
 }
 
+// relu after a batch norm fuses into it (fuse_norm_activations): batch_norm and
+// batch_norm_grad with activation relu, in training and evaluation.
+TEST(GpuBatchNorm, WithReluMatchesTheCpu) {
+  for (Shape s : {Shape{8, 5}, Shape{4, 3, 5, 5}, Shape{16, 8, 7, 7}}) {
+    SCOPED_TRACE(shape_str(s));
+    auto build = [&](GpuCase& c) { return relu(build_bn(c, s, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5))); };
+    compare_with_cpu(build, f32().with_runs(2));
+    compare_with_cpu(build, f32().in_mode(Mode::eval).with_runs(2));
+  }
+  Graph g;
+  Var x = g.input("x", {4, 3, 5, 5});
+  Var y = relu(nn::batch_norm(x, "bn"));
+  Var loss = sum(y);
+  Model m(g, {.device = Device::cuda});
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+  int fused = 0;
+  for (const PlanStep& st : p.plan().steps) fused += st.attrs.has("activation") && st.attrs.s("activation") == "relu";
+  EXPECT_EQ(fused, 2);  // the forward and the gradient (of gamma and beta)
+}
+
 TEST(GpuBatchNorm, EvaluationMatchesTheCpu) {
   for (Shape s : {Shape{8, 5}, Shape{4, 3, 5, 5}, Shape{1, 3, 2, 2}}) {
     SCOPED_TRACE(shape_str(s));

@@ -414,6 +414,22 @@ TEST(GpuNhwcBatchNorm, SixteenBitTrainingAndEvaluationMatchTheCpu) {
     }
 }
 
+TEST(GpuNhwcBatchNorm, WithReluMatchesTheCpuAtEveryPrecision) {
+  for (const Shape& s : {Shape{4, 5, 5, 3}, Shape{8, 4, 4, 64}}) {
+    SCOPED_TRACE(shape_str(s));
+    auto f32_build = [&](GpuCase& c) { return relu(build_bn(c, s, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5))); };
+    compare_nhwc(f32_build, f32().with_runs(2));
+    compare_nhwc(f32_build, f32().in_mode(Mode::eval).with_runs(2));
+    for (const Low& low : kLows) {
+      SCOPED_TRACE(low.name);
+      auto build = [&](GpuCase& c) {
+        return relu(build_bn_low(c, s, low.dtype, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5)));
+      };
+      compare_nhwc(build, low.options().with_runs(2));
+    }
+  }
+}
+
 TEST(GpuNhwcBatchNorm, OnDataWithoutAnInputGradient) {
   // x is data: nothing reads batch_norm_grad's dx, which must not land on live memory.
   compare_nhwc(

@@ -121,10 +121,12 @@ struct ChannelLayout {
 
 // Outputs y, mean, invstd. Training normalizes with the batch statistics and updates the
 // running ones in place (inputs 3 and 4 are persistent state), as torch.nn.BatchNorm;
-// evaluation normalizes with the running statistics and reports them.
+// evaluation normalizes with the running statistics and reports them. With activation
+// relu, y is relu's value of the normalized one (ops.def's: x > 0 ? x : 0).
 void batch_norm(const KernelArgs& a) {
   const ChannelLayout l(a.in[0].shape());
   const bool training = a.attrs().i("training") != 0;
+  const bool relu = a.attrs().s("activation") == "relu";
   const double momentum = a.attrs().f("momentum"), eps = a.attrs().f("eps");
   const auto n = static_cast<double>(l.count());
   if (training && l.count() < 2)
@@ -155,7 +157,10 @@ void batch_norm(const KernelArgs& a) {
           invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
         }
         const double g = static_cast<double>(gamma[c]), b = static_cast<double>(beta[c]);
-        l.each(c, [&](int64_t i) { y[i] = static_cast<T>((static_cast<double>(x[i]) - mean) * invstd * g + b); });
+        l.each(c, [&](int64_t i) {
+          const T v = static_cast<T>((static_cast<double>(x[i]) - mean) * invstd * g + b);
+          y[i] = relu && !(v > T(0)) ? T(0) : v;
+        });
         a.out[1].as<T>()[c] = static_cast<T>(mean);
         a.out[2].as<T>()[c] = static_cast<T>(invstd);
       }
@@ -165,13 +170,23 @@ void batch_norm(const KernelArgs& a) {
 
 // With xhat = (x - mean) * invstd, per channel: dbeta = sum(dy), dgamma = sum(dy * xhat).
 // Training (mean and invstd depend on x): dx = gamma * invstd / n * (n dy - dbeta - xhat dgamma).
-// Evaluation (they are constants): dx = dy * gamma * invstd.
+// Evaluation (they are constants): dx = dy * gamma * invstd. With activation relu, dy is
+// the gradient of relu's output y (input 6) and reaches the normalized value where y > 0
+// (ops.def's relu derivative); beta (input 5) is cuDNN's, unused here.
 void batch_norm_grad(const KernelArgs& a) {
   const ChannelLayout l(a.in[1].shape());
   const bool training = a.attrs().i("training") != 0;
+  const bool relu = a.attrs().s("activation") == "relu";
   const auto n = static_cast<double>(l.count());
   dispatch_float(a.in[1].dtype(), [&]<class T>() {
-    const T* dy = a.in[0].as<T>();
+    const T* dy_in = a.in[0].as<T>();
+    const T* y = relu ? a.in[6].as<T>() : nullptr;
+    std::vector<T> masked;
+    if (relu) {
+      masked.resize(static_cast<size_t>(a.in[0].numel()));
+      for (size_t i = 0; i < masked.size(); ++i) masked[i] = y[i] > T(0) ? dy_in[i] : T(0);
+    }
+    const T* dy = relu ? masked.data() : dy_in;
     const T* x = a.in[1].as<T>();
     const T* gamma = a.in[2].as<T>();
     const T* mean = a.in[3].as<T>();

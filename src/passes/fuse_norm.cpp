@@ -1,0 +1,109 @@
+// Batch norm + ReLU fusion (src/passes/fuse.h).
+#include <set>
+
+#include "ops/registry.h"
+#include "passes/fuse.h"
+
+namespace seam {
+
+namespace {
+
+struct NormFusion {
+  int relu = -1;       // the relu reading the normalized value
+  int relu_grad = -1;  // relu_grad(dr, r) feeding only the batch norm's gradient, if any
+  int norm_grad = -1;  // that batch_norm_grad
+};
+
+bool plain(const Node& n) { return !n.attrs.has("activation") || n.attrs.s("activation") == "none"; }
+
+}  // namespace
+
+FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& keep_list) {
+  const auto& nodes = g.nodes();
+  const int nn = static_cast<int>(nodes.size());
+  const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
+  const std::vector<std::vector<int>> users = value_users(g);
+  auto only_user = [&](ValueId v) {
+    const auto& u = users[static_cast<size_t>(v)];
+    return u.size() == 1 && !keep.count(v) ? u[0] : -1;
+  };
+
+  std::vector<NormFusion> found(static_cast<size_t>(nn));
+  std::vector<int> fused_grad_of(static_cast<size_t>(nn), -1);  // batch_norm_grad node -> its batch_norm
+  std::vector<bool> absorbed(static_cast<size_t>(nn), false);
+  for (int k = 0; k < nn; ++k) {
+    const Node& bn = nodes[static_cast<size_t>(k)];
+    if (bn.op != Op::batch_norm || !plain(bn)) continue;
+    const int relu = only_user(bn.out[0]);
+    if (relu < 0 || nodes[static_cast<size_t>(relu)].op != Op::relu) continue;
+    NormFusion f;
+    f.relu = relu;
+    // The backward: relu_grad(dr, r) whose result only this batch norm's gradient reads.
+    const ValueId r = nodes[static_cast<size_t>(relu)].out[0];
+    for (int u : users[static_cast<size_t>(r)]) {
+      const Node& rg = nodes[static_cast<size_t>(u)];
+      if (rg.op != Op::relu_grad || rg.in[1] != r) continue;
+      const int bg = only_user(rg.out[0]);
+      if (bg < 0) continue;
+      const Node& ng = nodes[static_cast<size_t>(bg)];
+      if (ng.op == Op::batch_norm_grad && plain(ng) && ng.in[0] == rg.out[0] && ng.in[1] == bn.in[0] &&
+          ng.in[2] == bn.in[1] && ng.in[3] == bn.out[1] && ng.in[4] == bn.out[2]) {
+        f.relu_grad = u;
+        f.norm_grad = bg;
+      }
+    }
+    found[static_cast<size_t>(k)] = f;
+    absorbed[static_cast<size_t>(relu)] = true;
+    if (f.relu_grad >= 0) {
+      absorbed[static_cast<size_t>(f.relu_grad)] = true;
+      fused_grad_of[static_cast<size_t>(f.norm_grad)] = k;
+    }
+  }
+
+  FuseResult r = start_rebuild(g);
+  Graph& ng = r.graph;
+  auto names_of = [&](const Node& n) {
+    std::vector<std::string> names;
+    for (ValueId v : n.out) names.push_back(g.value(v).name);
+    return names;
+  };
+  auto emit = [&](const Node& n, const std::vector<ValueId>& in, const Attrs& attrs, std::vector<std::string> names) {
+    return names.empty() ? ng.add_named(n.op, in, attrs, n.name) : ng.add_named(n.op, in, attrs, names);
+  };
+  for (int k = 0; k < nn; ++k) {
+    if (absorbed[static_cast<size_t>(k)]) continue;
+    const Node& n = nodes[static_cast<size_t>(k)];
+    const int grad_of = fused_grad_of[static_cast<size_t>(k)];
+    std::vector<ValueId> in;
+    for (size_t i = 0; i < n.in.size(); ++i) in.push_back(grad_of >= 0 && i == 0 ? -1 : mapped(r, n.in[i]));
+    Attrs attrs = n.attrs;
+    std::vector<std::string> names = names_of(n);
+    const NormFusion& f = found[static_cast<size_t>(k)];
+    if (f.relu >= 0) {
+      // The normalized value takes relu's place (and name); it is never stored unfused.
+      const Node& relu = nodes[static_cast<size_t>(f.relu)];
+      attrs.set("activation", std::string("relu"));
+      names[0] = g.value(relu.out[0]).name;
+      auto out = emit(n, in, attrs, names);
+      r.map[static_cast<size_t>(relu.out[0])] = out[0];
+      for (size_t i = 1; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+      ++r.forward;
+      continue;
+    }
+    if (grad_of >= 0) {
+      // dy is relu's incoming gradient; beta and relu's output give cuDNN its mask.
+      const Node& norm = nodes[static_cast<size_t>(grad_of)];
+      const Node& rg = nodes[static_cast<size_t>(found[static_cast<size_t>(grad_of)].relu_grad)];
+      in[0] = mapped(r, rg.in[0]);
+      in.push_back(mapped(r, norm.in[2]));
+      in.push_back(mapped(r, rg.in[1]));
+      attrs.set("activation", std::string("relu"));
+      ++r.backward;
+    }
+    auto out = emit(n, in, attrs, names);
+    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+  }
+  return r;
+}
+
+}  // namespace seam

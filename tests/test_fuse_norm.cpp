@@ -1,0 +1,100 @@
+// Batch norm + ReLU fusion (src/passes/fuse_norm.cpp): the op with activation relu and
+// its gradient against finite differences, and the pass on a residual network.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "grad_check.h"
+#include "layout_case.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+Var bn_relu(GradCase& c, const Shape& s) {
+  Shape ch{s[1]};
+  return c.g.add1(Op::batch_norm,
+                  {c.param("x", s, -2, 2).id(), c.param("gamma", ch).id(), c.param("beta", ch).id(),
+                   c.state("rm", ch, 0.2).id(), c.state("rv", ch, 0.7).id()},
+                  {{"activation", std::string("relu")}});
+}
+
+TEST(FuseNorm, BatchNormWithReluMatchesFiniteDifferences) {
+  for (Mode mode : {Mode::train, Mode::eval}) {
+    GradCheckOptions o;
+    o.mode = mode;
+    for (Shape s : {Shape{6, 3}, Shape{2, 3, 2, 3}}) {
+      SCOPED_TRACE(shape_str(s) + (mode == Mode::train ? " train" : " eval"));
+      check_gradients([&](GradCase& c) { return bn_relu(c, s); }, o);
+    }
+  }
+}
+
+TEST(FuseNorm, AnUnknownActivationIsAnError) {
+  Graph g;
+  Var x = g.input("x", {4, 3});
+  std::vector<ValueId> in{x.id(), g.param("gamma", {3}, Init::ones()).id(), g.param("beta", {3}, Init::zeros()).id(),
+                          g.state("rm", {3}, Init::zeros()).id(), g.state("rv", {3}, Init::ones()).id()};
+  try {
+    g.add(Op::batch_norm, in, {{"activation", std::string("gelu")}});
+    ADD_FAILURE() << "no seam::Error thrown";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("activation must be \"none\" or \"relu\", got \"gelu\""), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch_norm"), std::string::npos) << e.what();
+  }
+}
+
+int count_relu_norms(const Plan& p, Op op) {
+  int n = 0;
+  for (const PlanStep& s : p.steps) n += s.op == op && s.attrs.has("activation") && s.attrs.s("activation") == "relu";
+  return n;
+}
+
+// LayoutNet has three batch norms read only by a relu (the stem's and each block's
+// first), and two whose relu follows a residual add (left to elementwise fusion).
+TEST(FuseNorm, BatchNormThenReluIsOneStepEachWayAndTrainsAsUnfused) {
+  const auto opt = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+  for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc}) {
+    SCOPED_TRACE(layout == LayoutPolicy::nhwc ? "nhwc" : "nchw");
+    LayoutNet net;
+    Model a(net.g, {.seed = 4, .layout = layout});
+    Model b(net.g, {.seed = 4, .layout = layout});
+    Program fused = a.compile({.loss = net.loss.id(), .optimizer = opt});
+    Program plain = b.compile({.loss = net.loss.id(), .optimizer = opt, .fuse = false});
+    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm), 3);
+    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 3);
+    EXPECT_EQ(count(fused.plan(), Op::relu), 0);  // the two after the adds fuse with them
+    EXPECT_EQ(count_relu_norms(plain.plan(), Op::batch_norm), 0);
+    for (uint64_t step = 0; step < 3; ++step) {
+      net.feed(fused, step);
+      net.feed(plain, step);
+      fused.run();
+      plain.run();
+      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
+      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
+    }
+    for (const Slot& s : b.layout().params) {
+      const auto va = as_floats(a.read_param(s.name), DType::f32), vb = as_floats(b.read_param(s.name), DType::f32);
+      for (size_t i = 0; i < va.size(); ++i) EXPECT_NEAR(va[i], vb[i], 1e-5 * (1 + std::abs(vb[i]))) << s.name << " " << i;
+    }
+  }
+}
+
+// A normalized value read by anything besides its relu (here: requested) stays unfused.
+TEST(FuseNorm, AValueReadElsewhereIsNotFused) {
+  Graph g;
+  Var x = g.input("x", {4, 3, 5, 5});
+  Var n = nn::batch_norm(nn::conv2d(x, 4, 3, "c", {.padding = {1, 1}}), "bn");
+  Var out = relu(n);
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {out.id(), n.id()}});
+  EXPECT_EQ(count_relu_norms(p.plan(), Op::batch_norm), 0);
+  Program q = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
+  EXPECT_EQ(count_relu_norms(q.plan(), Op::batch_norm), 1);
+  EXPECT_EQ(count(q.plan(), Op::relu), 0);
+}
+
+}  // namespace
+}  // namespace seam::testing
