@@ -31,6 +31,7 @@ timed here is the one seam and the twin run.
 import contextlib
 import argparse
 import csv
+import gc
 import os
 import statistics
 import sys
@@ -290,17 +291,22 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = PRECISION == "tf32"
         torch.backends.cudnn.allow_tf32 = PRECISION == "tf32"
         for v in a.variants:
+            # Peak memory of this variant alone: what its tensors, graphs and workspaces
+            # held at most (the caching allocator's peak of allocated bytes).
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
             try:
                 ms, lo, hi = timed(VARIANTS[v](spec), a.steps, a.warmup, a.repeats)
             except Exception as e:  # a variant that fails is reported, the others still run
                 print(f"{name} {v}: failed: {type(e).__name__}: {e}", file=sys.stderr)
                 continue
-            print(f"{name} {v:26s} {ms:9.4f} ms/step ({lo:.4f}-{hi:.4f})  {spec['batch'] / ms * 1e3:12.0f} samples/s",
-                  flush=True)
+            mib = torch.cuda.max_memory_allocated() / 2**20
+            print(f"{name} {v:26s} {ms:9.4f} ms/step ({lo:.4f}-{hi:.4f})  {spec['batch'] / ms * 1e3:12.0f} samples/s"
+                  f"  peak {mib:8.1f} MiB", flush=True)
             rows.append(dict(framework="torch", workload=name, variant=v, device="cuda", ms_per_step=ms, ms_min=lo,
                              ms_max=hi, samples_per_s=spec["batch"] / ms * 1e3, version=torch.__version__,
-                             precision=PRECISION))
-            torch.cuda.empty_cache()
+                             precision=PRECISION, memory_mib=mib))
     if a.csv and rows:
         with open(a.csv, "w", newline="") as f:
             out = csv.DictWriter(f, fieldnames=list(rows[0].keys()))

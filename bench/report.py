@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One table of seam against PyTorch from the CSVs of `seam bench` and compare_torch.py:
 for each workload, every variant's ms/step and the speed-up of seam's best variant over
-it (torch ms / seam ms; above 1 means seam is faster)."""
+it (torch ms / seam ms; above 1 means seam is faster), and the device memory each held:
+seam's model buffers, arena and step workspaces; PyTorch's peak of allocated bytes."""
 import csv
 import sys
 
@@ -26,10 +27,11 @@ def main():
         best = min(mine, key=lambda r: float(r["ms_per_step"]))
         b = float(best["ms_per_step"])
         print(f"\n{w}: seam best = {best['variant']} {b:.4f} ms/step")
-        print(f"  {'framework':9s} {'variant':26s} {'ms/step':>10s} {'seam speed-up':>14s}")
+        print(f"  {'framework':9s} {'variant':26s} {'ms/step':>10s} {'seam speed-up':>14s} {'memory MiB':>11s}")
         for r in mine + theirs:
             ms = float(r["ms_per_step"])
-            print(f"  {r['framework']:9s} {r['variant']:26s} {ms:10.4f} {ms / b:13.2f}x")
+            mib = f"{float(r['memory_mib']):11.1f}" if r.get("memory_mib") else f"{'-':>11s}"
+            print(f"  {r['framework']:9s} {r['variant']:26s} {ms:10.4f} {ms / b:13.2f}x {mib}")
         if theirs:
             best_t = min(theirs, key=lambda r: float(r["ms_per_step"]))
             print(f"  seam vs the best PyTorch variant ({best_t['variant']}, torch {best_t.get('version', '?')}): "

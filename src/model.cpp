@@ -246,6 +246,14 @@ void Model::reset() {
   c.state.scale_good = c.state.skipped_steps = c.state.skip_streak = 0;
 }
 
+size_t Model::device_bytes() const {
+  const Core& c = *core_;
+  size_t n = 2 * c.layout.param_bytes + c.layout.state_bytes + kCounterBytes;
+  if (c.opt) n += kOptSlots * c.layout.moment_bytes();
+  if (c.working) n += c.layout.param_bytes / 2;
+  return n;
+}
+
 std::vector<std::byte> Model::read_param(const std::string& name) const {
   const Slot& s = find_slot(core_->layout.params, name, "parameter");
   std::vector<std::byte> out(s.type.bytes());

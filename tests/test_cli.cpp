@@ -415,11 +415,17 @@ TEST_F(Cli, BenchReportsATableAndCsv) {
   std::string text = slurp(csv);
   EXPECT_EQ(text.rfind("framework,workload,variant", 0), 0u) << text;
   EXPECT_NE(text.find("seam,W1,eager,cpu,"), std::string::npos) << text;
-  EXPECT_NE(text.find(",gemm_ms,precision\n"), std::string::npos) << text;
-  EXPECT_NE(text.find(",tf32\n"), std::string::npos) << text;  // W1 says what it means: TF32 GEMMs
+  EXPECT_NE(text.find(",gemm_ms,precision,memory_mib\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(",tf32,"), std::string::npos) << text;  // W1 says what it means: TF32 GEMMs
+  // The memory it holds: W1's 784-1024-1024-10 MLP has 1.9 M parameters, 7.4 MiB in f32;
+  // parameters, gradients, two moments and the arena hold more than three times that.
+  const std::string row = text.substr(text.find("seam,W1,"));
+  const double mib = std::stod(row.substr(row.rfind(',', row.find('\n')) + 1));
+  EXPECT_GT(mib, 3 * 7.4) << row;
+  EXPECT_LT(mib, 1024) << row;
   Result f32 = run("bench W1 --device cpu --steps 1 --repeats 1 --warmup 0 --precision f32 --csv " + csv.string());
   ASSERT_EQ(f32.code, 0) << f32.err;
-  EXPECT_NE(slurp(csv).find(",f32\n"), std::string::npos) << slurp(csv);
+  EXPECT_NE(slurp(csv).find(",f32,"), std::string::npos) << slurp(csv);
   Result bad = run("bench W9 --device cpu");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("W9"), std::string::npos) << bad.err;

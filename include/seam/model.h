@@ -153,6 +153,9 @@ class Model {
 
   // Host copies of parameters and state tensors, by name, in their dtype.
   std::vector<std::byte> read_param(const std::string& name) const;
+  // Bytes the model holds on its device: parameters, gradients, state, optimizer moments,
+  // 16-bit working copies (each program adds its arena and its steps' workspaces).
+  size_t device_bytes() const;
   void write_param(const std::string& name, std::span<const std::byte> data);
   std::vector<std::byte> read_state(const std::string& name) const;
   void write_state(const std::string& name, std::span<const std::byte> data);

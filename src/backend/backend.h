@@ -33,6 +33,7 @@ struct ExecStats {
   int nodes = 0;    // all operations per step (kernels, copies, memsets)
   bool graph = false;
   int streams = 1;  // streams the step's work is spread over
+  size_t device_bytes = 0;  // memory held beyond the plan's arena (workspaces, steps' scratch)
   // Where a step had equivalent variants (a fused epilogue or separate kernels): the
   // plan step index and what was chosen, with the times that decided it.
   std::vector<std::pair<int, std::string>> choices;

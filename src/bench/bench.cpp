@@ -127,6 +127,7 @@ struct Result {
   int64_t batch;
   double ms, ms_min, ms_max, host_us, tflops, gbps, gemm_ms = -1;
   int kernels;
+  double memory_mib = 0;  // the model's buffers, the arena and the steps' workspaces and scratch
 };
 
 Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
@@ -206,6 +207,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   std::sort(host.begin(), host.end());
   Result res{w.name, device_name(dev), precision_name(precision), o.graph && dev == Device::cuda, w.batch, sorted[sorted.size() / 2], sorted.front(),
              sorted.back(), host[host.size() / 2], 0, 0, -1, p.executable().stats().kernels};
+  res.memory_mib = static_cast<double>(m.device_bytes() + p.plan().arena_bytes + p.executable().stats().device_bytes) /
+                   1048576.0;
   res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
   res.gbps = step_bytes(p.plan()) / (res.ms * 1e-3) / 1e9;
   if (o.breakdown) {
@@ -263,17 +266,17 @@ int run_bench(const BenchOptions& o) {
     std::fflush(stdout);
     results.push_back(bench_one(w, o, dev));
   }
-  std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s\n", "name", "dev", "graph", "ms/step", "(min-max)",
-              "samples/s", "kernels", "host us", "TFLOP/s", "GB/s");
+  std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s %9s\n", "name", "dev", "graph", "ms/step",
+              "(min-max)", "samples/s", "kernels", "host us", "TFLOP/s", "GB/s", "MiB");
   for (auto& r : results)
-    std::printf("%-4s %-5s %-6s %10.4f %4.3f-%-5.3f %14.0f %9d %10.1f %9.2f %9.1f\n", r.name.c_str(), r.device.c_str(),
-                r.graph ? "yes" : "no", r.ms, r.ms_min, r.ms_max, static_cast<double>(r.batch) / (r.ms * 1e-3), r.kernels,
-                r.host_us, r.tflops, r.gbps);
+    std::printf("%-4s %-5s %-6s %10.4f %4.3f-%-5.3f %14.0f %9d %10.1f %9.2f %9.1f %9.1f\n", r.name.c_str(),
+                r.device.c_str(), r.graph ? "yes" : "no", r.ms, r.ms_min, r.ms_max,
+                static_cast<double>(r.batch) / (r.ms * 1e-3), r.kernels, r.host_us, r.tflops, r.gbps, r.memory_mib);
   if (!o.csv.empty()) {
     std::ofstream f(o.csv);
     if (!f) fail(o.csv, ": cannot write");
     f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
-         "tflops,gbps,gemm_ms,precision\n";
+         "tflops,gbps,gemm_ms,precision,memory_mib\n";
     for (auto& r : results)
       f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
         << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
@@ -281,7 +284,8 @@ int run_bench(const BenchOptions& o) {
         << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string())
         << (o.master_weights ? std::string() : std::string("+no-masters")) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
-        << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << "\n";
+        << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << ","
+        << r.memory_mib << "\n";
   }
   return 0;
 }

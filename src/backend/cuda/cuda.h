@@ -91,6 +91,10 @@ class Context {
   void add_lanes(int count);
   void set_lane(int lane) { lane_ = lane; }
 
+  // Device memory held for the steps beyond the plan's arena: the workspaces and every
+  // step's scratch.
+  size_t device_bytes() const;
+
   // What a preparer chose for its step where it had a choice (plan step index -> a line).
   std::vector<std::pair<int, std::string>> choices;
 
@@ -98,6 +102,7 @@ class Context {
 
  private:
   std::vector<void*> scratch_;
+  std::vector<size_t> scratch_sizes_;  // scratch_'s, for device_bytes()
   size_t workspace_size_ = 0;
   void* workspace_ = nullptr;
   std::vector<void*> lane_workspace_;

@@ -271,6 +271,7 @@ class CudaExecutable : public Executable {
     st.graph = sh_->graph;
     st.streams = sched_.lanes_used;
     st.choices = ctx_.choices;
+    st.device_bytes = ctx_.device_bytes();
     cudaGraph_t g = graph_[0] ? graph_[0] : graph_[1];
     bool own = false;
     if (!g) {  // capture once just to count what a step launches

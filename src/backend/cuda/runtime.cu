@@ -29,12 +29,20 @@ void* Context::scratch(size_t bytes) {
   // non-blocking streams, and counters such as the optimizer's `done` must read zero.
   SEAM_CUDA_CHECK(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 16), stream));
   scratch_.push_back(p);
+  scratch_sizes_.push_back(std::max<size_t>(bytes, 16));
   return p;
+}
+
+size_t Context::device_bytes() const {
+  size_t n = workspace_size_;
+  for (size_t b : scratch_sizes_) n += b;
+  return n;
 }
 
 void Context::release(void* p) {
   auto it = std::find(scratch_.begin(), scratch_.end(), p);
   SEAM_ASSERT(it != scratch_.end());
+  scratch_sizes_.erase(scratch_sizes_.begin() + (it - scratch_.begin()));
   scratch_.erase(it);
   SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));  // a timed launch may still use it
   SEAM_CUDA_CHECK(cudaFree(p));
