@@ -6,6 +6,7 @@
 
 #include "grad_check.h"
 #include "layout_case.h"
+#include "plan/explain.h"
 #include "seam/seam.h"
 #include "test_util.h"
 
@@ -94,6 +95,8 @@ TEST(FuseNorm, AValueReadElsewhereIsNotFused) {
   Program q = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
   EXPECT_EQ(count_relu_norms(q.plan(), Op::batch_norm), 1);
   EXPECT_EQ(count(q.plan(), Op::relu), 0);
+  const std::string text = explain_plan(q.plan(), q.plan(), DeviceModel{}, false);
+  EXPECT_NE(text.find("fused: relu applied before the normalized value is stored"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -84,6 +84,11 @@ std::string why(const PlanStep& s) {
     case Op::matmul_act_grad: return "fused: the activation's derivative applied to the GEMM's output before it is stored";
     case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
+    case Op::batch_norm: case Op::batch_norm_grad:
+      if (s.attrs.has("activation") && s.attrs.s("activation") == "relu")
+        return s.op == Op::batch_norm ? "fused: relu applied before the normalized value is stored"
+                                      : "fused: relu's derivative applied to dy before the batch norm's gradient";
+      break;
     default: break;
   }
   if (ew_arity(s.op) > 0) return "alone: no elementwise neighbour of its shape to fuse with";
