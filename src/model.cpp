@@ -35,6 +35,7 @@ struct Model::Core {
   std::byte* grads = nullptr;
   std::byte* state_buf = nullptr;
   std::byte* opt = nullptr;
+  int opt_slots = 0;  // moments a parameter that `opt` holds: the first optimizer's (or a checkpoint's)
   std::byte* counters = nullptr;  // the backend's copy of step and seed, if it keeps one
   // The parameters' 16-bit working copies (Plan::working), made from the masters where
   // they are stale: after anything but an update that writes them changed the masters.
@@ -239,7 +240,7 @@ void Model::reset() {
     auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
     c.backend->upload(c.state_buf + s.offset, bytes.data(), bytes.size());
   }
-  if (c.opt) c.backend->fill_zero(c.opt, kOptSlots * c.layout.moment_bytes());
+  if (c.opt) c.backend->fill_zero(c.opt, c.opt_slots * c.layout.moment_bytes());
   c.working_valid = false;
   c.state.step = 0;
   c.state.loss_scale = 0;
@@ -249,7 +250,7 @@ void Model::reset() {
 size_t Model::device_bytes() const {
   const Core& c = *core_;
   size_t n = 2 * c.layout.param_bytes + c.layout.state_bytes + kCounterBytes;
-  if (c.opt) n += kOptSlots * c.layout.moment_bytes();
+  n += c.opt_slots * c.layout.moment_bytes();
   if (c.working) n += c.layout.param_bytes / 2;
   return n;
 }
@@ -294,8 +295,7 @@ std::vector<HostTensor> Model::save_tensors() const {
   std::vector<HostTensor> out;
   for (const Slot& s : c.layout.params) out.push_back({s.name, s.user_type(), read_param(s.name)});
   for (const Slot& s : c.layout.states) out.push_back({s.name, s.user_type(), read_state(s.name)});
-  if (c.opt)
-    for (int k = 0; k < kOptSlots; ++k)
+  for (int k = 0; k < c.opt_slots; ++k)
       for (const Slot& s : c.layout.params) {
         const DType md = c.layout.moment_dtype();
         std::vector<std::byte> stored(TensorType{md, s.type.shape}.bytes());
@@ -328,16 +328,33 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   auto check_moment = [&](const Slot& s, const std::string& name, bool required) {
     return check_type({c.layout.moment_dtype(), s.user_type().shape}, name, required);
   };
-  // Validate everything first: a failed load must change nothing.
-  bool moments = false;
+  // Validate everything first: a failed load must change nothing. Moments come in slots
+  // (m, then v), each for every parameter or for none.
+  bool present[kOptSlots] = {};
   for (const Slot& s : c.layout.params) {
     check(s, s.name, true);
-    for (auto* m : kMomentNames) moments = check_moment(s, m + s.name, false) || moments;
+    for (int k = 0; k < kOptSlots; ++k) present[k] = check_moment(s, kMomentNames[k] + s.name, false) || present[k];
   }
   for (const Slot& s : c.layout.states) check(s, s.name, true);
-  if (moments)
-    for (const Slot& s : c.layout.params)
-      for (auto* m : kMomentNames) check_moment(s, m + s.name, true);
+  int file_slots = 0;
+  for (int k = 0; k < kOptSlots; ++k)
+    if (present[k]) {
+      if (k > file_slots) fail("tensors '", kMomentNames[k], "*' are given without '", kMomentNames[file_slots], "*'");
+      file_slots = k + 1;
+      for (const Slot& s : c.layout.params) check_moment(s, kMomentNames[k] + s.name, true);
+    }
+  // A model whose optimizer keeps fewer moments takes a checkpoint with more only where
+  // the extra ones are zero (files of builds that kept two for every optimizer).
+  int slots = file_slots;
+  if (c.opt && file_slots > c.opt_slots) {
+    for (int k = c.opt_slots; k < file_slots; ++k)
+      for (const Slot& s : c.layout.params)
+        for (std::byte b : by_name[kMomentNames[k] + s.name]->data)
+          if (b != std::byte{0})
+            fail("tensor '", kMomentNames[k], s.name, "': the checkpoint's optimizer keeps ", file_slots,
+                 " moments a parameter, this model's keeps ", c.opt_slots);
+    slots = c.opt_slots;
+  }
   std::set<std::string> known;
   for (const Slot& s : c.layout.params) {
     known.insert(s.name);
@@ -354,9 +371,14 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   c.working_valid = false;
   for (const Slot& s : c.layout.states)
     c.backend->upload(c.state_buf + s.offset, by_name[s.name]->data.data(), s.type.bytes());
-  if (moments) {
-    if (!c.opt) c.opt = c.backend->alloc(kOptSlots * c.layout.moment_bytes());
-    for (int k = 0; k < kOptSlots; ++k)
+  if (slots > 0) {
+    if (!c.opt) {
+      c.opt = c.backend->alloc(slots * c.layout.moment_bytes());
+      c.opt_slots = slots;
+    }
+    if (c.opt_slots > slots) c.backend->fill_zero(c.opt + slots * c.layout.moment_bytes(),
+                                                  (c.opt_slots - slots) * c.layout.moment_bytes());
+    for (int k = 0; k < slots; ++k)
       for (const Slot& s : c.layout.params) {
         const HostTensor& t = *by_name[kMomentNames[k] + s.name];
         const auto stored = reordered(s.type, t.data, c.layout.moment_dtype(), false);
@@ -473,8 +495,15 @@ Program Model::compile(const CompileOptions& o) {
 Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
     : core_(std::move(core)), plan_(std::make_unique<Plan>(std::move(plan))) {
   Model::Core& c = *core_;
-  if (plan_->optimizer && plan_->optimizer->state_slots() > 0 && !c.opt)
-    c.opt = c.backend->alloc(kOptSlots * c.layout.moment_bytes());
+  const int slots = plan_->optimizer ? plan_->optimizer->state_slots() : 0;
+  if (slots > 0 && !c.opt) {
+    c.opt = c.backend->alloc(slots * c.layout.moment_bytes());
+    c.opt_slots = slots;
+  } else if (slots > c.opt_slots) {
+    // Programs already prepared hold the moments' buffer: it cannot grow under them.
+    fail("compile: the optimizer keeps ", slots, " moments a parameter, but this model's state holds ",
+         c.opt_slots, " (made for its first optimizer or a checkpoint): use a model of its own for it");
+  }
   if (plan_->working && !c.working) c.working = c.backend->alloc(c.layout.param_bytes / 2);
   try {
     arena_ = c.backend->alloc(plan_->arena_bytes);
@@ -551,7 +580,7 @@ std::vector<double> Program::time_steps(int reps) {
                                                      {r.grads, c.layout.param_bytes},
                                                      {r.state, c.layout.state_bytes},
                                                      {r.counters, kCounterBytes}};
-  if (r.opt) kept.emplace_back(r.opt, kOptSlots * c.layout.moment_bytes());
+  if (r.opt) kept.emplace_back(r.opt, c.opt_slots * c.layout.moment_bytes());
   if (r.working) kept.emplace_back(r.working, c.layout.param_bytes / 2);
   for (const Binding& b : plan_->inputs) kept.emplace_back(r.base(b.ref.region) + b.ref.offset, b.ref.bytes());
   std::vector<std::vector<std::byte>> saved;

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "seam/seam.h"
+#include "test_util.h"
 
 using namespace seam;
 
@@ -176,4 +177,60 @@ TEST(Optimizer, InvalidSettingsAreRejected) {
   Harness h;
   Model m(h.g);
   EXPECT_THROW(m.compile({.mode = Mode::eval, .loss = h.loss.id(), .optimizer = OptimizerConfig::sgd(0.1)}), Error);
+}
+
+// The moments a model keeps are its optimizer's: one for SGD with momentum, two for
+// Adam; checkpoints carry as many, and a file with an extra all-zero slot still loads.
+TEST(OptimizerState, AModelKeepsAsManyMomentsAsItsOptimizer) {
+  Graph g;
+  Var loss = seam::testing::mlp_loss(g, 8, 12, {16}, 4);
+  Model sgd(g, {.seed = 1});
+  const size_t before = sgd.device_bytes();
+  Program p = sgd.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1, 0.9)});
+  const size_t moment = sgd.layout().param_bytes;  // f32 moments of f32 parameters
+  EXPECT_EQ(sgd.device_bytes(), before + moment);
+  std::vector<HostTensor> saved = sgd.save_tensors();
+  int m = 0, v = 0;
+  for (const HostTensor& t : saved) {
+    m += t.name.rfind("optimizer.m/", 0) == 0;
+    v += t.name.rfind("optimizer.v/", 0) == 0;
+  }
+  EXPECT_EQ(m, static_cast<int>(sgd.layout().params.size()));
+  EXPECT_EQ(v, 0);
+  // A second moment slot of zeros (as older checkpoints of SGD models carry) is dropped;
+  // one that is not zero does not belong to this optimizer, and nothing is loaded.
+  std::vector<HostTensor> with_v = saved;
+  for (const HostTensor& t : saved)
+    if (t.name.rfind("optimizer.m/", 0) == 0)
+      with_v.push_back({"optimizer.v/" + t.name.substr(12), t.type, std::vector<std::byte>(t.data.size())});
+  sgd.load_tensors(with_v);
+  const auto w0 = sgd.read_param(sgd.layout().params[0].name);
+  with_v.back().data[0] = std::byte{1};
+  for (HostTensor& t : with_v)
+    if (t.name == sgd.layout().params[0].name) t.data.assign(t.data.size(), std::byte{0});
+  try {
+    sgd.load_tensors(with_v);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keeps 2 moments a parameter, this model's keeps 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(sgd.read_param(sgd.layout().params[0].name), w0);
+  // Adam needs two: not on a model whose programs hold one.
+  try {
+    Program q = sgd.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keeps 2 moments a parameter, but this model's state holds 1"),
+              std::string::npos)
+        << e.what();
+  }
+  // A model of its own for Adam takes the SGD checkpoint: its second moments start at zero.
+  Model adam(g, {.seed = 1});
+  Program a = adam.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)});
+  EXPECT_EQ(adam.device_bytes(), before + 2 * moment);
+  adam.load_tensors(saved);
+  for (const HostTensor& t : adam.save_tensors())
+    if (t.name.rfind("optimizer.v/", 0) == 0)
+      for (std::byte b : t.data) ASSERT_EQ(b, std::byte{0}) << t.name;
 }
