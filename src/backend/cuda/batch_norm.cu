@@ -33,9 +33,10 @@
 // live step).
 // Activation relu (fuse_norm_activations): the forward applies relu's value to y after
 // the batch norm, in place; the backward masks dy by relu's output (y > 0, ops.def's
-// derivative) into a scratch buffer that the batch norm's backward reads. Two kernels a
-// way for now: cuDNN's CUDNN_BATCHNORM_OPS_BN_ACTIVATION (one kernel, probed to run for
-// f32, bf16 and f16 in NHWC) is the next step.
+// derivative) into a scratch buffer that the batch norm's backward reads, both with the
+// elementwise relu and relu_grad kernels. Two kernels a way for now: cuDNN's
+// CUDNN_BATCHNORM_OPS_BN_ACTIVATION (one kernel, probed to run for f32, bf16 and f16 in
+// NHWC) is the next step.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -253,35 +254,17 @@ __global__ void eval_stats_kernel(const float* __restrict__ rm, const float* __r
   }
 }
 
-// relu's value in place: y = y > 0 ? y : 0.
-template <class T>
-__global__ void relu_in_place_kernel(T* __restrict__ y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    if (!(to_float(y[i]) > 0.0f)) y[i] = from_float<T>(0.0f);
-}
-
-// relu's derivative: out = y > 0 ? dy : 0.
-template <class T>
-__global__ void relu_mask_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = to_float(y[i]) > 0.0f ? dy[i] : from_float<T>(0.0f);
-}
-
 bool relu_of(const StepArgs& a) { return a.step.attrs.has("activation") && a.step.attrs.s("activation") == "relu"; }
 
-// `l`, then relu's value over y (n elements of dtype t) when the step has activation relu.
-Launch with_relu(const StepArgs& a, Launch l, void* y, DType t, int64_t n) {
+// `l`, then relu's value over y in place (the elementwise relu kernel) when the step has
+// activation relu.
+Launch with_relu(const StepArgs& a, Launch l, const DeviceTensor& y) {
   if (!relu_of(a)) return l;
-  const unsigned blocks = blocks_for(n, kThreads, static_cast<int>(grid_cap(a.ctx)));
-  Launch out;
-  dispatch_storage(t, "batch_norm", [&]<class T>() {
-    out = [l, yt = static_cast<T*>(y), n, blocks](cudaStream_t stream) {
-      l(stream);
-      relu_in_place_kernel<T><<<blocks, kThreads, 0, stream>>>(yt, n);
-      SEAM_CUDA_LAUNCH_CHECK();
-    };
-  });
-  return out;
+  Launch relu = prepare_as_step(a, Op::relu, Attrs{}, {y}, {y});
+  return [l, relu](cudaStream_t stream) {
+    l(stream);
+    relu(stream);
+  };
 }
 
 // inputs: x, gamma, beta, running_mean, running_var; outputs: y, mean, invstd.
@@ -323,7 +306,7 @@ Launch prepare_batch_norm(const StepArgs& a) {
                        SEAM_CUDNN_CHECK(
                            forward_training(h, *s, path, f, rm, rv, path.workspace ? ctx->workspace() : nullptr));
                      },
-                     out.data, a.in[0].dtype(), a.in[0].numel());
+                     a.out[0]);
   }
   const int64_t channels = l.channels;
   const unsigned blocks = blocks_for(channels, kThreads);
@@ -336,7 +319,7 @@ Launch prepare_batch_norm(const StepArgs& a) {
         eval_stats_kernel<<<blocks, kThreads, 0, stream>>>(rm, rv, eps, out.c0, out.c1, channels);
         SEAM_CUDA_LAUNCH_CHECK();
       },
-      out.data, a.in[0].dtype(), a.in[0].numel());
+      a.out[0]);
 }
 
 // The evaluation gradient, one block per channel (grid-stride over channels):
@@ -388,22 +371,6 @@ Launch eval_grad_launch(const BnBackward& b, const ChannelLayout& l, unsigned bl
   };
 }
 
-// Masks dy by relu's output y into `masked` before `l` (which reads it).
-Launch after_relu_mask(const StepArgs& a, Launch l, void* masked) {
-  const int64_t n = a.in[0].numel();
-  const unsigned blocks = blocks_for(n, kThreads, static_cast<int>(grid_cap(a.ctx)));
-  Launch out;
-  dispatch_storage(a.in[0].dtype(), "batch_norm_grad", [&]<class T>() {
-    out = [l, dy = a.in[0].as<const T>(), y = a.in[6].as<const T>(), m = static_cast<T*>(masked), n,
-           blocks](cudaStream_t stream) {
-      relu_mask_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, y, m, n);
-      SEAM_CUDA_LAUNCH_CHECK();
-      l(stream);
-    };
-  });
-  return out;
-}
-
 // inputs: dy, x, gamma, mean, invstd (the forward's outputs), and with activation relu
 // beta and y; outputs: dx, dgamma, dbeta.
 Launch prepare_batch_norm_grad(const StepArgs& a) {
@@ -418,7 +385,12 @@ Launch prepare_batch_norm_grad(const StepArgs& a) {
     PlanStep plain = a.step;
     plain.attrs.set("activation", std::string("none"));
     const StepArgs inner{plain, a.index, in, a.out, a.ctx};
-    return after_relu_mask(a, prepare_batch_norm_grad(inner), in[0].data);
+    Launch mask = prepare_as_step(a, Op::relu_grad, Attrs{}, {a.in[0], a.in[6]}, {in[0]});  // y > 0 ? dy : 0
+    Launch norm = prepare_batch_norm_grad(inner);
+    return [mask, norm](cudaStream_t stream) {
+      mask(stream);
+      norm(stream);
+    };
   }
   expect_dtypes(a, a.in[1], {0}, {2, 3, 4});
   const bool nhwc = step_nhwc(a);
