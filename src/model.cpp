@@ -201,10 +201,14 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
                            options.precision != Precision::f32)
                       ? DataLayout::nhwc
                       : DataLayout::plain;
-  // The parameters as the compiled graphs declare them: filters channels-last under nhwc.
-  Graph declared = c.stored ? params_in(c.graph, *c.stored).graph : c.graph;
-  if (c.conv_layout == DataLayout::nhwc) declared = apply_layout(declared, c.conv_layout).graph;
+  // The parameters as the compiled graphs declare them: filters channels-last under nhwc
+  // (the same bytes, so the offsets stand).
+  const Graph declared = c.stored ? params_in(c.graph, *c.stored).graph : c.graph;
   c.layout = make_layout(declared);
+  if (c.conv_layout == DataLayout::nhwc)
+    for (const std::string& name : channels_last_params(declared))
+      for (Slot& s : c.layout.params)
+        if (s.name == name) s.type = {s.type.dtype, nhwc_order(s.type.shape), DataLayout::nhwc};
   c.state.seed = options.seed;
   c.backend = c.device == Device::cuda
                   ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,

@@ -4,6 +4,10 @@
 // convert back at (dropout, flatten): for the tests that the layout never changes results
 // (test_layout.cpp on the CPU, gpu/test_gpu_train.cpp on the GPU).
 #pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+
 #include "seam/seam.h"
 #include "test_util.h"
 
@@ -41,5 +45,16 @@ struct LayoutNet {
     p.set_input("y", std::span<const int32_t>(y));
   }
 };
+
+// Every parameter of a and b (the same graph) agrees within rel * (1 + |a|), element by
+// element, in the parameters' dtype.
+inline void expect_same_params(const Model& a, const Model& b, double rel) {
+  for (const Slot& s : a.layout().params) {
+    const auto wa = as_floats(a.read_param(s.name), s.type.dtype), wb = as_floats(b.read_param(s.name), s.type.dtype);
+    ASSERT_EQ(wa.size(), wb.size()) << s.name;
+    for (size_t i = 0; i < wa.size(); ++i)
+      ASSERT_NEAR(wa[i], wb[i], rel * (1 + std::abs(wa[i]))) << s.name << " element " << i;
+  }
+}
 
 }  // namespace seam::testing

@@ -47,6 +47,31 @@ TEST(FuseNorm, AnUnknownActivationIsAnError) {
   }
 }
 
+// batch_norm_grad takes beta and y exactly when it has an activation, y of x's type.
+TEST(FuseNorm, TheGradientsInputsFollowItsActivation) {
+  Graph g;
+  Var dy = g.input("dy", {4, 3}), x = g.input("x", {4, 3}), y16 = g.input("y16", {4, 3}, DType::bf16);
+  Var gamma = g.param("gamma", {3}, Init::ones()), beta = g.param("beta", {3}, Init::zeros());
+  Var mean = g.input("mean", {3}), invstd = g.input("invstd", {3});
+  const std::vector<ValueId> five{dy.id(), x.id(), gamma.id(), mean.id(), invstd.id()};
+  auto error_of = [&](std::vector<ValueId> in, const std::string& act) {
+    try {
+      g.add(Op::batch_norm_grad, in, {{"activation", act}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(five, "relu").find("beta and y are given with an activation, and only then"), std::string::npos);
+  std::vector<ValueId> seven = five;
+  seven.insert(seven.end(), {beta.id(), dy.id()});
+  EXPECT_NE(error_of(seven, "none").find("beta and y are given with an activation, and only then"), std::string::npos);
+  seven.back() = y16.id();
+  EXPECT_NE(error_of(seven, "relu").find("y must be x's type"), std::string::npos) << error_of(seven, "relu");
+  seven.back() = dy.id();
+  EXPECT_EQ(error_of(seven, "relu"), "no error");
+}
+
 int count_relu_norms(const Plan& p, Op op) {
   int n = 0;
   for (const PlanStep& s : p.steps) n += s.op == op && s.attrs.has("activation") && s.attrs.s("activation") == "relu";
@@ -76,10 +101,7 @@ TEST(FuseNorm, BatchNormThenReluIsOneStepEachWayAndTrainsAsUnfused) {
       const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
       EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
     }
-    for (const Slot& s : b.layout().params) {
-      const auto va = as_floats(a.read_param(s.name), DType::f32), vb = as_floats(b.read_param(s.name), DType::f32);
-      for (size_t i = 0; i < va.size(); ++i) EXPECT_NEAR(va[i], vb[i], 1e-5 * (1 + std::abs(vb[i]))) << s.name << " " << i;
-    }
+    expect_same_params(a, b, 1e-5);
   }
 }
 

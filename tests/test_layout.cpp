@@ -78,11 +78,7 @@ TEST(LayoutPass, ChannelsLastFiltersSpeakNchwToTheirUsers) {
   net.feed(pb, 1);
   pa.run();
   pb.run();
-  for (const Slot& s : b.layout().params) {
-    const auto va = as_floats(a.read_param(s.name), DType::f32), vb = as_floats(b.read_param(s.name), DType::f32);
-    ASSERT_EQ(va.size(), vb.size());
-    for (size_t i = 0; i < va.size(); ++i) EXPECT_NEAR(va[i], vb[i], 1e-5 * (1 + std::abs(vb[i]))) << s.name << " " << i;
-  }
+  expect_same_params(a, b, 1e-5);
 }
 
 TEST(LayoutPass, AutomaticIsNchwOnTheCpu) {
@@ -114,11 +110,7 @@ void expect_same_training(Precision precision, double tol) {
     ASSERT_EQ(ya.size(), yb.size());
     for (size_t i = 0; i < ya.size(); ++i) EXPECT_NEAR(ya[i], yb[i], tol * (1 + std::abs(ya[i]))) << "logit " << i;
   }
-  for (const Slot& s : a.layout().params) {
-    const auto wa = as_floats(a.read_param(s.name), s.type.dtype), wb = as_floats(b.read_param(s.name), s.type.dtype);
-    for (size_t i = 0; i < wa.size(); ++i)
-      ASSERT_NEAR(wa[i], wb[i], tol * (1 + std::abs(wa[i]))) << s.name << " element " << i;
-  }
+  expect_same_params(a, b, tol);
 }
 
 TEST(LayoutPass, TrainingIsTheSameInEitherLayoutF32) { expect_same_training(Precision::f32, 1e-5); }

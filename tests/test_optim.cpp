@@ -216,6 +216,18 @@ TEST(OptimizerState, AModelKeepsAsManyMomentsAsItsOptimizer) {
         << e.what();
   }
   EXPECT_EQ(sgd.read_param(sgd.layout().params[0].name), w0);
+  // Second moments without first ones name what is missing.
+  std::vector<HostTensor> v_only;
+  for (const HostTensor& t : with_v)
+    if (t.name.rfind("optimizer.m/", 0) != 0) v_only.push_back(t);
+  try {
+    sgd.load_tensors(v_only);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'optimizer.v/*' are given without 'optimizer.m/*'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(sgd.read_param(sgd.layout().params[0].name), w0);
   // Adam needs two: not on a model whose programs hold one.
   try {
     Program q = sgd.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)});

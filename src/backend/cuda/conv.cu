@@ -233,16 +233,6 @@ std::string format_line(const std::string& key, const ConvChoice& c) {
 // ---------------------------------------------------------------------------------------
 // The process-wide cache, one store per GPU name and cuDNN version
 
-std::string sanitize(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
-                    ch == '.';
-    out += ok ? ch : '_';
-  }
-  return out.empty() ? "unknown" : out;
-}
-
 std::filesystem::path cache_dir() { return cache_root(); }
 
 class ConvAlgoCache {
@@ -284,7 +274,7 @@ class ConvAlgoCache {
     if (named == gpu_names_.end()) {
       cudaDeviceProp prop{};
       SEAM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-      named = gpu_names_.emplace(dev, sanitize(prop.name)).first;
+      named = gpu_names_.emplace(dev, cache_name_part(prop.name)).first;
     }
     const std::string& gpu = named->second;
     const std::string ver = std::to_string(cudnnGetVersion());
@@ -725,11 +715,10 @@ Launch prepare_conv2d_grad_weight(const StepArgs& a) {
   auto s = setup(narrow, Pass::bwd_filter, a.in[1].shape(), a.out[0].shape(), a.in[0].shape(), key);
   void* dy = a.in[0].data;
   void* x = a.in[1].data;
+  Launch widen;
   if (!wide) {
     if (auto l = try_engine(a, key, {x, a.out[0].data, dy})) return *l;
-  }
-  Launch widen;
-  if (wide) {
+  } else {
     float direct_ms = -1, narrow_ms = -1;
     std::optional<Launch> direct = try_engine(a, key, {x, a.out[0].data, dy}, &direct_ms);
     void* scratch = a.ctx.scratch(narrow.out[0].type.bytes());

@@ -4,7 +4,6 @@
 #include <cudnn_frontend.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -138,12 +137,6 @@ struct EngineChoice {
   }
 };
 
-std::string sanitized(const std::string& s) {
-  std::string out;
-  for (char ch : s) out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.' ? ch : '_';
-  return out.empty() ? "unknown" : out;
-}
-
 // The engines chosen so far, per device, read from and saved to the cache folder.
 class EngineCache {
  public:
@@ -188,7 +181,7 @@ class EngineCache {
     cudaDeviceProp prop{};
     if (!names_.count(dev)) {
       SEAM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-      names_[dev] = sanitized(prop.name);
+      names_[dev] = cache_name_part(prop.name);
     }
     const std::string ver = std::to_string(cudnnGetVersion());
     const std::string root = cache_root();

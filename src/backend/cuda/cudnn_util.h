@@ -17,6 +17,18 @@
 
 namespace seam::cuda {
 
+// A GPU name as it stands in a cache file's name: letters, digits, '-' and '.' kept,
+// anything else '_'.
+inline std::string cache_name_part(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                    ch == '.';
+    out += ok ? ch : '_';
+  }
+  return out.empty() ? "unknown" : out;
+}
+
 inline cudnnHandle_t cudnn_of(const Context& ctx) { return static_cast<cudnnHandle_t>(ctx.cudnn); }
 
 // alpha = 1, beta = 0 / 1 (cuDNN reads them on the host during the call). Floats for f32,
