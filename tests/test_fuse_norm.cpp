@@ -13,6 +13,8 @@
 namespace seam::testing {
 namespace {
 
+int count_relu_norms(const Plan& p, Op op);
+
 Var bn_relu(GradCase& c, const Shape& s) {
   Shape ch{s[1]};
   return c.g.add1(Op::batch_norm,
@@ -30,6 +32,123 @@ TEST(FuseNorm, BatchNormWithReluMatchesFiniteDifferences) {
       check_gradients([&](GradCase& c) { return bn_relu(c, s); }, o);
     }
   }
+}
+
+// relu(normalized + z) as one op (what the pass makes of a residual add): z's gradient
+// and x's through relu's mask.
+Var bn_add_relu(GradCase& c, const Shape& s) {
+  Shape ch{s[1]};
+  return c.g.add1(Op::batch_norm,
+                  {c.param("x", s, -2, 2).id(), c.param("gamma", ch).id(), c.param("beta", ch).id(),
+                   c.state("rm", ch, 0.2).id(), c.state("rv", ch, 0.7).id(), c.param("z", s, -1, 1).id()},
+                  {{"activation", std::string("relu")}});
+}
+
+TEST(FuseNorm, BatchNormWithResidualAndReluMatchesFiniteDifferences) {
+  for (Mode mode : {Mode::train, Mode::eval}) {
+    GradCheckOptions o;
+    o.mode = mode;
+    for (Shape s : {Shape{6, 3}, Shape{2, 3, 2, 3}}) {
+      SCOPED_TRACE(shape_str(s) + (mode == Mode::train ? " train" : " eval"));
+      check_gradients([&](GradCase& c) { return bn_add_relu(c, s); }, o);
+    }
+  }
+}
+
+TEST(FuseNorm, AResidualNeedsReluAndXsType) {
+  Graph g;
+  Var x = g.input("x", {4, 3, 2, 2});
+  std::vector<ValueId> in{x.id(), g.param("gamma", {3}, Init::ones()).id(), g.param("beta", {3}, Init::zeros()).id(),
+                          g.state("rm", {3}, Init::zeros()).id(), g.state("rv", {3}, Init::ones()).id()};
+  auto error_of = [&](ValueId z, const std::string& act) {
+    std::vector<ValueId> six = in;
+    six.push_back(z);
+    try {
+      g.add(Op::batch_norm, six, {{"activation", act}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(x.id(), "none").find("a residual z is given with activation relu only"), std::string::npos);
+  const Var small = g.input("small", {4, 3, 2, 1});
+  EXPECT_NE(error_of(small.id(), "relu").find("z must be x's dtype and shape f32[4,3,2,2], got f32[4,3,2,1]"),
+            std::string::npos)
+      << error_of(small.id(), "relu");
+  EXPECT_EQ(error_of(g.input("z", {4, 3, 2, 2}).id(), "relu"), "no error");
+}
+
+// Two identity-shortcut blocks: relu(bn(conv(h)) + h) folds into the batch norm in both;
+// the first block's input comes from a batch norm + relu, its output feeds the second.
+struct ResidualNet {
+  Graph g;
+  Var loss;
+  ResidualNet() {
+    Var x = g.input("x", {4, 3, 8, 8});
+    Var y = g.input("y", {4}, DType::i32);
+    Var h = relu(nn::batch_norm(nn::conv2d(x, 8, 3, "stem", {.padding = {1, 1}}, false), "stem_bn"));
+    for (int b = 0; b < 2; ++b) {
+      const std::string p = "b" + std::to_string(b);
+      Var r = relu(nn::batch_norm(nn::conv2d(h, 8, 3, p + "c1", {.padding = {1, 1}}, false), p + "bn1"));
+      r = nn::batch_norm(nn::conv2d(r, 8, 3, p + "c2", {.padding = {1, 1}}, false), p + "bn2");
+      h = relu(b == 0 ? add(r, h) : add(h, r));  // the residual on either side of the add
+    }
+    loss = cross_entropy(nn::linear(global_avg_pool(h), 10, "fc"), y);
+  }
+  void feed(Program& p, uint64_t step) const {
+    const auto x = random_floats(4 * 3 * 8 * 8, 500 + step);
+    const auto y = random_labels(4, 10, 600 + step);
+    p.set_input("x", std::span<const float>(x));
+    p.set_input("y", std::span<const int32_t>(y));
+  }
+};
+
+int count_residual_norms(const Plan& p) {
+  int n = 0;
+  for (const PlanStep& s : p.steps) n += s.op == Op::batch_norm && s.in.size() == 6;
+  return n;
+}
+
+TEST(FuseNorm, ResidualAddAndReluFoldIntoTheBatchNormAndTrainAsUnfused) {
+  const auto opt = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+  for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc}) {
+    SCOPED_TRACE(layout == LayoutPolicy::nhwc ? "nhwc" : "nchw");
+    ResidualNet net;
+    Model a(net.g, {.seed = 7, .layout = layout});
+    Model b(net.g, {.seed = 7, .layout = layout});
+    Program fused = a.compile({.loss = net.loss.id(), .optimizer = opt});
+    Program plain = b.compile({.loss = net.loss.id(), .optimizer = opt, .fuse = false});
+    EXPECT_EQ(count_residual_norms(fused.plan()), 2);
+    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm), 5);
+    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 3);  // not the residual ones
+    EXPECT_EQ(count(fused.plan(), Op::relu), 0);
+    const std::string text = explain_plan(fused.plan(), fused.plan(), DeviceModel{}, false);
+    EXPECT_NE(text.find("fused: residual add and relu applied before the normalized value is stored"),
+              std::string::npos)
+        << text;
+    for (uint64_t step = 0; step < 3; ++step) {
+      net.feed(fused, step);
+      net.feed(plain, step);
+      fused.run();
+      plain.run();
+      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
+      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
+    }
+    expect_same_params(a, b, 1e-5);
+  }
+}
+
+// A residual made after the batch norm (the downsampling shortcut's convolution written
+// second) leaves the add to elementwise fusion: the fused step would read it before it exists.
+TEST(FuseNorm, AResidualMadeLaterIsNotFused) {
+  Graph g;
+  Var x = g.input("x", {4, 3, 6, 6});
+  Var n = nn::batch_norm(nn::conv2d(x, 4, 3, "c", {.padding = {1, 1}}), "bn");
+  Var s = nn::conv2d(x, 4, 1, "shortcut");
+  Var out = relu(add(n, s));
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
+  EXPECT_EQ(count_residual_norms(p.plan()), 0);
 }
 
 TEST(FuseNorm, AnUnknownActivationIsAnError) {
@@ -67,7 +186,7 @@ TEST(FuseNorm, TheGradientsInputsFollowItsActivation) {
   seven.insert(seven.end(), {beta.id(), dy.id()});
   EXPECT_NE(error_of(seven, "none").find("beta and y are given with an activation, and only then"), std::string::npos);
   seven.back() = y16.id();
-  EXPECT_NE(error_of(seven, "relu").find("y must be x's type"), std::string::npos) << error_of(seven, "relu");
+  EXPECT_NE(error_of(seven, "relu").find("y must be x's dtype and shape"), std::string::npos) << error_of(seven, "relu");
   seven.back() = dy.id();
   EXPECT_EQ(error_of(seven, "relu"), "no error");
 }

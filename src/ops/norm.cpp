@@ -63,7 +63,7 @@ void register_norm(OpTable& t) {
   {
     OpDef& d = def(t, Op::batch_norm);
     d.name = "batch_norm";
-    d.inputs = {"x", "gamma", "beta", "running_mean", "running_var"};
+    d.inputs = {"x", "gamma", "beta", "running_mean", "running_var", "z?"};
     d.outputs = {"y", "mean", "invstd"};
     d.attrs = {{"momentum", 0.1},
                {"eps", 1e-5},
@@ -72,10 +72,16 @@ void register_norm(OpTable& t) {
                {"activation", std::string("none")}};
     d.doc = "per-channel normalization of [N, C, ...]; training uses batch statistics and "
             "updates the running ones (unbiased variance), evaluation uses the running ones; "
-            "activation relu: y = relu(normalized) (fuse_norm_activations)";
+            "activation relu: y = relu(normalized), or relu(normalized + z) with a residual z of x's "
+            "dtype and shape (fuse_norm_activations)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
-      expect_activation(c);
+      const bool act = expect_activation(c);
+      if (c.in.size() == 6) {
+        if (!act) c.fail("a residual z is given with activation relu only");
+        if (c.type(5).dtype != c.type(0).dtype || c.shape(5) != c.shape(0))
+          c.fail("z must be x's dtype and shape ", c.type(0).str(), ", got ", c.type(5).str());
+      }
       c.expect_dtype_or_compute(0, {1, 2, 3, 4});
       for (size_t i = 2; i < 5; ++i)
         if (c.type(i).dtype != c.type(1).dtype) c.fail("gamma, beta and the running statistics must share one dtype");
@@ -94,7 +100,14 @@ void register_norm(OpTable& t) {
     d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
     d.grad = [](GradCtx& c) {
       std::vector<ValueId> in{c.dy().id(), c.x(0).id(), c.x(1).id(), c.y(1).id(), c.y(2).id()};
-      const std::string act = c.attrs().s("activation");
+      std::string act = c.attrs().s("activation");
+      if (c.node.in.size() == 6) {
+        // relu's gradient reaches the residual and the normalized value alike.
+        const Var dz = c.g.var(c.g.add(Op::relu_grad, {c.dy().id(), c.y(0).id()}).at(0));
+        c.set(5, dz);
+        in[0] = dz.id();
+        act = "none";
+      }
       if (act != "none") in.insert(in.end(), {c.x(2).id(), c.y(0).id()});  // beta, y: the activation's mask
       auto out = c.g.add(Op::batch_norm_grad, in,
                          {{"training", c.attrs().i("training")}, {"layout", c.attrs().s("layout")}, {"activation", act}});
@@ -113,7 +126,9 @@ void register_norm(OpTable& t) {
       c.expect_float(1);
       const bool act = expect_activation(c);
       if (act != (c.in.size() == 7)) c.fail("beta and y are given with an activation, and only then");
-      if (act && (c.type(6) != c.type(1))) c.fail("y must be x's type ", c.type(1).str(), ", got ", c.type(6).str());
+      // Layout tags may differ (a user's [N, H, W, C] input beside a layout pass's nhwc value).
+      if (act && (c.type(6).dtype != c.type(1).dtype || c.shape(6) != c.shape(1)))
+        c.fail("y must be x's dtype and shape ", c.type(1).str(), ", got ", c.type(6).str());
       if (act && c.type(5).dtype != c.type(2).dtype) c.fail("beta must share gamma's dtype");
       if (act && c.shape(5) != c.shape(2)) c.fail("beta must have gamma's shape ", shape_str(c.shape(2)));
       if (c.type(0).dtype != c.type(1).dtype) c.fail("dy and x must share one dtype");

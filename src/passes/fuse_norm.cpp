@@ -1,5 +1,6 @@
 // Batch norm + ReLU fusion (src/passes/fuse.h).
 #include <set>
+#include <vector>
 
 #include "ops/registry.h"
 #include "passes/fuse.h"
@@ -9,7 +10,9 @@ namespace seam {
 namespace {
 
 struct NormFusion {
-  int relu = -1;       // the relu reading the normalized value
+  int relu = -1;       // the relu reading the normalized value (or the residual add's result)
+  int add = -1;        // the residual add between them, if any
+  ValueId z = -1;      // the add's other operand
   int relu_grad = -1;  // relu_grad(dr, r) feeding only the batch norm's gradient, if any
   int norm_grad = -1;  // that batch_norm_grad
 };
@@ -34,13 +37,29 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
   for (int k = 0; k < nn; ++k) {
     const Node& bn = nodes[static_cast<size_t>(k)];
     if (bn.op != Op::batch_norm || !plain(bn)) continue;
-    const int relu = only_user(bn.out[0]);
-    if (relu < 0 || nodes[static_cast<size_t>(relu)].op != Op::relu) continue;
     NormFusion f;
+    int relu = only_user(bn.out[0]);
+    if (relu >= 0 && nodes[static_cast<size_t>(relu)].op == Op::add && !absorbed[static_cast<size_t>(relu)]) {
+      // relu(normalized + z): z of the normalized value's type, made before this batch norm
+      // (the fused step takes its place), and the sum read by the relu alone.
+      const Node& add = nodes[static_cast<size_t>(relu)];
+      const ValueId z = add.in[0] == bn.out[0] ? add.in[1] : add.in[0];
+      const int z_node = g.value(z).node;
+      f.add = relu;
+      f.z = z;
+      relu = only_user(add.out[0]);
+      if (z == bn.out[0] || g.value(z).type.dtype != g.value(bn.out[0]).type.dtype ||
+          g.value(z).type.shape != g.value(bn.out[0]).type.shape || z_node >= k)
+        relu = -1;
+    }
+    if (relu < 0 || nodes[static_cast<size_t>(relu)].op != Op::relu) continue;
     f.relu = relu;
     // The backward: relu_grad(dr, r) whose result only this batch norm's gradient reads.
+    // Not with a residual: cuDNN's fused backward is given x, gamma and beta, and may
+    // recompute the mask from them, without z's share (and the masked dr is z's gradient
+    // too, which the residual's producer reads).
     const ValueId r = nodes[static_cast<size_t>(relu)].out[0];
-    for (int u : users[static_cast<size_t>(r)]) {
+    for (int u : f.add >= 0 ? std::vector<int>{} : users[static_cast<size_t>(r)]) {
       const Node& rg = nodes[static_cast<size_t>(u)];
       if (rg.op != Op::relu_grad || rg.in[1] != r) continue;
       const int bg = only_user(rg.out[0]);
@@ -54,6 +73,7 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
     }
     found[static_cast<size_t>(k)] = f;
     absorbed[static_cast<size_t>(relu)] = true;
+    if (f.add >= 0) absorbed[static_cast<size_t>(f.add)] = true;
     if (f.relu_grad >= 0) {
       absorbed[static_cast<size_t>(f.relu_grad)] = true;
       fused_grad_of[static_cast<size_t>(f.norm_grad)] = k;
@@ -83,6 +103,7 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
       // The normalized value takes relu's place (and name); it is never stored unfused.
       const Node& relu = nodes[static_cast<size_t>(f.relu)];
       attrs.set("activation", std::string("relu"));
+      if (f.add >= 0) in.push_back(mapped(r, f.z));
       names[0] = g.value(relu.out[0]).name;
       auto out = emit(n, in, attrs, names);
       r.map[static_cast<size_t>(relu.out[0])] = out[0];

@@ -167,9 +167,13 @@ FuseResult apply_precision(const Graph& g, Precision policy, const std::vector<P
           const DType t = widest(type(0), type(1));
           in[0] = as(in[0], t), in[1] = as(in[1], t);
         } else if (n.op == Op::layer_norm || n.op == Op::batch_norm) {
-          // gamma, beta (and running statistics) in x's dtype or the one it computes in.
+          // gamma, beta (and running statistics) in x's dtype or the one it computes in;
+          // batch norm's residual z (input 5) in x's.
           for (size_t i = 1; i < in.size(); ++i)
-            if (type(i) != type(0) && type(i) != compute_dtype(type(0))) in[i] = as(in[i], compute_dtype(type(0)));
+            if (n.op == Op::batch_norm && i == 5)
+              in[i] = as(in[i], type(0));
+            else if (type(i) != type(0) && type(i) != compute_dtype(type(0)))
+              in[i] = as(in[i], compute_dtype(type(0)));
         } else if ((n.op == Op::sum || n.op == Op::mean) && attrs.s("dtype").empty() && is_half(type(0))) {
           attrs.set("dtype", std::string("f32"));
         }

@@ -86,7 +86,9 @@ std::string why(const PlanStep& s) {
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
     case Op::batch_norm: case Op::batch_norm_grad:
       if (s.attrs.has("activation") && s.attrs.s("activation") == "relu")
-        return s.op == Op::batch_norm ? "fused: relu applied before the normalized value is stored"
+        return s.op == Op::batch_norm ? (s.in.size() > 5
+                                             ? "fused: residual add and relu applied before the normalized value is stored"
+                                             : "fused: relu applied before the normalized value is stored")
                                       : "fused: relu's derivative applied to dy before the batch norm's gradient";
       break;
     default: break;

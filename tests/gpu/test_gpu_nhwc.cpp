@@ -430,6 +430,31 @@ TEST(GpuNhwcBatchNorm, WithReluMatchesTheCpuAtEveryPrecision) {
   }
 }
 
+TEST(GpuNhwcBatchNorm, WithResidualAndReluMatchesTheCpuAtEveryPrecision) {
+  // relu(bn(x) + z) with z made before the batch norm: one fused step (cuDNN's
+  // CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION forward where it takes the shape), the gradient
+  // reaching z and x through relu's mask.
+  for (const Shape& s : {Shape{4, 5, 5, 3}, Shape{8, 4, 4, 64}, Shape{16, 7, 7, 8}}) {
+    SCOPED_TRACE(shape_str(s));
+    auto f32_build = [&](GpuCase& c) {
+      Var z = c.param("z", s, -1, 1);
+      return relu(add(build_bn(c, s, Init::uniform(-0.5, 0.5), Init::uniform(0.5, 1.5)), z));
+    };
+    compare_nhwc(f32_build, f32().with_runs(2));
+    compare_nhwc(f32_build, f32().in_mode(Mode::eval).with_runs(2));
+    for (const Low& low : kLows) {
+      SCOPED_TRACE(low.name);
+      auto build = [&](GpuCase& c) {
+        Var z = cast(c.param("z", s, -1, 1), low.dtype);
+        Var y = batch_norm_nhwc(c, cast(c.param("x", s, -2, 2), low.dtype), Init::uniform(-0.5, 0.5),
+                                Init::uniform(0.5, 1.5));
+        return cast(relu(add(z, y)), DType::f32);
+      };
+      compare_nhwc(build, low.options().with_runs(2));
+    }
+  }
+}
+
 TEST(GpuNhwcBatchNorm, OnDataWithoutAnInputGradient) {
   // x is data: nothing reads batch_norm_grad's dx, which must not land on live memory.
   compare_nhwc(
@@ -459,6 +484,38 @@ TEST(GpuNhwcBatchNorm, ReportsTheCudnnPathItTook) {
   for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
   p.run();
   p.check();
+}
+
+TEST(GpuNhwcBatchNorm, TakesCudnnsFusedReluAndResidualCalls) {
+  // At [8, 4, 4, 64] cuDNN 9 runs batch norm + relu one kernel each way and batch norm +
+  // add + relu one kernel forward: the fused steps must take those calls, not the plain
+  // batch norm and kernels of their own.
+  for (bool residual : {false, true}) {
+    SCOPED_TRACE(residual ? "residual" : "relu");
+    GpuCase c(3);
+    const Shape s{8, 4, 4, 64};
+    Var n = build_bn(c, s, Init::zeros(), Init::ones());
+    Var y = relu(residual ? add(n, c.param("z", s, -1, 1)) : n);
+    Var loss = sum(mul(y, c.data("r", y.shape())));
+    Model m(c.g, {.seed = 1, .device = Device::cuda});
+    Program p = m.compile({.loss = loss.id(), .gradients = true});
+    std::string forward, backward;
+    for (auto& [step, what] : p.executable().stats().choices) {
+      if (what.rfind("batch_norm nhwc: ", 0) == 0) forward = what;
+      if (what.rfind("batch_norm_grad nhwc: ", 0) == 0) backward = what;
+      if (what.find("nhwc: ") != std::string::npos) std::cout << "[ cuDNN    ] step " << step << ": " << what << "\n";
+    }
+    EXPECT_NE(forward.find(residual ? "Ex (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)" : "Ex (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)"),
+              std::string::npos)
+        << forward;
+    // The residual's backward is relu_grad (read by z's gradient too) and the plain one.
+    EXPECT_NE(backward.find(residual ? "nhwc: Ex (CUDNN_BATCHNORM_OPS_BN)" : "Ex (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)"),
+              std::string::npos)
+        << backward;
+    for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
+    p.run();
+    p.check();
+  }
 }
 
 // ------------------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ struct ChannelLayout {
 // Outputs y, mean, invstd. Training normalizes with the batch statistics and updates the
 // running ones in place (inputs 3 and 4 are persistent state), as torch.nn.BatchNorm;
 // evaluation normalizes with the running statistics and reports them. With activation
-// relu, y is relu's value of the normalized one (ops.def's: x > 0 ? x : 0).
+// relu, y is relu's value of the normalized one (ops.def's: x > 0 ? x : 0), or of the
+// normalized one plus the residual z (input 5), added in T as the unfused add does.
 void batch_norm(const KernelArgs& a) {
   const ChannelLayout l(a.in[0].shape());
   const bool training = a.attrs().i("training") != 0;
@@ -137,6 +138,7 @@ void batch_norm(const KernelArgs& a) {
     const T* beta = a.in[2].as<T>();
     T* running_mean = a.in[3].as<T>();
     T* running_var = a.in[4].as<T>();
+    const T* z = a.in.size() > 5 ? a.in[5].as<T>() : nullptr;
     T* y = a.out[0].as<T>();
     parallel_for(l.channels, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
@@ -158,7 +160,8 @@ void batch_norm(const KernelArgs& a) {
         }
         const double g = static_cast<double>(gamma[c]), b = static_cast<double>(beta[c]);
         l.each(c, [&](int64_t i) {
-          const T v = static_cast<T>((static_cast<double>(x[i]) - mean) * invstd * g + b);
+          T v = static_cast<T>((static_cast<double>(x[i]) - mean) * invstd * g + b);
+          if (z) v = static_cast<T>(v + z[i]);
           y[i] = relu && !(v > T(0)) ? T(0) : v;
         });
         a.out[1].as<T>()[c] = static_cast<T>(mean);

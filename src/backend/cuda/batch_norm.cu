@@ -17,26 +17,26 @@
 // nchw: x of any rank >= 2 is viewed as [N, C, inner, 1], which SPATIAL mode normalizes
 // per C, with the classic calls. nhwc: a 4-d NHWC descriptor [N, C, H, W]. Training
 // there prefers cuDNN's channels-last kernels: the *Ex calls in
-// CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode with CUDNN_BATCHNORM_OPS_BN (no activation, no
-// residual add: z, dz and the activation are null), their workspace the executable's
-// shared one. The Ex calls may want a reserve space that the forward writes and the
-// backward reads; the two are separate steps with no buffer for it, so where cuDNN asks
-// for one (or rejects the Ex workspace query) the step takes the classic calls in
-// SPATIAL_PERSISTENT mode, and where cuDNN rejects that, SPATIAL. Each step tries its
-// candidates once while it is prepared, on its own buffers (running statistics on scratch
-// copies: a trial must not move them), keeps the first cuDNN runs, and says which in the
-// executable's choices. The forward and the backward decide alike (one reserve query);
-// either may take any path, as only the saved mean and invstd pass between them.
+// CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode, their workspace the executable's shared one.
+// The Ex calls may want a reserve space that the forward writes and the backward reads;
+// the two are separate steps with no buffer for it, so where cuDNN asks for one (or
+// rejects the Ex workspace query) the step takes the classic calls in SPATIAL_PERSISTENT
+// mode, and where cuDNN rejects that, SPATIAL. Each step tries its candidates once while
+// it is prepared, on its own buffers (running statistics on scratch copies: a trial must
+// not move them), keeps the first cuDNN runs, and says which in the executable's choices.
+// Either step may take any path, as only the saved mean and invstd pass between them.
 // cuDNN documents that SPATIAL_PERSISTENT reduces with scaled integers: finite inputs of
 // very large magnitude may overflow to inf/NaN there where SPATIAL stays finite.
 // Every output has a buffer of its own, read or not (lower() places all outputs of a
 // live step).
-// Activation relu (fuse_norm_activations): the forward applies relu's value to y after
-// the batch norm, in place; the backward masks dy by relu's output (y > 0, ops.def's
-// derivative) into a scratch buffer that the batch norm's backward reads, both with the
-// elementwise relu and relu_grad kernels. Two kernels a way for now: cuDNN's
-// CUDNN_BATCHNORM_OPS_BN_ACTIVATION (one kernel, probed to run for f32, bf16 and f16 in
-// NHWC) is the next step.
+// Activation relu and the residual z (fuse_norm_activations): in training, nhwc, cuDNN's
+// fused Ex calls come first: CUDNN_BATCHNORM_OPS_BN_ACTIVATION forward (y = relu(bn(x)))
+// and backward (dy of relu's output, with beta and y), CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+// forward (y = relu(bn(x) + z)); its reserve space (the relu mask, which only cuDNN's own
+// backward would read) is the step's scratch, and the residual's backward is not cuDNN's
+// (src/passes/fuse.h). Where cuDNN takes none of them (nchw, evaluation, a refused shape)
+// the plain batch norm runs and the step's own elementwise kernels apply the add and relu
+// (forward, in place on y) or relu's mask (backward, into a scratch dy).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -111,30 +111,48 @@ void expect_dtypes(const StepArgs& a, const DeviceTensor& x, std::initializer_li
 struct BnSetup {
   TensorDesc x;   // [N, C, inner, 1] NCHW, or [N, C, H, W] stored NHWC
   TensorDesc bn;  // [1, C, 1, 1], derived (the same for every spatial mode)
+  ActivationDesc relu;
 };
 
 std::shared_ptr<BnSetup> bn_setup(const StepArgs& a, const ChannelLayout& l, DType t, bool nhwc) {
   auto s = std::make_shared<BnSetup>();
   set_4d(a, s->x, t, l.batch, l.channels, l.h, l.w, nhwc);
   SEAM_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(s->bn, s->x, CUDNN_BATCHNORM_SPATIAL));
+  SEAM_CUDNN_CHECK(cudnnSetActivationDescriptor(s->relu, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
   return s;
 }
 
-// How a training step calls cuDNN. nchw: always the classic call in SPATIAL mode.
+const char* ops_name(cudnnBatchNormOps_t ops) {
+  switch (ops) {
+    case CUDNN_BATCHNORM_OPS_BN_ACTIVATION: return "CUDNN_BATCHNORM_OPS_BN_ACTIVATION";
+    case CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION: return "CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION";
+    default: return "CUDNN_BATCHNORM_OPS_BN";
+  }
+}
+
+// How a training step calls cuDNN. nchw: always the classic call in SPATIAL mode. With
+// ops other than CUDNN_BATCHNORM_OPS_BN cuDNN applies the step's residual add and relu;
+// otherwise the step's own kernels do (with_residual_relu).
 struct BnPath {
-  bool ex = false;  // cudnnBatchNormalization*Ex with CUDNN_BATCHNORM_OPS_BN
+  bool ex = false;  // cudnnBatchNormalization*Ex
+  cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
   cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;
-  size_t workspace = 0;  // the Ex call's, in the executable's shared workspace
+  size_t workspace = 0;     // the Ex call's, in the executable's shared workspace
+  size_t reserve = 0;       // a forward's reserve space (its own scratch: no backward reads it)
+  void* reserve_at = nullptr;
+  bool fused() const { return ops != CUDNN_BATCHNORM_OPS_BN; }
   std::string str() const {
-    std::string s = ex ? "Ex (CUDNN_BATCHNORM_OPS_BN), " : "classic, ";
+    std::string s = ex ? std::string("Ex (") + ops_name(ops) + "), " : "classic, ";
     s += mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "SPATIAL_PERSISTENT" : "SPATIAL";
     if (ex) s += ", workspace " + std::to_string(workspace) + " bytes";
+    if (reserve) s += ", reserve " + std::to_string(reserve) + " bytes";
     return s;
   }
 };
 
 struct BnForward {
   const void* x;
+  const void* z;  // the residual, or null
   const void* gamma;
   const void* beta;
   void* y;
@@ -146,11 +164,12 @@ struct BnForward {
 // One training forward on path p; the status, unchecked, so that a trial can read it.
 cudnnStatus_t forward_training(cudnnHandle_t h, const BnSetup& s, const BnPath& p, const BnForward& f, float* rm,
                                float* rv, void* work) {
+  const bool add = p.ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
   if (p.ex)
-    return cudnnBatchNormalizationForwardTrainingEx(h, p.mode, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero, s.x, f.x,
-                                                    nullptr, nullptr, s.x, f.y, s.bn, f.gamma, f.beta, f.momentum, rm,
-                                                    rv, f.eps, f.mean, f.invstd, nullptr, work, p.workspace, nullptr,
-                                                    0);
+    return cudnnBatchNormalizationForwardTrainingEx(
+        h, p.mode, p.ops, &kOne, &kZero, s.x, f.x, add ? s.x.get() : nullptr, add ? f.z : nullptr, s.x, f.y, s.bn,
+        f.gamma, f.beta, f.momentum, rm, rv, f.eps, f.mean, f.invstd, p.fused() ? s.relu.get() : nullptr, work,
+        p.workspace, p.reserve_at, p.reserve);
   return cudnnBatchNormalizationForwardTraining(h, p.mode, &kOne, &kZero, s.x, f.x, s.x, f.y, s.bn, f.gamma, f.beta,
                                                 f.momentum, rm, rv, f.eps, f.mean, f.invstd);
 }
@@ -165,50 +184,71 @@ struct BnBackward {
   float* dgamma;
   float* dbeta;
   double eps;
+  const float* beta = nullptr;  // with activation relu: beta and relu's output y
+  const void* y = nullptr;
 };
 
 // One training backward on path p; the status, unchecked.
 cudnnStatus_t backward_training(cudnnHandle_t h, const BnSetup& s, const BnPath& p, const BnBackward& b, void* work) {
   if (p.ex)
-    return cudnnBatchNormalizationBackwardEx(h, p.mode, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero, &kOne, &kZero, s.x, b.x,
-                                             nullptr, nullptr, s.x, b.dy, nullptr, nullptr, s.x, b.dx, s.bn, b.gamma,
-                                             nullptr, b.dgamma, b.dbeta, b.eps, b.mean, b.invstd, nullptr, work,
-                                             p.workspace, nullptr, 0);
+    return cudnnBatchNormalizationBackwardEx(h, p.mode, p.ops, &kOne, &kZero, &kOne, &kZero, s.x, b.x,
+                                             p.fused() ? s.x.get() : nullptr, p.fused() ? b.y : nullptr, s.x, b.dy,
+                                             nullptr, nullptr, s.x, b.dx, s.bn, b.gamma, p.fused() ? b.beta : nullptr,
+                                             b.dgamma, b.dbeta, b.eps, b.mean, b.invstd,
+                                             p.fused() ? s.relu.get() : nullptr, work, p.workspace, nullptr, 0);
   return cudnnBatchNormalizationBackward(h, p.mode, &kOne, &kZero, &kOne, &kZero, s.x, b.x, s.x, b.dy, s.x, b.dx, s.bn,
                                          b.gamma, b.dgamma, b.dbeta, b.eps, b.mean, b.invstd);
 }
 
 // The nhwc training path of a forward or backward step (see the top of the file): the
-// first candidate whose trial call, trial(path, workspace), cuDNN runs. The queries pass
-// descriptors as PyTorch's channels-last batch norm does (x for every data descriptor, a
-// null dz in the backward), the calls null z, dz and activation.
+// first candidate whose trial call, trial(path, workspace), cuDNN runs. With `ops` other
+// than CUDNN_BATCHNORM_OPS_BN (the step's residual add and relu) cuDNN's fused call comes
+// first; a backward takes it only without a reserve space (none passes from the forward).
+// The plain queries pass descriptors as PyTorch's channels-last batch norm does (x for
+// every data descriptor, a null dz in the backward).
 template <class Trial>
-BnPath choose_nhwc(const StepArgs& a, const BnSetup& s, const Shape& xs, bool forward, Trial&& trial) {
+BnPath choose_nhwc(const StepArgs& a, const BnSetup& s, const Shape& xs, bool forward, cudnnBatchNormOps_t ops,
+                   Trial&& trial) {
   cudnnHandle_t h = cudnn_of(a.ctx);
   constexpr cudnnBatchNormMode_t persistent = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   std::vector<BnPath> candidates;
   std::string notes;  // what was passed over, and why
-  size_t reserve = 0, ws = 0;
-  cudnnStatus_t st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, persistent, CUDNN_BATCHNORM_OPS_BN,
-                                                                          nullptr, s.x, &reserve);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = forward ? cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, persistent, CUDNN_BATCHNORM_OPS_BN, s.x,
-                                                                           s.x, s.x, s.bn, nullptr, &ws)
-                 : cudnnGetBatchNormalizationBackwardExWorkspaceSize(h, persistent, CUDNN_BATCHNORM_OPS_BN, s.x, s.x,
-                                                                    s.x, nullptr, s.x, s.bn, nullptr, &ws);
-  if (st != CUDNN_STATUS_SUCCESS)
-    notes = std::string("Ex: the size queries say ") + cudnnGetErrorString(st);
-  else if (reserve > 0)
-    notes = "Ex: wants a reserve space of " + std::to_string(reserve) + " bytes";
-  else
-    candidates.push_back({true, persistent, ws});
-  candidates.push_back({false, persistent, 0});
-  candidates.push_back({false, CUDNN_BATCHNORM_SPATIAL, 0});
+  auto ex_candidate = [&](cudnnBatchNormOps_t o) {
+    const bool fused = o != CUDNN_BATCHNORM_OPS_BN;
+    const cudnnActivationDescriptor_t act = fused ? s.relu.get() : nullptr;
+    const cudnnTensorDescriptor_t z = o == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION ? s.x.get() : nullptr;
+    size_t reserve = 0, ws = 0;
+    cudnnStatus_t st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, persistent, o, act, s.x, &reserve);
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = forward ? cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, persistent, o, s.x, z, s.x, s.bn, act,
+                                                                             &ws)
+                   : cudnnGetBatchNormalizationBackwardExWorkspaceSize(h, persistent, o, s.x, fused ? s.x.get() : nullptr,
+                                                                      s.x, nullptr, s.x, s.bn, act, &ws);
+    const std::string who = std::string("Ex (") + ops_name(o) + ")";
+    if (st != CUDNN_STATUS_SUCCESS) {
+      notes += (notes.empty() ? "" : "; ") + who + ": the size queries say " + cudnnGetErrorString(st);
+    } else if (reserve > 0 && !(forward && fused)) {
+      notes += (notes.empty() ? "" : "; ") + who + ": wants a reserve space of " + std::to_string(reserve) + " bytes";
+    } else {
+      BnPath p{true, o, persistent, ws, 0, nullptr};
+      if (reserve > 0) {  // a fused forward's: written, read by no one
+        p.reserve = reserve;
+        p.reserve_at = a.ctx.scratch(reserve);
+      }
+      candidates.push_back(p);
+    }
+  };
+  if (ops != CUDNN_BATCHNORM_OPS_BN) ex_candidate(ops);
+  ex_candidate(CUDNN_BATCHNORM_OPS_BN);
+  candidates.push_back({false, CUDNN_BATCHNORM_OPS_BN, persistent, 0, 0, nullptr});
+  candidates.push_back({false, CUDNN_BATCHNORM_OPS_BN, CUDNN_BATCHNORM_SPATIAL, 0, 0, nullptr});
   SEAM_CUDNN_CHECK(cudnnSetStream(h, a.ctx.stream));
   for (const BnPath& p : candidates) {
     if (p.workspace) a.ctx.need_workspace(p.workspace);
-    st = trial(p, p.workspace ? a.ctx.workspace() : nullptr);
+    const cudnnStatus_t st = trial(p, p.workspace ? a.ctx.workspace() : nullptr);
     if (st == CUDNN_STATUS_SUCCESS) {
+      for (const BnPath& q : candidates)
+        if (q.reserve_at && q.reserve_at != p.reserve_at) a.ctx.release(q.reserve_at);
       a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + " nhwc: " + p.str() +
                                               (notes.empty() ? "" : " (passed over: " + notes + ")"));
       return p;
@@ -256,23 +296,29 @@ __global__ void eval_stats_kernel(const float* __restrict__ rm, const float* __r
 
 bool relu_of(const StepArgs& a) { return a.step.attrs.has("activation") && a.step.attrs.s("activation") == "relu"; }
 
-// `l`, then relu's value over y in place (the elementwise relu kernel) when the step has
-// activation relu.
-Launch with_relu(const StepArgs& a, Launch l, const DeviceTensor& y) {
-  if (!relu_of(a)) return l;
-  Launch relu = prepare_as_step(a, Op::relu, Attrs{}, {y}, {y});
-  return [l, relu](cudaStream_t stream) {
-    l(stream);
-    relu(stream);
-  };
+// `l`, then what cuDNN did not apply (`done`: it did): the residual add (y += z) and
+// relu's value over y, in place, with the elementwise add and relu kernels.
+Launch with_residual_relu(const StepArgs& a, Launch l, const DeviceTensor& y, bool done) {
+  if (!relu_of(a) || done) return l;
+  std::vector<Launch> parts{std::move(l)};
+  if (a.in.size() > 5) parts.push_back(prepare_as_step(a, Op::add, Attrs{}, {y, a.in[5]}, {y}));
+  parts.push_back(prepare_as_step(a, Op::relu, Attrs{}, {y}, {y}));
+  return in_order(std::move(parts));
 }
 
-// inputs: x, gamma, beta, running_mean, running_var; outputs: y, mean, invstd.
+// inputs: x, gamma, beta, running_mean, running_var, and with a residual z (activation
+// relu); outputs: y, mean, invstd.
 Launch prepare_batch_norm(const StepArgs& a) {
-  expect_dtypes(a, a.in[0], {}, {1, 2, 3, 4});
+  const bool residual = a.in.size() > 5;
+  if (residual && !relu_of(a)) fail("batch_norm '", a.step.name, "': a residual z is given with activation relu only");
+  if (residual) expect_dtypes(a, a.in[0], {5}, {1, 2, 3, 4});
+  else expect_dtypes(a, a.in[0], {}, {1, 2, 3, 4});
   const bool nhwc = step_nhwc(a);
   const ChannelLayout l = channel_layout(a, a.in[0].shape(), nhwc);
   for (size_t i = 1; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
+  if (residual && a.in[5].shape() != a.in[0].shape())
+    fail("batch_norm '", a.step.name, "': z ", shape_str(a.in[5].shape()), " and x ", shape_str(a.in[0].shape()),
+         " differ");
   const BnOutputs out = outputs(a, a.in[0], l.channels);
   const bool training = a.step.attrs.i("training") != 0;
   const double momentum = a.step.attrs.f("momentum");
@@ -291,26 +337,29 @@ Launch prepare_batch_norm(const StepArgs& a) {
   float* rm = a.in[3].as<float>();  // persistent state, updated in place when training
   float* rv = a.in[4].as<float>();
   if (training) {
-    const BnForward f{x, gamma, beta, out.data, out.c0, out.c1, momentum, eps};
+    const BnForward f{x, residual ? a.in[5].data : nullptr, gamma, beta, out.data, out.c0, out.c1, momentum, eps};
+    const cudnnBatchNormOps_t ops = residual       ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                                    : relu_of(a) ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION
+                                                 : CUDNN_BATCHNORM_OPS_BN;
     BnPath path;
     if (nhwc) {
       TrialStats scratch(l.channels, a.ctx.stream);
-      path = choose_nhwc(a, *s, a.in[0].shape(), true, [&](const BnPath& p, void* work) {
+      path = choose_nhwc(a, *s, a.in[0].shape(), true, ops, [&](const BnPath& p, void* work) {
         return forward_training(h, *s, p, f, scratch.mean(), scratch.var(), work);
       });
     }
     Context* ctx = &a.ctx;
-    return with_relu(a,
-                     [s, h, path, f, rm, rv, ctx](cudaStream_t stream) {
-                       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
-                       SEAM_CUDNN_CHECK(
-                           forward_training(h, *s, path, f, rm, rv, path.workspace ? ctx->workspace() : nullptr));
-                     },
-                     a.out[0]);
+    return with_residual_relu(a,
+                              [s, h, path, f, rm, rv, ctx](cudaStream_t stream) {
+                                SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
+                                SEAM_CUDNN_CHECK(forward_training(h, *s, path, f, rm, rv,
+                                                                  path.workspace ? ctx->workspace() : nullptr));
+                              },
+                              a.out[0], path.fused());
   }
   const int64_t channels = l.channels;
   const unsigned blocks = blocks_for(channels, kThreads);
-  return with_relu(
+  return with_residual_relu(
       a,
       [s, h, out, x, gamma, beta, rm, rv, eps, channels, blocks](cudaStream_t stream) {
         SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
@@ -319,7 +368,7 @@ Launch prepare_batch_norm(const StepArgs& a) {
         eval_stats_kernel<<<blocks, kThreads, 0, stream>>>(rm, rv, eps, out.c0, out.c1, channels);
         SEAM_CUDA_LAUNCH_CHECK();
       },
-      a.out[0]);
+      a.out[0], false);
 }
 
 // The evaluation gradient, one block per channel (grid-stride over channels):
@@ -372,63 +421,67 @@ Launch eval_grad_launch(const BnBackward& b, const ChannelLayout& l, unsigned bl
 }
 
 // inputs: dy, x, gamma, mean, invstd (the forward's outputs), and with activation relu
-// beta and y; outputs: dx, dgamma, dbeta.
+// beta and y; outputs: dx, dgamma, dbeta. With relu, where cuDNN's fused call does not
+// take the step, dy is masked by y > 0 (the elementwise relu_grad kernel) into a scratch
+// buffer that the plain batch norm's gradient reads.
 Launch prepare_batch_norm_grad(const StepArgs& a) {
-  if (relu_of(a)) {
-    if (a.in.size() != 7)
-      fail("batch_norm_grad '", a.step.name, "': activation relu needs beta and y, got ", a.in.size(), " inputs");
-    expect_dtypes(a, a.in[1], {0, 6}, {5});
-    // The batch norm's own gradient, of the masked dy: the same step on a scratch dy
-    // (the step's copy lives while it is prepared; launches keep no reference to it).
-    std::vector<DeviceTensor> in(a.in.begin(), a.in.begin() + 5);
-    in[0].data = a.ctx.scratch(a.in[0].type.bytes());
-    PlanStep plain = a.step;
-    plain.attrs.set("activation", std::string("none"));
-    const StepArgs inner{plain, a.index, in, a.out, a.ctx};
-    Launch mask = prepare_as_step(a, Op::relu_grad, Attrs{}, {a.in[0], a.in[6]}, {in[0]});  // y > 0 ? dy : 0
-    Launch norm = prepare_batch_norm_grad(inner);
-    return [mask, norm](cudaStream_t stream) {
-      mask(stream);
-      norm(stream);
-    };
-  }
-  expect_dtypes(a, a.in[1], {0}, {2, 3, 4});
+  const bool relu = relu_of(a);
+  if (relu != (a.in.size() == 7))
+    fail("batch_norm_grad '", a.step.name, "': beta and y are given with activation relu, and only then (got ",
+         a.in.size(), " inputs)");
+  if (relu) expect_dtypes(a, a.in[1], {0, 6}, {2, 3, 4, 5});
+  else expect_dtypes(a, a.in[1], {0}, {2, 3, 4});
   const bool nhwc = step_nhwc(a);
   const ChannelLayout l = channel_layout(a, a.in[1].shape(), nhwc);
-  if (a.in[0].shape() != a.in[1].shape())
-    fail("batch_norm_grad '", a.step.name, "': dy ", shape_str(a.in[0].shape()), " and x ",
-         shape_str(a.in[1].shape()), " differ");
-  for (size_t i = 2; i < 5; ++i) expect_channels(a, a.in[i], l.channels, "an input");
+  if (a.in[0].shape() != a.in[1].shape() || (relu && a.in[6].shape() != a.in[1].shape()))
+    fail("batch_norm_grad '", a.step.name, "': dy ", shape_str(a.in[0].shape()), (relu ? ", y " : ""),
+         relu ? shape_str(a.in[6].shape()) : "", " and x ", shape_str(a.in[1].shape()), " differ");
+  for (size_t i = 2; i < (relu ? 6u : 5u); ++i) expect_channels(a, a.in[i], l.channels, "an input");
   const BnOutputs out = outputs(a, a.in[1], l.channels);
   const bool training = a.step.attrs.i("training") != 0;
   // With the saved mean and inverse std given, cuDNN does not recompute the statistics;
   // eps must still be valid (>= CUDNN_BN_MIN_EPSILON).
   const double eps = a.step.attrs.has("eps") ? a.step.attrs.f("eps") : 1e-5;
   const double eps_ok = eps >= CUDNN_BN_MIN_EPSILON ? eps : 1e-5;
-  const BnBackward b{a.in[0].data,      a.in[1].data, a.in[2].as<float>(), a.in[3].as<float>(), a.in[4].as<float>(),
-                     out.data,          out.c0,       out.c1,              eps_ok};
+  BnBackward b{a.in[0].data,      a.in[1].data, a.in[2].as<float>(), a.in[3].as<float>(), a.in[4].as<float>(),
+               out.data,          out.c0,       out.c1,              eps_ok};
+  if (relu) {
+    b.beta = a.in[5].as<float>();
+    b.y = a.in[6].data;
+  }
+  if (training && l.count() < 2)
+    fail("batch_norm_grad '", a.step.name, "' in training needs more than 1 value per channel, got input ",
+         shape_str(a.in[1].shape()));
+  BnPath path;
+  std::shared_ptr<BnSetup> s;
+  cudnnHandle_t h = cudnn_of(a.ctx);
   if (training) {
-    if (l.count() < 2)
-      fail("batch_norm_grad '", a.step.name, "' in training needs more than 1 value per channel, got input ",
-           shape_str(a.in[1].shape()));
-    auto s = bn_setup(a, l, a.in[1].dtype(), nhwc);
-    cudnnHandle_t h = cudnn_of(a.ctx);
-    BnPath path;
+    s = bn_setup(a, l, a.in[1].dtype(), nhwc);
     if (nhwc)
       path = choose_nhwc(a, *s, a.in[1].shape(), false,
+                         relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN,
                          [&](const BnPath& p, void* work) { return backward_training(h, *s, p, b, work); });
+  }
+  std::vector<Launch> parts;
+  if (relu && !path.fused()) {
+    DeviceTensor masked = a.in[0];
+    masked.data = a.ctx.scratch(a.in[0].type.bytes());
+    parts.push_back(prepare_as_step(a, Op::relu_grad, Attrs{}, {a.in[0], a.in[6]}, {masked}));  // y > 0 ? dy : 0
+    b.dy = masked.data;
+  }
+  if (training) {
     Context* ctx = &a.ctx;
-    return [s, h, path, b, ctx](cudaStream_t stream) {
+    parts.push_back([s, h, path, b, ctx](cudaStream_t stream) {
       SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
       SEAM_CUDNN_CHECK(backward_training(h, *s, path, b, path.workspace ? ctx->workspace() : nullptr));
-    };
+    });
+  } else {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(l.channels, 65535));
+    dispatch_storage(a.in[1].dtype(), "batch_norm_grad", [&]<class T>() {
+      parts.push_back(nhwc ? eval_grad_launch<T, true>(b, l, blocks) : eval_grad_launch<T, false>(b, l, blocks));
+    });
   }
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(l.channels, 65535));
-  Launch launch;
-  dispatch_storage(a.in[1].dtype(), "batch_norm_grad", [&]<class T>() {
-    launch = nhwc ? eval_grad_launch<T, true>(b, l, blocks) : eval_grad_launch<T, false>(b, l, blocks);
-  });
-  return launch;
+  return parts.size() == 1 ? parts[0] : in_order(std::move(parts));
 }
 
 }  // namespace

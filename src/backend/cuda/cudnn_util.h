@@ -58,6 +58,8 @@ using FilterDesc = CudnnDesc<cudnnFilterDescriptor_t, cudnnCreateFilterDescripto
 using ConvDesc =
     CudnnDesc<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
 using PoolDesc = CudnnDesc<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor>;
+using ActivationDesc =
+    CudnnDesc<cudnnActivationDescriptor_t, cudnnCreateActivationDescriptor, cudnnDestroyActivationDescriptor>;
 
 // cuDNN's 4-d descriptors take int dimensions and int strides: every dimension and the
 // element count must fit. Fails naming the step otherwise.
