@@ -55,7 +55,7 @@ std::vector<ConvCase> conv_cases() {
 TEST(GpuConv, MatchesTheCpuWithTf32) {
   for (const ConvCase& k : conv_cases()) {
     SCOPED_TRACE(k.str());
-    compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, tf32_nhwc());
+    compare_with_cpu([&](GpuCase& c) { return build_conv(c, k); }, CompareOptions(Precision::tf32, k.tf32()));
   }
 }
 

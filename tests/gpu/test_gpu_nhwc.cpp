@@ -152,7 +152,7 @@ Var build_conv_nhwc(GpuCase& c, const ConvCase& k) {
 TEST(GpuNhwcConv, MatchesTheCpuWithTf32) {
   for (const ConvCase& k : conv_cases()) {
     SCOPED_TRACE(trace(k));
-    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, tf32_nhwc());
+    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, CompareOptions(Precision::tf32, k.tf32()));
   }
 }
 
@@ -280,7 +280,7 @@ TEST(GpuNhwcConv, MatchesTheNchwConvolutionOnTheGpu) {
   for (Precision precision : {Precision::f32, Precision::tf32})
     for (const ConvCase& k : conv_cases()) {
       SCOPED_TRACE(std::string(precision_name(precision)) + " " + trace(k));
-      const Tolerance tol = precision == Precision::tf32 ? Tolerance::tf32_nhwc() : k.no_tf32;
+      const Tolerance tol = precision == Precision::tf32 ? k.tf32() : k.no_tf32;
       const ConvRun nchw = run_on_gpu(k, false, precision);
       const ConvRun nhwc = run_on_gpu(k, true, precision);
       expect_close(nhwc.y, nchw.y, tol, "y");
