@@ -242,7 +242,8 @@ TEST(OptimizerState, AModelKeepsAsManyMomentsAsItsOptimizer) {
   Program a = adam.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)});
   EXPECT_EQ(adam.device_bytes(), before + 2 * moment);
   adam.load_tensors(saved);
-  for (const HostTensor& t : adam.save_tensors())
-    if (t.name.rfind("optimizer.v/", 0) == 0)
-      for (std::byte b : t.data) ASSERT_EQ(b, std::byte{0}) << t.name;
+  for (const HostTensor& t : adam.save_tensors()) {
+    if (t.name.rfind("optimizer.v/", 0) != 0) continue;
+    for (std::byte b : t.data) ASSERT_EQ(b, std::byte{0}) << t.name;
+  }
 }
