@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what seam needs to build and test on Debian or Ubuntu: compiler, CMake,
-# Ninja, OpenBLAS, GoogleTest, CLI11, nlohmann/json, zlib and the Fashion-MNIST data (and, for
+# Ninja, OpenBLAS, GoogleTest, CLI11, nlohmann/json, zlib, the Fashion-MNIST data and a text
+# corpus (Debian's fortunes, for the language-model path; docs/data.md) (and, for
 # a CUDA build, cudnn-frontend's headers).
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libgtest-dev googletest
-          libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist python3-pip)
+          libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist fortunes python3-pip)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -16,6 +16,7 @@
 #include "bench/numerics.h"
 #include "common/strings.h"
 #include "data/fashion_mnist.h"
+#include "data/tokens.h"
 #include "ops/registry.h"
 #include "seam/seam.h"
 #include "train/trainer.h"
@@ -244,6 +245,16 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::layout_policy_names()));
   step->add_option("--data-seed", so.data_seed, "seed of the random batch")->transform(whole<uint64_t>(0));
 
+  std::vector<std::string> tokenize_files;
+  std::string tokenize_out;
+  double val_fraction = 0.1;
+  auto* tokenize = app.add_subcommand(
+      "tokenize", "byte-level token files (train.tok, val.tok; docs/data.md) from text files, for language models");
+  tokenize->add_option("files", tokenize_files, "text files, concatenated in the order given")->required();
+  tokenize->add_option("--out", tokenize_out, "folder for train.tok and val.tok")->required();
+  tokenize->add_option("--val-fraction", val_fraction, "the share of the text, from its end, kept for validation")
+      ->check(CLI::Range(0.0, 1.0));
+
   seam::train::EvalOptions e;
   e.data_dir = seam::data::default_fashion_mnist_dir();
   std::string eval_model;
@@ -364,6 +375,12 @@ int main(int argc, char** argv) {
       so.precision = precision_of(step_precision);
       so.layout = layout_of(step_layout);
       return seam::train::run_step(so);
+    }
+    if (*tokenize) {
+      const auto n = seam::data::tokenize_files(tokenize_files, tokenize_out, val_fraction);
+      std::cout << "tokenize: " << n.train + n.val << " bytes -> " << tokenize_out << "/train.tok (" << n.train
+                << " tokens), " << tokenize_out << "/val.tok (" << n.val << " tokens), vocabulary 256\n";
+      return 0;
     }
     if (*plan)
       return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
