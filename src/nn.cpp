@@ -14,6 +14,16 @@ Var linear(Var x, int64_t out_features, const std::string& name, bool bias) {
   return seam::linear(x, w, b);
 }
 
+Var linear_tied(Var x, Var weight, const std::string& name, bool bias) {
+  Graph& g = x.graph();
+  const int64_t in = x.dim(-1);
+  if (g.value(weight.id()).kind != ValueKind::param || weight.rank() != 2 || weight.dim(1) != in)
+    fail("linear layer '", name, "': a tied weight must be a parameter [out, ", in, "], got ", g.describe(weight.id()));
+  if (!bias) return seam::linear(x, weight);
+  Var b = g.param(name + ".bias", {weight.dim(0)}, Init::fan_in_uniform(in), /*decay=*/false, weight.dtype());
+  return seam::linear(x, weight, b);
+}
+
 Var conv2d(Var x, int64_t out_channels, int64_t kernel, const std::string& name,
            const Conv2dOptions& o, bool bias) {
   Graph& g = x.graph();

@@ -86,7 +86,24 @@ class Twin(torch.nn.Module):
         uniform = lambda shape, fan_in: torch.nn.Parameter(
             (torch.rand(shape, generator=gen) * 2 - 1) / math.sqrt(max(fan_in, 1)))
         params = {}
-        if node.op == "linear":
+        if node.op == "linear" and a["tie"] is not None:
+            # seam's nn::linear_tied: the earlier layer's weight itself (one parameter, its
+            # gradient the sum of both uses), kept out of this layer's parameters.
+            fin = x.shape[-1] if x.dim() else 1
+            src = next((n for n in self.nodes[:node.index] if n.name == a["tie"] and n.layer), None)
+            w = getattr(src.module, "weight", None) if src is not None else None
+            if w is None:
+                fail(node.where, ": 'tie': no earlier layer '", a["tie"], "' with a weight")
+            if a["out"] is not None and a["out"] != w.shape[0]:
+                fail(node.where, ": 'out' = ", a["out"], " but the tied weight '", a["tie"], ".weight' is ",
+                     list(w.shape))
+            if w.dim() != 2 or w.shape[1] != fin:
+                fail(node.where, ": the tied weight '", a["tie"], ".weight' is ", list(w.shape), ", this layer's input ",
+                     "needs [out, ", fin, "]")
+            object.__setattr__(layer, "weight", w)
+            if a["bias"]:
+                params["bias"] = uniform((w.shape[0],), fin)
+        elif node.op == "linear":
             fin = x.shape[-1] if x.dim() else 1
             if a["out"] <= 0:
                 fail(node.where, ": 'out' must be >= 1")

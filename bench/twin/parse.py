@@ -376,9 +376,12 @@ def parse_nodes(model):
 
 def _layer_attrs(op, L, where):
     if op == "linear":
+        if "tie" in L:  # another layer's weight, [out, in]; 'out' optional and checked against it
+            return {"out": _get(L, "out", 0, "int", where) if "out" in L else None,
+                    "bias": _get(L, "bias", True, "bool", where), "tie": _get(L, "tie", "", "str", where)}
         if "out" not in L:
             fail(where, ": 'out' (output features) is required")
-        return {"out": _get(L, "out", 0, "int", where), "bias": _get(L, "bias", True, "bool", where)}
+        return {"out": _get(L, "out", 0, "int", where), "bias": _get(L, "bias", True, "bool", where), "tie": None}
     if op == "conv2d":
         if "out" not in L or "kernel" not in L:
             fail(where, ": 'out' and 'kernel' are required")

@@ -84,7 +84,7 @@ SCHEMAS = {
     "global_avg_pool": (["x"], {"layout": "nchw"}),
 }
 # Layers that create their parameters (model_file.cpp's kLayers), with their settings.
-LAYERS = {"linear": ["out", "bias"], "conv2d": ["out", "kernel", "stride", "padding", "dilation", "groups", "bias"],
+LAYERS = {"linear": ["out", "bias", "tie"], "conv2d": ["out", "kernel", "stride", "padding", "dilation", "groups", "bias"],
           "batch_norm": ["momentum", "eps"], "layer_norm": ["eps"], "embedding": ["num", "dim"]}
 # The layers whose weight seam creates with weight decay (src/nn.cpp); no bias and no norm
 # parameter decays. Both the twin and a plain torch module (module_param_groups) split

@@ -8,6 +8,10 @@
 namespace seam::nn {
 
 Var linear(Var x, int64_t out_features, const std::string& name, bool bias = true);
+// A linear layer on another layer's weight [out, in] (an embedding's, for a language
+// model's output projection): one parameter, whose gradient sums both uses. Its own bias,
+// if any, is "<name>.bias".
+Var linear_tied(Var x, Var weight, const std::string& name, bool bias = true);
 Var conv2d(Var x, int64_t out_channels, int64_t kernel, const std::string& name,
            const Conv2dOptions& options = {}, bool bias = true);
 // gamma = 1, beta = 0, running mean 0 and variance 1; gamma and beta get no weight decay.

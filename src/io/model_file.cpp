@@ -22,7 +22,7 @@ const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers",
                                             "data", "description"};
 // Layers that create their own parameters, with the settings each accepts.
 const std::map<std::string, std::vector<std::string>> kLayers = {
-    {"linear", {"out", "bias"}},
+    {"linear", {"out", "bias", "tie"}},
     {"conv2d", {"out", "kernel", "stride", "padding", "dilation", "groups", "bias"}},
     {"batch_norm", {"momentum", "eps"}},
     {"layer_norm", {"eps"}},
@@ -310,7 +310,22 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
       if (layer != kLayers.end()) {
         if (ins.size() != 1) fail(where, ": takes one input");
         Var in = ins[0];
-        if (op == "linear") {
+        if (op == "linear" && L.contains("tie")) {
+          // The weight of an earlier layer ("tie": its name), e.g. an embedding's [V, C]
+          // as a language model's output projection.
+          const std::string tie = get<std::string>(L, "tie", "", where);
+          const auto w = g.find(tie + ".weight");
+          if (!w || g.value(*w).kind != ValueKind::param)
+            fail(where, ": 'tie': no earlier layer '", tie, "' with a weight");
+          const Var weight = g.var(*w);
+          if (L.contains("out") && get<int64_t>(L, "out", 0, where) != weight.dim(0))
+            fail(where, ": 'out' = ", get<int64_t>(L, "out", 0, where), " but the tied weight '", tie, ".weight' is ",
+                 g.describe(*w));
+          if (weight.rank() != 2 || weight.dim(1) != in.dim(-1))
+            fail(where, ": the tied weight '", tie, ".weight' is ", g.describe(*w), ", this layer's input ",
+                 g.describe(in.id()), " needs [out, ", in.dim(-1), "]");
+          out = nn::linear_tied(in, weight, name, get<bool>(L, "bias", true, where));
+        } else if (op == "linear") {
           if (!L.contains("out")) fail(where, ": 'out' (output features) is required");
           out = nn::linear(in, get<int64_t>(L, "out", 0, where), name, get<bool>(L, "bias", true, where));
         } else if (op == "conv2d") {

@@ -1,0 +1,99 @@
+// Tied weights: one parameter read by an embedding and by a linear layer (a language
+// model's output projection), in C++ (nn::linear_tied) and in model files ("tie").
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "grad_check.h"
+#include "io/model_file.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+// The gradient of the shared weight is the sum of both uses' (finite differences of the
+// loss, whose weight moves both).
+TEST(Tied, TheSharedWeightsGradientSumsBothUses) {
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    check_gradients([&](GradCase& c) {
+      Var w = c.param("emb.weight", {7, 5});
+      Var h = tanh(embedding(c.labels("ids", {3, 4}, 7), w));
+      return nn::linear_tied(h, w, "head", bias);
+    });
+  }
+}
+
+TEST(Tied, ATiedWeightMustBeAParameterOfTheInputsWidth) {
+  Graph g;
+  Var x = g.input("x", {2, 5});
+  try {
+    nn::linear_tied(x, g.param("w", {7, 4}, Init::zeros()), "head");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear layer 'head': a tied weight must be a parameter [out, 5]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ids (floats cast to i32) -> embedding [V, C] -> mean over positions -> the same weight
+// as the output projection, [C] -> [V] logits.
+std::string tied_model(const std::string& head) {
+  return R"({"name": "tied", "input": {"shape": [6]}, "classes": 7, "nodes": [
+      {"op": "cast", "name": "ids", "input": "x", "dtype": "i32"},
+      {"op": "embedding", "name": "emb", "input": "ids", "num": 7, "dim": 4},
+      {"op": "mean", "name": "pooled", "input": "emb", "axes": [1]},
+      )" + head + R"(]})";
+}
+
+TEST(Tied, AModelFileTiesALinearLayerToAnEmbedding) {
+  const io::ModelSpec spec =
+      io::parse_model_json(tied_model(R"({"op": "linear", "name": "head", "input": "pooled", "tie": "emb"})"), "tied.json");
+  io::BuiltGraph bg = io::build_graph(spec, 3);
+  Model m(bg.graph, {.seed = 1});
+  EXPECT_TRUE(m.layout().param("emb.weight"));
+  EXPECT_FALSE(m.layout().param("head.weight"));
+  EXPECT_TRUE(m.layout().param("head.bias"));
+  Program p = m.compile({.loss = bg.loss, .optimizer = OptimizerConfig::sgd(0.1)});
+  const std::vector<float> x = {0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1, 1, 1, 2, 2, 3, 3};
+  const std::vector<int32_t> y = {2, 5, 0};
+  const auto before = m.read_param("emb.weight");
+  p.set_input("x", std::span<const float>(x));
+  p.set_input("y", std::span<const int32_t>(y));
+  p.run();
+  EXPECT_TRUE(std::isfinite(p.read_as<float>(bg.graph.value(bg.loss).name)[0]));
+  EXPECT_NE(m.read_param("emb.weight"), before);
+  // The projection reads the embedding's weight itself.
+  int readers = 0;
+  for (const Node& n : bg.graph.nodes())
+    for (ValueId v : n.in) readers += bg.graph.value(v).name == "emb.weight";
+  EXPECT_EQ(readers, 2);
+}
+
+TEST(Tied, AModelFileTieIsCheckedByNameAndShape) {
+  auto error_of = [](const std::string& head) {
+    try {
+      const io::ModelSpec spec = io::parse_model_json(tied_model(head), "tied.json");
+      io::build_graph(spec, 3);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(R"({"op": "linear", "name": "head", "input": "pooled", "tie": "nope"})").find("'tie': no earlier layer 'nope' with a weight"),
+            std::string::npos)
+      << error_of(R"({"op": "linear", "name": "head", "input": "pooled", "tie": "nope"})");
+  const std::string out = error_of(R"({"op": "linear", "name": "head", "input": "pooled", "tie": "emb", "out": 9})");
+  EXPECT_NE(out.find("'out' = 9 but the tied weight 'emb.weight' is"), std::string::npos) << out;
+  const std::string wide = error_of(
+      R"({"op": "linear", "name": "wide", "input": "pooled", "out": 5},
+          {"op": "linear", "name": "head", "input": "wide", "tie": "emb"})");
+  EXPECT_NE(wide.find("the tied weight 'emb.weight' is"), std::string::npos) << wide;
+  EXPECT_NE(wide.find("needs [out, 5]"), std::string::npos) << wide;
+}
+
+}  // namespace
+}  // namespace seam::testing
