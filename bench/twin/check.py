@@ -47,10 +47,10 @@ ERROR_RATIO = 2.0
 # parameter's old and new value: seam's CPU computes it in double and rounds once (at most
 # 1/2 ulp of the result); its GPU kernel computes it in f32, as PyTorch's fused optimizers
 # do, through up to eight roundings (Adam's moments, bias corrections, square root,
-# quotient, decay and step), each at most 1/2 ulp of values no larger than those. (A
-# result near 0, a weight crossing zero, is thousands of its own ulps off that way: the
-# unit is the operands', not the result's. Measured on the H200: 2.4 for SGD, 4.6 for
-# AdamW.)
+# quotient, decay and step). The last, the step from the old value, rounds by 1/2 ulp of
+# the old or new value, the others by parts of the step, which is smaller. (A result
+# near 0, a weight crossing zero, is thousands of its own ulps off that way: the unit is
+# the operands', not the result's. Measured on the H200: 2.4 for SGD, 4.6 for AdamW.)
 UPDATE_ULPS = {"cpu": 1.0, "cuda": 8.0}
 # An operand counts as tied (a ReLU input at 0, the top two of a max-pool window) when it is
 # within this many times the f32 rounding noise of the tie.
