@@ -195,6 +195,19 @@ def _matmul(tw, node, ins):
     return y.to(DTYPES[node.attrs["dtype"]]) if node.attrs["dtype"] else y
 
 
+def _attention(tw, node, ins):
+    """seam's attention (q, k, v on [B, H, T, D]): a GEMM-kind op for the precision policy,
+    as torch's scaled_dot_product_attention at the same scale and causal mask."""
+    _float_only(node, ins)
+    _same_dtype(tw, node, ins)
+    q, k, v = tw._gemm(node, ins)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        fail(node.where, ": q, k and v must be [B, H, T, D]")
+    a = node.attrs
+    scale = a["scale"] if a["scale"] > 0 else None
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(a["causal"]), scale=scale)
+
+
 def _linear_act(tw, node, ins):
     act = node.attrs["act"]
     if act not in ("relu", "gelu_tanh"):
@@ -298,6 +311,7 @@ OPS = {
     "dropout": lambda tw, node, ins: (_float_only(node, ins), tw._dropout(node, ins[0]))[1],
     "embedding": _embedding_layer,
     "matmul": _matmul,
+    "attention": _attention,
     "linear": _linear_layer,
     "linear_act": _linear_act,
     "linear_act_aux": _linear_act,

@@ -82,6 +82,11 @@ Var layer_norm(Var x, Var gamma, Var beta, double eps = 1e-5);
 Var batch_norm(Var x, Var gamma, Var beta, Var running_mean, Var running_var,
                double momentum = 0.1, double eps = 1e-5);
 
+// Scaled dot-product attention on q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]:
+// softmax(scale * q k^T) v, [B, H, Tq, Dv]; causal masks the keys after each query
+// (Tq = Tk); scale defaults to 1 / sqrt(D).
+Var attention(Var q, Var k, Var v, bool causal = false, std::optional<double> scale = std::nullopt);
+
 // Convolution and pooling, NCHW. w: [C_out, C_in / groups, kh, kw].
 struct Conv2dOptions {
   std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};

@@ -25,6 +25,7 @@ OpTable build() {
   register_softmax(t);
   register_loss(t);
   register_norm(t);
+  register_attention(t);
   register_conv(t);
   register_pool(t);
   register_fused_elementwise(t);

@@ -121,6 +121,7 @@ void register_loss(OpTable& t);
 void register_norm(OpTable& t);
 void register_conv(OpTable& t);
 void register_pool(OpTable& t);
+void register_attention(OpTable& t);
 void register_fused_elementwise(OpTable& t);
 
 inline OpDef& def(OpTable& t, Op op) { return t.at(static_cast<size_t>(op)); }

@@ -48,6 +48,7 @@ void register_shape(KernelTable& t);
 void register_softmax(KernelTable& t);
 void register_loss(KernelTable& t);
 void register_norm(KernelTable& t);
+void register_attention(KernelTable& t);
 void register_conv(KernelTable& t);
 void register_pool(KernelTable& t);
 void register_misc(KernelTable& t);

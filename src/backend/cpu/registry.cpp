@@ -14,6 +14,7 @@ KernelTable build() {
   register_softmax(t);
   register_loss(t);
   register_norm(t);
+  register_attention(t);
   register_conv(t);
   register_pool(t);
   register_misc(t);

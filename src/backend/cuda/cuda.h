@@ -134,6 +134,7 @@ void register_norm(PreparerTable& t);        // layer_norm
 void register_batch_norm(PreparerTable& t);  // batch_norm (cuDNN)
 void register_conv(PreparerTable& t);
 void register_pool(PreparerTable& t);
+void register_attention(PreparerTable& t);  // attention (kernels of its own)
 void register_fused_elementwise(PreparerTable& t);  // generated kernels (codegen.h)
 
 inline void set(PreparerTable& t, Op op, Preparer p) { t.at(static_cast<size_t>(op)) = p; }

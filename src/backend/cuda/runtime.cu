@@ -102,6 +102,7 @@ PreparerTable build() {
   register_batch_norm(t);
   register_conv(t);
   register_pool(t);
+  register_attention(t);
   register_fused_elementwise(t);
   return t;
 }

@@ -1,0 +1,223 @@
+// attention and its gradient on the GPU (src/ops/attention.cpp): the plain kernels, one
+// warp per row. The forward walks a query's keys once with the online softmax (running
+// maximum, sum and weighted values rescaled as the maximum grows), so no [Tq, Tk] matrix
+// is stored; the backward recomputes each probability from the saved log-sum-exp, one
+// kernel per query row for dq (and rowsum(do * o)) and one per key row for dk and dv, so
+// that no sum is shared between warps (no atomics; the same bits every run). Each lane
+// keeps 1/32 of a row's D (and Dv) elements in registers: D and Dv up to kMaxHead.
+// Storage f32, bf16 or f16, arithmetic in f32; lse f32.
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/storage.cuh"
+
+namespace seam::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;  // four rows a block
+constexpr int kMaxHead = 256;
+constexpr int kSlots = kMaxHead / 32;
+
+struct Geom {
+  int64_t bh, tq, tk, d, dv;
+  float scale;
+  bool causal;
+};
+
+// Lane `lane`'s share of a row of n elements at p: elements lane, lane + 32, ...
+template <class T>
+__device__ __forceinline__ void load_row(const T* p, int64_t n, int lane, float (&r)[kSlots]) {
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int64_t e = lane + 32 * s;
+    r[s] = e < n ? to_float(p[e]) : 0.f;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_row(T* p, int64_t n, int lane, const float (&r)[kSlots]) {
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int64_t e = lane + 32 * s;
+    if (e < n) p[e] = from_float<T>(r[s]);
+  }
+}
+
+// f(row) for rows [0, n), one warp each (grid-stride over the warps).
+template <class F>
+__device__ __forceinline__ void each_warp_row(int64_t n, F&& f) {
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; r < n; r += warps) f(r);
+}
+
+template <class T>
+__device__ __forceinline__ float dot_row(const float (&r)[kSlots], const T* p, int64_t n, int lane) {
+  float acc = 0.f;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int64_t e = lane + 32 * s;
+    if (e < n) acc = fmaf(r[s], to_float(p[e]), acc);
+  }
+  return warp_sum(acc);
+}
+
+template <class T>
+__global__ void attention_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                              T* __restrict__ o, float* __restrict__ lse, Geom g) {
+  const int lane = threadIdx.x & 31;
+  each_warp_row(g.bh * g.tq, [&](int64_t r) {
+    const int64_t bh = r / g.tq, i = r % g.tq;
+    const T* kb = k + bh * g.tk * g.d;
+    const T* vb = v + bh * g.tk * g.dv;
+    float qr[kSlots], acc[kSlots] = {};
+    load_row(q + r * g.d, g.d, lane, qr);
+    float m = -INFINITY, l = 0.f;
+    const int64_t keys = g.causal ? i + 1 : g.tk;
+    for (int64_t j = 0; j < keys; ++j) {
+      const float s = g.scale * dot_row(qr, kb + j * g.d, g.d, lane);
+      const float mn = fmaxf(m, s);
+      const float c = expf(m - mn), p = expf(s - mn);
+      l = l * c + p;
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        const int64_t e = lane + 32 * t;
+        acc[t] = acc[t] * c + (e < g.dv ? p * to_float(vb[j * g.dv + e]) : 0.f);
+      }
+      m = mn;
+    }
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t) acc[t] /= l;
+    store_row(o + r * g.dv, g.dv, lane, acc);
+    if (lane == 0) lse[r] = m + logf(l);
+  });
+}
+
+// dq of query row r, and rowsum(do * o) into rows[r] for the key kernel.
+template <class T>
+__global__ void attention_bwd_q(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+                                const T* __restrict__ v, const T* __restrict__ o, const float* __restrict__ lse,
+                                T* __restrict__ dq, float* __restrict__ rows, Geom g) {
+  const int lane = threadIdx.x & 31;
+  each_warp_row(g.bh * g.tq, [&](int64_t r) {
+    const int64_t bh = r / g.tq, i = r % g.tq;
+    const T* kb = k + bh * g.tk * g.d;
+    const T* vb = v + bh * g.tk * g.dv;
+    float qr[kSlots], dor[kSlots], acc[kSlots] = {};
+    load_row(q + r * g.d, g.d, lane, qr);
+    load_row(dout + r * g.dv, g.dv, lane, dor);
+    const float rowsum = dot_row(dor, o + r * g.dv, g.dv, lane);
+    const float li = lse[r];
+    const int64_t keys = g.causal ? i + 1 : g.tk;
+    for (int64_t j = 0; j < keys; ++j) {
+      const float p = expf(g.scale * dot_row(qr, kb + j * g.d, g.d, lane) - li);
+      const float ds = g.scale * p * (dot_row(dor, vb + j * g.dv, g.dv, lane) - rowsum);
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        const int64_t e = lane + 32 * t;
+        if (e < g.d) acc[t] = fmaf(ds, to_float(kb[j * g.d + e]), acc[t]);
+      }
+    }
+    store_row(dq + r * g.d, g.d, lane, acc);
+    if (lane == 0) rows[r] = rowsum;
+  });
+}
+
+// dk and dv of key row c.
+template <class T>
+__global__ void attention_bwd_kv(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+                                 const T* __restrict__ v, const float* __restrict__ lse,
+                                 const float* __restrict__ rows, T* __restrict__ dk, T* __restrict__ dv, Geom g) {
+  const int lane = threadIdx.x & 31;
+  each_warp_row(g.bh * g.tk, [&](int64_t c) {
+    const int64_t bh = c / g.tk, j = c % g.tk;
+    const T* qb = q + bh * g.tq * g.d;
+    const T* db = dout + bh * g.tq * g.dv;
+    float kr[kSlots], vr[kSlots], dk_acc[kSlots] = {}, dv_acc[kSlots] = {};
+    load_row(k + c * g.d, g.d, lane, kr);
+    load_row(v + c * g.dv, g.dv, lane, vr);
+    for (int64_t i = g.causal ? j : 0; i < g.tq; ++i) {
+      const int64_t r = bh * g.tq + i;
+      const float p = expf(g.scale * dot_row(kr, qb + i * g.d, g.d, lane) - lse[r]);
+      const float ds = g.scale * p * (dot_row(vr, db + i * g.dv, g.dv, lane) - rows[r]);
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        const int64_t e = lane + 32 * t;
+        if (e < g.dv) dv_acc[t] = fmaf(p, to_float(db[i * g.dv + e]), dv_acc[t]);
+        if (e < g.d) dk_acc[t] = fmaf(ds, to_float(qb[i * g.d + e]), dk_acc[t]);
+      }
+    }
+    store_row(dk + c * g.d, g.d, lane, dk_acc);
+    store_row(dv + c * g.dv, g.dv, lane, dv_acc);
+  });
+}
+
+// q, k, v (operands qi, qi + 1, qi + 2) checked: 4-d, one storage dtype, D and Dv within
+// kMaxHead; the geometry with the default scale resolved.
+Geom geom_of(const StepArgs& a, size_t qi) {
+  const Shape &q = a.in[qi].shape(), &k = a.in[qi + 1].shape(), &v = a.in[qi + 2].shape();
+  for (size_t i = qi; i < qi + 3; ++i) {
+    expect_dtype(a, a.in[i], kStored);
+    if (a.in[i].shape().size() != 4 || a.in[i].dtype() != a.in[qi].dtype())
+      fail(op_name(a.step.op), " '", a.step.name, "': q, k and v must be [B, H, T, D] of one dtype");
+  }
+  if (q[3] > kMaxHead || v[3] > kMaxHead)
+    fail(op_name(a.step.op), " '", a.step.name, "': head sizes up to ", kMaxHead, " on the GPU, got D = ", q[3],
+         ", Dv = ", v[3]);
+  Geom g{q[0] * q[1], q[2], k[2], q[3], v[3], static_cast<float>(a.step.attrs.f("scale")),
+         a.step.attrs.i("causal") != 0};
+  if (g.scale == 0.f) g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d)));
+  return g;
+}
+
+unsigned row_blocks(const StepArgs& a, int64_t rows) {
+  return blocks_for((rows + kThreads / 32 - 1) / (kThreads / 32), 1, std::max(a.ctx.sm_count, 1) * 32);
+}
+
+// inputs q, k, v; outputs o, lse.
+Launch prepare_attention(const StepArgs& a) {
+  const Geom g = geom_of(a, 0);
+  expect_dtype(a, a.out[1], {DType::f32});
+  const unsigned blocks = row_blocks(a, g.bh * g.tq);
+  Launch launch;
+  dispatch_storage(a.in[0].dtype(), "attention", [&]<class T>() {
+    launch = [g, blocks, q = a.in[0].as<const T>(), k = a.in[1].as<const T>(), v = a.in[2].as<const T>(),
+              o = a.out[0].as<T>(), lse = a.out[1].as<float>()](cudaStream_t s) {
+      attention_fwd<T><<<blocks, kThreads, 0, s>>>(q, k, v, o, lse, g);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
+}
+
+// inputs do, q, k, v, o, lse; outputs dq, dk, dv.
+Launch prepare_attention_grad(const StepArgs& a) {
+  const Geom g = geom_of(a, 1);
+  expect_dtype(a, a.in[5], {DType::f32});
+  auto* rows = static_cast<float*>(a.ctx.scratch(static_cast<size_t>(g.bh * g.tq) * sizeof(float)));
+  const unsigned qblocks = row_blocks(a, g.bh * g.tq), kblocks = row_blocks(a, g.bh * g.tk);
+  Launch launch;
+  dispatch_storage(a.in[1].dtype(), "attention_grad", [&]<class T>() {
+    launch = [g, qblocks, kblocks, rows, dout = a.in[0].as<const T>(), q = a.in[1].as<const T>(),
+              k = a.in[2].as<const T>(), v = a.in[3].as<const T>(), o = a.in[4].as<const T>(),
+              lse = a.in[5].as<const float>(), dq = a.out[0].as<T>(), dk = a.out[1].as<T>(),
+              dv = a.out[2].as<T>()](cudaStream_t s) {
+      attention_bwd_q<T><<<qblocks, kThreads, 0, s>>>(dout, q, k, v, o, lse, dq, rows, g);
+      SEAM_CUDA_LAUNCH_CHECK();
+      attention_bwd_kv<T><<<kblocks, kThreads, 0, s>>>(dout, q, k, v, lse, rows, dk, dv, g);
+      SEAM_CUDA_LAUNCH_CHECK();
+    };
+  });
+  return launch;
+}
+
+}  // namespace
+
+void register_attention(PreparerTable& t) {
+  set(t, Op::attention, prepare_attention);
+  set(t, Op::attention_grad, prepare_attention_grad);
+}
+
+}  // namespace seam::cuda

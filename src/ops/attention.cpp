@@ -1,0 +1,98 @@
+// Scaled dot-product attention and its gradient. The forward also writes each query row's
+// log-sum-exp of the scaled scores (f32 for 16-bit data), from which the backward
+// recomputes the probabilities: the [Tq, Tk] matrix is never an operand between steps.
+#include <cmath>
+
+#include "ops/registry.h"
+
+namespace seam {
+
+namespace {
+
+struct AttentionDims {
+  int64_t b, h, tq, tk, d, dv;
+};
+
+// q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]: one float dtype, causal only with
+// Tq = Tk, a scale that is 0 (the default, 1 / sqrt(D)) or positive and finite.
+AttentionDims check_attention(const InferCtx& c, size_t q, size_t k, size_t v) {
+  for (size_t i : {q, k, v}) {
+    c.expect_float(i);
+    if (c.shape(i).size() != 4) c.fail("q, k and v must be [B, H, T, D], got ", shape_str(c.shape(i)));
+    if (c.type(i).dtype != c.type(q).dtype) c.fail("q, k and v must share one dtype");
+  }
+  const Shape &sq = c.shape(q), &sk = c.shape(k), &sv = c.shape(v);
+  if (sk[0] != sq[0] || sk[1] != sq[1] || sk[3] != sq[3])
+    c.fail("k ", shape_str(sk), " must be [B, H, Tk, D] of q's B, H and D ", shape_str(sq));
+  if (sv[0] != sq[0] || sv[1] != sq[1] || sv[2] != sk[2])
+    c.fail("v ", shape_str(sv), " must be [B, H, Tk, Dv] of k's B, H and Tk ", shape_str(sk));
+  if (c.attrs.i("causal") != 0 && sq[2] != sk[2])
+    c.fail("causal attention needs as many queries as keys, got Tq = ", sq[2], ", Tk = ", sk[2]);
+  const double scale = c.attrs.f("scale");
+  if (!(scale >= 0) || !std::isfinite(scale)) c.fail("scale must be positive and finite (0: 1 / sqrt(D)), got ", scale);
+  return {sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]};
+}
+
+// Multiply-adds of q k^T and of p v, counting only the unmasked half when causal.
+double attention_flops(const OpCostCtx& c, size_t q, size_t v) {
+  const Shape &sq = c.in[q].shape, &sv = c.in[v].shape;
+  const double pairs = static_cast<double>(sq[0] * sq[1] * sq[2]) * static_cast<double>(sv[2]) *
+                       (c.attrs.i("causal") != 0 ? 0.5 : 1.0);
+  return 2.0 * pairs * static_cast<double>(sq[3] + sv[3]);
+}
+
+const std::vector<AttrSpec> kAttrs = {{"causal", int64_t{0}}, {"scale", 0.0}};
+
+}  // namespace
+
+void register_attention(OpTable& t) {
+  {
+    OpDef& d = def(t, Op::attention);
+    d.name = "attention";
+    d.inputs = {"q", "k", "v"};
+    d.outputs = {"o", "lse"};
+    d.attrs = kAttrs;
+    d.doc = "o = softmax(scale * q k^T) v on [B, H, T, D], causal: keys after the query masked, scale 0: "
+            "1 / sqrt(D); lse: each query's log-sum-exp of its scaled scores (for the gradient)";
+    d.infer = [](const InferCtx& c) {
+      const AttentionDims a = check_attention(c, 0, 1, 2);
+      return std::vector<TensorType>{{c.type(0).dtype, {a.b, a.h, a.tq, a.dv}},
+                                     {compute_dtype(c.type(0).dtype), {a.b, a.h, a.tq}}};
+    };
+    d.flops = [](const OpCostCtx& c) { return attention_flops(c, 0, 2); };
+    d.grad = [](GradCtx& c) {
+      auto out = c.g.add(Op::attention_grad,
+                         {c.dy().id(), c.x(0).id(), c.x(1).id(), c.x(2).id(), c.y(0).id(), c.y(1).id()}, c.attrs());
+      for (size_t i = 0; i < 3; ++i) c.set(i, c.g.var(out[i]));
+    };
+  }
+  {
+    OpDef& d = def(t, Op::attention_grad);
+    d.name = "attention_grad";
+    d.inputs = {"do", "q", "k", "v", "o", "lse"};
+    d.outputs = {"dq", "dk", "dv"};
+    d.attrs = kAttrs;
+    d.doc = "gradients of attention from do, the operands, and the forward's o and lse";
+    d.infer = [](const InferCtx& c) {
+      const AttentionDims a = check_attention(c, 1, 2, 3);
+      const Shape o{a.b, a.h, a.tq, a.dv};
+      for (size_t i : {0, 4})
+        if (c.shape(i) != o || c.type(i).dtype != c.type(1).dtype)
+          c.fail(i == 0 ? "do" : "o", " must be ", TensorType{c.type(1).dtype, o}.str(), ", got ", c.type(i).str());
+      if (c.type(5) != TensorType{compute_dtype(c.type(1).dtype), {a.b, a.h, a.tq}})
+        c.fail("lse must be ", TensorType{compute_dtype(c.type(1).dtype), {a.b, a.h, a.tq}}.str(), ", got ",
+               c.type(5).str());
+      return std::vector<TensorType>{c.type(1), c.type(2), c.type(3)};
+    };
+    d.flops = [](const OpCostCtx& c) { return 2.5 * attention_flops(c, 1, 3); };
+  }
+}
+
+Var attention(Var q, Var k, Var v, bool causal, std::optional<double> scale) {
+  if (scale && !(*scale > 0))
+    fail("attention: scale must be positive, got ", *scale, " (leave it unset for 1 / sqrt(D))");
+  return q.graph().add1(Op::attention, {q.id(), k.id(), v.id()},
+                        {{"causal", int64_t{causal}}, {"scale", scale.value_or(0.0)}});
+}
+
+}  // namespace seam

@@ -1,0 +1,178 @@
+// Attention (src/ops/attention.cpp): gradients against finite differences in double, the
+// forward against the same computation written with matmul and softmax, and the errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "grad_check.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+struct AttentionCase {
+  int64_t b, h, tq, tk, d, dv;
+  bool causal;
+  std::optional<double> scale;
+  std::string str() const {
+    return "B " + std::to_string(b) + " H " + std::to_string(h) + " Tq " + std::to_string(tq) + " Tk " +
+           std::to_string(tk) + " D " + std::to_string(d) + " Dv " + std::to_string(dv) + (causal ? " causal" : "") +
+           (scale ? " scale " + std::to_string(*scale) : "");
+  }
+};
+
+std::vector<AttentionCase> cases() {
+  return {
+      {1, 1, 1, 1, 4, 4, false, {}},        // one query, one key: p = 1
+      {2, 3, 5, 5, 4, 4, true, {}},         // causal
+      {1, 2, 3, 7, 5, 2, false, {}},        // more keys than queries, Dv != D
+      {2, 1, 6, 6, 3, 5, true, 0.9},        // causal with an explicit scale
+      {1, 1, 9, 4, 2, 3, false, 2.5},       // fewer keys than queries, sharp scores
+  };
+}
+
+TEST(Attention, GradientsMatchFiniteDifferences) {
+  for (const AttentionCase& k : cases()) {
+    SCOPED_TRACE(k.str());
+    check_gradients([&](GradCase& c) {
+      return attention(c.param("q", {k.b, k.h, k.tq, k.d}, -2, 2), c.param("k", {k.b, k.h, k.tk, k.d}, -2, 2),
+                       c.param("v", {k.b, k.h, k.tk, k.dv}), k.causal, k.scale);
+    });
+  }
+}
+
+std::vector<double> random_doubles(size_t n, uint64_t seed, double lo, double hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+// The same attention from matmul, an additive mask (the input "mask": 0, or -1e300 after
+// the diagonal when causal) before softmax, and matmul.
+Var composed(Var q, Var k, Var v, double scale) {
+  Graph& g = q.graph();
+  Var s = mul(matmul(q, transpose(k)), full(g, {}, scale, q.dtype()));
+  return matmul(softmax(add(s, g.input("mask", {q.shape()[2], k.shape()[2]}, DType::f64)), -1), v);
+}
+
+TEST(Attention, ForwardIsSoftmaxOfScaledScoresTimesValues) {
+  for (const AttentionCase& k : cases()) {
+    SCOPED_TRACE(k.str());
+    Graph g;
+    Var q = g.input("q", {k.b, k.h, k.tq, k.d}, DType::f64), kk = g.input("k", {k.b, k.h, k.tk, k.d}, DType::f64),
+        v = g.input("v", {k.b, k.h, k.tk, k.dv}, DType::f64);
+    const double scale = k.scale.value_or(1.0 / std::sqrt(static_cast<double>(k.d)));
+    auto node = g.add(Op::attention, {q.id(), kk.id(), v.id()},
+                      {{"causal", int64_t{k.causal}}, {"scale", k.scale.value_or(0.0)}});
+    Var o = g.var(node[0]), lse = g.var(node[1]);
+    Var ref = composed(q, kk, v, scale);
+    Model m(g, {.seed = 1});
+    Program p = m.compile({.mode = Mode::eval, .outputs = {o.id(), lse.id(), ref.id()}});
+    std::vector<std::vector<double>> in;
+    for (const Var& x : {q, kk, v}) {
+      in.push_back(random_doubles(static_cast<size_t>(numel(x.shape())), 40 + in.size(), -2, 2));
+      p.set_input(x.name(), std::span<const double>(in.back()));
+    }
+    std::vector<double> mask(static_cast<size_t>(k.tq * k.tk), 0.0);
+    for (int64_t i = 0; i < k.tq && k.causal; ++i)
+      for (int64_t j = i + 1; j < k.tk; ++j) mask[static_cast<size_t>(i * k.tk + j)] = -1e300;
+    p.set_input("mask", std::span<const double>(mask));
+    p.run();
+    const auto got = p.read_as<double>(o.name()), want = p.read_as<double>(ref.name());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+    // lse: log of the softmax's denominator, checked against the scores directly.
+    const auto l = p.read_as<double>(lse.name());
+    ASSERT_EQ(l.size(), static_cast<size_t>(k.b * k.h * k.tq));
+    for (int64_t r = 0; r < k.b * k.h * k.tq; ++r) {
+      const int64_t bh = r / k.tq, i = r % k.tq;
+      double sum = 0;
+      for (int64_t j = 0; j < (k.causal ? i + 1 : k.tk); ++j) {
+        double dot = 0;
+        for (int64_t e = 0; e < k.d; ++e)
+          dot += in[0][static_cast<size_t>((bh * k.tq + i) * k.d + e)] * in[1][static_cast<size_t>((bh * k.tk + j) * k.d + e)];
+        sum += std::exp(scale * dot);
+      }
+      EXPECT_NEAR(l[static_cast<size_t>(r)], std::log(sum), 1e-12) << r;
+    }
+  }
+}
+
+std::string error_of(const std::function<void(Graph&)>& build) {
+  Graph g;
+  try {
+    build(g);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Attention, BadOperandsAreErrorsNamingTheProblem) {
+  auto has = [](const std::string& text, const std::string& what) {
+    EXPECT_NE(text.find(what), std::string::npos) << text;
+  };
+  has(error_of([](Graph& g) { attention(g.input("q", {2, 3, 4}), g.input("k", {2, 3, 4}), g.input("v", {2, 3, 4})); }),
+      "q, k and v must be [B, H, T, D], got [2,3,4]");
+  has(error_of([](Graph& g) {
+        attention(g.input("q", {1, 2, 4, 8}), g.input("k", {1, 2, 4, 6}), g.input("v", {1, 2, 4, 8}));
+      }),
+      "must be [B, H, Tk, D] of q's B, H and D");
+  has(error_of([](Graph& g) {
+        attention(g.input("q", {1, 2, 4, 8}), g.input("k", {1, 2, 5, 8}), g.input("v", {1, 2, 4, 8}));
+      }),
+      "must be [B, H, Tk, Dv] of k's B, H and Tk");
+  has(error_of([](Graph& g) {
+        attention(g.input("q", {1, 2, 4, 8}), g.input("k", {1, 2, 6, 8}), g.input("v", {1, 2, 6, 8}), true);
+      }),
+      "causal attention needs as many queries as keys, got Tq = 4, Tk = 6");
+  has(error_of([](Graph& g) {
+        attention(g.input("q", {1, 1, 2, 2}), g.input("k", {1, 1, 2, 2}), g.input("v", {1, 1, 2, 2}), false, -1.0);
+      }),
+      "scale must be positive");
+  has(error_of([](Graph& g) {
+        attention(g.input("q", {1, 1, 2, 2}), g.input("k", {1, 1, 2, 2}, DType::f64), g.input("v", {1, 1, 2, 2}));
+      }),
+      "q, k and v must share one dtype");
+  has(error_of([](Graph& g) {
+        g.add(Op::attention, {g.input("q", {1, 1, 2, 2}).id(), g.input("k", {1, 1, 2, 2}).id(),
+                              g.input("v", {1, 1, 2, 2}).id()},
+              {{"scale", std::numeric_limits<double>::infinity()}});
+      }),
+      "scale must be positive and finite");
+}
+
+TEST(Attention, CausalMaskingIgnoresLaterKeys) {
+  // Changing the values of key positions after query i leaves o[i] unchanged.
+  Graph g;
+  Var q = g.input("q", {1, 1, 4, 3}), k = g.input("k", {1, 1, 4, 3}), v = g.input("v", {1, 1, 4, 3});
+  Var o = attention(q, k, v, true);
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {o.id()}});
+  auto run = [&](float late) {
+    const auto qv = random_floats(12, 1), kv = random_floats(12, 2);
+    auto vv = random_floats(12, 3);
+    for (size_t i = 9; i < 12; ++i) vv[i] = late;  // key 3's value
+    p.set_input("q", std::span<const float>(qv));
+    p.set_input("k", std::span<const float>(kv));
+    p.set_input("v", std::span<const float>(vv));
+    p.run();
+    return p.read_as<float>(o.name());
+  };
+  const auto a = run(5.f), b = run(-7.f);
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(a[i], b[i]) << i;  // queries 0-2
+  EXPECT_NE(a[9], b[9]);
+}
+
+}  // namespace
+}  // namespace seam::testing
