@@ -101,8 +101,9 @@ for step in "${steps[@]}"; do
       note "numerics: rc=$?"
       ;;
     bench16)
-      # The same at 16 bits (SEAM_BENCH_PRECISION: bf16 or f16) against PyTorch's autocast
-      # variants (SEAM_TORCH_VARIANTS; max-autotune compiles for minutes, so it is opt-in).
+      # The same at 16 bits (SEAM_BENCH_PRECISION: bf16 or f16; tf32 and f32 work too)
+      # against PyTorch's variants (SEAM_TORCH_VARIANTS; max-autotune compiles for minutes,
+      # so it is opt-in).
       py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
       [ -x "$py" ] || py=python3
       csv=$(mktemp -d)
@@ -113,7 +114,11 @@ for step in "${steps[@]}"; do
         "$bin/seam" bench "${work[@]}" --device cuda --precision "$prec" --csv "$csv/seam_graph.csv" --breakdown --explain
         # One stream: whether concurrent GEMMs on several streams cost the step more than they hide.
         "$bin/seam" bench "${work[@]}" --device cuda --precision "$prec" --streams 1 --csv "$csv/seam_graph_1stream.csv"
-        "$py" bench/compare_torch.py "${work[@]}" --precision "$prec" --variants "${variants[@]}" --csv "$csv/torch.csv"
+        # SEAM_BENCH_CHECK=1: each model file's PyTorch twin checked against one seam step first.
+        check=()
+        [ -n "${SEAM_BENCH_CHECK:-}" ] && check=(--check-first-step "$bin/seam" --check-device cuda)
+        "$py" bench/compare_torch.py "${work[@]}" --precision "$prec" --variants "${variants[@]}" "${check[@]}" \
+          --csv "$csv/torch.csv"
         "$py" bench/report.py "$csv"/seam_*.csv "$csv/torch.csv"
         for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done
       } > "$out/bench_$prec.log" 2>&1
