@@ -40,7 +40,7 @@ enum class Group { pointwise, reducing, cancelling };
 inline Group group_of(const bench::NumericsRow& r) {
   if ((r.op == "tanh" || r.op == "sigmoid" || r.op == "gelu_tanh") && r.what != "output") return Group::cancelling;
   for (const char* f : {"matmul", "linear", "conv2d", "layer_norm", "batch_norm", "softmax", "log_softmax",
-                        "cross_entropy", "mse", "sum", "mean", "avg_pool2d", "global_avg_pool"}) {
+                        "cross_entropy", "mse", "sum", "mean", "avg_pool2d", "global_avg_pool", "attention"}) {
     const std::string family = f;
     if (r.op == family || r.op.rfind(family + "_", 0) == 0) return Group::reducing;
   }

@@ -300,6 +300,13 @@ std::vector<Case> make_cases() {
          Var w = b.param("weight", {50, 24}, b.normal({50, 24}));
          return embedding(b.ints("ids", {7, 45}, b.labels({7, 45}, 50)), w);
        }},
+      // Causal attention over 37 positions (no tile divides it), 3 heads of 32.
+      {"attention",
+       [](Builder& b) {
+         const Shape s{2, 3, 37, 32};
+         return attention(b.param("q", s, b.normal(s)), b.param("k", s, b.normal(s)), b.param("v", s, b.normal(s)),
+                          true);
+       }},
       // The mask is a function of (seed, step, node position, element), and both graphs
       // are built alike under one seed: the reference drops the same elements.
       unary("dropout", [](Var x) { return dropout(x, 0.25); }, n1),
