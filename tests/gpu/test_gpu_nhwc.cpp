@@ -275,12 +275,16 @@ ConvRun run_on_gpu(const ConvCase& k, bool nhwc, Precision precision) {
 }  // namespace
 
 TEST(GpuNhwcConv, MatchesTheNchwConvolutionOnTheGpu) {
-  // Both layouts on cuDNN, each with the algorithm it measures fastest: they differ by
-  // the rounding of another summation order, within the precision's tolerance.
+  // Both layouts on cuDNN, each with the algorithm it measures fastest: each is within
+  // the precision's tolerance of the exact result, so the two are within twice that of
+  // each other elementwise (a grouped f32 case, both on the classic API, once came out
+  // 9.2e-6 apart on a dx of 0.056, where one tolerance allows 6.6e-6).
   for (Precision precision : {Precision::f32, Precision::tf32})
     for (const ConvCase& k : conv_cases()) {
       SCOPED_TRACE(std::string(precision_name(precision)) + " " + trace(k));
-      const Tolerance tol = precision == Precision::tf32 ? k.tf32() : k.no_tf32;
+      Tolerance tol = precision == Precision::tf32 ? k.tf32() : k.no_tf32;
+      tol.elem_rel *= 2;
+      tol.atol *= 2;
       const ConvRun nchw = run_on_gpu(k, false, precision);
       const ConvRun nhwc = run_on_gpu(k, true, precision);
       expect_close(nhwc.y, nchw.y, tol, "y");
