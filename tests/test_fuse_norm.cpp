@@ -34,6 +34,21 @@ TEST(FuseNorm, BatchNormWithReluMatchesFiniteDifferences) {
   }
 }
 
+// Three steps of the fused and the plain plan of one net (same seed): the same losses,
+// then the same parameters.
+template <class Net>
+void expect_trains_alike(const Net& net, Program& fused, Program& plain, const Model& a, const Model& b) {
+  for (uint64_t step = 0; step < 3; ++step) {
+    net.feed(fused, step);
+    net.feed(plain, step);
+    fused.run();
+    plain.run();
+    const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
+    EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
+  }
+  expect_same_params(a, b, 1e-5);
+}
+
 // relu(normalized + z) as one op (what the pass makes of a residual add): z's gradient
 // and x's through relu's mask.
 Var bn_add_relu(GradCase& c, const Shape& s) {
@@ -126,15 +141,7 @@ TEST(FuseNorm, ResidualAddAndReluFoldIntoTheBatchNormAndTrainAsUnfused) {
     EXPECT_NE(text.find("fused: residual add and relu applied before the normalized value is stored"),
               std::string::npos)
         << text;
-    for (uint64_t step = 0; step < 3; ++step) {
-      net.feed(fused, step);
-      net.feed(plain, step);
-      fused.run();
-      plain.run();
-      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
-      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
-    }
-    expect_same_params(a, b, 1e-5);
+    expect_trains_alike(net, fused, plain, a, b);
   }
 }
 
@@ -212,15 +219,7 @@ TEST(FuseNorm, BatchNormThenReluIsOneStepEachWayAndTrainsAsUnfused) {
     EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 3);
     EXPECT_EQ(count(fused.plan(), Op::relu), 0);  // the two after the adds fuse with them
     EXPECT_EQ(count_relu_norms(plain.plan(), Op::batch_norm), 0);
-    for (uint64_t step = 0; step < 3; ++step) {
-      net.feed(fused, step);
-      net.feed(plain, step);
-      fused.run();
-      plain.run();
-      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
-      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
-    }
-    expect_same_params(a, b, 1e-5);
+    expect_trains_alike(net, fused, plain, a, b);
   }
 }
 
