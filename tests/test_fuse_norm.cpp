@@ -34,20 +34,30 @@ TEST(FuseNorm, BatchNormWithReluMatchesFiniteDifferences) {
   }
 }
 
-// Three steps of the fused and the plain plan of one net (same seed): the same losses,
-// then the same parameters.
-template <class Net>
-void expect_trains_alike(const Net& net, Program& fused, Program& plain, const Model& a, const Model& b) {
-  for (uint64_t step = 0; step < 3; ++step) {
-    net.feed(fused, step);
-    net.feed(plain, step);
-    fused.run();
-    plain.run();
-    const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
-    EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
+// One net compiled twice from one seed, with and without fusion; train() runs three steps
+// of both and expects the same losses, then the same parameters.
+struct FusedAndPlain {
+  Model a, b;
+  Program fused, plain;
+  FusedAndPlain(const Graph& g, Var loss, uint64_t seed, LayoutPolicy layout)
+      : a(g, {.seed = seed, .layout = layout}),
+        b(g, {.seed = seed, .layout = layout}),
+        fused(a.compile({.loss = loss.id(), .optimizer = kSgd})),
+        plain(b.compile({.loss = loss.id(), .optimizer = kSgd, .fuse = false})) {}
+  template <class Net>
+  void train(const Net& net) {
+    for (uint64_t step = 0; step < 3; ++step) {
+      net.feed(fused, step);
+      net.feed(plain, step);
+      fused.run();
+      plain.run();
+      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
+      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
+    }
+    expect_same_params(a, b, 1e-5);
   }
-  expect_same_params(a, b, 1e-5);
-}
+  static inline const OptimizerConfig kSgd = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+};
 
 // relu(normalized + z) as one op (what the pass makes of a residual add): z's gradient
 // and x's through relu's mask.
@@ -125,14 +135,11 @@ int count_residual_norms(const Plan& p) {
 }
 
 TEST(FuseNorm, ResidualAddAndReluFoldIntoTheBatchNormAndTrainAsUnfused) {
-  const auto opt = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
   for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc}) {
     SCOPED_TRACE(layout == LayoutPolicy::nhwc ? "nhwc" : "nchw");
     ResidualNet net;
-    Model a(net.g, {.seed = 7, .layout = layout});
-    Model b(net.g, {.seed = 7, .layout = layout});
-    Program fused = a.compile({.loss = net.loss.id(), .optimizer = opt});
-    Program plain = b.compile({.loss = net.loss.id(), .optimizer = opt, .fuse = false});
+    FusedAndPlain m(net.g, net.loss, 7, layout);
+    const Program& fused = m.fused;
     EXPECT_EQ(count_residual_norms(fused.plan()), 2);
     EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm), 5);
     EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 3);  // not the residual ones
@@ -141,7 +148,7 @@ TEST(FuseNorm, ResidualAddAndReluFoldIntoTheBatchNormAndTrainAsUnfused) {
     EXPECT_NE(text.find("fused: residual add and relu applied before the normalized value is stored"),
               std::string::npos)
         << text;
-    expect_trains_alike(net, fused, plain, a, b);
+    m.train(net);
   }
 }
 
@@ -156,6 +163,45 @@ TEST(FuseNorm, AResidualMadeLaterIsNotFused) {
   Model m(g, {.seed = 1});
   Program p = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
   EXPECT_EQ(count_residual_norms(p.plan()), 0);
+}
+
+// A per-channel term broadcast into the add is not a residual of x's shape: the add and
+// the relu stay as they are (and the batch norm, read by the add, plain).
+TEST(FuseNorm, ABroadcastAddIsNotAResidual) {
+  Graph g;
+  Var x = g.input("x", {4, 3, 6, 6});
+  Var n = nn::batch_norm(nn::conv2d(x, 4, 3, "c", {.padding = {1, 1}}), "bn");
+  Var out = relu(add(n, g.param("shift", {4, 1, 1}, Init::zeros())));
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
+  EXPECT_EQ(count_residual_norms(p.plan()), 0);
+  EXPECT_EQ(count_relu_norms(p.plan(), Op::batch_norm), 0);
+}
+
+// A fused batch norm written by hand goes through the precision pass like any: at bf16 its
+// residual (an f32 input here) is cast to x's dtype, not to the f32 its statistics take.
+TEST(FuseNorm, TheResidualTakesXsDtypeUnderAMixedPolicy) {
+  Graph g;
+  Var x = g.input("x", {4, 3, 6, 6});
+  Var z = g.input("z", {4, 4, 6, 6});
+  Var c = nn::conv2d(x, 4, 3, "c", {.padding = {1, 1}});
+  const Shape ch{4};
+  Var out = g.add1(Op::batch_norm,
+                   {c.id(), g.param("gamma", ch, Init::ones(), false).id(), g.param("beta", ch, Init::zeros(), false).id(),
+                    g.state("rm", ch, Init::zeros()).id(), g.state("rv", ch, Init::ones()).id(), z.id()},
+                   {{"activation", std::string("relu")}});
+  Model m(g, {.seed = 1, .precision = Precision::bf16});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
+  int fused = 0;
+  for (const PlanStep& s : p.plan().steps)
+    if (s.op == Op::batch_norm) {
+      ASSERT_EQ(s.in.size(), 6u);
+      EXPECT_EQ(s.in[0].type.dtype, DType::bf16);
+      EXPECT_EQ(s.in[5].type.dtype, DType::bf16);
+      EXPECT_EQ(s.in[1].type.dtype, DType::f32);
+      ++fused;
+    }
+  EXPECT_EQ(fused, 1);
 }
 
 TEST(FuseNorm, AnUnknownActivationIsAnError) {
@@ -207,19 +253,16 @@ int count_relu_norms(const Plan& p, Op op) {
 // LayoutNet has three batch norms read only by a relu (the stem's and each block's
 // first), and two whose relu follows a residual add (left to elementwise fusion).
 TEST(FuseNorm, BatchNormThenReluIsOneStepEachWayAndTrainsAsUnfused) {
-  const auto opt = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
   for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc}) {
     SCOPED_TRACE(layout == LayoutPolicy::nhwc ? "nhwc" : "nchw");
     LayoutNet net;
-    Model a(net.g, {.seed = 4, .layout = layout});
-    Model b(net.g, {.seed = 4, .layout = layout});
-    Program fused = a.compile({.loss = net.loss.id(), .optimizer = opt});
-    Program plain = b.compile({.loss = net.loss.id(), .optimizer = opt, .fuse = false});
+    FusedAndPlain m(net.g, net.loss, 4, layout);
+    const Program &fused = m.fused, &plain = m.plain;
     EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm), 3);
     EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 3);
     EXPECT_EQ(count(fused.plan(), Op::relu), 0);  // the two after the adds fuse with them
     EXPECT_EQ(count_relu_norms(plain.plan(), Op::batch_norm), 0);
-    expect_trains_alike(net, fused, plain, a, b);
+    m.train(net);
   }
 }
 

@@ -43,6 +43,7 @@ TokenizeCounts tokenize_files(const std::vector<std::string>& files, const std::
 // starts at a position drawn uniformly from [0, count - T - 1] by a generator seeded from
 // (seed, step), so a run is the same whatever came before it; x[b, t] = tokens[s + t] and
 // y[b, t] = tokens[s + t + 1], as int32. Fails if the corpus has fewer than T + 1 tokens.
+// It reads the TokenFile it is given, which must outlive it (a corpus is not copied).
 class TokenWindows {
  public:
   TokenWindows(const TokenFile& f, int64_t batch, int64_t block, uint64_t seed, const std::string& what);

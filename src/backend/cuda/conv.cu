@@ -739,10 +739,7 @@ Launch prepare_conv2d_grad_weight(const StepArgs& a) {
         a.ctx.release(scratch);
         return *direct;
       }
-      return [l = *in16, widen](cudaStream_t st) {
-        l(st);
-        widen(st);
-      };
+      return in_order({*in16, widen});
     }
     if (direct) {
       a.ctx.release(scratch);
