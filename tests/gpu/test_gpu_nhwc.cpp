@@ -14,10 +14,12 @@
 // channels-last batch norm took, printed for the run's log.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -568,6 +570,42 @@ TEST(GpuNhwcPool, MaxPoolGradientGoesToTheFirstOfTiedMaxima) {
         return max_pool_nhwc(broadcast_to(c.param("x", {1, 1, 7, 2}), {1, 7, 7, 2}), {3, 3}, {2, 2}, {1, 1});
       },
       f32());
+}
+
+TEST(GpuNhwcPool, MaxPoolGradientGoesToTheFirstNaNOfAWindow) {
+  // A NaN wins its window (it propagates, as in PyTorch) and the first of two NaNs wins;
+  // dy reaches it and nothing else there. Overlapping 3x3 windows with padding, in both
+  // layouts; the gradients must be the CPU's bit for bit (at most four shares of dy,
+  // added in window order on both).
+  for (bool nhwc : {false, true}) {
+    SCOPED_TRACE(nhwc ? "nhwc" : "nchw");
+    Graph g;
+    const Shape s = nhwc ? Shape{2, 6, 6, 3} : Shape{2, 3, 6, 6};
+    Var x = g.param("x", s, Init::uniform(-1, 1));
+    Var y = nhwc ? max_pool_nhwc(x, {3, 3}, {2, 2}, {1, 1}) : max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
+    Var r = g.input("r", y.shape());
+    Var loss = sum(mul(y, r));
+    std::vector<float> xv = seam::testing::random_floats(static_cast<size_t>(numel(s)), 7);
+    for (size_t i : {5u, 6u, 40u, 41u, 150u}) xv[i] = std::numeric_limits<float>::quiet_NaN();
+    const auto rv = seam::testing::random_floats(static_cast<size_t>(numel(y.shape())), 8);
+    std::vector<float> dx[2];
+    for (int d = 0; d < 2; ++d) {
+      Model m(g, {.seed = 1, .device = d ? Device::cuda : Device::cpu, .precision = Precision::f32,
+                  .layout = LayoutPolicy::nchw});
+      m.write_param("x", seam::testing::bytes_of(xv));
+      Program p = m.compile({.loss = loss.id(), .gradients = true});
+      p.set_input("r", seam::testing::bytes_of(rv));
+      p.run();
+      dx[d] = p.grad_as<float>("x");
+    }
+    ASSERT_EQ(dx[0].size(), dx[1].size());
+    int at_nan = 0;
+    for (size_t i = 0; i < dx[0].size(); ++i) {
+      EXPECT_EQ(dx[1][i], dx[0][i]) << "dx[" << i << "]";
+      at_nan += std::isnan(xv[i]) && dx[0][i] != 0.f;
+    }
+    EXPECT_GT(at_nan, 0);  // some NaN took its windows' dy
+  }
 }
 
 TEST(GpuNhwcPool, AvgPoolMatchesTheCpuWithAndWithoutPaddingInTheCount) {
