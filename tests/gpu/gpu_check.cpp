@@ -2,6 +2,7 @@
 #include "../test_util.h"
 #include "gpu_check.h"
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
@@ -69,7 +70,12 @@ double expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu
   }
   double rel = std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
   EXPECT_TRUE(finite) << what << ": the GPU produced NaN or inf";
-  EXPECT_LE(rel, tol.rel) << what << ": relative L2 error " << rel;
+  // Within tol.rel of the reference's norm, or within the norm of atol in every element: a
+  // gradient that is zero in exact arithmetic (attention's dq at one key) comes out as
+  // rounding residue on both sides, whose ratio means nothing.
+  const double floor = tol.atol * std::sqrt(static_cast<double>(gpu.size()));
+  EXPECT_LE(std::sqrt(diff), std::max(tol.rel * std::sqrt(ref), floor))
+      << what << ": relative L2 error " << rel << " (L2 error " << std::sqrt(diff) << ")";
   EXPECT_LE(worst_excess, 0.0) << what << "[" << worst << "]: GPU " << gpu[worst] << ", CPU " << cpu[worst];
   return rel;
 }

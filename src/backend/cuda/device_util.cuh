@@ -55,4 +55,20 @@ __device__ inline T block_max(T v) {
   return warp_max(v);
 }
 
+// Division by a divisor fixed at launch, for index arithmetic: a 32-bit division is a
+// few dozen instructions, this a multiply-high, an add and a shift (the round-up method
+// of Granlund and Montgomery). Exact for dividends in [0, 2^31) and divisors in [1, 2^31].
+struct FastDivisor {
+  uint32_t d = 1, magic = 1, shift = 0;
+  FastDivisor() = default;
+  explicit FastDivisor(uint32_t divisor) : d(divisor) {
+    while ((uint64_t{1} << shift) < d) ++shift;
+    magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ int32_t div(int32_t n) const {
+    const uint32_t u = static_cast<uint32_t>(n);
+    return static_cast<int32_t>((__umulhi(u, magic) + u) >> shift);
+  }
+};
+
 }  // namespace seam::cuda

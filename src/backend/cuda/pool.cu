@@ -2,8 +2,8 @@
 // with layout nhwc (src/ops/layout.h), channels-last with every 4-d shape written in
 // memory order ([N, H, W, C]): max and average pooling forward on cuDNN; both gradients
 // and the global average as small kernels here (cuDNN's max-pooling backward took 93 us
-// on ResNet-18's [256, 64, 16, 16] for about 19 MB of traffic), templated on the storage type (and the layout) and computing in float
-// (the global sums in double). cuDNN's descriptors and every geometry check take the
+// on ResNet-18's f32 [256, 64, 16, 16] for 40 MB of traffic), templated on the storage
+// type (and the layout) and computing in float (the global sums in double). cuDNN's descriptors and every geometry check take the
 // logical NCHW dims. Semantics as the CPU reference (src/backend/cpu/pool.cpp): floor
 // mode, so windows never pass the padding; count_include_pad chooses the divisor.
 #include <algorithm>
@@ -96,75 +96,183 @@ Launch prepare_avg_pool2d(const StepArgs& a) {
                                          : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING);
 }
 
-// Where element i of x sits, and the bases of its (n, c) plane in x, dy and y: NCHW
-// planes are contiguous, NHWC ones interleave their channels `channels` apart.
-struct PlaneAt {
-  int64_t ix, iy, step, x_base, y_base;
+// Division in the kernels' index type: by a FastDivisor at int32, plainly at int64.
+template <class I>
+struct Div;
+template <>
+struct Div<int32_t> {
+  FastDivisor f;
+  Div() = default;
+  explicit Div(int64_t d) : f(static_cast<uint32_t>(std::max<int64_t>(d, 1))) {}  // an empty axis divides nothing
+  __device__ __forceinline__ int32_t operator()(int32_t n) const { return f.div(n); }
+};
+template <>
+struct Div<int64_t> {
+  int64_t d = 1;
+  Div() = default;
+  explicit Div(int64_t v) : d(std::max<int64_t>(v, 1)) {}
+  __device__ __forceinline__ int64_t operator()(int64_t n) const { return n / d; }
 };
 
-template <bool Nhwc>
-__device__ __forceinline__ PlaneAt plane_at(int64_t i, const PoolGeom& g) {
+// The geometry in the kernels' index type I, with its divisors: int32 wherever every
+// index fits. The gradients below divide about ten times per element, and a 64-bit
+// division costs several times a 32-bit one.
+template <class I>
+struct IndexGeom {
+  I planes, channels, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+  bool count_include_pad;
+  Div<I> by_channels, by_w, by_h, by_ow, by_oh, by_sh, by_sw;
+};
+
+template <class I>
+IndexGeom<I> index_geom(const PoolGeom& g) {
+  auto n = [](int64_t v) { return static_cast<I>(v); };
+  return {n(g.planes), n(g.channels), n(g.h), n(g.w), n(g.oh), n(g.ow), n(g.kh),
+          n(g.kw), n(g.sh), n(g.sw), n(g.ph), n(g.pw), g.count_include_pad,
+          Div<I>(g.channels), Div<I>(g.w), Div<I>(g.h), Div<I>(g.ow), Div<I>(g.oh), Div<I>(g.sh), Div<I>(g.sw)};
+}
+
+// Whether every index of x and y (and the largest window offsets) fits in int32.
+bool fits_int32(const PoolGeom& g) {
+  const int64_t most = std::max(g.planes * g.h * g.w, g.planes * g.oh * g.ow) + g.kh * g.w * g.channels + g.kw * g.channels;
+  return most < int64_t{1} << 31;
+}
+
+// Where element i of x sits, and the bases of its (n, c) plane in x, dy and y: NCHW
+// planes are contiguous, NHWC ones interleave their channels `channels` apart.
+template <class I>
+struct PlaneAt {
+  I ix, iy, step, x_base, y_base;
+};
+
+template <bool Nhwc, class I>
+__device__ __forceinline__ PlaneAt<I> plane_at(I i, const IndexGeom<I>& g) {
   if constexpr (Nhwc) {
-    const int64_t c = i % g.channels, p = i / g.channels, n = p / (g.w * g.h);
-    return {p % g.w, (p / g.w) % g.h, g.channels, n * g.h * g.w * g.channels + c, n * g.oh * g.ow * g.channels + c};
+    const I p = g.by_channels(i), c = i - p * g.channels, q = g.by_w(p), n = g.by_h(q);
+    return {p - q * g.w, q - n * g.h, g.channels, n * g.h * g.w * g.channels + c, n * g.oh * g.ow * g.channels + c};
   } else {
-    const int64_t plane = i / (g.w * g.h);
-    return {i % g.w, (i / g.w) % g.h, 1, plane * g.h * g.w, plane * g.oh * g.ow};
+    const I q = g.by_w(i), plane = g.by_h(q);
+    return {i - q * g.w, q - plane * g.h, 1, plane * g.h * g.w, plane * g.oh * g.ow};
   }
 }
 
 // The windows o0..o1 that cover index i along one axis: window o covers
 // [o * s - pad, o * s - pad + k), so i is inside for (i + pad - k) / s < o <= (i + pad) / s.
-__device__ __forceinline__ void covering(int64_t i, int64_t pad, int64_t k, int64_t s, int64_t out, int64_t& o0,
-                                         int64_t& o1) {
-  const int64_t r = i + pad;  // >= 0
-  o0 = r >= k ? (r - k) / s + 1 : 0;
-  o1 = min(r / s, out - 1);
+template <class I>
+__device__ __forceinline__ void covering(I i, I pad, I k, const Div<I>& by_s, I out, I& o0, I& o1) {
+  const I r = i + pad;  // >= 0
+  o0 = r >= k ? by_s(r - k) + 1 : 0;
+  o1 = min(by_s(r), out - 1);
 }
 
-// v is the window maximum m as the CPU's keep_max picks it: equal, or NaN where m is.
-__device__ __forceinline__ bool is_max(float v, float m) { return v == m || (v != v && m != m); }
+// Element i of `total`, grid-stride.
+template <class I, class F>
+__device__ __forceinline__ void each_element(I total, F&& f) {
+  const I stride = static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < total;
+       i += stride)
+    f(i);
+}
+
+// Where output element i sits: its plane's base in y and x, and its window's corner.
+template <bool Nhwc, class I>
+__device__ __forceinline__ void window_at(I i, const IndexGeom<I>& g, I& y_off, I& x_base, I& step, I& y0, I& x0) {
+  I n_or_plane, ox, oy, c = 0;
+  if constexpr (Nhwc) {
+    const I p = g.by_channels(i);
+    c = i - p * g.channels;
+    const I q = g.by_ow(p);
+    ox = p - q * g.ow;
+    n_or_plane = g.by_oh(q);
+    oy = q - n_or_plane * g.oh;
+    step = g.channels;
+    x_base = n_or_plane * g.h * g.w * g.channels + c;
+  } else {
+    const I q = g.by_ow(i);
+    ox = i - q * g.ow;
+    n_or_plane = g.by_oh(q);
+    oy = q - n_or_plane * g.oh;
+    step = 1;
+    x_base = n_or_plane * g.h * g.w;
+  }
+  y_off = i;
+  y0 = oy * g.sh - g.ph;
+  x0 = ox * g.sw - g.pw;
+}
+
+// The first maximum of each max-pooling window (row-major; a NaN wins, as the CPU's
+// keep_max), as its offset in the unclipped kh x kw window, one thread per output. The
+// gradient then gathers without reading x again. On ResNet-18's f32 [256, 16, 16, 64]
+// (W5) the two passes take about 64 us, against cuDNN's backward 93 us and about 10 us
+// for their 45 MB at full bandwidth. One pass that rescanned each maximum's window for an
+// earlier tie took 177 us with int64 indices, 105 with int32, 84 with FastDivisor; a warp
+// per position doing the index arithmetic once per 32 channels changed nothing. ncu shows
+// the argmax pass at 0.9 TB/s with about one eligible warp a scheduler: the rest of the
+// gap is not yet explained.
+template <class T, bool Nhwc, class I>
+__global__ void max_pool_argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ arg, IndexGeom<I> g) {
+  each_element(g.planes * g.oh * g.ow, [&](I i) {
+    I y_off, x_base, step, y0, x0;
+    window_at<Nhwc>(i, g, y_off, x_base, step, y0, x0);
+    const I ya = max(y0, I{0}), yb = min(y0 + g.kh, g.h), xa = max(x0, I{0}), xb = min(x0 + g.kw, g.w);
+    int32_t best = -1;
+    float b = 0.f;
+    for (I jy = ya; jy < yb; ++jy)
+      for (I jx = xa; jx < xb; ++jx) {
+        const float v = to_float(x[x_base + (jy * g.w + jx) * step]);
+        if (best < 0 || (!(v <= b) && b == b)) {
+          best = static_cast<int32_t>((jy - y0) * g.kw + (jx - x0));
+          b = v;
+        }
+      }
+    arg[y_off] = best;
+  });
+}
 
 // dx of max pooling, one thread per x element: the sum of dy over the windows whose first
-// maximum (row-major, a NaN winning, as the CPU's keep_max) it is, added in window order
-// as the CPU adds them. y, the forward's output, holds each window's maximum, so an
-// element that is not it is passed over after one load; one that is scans the window's
-// earlier elements for an earlier maximum. Deterministic: no atomics, no zeroing pass.
-template <class T, bool Nhwc>
-__global__ void max_pool_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
-                                     T* __restrict__ dx, PoolGeom g) {
-  const int64_t total = g.planes * g.h * g.w;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const PlaneAt at = plane_at<Nhwc>(i, g);
-    const T* xp = x + at.x_base;
-    const float v = to_float(xp[(at.iy * g.w + at.ix) * at.step]);
-    int64_t oy0, oy1, ox0, ox1;
-    covering(at.iy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
-    covering(at.ix, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
+// maximum it is, added in window order as the CPU adds them. Deterministic: no atomics.
+template <class T, bool Nhwc, class I>
+__global__ void max_pool_grad_kernel(const T* __restrict__ dy, const int32_t* __restrict__ arg, T* __restrict__ dx,
+                                     IndexGeom<I> g) {
+  each_element(g.planes * g.h * g.w, [&](I i) {
+    const PlaneAt<I> at = plane_at<Nhwc>(i, g);
+    I oy0, oy1, ox0, ox1;
+    covering(at.iy, g.ph, g.kh, g.by_sh, g.oh, oy0, oy1);
+    covering(at.ix, g.pw, g.kw, g.by_sw, g.ow, ox0, ox1);
     float s = 0.f;
-    for (int64_t oy = oy0; oy <= oy1; ++oy)
-      for (int64_t ox = ox0; ox <= ox1; ++ox) {
-        const int64_t o = (oy * g.ow + ox) * at.step;
-        const float m = to_float(y[at.y_base + o]);
-        if (!is_max(v, m)) continue;
-        // The window's part of the plane (padding never wins), in row-major order up to i.
-        const int64_t y0 = max(oy * g.sh - g.ph, int64_t{0});
-        const int64_t x0 = max(ox * g.sw - g.pw, int64_t{0});
-        const int64_t x1 = min(ox * g.sw - g.pw + g.kw, g.w);
-        bool first = true;
-        for (int64_t jy = y0; jy <= at.iy && first; ++jy)
-          for (int64_t jx = x0; jx < (jy == at.iy ? at.ix : x1); ++jx)
-            if (is_max(to_float(xp[(jy * g.w + jx) * at.step]), m)) {
-              first = false;
-              break;
-            }
-        if (first) s += to_float(dy[at.y_base + o]);
+    for (I oy = oy0; oy <= oy1; ++oy)
+      for (I ox = ox0; ox <= ox1; ++ox) {
+        const I o = at.y_base + (oy * g.ow + ox) * at.step;
+        const I here = (at.iy - (oy * g.sh - g.ph)) * g.kw + (at.ix - (ox * g.sw - g.pw));
+        if (arg[o] == static_cast<int32_t>(here)) s += to_float(dy[o]);
       }
     dx[i] = from_float<T>(s);
-  }
+  });
 }
 
-// inputs: dy, x, y (the forward output: each window's maximum).
+// Launches kernel<T, Nhwc, I> for the step's layout and the narrowest index type.
+template <class T, template <class, bool, class> class K, class... Args>
+void launch_pool_grad(const PoolGeom& g, bool nhwc, unsigned blocks, cudaStream_t stream, Args... args) {
+  const bool narrow = fits_int32(g);
+  if (narrow && nhwc) K<T, true, int32_t>::run(blocks, stream, index_geom<int32_t>(g), args...);
+  else if (narrow) K<T, false, int32_t>::run(blocks, stream, index_geom<int32_t>(g), args...);
+  else if (nhwc) K<T, true, int64_t>::run(blocks, stream, index_geom<int64_t>(g), args...);
+  else K<T, false, int64_t>::run(blocks, stream, index_geom<int64_t>(g), args...);
+  SEAM_CUDA_LAUNCH_CHECK();
+}
+
+template <class T, bool Nhwc, class I>
+struct MaxPoolGrad {
+  static void run(unsigned blocks, cudaStream_t stream, IndexGeom<I> g, const T* dy, const T* x, int32_t* arg,
+                  T* dx) {
+    max_pool_argmax_kernel<T, Nhwc, I><<<blocks, kThreads, 0, stream>>>(x, arg, g);
+    SEAM_CUDA_LAUNCH_CHECK();
+    max_pool_grad_kernel<T, Nhwc, I><<<blocks, kThreads, 0, stream>>>(dy, arg, dx, g);
+  }
+};
+
+// inputs: dy, x, y (the forward output; the gradient finds each window's maximum in x
+// itself, so y is not read).
 Launch prepare_max_pool2d_grad(const StepArgs& a) {
   expect_one_stored_dtype(a);
   const Shape& xs = a.in[1].shape();
@@ -176,15 +284,12 @@ Launch prepare_max_pool2d_grad(const StepArgs& a) {
   const PoolGeom g = pool_geom(a, xs, ys, nhwc);
   const int64_t total = g.planes * g.h * g.w;
   const unsigned blocks = blocks_for(total, kThreads, std::max(a.ctx.sm_count, 1) * 16);
+  auto* arg = static_cast<int32_t*>(a.ctx.scratch(static_cast<size_t>(g.planes * g.oh * g.ow) * sizeof(int32_t)));
   Launch launch;
   dispatch_storage(a.in[0].dtype(), "max_pool2d_grad", [&]<class T>() {
-    launch = [g, blocks, nhwc, dy = a.in[0].as<const T>(), x = a.in[1].as<const T>(), y = a.in[2].as<const T>(),
+    launch = [g, blocks, nhwc, arg, dy = a.in[0].as<const T>(), x = a.in[1].as<const T>(),
               dx = a.out[0].as<T>()](cudaStream_t stream) {
-      if (nhwc)
-        max_pool_grad_kernel<T, true><<<blocks, kThreads, 0, stream>>>(dy, x, y, dx, g);
-      else
-        max_pool_grad_kernel<T, false><<<blocks, kThreads, 0, stream>>>(dy, x, y, dx, g);
-      SEAM_CUDA_LAUNCH_CHECK();
+      launch_pool_grad<T, MaxPoolGrad>(g, nhwc, blocks, stream, dy, x, arg, dx);
     };
   });
   return launch;
@@ -194,31 +299,37 @@ Launch prepare_max_pool2d_grad(const StepArgs& a) {
 // it, of dy divided by that window's divisor (as the CPU, which scatters the same shares).
 // Element i is (plane, iy, ix) in NCHW; with Nhwc it is (n, iy, ix, c), and the windows of
 // its channel sit `channels` apart in dy.
-template <class T, bool Nhwc>
-__global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeom g) {
-  const int64_t total = g.planes * g.h * g.w;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const PlaneAt at = plane_at<Nhwc>(i, g);
+template <class T, bool Nhwc, class I>
+__global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, IndexGeom<I> g) {
+  each_element(g.planes * g.h * g.w, [&](I i) {
+    const PlaneAt<I> at = plane_at<Nhwc>(i, g);
     const T* d = dy + at.y_base;  // dy at the plane's window (0, 0)
-    int64_t oy0, oy1, ox0, ox1;
-    covering(at.iy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
-    covering(at.ix, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
+    I oy0, oy1, ox0, ox1;
+    covering(at.iy, g.ph, g.kh, g.by_sh, g.oh, oy0, oy1);
+    covering(at.ix, g.pw, g.kw, g.by_sw, g.ow, ox0, ox1);
     float s = 0.f;
-    for (int64_t oy = oy0; oy <= oy1; ++oy) {
-      const int64_t ys = oy * g.sh - g.ph;
-      const int64_t rows = min(ys + g.kh, g.h) - max(ys, int64_t{0});
-      for (int64_t ox = ox0; ox <= ox1; ++ox) {
-        int64_t div = g.kh * g.kw;
+    for (I oy = oy0; oy <= oy1; ++oy) {
+      const I ys = oy * g.sh - g.ph;
+      const I rows = min(ys + g.kh, g.h) - max(ys, I{0});
+      for (I ox = ox0; ox <= ox1; ++ox) {
+        I div = g.kh * g.kw;
         if (!g.count_include_pad) {
-          const int64_t xs = ox * g.sw - g.pw;
-          div = rows * (min(xs + g.kw, g.w) - max(xs, int64_t{0}));
+          const I xs = ox * g.sw - g.pw;
+          div = rows * (min(xs + g.kw, g.w) - max(xs, I{0}));
         }
         s += to_float(d[(oy * g.ow + ox) * at.step]) / static_cast<float>(div);
       }
     }
     dx[i] = from_float<T>(s);
-  }
+  });
 }
+
+template <class T, bool Nhwc, class I>
+struct AvgPoolGrad {
+  static void run(unsigned blocks, cudaStream_t stream, IndexGeom<I> g, const T* dy, T* dx) {
+    avg_pool_grad_kernel<T, Nhwc, I><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
+  }
+};
 
 // inputs: dy; attribute shape = x's shape (in the step's layout).
 Launch prepare_avg_pool2d_grad(const StepArgs& a) {
@@ -230,11 +341,7 @@ Launch prepare_avg_pool2d_grad(const StepArgs& a) {
   Launch launch;
   dispatch_storage(a.in[0].dtype(), "avg_pool2d_grad", [&]<class T>() {
     launch = [g, blocks, nhwc, dy = a.in[0].as<const T>(), dx = a.out[0].as<T>()](cudaStream_t stream) {
-      if (nhwc)
-        avg_pool_grad_kernel<T, true><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
-      else
-        avg_pool_grad_kernel<T, false><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
-      SEAM_CUDA_LAUNCH_CHECK();
+      launch_pool_grad<T, AvgPoolGrad>(g, nhwc, blocks, stream, dy, dx);
     };
   });
   return launch;
