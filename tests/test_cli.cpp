@@ -212,7 +212,7 @@ TEST_F(Cli, ModelFileErrorsNameThePlace) {
       {"shape mismatch", R"({"input": {"shape": [784]}, "nodes": [{"name": "a", "op": "linear", "inputs": ["x"], "out": 20},
                               {"name": "b", "op": "linear", "inputs": ["x"], "out": 30}, {"name": "s", "op": "add", "inputs": ["a", "b"]}]})",
        {"'a/linear' f32[128,20]", "'b/linear' f32[128,30]"}},
-      {"wrong output size", R"({"input": {"shape": [784]}, "layers": [{"op": "linear", "out": 7}]})", {"must be [batch, classes]", "f32[128,7]"}},
+      {"wrong output size", R"({"input": {"shape": [784]}, "layers": [{"op": "linear", "out": 7}]})", {"must be [batch, ..., classes]", "f32[128,7]"}},
       {"bad optimizer", R"({"input": {"shape": [784]}, "layers": [{"op": "linear", "out": 10}], "optimizer": {"type": "adam", "betas": [0.9, 1.5]}})",
        {"optimizer", "beta2"}},
   };

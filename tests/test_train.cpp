@@ -226,11 +226,13 @@ class Resume : public ::testing::Test {
     ASSERT_EQ(parts.size(), 2u);
     for (size_t e = 0; e < 2; ++e) {
       SCOPED_TRACE("epoch " + std::to_string(e + 1));
-      ASSERT_EQ(parts[e].size(), 11u);
-      // epoch, step, lr, train loss and accuracy, val accuracy, test loss and accuracy
-      for (size_t c = 0; c < 8; ++c) EXPECT_EQ(parts[e][c], whole[e][c]) << "column " << c;
-      EXPECT_EQ(parts[e][10], "0") << "skipped steps";
-      const double seconds = std::stod(parts[e][8]), sps = std::stod(parts[e][9]);
+      ASSERT_EQ(parts[e].size(), 14u);
+      // epoch, step, lr, train loss and accuracy, val loss and accuracy, test loss and accuracy
+      for (size_t c = 0; c < 9; ++c) EXPECT_EQ(parts[e][c], whole[e][c]) << "column " << c;
+      EXPECT_EQ(parts[e][13], "0") << "skipped steps";
+      EXPECT_EQ(parts[e][12], "") << "MFU (the GPU only)";
+      const double seconds = std::stod(parts[e][9]), sps = std::stod(parts[e][10]);
+      EXPECT_EQ(std::stod(parts[e][11]), sps) << "tokens/s: one label a sample";
       EXPECT_GT(seconds, 0);
       EXPECT_GT(sps, 0);
       // The rate covers the whole epoch's 256 samples, before and after the stop.

@@ -54,16 +54,29 @@ struct Augment {
 };
 
 struct Batch {
-  std::vector<float> x;      // batch * pixels, normalized
-  std::vector<int32_t> y;    // batch labels; padding rows carry `pad_label`
+  std::vector<float> x;      // batch * pixels, normalized (images)
+  std::vector<int32_t> ids;  // batch * T token ids (token windows; x is then empty)
+  std::vector<int32_t> y;    // the labels (one a sample, or T); padding carries `pad_label`
   int64_t rows = 0;          // real rows (the rest is padding)
   int64_t index = 0;         // batch number within the epoch
+};
+
+// A stream of fixed-size batches, epoch by epoch: what the trainer reads, whatever the
+// data (src/data/dataset.h).
+class Split {
+ public:
+  virtual ~Split() = default;
+  virtual int64_t batches_per_epoch() const = 0;
+  // Starts serving epoch `epoch` from batch `first` (for resuming mid-epoch).
+  virtual void start_epoch(int64_t epoch, int64_t first = 0) = 0;
+  // The next batch of the epoch; false when the epoch is done.
+  virtual bool next(Batch& out) = 0;
 };
 
 // Serves fixed-size batches of a subset of an ImageSet, in a seeded order per epoch, one
 // batch ahead on a worker thread. The last partial batch is dropped (training) or
 // padded with zero images labelled `pad_label` (evaluation, so every sample counts).
-class BatchLoader {
+class BatchLoader : public Split {
  public:
   struct Options {
     int64_t batch = 128;
@@ -75,16 +88,14 @@ class BatchLoader {
     Augment augment;
   };
   BatchLoader(const ImageSet& set, std::vector<int64_t> indices, Options o);
-  ~BatchLoader();
+  ~BatchLoader() override;
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
-  int64_t batches_per_epoch() const;
+  int64_t batches_per_epoch() const override;
   int64_t samples() const { return static_cast<int64_t>(indices_.size()); }
-  // Starts serving epoch `epoch` from batch `first` (for resuming mid-epoch).
-  void start_epoch(int64_t epoch, int64_t first = 0);
-  // The next batch of the epoch; false when the epoch is done.
-  bool next(Batch& out);
+  void start_epoch(int64_t epoch, int64_t first = 0) override;
+  bool next(Batch& out) override;
 
  private:
   void fill(Batch& b, const std::vector<int64_t>& order, int64_t epoch, int64_t index) const;

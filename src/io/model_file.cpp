@@ -17,7 +17,7 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "output", "loss",
+const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "model", "output", "loss",
                                             "optimizer", "batch_size", "epochs", "seed", "device", "precision", "master_weights", "layout",
                                             "data", "description"};
 // Layers that create their own parameters, with the settings each accepts.
@@ -148,6 +148,31 @@ std::vector<std::string> forward_ops() {
   return r;
 }
 
+// "model": {"type": "gpt", ...}: nn::GptConfig's settings, checked.
+nn::GptConfig parse_gpt(const json& m, const std::string& where) {
+  if (!m.is_object()) fail(where, ": must be an object, e.g. {\"type\": \"gpt\", \"n_layer\": 6, ...}");
+  const std::string type = get<std::string>(m, "type", "", where);
+  if (type != "gpt") unknown(where, "model type", type, {"gpt"});
+  check_keys(m, {"type", "n_layer", "n_head", "n_embd", "vocab", "padded_vocab", "block_size", "dropout", "tie_weights", "ln_eps"},
+             where);
+  nn::GptConfig c;
+  c.n_layer = get<int64_t>(m, "n_layer", c.n_layer, where);
+  c.n_head = get<int64_t>(m, "n_head", c.n_head, where);
+  c.n_embd = get<int64_t>(m, "n_embd", c.n_embd, where);
+  c.vocab = get<int64_t>(m, "vocab", c.vocab, where);
+  c.padded_vocab = get<int64_t>(m, "padded_vocab", 0, where);
+  c.block_size = get<int64_t>(m, "block_size", c.block_size, where);
+  c.dropout = get<double>(m, "dropout", c.dropout, where);
+  c.tie_weights = get<bool>(m, "tie_weights", c.tie_weights, where);
+  c.ln_eps = get<double>(m, "ln_eps", c.ln_eps, where);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
+  return c;
+}
+
 }  // namespace
 
 ModelSpec parse_model_json(const std::string& text, const std::string& source) {
@@ -165,17 +190,38 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   if (!j.is_object()) fail(source, ": a model file is a JSON object");
   check_keys(j, kTopKeys, source);
   s.name = get<std::string>(j, "name", "model", source);
-  if (!j.contains("input")) fail(source, ": 'input' is missing (e.g. \"input\": {\"shape\": [1, 28, 28]})");
-  const json& in = j["input"];
-  check_keys(in, {"shape"}, source + ": input");
-  s.input_shape = get<std::vector<int64_t>>(in, "shape", {}, source + ": input");
-  if (s.input_shape.empty()) fail(source, ": input.shape must list the sample dims, e.g. [784] or [1, 28, 28]");
-  for (int64_t d : s.input_shape)
-    if (d <= 0) fail(source, ": input.shape ", shape_str(s.input_shape), " has a non-positive dim");
-  s.classes = get<int64_t>(j, "classes", 10, source);
-  if (j.contains("layers") == j.contains("nodes")) fail(source, ": give exactly one of 'layers' (a sequence) or 'nodes' (a graph)");
-  const json& layers = j.contains("layers") ? j["layers"] : j["nodes"];
-  if (!layers.is_array() || layers.empty()) fail(source, ": '", j.contains("layers") ? "layers" : "nodes", "' must be a non-empty list");
+  const int sources = j.contains("layers") + j.contains("nodes") + j.contains("model");
+  if (sources != 1)
+    fail(source, ": give exactly one of 'layers' (a sequence), 'nodes' (a graph) or 'model' (a built-in network)");
+  if (j.contains("model")) {
+    s.gpt = parse_gpt(j["model"], source + ": model");
+    if (j.contains("output")) fail(source, ": 'output' names a node of 'layers' or 'nodes'; a 'model' has its own");
+    s.input_shape = {s.gpt->block_size};
+    s.input_dtype = DType::i32;
+  } else {
+    if (!j.contains("input")) fail(source, ": 'input' is missing (e.g. \"input\": {\"shape\": [1, 28, 28]})");
+    const json& layers = j.contains("layers") ? j["layers"] : j["nodes"];
+    if (!layers.is_array() || layers.empty())
+      fail(source, ": '", j.contains("layers") ? "layers" : "nodes", "' must be a non-empty list");
+  }
+  if (j.contains("input")) {
+    const json& in = j["input"];
+    check_keys(in, {"shape", "dtype"}, source + ": input");
+    s.input_shape = get<std::vector<int64_t>>(in, "shape", s.input_shape, source + ": input");
+    if (s.input_shape.empty()) fail(source, ": input.shape must list the sample dims, e.g. [784] or [1, 28, 28]");
+    for (int64_t d : s.input_shape)
+      if (d <= 0) fail(source, ": input.shape ", shape_str(s.input_shape), " has a non-positive dim");
+    const std::string dt = get<std::string>(in, "dtype", s.gpt ? "i32" : "f32", source + ": input");
+    if (dt == "f32") s.input_dtype = DType::f32;
+    else if (dt == "i32") s.input_dtype = DType::i32;
+    else unknown(source + ": input", "dtype", dt, {"f32", "i32"});
+    if (s.gpt && (s.input_dtype != DType::i32 || s.input_shape.size() != 1 || s.input_shape[0] > s.gpt->block_size))
+      fail(source, ": a gpt's input is i32 [T] token ids with T <= block_size ", s.gpt->block_size, ", got ",
+           dtype_name(s.input_dtype), shape_str(s.input_shape));
+  }
+  s.classes = get<int64_t>(j, "classes", s.gpt ? s.gpt->vocab : 10, source);
+  if (s.gpt && s.classes != s.gpt->vocab)
+    fail(source, ": classes = ", s.classes, " but the gpt's vocab is ", s.gpt->vocab, " (leave classes out)");
   s.batch_size = get<int64_t>(j, "batch_size", 128, source);
   s.epochs = get<int64_t>(j, "epochs", 10, source);
   s.seed = get<uint64_t>(j, "seed", 0, source);
@@ -200,7 +246,8 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   s.optimizer = j.contains("optimizer") ? parse_optimizer(j["optimizer"], source + ": optimizer", &s.cosine_total_from_run)
                                         : OptimizerConfig::adam(1e-3);
   if (j.contains("data")) {
-    check_keys(j["data"], {"val_split", "augment"}, source + ": data");
+    check_keys(j["data"], {"val_split", "augment", "tokens"}, source + ": data");
+    s.tokens_dir = get<std::string>(j["data"], "tokens", "", source + ": data");
     s.val_split = get<double>(j["data"], "val_split", 0.0, source + ": data");
     if (s.val_split < 0 || s.val_split >= 1) fail(source, ": data.val_split must be in [0, 1)");
     if (j["data"].contains("augment")) {
@@ -230,17 +277,11 @@ ModelSpec parse_model_file(const std::string& path) {
   return parse_model_json(ss.str(), path);
 }
 
-BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
-  BuiltGraph b;
+namespace {
+
+// The layers or nodes of the file on x; returns the output (the last, or "output").
+Var network(const ModelSpec& s, Var x, BuiltGraph& b) {
   Graph& g = b.graph;
-  Shape xs{batch};
-  xs.insert(xs.end(), s.input_shape.begin(), s.input_shape.end());
-  if (!TensorType{DType::f32, xs}.checked_bytes())
-    fail(s.source, ": input.shape ", shape_str(s.input_shape), " at batch ", batch, " is ", shape_str(xs),
-         ", more bytes than fit in 64 bits");
-  Var x = g.input("x", xs);
-  Var y = g.input("y", {batch}, DType::i32);
-  b.x = x.id(), b.y = y.id();
   const bool sequential = s.json.contains("layers");
   const json& layers = sequential ? s.json["layers"] : s.json["nodes"];
   std::map<std::string, Var> named{{"x", x}};
@@ -389,14 +430,47 @@ BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
     }
     logits = it->second;
   }
-  if (logits.shape() != Shape{batch, s.classes})
-    fail(s.source, ": the network's output is ", logits.type().str(), " but must be [batch, classes] = [", batch, ", ",
-         s.classes, "]");
+  return logits;
+}
+
+Var gpt_logits(const ModelSpec& s, Var x) {
+  try {
+    return nn::gpt(x, *s.gpt);
+  } catch (const Error& e) {
+    fail(s.source, ": model: ", e.what());
+  }
+}
+
+// Labels, loss, predictions and the training metrics on the network's output.
+void finish(const ModelSpec& s, int64_t batch, Var logits, BuiltGraph& b) {
+  Graph& g = b.graph;
+  const Shape ls = logits.shape();
+  if (ls.size() < 2 || ls[0] != batch || ls.back() != s.classes)
+    fail(s.source, ": the network's output is ", logits.type().str(), " but must be [batch, ..., classes] = [", batch,
+         ", ..., ", s.classes, "]");
+  Var y = g.input("y", Shape(ls.begin(), ls.end() - 1), DType::i32);
+  b.y = y.id();
   b.logits = logits.id();
   b.loss = cross_entropy(logits, y, -100, s.label_smoothing).id();
   b.prediction = argmax(logits).id();
   Var loss = g.var(b.loss), pred = g.var(b.prediction);
   accumulate(g.state(kTrainMetrics, {2}, Init::zeros()), {loss, count_equal(pred, y)});
+}
+
+}  // namespace
+
+BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
+  BuiltGraph b;
+  Graph& g = b.graph;
+  Shape xs{batch};
+  xs.insert(xs.end(), s.input_shape.begin(), s.input_shape.end());
+  if (!TensorType{s.input_dtype, xs}.checked_bytes())
+    fail(s.source, ": input.shape ", shape_str(s.input_shape), " at batch ", batch, " is ", shape_str(xs),
+         ", more bytes than fit in 64 bits");
+  Var x = g.input("x", xs, s.input_dtype);
+  b.x = x.id();
+  Var logits = s.gpt ? gpt_logits(s, x) : network(s, x, b);
+  finish(s, batch, logits, b);
   return b;
 }
 

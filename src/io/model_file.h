@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "seam/graph.h"
 #include "seam/model.h"
+#include "seam/nn.h"
 #include "seam/optim.h"
 
 namespace seam::io {
@@ -19,8 +21,12 @@ struct ModelSpec {
   std::string source;        // file name, for messages
   nlohmann::ordered_json json;  // the parsed file
   std::string name;
-  Shape input_shape;         // one sample, e.g. [1, 28, 28]
-  int64_t classes = 10;
+  Shape input_shape;         // one sample, e.g. [1, 28, 28], or [T] token ids
+  DType input_dtype = DType::f32;  // i32 for token ids
+  int64_t classes = 10;      // the logits' last dim (a language model's vocabulary)
+  // "model": {"type": "gpt", ...} in place of layers or nodes: the network built by
+  // nn::gpt, its input [block_size] token ids.
+  std::optional<nn::GptConfig> gpt;
   int64_t batch_size = 128;
   int64_t epochs = 10;
   uint64_t seed = 0;
@@ -42,6 +48,10 @@ struct ModelSpec {
   // pixels, and left-right flips (data::Augment).
   int64_t crop_padding = 0;
   bool horizontal_flip = false;
+  // data.tokens: a folder with train.tok and val.tok (docs/data.md) for a model of token
+  // ids; empty: the images of the data folder given to the trainer.
+  std::string tokens_dir;
+  bool token_input() const { return input_dtype == DType::i32; }
 };
 
 // Parses and checks a model file; throws seam::Error with file:line:column for JSON
@@ -60,8 +70,10 @@ struct BuiltGraph {
   std::vector<PrecisionOverride> overrides;  // layers with a "precision" of their own
 };
 
-// The graph for a batch size: input "x" [batch, input_shape...], labels "y" [batch],
-// the layers, logits [batch, classes], the loss and argmax predictions.
+// The graph for a batch size: input "x" [batch, input_shape...], the layers, logits
+// [batch, ..., classes], labels "y" (i32) of the logits' shape less its last dim (one per
+// image, or one per position of a token sequence), the mean cross-entropy over the labels
+// that are not -100, and argmax predictions.
 BuiltGraph build_graph(const ModelSpec& spec, int64_t batch);
 
 }  // namespace seam::io

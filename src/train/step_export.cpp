@@ -41,7 +41,7 @@ int run_step(const StepOptions& o) {
   if (o.precision) spec.precision = *o.precision;
   if (o.layout) spec.layout = *o.layout;
   const int64_t B = o.batch.value_or(spec.batch_size);
-  spec.fix_schedule_length(60000 / B);  // as a run over the 60000 Fashion-MNIST training images would
+  spec.fix_schedule_length(data_steps_per_epoch(spec, B));
   const io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed,
                          .device = resolve_device(o.device),
@@ -51,14 +51,24 @@ int run_step(const StepOptions& o) {
                          .layout = spec.layout});
   Program p = model.compile({.loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.logits}});
 
-  // Inputs drawn N(0, 1), labels uniform over the classes, from the data seed.
+  // Inputs drawn N(0, 1) (token ids uniform over the vocabulary), labels uniform over the
+  // classes, from the data seed.
   const TensorType xt = bg.graph.value(bg.x).type, yt = bg.graph.value(bg.y).type;
   std::mt19937_64 rng(o.data_seed);
   std::normal_distribution<float> normal(0, 1);
-  std::vector<float> x(static_cast<size_t>(xt.numel()));
-  for (float& v : x) v = normal(rng);
+  auto label = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(spec.classes)); };
+  std::vector<float> x;
+  std::vector<int32_t> ids;
+  if (spec.token_input()) {
+    ids.resize(static_cast<size_t>(xt.numel()));
+    for (int32_t& v : ids) v = label();
+  } else {
+    x.resize(static_cast<size_t>(xt.numel()));
+    for (float& v : x) v = normal(rng);
+  }
   std::vector<int32_t> y(static_cast<size_t>(yt.numel()));
-  for (int32_t& v : y) v = static_cast<int32_t>(rng() % static_cast<uint64_t>(spec.classes));
+  for (int32_t& v : y) v = label();
+  const std::vector<std::byte> x_bytes = spec.token_input() ? bytes_of(ids) : bytes_of(x);
 
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
@@ -67,9 +77,9 @@ int run_step(const StepOptions& o) {
   const std::map<std::string, std::string> meta{{"model", spec.json.dump()}, {"precision", precision_name(spec.precision)}};
   io::write_safetensors((dir / "init.safetensors").string(), {meta, model_tensors(model)});
   io::write_safetensors((dir / "batch.safetensors").string(),
-                        {meta, {host_tensor("x", xt, bytes_of(x)), host_tensor("y", yt, bytes_of(y))}});
+                        {meta, {host_tensor("x", xt, x_bytes), host_tensor("y", yt, bytes_of(y))}});
 
-  p.set_input("x", std::span<const float>(x));
+  p.set_input("x", std::span<const std::byte>(x_bytes));
   p.set_input("y", std::span<const int32_t>(y));
   p.run();
   const float loss = p.read_as<float>(bg.graph.value(bg.loss).name).at(0);

@@ -20,7 +20,7 @@
 #include <sstream>
 
 #include "common/file.h"
-#include "data/fashion_mnist.h"
+#include "data/dataset.h"
 #include "io/safetensors.h"
 #include "seam/model.h"
 #include "train/default_model.h"
@@ -147,45 +147,76 @@ struct EvalResult {
   std::vector<int64_t> confusion;  // classes x classes, row = true label
 };
 
-EvalResult evaluate(Program& eval, data::BatchLoader& loader, int64_t classes) {
+// The confusion matrix only where it can be read (images' classes, not a vocabulary).
+constexpr int64_t kMaxConfusion = 100;
+
+void set_batch(Program& p, const data::Batch& b) {
+  if (b.x.empty()) p.set_input("x", std::as_bytes(std::span(b.ids)));
+  else p.set_input("x", std::as_bytes(std::span(b.x)));
+  p.set_input("y", std::as_bytes(std::span(b.y)));
+}
+
+// Loss and accuracy over every label of the split that is not padding (-100).
+EvalResult evaluate(Program& eval, data::Split& split, int64_t classes) {
   EvalResult r;
-  r.confusion.assign(static_cast<size_t>(classes * classes), 0);
+  const bool confusion = classes <= kMaxConfusion;
+  if (confusion) r.confusion.assign(static_cast<size_t>(classes * classes), 0);
   const std::string loss_name = eval.plan().outputs[0].name, pred_name = eval.plan().outputs[1].name;
-  loader.start_epoch(0);
+  split.start_epoch(0);
   data::Batch b;
   double loss_sum = 0;
-  while (loader.next(b)) {
-    eval.set_input("x", std::as_bytes(std::span(b.x)));
-    eval.set_input("y", std::as_bytes(std::span(b.y)));
+  while (split.next(b)) {
+    set_batch(eval, b);
     eval.run();
-    loss_sum += static_cast<double>(eval.read_as<float>(loss_name)[0]) * static_cast<double>(b.rows);
     auto pred = eval.read_as<int32_t>(pred_name);
-    for (int64_t i = 0; i < b.rows; ++i) {
-      int32_t t = b.y[static_cast<size_t>(i)], p = pred[static_cast<size_t>(i)];
-      r.confusion[static_cast<size_t>(t * classes + p)]++;
+    int64_t labels = 0;
+    for (size_t i = 0; i < b.y.size(); ++i) {
+      const int32_t t = b.y[i], p = pred[i];
+      if (t < 0) continue;
+      ++labels;
+      if (confusion) r.confusion[static_cast<size_t>(t * classes + p)]++;
       r.accuracy += t == p;
     }
-    r.samples += b.rows;
+    loss_sum += static_cast<double>(eval.read_as<float>(loss_name)[0]) * static_cast<double>(labels);
+    r.samples += labels;
   }
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.samples, 1));
   r.accuracy /= static_cast<double>(std::max<int64_t>(r.samples, 1));
   return r;
 }
 
-std::vector<int64_t> first_n(int64_t n, int64_t limit) {
-  int64_t k = limit > 0 ? std::min(n, limit) : n;
-  std::vector<int64_t> v(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) v[static_cast<size_t>(i)] = i;
-  return v;
-}
-
-void check_input(const io::ModelSpec& spec, const data::ImageData& d) {
+// The model's data: token files for a model of token ids (the folder given, else the
+// file's data.tokens), images otherwise (the folder given, else Debian's Fashion-MNIST).
+data::Dataset open_data(const io::ModelSpec& spec, const std::string& dir, const data::DataOptions& o) {
+  data::Dataset d;
+  if (spec.token_input()) {
+    const std::string where = dir.empty() ? spec.tokens_dir : dir;
+    if (where.empty())
+      fail(spec.source, ": a model of token ids needs its token files: data.tokens in the file, or --data DIR");
+    d = data::open_tokens(where, spec.input_shape.back(), o);
+    if (d.classes > spec.classes)
+      fail(where, ": tokens go up to ", d.classes - 1, " but ", spec.source, " has a vocabulary of ", spec.classes);
+    return d;
+  }
+  d = data::open_images(dir.empty() ? data::default_fashion_mnist_dir() : dir, o);
+  struct {
+    int64_t rows, cols;
+  } check{d.images->train.rows, d.images->train.cols};
   int64_t n = 1;
   for (int64_t s : spec.input_shape) n *= s;
-  if (n != d.train.pixels())
+  if (n != check.rows * check.cols)
     fail(spec.source, ": input shape ", shape_str(spec.input_shape), " holds ", n, " values but the images have ",
-         d.train.rows, "x", d.train.cols, " = ", d.train.pixels(), " pixels");
+         check.rows, "x", check.cols, " = ", check.rows * check.cols, " pixels");
   if (spec.classes != d.classes) fail(spec.source, ": classes = ", spec.classes, " but the data has ", d.classes);
+  return d;
+}
+
+// The tensor cores' peak at a precision (the device model's measured figures), for MFU.
+double peak_flops(Precision p) {
+  const DeviceModel m;
+  if (p == Precision::bf16 || p == Precision::f16) return m.half_tflops * 1e12;
+  if (p == Precision::tf32) return m.tensor_tflops * 1e12;
+  return m.simt_tflops * 1e12;
 }
 
 }  // namespace
@@ -214,28 +245,14 @@ int run_train(const TrainOptions& o) {
   }
   const Device dev = resolve_device(spec.device);
   const std::string device = device_name(dev);
-  data::ImageData data = data::load_image_data(o.data_dir);
-  check_input(spec, data);
-
-  // Training indices (optionally a seeded validation split held out of them).
-  std::vector<int64_t> train_idx = first_n(data.train.n, o.limit_train), val_idx;
-  if (spec.val_split > 0) {
-    auto perm = data::permutation(static_cast<int64_t>(train_idx.size()), spec.seed, ~uint64_t{0});
-    auto nval = static_cast<size_t>(static_cast<double>(train_idx.size()) * spec.val_split);
-    std::vector<int64_t> kept;
-    for (size_t i = 0; i < perm.size(); ++i) (i < nval ? val_idx : kept).push_back(train_idx[static_cast<size_t>(perm[i])]);
-    train_idx = std::move(kept);
-  }
-  if (ck && ck->train_samples != static_cast<int64_t>(train_idx.size()))
-    fail(*o.resume, ": was trained on ", ck->train_samples, " samples, this run has ", train_idx.size());
   const int64_t B = spec.batch_size;
-  data::BatchLoader train_loader(data.train, train_idx,
-                                 {.batch = B, .shuffle = true, .drop_last = true, .seed = spec.seed,
+  data::Dataset data = open_data(spec, o.data_dir,
+                                 {.batch = B, .seed = spec.seed, .val_split = spec.val_split, .limit_train = o.limit_train,
+                                  .limit_test = o.limit_test,
                                   .augment = {.crop_padding = spec.crop_padding, .horizontal_flip = spec.horizontal_flip}});
-  data::BatchLoader test_loader(data.test, first_n(data.test.n, o.limit_test), {.batch = B, .shuffle = false, .drop_last = false});
-  std::optional<data::BatchLoader> val_loader;
-  if (!val_idx.empty()) val_loader.emplace(data.train, val_idx, data::BatchLoader::Options{.batch = B, .shuffle = false, .drop_last = false});
-
+  if (ck && ck->train_samples != data.train_samples)
+    fail(*o.resume, ": was trained on ", ck->train_samples, " samples, this run has ", data.train_samples);
+  data::Split& train_loader = *data.train;
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
   spec.fix_schedule_length(steps_per_epoch);
 
@@ -243,6 +260,8 @@ int run_train(const TrainOptions& o) {
   Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
+  double step_flops = 0;
+  for (const PlanStep& st : train.plan().steps) step_flops += st.flops;
   // The epoch's sums so far, read from the device only at log points: [loss, correct].
   auto read_metrics = [&] {
     train.check();
@@ -275,8 +294,8 @@ int run_train(const TrainOptions& o) {
   // resumed run keeps the rows of the epochs its checkpoint had finished and drops any
   // written after it (a run stopped between a row and its checkpoint redoes that epoch).
   const std::string csv_header =
-      "epoch,step,lr,train_loss,train_accuracy,val_accuracy,test_loss,test_accuracy,epoch_seconds,samples_per_second,"
-      "skipped_steps\n";
+      "epoch,step,lr,train_loss,train_accuracy,val_loss,val_accuracy,test_loss,test_accuracy,epoch_seconds,"
+      "samples_per_second,tokens_per_second,mfu,skipped_steps\n";
   std::string csv_rows;
   if (ck) {
     std::ifstream old(csv_path);
@@ -312,7 +331,7 @@ int run_train(const TrainOptions& o) {
   g_interrupted = false;
   auto old_handler = std::signal(SIGINT, on_sigint);
   int64_t steps_this_run = 0;
-  double last_test_acc = 0;
+  double last_test_acc = 0, last_loss = 0;
   int exit_code = 0;
   for (; pos.epoch < spec.epochs; ++pos.epoch, pos.batch = 0) {
     const auto te = Clock::now();
@@ -339,7 +358,7 @@ int run_train(const TrainOptions& o) {
       }
       const int64_t counted = pos.batch - (st.skipped_steps - pos.skipped_before_epoch);
       const double loss = counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
-      const double acc = correct / static_cast<double>(pos.batch * B);
+      const double acc = correct / static_cast<double>(pos.batch * B * data.sample_labels);
       if (!std::isfinite(loss)) {
         progress.finish();
         fail("the loss became ", loss, " by step ", model.state().step, " (epoch ", pos.epoch + 1,
@@ -356,8 +375,7 @@ int run_train(const TrainOptions& o) {
                   << '\n';
     };
     while (train_loader.next(b)) {
-      train.set_input("x", std::as_bytes(std::span(b.x)));
-      train.set_input("y", std::as_bytes(std::span(b.y)));
+      set_batch(train, b);
       train.run();  // returns before the GPU is done; nothing here waits for it
       pos.batch = b.index + 1;
       pos.epoch_samples += b.rows;
@@ -375,7 +393,7 @@ int run_train(const TrainOptions& o) {
     pos.lr = model.state().lr;
     if (stop) {
       train.sync_state();
-      write_checkpoint(ckpt_path, model, spec, pos, B, static_cast<int64_t>(train_idx.size()));
+      write_checkpoint(ckpt_path, model, spec, pos, B, data.train_samples);
       std::fprintf(stderr, "seam: %s after step %lld (epoch %lld, batch %lld of %lld); checkpoint written to %s; continue with --resume %s\n",
                    g_interrupted ? "interrupted" : "stopped", static_cast<long long>(model.state().step),
                    static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.batch),
@@ -389,46 +407,70 @@ int run_train(const TrainOptions& o) {
     const int64_t epoch_skipped = st.skipped_steps - pos.skipped_before_epoch;
     const int64_t counted = steps_per_epoch - epoch_skipped;
     const double train_loss = counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
-    const double train_acc = correct / static_cast<double>(steps_per_epoch * B);
+    const double train_acc = correct / static_cast<double>(steps_per_epoch * B * data.sample_labels);
     const double sps = static_cast<double>(pos.epoch_samples) / std::max(epoch_seconds, 1e-9);
-    std::optional<EvalResult> val;
-    if (val_loader) val = evaluate(eval, *val_loader, spec.classes);
-    EvalResult test = evaluate(eval, test_loader, spec.classes);
-    last_test_acc = test.accuracy;
+    // Tokens a second and model FLOPs utilization: the plan's FLOPs a step against the
+    // tensor cores' measured peak at the precision (on the GPU).
+    const double tps = sps * static_cast<double>(data.sample_labels);
+    const double mfu = dev == Device::cuda ? step_flops * sps / static_cast<double>(B) / peak_flops(spec.precision) : 0;
+    std::optional<EvalResult> val, test;
+    if (data.val) val = evaluate(eval, *data.val, spec.classes);
+    if (data.test) test = evaluate(eval, *data.test, spec.classes);
+    const EvalResult& last = test ? *test : *val;
+    last_test_acc = last.accuracy;
+    last_loss = last.loss;
+    auto field = [](const std::optional<EvalResult>& r, bool loss) {
+      return r ? std::to_string(loss ? r->loss : r->accuracy) : std::string();
+    };
     std::ostringstream row;
     row << pos.epoch + 1 << ',' << model.state().step << ',' << model.state().lr << ',' << train_loss << ',' << train_acc << ','
-        << (val ? std::to_string(val->accuracy) : "") << ',' << test.loss << ',' << test.accuracy << ',' << epoch_seconds << ','
-        << sps << ',' << epoch_skipped << '\n';
+        << field(val, true) << ',' << field(val, false) << ',' << field(test, true) << ',' << field(test, false) << ','
+        << epoch_seconds << ',' << sps << ',' << tps << ',' << (mfu > 0 ? std::to_string(mfu) : "") << ','
+        << epoch_skipped << '\n';
     csv_rows += row.str();
     write_csv();
     if (json) {
       nlohmann::json j{{"event", "epoch"}, {"epoch", pos.epoch + 1}, {"step", model.state().step}, {"train_loss", train_loss},
-                       {"train_accuracy", train_acc}, {"test_loss", test.loss}, {"test_accuracy", test.accuracy},
-                       {"seconds", epoch_seconds}, {"samples_per_second", sps}, {"skipped_steps", epoch_skipped}};
-      if (val) j["val_accuracy"] = val->accuracy;
+                       {"train_accuracy", train_acc}, {"seconds", epoch_seconds}, {"samples_per_second", sps},
+                       {"skipped_steps", epoch_skipped}};
+      if (data.tokens) j["tokens_per_second"] = tps;
+      if (mfu > 0) j["mfu"] = mfu;
+      if (val) j["val_loss"] = val->loss, j["val_accuracy"] = val->accuracy;
+      if (test) j["test_loss"] = test->loss, j["test_accuracy"] = test->accuracy;
       std::cout << j.dump() << std::endl;
     } else if (o.output != Output::quiet) {
-      std::printf("epoch %lld/%lld  train loss %.4f  train acc %.4f  %stest loss %.4f  test acc %.4f  %.1fs (%.0f samples/s)\n",
-                  static_cast<long long>(pos.epoch + 1), static_cast<long long>(spec.epochs), train_loss, train_acc,
-                  val ? ("val acc " + std::to_string(val->accuracy).substr(0, 6) + "  ").c_str() : "", test.loss, test.accuracy,
-                  epoch_seconds, sps);
+      char speed[96];
+      if (data.tokens) std::snprintf(speed, sizeof speed, "%.0f tokens/s", tps);
+      else std::snprintf(speed, sizeof speed, "%.0f samples/s", sps);
+      std::string line = "epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "  train loss %.4f  train acc %.4f", train_loss, train_acc);
+      line += buf;
+      if (val) std::snprintf(buf, sizeof buf, "  val loss %.4f  val acc %.4f", val->loss, val->accuracy), line += buf;
+      if (test) std::snprintf(buf, sizeof buf, "  test loss %.4f  test acc %.4f", test->loss, test->accuracy), line += buf;
+      std::snprintf(buf, sizeof buf, "  %.1fs (%s", epoch_seconds, speed);
+      line += buf;
+      if (mfu > 0) std::snprintf(buf, sizeof buf, ", MFU %.1f%%", 100 * mfu), line += buf;
+      std::printf("%s)\n", line.c_str());
       std::fflush(stdout);
     }
     Position next = pos;
     next.epoch++, next.batch = 0, next.epoch_seconds = 0, next.epoch_samples = 0;
-    write_checkpoint(ckpt_path, model, spec, next, B, static_cast<int64_t>(train_idx.size()));
+    write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples);
   }
   std::signal(SIGINT, old_handler);
   const double total = seconds_since(t0);
   if (exit_code == 0 && pos.epoch >= spec.epochs) {
     if (json)
-      std::cout << nlohmann::json{{"event", "done"}, {"test_accuracy", last_test_acc}, {"seconds", total},
-                                  {"train_seconds", pos.train_seconds}, {"checkpoint", ckpt_path}}
+      std::cout << nlohmann::json{{data.test ? "test_accuracy" : "val_accuracy", last_test_acc},
+                                  {data.test ? "test_loss" : "val_loss", last_loss}, {"event", "done"},
+                                  {"seconds", total}, {"train_seconds", pos.train_seconds}, {"checkpoint", ckpt_path}}
                        .dump()
                 << std::endl;
     else if (o.output != Output::quiet)
-      std::printf("seam: done in %s (training %s): test accuracy %.4f; checkpoint %s, metrics %s\n", format_duration(total).c_str(),
-                  format_duration(pos.train_seconds).c_str(), last_test_acc, ckpt_path.c_str(), csv_path.c_str());
+      std::printf("seam: done in %s (training %s): %s loss %.4f, accuracy %.4f; checkpoint %s, metrics %s\n",
+                  format_duration(total).c_str(), format_duration(pos.train_seconds).c_str(), data.test ? "test" : "validation",
+                  last_loss, last_test_acc, ckpt_path.c_str(), csv_path.c_str());
   }
   return exit_code;
 }
@@ -439,8 +481,7 @@ int run_eval(const EvalOptions& o) {
                                     : io::parse_model_json(ck.model_json, o.checkpoint + " (stored model)");
   if (o.batch) spec.batch_size = *o.batch;
   if (o.precision) spec.precision = *o.precision;
-  data::ImageData data = data::load_image_data(o.data_dir);
-  check_input(spec, data);
+  data::Dataset data = open_data(spec, o.data_dir, {.batch = spec.batch_size, .seed = spec.seed, .limit_test = o.limit_test});
   io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
   Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
   try {
@@ -449,19 +490,24 @@ int run_eval(const EvalOptions& o) {
     fail(o.checkpoint, " does not fit ", spec.source, ": ", e.what());
   }
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
-  data::BatchLoader loader(data.test, first_n(data.test.n, o.limit_test), {.batch = spec.batch_size, .shuffle = false, .drop_last = false});
+  data::Split& loader = data.test ? *data.test : *data.val;  // token data: the validation tokens
   EvalResult r = evaluate(eval, loader, spec.classes);
+  const bool confusion = !r.confusion.empty();
   if (o.json) {
-    nlohmann::json j{{"samples", r.samples}, {"accuracy", r.accuracy}, {"loss", r.loss}, {"confusion", nlohmann::json::array()}};
-    for (int64_t t = 0; t < spec.classes; ++t) {
-      std::vector<int64_t> row(r.confusion.begin() + t * spec.classes, r.confusion.begin() + (t + 1) * spec.classes);
-      j["confusion"].push_back(row);
+    nlohmann::json j{{"samples", r.samples}, {"accuracy", r.accuracy}, {"loss", r.loss}};
+    if (confusion) {
+      j["confusion"] = nlohmann::json::array();
+      for (int64_t t = 0; t < spec.classes; ++t) {
+        std::vector<int64_t> row(r.confusion.begin() + t * spec.classes, r.confusion.begin() + (t + 1) * spec.classes);
+        j["confusion"].push_back(row);
+      }
     }
     std::cout << j.dump() << std::endl;
     return 0;
   }
-  std::printf("%s on %lld test samples: accuracy %.4f, loss %.4f\n", o.checkpoint.c_str(), static_cast<long long>(r.samples),
-              r.accuracy, r.loss);
+  std::printf("%s on %lld %s: accuracy %.4f, loss %.4f\n", o.checkpoint.c_str(), static_cast<long long>(r.samples),
+              data.tokens ? "validation tokens" : "test samples", r.accuracy, r.loss);
+  if (!confusion) return 0;
   std::printf("confusion matrix (rows: true class, columns: predicted)\n      ");
   for (int64_t p = 0; p < spec.classes; ++p) std::printf("%6lld", static_cast<long long>(p));
   std::printf("\n");
@@ -479,7 +525,7 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   if (precision) spec.precision = *precision;
   if (layout) spec.layout = *layout;
   const int64_t B = batch.value_or(spec.batch_size);
-  spec.fix_schedule_length(60000 / B);  // as a run over the 60000 Fashion-MNIST training images would
+  spec.fix_schedule_length(data_steps_per_epoch(spec, B));
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
@@ -499,6 +545,14 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   if (measure) measured = p.time_steps(20);
   std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
   return 0;
+}
+
+int64_t data_steps_per_epoch(const io::ModelSpec& spec, int64_t batch) {
+  try {
+    return open_data(spec, "", {.batch = batch, .seed = spec.seed, .val_split = spec.val_split}).train->batches_per_epoch();
+  } catch (const Error&) {
+    return 1;
+  }
 }
 
 Device resolve_device(const std::string& requested) {

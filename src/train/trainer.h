@@ -1,4 +1,4 @@
-// Training and evaluation of image classifiers from model files: the loop behind
+// Training and evaluation of classifiers and language models from model files: the loop behind
 // `seam train` and `seam eval`, with checkpoints that resume exactly.
 #pragma once
 #include <cstdint>
@@ -14,7 +14,7 @@ enum class Output { bar, quiet, json };
 
 struct TrainOptions {
   std::optional<std::string> model_path;  // empty: the model stored in the checkpoint
-  std::string data_dir;
+  std::string data_dir;                   // empty: the model's default data (see open_data)
   std::string out_dir;                    // empty: runs/<model name>
   std::optional<std::string> resume;      // checkpoint to continue from
   std::optional<int64_t> epochs, batch;
@@ -33,6 +33,11 @@ struct TrainOptions {
   int64_t limit_train = 0;  // > 0: use only the first N training samples
   int64_t limit_test = 0;   // > 0: evaluate on the first N test samples
 };
+
+// Optimizer steps in an epoch of the model's default data (its data.tokens, or Debian's
+// Fashion-MNIST), for a cosine schedule whose length the file left to the run; 1 where
+// that data is not there (a plan or an exported step then shows a schedule of one epoch).
+int64_t data_steps_per_epoch(const io::ModelSpec& spec, int64_t batch);
 
 // "cpu", "cuda", or "auto": the GPU if there is one.
 Device resolve_device(const std::string& requested);

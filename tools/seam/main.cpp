@@ -201,7 +201,6 @@ int main(int argc, char** argv) {
   bool no_masters = false;
 
   seam::train::TrainOptions t;
-  t.data_dir = seam::data::default_fashion_mnist_dir();
   std::string train_model;
   bool quiet = false, json = false;
   auto* train = app.add_subcommand("train", "train a model file on Fashion-MNIST (default: examples/fmnist_mlp.json)");
@@ -218,7 +217,9 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::layout_policy_names()));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
-  train->add_option("--data", t.data_dir, "folder with the four Fashion-MNIST IDX files");
+  train->add_option("--data", t.data_dir,
+                    "data folder: the four IDX files of an image set (default: Debian's Fashion-MNIST), or train.tok and "
+                    "val.tok for a model of token ids (default: the model file's data.tokens)");
   train->add_option("--val-split", t.val_split, "fraction of the training set held out for validation")->check(number(0, true, 0.99));
   train->add_option("--max-steps", t.max_steps, "stop after this many steps and write a checkpoint")->transform(whole<int64_t>(1));
   train->add_option("--limit-train", t.limit_train, "train on the first N samples only")->transform(whole<int64_t>(1));
@@ -256,12 +257,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
 
   seam::train::EvalOptions e;
-  e.data_dir = seam::data::default_fashion_mnist_dir();
   std::string eval_model;
   auto* eval = app.add_subcommand("eval", "test accuracy, loss and confusion matrix of a checkpoint");
   eval->add_option("model", eval_model, "model file (default: the one stored in the checkpoint)");
   eval->add_option("--checkpoint", e.checkpoint, "checkpoint (safetensors)")->required();
-  eval->add_option("--data", e.data_dir, "folder with the Fashion-MNIST IDX files");
+  eval->add_option("--data", e.data_dir, "data folder, as for train");
   eval->add_option("--batch", e.batch, "batch size")->transform(whole<int64_t>(1));
   eval->add_option("--limit-test", e.limit_test, "evaluate on the first N test samples only")->transform(whole<int64_t>(1));
   eval->add_flag("--json", e.json, "print one JSON object");
