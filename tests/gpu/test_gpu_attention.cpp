@@ -1,12 +1,13 @@
 // attention and its gradient on the GPU (src/backend/cuda/attention.cu) against the CPU
 // reference: lengths from 1 to 300 (not multiples of 64 among them), head sizes 64 and
-// 128 and odd ones, causal and not, f32 and through the bf16 policy.
+// 128 and odd ones, causal and not, f32 and through the bf16 policy; and a whole tiny GPT.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "gpu_check.h"
+#include "seam/nn.h"
 
 namespace seam::gpu_testing {
 namespace {
@@ -64,6 +65,27 @@ TEST(GpuAttention, HeadsBeyondTheKernelsAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("head sizes up to 256 on the GPU, got D = 320"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace
+}  // namespace seam::gpu_testing
+
+namespace seam::gpu_testing {
+namespace {
+
+// A whole GPT (nn::gpt: embeddings, layer norms, attention, GELU MLPs, the tied output
+// projection over a padded vocabulary) forward and backward on the GPU against the CPU:
+// the logits and every parameter's gradient.
+Var tiny_gpt(GpuCase& c) {
+  nn::GptConfig cfg;
+  cfg.n_layer = 2, cfg.n_head = 2, cfg.n_embd = 64, cfg.vocab = 100, cfg.padded_vocab = 128, cfg.block_size = 40;
+  return nn::gpt(c.labels("tokens", {3, 37}, 100), cfg);
+}
+
+TEST(GpuGpt, OneStepMatchesTheCpuInF32) {
+  compare_with_cpu(tiny_gpt, CompareOptions(Precision::f32, {1e-4, 1e-3, 1e-5}));
+}
+
+TEST(GpuGpt, OneStepMatchesTheCpuInBf16) { compare_with_cpu(tiny_gpt, gpu_testing::bf16()); }
 
 }  // namespace
 }  // namespace seam::gpu_testing
