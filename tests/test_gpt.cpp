@@ -115,6 +115,8 @@ TEST(GptModelFile, ErrorsNameTheFileAndTheSetting) {
                "T <= block_size 6");
   expect_error([&] { io::parse_model_json(with("", R"(, "classes": 12)"), "m.json"); }, "the gpt's vocab is 11");
   expect_error([&] { io::parse_model_json(R"({"model": {"type": "rnn"}})", "m.json"); }, "unknown model type 'rnn'");
+  expect_error([&] { io::parse_model_json(R"({"input": {"shape": [4], "dtype": "f16"}, "layers": [{"op": "relu"}]})", "m.json"); },
+               "unknown dtype 'f16'");
   expect_error([&] { io::parse_model_json(with("", R"(, "layers": [{"op": "relu"}])"), "m.json"); }, "exactly one of");
 }
 

@@ -199,14 +199,12 @@ data::Dataset open_data(const io::ModelSpec& spec, const std::string& dir, const
     return d;
   }
   d = data::open_images(dir.empty() ? data::default_fashion_mnist_dir() : dir, o);
-  struct {
-    int64_t rows, cols;
-  } check{d.images->train.rows, d.images->train.cols};
+  const data::ImageSet& train = d.images->train;
   int64_t n = 1;
   for (int64_t s : spec.input_shape) n *= s;
-  if (n != check.rows * check.cols)
+  if (n != train.pixels())
     fail(spec.source, ": input shape ", shape_str(spec.input_shape), " holds ", n, " values but the images have ",
-         check.rows, "x", check.cols, " = ", check.rows * check.cols, " pixels");
+         train.rows, "x", train.cols, " = ", train.pixels(), " pixels");
   if (spec.classes != d.classes) fail(spec.source, ": classes = ", spec.classes, " but the data has ", d.classes);
   return d;
 }
