@@ -545,6 +545,14 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   return 0;
 }
 
+std::pair<io::ModelSpec, std::vector<HostTensor>> read_checkpoint_model(const std::string& checkpoint,
+                                                                        const std::optional<std::string>& model_path) {
+  Checkpoint ck = read_checkpoint(checkpoint);
+  io::ModelSpec spec = model_path ? io::parse_model_file(*model_path)
+                                  : io::parse_model_json(ck.model_json, checkpoint + " (stored model)");
+  return {std::move(spec), std::move(ck.tensors)};
+}
+
 int64_t data_steps_per_epoch(const io::ModelSpec& spec, int64_t batch) {
   try {
     return open_data(spec, "", {.batch = batch, .seed = spec.seed, .val_split = spec.val_split}).train->batches_per_epoch();

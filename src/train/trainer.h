@@ -59,6 +59,26 @@ struct EvalOptions {
 // Evaluates a checkpoint on the test set: accuracy, loss, confusion matrix.
 int run_eval(const EvalOptions& o);
 
+struct SampleOptions {
+  std::string checkpoint;
+  std::optional<std::string> model_path;  // empty: the model stored in the checkpoint
+  std::string prompt;                     // text (byte tokens); empty: a newline
+  int64_t tokens = 200;                   // how many to generate
+  double temperature = 1.0;               // 0: the most likely token every time
+  int64_t top_k = 0;                      // > 0: draw among the k most likely only
+  uint64_t seed = 0;
+  std::string device = "auto";
+};
+
+// Generates text from a language model's checkpoint, token by token, each from one
+// forward pass over the last block_size tokens (recomputed, no key/value cache); prints
+// the prompt and what follows it. Byte vocabularies print as text, larger ones as ids.
+int run_sample(const SampleOptions& o);
+
+// A checkpoint's model (the given file's, or the one stored in it) and its tensors.
+std::pair<io::ModelSpec, std::vector<HostTensor>> read_checkpoint_model(const std::string& checkpoint,
+                                                                        const std::optional<std::string>& model_path);
+
 struct StepOptions {
   std::string model_path;
   std::string out_dir;

@@ -256,6 +256,19 @@ int main(int argc, char** argv) {
   tokenize->add_option("--val-fraction", val_fraction, "the share of the text, from its end, kept for validation")
       ->check(CLI::Range(0.0, 1.0));
 
+  seam::train::SampleOptions sa;
+  std::string sample_model;
+  auto* sample = app.add_subcommand("sample", "generate text from a language model's checkpoint");
+  sample->add_option("checkpoint", sa.checkpoint, "checkpoint.safetensors written by seam train")->required();
+  sample->add_option("--model", sample_model, "model file (default: the one stored in the checkpoint)");
+  sample->add_option("--prompt", sa.prompt, "text to continue (default: a newline)");
+  sample->add_option("--tokens", sa.tokens, "tokens to generate")->transform(whole<int64_t>(0));
+  sample->add_option("--temperature", sa.temperature, "softmax temperature; 0 takes the most likely token")
+      ->check(number(0, true));
+  sample->add_option("--top-k", sa.top_k, "draw among the K most likely tokens only (0: all)")->transform(whole<int64_t>(0));
+  sample->add_option("--seed", sa.seed, "seed of the draws")->transform(whole<uint64_t>(0));
+  sample->add_option("--device", sa.device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
+
   seam::train::EvalOptions e;
   std::string eval_model;
   auto* eval = app.add_subcommand("eval", "test accuracy, loss and confusion matrix of a checkpoint");
@@ -366,6 +379,10 @@ int main(int argc, char** argv) {
       t.precision = precision_of(train_precision);
       t.layout = layout_of(train_layout);
       return seam::train::run_train(t);
+    }
+    if (*sample) {
+      if (!sample_model.empty()) sa.model_path = sample_model;
+      return seam::train::run_sample(sa);
     }
     if (*eval) {
       if (!eval_model.empty()) e.model_path = eval_model;
