@@ -178,6 +178,25 @@ TEST(TokenData, MissingFilesSayHowToMakeThem) {
   expect_error([] { data::open_tokens("/nonexistent/corpus", 8, {}); }, "seam tokenize FILE... --out /nonexistent/corpus");
 }
 
+TEST(TokenData, AnIdBeyondTheModelsVocabularyIsNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("seam_gpt_vocab_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  write_corpus(dir / "data", 200);  // ids up to 10
+  const std::string model = R"({"name": "v", "device": "cpu", "batch_size": 2,
+    "model": {"type": "gpt", "n_layer": 1, "n_head": 1, "n_embd": 4, "vocab": 10, "block_size": 4}})";
+  {
+    std::ofstream(dir / "m.json") << model;
+  }
+  train::TrainOptions o;
+  o.model_path = (dir / "m.json").string();
+  o.data_dir = (dir / "data").string();
+  o.out_dir = (dir / "run").string();
+  o.output = train::Output::quiet;
+  expect_error([&] { train::run_train(o); }, "holds token id 10, beyond the vocabulary of " + o.model_path.value() + " (10 ids)");
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoint.safetensors"));
+  fs::remove_all(dir);
+}
+
 // The whole path on the CPU: a model file of a tiny GPT, token files, `seam train`'s
 // loop with AdamW, warmup + cosine and clipping; the validation loss falls far below the
 // uniform guess's log(11) = 2.40 on a text that repeats.

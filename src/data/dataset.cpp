@@ -117,7 +117,10 @@ Dataset open_tokens(const std::string& dir, int64_t block, const DataOptions& o)
   d.sample_labels = block;
   d.train_tokens = std::make_shared<TokenFile>(read_tokens(train));
   d.val_tokens = std::make_shared<TokenFile>(read_tokens(val));
-  d.classes = std::max(d.train_tokens->vocab, d.val_tokens->vocab);
+  // The ids the corpus holds, which a model must cover (its files' vocabularies may be
+  // wider: a byte-level file of ASCII text holds no id above 127).
+  for (const TokenFile* f : {d.train_tokens.get(), d.val_tokens.get()})
+    for (uint16_t t : f->tokens) d.classes = std::max<int64_t>(d.classes, int64_t{t} + 1);
   auto tr = std::make_unique<TokenBatches>(*d.train_tokens, o.batch, block, true, o.seed, train);
   auto va = std::make_unique<TokenBatches>(*d.val_tokens, o.batch, block, false, o.seed, val);
   d.train_samples = tr->samples();

@@ -39,7 +39,7 @@ class TokenBatches : public Split {
 
 struct Dataset {
   std::string describe;  // for the run's first line
-  int64_t classes = 0;   // images: their classes; tokens: the corpus's vocabulary
+  int64_t classes = 0;   // images: their classes; tokens: 1 + the largest id in the files
   int64_t sample_labels = 1;  // labels a sample carries: 1 (an image) or T (a window)
   bool tokens = false;
   int64_t train_samples = 0;  // what a checkpoint is checked against

@@ -195,7 +195,8 @@ data::Dataset open_data(const io::ModelSpec& spec, const std::string& dir, const
       fail(spec.source, ": a model of token ids needs its token files: data.tokens in the file, or --data DIR");
     d = data::open_tokens(where, spec.input_shape.back(), o);
     if (d.classes > spec.classes)
-      fail(where, ": tokens go up to ", d.classes - 1, " but ", spec.source, " has a vocabulary of ", spec.classes);
+      fail(where, ": holds token id ", d.classes - 1, ", beyond the vocabulary of ", spec.source, " (", spec.classes,
+           " ids)");
     return d;
   }
   d = data::open_images(dir.empty() ? data::default_fashion_mnist_dir() : dir, o);
