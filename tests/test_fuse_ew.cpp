@@ -15,11 +15,14 @@
 #endif
 #include "ops/fused_ew.h"
 #include "plan/explain.h"
+#include "fuse_check.h"
 #include "test_util.h"
 #include "seam/seam.h"
 
 using namespace seam;
 using seam::testing::count;
+using seam::testing::expect_kernels_compile;
+using seam::testing::expect_same_bits;
 
 namespace {
 
@@ -33,83 +36,6 @@ void expect_parse_error(const std::string& text, const std::string& part) {
   }
 }
 
-// Element i of a float tensor's bytes, as a double.
-double element(const std::vector<std::byte>& b, DType t, size_t i) {
-  const std::byte* at = b.data() + i * dtype_size(t);
-  uint16_t h = 0;
-  float f = 0;
-  double d = 0;
-  switch (t) {
-    case DType::f64: std::memcpy(&d, at, 8); return d;
-    case DType::bf16: std::memcpy(&h, at, 2); return bf16_to_float(h);
-    case DType::f16: std::memcpy(&h, at, 2); return f16_to_float(h);
-    default: std::memcpy(&f, at, 4); return f;
-  }
-}
-
-// Bitwise equal, except that any NaN equals any NaN: which operand's NaN an add or mul
-// passes on (and so its sign bit) depends on the order the compiler put them in. With a
-// tolerance, within it relative to the larger of 1 and |b|.
-std::string differences(const std::vector<std::byte>& a, const std::vector<std::byte>& b, DType t, double tol) {
-  if (a.size() != b.size()) return "sizes differ";
-  const size_t size = dtype_size(t);
-  std::string s;
-  for (size_t i = 0; (i + 1) * size <= a.size(); ++i) {
-    const double x = element(a, t, i), y = element(b, t, i);
-    const bool same = tol > 0 ? std::abs(x - y) <= tol * std::max(1.0, std::abs(y))
-                              : std::memcmp(a.data() + i * size, b.data() + i * size, size) == 0;
-    if (!same && !(std::isnan(x) && std::isnan(y)))
-      s += "[" + std::to_string(i) + "] " + std::to_string(x) + " vs " + std::to_string(y) + "\n";
-  }
-  return s;
-}
-
-// Random values in [-2, 2) as the bytes of a dtype.
-std::vector<std::byte> random_bytes(const TensorType& t, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::byte> b(t.bytes());
-  for (size_t i = 0; i < static_cast<size_t>(t.numel()); ++i) {
-    const float v = std::uniform_real_distribution<float>(-2, 2)(rng);
-    std::byte* at = b.data() + i * dtype_size(t.dtype);
-    const uint16_t h = t.dtype == DType::bf16 ? float_to_bf16(v) : float_to_f16(v);
-    const double d = v;
-    if (t.dtype == DType::f64) std::memcpy(at, &d, 8);
-    else if (is_half(t.dtype)) std::memcpy(at, &h, 2);
-    else std::memcpy(at, &v, 4);
-  }
-  return b;
-}
-
-// Runs `loss` (and reads `outputs` and every parameter's gradient) with fusion on and
-// off (at a precision policy); returns the fused plan. Inputs of any float dtype get
-// random values of theirs. A tolerance for plans whose other passes change bits (a cast
-// of a GEMM's result folded into the GEMM skips a rounding).
-Plan expect_same_bits(const Graph& g, Var loss, const std::vector<Var>& outputs, const std::string& what,
-                      Precision policy = Precision::f32, double tol = 0) {
-  std::vector<std::pair<DType, std::vector<std::byte>>> got[2];
-  Plan fused_plan;
-  for (bool fuse : {false, true}) {
-    Model m(g, {.seed = 5, .precision = policy});
-    CompileOptions o{.loss = loss.id(), .gradients = true, .fuse = fuse};
-    for (Var v : outputs) o.outputs.push_back(v.id());
-    Program p = m.compile(o);
-    for (ValueId id : g.inputs())
-      p.set_input(g.value(id).name, random_bytes(g.value(id).type, static_cast<uint32_t>(id)));
-    p.run();
-    auto& r = got[fuse];
-    r.emplace_back(loss.dtype(), p.read(loss.name()));
-    for (Var v : outputs) r.emplace_back(v.dtype(), p.read(v.name()));
-    for (ValueId id : g.params()) r.emplace_back(g.value(id).type.dtype, p.read_grad(g.value(id).name));
-    if (fuse) fused_plan = p.plan();
-  }
-  EXPECT_EQ(got[0].size(), got[1].size());
-  for (size_t i = 0; i < got[0].size(); ++i) {
-    const std::string d = differences(got[0][i].second, got[1][i].second, got[0][i].first, tol);
-    EXPECT_TRUE(d.empty()) << what << ": tensor " << i << " differs\n" << d << fused_plan.str();
-  }
-  return fused_plan;
-}
-
 // Building a graph by `build` throws an error naming the node (a "fused..." one) and `part`.
 void expect_node_error(const std::function<void(Graph&)>& build, const std::string& part) {
   Graph g;
@@ -121,18 +47,6 @@ void expect_node_error(const std::function<void(Graph&)>& build, const std::stri
     EXPECT_NE(msg.find(part), std::string::npos) << msg;
     EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
   }
-}
-
-// With CUDA in the build: every fused step's generated kernel compiles (NVRTC needs no GPU).
-void expect_kernels_compile(const Plan& plan) {
-#ifdef SEAM_HAS_CUDA
-  for (auto& s : plan.steps)
-    if (auto k = generated_kernel_report(s)) {
-      EXPECT_GT(k->registers, 0) << s.attrs.s("program");
-    }
-#else
-  (void)plan;
-#endif
 }
 
 }  // namespace
@@ -449,6 +363,14 @@ TEST(FuseElementwise, GeneratedKernelsCompileWithWideIndicesAndEveryStorageType)
       {"add(i0,i1);cast[f16](t0)->layer_norm[1e-05](t1,i2,i3)", norm, 1, 8, {h, h, h, h}, {h, f, f}},
       // f32 data, y stored in bf16 (a cast absorbed), long rows: computed again each pass
       {"add(i0,i1)->t0,layer_norm[1e-05](t0,i2,i3)", norm, 1, 0, {f, f, f, f}, {f, b, f, f}},
+      // dropout masks in every layout: vector lanes, column and row sums, a layer norm
+      {"relu(i0);dropout[0.10000000000000001,7](t0)->t1", ew, 4},
+      {"relu(i0);dropout[0.5,3](t0);cast[bf16](t1)->t2", ew, 1, 0, {b}, {b}},
+      {"dropout_grad[0.20000000000000001,5](i0);relu_grad(t0,i1)->t1,sum(t1)", cols, 4},
+      {"dropout_grad[0.20000000000000001,5](i0)->sum(t0)", cuda::EwLayout::rows, 1},
+      {"dropout[0.10000000000000001,2](i0);add(t0,i1)->t1,layer_norm[1e-05](t1,i2,i3)", norm, 1, 8},
+      {"dropout[0.10000000000000001,2](i0);add(t0,i1)->t1,layer_norm[1e-05](t1,i2,i3)", norm, 1, 0, {b, b, f, f},
+       {b, b, f, f}},
   };
   for (const Case& c : cases) {
     cuda::EwSignature s;

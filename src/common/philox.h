@@ -2,8 +2,12 @@
 // the counter-based generator cuRAND and PyTorch use. A random number is a pure function
 // of (key, counter): any element of any step can be drawn independently, on the host or
 // the device, with no generator state to carry or capture.
+// It is also handed verbatim to NVRTC for generated kernels (src/backend/cuda/codegen.cpp),
+// which declares the two integer types itself.
 #pragma once
+#if !defined(__CUDACC_RTC__)
 #include <cstdint>
+#endif
 
 #if defined(__CUDACC__)
 #define SEAM_PHILOX_HD __host__ __device__

@@ -16,7 +16,7 @@
 namespace seam {
 
 int ew_arity(Op op) {
-  if (op == Op::cast) return 1;
+  if (op == Op::cast || ew_draws(op)) return 1;
   if (const UnaryInfo* u = unary_info(op)) return op == u->op ? 1 : (u->uses == Uses::N ? 1 : 2);
   if (const BinaryInfo* b = binary_info(op)) return op == b->op ? 2 : 3;
   return 0;
@@ -24,6 +24,7 @@ int ew_arity(Op op) {
 
 const char* ew_attr(Op op) {
   if (op == Op::cast) return "dtype";
+  if (ew_draws(op)) return "p";
   const UnaryInfo* u = unary_info(op);
   return u ? u->attr : "";
 }
@@ -60,6 +61,7 @@ std::string EwProgram::str() const {
     if (in.op == Op::cast || *ew_attr(in.op)) {
       s += '[';
       s += in.op == Op::cast ? std::string(dtype_name(in.dtype)) : number(in.p);
+      if (ew_draws(in.op)) s += "," + std::to_string(in.stream);
       s += ']';
     }
     s += '(';
@@ -89,6 +91,10 @@ std::string EwProgram::str() const {
 
 bool EwProgram::reduces() const {
   return std::any_of(reduce.begin(), reduce.end(), summed);
+}
+
+bool EwProgram::draws() const {
+  return std::any_of(code.begin(), code.end(), [](const EwInstr& in) { return ew_draws(in.op); });
 }
 
 EwProgram EwProgram::parse(const std::string& text) {
@@ -133,9 +139,21 @@ EwProgram EwProgram::parse(const std::string& text) {
         if (!t || !is_float(*t)) bad("'" + num + "' is not a float dtype (f32, f64, bf16, f16)");
         in.dtype = *t;
       } else {
+        const size_t comma = ew_draws(*op) ? num.find(',') : std::string::npos;
+        if (ew_draws(*op) && comma == std::string::npos) bad(name + " needs [p,stream]");
+        const std::string prob = num.substr(0, comma);
         char* end = nullptr;
-        in.p = std::strtod(num.c_str(), &end);
-        if (num.empty() || *end) bad("'" + num + "' is not a number");
+        in.p = std::strtod(prob.c_str(), &end);
+        if (prob.empty() || *end) bad("'" + prob + "' is not a number");
+        if (ew_draws(*op)) {
+          const std::string st = num.substr(comma + 1);
+          unsigned long long v = 0;
+          auto r = std::from_chars(st.data(), st.data() + st.size(), v);
+          if (st.empty() || r.ec != std::errc() || r.ptr != st.data() + st.size() || v > 0xFFFFFFFFull)
+            bad("'" + st + "' is not a random stream (a whole number below 2^32)");
+          in.stream = static_cast<uint32_t>(v);
+          if (!(in.p >= 0 && in.p < 1)) bad(name + "'s p must be in [0, 1), got " + prob);
+        }
       }
       i = close + 1;
     }

@@ -14,6 +14,10 @@
 // with gamma i<g> and beta i<b>: three outputs, as layer_norm's (y, mean, rstd). A
 // program ends in sums or in one layer norm, not both (a residual add + layer norm):
 //   add(i0,i1)->t0,layer_norm[1.0000000000000001e-05](t0,i2,i3)
+// dropout and dropout_grad take their probability and random stream, [p,stream]; the
+// mask of element e is the op's own (dropout_uniform(seed, step, stream, e) >= p), so a
+// group draws what the op alone draws:
+//   relu(i0);dropout[0.10000000000000001,7](t0)->t1
 //
 // Mixed precision: each input is loaded in its own dtype and every temp is computed in
 // float (double when the data is f64), never rounded except by cast[<dtype>](x), which
@@ -36,7 +40,15 @@ struct EwInstr {
   double p = 0;           // the op's scalar attribute (0 if it has none)
   std::vector<int> args;  // >= 0: input index; < 0: temp -(arg + 1)
   DType dtype = DType::f32;  // Op::cast: the dtype it rounds to (its attribute, a name)
+  // Op::dropout and dropout_grad: the mask's random stream; p is the drop probability
+  // (0 in evaluation, where the op is the identity).
+  uint32_t stream = 0;
 };
+
+// Whether an instruction draws a dropout mask: it reads the element's index in the group's
+// index space (the dropped tensor's own flat index, as the op alone draws it) and the
+// step's seed and counter.
+inline bool ew_draws(Op op) { return op == Op::dropout || op == Op::dropout_grad; }
 
 enum class EwReduce { none, sum, mean, ln_y, ln_mean, ln_rstd };
 inline bool summed(EwReduce r) { return r == EwReduce::sum || r == EwReduce::mean; }
@@ -56,6 +68,7 @@ struct EwProgram {
   static const EwProgram& cached(const std::string& text);
   std::string str() const;
   bool reduces() const;  // whether some output is a sum or mean
+  bool draws() const;    // whether some instruction draws a dropout mask
   bool normalizes() const { return ln_gamma >= 0; }  // whether it ends in a layer norm
   // The dtype each temp would be stored in by one kernel per op, given the inputs': a
   // cast's target; another op's, its operands' dtype where they agree, else the one they

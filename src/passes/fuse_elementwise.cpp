@@ -237,8 +237,14 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
       if (is_reduction(k) || absorbed[static_cast<size_t>(k)]) continue;
       const DType dtype = g.value(n.out[0]).type.dtype;
       EwInstr in{n.op, 0.0, {}};
-      if (n.op == Op::cast) in.dtype = dtype;
-      else if (*ew_attr(n.op)) in.p = n.attrs.f(ew_attr(n.op));
+      if (n.op == Op::cast) {
+        in.dtype = dtype;
+      } else if (ew_draws(n.op)) {  // the op in evaluation is the identity: p = 0 keeps every element
+        in.p = n.attrs.i("training") ? n.attrs.f("p") : 0.0;
+        in.stream = static_cast<uint32_t>(n.attrs.i("stream"));
+      } else if (*ew_attr(n.op)) {
+        in.p = n.attrs.f(ew_attr(n.op));
+      }
       for (ValueId v : n.in) {
         const int t = temp_of[static_cast<size_t>(v)];
         if (t >= 0) {

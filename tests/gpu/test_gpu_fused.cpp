@@ -403,3 +403,24 @@ TEST(GpuFused, KernelFiguresComeFromTheLoadedFunction) {
     EXPECT_EQ(cached[i].find("-1 "), std::string::npos) << cached[i];
   }
 }
+
+// Dropout inside groups (its generated kernel draws the op's own masks): relu -> dropout
+// -> tanh with its gradients, and dropout -> residual add -> layer norm, at shapes with
+// and without a multiple of four (the vector loop's lanes and the scalar tail), each as
+// the generated kernel and as one kernel per op, against the CPU.
+TEST(GpuFused, GroupsWithDropoutMatchTheCpu) {
+  for (const Shape& shape : {Shape{5, 33}, Shape{64, 128}})
+    for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split}) {
+      SCOPED_TRACE(shape_str(shape) + ", policy " + std::to_string(static_cast<int>(e)));
+      CompareOptions o(Precision::f32, Tolerance::f32());
+      o.epilogue = e;
+      compare_with_cpu([&](GpuCase& c) { return seam::tanh(dropout(relu(c.param("x", shape)), 0.4)); }, o);
+      compare_with_cpu(
+          [&](GpuCase& c) {
+            Var x = c.param("x", shape);
+            Var h = add(dropout(c.param("h", shape), 0.2), x);
+            return layer_norm(h, c.param("g", {shape.back()}, 0.5, 1.5), c.param("b", {shape.back()}));
+          },
+          o);
+    }
+}

@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "common/half.h"
+#include "common/philox.h"
 #include "ops/elementwise.h"
 #include "ops/fused_ew.h"
 #include "ops/shapes.h"
@@ -146,6 +147,8 @@ EwEval<T> evaluator(const EwInstr& in) {
     return [](const T* v, T) { return fn::name##_fn::grad_b(v[1], v[2], v[0]); };
 #include "seam/ops.def"
     case Op::cast: return cast_evaluator<T>(in.dtype);
+    case Op::dropout:
+    case Op::dropout_grad: return nullptr;  // draws: evaluated in the walk, which knows the element
     default:
       fail("fused_elementwise: ", op_name(in.op), " is not an elementwise op");
   }
@@ -209,14 +212,26 @@ void fused_elementwise_in(const KernelArgs& a, const EwProgram& prog) {
   std::vector<int64_t> idx(r, 0), off(nin + nout, 0);
   T args[3];
   const int64_t n = numel(shape);
+  // Dropout as the op alone computes it (src/backend/cpu/misc.cpp): element i of the
+  // index space is element i of the dropped tensor, which has the group's shape.
+  std::vector<T> keep_scale(ncode);
+  for (size_t c = 0; c < ncode; ++c)
+    if (ew_draws(prog.code[c].op)) keep_scale[c] = static_cast<T>(1.0 / (1.0 - prog.code[c].p));
+  const uint64_t seed = a.state.seed, step = static_cast<uint64_t>(a.state.step);
   for (int64_t i = 0; i < n; ++i) {
     for (size_t c = 0; c < ncode; ++c) {
-      const auto& as = prog.code[c].args;
+      const EwInstr& in = prog.code[c];
+      const auto& as = in.args;
       for (size_t j = 0; j < as.size(); ++j) {
         const int v = as[j];
         args[j] = v >= 0 ? src[static_cast<size_t>(v)][off[static_cast<size_t>(v)]] : temp[static_cast<size_t>(-v - 1)];
       }
-      temp[c] = eval[c](args, param[c]);
+      if (eval[c]) {
+        temp[c] = eval[c](args, param[c]);
+      } else {
+        const float u = dropout_uniform(seed, step, in.stream, static_cast<uint64_t>(i));
+        temp[c] = u >= static_cast<float>(in.p) ? args[0] * keep_scale[c] : T(0);
+      }
     }
     for (size_t o = 0; o < nout; ++o) {
       const T v = temp[static_cast<size_t>(prog.outputs[o])];

@@ -103,14 +103,30 @@ std::string half_helpers(const std::vector<DType>& used, int arch) {
 }
 
 // The statements computing every temp of the program from i<k><lane> into t<k><lane>.
-std::string body(const EwProgram& p, const std::string& lane) {
+// A kernel's step and seed, read once from the device counters, for a program that draws.
+std::string counters_stmt(const EwProgram& p) {
+  if (!p.draws()) return "";
+  return "  const uint64_t seam_step = (uint64_t)((const long long*)args.counters)[0];\n"
+         "  const uint64_t seam_seed = (uint64_t)((const long long*)args.counters)[1];\n";
+}
+
+// The statements computing every temp t<k><lane> of the program; `at` is the element's
+// index in the index space (what a dropout draws for).
+std::string body(const EwProgram& p, const std::string& lane, const std::string& at) {
   std::ostringstream s;
   for (size_t k = 0; k < p.code.size(); ++k) {
     const EwInstr& in = p.code[k];
     auto arg = [&](size_t j) { return operand(lane, in.args[j]); };
     const std::string t = "t" + std::to_string(k) + lane;
     s << "    T " << t << ";\n    {\n";
-    if (const UnaryInfo* u = unary_info(in.op)) {
+    if (ew_draws(in.op)) {  // as dropout's kernel (src/backend/cuda/misc.cu): the same draw, in float
+      char prob[40], keep[40];  // the float values exactly, as hexadecimal literals
+      std::snprintf(prob, sizeof prob, "%af", static_cast<double>(static_cast<float>(in.p)));
+      std::snprintf(keep, sizeof keep, "%af", static_cast<double>(static_cast<float>(1.0 / (1.0 - in.p))));
+      s << "      const float u = seam::dropout_uniform(seam_seed, seam_step, " << in.stream << "u, (uint64_t)(" << at
+        << "));\n";
+      s << "      " << t << " = u >= " << prob << " ? " << arg(0) << " * " << keep << " : 0.0f;\n";
+    } else if (const UnaryInfo* u = unary_info(in.op)) {
       s << "      const T p = " << (*u->attr ? literal(in.p) : "T(0)") << ";\n";
       if (in.op == u->op) {
         s << "      const T x = " << arg(0) << ";\n      " << t << " = (" << u->value << ");\n";
@@ -259,7 +275,7 @@ std::string EwSignature::key() const {
   // The source's hash too: a kernel cached by an earlier version of this generator (or of
   // ew_math.h, or of ops.def's expressions, or built by another compiler or with other
   // options) is not this signature's kernel.
-  const std::string src = ew_source(*this) + kEwMathSource + compiler_tag(arch);
+  const std::string src = ew_source(*this) + kEwMathSource + kPhiloxSource + compiler_tag(arch);
   return s + " source=" + hex(fnv1a(src.data(), src.size())) + " program=" + program;
 }
 
@@ -347,6 +363,7 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
   const std::vector<std::string> lanes = v4 ? std::vector<std::string>{"_x", "_y", "_z", "_w"} : std::vector<std::string>{""};
   const int nl = static_cast<int>(lanes.size());
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
+  o << counters_stmt(p);
   if (cols) {
     o << "  __shared__ double seam_sh[" << nred * nl << "][8][33];\n";
     o << "  const I o = ((I)blockIdx.x * 32 + threadIdx.x) * " << nl << ";\n";
@@ -372,7 +389,7 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
       const std::string sfx = lanes[static_cast<size_t>(l)];
       o << "   {\n";
       for (int k = 0; k < s.inputs(); ++k) o << "    const T i" << k << sfx << " = v" << k << "." << kLanes[l] << ";\n";
-      o << body(p, sfx);
+      o << body(p, sfx, "e + " + std::to_string(l));
       for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
         const std::string t = "t" + std::to_string(p.outputs[j]) + sfx;
         if (p.reduce[j] == EwReduce::none) o << "    r" << j << "." << kLanes[l] << " = " << t << ";\n";
@@ -383,7 +400,7 @@ void reducing_kernel(std::ostringstream& o, const EwSignature& s, const EwProgra
     for (size_t j = 0; j < p.outputs.size(); ++j)
       if (p.reduce[j] == EwReduce::none) o << vec_store(s, static_cast<int>(j), "e");
   } else {
-    o << loads(s) << body(p, "");
+    o << loads(s) << body(p, "", "e");
     for (size_t j = 0, r = 0; j < p.outputs.size(); ++j) {
       const std::string t = "t" + std::to_string(p.outputs[j]);
       if (p.reduce[j] == EwReduce::none)
@@ -434,8 +451,9 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   const std::string y = "args.out[" + std::to_string(jy) + "]", at = "seam_r * seam_dim + c";
   const bool recompute = n == 0 && ydt != DType::f32;
   const std::string value = n > 0 ? "seam_v[k]" : recompute ? ty : load_expr(ydt, y, at);
-  const std::string again = recompute ? "    const I e = " + at + ";\n" + loads(s) + body(p, "") : std::string();
+  const std::string again = recompute ? "    const I e = " + at + ";\n" + loads(s) + body(p, "", "e") : std::string();
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
+  o << counters_stmt(p);
   o << "  const int seam_lane = threadIdx.x & 31;\n";
   o << "  const I seam_rows = (I)args.kept, seam_dim = (I)args.len;\n";
   o << "  for (I seam_r = (I)blockIdx.x * 8 + (threadIdx.x >> 5); seam_r < seam_rows; seam_r += (I)gridDim.x * 8) {\n";
@@ -446,7 +464,7 @@ void norm_kernel(std::ostringstream& o, const EwSignature& s, const EwProgram& p
   // the backward) is written in the second pass, from registers: stores among the first
   // pass's loads would hold them back (the compiler cannot tell they do not alias).
   auto later = [&](size_t j) { return n > 0 && p.outputs[j] == p.outputs[jy]; };
-  o << loads(s) << body(p, "");
+  o << loads(s) << body(p, "", "e");
   for (size_t j = 0; j < p.outputs.size(); ++j)
     if (p.reduce[j] == EwReduce::none && !later(j))
       o << "    "
@@ -493,12 +511,14 @@ std::string ew_source(const EwSignature& s) {
   std::ostringstream o;
   o << "// fused_elementwise: " << s.program << "\n";
   o << "#include \"ew_math.h\"\nusing namespace seam_ew;\ntypedef float T;\n";
+  if (p.draws()) o << "typedef unsigned int uint32_t;\ntypedef unsigned long long uint64_t;\n#include \"philox.h\"\n";
   o << half_helpers(used, s.arch);
   o << "struct EwArgs {\n  const void* in[" << kEwMaxInputs << "];\n  void* out[" << kEwMaxOutputs
     << "];\n  long long n, nvec;\n  int rank;\n  long long size[" << kEwMaxDims << "];\n  long long st["
     << kEwMaxInputs << "][" << kEwMaxDims << "];\n  int kept_rank, red_rank;\n  long long kept_size[" << kEwMaxDims
     << "], kept_st[" << kEwMaxDims << "], red_size[" << kEwMaxDims << "], red_st[" << kEwMaxDims
-    << "];\n  long long kept, len, chunk;\n  double* partial;\n  double scale[" << kEwMaxOutputs << "];\n};\n";
+    << "];\n  long long kept, len, chunk;\n  double* partial;\n  double scale[" << kEwMaxOutputs
+    << "];\n  const void* counters;\n};\n";
   // Index arithmetic in I: 32-bit divisions cost a fraction of 64-bit ones.
   o << (s.idx32 ? "typedef unsigned int I;\n" : "typedef long long I;\n");
   o << "__device__ __forceinline__ I seam_off(const EwArgs& g, int k, I e) {\n"
@@ -518,26 +538,27 @@ std::string ew_source(const EwSignature& s) {
     return o.str();
   }
   o << "extern \"C\" __global__ void __launch_bounds__(256) seam_fused_ew(const EwArgs args) {\n";
+  o << counters_stmt(p);
   o << "  const I stride = (I)gridDim.x * blockDim.x;\n";
   o << "  const I first = (I)blockIdx.x * blockDim.x + threadIdx.x;\n";
   if (s.vec == 4) {
     o << "  for (I v = first; v < (I)args.nvec; v += stride) {\n";
     o << vec_loads(s, "v * 4");
     for (int j = 0; j < outputs; ++j) o << "    float4 r" << j << ";\n";
-    for (const char* lane : {"x", "y", "z", "w"}) {
-      const std::string l = std::string("_") + lane;
+    for (int lane = 0; lane < 4; ++lane) {
+      const std::string l = std::string("_") + kLanes[lane];
       o << "  {\n";
-      for (int k = 0; k < inputs; ++k) o << "    const T i" << k << l << " = v" << k << "." << lane << ";\n";
-      o << body(p, l);
+      for (int k = 0; k < inputs; ++k) o << "    const T i" << k << l << " = v" << k << "." << kLanes[lane] << ";\n";
+      o << body(p, l, "v * 4 + " + std::to_string(lane));
       for (int j = 0; j < outputs; ++j)
-        o << "    r" << j << "." << lane << " = t" << p.outputs[static_cast<size_t>(j)] << l << ";\n";
+        o << "    r" << j << "." << kLanes[lane] << " = t" << p.outputs[static_cast<size_t>(j)] << l << ";\n";
       o << "  }\n";
     }
     for (int j = 0; j < outputs; ++j) o << vec_store(s, j, "v * 4");
     o << "  }\n";
   }
   o << "  for (I e = (I)args.nvec * 4 + first; e < (I)args.n; e += stride) {\n";
-  o << loads(s) << body(p, "");
+  o << loads(s) << body(p, "", "e");
   for (int j = 0; j < outputs; ++j)
     o << "    " << store_stmt(s.out_dtype(j), "args.out[" + std::to_string(j) + "]", "e",
                               "t" + std::to_string(p.outputs[static_cast<size_t>(j)]));
@@ -549,9 +570,9 @@ GeneratedKernel compile_ew(const EwSignature& s) {
   const std::string src = ew_source(s);
   const auto t0 = std::chrono::steady_clock::now();
   nvrtcProgram prog = nullptr;
-  const char* header = kEwMathSource;
-  const char* header_name = "ew_math.h";
-  SEAM_NVRTC_CHECK(nvrtcCreateProgram(&prog, src.c_str(), "seam_ew.cu", 1, &header, &header_name));
+  const char* headers[] = {kEwMathSource, kPhiloxSource};
+  const char* header_names[] = {"ew_math.h", "philox.h"};
+  SEAM_NVRTC_CHECK(nvrtcCreateProgram(&prog, src.c_str(), "seam_ew.cu", 2, headers, header_names));
   struct Destroy {
     nvrtcProgram& p;
     ~Destroy() { nvrtcDestroyProgram(&p); }

@@ -52,6 +52,8 @@ struct EwArgs {
   long long kept, len, chunk;
   double* partial;
   double scale[kEwMaxOutputs];
+  // DeviceCounters (its step, then its seed), for a program that draws dropout masks.
+  const void* counters;
 };
 
 // How the kernel walks its index space: one thread per element (vectorized when it can),

@@ -1,6 +1,7 @@
 // fused_elementwise on the GPU: a kernel generated for the group's program (codegen.h),
 // launched over the output's elements.
 #include <algorithm>
+#include <cstddef>
 #include <functional>
 #include <string>
 
@@ -77,7 +78,10 @@ Variant split_variant(const StepArgs& a, const std::string& program, const Shape
         o = d;
       }
     Attrs attrs;
-    if (*ew_attr(in.op)) attrs.set(ew_attr(in.op), in.p);
+    if (ew_draws(in.op))
+      attrs = Attrs{{"p", in.p}, {"stream", static_cast<int64_t>(in.stream)}, {"training", int64_t{1}}};
+    else if (*ew_attr(in.op))
+      attrs.set(ew_attr(in.op), in.p);
     parts.push_back(prepare_as_step(a, in.op, attrs, operands, {temp[c]}));
   }
   for (size_t j = 0; j < prog.outputs.size(); ++j) {
@@ -205,6 +209,9 @@ EwSignature signature_of(const Walk& w, const std::vector<Shape>& in_shapes, con
 }
 
 static_assert(PartialSums::kMaxOutputs >= kEwMaxOutputs, "every reduced output's partials are added up in one launch");
+// Generated kernels read the counters as two 64-bit words (codegen.cpp, counters_stmt).
+static_assert(offsetof(DeviceCounters, step) == 0 && offsetof(DeviceCounters, seed) == 8,
+              "generated kernels read the step and the seed as the counters' first two words");
 
 Launch prepare_fused_elementwise(const StepArgs& a) {
   for (auto* ts : {&a.in, &a.out})
@@ -243,6 +250,7 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
     const bool as_vector = !s.strided[k] || (s.vec == 4 && !s.splat[k]);
     aligned = aligned && (!as_vector || vector_aligned(a.in[k]));
   }
+  args.counters = a.ctx.counters;  // read when the kernel runs: a graph replay sees each step's
   int reduced = 0;
   PartialSums fin;
   std::vector<size_t> reduced_output;  // the output each reduced one is
