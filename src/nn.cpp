@@ -57,6 +57,16 @@ Var layer_norm(Var x, const std::string& name, double eps) {
   return seam::layer_norm(x, gamma, beta, eps);
 }
 
+Var position_embedding(Var x, int64_t num, const std::string& name) {
+  Graph& g = x.graph();
+  if (x.rank() != 3) fail("position_embedding layer '", name, "': input ", g.describe(x.id()), " is not [B, T, C]");
+  const int64_t T = x.dim(1);
+  if (num < 1 || T > num)
+    fail("position_embedding layer '", name, "': a sequence of ", T, " positions is longer than its ", num, " rows");
+  Var w = g.param(name + ".weight", {num, x.dim(2)}, Init::normal(0, 0.02), true, x.dtype());
+  return add(x, T == num ? w : slice(w, 0, 0, T));
+}
+
 Var embedding(Var ids, int64_t num, int64_t dim, const std::string& name) {
   Var w = ids.graph().param(name + ".weight", {num, dim}, Init::normal(0, 1));
   return seam::embedding(ids, w);
@@ -114,9 +124,7 @@ Var gpt(Var tokens, const GptConfig& c) {
   if (T > c.block_size) fail("gpt: a sequence of ", T, " tokens is longer than block_size ", c.block_size);
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   Var wte = g.param("wte.weight", {c.rows(), C}, Init::normal(0, 0.02), true, c.dtype);
-  Var wpe = g.param("wpe.weight", {c.block_size, C}, Init::normal(0, 0.02), true, c.dtype);
-  Var pos = T == c.block_size ? wpe : slice(wpe, 0, 0, T);
-  Var x = maybe_dropout(add(seam::embedding(tokens, wte), pos), c.dropout);
+  Var x = maybe_dropout(position_embedding(seam::embedding(tokens, wte), c.block_size, "wpe"), c.dropout);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l);
     auto scope = g.scope(h);

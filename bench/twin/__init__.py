@@ -1,7 +1,8 @@
 """The PyTorch twin of a seam model file, and a check of seam's first training step against it.
 
-Twin(model) parses a model file as src/io/model_file.cpp does (a "layers" sequence or a
-"nodes" graph, the same defaults, names and errors) and is an nn.Module that computes
+Twin(model) parses a model file as src/io/model_file.cpp does (a "layers" sequence, a
+"nodes" graph, or a "model" such as the GPT, expanded into nodes as nn::gpt builds it;
+the same defaults, names and errors) and is an nn.Module that computes
 seam's forward with PyTorch's ops. Its parameters and buffers carry seam's names
 ("conv1.weight", "bn1.running_mean", ...): `twin.state_dict()` keys are seam's names
 whenever they can be PyTorch module paths (always, unless a name has an empty part or a
@@ -53,7 +54,7 @@ from .model import Twin
 from .ops import OPS, philox_uniform
 from .optim import (Optimizer, Schedule, SeamSchedule, make_optimizer, module_param_groups, param_groups,
                     split_decay, uses_f16)
-from .parse import ModelFile, Node, load_model, parse_model, parse_nodes
+from .parse import ModelFile, Node, gpt_nodes, load_model, parse_model, parse_nodes
 from .fused import parse_program, run_program
 from .schema import (DECAY_LAYERS, LAYERS, PRECISIONS, SCHEMAS, UNREACHABLE, ModelFileError, model_file_ops,
                      seam_ops)
@@ -61,6 +62,6 @@ from .schema import (DECAY_LAYERS, LAYERS, PRECISIONS, SCHEMAS, UNREACHABLE, Mod
 __all__ = ["ERROR_RATIO", "TOLERANCE", "CheckResult", "Row", "check_step", "compare", "near_ties", "rel_l2",
            "run_seam_step", "torch_step", "ulps", "Twin", "OPS", "philox_uniform", "Optimizer", "Schedule",
            "SeamSchedule", "make_optimizer", "module_param_groups", "param_groups", "split_decay", "uses_f16",
-           "ModelFile", "Node", "load_model", "parse_model", "parse_nodes", "parse_program", "run_program",
+           "ModelFile", "Node", "gpt_nodes", "load_model", "parse_model", "parse_nodes", "parse_program", "run_program",
            "DECAY_LAYERS", "LAYERS", "PRECISIONS", "SCHEMAS", "UNREACHABLE", "ModelFileError", "model_file_ops",
            "seam_ops"]

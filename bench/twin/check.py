@@ -180,6 +180,11 @@ def run_seam_step(seam_binary, model_path, out_dir, precision=None, device="cpu"
         return json.load(f)
 
 
+def _steps_per_epoch(info):
+    """The steps an epoch `seam step`'s schedule assumed (its data's; older binaries: 60000 images)."""
+    return info.get("steps_per_epoch") or max(1, 60000 // info["batch"])
+
+
 def torch_step(twin, opt, sched, x, y, scaler=None):
     """One training step as seam's: forward and loss, backward (scaled at f16), gradients
     unscaled and clipped to clip_norm, a step whose loss or gradient norm is not finite
@@ -317,7 +322,7 @@ def _check_once(seam_binary, mp, path, tmp, precision, device, batch, seed, layo
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
     try:
-        opt, sched = make_optimizer(twin, steps_per_epoch=max(1, 60000 // info["batch"]))
+        opt, sched = make_optimizer(twin, steps_per_epoch=_steps_per_epoch(info))
         scaler = None
         if uses_f16(twin):
             scaler = torch.amp.GradScaler(dev.type, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
@@ -329,7 +334,7 @@ def _check_once(seam_binary, mp, path, tmp, precision, device, batch, seed, layo
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
     if want_ties:
         ref.probe = {}
-    ref_opt, ref_sched = make_optimizer(ref, steps_per_epoch=max(1, 60000 // info["batch"]))
+    ref_opt, ref_sched = make_optimizer(ref, steps_per_epoch=_steps_per_epoch(info))
     ref_logits, ref_loss, ref_grads = torch_step(ref, ref_opt, ref_sched, x.double(), y)
     ties = None
     if want_ties:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .ops import OPS, _as_f32, philox_uniform
 from .parse import _get, _unknown, load_model, parse_nodes
-from .schema import DECAY_LAYERS, KINK_OPS, LOW, PRECISIONS, ModelFileError, fail
+from .schema import DECAY_LAYERS, DTYPES, KINK_OPS, LOW, PRECISIONS, ModelFileError, fail
 
 
 class Layer(torch.nn.Module):
@@ -61,7 +61,7 @@ class Twin(torch.nn.Module):
             for n in node.inputs:
                 self._last_use[n] = k
         gen = torch.Generator().manual_seed(init_seed)
-        values = {"x": torch.empty(2, *m.input_shape, device="meta")}
+        values = {"x": torch.empty(2, *m.input_shape, device="meta", dtype=DTYPES[m.input_dtype])}
         for node in self.nodes:
             ins = [values[n] for n in node.inputs]
             if node.layer:
@@ -74,9 +74,9 @@ class Twin(torch.nn.Module):
                 fail(node.where, ": ", e)
         self._building = False
         out = values[self.output_name]
-        if list(out.shape) != [2, m.classes]:
+        if out.dim() < 2 or out.shape[0] != 2 or out.shape[-1] != m.classes:
             fail(m.source, ": the network's output is ", out.dtype, list(out.shape),
-                 " but must be [batch, classes] = [2, ", m.classes, "]")
+                 " but must be [batch, ..., classes] = [2, ..., ", m.classes, "]")
 
     # -- parameters -------------------------------------------------------------------
 
@@ -128,6 +128,11 @@ class Twin(torch.nn.Module):
             if node.op == "batch_norm":
                 layer.register_buffer("running_mean", torch.zeros(c))
                 layer.register_buffer("running_var", torch.ones(c))
+        elif node.op == "position_embedding":
+            if x.dim() != 3 or a["num"] < 1 or x.shape[1] > a["num"]:
+                fail(node.where, ": position_embedding layer '", node.name, "': input ", list(x.shape),
+                     " is not [B, T, C] with T <= num = ", a["num"])
+            params["weight"] = torch.nn.Parameter(torch.randn(a["num"], x.shape[2], generator=gen) * 0.02)
         else:
             if x.dtype != torch.int32:
                 fail(node.where, ": embedding ids must be i32")
@@ -222,7 +227,9 @@ class Twin(torch.nn.Module):
 
     def loss(self, logits, y):
         """The model file's loss: cross entropy (with its label smoothing) in fp32."""
-        return F.cross_entropy(_as_f32(logits), y.long(), label_smoothing=self.label_smoothing)
+        # A label per position ([B, T] against [B, T, V]): the mean over every label, as seam's.
+        return F.cross_entropy(_as_f32(logits).reshape(-1, logits.shape[-1]), y.long().reshape(-1),
+                               label_smoothing=self.label_smoothing)
 
     def _low_of(self, node):
         """The 16-bit dtype the node computes GEMMs in, or None."""

@@ -131,6 +131,12 @@ def _embedding_layer(tw, node, ins):
     return y.to(low) if low is not None else y  # seam reads the weight's 16-bit working copy
 
 
+def _position_embedding_layer(tw, node, ins):
+    """nn::position_embedding: x plus the table's first T rows (seam's add of the two)."""
+    x = ins[0]
+    return torch.add(x, tw._param(node, "weight")[: x.shape[1]])
+
+
 def _cast(tw, node, ins):
     x, name = ins[0], node.attrs["dtype"]
     if name not in DTYPES:
@@ -310,6 +316,7 @@ OPS = {
     "count_equal": lambda tw, node, ins: ((ins[0] == ins[1]) & (ins[1] >= 0)).sum().to(torch.int32),
     "dropout": lambda tw, node, ins: (_float_only(node, ins), tw._dropout(node, ins[0]))[1],
     "embedding": _embedding_layer,
+    "position_embedding": _position_embedding_layer,
     "matmul": _matmul,
     "attention": _attention,
     "linear": _linear_layer,

@@ -145,6 +145,8 @@ class ModelFile:
     val_split: float = 0.0
     crop_padding: int = 0
     horizontal_flip: bool = False
+    input_dtype: str = "f32"
+    gpt: dict = None  # "model": {"type": "gpt", ...}, its settings complete
 
     def total_steps(self, steps_per_epoch):
         """ModelSpec::fix_schedule_length: a cosine schedule's length when the file left it out."""
@@ -177,21 +179,30 @@ def parse_model(j, source):
     _check_keys(j, TOP_KEYS, source)
     s = ModelFile(source=source, json=j)
     s.name = _get(j, "name", "model", "str", source)
-    if "input" not in j:
-        fail(source, ": 'input' is missing (e.g. \"input\": {\"shape\": [1, 28, 28]})")
-    _check_keys(j["input"], ["shape"], source + ": input")
-    s.input_shape = _get(j["input"], "shape", [], "ints", source + ": input")
-    if not s.input_shape:
-        fail(source, ": input.shape must list the sample dims, e.g. [784] or [1, 28, 28]")
-    if any(d <= 0 for d in s.input_shape):
-        fail(source, ": input.shape ", s.input_shape, " has a non-positive dim")
-    s.classes = _get(j, "classes", 10, "int", source)
-    if ("layers" in j) == ("nodes" in j):
-        fail(source, ": give exactly one of 'layers' (a sequence) or 'nodes' (a graph)")
-    s.sequential = "layers" in j
-    s.layers = j["layers"] if s.sequential else j["nodes"]
-    if not isinstance(s.layers, list) or not s.layers:
-        fail(source, ": '", "layers" if s.sequential else "nodes", "' must be a non-empty list")
+    if ("layers" in j) + ("nodes" in j) + ("model" in j) != 1:
+        fail(source, ": give exactly one of 'layers' (a sequence), 'nodes' (a graph) or 'model' (a built-in network)")
+    if "model" in j:
+        s.gpt = _parse_gpt(j["model"], source + ": model")
+        s.input_shape, s.input_dtype = [s.gpt["block_size"]], "i32"
+        s.sequential, s.layers = False, gpt_nodes(s.gpt)
+    else:
+        if "input" not in j:
+            fail(source, ": 'input' is missing (e.g. \"input\": {\"shape\": [1, 28, 28]})")
+        s.sequential = "layers" in j
+        s.layers = j["layers"] if s.sequential else j["nodes"]
+        if not isinstance(s.layers, list) or not s.layers:
+            fail(source, ": '", "layers" if s.sequential else "nodes", "' must be a non-empty list")
+    if "input" in j:
+        _check_keys(j["input"], ["shape", "dtype"], source + ": input")
+        s.input_shape = _get(j["input"], "shape", s.input_shape or [], "ints", source + ": input")
+        if not s.input_shape:
+            fail(source, ": input.shape must list the sample dims, e.g. [784] or [1, 28, 28]")
+        if any(d <= 0 for d in s.input_shape):
+            fail(source, ": input.shape ", s.input_shape, " has a non-positive dim")
+        s.input_dtype = _get(j["input"], "dtype", "i32" if s.gpt else "f32", "str", source + ": input")
+        if s.input_dtype not in ("f32", "i32"):
+            _unknown(source + ": input", "dtype", s.input_dtype, ["f32", "i32"])
+    s.classes = _get(j, "classes", s.gpt["vocab"] if s.gpt else 10, "int", source)
     s.batch_size = _get(j, "batch_size", 128, "int", source)
     s.epochs = _get(j, "epochs", 10, "int", source)
     s.seed = _get(j, "seed", 0, "int", source)
@@ -219,7 +230,7 @@ def parse_model(j, source):
     s.optimizer = _parse_optimizer(j["optimizer"], source + ": optimizer") if "optimizer" in j else Optimizer()
     if "data" in j:
         w = source + ": data"
-        _check_keys(j["data"], ["val_split", "augment"], w)
+        _check_keys(j["data"], ["val_split", "augment", "tokens"], w)
         s.val_split = _get(j["data"], "val_split", 0.0, "float", w)
         if not 0 <= s.val_split < 1:
             fail(source, ": data.val_split must be in [0, 1)")
@@ -236,6 +247,71 @@ def parse_model(j, source):
                 fail(w, ": augmentation crops and flips images; input.shape ", s.input_shape,
                      " is not [channels, height, width]")
     return s
+
+
+_GPT = {"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab": 256, "padded_vocab": 0, "block_size": 256,
+        "dropout": 0.0, "tie_weights": True, "ln_eps": 1e-5}
+
+
+def _parse_gpt(m, where):
+    """model_file.cpp's parse_gpt: the settings of nn::GptConfig, checked as validate() does."""
+    if not isinstance(m, dict):
+        fail(where, ": must be an object, e.g. {\"type\": \"gpt\", \"n_layer\": 6, ...}")
+    if _get(m, "type", "", "str", where) != "gpt":
+        _unknown(where, "model type", m.get("type", ""), ["gpt"])
+    _check_keys(m, ["type"] + list(_GPT), where)
+    kinds = {bool: "bool", int: "int", float: "float"}
+    c = {k: _get(m, k, v, kinds[type(v)], where) for k, v in _GPT.items()}
+    for k in ("n_layer", "n_head", "n_embd", "vocab", "block_size"):
+        if c[k] < 1:
+            fail(where, ": gpt: ", k, " must be >= 1, got ", c[k])
+    if c["n_embd"] % c["n_head"]:
+        fail(where, ": gpt: n_embd ", c["n_embd"], " is not divisible by n_head ", c["n_head"])
+    if c["padded_vocab"] and c["padded_vocab"] < c["vocab"]:
+        fail(where, ": gpt: padded_vocab ", c["padded_vocab"], " is smaller than vocab ", c["vocab"])
+    if not 0 <= c["dropout"] < 1:
+        fail(where, ": gpt: dropout must be in [0, 1), got ", c["dropout"])
+    return c
+
+
+def gpt_nodes(c):
+    """nn::gpt (src/nn.cpp) as the entries of a 'nodes' model file: the same ops, in the same
+    order, with the same parameter names."""
+    C, H, T = c["n_embd"], c["n_head"], c["block_size"]
+    D, rows = C // H, c["padded_vocab"] or c["vocab"]
+    out = []
+
+    def node(name, op, inputs, **attrs):
+        out.append(dict(op=op, name=name, inputs=inputs if isinstance(inputs, list) else [inputs], **attrs))
+        return name
+
+    def drop(name, x):
+        return node(name, "dropout", x, p=c["dropout"]) if c["dropout"] > 0 else x
+
+    x = node("wte", "embedding", "x", num=rows, dim=C)
+    x = drop("emb_drop", node("wpe", "position_embedding", x, num=T))
+    for l in range(c["n_layer"]):
+        h = f"h.{l}"
+        a = node(f"{h}.ln_1", "layer_norm", x, eps=c["ln_eps"])
+        a = node(f"{h}.attn.c_attn", "linear", a, out=3 * C)
+        a = node(f"{h}.attn.heads", "transpose", node(f"{h}.attn.split", "reshape", a, shape=[-1, T, 3, H, D]),
+                 perm=[2, 0, 3, 1, 4])
+        qkv = [node(f"{h}.attn.{p}", "reshape", node(f"{h}.attn.{p}_slab", "slice", a, axis=0, start=i, end=i + 1),
+                    shape=[-1, H, T, D]) for i, p in enumerate("qkv")]
+        a = node(f"{h}.attn.sdpa", "attention", qkv, causal=1)
+        a = node(f"{h}.attn.merge", "reshape", node(f"{h}.attn.unheads", "transpose", a, perm=[0, 2, 1, 3]),
+                 shape=[-1, T, C])
+        a = drop(f"{h}.attn.drop", node(f"{h}.attn.c_proj", "linear", a, out=C))
+        x = node(f"{h}.res_1", "add", [x, a])
+        m = node(f"{h}.ln_2", "layer_norm", x, eps=c["ln_eps"])
+        m = node(f"{h}.mlp.gelu", "gelu_tanh", node(f"{h}.mlp.c_fc", "linear", m, out=4 * C))
+        m = drop(f"{h}.mlp.drop", node(f"{h}.mlp.c_proj", "linear", m, out=C))
+        x = node(f"{h}.res_2", "add", [x, m])
+    x = node("ln_f", "layer_norm", x, eps=c["ln_eps"])
+    x = node("lm_head", "linear", x, out=rows, bias=False, **({"tie": "wte"} if c["tie_weights"] else {}))
+    if rows != c["vocab"]:
+        x = node("logits", "slice", x, axis=2, start=0, end=c["vocab"])
+    return out
 
 
 def _to_attr(v, like, where, key):

@@ -75,8 +75,8 @@ SCHEMAS = {
     "cross_entropy": (["logits", "labels"], {"ignore_index": -100, "label_smoothing": 0.0}),
     "mse": (["prediction", "target"], {}),
     "layer_norm": (["x", "gamma", "beta"], {"eps": 1e-5}),
-    "batch_norm": (["x", "gamma", "beta", "running_mean", "running_var"],
-                   {"momentum": 0.1, "eps": 1e-5, "training": 1, "layout": "nchw"}),
+    "batch_norm": (["x", "gamma", "beta", "running_mean", "running_var", "z?"],
+                   {"momentum": 0.1, "eps": 1e-5, "training": 1, "layout": "nchw", "activation": "none"}),
     "conv2d": (["x", "w", "b?"], {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1,
                                   "layout": "nchw"}),
     "max_pool2d": (["x"], dict(_POOL)),
@@ -86,13 +86,14 @@ SCHEMAS = {
 }
 # Layers that create their parameters (model_file.cpp's kLayers), with their settings.
 LAYERS = {"linear": ["out", "bias", "tie"], "conv2d": ["out", "kernel", "stride", "padding", "dilation", "groups", "bias"],
-          "batch_norm": ["momentum", "eps"], "layer_norm": ["eps"], "embedding": ["num", "dim"]}
+          "batch_norm": ["momentum", "eps"], "layer_norm": ["eps"], "embedding": ["num", "dim"],
+          "position_embedding": ["num"]}
 # The layers whose weight seam creates with weight decay (src/nn.cpp); no bias and no norm
 # parameter decays. Both the twin and a plain torch module (module_param_groups) split
 # their parameters by it, so that every side of a comparison runs the same optimizer.
-DECAY_LAYERS = {"linear", "conv2d", "embedding"}
+DECAY_LAYERS = {"linear", "conv2d", "embedding", "position_embedding"}
 NODE_KEYS = ["op", "name", "inputs", "input", "precision"]
-TOP_KEYS = ["name", "input", "classes", "layers", "nodes", "output", "loss", "optimizer", "batch_size", "epochs",
+TOP_KEYS = ["name", "input", "classes", "layers", "nodes", "model", "output", "loss", "optimizer", "batch_size", "epochs",
             "seed", "device", "precision", "master_weights", "layout", "data", "description"]
 # Ops of `seam ops` that no model file can use, and why (seam refuses them the same way).
 UNREACHABLE = {

@@ -20,6 +20,10 @@ Var layer_norm(Var x, const std::string& name, double eps = 1e-5);
 // weight ~ N(0, 1), as torch.nn.Embedding.
 Var embedding(Var ids, int64_t num, int64_t dim, const std::string& name);
 
+// Learned positions: x [B, T, C] plus rows 0..T-1 of a table "<name>.weight" [num, C]
+// (T <= num), N(0, 0.02) as GPT-2's, with weight decay.
+Var position_embedding(Var x, int64_t num, const std::string& name);
+
 // A GPT (GPT-2's structure): token and learned position embeddings, n_layer pre-norm
 // blocks (layer norm, causal self-attention of n_head heads, residual add; layer norm,
 // a 4x MLP with GELU (tanh), residual add), a final layer norm and the output projection,

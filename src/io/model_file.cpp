@@ -27,6 +27,7 @@ const std::map<std::string, std::vector<std::string>> kLayers = {
     {"batch_norm", {"momentum", "eps"}},
     {"layer_norm", {"eps"}},
     {"embedding", {"num", "dim"}},
+    {"position_embedding", {"num"}},
 };
 const std::vector<std::string> kNodeKeys = {"op", "name", "inputs", "input", "precision"};
 
@@ -386,6 +387,9 @@ Var network(const ModelSpec& s, Var x, BuiltGraph& b) {
           out = nn::batch_norm(in, name, get<double>(L, "momentum", 0.1, where), get<double>(L, "eps", 1e-5, where));
         } else if (op == "layer_norm") {
           out = nn::layer_norm(in, name, get<double>(L, "eps", 1e-5, where));
+        } else if (op == "position_embedding") {
+          if (!L.contains("num")) fail(where, ": 'num' (the positions it holds) is required");
+          out = nn::position_embedding(in, get<int64_t>(L, "num", 0, where), name);
         } else {
           if (in.dtype() != DType::i32) fail(where, ": embedding ids must be i32");
           out = nn::embedding(in, get<int64_t>(L, "num", 0, where), get<int64_t>(L, "dim", 0, where), name);

@@ -41,7 +41,8 @@ int run_step(const StepOptions& o) {
   if (o.precision) spec.precision = *o.precision;
   if (o.layout) spec.layout = *o.layout;
   const int64_t B = o.batch.value_or(spec.batch_size);
-  spec.fix_schedule_length(data_steps_per_epoch(spec, B));
+  const int64_t steps_per_epoch = data_steps_per_epoch(spec, B);
+  spec.fix_schedule_length(steps_per_epoch);
   const io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed,
                          .device = resolve_device(o.device),
@@ -98,6 +99,7 @@ int run_step(const StepOptions& o) {
                                     {"layout", layout_policy_name(spec.layout)},
                                     {"seed", spec.seed},
                                     {"data_seed", o.data_seed},
+                                    {"steps_per_epoch", steps_per_epoch},
                                     {"loss", loss}};
   const std::string text = info.dump(2) + "\n";
   write_file_atomically((dir / "step.json").string(), std::as_bytes(std::span(text)));

@@ -93,7 +93,8 @@ struct StepOptions {
 // to check itself against (bench/torch_twin.py): OUT/init.safetensors (parameters and
 // states before the step, by name), OUT/batch.safetensors (x, y), OUT/after.safetensors
 // (parameters and states after the update, the gradients as "grad/<name>", the logits
-// and the loss) and OUT/step.json (what was run).
+// and the loss) and OUT/step.json (what was run, with the steps an epoch its schedule
+// assumed).
 int run_step(const StepOptions& o);
 
 // Prints the compiled step of a model file (training plan, or evaluation with eval).

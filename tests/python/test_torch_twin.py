@@ -206,7 +206,17 @@ OPS_E = {
         {"op": "linear", "name": "fc", "out": 3},
     ],
 }
-OP_MODELS = [OPS_A, OPS_B, OPS_C, OPS_D, OPS_E]
+# A GPT ("model": nn::gpt's nodes): token and position embeddings, causal attention on
+# heads split and merged by permutes, GELU (tanh) MLPs, a padded vocabulary cut off the
+# logits by a slice, dropout, the output projection tied to the token embedding.
+OPS_F = {
+    "name": "ops_f", "seed": 3, "batch_size": 3,
+    "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 16, "vocab": 50, "padded_vocab": 64,
+              "block_size": 12, "dropout": 0.1},
+    "optimizer": {"type": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.1, "clip_norm": 1.0,
+                  "schedule": {"type": "cosine", "warmup_steps": 2}},
+}
+OP_MODELS = [OPS_A, OPS_B, OPS_C, OPS_D, OPS_E, OPS_F]
 
 
 def write(tmp_path, model):
@@ -216,6 +226,8 @@ def write(tmp_path, model):
 
 
 def ops_of(model):
+    if "model" in model:
+        return {e["op"] for e in tt.gpt_nodes(tt.load_model(model).gpt)}
     return {e["op"] for e in model.get("layers", model.get("nodes", []))}
 
 
@@ -258,7 +270,7 @@ def test_names_that_are_no_module_path(tmp_path):
     ([{"op": "linear", "out": 2, "inptus": "x"}], "unknown key 'inptus'"),
     ([{"op": "stop_gradient"}, {"op": "linear", "out": 2}], "unknown op 'stop_gradient'"),
     ([{"op": "full", "shape": [2]}, {"op": "linear", "out": 2}], "full cannot be used in a model file"),
-    ([{"op": "linear", "out": 3}], "must be [batch, classes]"),
+    ([{"op": "linear", "out": 3}], "must be [batch, ..., classes]"),
     ([{"op": "scale"}, {"op": "linear", "out": 2}], "attribute 'factor' is required"),
     ([{"op": "linear", "out": 2, "precision": "tf32"}], "tf32 is a policy"),
     ([{"op": "softmax", "precision": "bf16"}, {"op": "linear", "out": 2}], "computes in f32 at every precision"),
