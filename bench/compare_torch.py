@@ -24,6 +24,11 @@ file, examples/resnet18_cifar.json) before the timing, and reports whether the l
 logits, gradients and update agree (twin.check_step); the exit status is 1 if one
 does not.
 
+W6 is GPT-2 124M (`Gpt` below, nanoGPT's and llm.c's formulation, its parameters named
+as seam's so that seam's tensors load into it; tests/python checks it against `seam step`)
+with bf16 autocast, fused AdamW, clipping at 1.0 and cuDNN's attention; the variant
+eager_fused_flash_sdpa takes the flash backend instead (no other workload has attention).
+
 W5's torchvision ResNet-18 decays only what seam decays (conv and linear weights, never
 biases or batch-norm parameters: twin.module_param_groups), so that the optimizer step
 timed here is the one seam and the twin run.
@@ -33,6 +38,7 @@ import argparse
 import csv
 import gc
 import os
+import math
 import statistics
 import sys
 
@@ -49,10 +55,15 @@ WORKLOADS = {
     # torchvision's resnet18(num_classes=10) on 32x32x3 inputs, channels_last, as
     # examples/resnet18_cifar.json (seam's W5).
     "W5": dict(batch=256, image=[3, 32, 32], classes=10, resnet18=True, opt="sgd", lr=0.1, momentum=0.9, wd=5e-4),
+    # GPT-2 124M as examples/gpt2_124m.json (seam's W6): bf16 autocast, AdamW (0.9, 0.95)
+    # with decay on the 2-D weights, global-norm clipping, cuDNN's attention unless a
+    # variant names another backend.
+    "W6": dict(batch=16, gpt=dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, padded_vocab=50304, block_size=1024),
+               opt="adamw", lr=6e-4, betas=(0.9, 0.95), wd=0.1, clip=1.0, precision="bf16", sdpa="cudnn"),
 }
 # The built-in workloads that are model files in seam (bench's W5 is this file, built in).
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
-MODEL_FILES = {"W5": os.path.join(EXAMPLES, "resnet18_cifar.json")}
+MODEL_FILES = {"W5": os.path.join(EXAMPLES, "resnet18_cifar.json"), "W6": os.path.join(EXAMPLES, "gpt2_124m.json")}
 
 
 def model_file_spec(path):
@@ -104,6 +115,54 @@ class Residual(torch.nn.Module):
         return self.head(h)
 
 
+class Gpt(torch.nn.Module):
+    """GPT-2 as nanoGPT and llm.c write it, named as seam's nn::gpt names its parameters
+    (so seam's tensors load into it): pre-norm blocks of causal attention through
+    F.scaled_dot_product_attention and a GELU (tanh) MLP, the output projection tied to
+    wte, a padded vocabulary cut off the logits."""
+
+    def __init__(self, n_layer, n_head, n_embd, vocab, block_size, padded_vocab=0):
+        super().__init__()
+        rows = padded_vocab or vocab
+        self.n_head, self.vocab = n_head, vocab
+        self.wte = torch.nn.Embedding(rows, n_embd)
+        self.wpe = torch.nn.Embedding(block_size, n_embd)
+        self.h = torch.nn.ModuleList(Block(n_embd) for _ in range(n_layer))
+        self.ln_f = torch.nn.LayerNorm(n_embd)
+        for name, p in self.named_parameters():  # GPT-2's initialization
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") else 0.02
+                torch.nn.init.normal_(p, 0.0, std)
+            elif not name.endswith("ln_1.weight") and not name.endswith("ln_2.weight") and name != "ln_f.weight":
+                torch.nn.init.zeros_(p)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.wte(idx.long()) + self.wpe.weight[:t]
+        for block in self.h:
+            x = block(x, self.n_head)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return logits[..., : self.vocab]
+
+
+class Block(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln_1, self.ln_2 = torch.nn.LayerNorm(c), torch.nn.LayerNorm(c)
+        self.attn = torch.nn.Module()
+        self.attn.c_attn, self.attn.c_proj = torch.nn.Linear(c, 3 * c), torch.nn.Linear(c, c)
+        self.mlp = torch.nn.Module()
+        self.mlp.c_fc, self.mlp.c_proj = torch.nn.Linear(c, 4 * c), torch.nn.Linear(4 * c, c)
+
+    def forward(self, x, n_head):
+        b, t, c = x.shape
+        q, k, v = self.attn.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, n_head, c // n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.attn.c_proj(y)
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
 def make(spec, **opt_kwargs):
     torch.manual_seed(0)
     if spec.get("model_file"):
@@ -111,10 +170,22 @@ def make(spec, **opt_kwargs):
         if model.has_conv:
             model = model.to(memory_format=torch.channels_last)
         opt, _ = twin.make_optimizer(model, **opt_kwargs)  # SGD drops capturable, as W5's
+        if model.model_file.input_dtype == "i32":  # token ids, and a label per position
+            x = torch.randint(0, model.classes, (spec["batch"], *model.input_shape), device="cuda", dtype=torch.int32)
+            y = torch.randint(0, model.classes, tuple(x.shape), device="cuda")
+            return model, opt, x, y
         x = torch.randn(spec["batch"], *model.input_shape, device="cuda")
         if model.has_conv and x.dim() == 4:
             x = x.to(memory_format=torch.channels_last)
         y = torch.randint(0, model.classes, (spec["batch"],), device="cuda")
+        return model, opt, x, y
+    if spec.get("gpt"):
+        g = spec["gpt"]
+        model = Gpt(**g).cuda()
+        opt = torch.optim.AdamW(twin.module_param_groups(model, spec["wd"]), lr=spec["lr"], betas=spec["betas"],
+                                **opt_kwargs)
+        x = torch.randint(0, g["vocab"], (spec["batch"], g["block_size"]), device="cuda", dtype=torch.int32)
+        y = torch.randint(0, g["vocab"], (spec["batch"], g["block_size"]), device="cuda")
         return model, opt, x, y
     if spec.get("resnet18"):
         import torchvision
@@ -165,20 +236,43 @@ def autocast():
     return contextlib.nullcontext()
 
 
-def trainer(model, opt, x, y, label_smoothing=0.0):
-    """One step: forward and loss under autocast, backward, update (scaled at f16)."""
+def loss_of(model, x, y, label_smoothing=0.0):
+    """The mean cross entropy over every label (one a sample, or one a position)."""
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), label_smoothing=label_smoothing)
+
+
+def sdpa_backend(spec):
+    """The attention backend a spec asks for, as a context (none for workloads without attention)."""
+    name = spec.get("sdpa")
+    if not name:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                        "efficient": SDPBackend.EFFICIENT_ATTENTION}[name])
+
+
+def trainer(model, opt, x, y, spec):
+    """One step: forward and loss under autocast, backward, gradients clipped to the spec's
+    global norm (unscaled first at f16), update (scaled at f16)."""
     scaler = torch.amp.GradScaler("cuda") if PRECISION == "f16" else None
+    ls, clip = spec.get("label_smoothing", 0.0), spec.get("clip")
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with autocast():
-            loss = F.cross_entropy(model(x), y, label_smoothing=label_smoothing)
+        with sdpa_backend(spec):
+            with autocast():
+                loss = loss_of(model, x, y, ls)
+            (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
-            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        if scaler:
             scaler.step(opt)
             scaler.update()
         else:
-            loss.backward()
             opt.step()
 
     return step
@@ -186,36 +280,35 @@ def trainer(model, opt, x, y, label_smoothing=0.0):
 
 def variant_eager(spec, fused):
     model, opt, x, y = make(spec, fused=True) if fused else make(spec, foreach=True)
-    return trainer(model, opt, x, y, spec.get("label_smoothing", 0.0))
+    return trainer(model, opt, x, y, spec)
 
 
 def variant_compile(spec, mode):
     model, opt, x, y = make(spec, fused=True)
-    return trainer(torch.compile(model, mode=mode), opt, x, y, spec.get("label_smoothing", 0.0))
+    return trainer(torch.compile(model, mode=mode), opt, x, y, spec)
+
+
+def variant_sdpa(spec, backend):
+    """Eager, fused optimizer, with another attention backend (W6's default is cuDNN's)."""
+    if not spec.get("sdpa"):
+        raise RuntimeError("no attention in this workload")
+    return variant_eager(dict(spec, sdpa=backend), fused=True)
 
 
 def variant_graph(spec):
     if PRECISION == "f16":
         raise RuntimeError("GradScaler reads its overflow flag on the host: no whole-step graph at f16")
     model, opt, x, y = make(spec, fused=True, capturable=True)
-    ls = spec.get("label_smoothing", 0.0)
+    step = trainer(model, opt, x, y, spec)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            opt.zero_grad(set_to_none=True)
-            with autocast():
-                loss = F.cross_entropy(model(x), y, label_smoothing=ls)
-            loss.backward()
-            opt.step()
+            step()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(g):
-        with autocast():
-            loss = F.cross_entropy(model(x), y, label_smoothing=ls)
-        loss.backward()
-        opt.step()
+        step()
     return g.replay
 
 
@@ -226,6 +319,7 @@ VARIANTS = {
     "compile_reduce_overhead": lambda s: variant_compile(s, "reduce-overhead"),
     "compile_max_autotune_no_cudagraphs": lambda s: variant_compile(s, "max-autotune-no-cudagraphs"),
     "cuda_graph_whole_step": variant_graph,
+    "eager_fused_flash_sdpa": lambda s: variant_sdpa(s, "flash"),
 }
 
 
@@ -251,7 +345,7 @@ def check_first_steps(names, specs, a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # As seam bench: W1-W4 unless named (W5, a ResNet-18, by name), and model files.
+    # As seam bench: W1-W4 unless named (W5, a ResNet-18, and W6, GPT-2, by name), and model files.
     p.add_argument("workloads", nargs="*", default=["W1", "W2", "W3", "W4"])
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
     # seam bench's defaults: the same number of steps on both sides, so that both are timed
@@ -262,7 +356,7 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--csv", default="")
     p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default=None,
-                   help="default: tf32 for W1-W5, a model file's own precision")
+                   help="default: tf32 for W1-W5, bf16 for W6, a model file's own precision")
     p.add_argument("--check-first-step", metavar="SEAM_BINARY", default=None,
                    help="before timing, check seam's first training step against the twin of every model-file "
                         "workload (and W5's model file)")

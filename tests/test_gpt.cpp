@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench.h"
 #include "cli_fixture.h"
 #include "data/dataset.h"
 #include "grad_check.h"
@@ -103,6 +104,25 @@ TEST(GptModelFile, ExpandsIntoPlainNodes) {
   bool attention = false;
   for (const Node& n : b.graph.nodes()) attention |= n.op == Op::attention;
   EXPECT_TRUE(attention);
+}
+
+TEST(GptModelFile, W6IsGpt2At124MParameters) {
+  const io::ModelSpec s = bench::gpt2_spec();
+  ASSERT_TRUE(s.gpt);
+  EXPECT_EQ(s.classes, 50257);
+  EXPECT_EQ(s.gpt->rows(), 50304);
+  EXPECT_EQ(s.precision, Precision::bf16);
+  io::BuiltGraph b = io::build_graph(s, 1);
+  int64_t n = 0, decayed = 0;
+  for (ValueId id : b.graph.params()) {
+    const Value& v = b.graph.value(id);
+    n += v.type.numel();
+    EXPECT_EQ(v.decay, v.type.shape.size() == 2) << v.name << ": decay on the 2-D weights only";
+    decayed += v.decay;
+  }
+  EXPECT_EQ(n, 124475904);  // llm.c's count for GPT-2 124M with the padded vocabulary
+  EXPECT_EQ(decayed, 2 + 12 * 4);  // wte, wpe and four projections a block
+  EXPECT_EQ(b.graph.value(b.logits).type.shape, (Shape{1, 1024, 50257}));
 }
 
 TEST(GptModelFile, ErrorsNameTheFileAndTheSetting) {
@@ -266,6 +286,10 @@ TEST_F(GptCli, TokenizeTrainAndSampleContinueTheText) {
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.out.size(), 32u);  // the newline prompt, 30 bytes, a newline
+  // seam bench times a model of token ids on random tokens.
+  r = run("bench " + (dir / "cat.json").string() + " --device cpu --steps 2 --repeats 1 --warmup 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("cat"), std::string::npos) << r.out;
   // Not a language model: refused by name.
   r = run("sample " + ck + " --model " + SEAM_EXAMPLES "/fmnist_mlp.json");
   EXPECT_EQ(r.code, 1);

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "backend/backend.h"
-#include "bench/resnet18_model.h"
+#include "bench/workload_models.h"
 #include "io/model_file.h"
 #include "plan/explain.h"
 #include "seam/seam.h"
@@ -51,6 +51,13 @@ Workload resnet18_workload() {
   return spec_workload(resnet18_spec(), "W5",
                        "ResNet-18 (torchvision's resnet18, 10 classes) on 32x32x3, SGD momentum 0.9, weight decay "
                        "5e-4, batch 256 (" + std::string(kResnet18Name) + ")");
+}
+
+// W6: GPT-2 124M (examples/gpt2_124m.json, built into the binary), on random tokens.
+Workload gpt2_workload() {
+  return spec_workload(gpt2_spec(), "W6",
+                       "GPT-2 124M (12 layers, 768 wide, T 1024, vocabulary 50304 padded from 50257, tied), AdamW "
+                       "(0.9, 0.95) decay 0.1 on 2-D weights, clip 1.0, batch 16 (" + std::string(kGpt2Name) + ")");
 }
 
 // W3's and W4's shape: 1024 wide in, four residual blocks, 1000 classes out.
@@ -164,18 +171,28 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
                          .fuse = o.fusion != "none",
                          .fuse_elementwise = o.fusion == "all"});
 
+  // Two random batches: inputs N(0, 1), or token ids, and labels, uniform over the classes
+  // (a language model's vocabulary), in the shapes the graph takes.
+  const TensorType xt = g.value(*g.find("x")).type, yt = g.value(*g.find("y")).type;
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0, 1);
+  auto label = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(w.classes)); };
   std::vector<float> xs[2];
-  std::vector<int32_t> ys[2];
+  std::vector<int32_t> ids[2], ys[2];
   for (int k = 0; k < 2; ++k) {
-    xs[k].resize(static_cast<size_t>(w.batch * w.in));
-    for (auto& v : xs[k]) v = nd(rng);
-    ys[k].resize(static_cast<size_t>(w.batch));
-    for (auto& v : ys[k]) v = static_cast<int32_t>(rng() % static_cast<uint64_t>(w.classes));
+    if (xt.dtype == DType::i32) {
+      ids[k].resize(static_cast<size_t>(xt.numel()));
+      for (auto& v : ids[k]) v = label();
+    } else {
+      xs[k].resize(static_cast<size_t>(xt.numel()));
+      for (auto& v : xs[k]) v = nd(rng);
+    }
+    ys[k].resize(static_cast<size_t>(yt.numel()));
+    for (auto& v : ys[k]) v = label();
   }
   auto feed = [&](int k) {
-    p.set_input("x", std::span<const float>(xs[k]));
+    if (xt.dtype == DType::i32) p.set_input("x", std::span<const int32_t>(ids[k]));
+    else p.set_input("x", std::span<const float>(xs[k]));
     p.set_input("y", std::span<const int32_t>(ys[k]));
   };
   feed(0);
@@ -246,6 +263,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
 }  // namespace
 
 io::ModelSpec resnet18_spec() { return io::parse_model_json(kResnet18Json, kResnet18Name); }
+io::ModelSpec gpt2_spec() { return io::parse_model_json(kGpt2Json, kGpt2Name); }
 
 int run_bench(const BenchOptions& o) {
   Device dev = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : default_device();
@@ -256,10 +274,11 @@ int run_bench(const BenchOptions& o) {
     auto it = std::find_if(builtin.begin(), builtin.end(), [&](const Workload& w) { return w.name == name; });
     if (it != builtin.end()) chosen.push_back(*it);
     else if (name == "W5") chosen.push_back(resnet18_workload());
+    else if (name == "W6") chosen.push_back(gpt2_workload());
     else if (name.ends_with(".json")) chosen.push_back(file_workload(name));
-    else fail("no workload named ", name, " (known: W1, W2, W3, W4, W5, or a model file)");
+    else fail("no workload named ", name, " (known: W1, W2, W3, W4, W5, W6, or a model file)");
   }
-  if (o.workloads.empty()) chosen = workloads();  // W1-W4: W5 (a ResNet-18) is asked for by name
+  if (o.workloads.empty()) chosen = workloads();  // W1-W4: W5 (ResNet-18) and W6 (GPT-2) are asked for by name
   for (const Workload& w : chosen) {
     std::printf("%s: %s, %s\n", w.name.c_str(), w.description.c_str(),
                 precision_name(o.precision.value_or(w.precision)));

@@ -13,7 +13,7 @@
 namespace seam::bench {
 
 struct BenchOptions {
-  std::vector<std::string> workloads;  // W1..W5 or model files (empty: W1..W4)
+  std::vector<std::string> workloads;  // W1..W6 or model files (empty: W1..W4)
   int steps = 200;                     // timed steps per repetition
   int repeats = 5;                     // the median repetition is reported
   int warmup = 20;
@@ -33,7 +33,9 @@ struct BenchOptions {
 
 int run_bench(const BenchOptions& o);
 
-// W5's model: examples/resnet18_cifar.json as built into the binary.
+// W5's and W6's models: examples/resnet18_cifar.json and gpt2_124m.json as built into the
+// binary.
 io::ModelSpec resnet18_spec();
+io::ModelSpec gpt2_spec();
 
 }  // namespace seam::bench

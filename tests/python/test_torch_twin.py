@@ -309,3 +309,21 @@ def test_module_param_groups_decay_what_seam_decays():
     name = {id(p): n for n, p in m.named_parameters()}
     assert {name[id(p)] for p in decay["params"]} == {"0.weight", "3.weight", "5.weight"}
     assert {name[id(p)] for p in rest["params"]} == {"0.bias", "1.weight", "1.bias", "3.bias", "4.weight", "4.bias"}
+
+
+@needs_seam
+def test_compare_torch_gpt_is_seams_gpt(tmp_path):
+    """bench/compare_torch.py's Gpt (W6's PyTorch side) computes seam's nn::gpt: seam's
+    initial tensors loaded by name give seam's first-step loss."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import compare_torch as ct
+    from safetensors.torch import load_file
+
+    cfg = dict(n_layer=2, n_head=2, n_embd=16, vocab=50, padded_vocab=64, block_size=12)
+    path = write(tmp_path, {"name": "w6_tiny", "seed": 2, "batch_size": 3, "model": dict(type="gpt", **cfg)})
+    info = tt.run_seam_step(SEAM, path, str(tmp_path / "step"), "f32", "cpu")
+    init, batch = load_file(str(tmp_path / "step" / "init.safetensors")), load_file(str(tmp_path / "step" / "batch.safetensors"))
+    model = ct.Gpt(**cfg).double()
+    model.load_state_dict({k: v.double() for k, v in init.items() if k != "train.metrics"}, strict=True)
+    loss = ct.loss_of(model, batch["x"], batch["y"].long())
+    assert abs(loss.item() - info["loss"]) <= 1e-6 * abs(info["loss"])
