@@ -6,7 +6,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libgtest-dev googletest
-          libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist fortunes python3-pip)
+          libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist fortunes python3-pip
+          python3-venv)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -12,3 +12,11 @@ if [ "${gpu_tests:-0}" != "0" ]; then
   echo "test: skipping ${gpu_tests} gpu-labelled tests (no GPU here; they run through tools/device/run.sh)"
 fi
 ctest --test-dir "$build" --output-on-failure -LE gpu -j"$(nproc)"
+# The Python package as a user installs it (pip install . into a virtual environment,
+# the CPU backend: the CUDA one is built by the CMake build above where nvcc is), then its
+# tests and the PyTorch twin's (which skip themselves without torch).
+venv="$build/venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q numpy pytest safetensors
+"$venv/bin/pip" install -q . -C cmake.define.SEAM_CUDA=OFF -C build-dir="$build/python"
+SEAM_BIN="$build/seam" "$venv/bin/python" -m pytest -q tests/python

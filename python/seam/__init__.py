@@ -1,0 +1,53 @@
+"""seam: compiles a network's whole training step (forward, loss, backward, optimizer
+update) into one plan and runs it, on the CPU or an NVIDIA GPU.
+
+    import numpy as np, seam
+    g = seam.Graph()
+    x, y = g.input("x", [32, 784]), g.input("y", [32], "i32")
+    h = seam.relu(seam.nn.linear(x, 256, "fc1"))
+    loss = seam.cross_entropy(seam.nn.linear(h, 10, "fc2"), y)
+    model = seam.Model(g, seed=0, device="cpu")
+    step = model.compile(loss=loss, optimizer=seam.AdamW(lr=1e-3))
+    step.set_input("x", np.random.randn(32, 784).astype(np.float32))
+    step.set_input("y", np.random.randint(0, 10, 32).astype(np.int32))
+    step.run()
+    print(step.read(loss.name))
+
+A seam error is a seam.Error (a RuntimeError) with seam's message; a wrong input dtype
+or shape is a ValueError naming the input, what it takes and what was given.
+"""
+import os
+import subprocess
+import sys
+
+
+def _choose_blas_kernels():
+    """OpenBLAS picks its kernels when it is loaded, and under hypervisors that report an
+    unknown CPU model it falls back to generic ones about 6x slower (src/backend/cpu/gemm.h).
+    The CLI then runs itself again with OPENBLAS_CORETYPE set; a module cannot, so a child
+    interpreter loads it once to ask, and the variable is set before this process loads
+    it. The same kernels give the CLI's results bit for bit."""
+    if "OPENBLAS_CORETYPE" in os.environ or os.environ.get("SEAM_BLAS_PROBE") or not sys.platform.startswith("linux"):
+        return
+    env = dict(os.environ, SEAM_BLAS_PROBE="1")
+    probe = "import seam._seam as s; print(s._blas_core_override())"
+    try:
+        r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return
+    core = r.stdout.strip() if r.returncode == 0 else ""
+    if core:
+        os.environ["OPENBLAS_CORETYPE"] = core
+
+
+_choose_blas_kernels()
+
+from ._seam import (Adam, AdamW, BuiltModel, Error, Graph, Init, Model, ModelFile, Optimizer, Program, SGD, Var,
+                    add, argmax, attention, gemm_library, cross_entropy, div, dropout, exp, flatten, gelu, linear, load_model_file,
+                    log, log_softmax, matmul, mean, mse, mul, nn, permute, relu, reshape, sigmoid, silu, softmax, sqrt,
+                    sub, sum, tanh)
+
+__all__ = ["Adam", "AdamW", "BuiltModel", "Error", "Graph", "Init", "Model", "ModelFile", "Optimizer", "Program", "SGD",
+           "Var", "add", "argmax", "attention", "gemm_library", "cross_entropy", "div", "dropout", "exp", "flatten", "gelu", "linear",
+           "load_model_file", "log", "log_softmax", "matmul", "mean", "mse", "mul", "nn", "permute", "relu", "reshape",
+           "sigmoid", "silu", "softmax", "sqrt", "sub", "sum", "tanh"]

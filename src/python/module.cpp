@@ -1,0 +1,315 @@
+// seam's Python module (_seam): the C++ API as it is, through nanobind. Graphs, the op
+// builders and layers, models and programs; arrays in and out as numpy arrays (and any
+// buffer or DLPack producer nanobind accepts); seam::Error as seam.Error.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+
+#include "backend/cpu/gemm.h"
+#include "io/model_file.h"
+#include "seam/nn.h"
+#include "seam/seam.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace seam {
+namespace {
+
+DType dtype_of(const std::string& name) {
+  auto d = parse_dtype(name);
+  if (!d) throw nb::value_error(("unknown dtype '" + name + "' (f32, f64, bf16, f16, i32, u8)").c_str());
+  return *d;
+}
+
+Precision precision_of(const std::string& name) {
+  auto p = parse_precision(name);
+  if (!p) throw nb::value_error(("unknown precision '" + name + "'").c_str());
+  return *p;
+}
+
+Device device_of(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda") return Device::cuda;
+  if (name == "auto") return default_device();
+  throw nb::value_error(("unknown device '" + name + "' (cpu, cuda, auto)").c_str());
+}
+
+// The numpy dtype of a seam dtype: bf16 reads back as its raw uint16 bits.
+nb::dlpack::dtype numpy_dtype(DType d) {
+  switch (d) {
+    case DType::f64: return nb::dtype<double>();
+    case DType::i32: return nb::dtype<int32_t>();
+    case DType::u8: return nb::dtype<uint8_t>();
+    case DType::bf16:
+    case DType::f16: return nb::dtype<uint16_t>();
+    default: return nb::dtype<float>();
+  }
+}
+
+using Array = nb::ndarray<nb::numpy>;
+
+// A host array holding `bytes` with `shape`, owned by Python.
+Array to_numpy(std::vector<std::byte> bytes, const TensorType& t) {
+  auto* owner = new std::vector<std::byte>(std::move(bytes));
+  nb::capsule free(owner, [](void* p) noexcept { delete static_cast<std::vector<std::byte>*>(p); });
+  std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+  return Array(owner->data(), shape.size(), shape.data(), free, nullptr, numpy_dtype(t.dtype));
+}
+
+// An input's bytes from any array nanobind takes (numpy, DLPack), checked against the
+// plan's type of that input: ValueError naming the input, what it takes and what came.
+std::vector<std::byte> input_bytes(const Program& p, const std::string& name, nb::ndarray<nb::c_contig> a) {
+  const Binding* b = p.plan().input(name);
+  if (!b) {
+    std::string known;
+    for (auto& i : p.plan().inputs) known += (known.empty() ? "" : ", ") + i.name;
+    throw nb::value_error(("no input named '" + name + "' (this program's inputs: " + known + ")").c_str());
+  }
+  const TensorType& t = b->ref.type;
+  std::vector<int64_t> shape(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) shape[i] = static_cast<int64_t>(a.shape(i));
+  const bool same_dtype = a.dtype() == numpy_dtype(t.dtype);
+  if (!same_dtype || shape != t.shape)
+    throw nb::value_error(("input '" + name + "' takes " + t.str() + ", got an array of shape " + shape_str(shape) +
+                           (same_dtype ? "" : " and another dtype"))
+                              .c_str());
+  if (a.device_type() != nb::device::cpu::value)
+    throw nb::value_error(("input '" + name + "': a host array is needed").c_str());
+  std::vector<std::byte> bytes(a.nbytes());
+  std::memcpy(bytes.data(), a.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace
+}  // namespace seam
+
+NB_MODULE(_seam, m) {
+  using namespace seam;
+  m.doc() = "seam: compiles a network's whole training step into one plan and runs it";
+  nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  nb::class_<Init>(m, "Init", "How a parameter or state is initialized")
+      .def_static("zeros", &Init::zeros)
+      .def_static("ones", &Init::ones)
+      .def_static("constant", &Init::constant, "value"_a)
+      .def_static("uniform", &Init::uniform, "lo"_a, "hi"_a)
+      .def_static("normal", &Init::normal, "mean"_a, "stddev"_a)
+      .def_static("fan_in_uniform", &Init::fan_in_uniform, "fan_in"_a)
+      .def("__repr__", &Init::str);
+
+  nb::class_<Var>(m, "Var", "A value of a graph: what the op builders take and return")
+      .def_prop_ro("shape", [](const Var& v) { return v.shape(); })
+      .def_prop_ro("dtype", [](const Var& v) { return std::string(dtype_name(v.dtype())); })
+      .def_prop_ro("name", &Var::name)
+      .def_prop_ro("id", &Var::id)
+      .def("__add__", [](Var a, Var b) { return add(a, b); })
+      .def("__sub__", [](Var a, Var b) { return sub(a, b); })
+      .def("__mul__", [](Var a, Var b) { return mul(a, b); })
+      .def("__mul__", [](Var a, double s) { return scale(a, s); })
+      .def("__rmul__", [](Var a, double s) { return scale(a, s); })
+      .def("__truediv__", [](Var a, Var b) { return div(a, b); })
+      .def("__neg__", [](Var a) { return neg(a); })
+      .def("__repr__", [](const Var& v) { return v.graph().describe(v.id()); });
+
+  // A Var keeps its graph alive (it points into it).
+  auto ka = nb::keep_alive<0, 1>();
+  nb::class_<Graph>(m, "Graph", "A network: inputs, parameters, states and the ops between them")
+      .def(nb::init<>())
+      .def(
+          "input", [](Graph& g, const std::string& n, Shape s, const std::string& d) { return g.input(n, s, dtype_of(d)); },
+          "name"_a, "shape"_a, "dtype"_a = "f32", ka, "An input fed each run (Program.set_input)")
+      .def(
+          "param",
+          [](Graph& g, const std::string& n, Shape s, Init init, bool decay) { return g.param(n, s, init, decay); },
+          "name"_a, "shape"_a, "init"_a = Init::zeros(), "decay"_a = true, ka, "A trained parameter")
+      .def(
+          "state", [](Graph& g, const std::string& n, Shape s, Init init) { return g.state(n, s, init); }, "name"_a,
+          "shape"_a, "init"_a = Init::zeros(), ka, "A state tensor the step updates (running statistics)")
+      .def("verify", &Graph::verify, "Rechecks every node; raises seam.Error")
+      .def_prop_ro("num_nodes", [](const Graph& g) { return g.nodes().size(); });
+
+  // The op builders (seam/ops.h), each returning a Var of the operands' graph.
+  auto ops = nb::keep_alive<0, 1>();
+  m.def("relu", &relu, "x"_a, ops);
+  m.def("gelu", &gelu, "x"_a, "tanh_approximation"_a = false, ops);
+  m.def("sigmoid", &sigmoid, "x"_a, ops);
+  m.def("tanh", &seam::tanh, "x"_a, ops);
+  m.def("silu", &silu, "x"_a, ops);
+  m.def("exp", &seam::exp, "x"_a, ops);
+  m.def("log", &seam::log, "x"_a, ops);
+  m.def("sqrt", &seam::sqrt, "x"_a, ops);
+  m.def("add", &add, "a"_a, "b"_a, ops);
+  m.def("sub", &sub, "a"_a, "b"_a, ops);
+  m.def("mul", &mul, "a"_a, "b"_a, ops);
+  m.def("div", &seam::div, "a"_a, "b"_a, ops);
+  m.def("matmul", &matmul, "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false, ops);
+  m.def("linear", &seam::linear, "x"_a, "w"_a, "b"_a = nb::none(), ops);
+  m.def("sum", &seam::sum, "x"_a, "axes"_a = std::vector<int64_t>{}, "keepdims"_a = false, ops);
+  m.def("mean", &seam::mean, "x"_a, "axes"_a = std::vector<int64_t>{}, "keepdims"_a = false, ops);
+  m.def("reshape", &reshape, "x"_a, "shape"_a, ops);
+  m.def("flatten", &flatten, "x"_a, "start_dim"_a = 1, "end_dim"_a = -1, ops);
+  m.def("permute", &permute, "x"_a, "perm"_a, ops);
+  m.def("softmax", &softmax, "x"_a, "axis"_a = -1, ops);
+  m.def("log_softmax", &log_softmax, "x"_a, "axis"_a = -1, ops);
+  m.def("cross_entropy", &cross_entropy, "logits"_a, "labels"_a, "ignore_index"_a = -100, "label_smoothing"_a = 0.0,
+        ops);
+  m.def("mse", &mse, "prediction"_a, "target"_a, ops);
+  m.def("dropout", &dropout, "x"_a, "p"_a, ops);
+  m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "causal"_a = false, "scale"_a = nb::none(), ops);
+  m.def("argmax", &argmax, "x"_a, "axis"_a = -1, ops);
+
+  nb::module_ nnm = m.def_submodule("nn", "Layers: builders that create their parameters");
+  nnm.def("linear", &nn::linear, "x"_a, "out_features"_a, "name"_a, "bias"_a = true, ops);
+  nnm.def("layer_norm", &nn::layer_norm, "x"_a, "name"_a, "eps"_a = 1e-5, ops);
+  nnm.def("batch_norm", &nn::batch_norm, "x"_a, "name"_a, "momentum"_a = 0.1, "eps"_a = 1e-5, ops);
+  nnm.def("embedding", &nn::embedding, "ids"_a, "num"_a, "dim"_a, "name"_a, ops);
+  nnm.def("position_embedding", &nn::position_embedding, "x"_a, "num"_a, "name"_a, ops);
+  nnm.def(
+      "conv2d",
+      [](Var x, int64_t out, int64_t kernel, const std::string& name, std::vector<int64_t> stride,
+         std::vector<int64_t> padding, bool bias) {
+        Conv2dOptions o;
+        o.stride = std::move(stride), o.padding = std::move(padding);
+        return nn::conv2d(x, out, kernel, name, o, bias);
+      },
+      "x"_a, "out_channels"_a, "kernel"_a, "name"_a, "stride"_a = std::vector<int64_t>{1, 1},
+      "padding"_a = std::vector<int64_t>{0, 0}, "bias"_a = true, ops);
+
+  nb::class_<OptimizerConfig>(m, "Optimizer", "An optimizer and its settings (seam.SGD, seam.Adam, seam.AdamW)")
+      .def_rw("lr", &OptimizerConfig::lr)
+      .def_rw("weight_decay", &OptimizerConfig::weight_decay)
+      .def_rw("clip_norm", &OptimizerConfig::clip_norm)
+      .def("__repr__", &OptimizerConfig::str);
+  m.def("SGD", [](double lr, double momentum, bool nesterov, double weight_decay) {
+    OptimizerConfig c = OptimizerConfig::sgd(lr, momentum, nesterov);
+    c.weight_decay = weight_decay;
+    return c;
+  }, "lr"_a, "momentum"_a = 0.0, "nesterov"_a = false, "weight_decay"_a = 0.0);
+  m.def("Adam", [](double lr, std::vector<double> betas, double eps) {
+    return OptimizerConfig::adam(lr, betas.at(0), betas.at(1), eps);
+  }, "lr"_a = 1e-3, "betas"_a = std::vector<double>{0.9, 0.999}, "eps"_a = 1e-8);
+  m.def("AdamW", [](double lr, double weight_decay, std::vector<double> betas, double clip_norm) {
+    OptimizerConfig c = OptimizerConfig::adamw(lr, weight_decay);
+    c.beta1 = betas.at(0), c.beta2 = betas.at(1), c.clip_norm = clip_norm;
+    return c;
+  }, "lr"_a = 1e-3, "weight_decay"_a = 0.01, "betas"_a = std::vector<double>{0.9, 0.999}, "clip_norm"_a = 0.0);
+
+  nb::class_<Program>(m, "Program", "A compiled step: set its inputs, run it, read its outputs")
+      .def(
+          "set_input",
+          [](Program& p, const std::string& name, nb::ndarray<nb::c_contig> a) {
+            p.set_input(name, std::span<const std::byte>(input_bytes(p, name, a)));
+          },
+          "name"_a, "array"_a, "Copies an array into an input; ValueError if its dtype or shape is not the input's")
+      .def("run", &Program::run, nb::call_guard<nb::gil_scoped_release>(), "Runs the step once")
+      .def(
+          "read",
+          [](const Program& p, const std::string& name) {
+            const Binding* b = p.plan().output(name);
+            std::vector<std::byte> bytes = p.read(name);  // names the outputs when there is no such one
+            return to_numpy(std::move(bytes), b->ref.type);
+          },
+          "name"_a, "An output as a new numpy array")
+      .def(
+          "read_grad",
+          [](const Program& p, const std::string& name) {
+            const Binding* b = nullptr;
+            for (auto& g : p.plan().grads)
+              if (g.name == name) b = &g;
+            std::vector<std::byte> bytes = p.read_grad(name);
+            return to_numpy(std::move(bytes), b->ref.type);
+          },
+          "param"_a, "A parameter's gradient from the last run")
+      .def_prop_ro("plan", [](const Program& p) { return p.plan().str(); }, "The plan, as `seam plan` prints it")
+      .def_prop_ro("inputs", [](const Program& p) {
+        std::vector<std::string> r;
+        for (auto& b : p.plan().inputs) r.push_back(b.name);
+        return r;
+      })
+      .def_prop_ro("outputs", [](const Program& p) {
+        std::vector<std::string> r;
+        for (auto& b : p.plan().outputs) r.push_back(b.name);
+        return r;
+      });
+
+  nb::class_<Model>(m, "Model", "A graph with its parameters on a device, ready to compile")
+      .def(
+          "__init__",
+          [](Model* self, const Graph& g, uint64_t seed, const std::string& device, const std::string& precision) {
+            new (self) Model(g, {.seed = seed, .device = device_of(device), .precision = precision_of(precision)});
+          },
+          "graph"_a, "seed"_a = 0, "device"_a = "auto", "precision"_a = "f32")
+      .def(
+          "compile",
+          [](Model& m, std::optional<Var> loss, std::optional<OptimizerConfig> optimizer, std::vector<Var> outputs,
+             const std::string& mode, bool fuse) {
+            CompileOptions o;
+            if (mode != "train" && mode != "eval") throw nb::value_error("mode is 'train' or 'eval'");
+            o.mode = mode == "eval" ? Mode::eval : Mode::train;
+            if (loss) o.loss = loss->id();
+            o.optimizer = optimizer;
+            // Without an optimizer the gradients are the program's results; with one they
+            // feed the update and stay readable (read_grad) either way.
+            o.gradients = loss.has_value() && !optimizer.has_value();
+            for (Var v : outputs) o.outputs.push_back(v.id());
+            o.fuse = fuse;
+            return m.compile(o);
+          },
+          "loss"_a = nb::none(), "optimizer"_a = nb::none(), "outputs"_a = std::vector<Var>{}, "mode"_a = "train",
+          "fuse"_a = true, nb::keep_alive<0, 1>(), "A program: the step that trains on loss, or evaluates outputs")
+      .def(
+          "read_param",
+          [](const Model& m, const std::string& name) {
+            const Slot* s = m.layout().param(name);
+            if (!s) throw nb::value_error(("no parameter named '" + name + "'").c_str());
+            return to_numpy(m.read_param(name), s->user_type());
+          },
+          "name"_a, "A parameter's values as a new numpy array")
+      .def(
+          "write_param",
+          [](Model& m, const std::string& name, nb::ndarray<nb::c_contig> a) {
+            const Slot* s = m.layout().param(name);
+            if (!s) throw nb::value_error(("no parameter named '" + name + "'").c_str());
+            const TensorType t = s->user_type();
+            if (a.nbytes() != t.bytes() || a.dtype() != numpy_dtype(t.dtype))
+              throw nb::value_error(("parameter '" + name + "' is " + t.str() + ", the array does not fit").c_str());
+            m.write_param(name, std::span<const std::byte>(static_cast<const std::byte*>(a.data()), a.nbytes()));
+          },
+          "name"_a, "array"_a, "Overwrites a parameter")
+      .def_prop_ro("param_names", [](const Model& m) {
+        std::vector<std::string> r;
+        for (auto& s : m.layout().params) r.push_back(s.name);
+        return r;
+      })
+      .def_prop_ro("device", [](const Model& m) { return std::string(device_name(m.device())); })
+      .def_prop_ro("parameters", [](const Model& m) { return m.layout().param_count(); });
+
+  nb::class_<io::BuiltGraph>(m, "BuiltModel", "A model file's graph at a batch size: x, y, logits, loss")
+      .def_prop_ro("graph", [](io::BuiltGraph& b) -> Graph& { return b.graph; }, nb::rv_policy::reference_internal)
+      .def_prop_ro("x", [](io::BuiltGraph& b) { return b.graph.var(b.x); }, nb::keep_alive<0, 1>())
+      .def_prop_ro("y", [](io::BuiltGraph& b) { return b.graph.var(b.y); }, nb::keep_alive<0, 1>())
+      .def_prop_ro("logits", [](io::BuiltGraph& b) { return b.graph.var(b.logits); }, nb::keep_alive<0, 1>())
+      .def_prop_ro("loss", [](io::BuiltGraph& b) { return b.graph.var(b.loss); }, nb::keep_alive<0, 1>());
+  nb::class_<io::ModelSpec>(m, "ModelFile", "A parsed, checked model file")
+      .def_ro("name", &io::ModelSpec::name)
+      .def_ro("batch_size", &io::ModelSpec::batch_size)
+      .def_ro("classes", &io::ModelSpec::classes)
+      .def_ro("optimizer", &io::ModelSpec::optimizer)
+      .def("build", [](const io::ModelSpec& s, std::optional<int64_t> batch) {
+        return io::build_graph(s, batch.value_or(s.batch_size));
+      }, "batch"_a = nb::none());
+  m.def("load_model_file", &io::parse_model_file, "path"_a, "Parses and checks a model file; raises seam.Error");
+  m.def("gemm_library", &cpu::gemm_library, "What runs the CPU's GEMMs (as `seam --version` says)");
+  m.def(
+      "_blas_core_override",
+      [] {
+        const char* c = cpu::blas_core_override();
+        return std::string(c ? c : "");
+      },
+      "The OPENBLAS_CORETYPE the CLI would set and run again with (src/backend/cpu/gemm.h), or ''");
+}

@@ -1,0 +1,97 @@
+"""The Python package (python/seam, the _seam module): graphs, models and programs from
+Python; one training step equal bit for bit to the C++ one on the CPU; errors as
+exceptions. Needs the built package (`pip install .`, or _seam on PYTHONPATH) and numpy;
+skipped without them. The bitwise test needs the seam binary in $SEAM_BIN.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+
+np = pytest.importorskip("numpy")
+seam = pytest.importorskip("seam")
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SEAM = os.environ.get("SEAM_BIN", "")
+
+
+def mlp(batch=8):
+    g = seam.Graph()
+    x, y = g.input("x", [batch, 12]), g.input("y", [batch], "i32")
+    h = seam.relu(seam.nn.linear(x, 16, "fc1"))
+    logits = seam.nn.linear(h, 3, "fc2")
+    return g, x, y, logits, seam.cross_entropy(logits, y)
+
+
+def test_a_graph_trains_and_reads_back_as_numpy():
+    g, x, y, logits, loss = mlp()
+    assert x.shape == [8, 12] and y.dtype == "i32" and logits.shape == [8, 3]
+    model = seam.Model(g, seed=1, device="cpu")
+    assert model.parameters == 12 * 16 + 16 + 16 * 3 + 3
+    step = model.compile(loss=loss, optimizer=seam.AdamW(lr=0.05), outputs=[logits])
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((8, 12)).astype(np.float32)
+    ys = rng.integers(0, 3, 8).astype(np.int32)
+    step.set_input("x", xs)
+    step.set_input("y", ys)
+    losses = []
+    for _ in range(30):
+        step.run()
+        losses.append(float(step.read(loss.name)))
+    assert losses[-1] < 0.25 * losses[0]
+    out = step.read(logits.name)
+    assert out.shape == (8, 3) and out.dtype == np.float32
+    assert step.read_grad("fc1.weight").shape == (16, 12)
+    assert "linear" in step.plan and "arena peak" in step.plan
+
+
+def test_wrong_inputs_raise_value_error_naming_them():
+    g, x, y, logits, loss = mlp()
+    step = seam.Model(g, device="cpu").compile(loss=loss)
+    with pytest.raises(ValueError, match=r"input 'x' takes f32\[8,12\], got an array of shape \[8,11\]"):
+        step.set_input("x", np.zeros((8, 11), np.float32))
+    with pytest.raises(ValueError, match=r"input 'y' takes i32\[8\].*another dtype"):
+        step.set_input("y", np.zeros(8, np.int64))
+    with pytest.raises(ValueError, match="no input named 'z'"):
+        step.set_input("z", np.zeros(1, np.float32))
+
+
+def test_seam_errors_are_seam_error(tmp_path):
+    assert issubclass(seam.Error, RuntimeError)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"input": {"shape": [4]}, "layers": [{"op": "relu"')
+    with pytest.raises(seam.Error, match="malformed JSON"):
+        seam.load_model_file(str(bad))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"input": {"shape": [4]}, "classes": 2, "layers": [{"op": "lineer", "out": 2}]}))
+    with pytest.raises(seam.Error, match="unknown op 'lineer'; did you mean 'linear'"):
+        seam.load_model_file(str(unknown))
+    g = seam.Graph()
+    a, b = g.input("a", [2, 3]), g.input("b", [4, 5])
+    with pytest.raises(seam.Error, match="matmul"):
+        seam.matmul(a, b)
+
+
+@pytest.mark.skipif(not SEAM or not os.path.exists(SEAM), reason="SEAM_BIN is not set to a seam binary")
+def test_one_step_is_the_cli_step_bit_for_bit(tmp_path):
+    """`seam step` and the same model file's step from Python, on the CPU: the same loss and
+    gradients, bit for bit."""
+    safetensors = pytest.importorskip("safetensors.numpy")
+    path = os.path.join(ROOT, "examples", "fmnist_mlp.json")
+    out = tmp_path / "step"
+    subprocess.run([SEAM, "step", path, "--out", str(out), "--device", "cpu", "--batch", "16"], check=True,
+                   capture_output=True)
+    info = json.loads((out / "step.json").read_text())
+    batch = safetensors.load_file(str(out / "batch.safetensors"))
+    after = safetensors.load_file(str(out / "after.safetensors"))
+    spec = seam.load_model_file(path)
+    built = spec.build(16)
+    model = seam.Model(built.graph, seed=info["seed"], device="cpu", precision=info["precision"])
+    step = model.compile(loss=built.loss, optimizer=spec.optimizer, outputs=[built.logits])
+    step.set_input("x", batch["x"])
+    step.set_input("y", batch["y"])
+    step.run()
+    assert np.float32(step.read(built.loss.name)) == np.float32(info["loss"])
+    for name in ("fc1.weight", "fc2.bias"):
+        assert np.array_equal(step.read_grad(name), after["grad/" + name]), name
