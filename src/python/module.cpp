@@ -218,11 +218,10 @@ NB_MODULE(_seam, m) {
       .def(
           "read_grad",
           [](const Program& p, const std::string& name) {
-            const Binding* b = nullptr;
-            for (auto& g : p.plan().grads)
-              if (g.name == name) b = &g;
-            std::vector<std::byte> bytes = p.read_grad(name);
-            return to_numpy(std::move(bytes), b->ref.type);
+            std::vector<std::byte> bytes = p.read_grad(name);  // fails naming it when there is no such gradient
+            const Slot* s = p.plan().layout.param(name);
+            const TensorType& g = p.plan().grad(name)->ref.type;
+            return to_numpy(std::move(bytes), TensorType{g.dtype, s ? s->user_type().shape : g.shape});
           },
           "param"_a, "A parameter's gradient from the last run")
       .def_prop_ro("plan", [](const Program& p) { return p.plan().str(); }, "The plan, as `seam plan` prints it")

@@ -55,6 +55,10 @@ def test_wrong_inputs_raise_value_error_naming_them():
         step.set_input("y", np.zeros(8, np.int64))
     with pytest.raises(ValueError, match="no input named 'z'"):
         step.set_input("z", np.zeros(1, np.float32))
+    with pytest.raises(seam.Error, match="no gradient for 'nope'"):
+        step.read_grad("nope")
+    with pytest.raises(seam.Error, match="no output named 'nope'"):
+        step.read("nope")
 
 
 def test_seam_errors_are_seam_error(tmp_path):
