@@ -213,6 +213,8 @@ TEST(TokenData, AnIdBeyondTheModelsVocabularyIsNamed) {
   o.out_dir = (dir / "run").string();
   o.output = train::Output::quiet;
   expect_error([&] { train::run_train(o); }, "holds token id 10, beyond the vocabulary of " + o.model_path.value() + " (10 ids)");
+  o.limit_train = 5;
+  expect_error([&] { train::run_train(o); }, "apply to image sets");
   EXPECT_FALSE(fs::exists(dir / "run" / "checkpoint.safetensors"));
   fs::remove_all(dir);
 }

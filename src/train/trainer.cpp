@@ -193,6 +193,9 @@ data::Dataset open_data(const io::ModelSpec& spec, const std::string& dir, const
     const std::string where = dir.empty() ? spec.tokens_dir : dir;
     if (where.empty())
       fail(spec.source, ": a model of token ids needs its token files: data.tokens in the file, or --data DIR");
+    if (o.limit_train > 0 || o.limit_test > 0 || o.val_split > 0)
+      fail(spec.source, ": --limit-train, --limit-test and val_split apply to image sets; token data has its own "
+           "validation file");
     d = data::open_tokens(where, spec.input_shape.back(), o);
     if (d.classes > spec.classes)
       fail(where, ": holds token id ", d.classes - 1, ", beyond the vocabulary of ", spec.source, " (", spec.classes,
