@@ -99,3 +99,13 @@ def test_one_step_is_the_cli_step_bit_for_bit(tmp_path):
     assert np.float32(step.read(built.loss.name)) == np.float32(info["loss"])
     for name in ("fc1.weight", "fc2.bias"):
         assert np.array_equal(step.read_grad(name), after["grad/" + name]), name
+
+
+def test_python_m_seam_runs_the_command_line():
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "seam", "--version"], capture_output=True, text=True)
+    if "not installed with this package" in r.stderr:
+        pytest.skip("the package was not installed by pip (no bin/seam beside it)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("seam 0.1.0"), r.stdout
