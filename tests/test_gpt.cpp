@@ -106,6 +106,22 @@ TEST(GptModelFile, ExpandsIntoPlainNodes) {
   EXPECT_TRUE(attention);
 }
 
+TEST(GptModelFile, APositionEmbeddingLayerAddsItsTableAndNamesItsLimit) {
+  auto spec = [](int64_t num) {
+    return R"({"input": {"shape": [5], "dtype": "i32"}, "classes": 7, "nodes": [
+      {"op": "embedding", "name": "tok", "input": "x", "num": 7, "dim": 4},
+      {"op": "position_embedding", "name": "pos", "input": "tok", "num": )" +
+           std::to_string(num) + R"(},
+      {"op": "linear", "name": "head", "input": "pos", "out": 7}]})";
+  };
+  io::ModelSpec s = io::parse_model_json(spec(8), "pos.json");
+  io::BuiltGraph b = io::build_graph(s, 2);
+  EXPECT_EQ(b.graph.value(*b.graph.find("pos.weight")).type.shape, (Shape{8, 4}));
+  EXPECT_EQ(b.graph.value(b.y).type.shape, (Shape{2, 5}));
+  expect_error([&] { io::parse_model_json(spec(4), "pos.json"); },
+               "a sequence of 5 positions is longer than its 4 rows");
+}
+
 TEST(GptModelFile, W6IsGpt2At124MParameters) {
   const io::ModelSpec s = bench::gpt2_spec();
   ASSERT_TRUE(s.gpt);

@@ -7,7 +7,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
+#include <span>
 
 #include "backend/cpu/gemm.h"
 #include "io/model_file.h"
@@ -61,9 +61,9 @@ Array to_numpy(std::vector<std::byte> bytes, const TensorType& t) {
   return Array(owner->data(), shape.size(), shape.data(), free, nullptr, numpy_dtype(t.dtype));
 }
 
-// An input's bytes from any array nanobind takes (numpy, DLPack), checked against the
+// An input's bytes in any array nanobind takes (numpy, DLPack), checked against the
 // plan's type of that input: ValueError naming the input, what it takes and what came.
-std::vector<std::byte> input_bytes(const Program& p, const std::string& name, nb::ndarray<nb::c_contig> a) {
+std::span<const std::byte> input_bytes(const Program& p, const std::string& name, nb::ndarray<nb::c_contig> a) {
   const Binding* b = p.plan().input(name);
   if (!b) {
     std::string known;
@@ -80,9 +80,7 @@ std::vector<std::byte> input_bytes(const Program& p, const std::string& name, nb
                               .c_str());
   if (a.device_type() != nb::device::cpu::value)
     throw nb::value_error(("input '" + name + "': a host array is needed").c_str());
-  std::vector<std::byte> bytes(a.nbytes());
-  std::memcpy(bytes.data(), a.data(), bytes.size());
-  return bytes;
+  return {static_cast<const std::byte*>(a.data()), a.nbytes()};  // set_input copies them
 }
 
 }  // namespace
@@ -203,7 +201,7 @@ NB_MODULE(_seam, m) {
       .def(
           "set_input",
           [](Program& p, const std::string& name, nb::ndarray<nb::c_contig> a) {
-            p.set_input(name, std::span<const std::byte>(input_bytes(p, name, a)));
+            p.set_input(name, input_bytes(p, name, a));
           },
           "name"_a, "array"_a, "Copies an array into an input; ValueError if its dtype or shape is not the input's")
       .def("run", &Program::run, nb::call_guard<nb::gil_scoped_release>(), "Runs the step once")
