@@ -11,6 +11,8 @@
 
 #include "backend/cpu/gemm.h"
 #include "io/model_file.h"
+#include "io/safetensors.h"
+#include "train/trainer.h"
 #include "seam/nn.h"
 #include "seam/seam.h"
 
@@ -278,6 +280,18 @@ NB_MODULE(_seam, m) {
             m.write_param(name, std::span<const std::byte>(static_cast<const std::byte*>(a.data()), a.nbytes()));
           },
           "name"_a, "array"_a, "Overwrites a parameter")
+      .def(
+          "save",
+          [](const Model& m, const std::string& path) {
+            io::write_safetensors(path, {{{"format", "seam-tensors-1"}}, m.save_tensors()});
+          },
+          "path"_a,
+          "Writes every parameter, state and optimizer moment to a safetensors file (a temporary file, synced and "
+          "renamed), by name")
+      .def(
+          "load",
+          [](Model& m, const std::string& path) { m.load_tensors(io::read_safetensors(path).tensors); },
+          "path"_a, "Restores what save wrote; a file that does not fit changes nothing and raises seam.Error")
       .def_prop_ro("param_names", [](const Model& m) {
         std::vector<std::string> r;
         for (auto& s : m.layout().params) r.push_back(s.name);
@@ -301,6 +315,28 @@ NB_MODULE(_seam, m) {
         return io::build_graph(s, batch.value_or(s.batch_size));
       }, "batch"_a = nb::none());
   m.def("load_model_file", &io::parse_model_file, "path"_a, "Parses and checks a model file; raises seam.Error");
+  m.def(
+      "train",
+      [](const std::string& model_file, std::optional<int64_t> epochs, std::optional<int64_t> batch,
+         std::optional<double> lr, std::optional<std::string> device, std::optional<std::string> precision,
+         std::optional<std::string> data, std::optional<std::string> out, std::optional<std::string> resume,
+         int64_t max_steps, bool quiet) {
+        train::TrainOptions o;
+        o.model_path = model_file;
+        o.epochs = epochs, o.batch = batch, o.lr = lr, o.device = device, o.resume = resume;
+        if (precision) o.precision = precision_of(*precision);
+        o.data_dir = data.value_or("");
+        o.out_dir = out.value_or("");
+        o.max_steps = max_steps;
+        o.output = quiet ? train::Output::quiet : train::Output::bar;
+        nb::gil_scoped_release release;
+        return train::run_train(o);
+      },
+      "model_file"_a, "epochs"_a = nb::none(), "batch"_a = nb::none(), "lr"_a = nb::none(), "device"_a = nb::none(),
+      "precision"_a = nb::none(), "data"_a = nb::none(), "out"_a = nb::none(), "resume"_a = nb::none(),
+      "max_steps"_a = 0, "quiet"_a = false,
+      "Trains a model file as `seam train` does (progress, metrics.csv, checkpoints in out, default "
+      "runs/<name>); returns the exit status (0, or 130 when interrupted)");
   m.def("gemm_library", &cpu::gemm_library, "What runs the CPU's GEMMs (as `seam --version` says)");
   m.def(
       "_blas_core_override",

@@ -109,3 +109,49 @@ def test_python_m_seam_runs_the_command_line():
         pytest.skip("the package was not installed by pip (no bin/seam beside it)")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("seam 0.1.0"), r.stdout
+
+
+def test_checkpoints_are_safetensors_and_a_bad_one_changes_nothing(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    g, x, y, logits, loss = mlp()
+    model = seam.Model(g, seed=3, device="cpu")
+    path = str(tmp_path / "m.safetensors")
+    model.save(path)
+    saved = st.load_file(path)
+    assert np.array_equal(saved["fc1.weight"], model.read_param("fc1.weight"))
+    other = seam.Model(g, seed=4, device="cpu")
+    before = other.read_param("fc2.bias")
+    other.load(path)
+    assert np.array_equal(other.read_param("fc2.bias"), model.read_param("fc2.bias"))
+    wrong = {k: v for k, v in saved.items() if k != "fc2.bias"}
+    st.save_file(wrong, str(tmp_path / "wrong.safetensors"))
+    third = seam.Model(g, seed=5, device="cpu")
+    before = third.read_param("fc1.weight")
+    with pytest.raises(seam.Error, match="fc2.bias"):
+        third.load(str(tmp_path / "wrong.safetensors"))
+    assert np.array_equal(third.read_param("fc1.weight"), before)
+
+
+def test_train_runs_a_model_file_as_the_command_line(tmp_path):
+    if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        pytest.skip("no Fashion-MNIST (tools/setup.sh installs it)")
+    out = tmp_path / "run"
+    rc = seam.train(os.path.join(ROOT, "examples", "fmnist_mlp.json"), epochs=1, batch=64, device="cpu",
+                    out=str(out), max_steps=5, quiet=True)
+    assert rc == 0
+    assert (out / "checkpoint.safetensors").exists()
+    with pytest.raises(seam.Error, match="cannot open model file"):
+        seam.train(str(tmp_path / "missing.json"), quiet=True)
+
+
+def test_torch_tensors_go_in_through_dlpack():
+    torch = pytest.importorskip("torch")
+    g, x, y, logits, loss = mlp()
+    step = seam.Model(g, seed=1, device="cpu").compile(outputs=[logits], mode="eval")
+    xs = torch.randn(8, 12)
+    step.set_input("x", xs)
+    step.run()
+    a = step.read(logits.name)
+    step.set_input("x", xs.numpy())
+    step.run()
+    assert np.array_equal(a, step.read(logits.name))
