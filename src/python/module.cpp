@@ -320,7 +320,7 @@ NB_MODULE(_seam, m) {
       [](const std::string& model_file, std::optional<int64_t> epochs, std::optional<int64_t> batch,
          std::optional<double> lr, std::optional<std::string> device, std::optional<std::string> precision,
          std::optional<std::string> data, std::optional<std::string> out, std::optional<std::string> resume,
-         int64_t max_steps, bool quiet) {
+         int64_t max_steps, int64_t limit_train, bool quiet) {
         train::TrainOptions o;
         o.model_path = model_file;
         o.epochs = epochs, o.batch = batch, o.lr = lr, o.device = device, o.resume = resume;
@@ -328,13 +328,14 @@ NB_MODULE(_seam, m) {
         o.data_dir = data.value_or("");
         o.out_dir = out.value_or("");
         o.max_steps = max_steps;
+        o.limit_train = limit_train;
         o.output = quiet ? train::Output::quiet : train::Output::bar;
         nb::gil_scoped_release release;
         return train::run_train(o);
       },
       "model_file"_a, "epochs"_a = nb::none(), "batch"_a = nb::none(), "lr"_a = nb::none(), "device"_a = nb::none(),
       "precision"_a = nb::none(), "data"_a = nb::none(), "out"_a = nb::none(), "resume"_a = nb::none(),
-      "max_steps"_a = 0, "quiet"_a = false,
+      "max_steps"_a = 0, "limit_train"_a = 0, "quiet"_a = false,
       "Trains a model file as `seam train` does (progress, metrics.csv, checkpoints in out, default "
       "runs/<name>); returns the exit status (0, or 130 when interrupted)");
   m.def("gemm_library", &cpu::gemm_library, "What runs the CPU's GEMMs (as `seam --version` says)");

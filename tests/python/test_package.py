@@ -155,3 +155,15 @@ def test_torch_tensors_go_in_through_dlpack():
     step.set_input("x", xs.numpy())
     step.run()
     assert np.array_equal(a, step.read(logits.name))
+
+
+def test_the_example_script_trains_and_reports(tmp_path):
+    if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        pytest.skip("no Fashion-MNIST (tools/setup.sh installs it)")
+    import sys
+
+    script = os.path.join(ROOT, "examples", "python", "train_mlp.py")
+    r = subprocess.run([sys.executable, script, "--epochs", "1", "--limit-train", "2048", "--device", "cpu", "--out",
+                        str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "epoch 1: train loss" in r.stdout, r.stdout
