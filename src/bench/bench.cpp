@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "bench/workload_models.h"
+#include "train/trainer.h"
 #include "io/model_file.h"
 #include "plan/explain.h"
 #include "seam/seam.h"
@@ -31,7 +32,7 @@ struct Workload {
 
 // A model file as a workload: its graph, batch size and optimizer.
 Workload spec_workload(io::ModelSpec spec, std::string name, std::string description) {
-  spec.fix_schedule_length(60000 / spec.batch_size);  // as a run over Fashion-MNIST's 60000 images would
+  spec.fix_schedule_length(train::data_steps_per_epoch(spec, spec.batch_size));  // as seam step and plan
   Workload w{std::move(name), std::move(description), spec.batch_size, numel(spec.input_shape), spec.classes,
              nullptr, spec.optimizer, spec.precision};
   w.file = [spec] { return io::build_graph(spec, spec.batch_size); };
@@ -171,29 +172,14 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
                          .fuse = o.fusion != "none",
                          .fuse_elementwise = o.fusion == "all"});
 
-  // Two random batches: inputs N(0, 1), or token ids, and labels, uniform over the classes
-  // (a language model's vocabulary), in the shapes the graph takes.
+  // Two random batches (io::random_batch) in the shapes the graph takes.
   const TensorType xt = g.value(*g.find("x")).type, yt = g.value(*g.find("y")).type;
   std::mt19937_64 rng(7);
-  std::normal_distribution<float> nd(0, 1);
-  auto label = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(w.classes)); };
-  std::vector<float> xs[2];
-  std::vector<int32_t> ids[2], ys[2];
-  for (int k = 0; k < 2; ++k) {
-    if (xt.dtype == DType::i32) {
-      ids[k].resize(static_cast<size_t>(xt.numel()));
-      for (auto& v : ids[k]) v = label();
-    } else {
-      xs[k].resize(static_cast<size_t>(xt.numel()));
-      for (auto& v : xs[k]) v = nd(rng);
-    }
-    ys[k].resize(static_cast<size_t>(yt.numel()));
-    for (auto& v : ys[k]) v = label();
-  }
+  const io::RandomBatch batches[2] = {io::random_batch(xt, yt, w.classes, rng), io::random_batch(xt, yt, w.classes, rng)};
+  const std::vector<std::byte> xs[2] = {batches[0].x_bytes(), batches[1].x_bytes()};
   auto feed = [&](int k) {
-    if (xt.dtype == DType::i32) p.set_input("x", std::span<const int32_t>(ids[k]));
-    else p.set_input("x", std::span<const float>(xs[k]));
-    p.set_input("y", std::span<const int32_t>(ys[k]));
+    p.set_input("x", std::span<const std::byte>(xs[k]));
+    p.set_input("y", std::span<const int32_t>(batches[k].y));
   };
   feed(0);
   for (int i = 0; i < o.warmup; ++i) {

@@ -463,6 +463,27 @@ void finish(const ModelSpec& s, int64_t batch, Var logits, BuiltGraph& b) {
 
 }  // namespace
 
+RandomBatch random_batch(const TensorType& x, const TensorType& y, int64_t classes, std::mt19937_64& rng) {
+  RandomBatch b;
+  std::normal_distribution<float> normal(0, 1);
+  auto label = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(classes)); };
+  if (x.dtype == DType::i32) {
+    b.ids.resize(static_cast<size_t>(x.numel()));
+    for (int32_t& v : b.ids) v = label();
+  } else {
+    b.x.resize(static_cast<size_t>(x.numel()));
+    for (float& v : b.x) v = normal(rng);
+  }
+  b.y.resize(static_cast<size_t>(y.numel()));
+  for (int32_t& v : b.y) v = label();
+  return b;
+}
+
+std::vector<std::byte> RandomBatch::x_bytes() const {
+  const auto bytes = ids.empty() ? std::as_bytes(std::span(x)) : std::as_bytes(std::span(ids));
+  return {bytes.begin(), bytes.end()};
+}
+
 BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
   BuiltGraph b;
   Graph& g = b.graph;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,16 @@ struct BuiltGraph {
   std::vector<std::string> layer_names;
   std::vector<PrecisionOverride> overrides;  // layers with a "precision" of their own
 };
+
+// A random batch for a graph's inputs x and y: x N(0, 1) (f32) or token ids uniform over
+// [0, classes) (i32), labels uniform over [0, classes), drawn from `rng` in that order;
+// what `seam step` writes out and `seam bench` times.
+struct RandomBatch {
+  std::vector<float> x;
+  std::vector<int32_t> ids, y;
+  std::vector<std::byte> x_bytes() const;  // x or ids, whichever the input takes
+};
+RandomBatch random_batch(const TensorType& x, const TensorType& y, int64_t classes, std::mt19937_64& rng);
 
 // The graph for a batch size: input "x" [batch, input_shape...], the layers, logits
 // [batch, ..., classes], labels "y" (i32) of the logits' shape less its last dim (one per

@@ -56,20 +56,9 @@ int run_step(const StepOptions& o) {
   // classes, from the data seed.
   const TensorType xt = bg.graph.value(bg.x).type, yt = bg.graph.value(bg.y).type;
   std::mt19937_64 rng(o.data_seed);
-  std::normal_distribution<float> normal(0, 1);
-  auto label = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(spec.classes)); };
-  std::vector<float> x;
-  std::vector<int32_t> ids;
-  if (spec.token_input()) {
-    ids.resize(static_cast<size_t>(xt.numel()));
-    for (int32_t& v : ids) v = label();
-  } else {
-    x.resize(static_cast<size_t>(xt.numel()));
-    for (float& v : x) v = normal(rng);
-  }
-  std::vector<int32_t> y(static_cast<size_t>(yt.numel()));
-  for (int32_t& v : y) v = label();
-  const std::vector<std::byte> x_bytes = spec.token_input() ? bytes_of(ids) : bytes_of(x);
+  const io::RandomBatch rb = io::random_batch(xt, yt, spec.classes, rng);
+  const std::vector<std::byte> x_bytes = rb.x_bytes();
+  const std::vector<int32_t>& y = rb.y;
 
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
