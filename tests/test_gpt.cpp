@@ -270,6 +270,12 @@ TEST(GptTraining, ATinyGptLearnsARepeatingTextOnTheCpu) {
   EXPECT_LT(val_loss, 0.5) << last;
   EXPECT_TRUE(f[7].empty()) << "no test split for token data";
   EXPECT_NEAR(tokens_per_s, 12 * std::stod(f[10]), 1e-5 * tokens_per_s);  // six digits in the CSV
+  // A prompt byte this 11-token vocabulary does not hold is refused by name.
+  train::SampleOptions so;
+  so.checkpoint = (dir / "run" / "checkpoint.safetensors").string();
+  so.prompt = "a";
+  so.device = "cpu";
+  expect_error([&] { train::run_sample(so); }, "the prompt's byte 97 is beyond the model's vocabulary of 11");
   fs::remove_all(dir);
 }
 

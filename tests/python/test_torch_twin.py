@@ -327,3 +327,15 @@ def test_compare_torch_gpt_is_seams_gpt(tmp_path):
     model.load_state_dict({k: v.double() for k, v in init.items() if k != "train.metrics"}, strict=True)
     loss = ct.loss_of(model, batch["x"], batch["y"].long())
     assert abs(loss.item() - info["loss"]) <= 1e-6 * abs(info["loss"])
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"n_head": 3}, "n_embd 8 is not divisible by n_head 3"),
+    ({"heads": 2}, "unknown key 'heads'"),
+    ({"padded_vocab": 5}, "padded_vocab 5 is smaller than vocab 11"),
+    ({"type": "rnn"}, "unknown model type 'rnn'"),
+])
+def test_gpt_model_errors_are_seams(model, message):
+    m = dict({"type": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 8, "vocab": 11, "block_size": 6}, **model)
+    with pytest.raises(tt.ModelFileError, match=message):
+        tt.load_model({"model": m})
