@@ -1,8 +1,10 @@
-// attention and its gradient on the GPU (src/backend/cuda/attention.cu) against the CPU
-// reference: lengths from 1 to 300 (not multiples of 64 among them), head sizes 64 and
-// 128 and odd ones, causal and not, f32 and through the bf16 policy; and a whole tiny GPT.
+// attention and its gradient on the GPU (src/backend/cuda/attention.h) against the CPU
+// reference: lengths from 1 to 2048 (not multiples of 64 among them), head sizes 64 and
+// 128 and odd ones, causal and not, f32 and through the bf16 and f16 policies, each of
+// the three variants alone and paired across forward and backward; and a whole tiny GPT.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,69 @@ TEST(GpuAttention, MatchesTheCpuInBf16) {
   for (const Case& k : cases()) {
     SCOPED_TRACE(k.str());
     compare_with_cpu([&](GpuCase& c) { return build(c, k); }, gpu_testing::bf16());
+  }
+}
+
+// Sets SEAM_ATTENTION (attention.cu) for the lifetime of the object.
+class ForcedVariant {
+ public:
+  explicit ForcedVariant(const std::string& v) { setenv("SEAM_ATTENTION", v.c_str(), 1); }
+  ~ForcedVariant() { unsetenv("SEAM_ATTENTION"); }
+};
+
+// The fast paths' shapes: lengths from 1 to 2048 (tiles of 64 and 32, one partial), head
+// sizes 64 and 128, causal and not, more keys than queries and fewer.
+std::vector<Case> fast_cases() {
+  return {
+      {1, 1, 1, 1, 64, 64, true},         {2, 3, 37, 37, 64, 64, true},       {1, 2, 64, 64, 128, 128, true},
+      {2, 2, 130, 130, 64, 64, false},    {1, 2, 65, 300, 128, 128, false},  {1, 3, 200, 40, 64, 64, false},
+      {1, 2, 257, 257, 128, 128, true},   {2, 2, 1024, 1024, 64, 64, true},  {1, 1, 2048, 2048, 64, 64, true},
+      {1, 1, 2048, 2048, 128, 128, true}, {1, 1, 1000, 1000, 128, 128, false},
+  };
+}
+
+// Each variant alone, forward and backward, in bf16 and f16 (the CPU rounds the same
+// operands; the tensor-core kernels also round P and dS to 16 bits before their products,
+// which the CPU does not, within the precisions' tolerances).
+// cuDNN 9.14 refuses one query with one key ("s_q = s_kv = 1 is not supported"): there the
+// choice falls back to another variant (MatchesTheCpuInBf16's first case).
+void expect_variant_matches(const std::string& variant) {
+  ForcedVariant force(variant);
+  for (const Case& k : fast_cases())
+    if (variant != "cudnn" || k.tq > 1 || k.tk > 1)
+      for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
+        SCOPED_TRACE(variant + " " + k.str() + (o.precision == Precision::bf16 ? " bf16" : " f16"));
+        compare_with_cpu([&](GpuCase& c) { return build(c, k); }, o);
+      }
+}
+
+TEST(GpuAttention, TiledKernelsMatchTheCpu) { expect_variant_matches("flash"); }
+TEST(GpuAttention, CudnnMatchesTheCpu) { expect_variant_matches("cudnn"); }
+
+// A forward of one variant with the backward of another: they share lse.
+TEST(GpuAttention, VariantsPairAcrossForwardAndBackward) {
+  for (const char* pair : {"cudnn,flash", "flash,cudnn", "plain,flash", "flash,plain"}) {
+    ForcedVariant force(pair);
+    for (const Case& k : {Case{2, 2, 130, 130, 64, 64, true}, Case{1, 2, 65, 300, 128, 128, false}}) {
+      SCOPED_TRACE(std::string(pair) + " " + k.str());
+      compare_with_cpu([&](GpuCase& c) { return build(c, k); }, gpu_testing::bf16());
+    }
+  }
+}
+
+TEST(GpuAttention, AForcedVariantThatCannotRunIsAnError) {
+  ForcedVariant force("flash");
+  GpuCase c(1);
+  Var o = attention(c.param("q", {1, 1, 8, 40}), c.param("k", {1, 1, 8, 40}), c.param("v", {1, 1, 8, 40}));
+  Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = Precision::bf16});
+  try {
+    Program p = m.compile({.mode = Mode::eval, .outputs = {o.id()}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SEAM_ATTENTION asks for flash, which cannot run it: the tiled kernels take "
+                                         "D = Dv = 64 or 128"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -7,8 +7,12 @@
 // keeps 1/32 of a row's D (and Dv) elements in registers: D and Dv up to kMaxHead.
 // Storage f32, bf16 or f16, arithmetic in f32; lse f32.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/storage.cuh"
@@ -156,7 +160,7 @@ __global__ void attention_bwd_kv(const T* __restrict__ dout, const T* __restrict
 
 // q, k, v (operands qi, qi + 1, qi + 2) checked: 4-d, one storage dtype, D and Dv within
 // kMaxHead; the geometry with the default scale resolved.
-Geom geom_of(const StepArgs& a, size_t qi) {
+AttentionGeom geom_of(const StepArgs& a, size_t qi) {
   const Shape &q = a.in[qi].shape(), &k = a.in[qi + 1].shape(), &v = a.in[qi + 2].shape();
   for (size_t i = qi; i < qi + 3; ++i) {
     expect_dtype(a, a.in[i], kStored);
@@ -166,51 +170,122 @@ Geom geom_of(const StepArgs& a, size_t qi) {
   if (q[3] > kMaxHead || v[3] > kMaxHead)
     fail(op_name(a.step.op), " '", a.step.name, "': head sizes up to ", kMaxHead, " on the GPU, got D = ", q[3],
          ", Dv = ", v[3]);
-  Geom g{q[0] * q[1], q[2], k[2], q[3], v[3], static_cast<float>(a.step.attrs.f("scale")),
-         a.step.attrs.i("causal") != 0};
+  AttentionGeom g{q[0], q[1], q[2], k[2], q[3], v[3], static_cast<float>(a.step.attrs.f("scale")),
+                  a.step.attrs.i("causal") != 0};
   if (g.scale == 0.f) g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d)));
   return g;
 }
+
+Geom plain_geom(const AttentionGeom& g) { return {g.bh(), g.tq, g.tk, g.d, g.dv, g.scale, g.causal}; }
 
 unsigned row_blocks(const StepArgs& a, int64_t rows) {
   return blocks_for((rows + kThreads / 32 - 1) / (kThreads / 32), 1, std::max(a.ctx.sm_count, 1) * 32);
 }
 
+// The variant cache's key: the pass, shapes, precision, mask and scale.
+std::string variant_key(const char* pass, DType t, const AttentionGeom& g) {
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%.9g", g.scale);
+  return std::string(pass) + ":" + dtype_name(t) + ":b" + std::to_string(g.b) + "h" + std::to_string(g.h) + "q" +
+         std::to_string(g.tq) + "k" + std::to_string(g.tk) + "d" + std::to_string(g.d) + "v" + std::to_string(g.dv) +
+         (g.causal ? ":causal" : ":full") + ":s" + scale;
+}
+
+// SEAM_ATTENTION=NAME or FORWARD,BACKWARD (cudnn, flash or plain) runs that variant
+// instead of the fastest, for comparing them; a forced variant that cannot run this step
+// is an error naming why.
+Launch choose_attention(const StepArgs& a, bool backward, const std::string& key, std::vector<Variant> variants) {
+  std::string forced;
+  if (const char* env = std::getenv("SEAM_ATTENTION"); env && *env) {
+    const std::string v = env;
+    const size_t comma = v.find(',');
+    forced = comma == std::string::npos ? v : backward ? v.substr(comma + 1) : v.substr(0, comma);
+  }
+  if (forced.empty()) return choose_variant(a.ctx, a.index, key, std::move(variants));
+  Launch kept;
+  for (Variant& v : variants) {
+    if (v.name != forced) {
+      if (v.unused) v.unused();
+      continue;
+    }
+    if (!v.launch)
+      fail(op_name(a.step.op), " '", a.step.name, "': SEAM_ATTENTION asks for ", forced, ", which cannot run it: ",
+           v.why_not);
+    kept = v.launch;
+  }
+  if (!kept) fail("SEAM_ATTENTION: no attention variant '", forced, "' (cudnn, flash or plain)");
+  a.ctx.choices.emplace_back(a.index, forced + " (forced by SEAM_ATTENTION)");
+  return kept;
+}
+
+Variant cudnn_variant(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf, bool backward) {
+  Variant v{"cudnn", {}};
+  if (auto l = cudnn_attention(a, t, g, buf, backward, &v.why_not)) v.launch = *l;
+  return v;
+}
+
+// rows: the backward's scratch for rowsum(do * o); null for the forward.
+Variant flash_variant(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows) {
+  Variant v{"flash", {}};
+  v.why_not = flash_unavailable(t, g, buf);
+  if (v.why_not.empty()) v.launch = rows ? flash_backward(t, g, buf, rows) : flash_forward(t, g, buf);
+  return v;
+}
+
 // inputs q, k, v; outputs o, lse.
 Launch prepare_attention(const StepArgs& a) {
-  const Geom g = geom_of(a, 0);
+  const AttentionGeom ag = geom_of(a, 0);
+  const Geom g = plain_geom(ag);
+  const DType t = a.in[0].dtype();
   expect_dtype(a, a.out[1], {DType::f32});
   const unsigned blocks = row_blocks(a, g.bh * g.tq);
-  Launch launch;
-  dispatch_storage(a.in[0].dtype(), "attention", [&]<class T>() {
-    launch = [g, blocks, q = a.in[0].as<const T>(), k = a.in[1].as<const T>(), v = a.in[2].as<const T>(),
-              o = a.out[0].as<T>(), lse = a.out[1].as<float>()](cudaStream_t s) {
+  Launch plain;
+  dispatch_storage(t, "attention", [&]<class T>() {
+    plain = [g, blocks, q = a.in[0].as<const T>(), k = a.in[1].as<const T>(), v = a.in[2].as<const T>(),
+             o = a.out[0].as<T>(), lse = a.out[1].as<float>()](cudaStream_t s) {
       attention_fwd<T><<<blocks, kThreads, 0, s>>>(q, k, v, o, lse, g);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
-  return launch;
+  AttentionBuffers buf;
+  buf.q = a.in[0].data, buf.k = a.in[1].data, buf.v = a.in[2].data;
+  buf.out_o = a.out[0].data, buf.out_lse = a.out[1].data;
+  std::vector<Variant> variants;
+  variants.push_back(cudnn_variant(a, t, ag, buf, false));
+  variants.push_back(flash_variant(t, ag, buf, nullptr));
+  variants.push_back({"plain", plain});
+  return choose_attention(a, false, variant_key("attention", t, ag), std::move(variants));
 }
 
 // inputs do, q, k, v, o, lse; outputs dq, dk, dv.
 Launch prepare_attention_grad(const StepArgs& a) {
-  const Geom g = geom_of(a, 1);
+  const AttentionGeom ag = geom_of(a, 1);
+  const Geom g = plain_geom(ag);
+  const DType t = a.in[1].dtype();
   expect_dtype(a, a.in[5], {DType::f32});
   auto* rows = static_cast<float*>(a.ctx.scratch(static_cast<size_t>(g.bh * g.tq) * sizeof(float)));
   const unsigned qblocks = row_blocks(a, g.bh * g.tq), kblocks = row_blocks(a, g.bh * g.tk);
-  Launch launch;
-  dispatch_storage(a.in[1].dtype(), "attention_grad", [&]<class T>() {
-    launch = [g, qblocks, kblocks, rows, dout = a.in[0].as<const T>(), q = a.in[1].as<const T>(),
-              k = a.in[2].as<const T>(), v = a.in[3].as<const T>(), o = a.in[4].as<const T>(),
-              lse = a.in[5].as<const float>(), dq = a.out[0].as<T>(), dk = a.out[1].as<T>(),
-              dv = a.out[2].as<T>()](cudaStream_t s) {
+  Launch plain;
+  dispatch_storage(t, "attention_grad", [&]<class T>() {
+    plain = [g, qblocks, kblocks, rows, dout = a.in[0].as<const T>(), q = a.in[1].as<const T>(),
+             k = a.in[2].as<const T>(), v = a.in[3].as<const T>(), o = a.in[4].as<const T>(),
+             lse = a.in[5].as<const float>(), dq = a.out[0].as<T>(), dk = a.out[1].as<T>(),
+             dv = a.out[2].as<T>()](cudaStream_t s) {
       attention_bwd_q<T><<<qblocks, kThreads, 0, s>>>(dout, q, k, v, o, lse, dq, rows, g);
       SEAM_CUDA_LAUNCH_CHECK();
       attention_bwd_kv<T><<<kblocks, kThreads, 0, s>>>(dout, q, k, v, lse, rows, dk, dv, g);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
-  return launch;
+  AttentionBuffers buf;
+  buf.dout = a.in[0].data, buf.q = a.in[1].data, buf.k = a.in[2].data, buf.v = a.in[3].data;
+  buf.o = a.in[4].data, buf.lse = a.in[5].data;
+  buf.dq = a.out[0].data, buf.dk = a.out[1].data, buf.dv = a.out[2].data;
+  std::vector<Variant> variants;
+  variants.push_back(cudnn_variant(a, t, ag, buf, true));
+  variants.push_back(flash_variant(t, ag, buf, rows));  // the plain kernels' row sums' scratch
+  variants.push_back({"plain", plain});
+  return choose_attention(a, true, variant_key("attention_grad", t, ag), std::move(variants));
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+// The three ways the CUDA backend computes attention and its gradient (the op is in
+// src/ops/attention.cpp); attention.cu times those a step can use and keeps the fastest
+// (choose_variant), per shape and precision:
+//   cudnn - cuDNN's fused flash attention through the graph API (attention_cudnn.cpp);
+//   flash - seam's own tiled kernels on tensor cores, bf16 and f16 (flash_attention.cu);
+//   plain - one warp per row in f32 arithmetic, any storage type and head size up to 256
+//           (attention.cu): what serves every shape, and checks the other two.
+// All three write the same lse (each query row's natural log-sum-exp of its scaled
+// scores, f32), so any forward pairs with any backward.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "backend/cuda/cuda.h"
+
+namespace seam::cuda {
+
+struct AttentionGeom {
+  int64_t b, h, tq, tk, d, dv;
+  float scale;  // resolved: 1 / sqrt(D) where the op's attribute is 0
+  bool causal;
+  int64_t bh() const { return b * h; }
+};
+
+// Operands by role; null where a pass has none.
+struct AttentionBuffers {
+  const void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr, *dout = nullptr;
+  void *out_o = nullptr, *out_lse = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+
+// Empty where the tiled kernels serve this storage type, geometry and buffers, else why not.
+std::string flash_unavailable(DType t, const AttentionGeom& g, const AttentionBuffers& buf);
+// The forward (q, k, v -> out_o, out_lse) or the backward (dout, q, k, v, o, lse -> dq,
+// dk, dv; with f32 scratch of tq * bh floats for rowsum(do * o)).
+Launch flash_forward(DType t, const AttentionGeom& g, const AttentionBuffers& buf);
+Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows);
+
+// cuDNN's SDPA forward or backward for this step, or nothing (with *why) where cuDNN builds
+// no plan for it. Its workspace is the context's (need_workspace).
+std::optional<Launch> cudnn_attention(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf,
+                                      bool backward, std::string* why);
+
+}  // namespace seam::cuda

@@ -1,0 +1,110 @@
+// Attention through cuDNN's fused flash attention (attention.h): the SDPA forward and
+// backward nodes of the graph API, built by cudnn-frontend. cuDNN's "Stats" output is each
+// query row's log-sum-exp of the scaled scores, which is seam's lse as it stands, so its
+// forward and backward pair with the other variants'. The backward asks for cuDNN's
+// deterministic algorithm (no atomics in dq), so a step repeats its bits.
+#include <cudnn_frontend.h>
+
+#include <memory>
+#include <unordered_map>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/cudnn_util.h"
+
+namespace seam::cuda {
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
+
+std::shared_ptr<fe::graph::Graph> sdpa_graph(DType t, const AttentionGeom& g, bool backward) {
+  auto gr = std::make_shared<fe::graph::Graph>();
+  gr->set_io_data_type(t == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto bhtd = [&](int64_t rows, int64_t d) {
+    return std::pair<std::vector<int64_t>, std::vector<int64_t>>{{g.b, g.h, rows, d},
+                                                                 {g.h * rows * d, rows * d, d, 1}};
+  };
+  auto tensor = [&](const char* name, Uid uid, int64_t rows, int64_t d) {
+    auto [dims, strides] = bhtd(rows, d);
+    return gr->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(strides));
+  };
+  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& x, Uid uid, int64_t rows, int64_t d) {
+    auto [dims, strides] = bhtd(rows, d);
+    x->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides);
+  };
+  auto q = tensor("q", kQ, g.tq, g.d), k = tensor("k", kK, g.tk, g.d), v = tensor("v", kV, g.tk, g.dv);
+  if (!backward) {
+    auto attrs = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(g.scale);
+    if (g.causal) attrs.set_causal_mask(true);
+    auto [o, stats] = gr->sdpa(q, k, v, attrs);
+    output(o, kO, g.tq, g.dv);
+    output(stats, kStats, g.tq, 1);
+    stats->set_data_type(fe::DataType_t::FLOAT);
+  } else {
+    auto o = tensor("o", kO, g.tq, g.dv), dout = tensor("do", kDo, g.tq, g.dv);
+    auto [sd, ss] = bhtd(g.tq, 1);
+    auto stats = gr->tensor(fe::graph::Tensor_attributes()
+                                .set_name("stats")
+                                .set_uid(kStats)
+                                .set_dim(sd)
+                                .set_stride(ss)
+                                .set_data_type(fe::DataType_t::FLOAT));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("attention_grad")
+                     .set_attn_scale(g.scale)
+                     .set_deterministic_algorithm(true);
+    if (g.causal) attrs.set_causal_mask(true);
+    auto [dq, dk, dv] = gr->sdpa_backward(q, k, v, o, dout, stats, attrs);
+    output(dq, kDq, g.tq, g.d);
+    output(dk, kDk, g.tk, g.d);
+    output(dv, kDv, g.tk, g.dv);
+  }
+  return gr;
+}
+
+}  // namespace
+
+std::optional<Launch> cudnn_attention(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf,
+                                      bool backward, std::string* why) {
+  if (t != DType::bf16 && t != DType::f16) {
+    *why = "cuDNN's SDPA takes bf16 or f16 data";
+    return std::nullopt;
+  }
+  cudnnHandle_t h = cudnn_of(a.ctx);
+  SEAM_CUDNN_CHECK(cudnnSetStream(h, a.ctx.stream));
+  std::shared_ptr<fe::graph::Graph> gr = sdpa_graph(t, g, backward);
+  auto ok = [&](fe::error_t e, const char* what) {
+    if (e.is_good()) return true;
+    *why = std::string("cuDNN ") + what + ": " + e.get_message();
+    return false;
+  };
+  if (!ok(gr->validate(), "validate") || !ok(gr->build_operation_graph(h), "operation graph") ||
+      !ok(gr->create_execution_plans({fe::HeurMode_t::A}), "heuristics") || !ok(gr->check_support(h), "support") ||
+      !ok(gr->build_plans(h), "build"))
+    return std::nullopt;
+  int64_t ws = 0;
+  if (!ok(gr->get_workspace_size(ws), "workspace")) return std::nullopt;
+  a.ctx.need_workspace(static_cast<size_t>(ws));
+  auto pack = std::make_shared<std::unordered_map<int64_t, void*>>();
+  auto in = [](const void* p) { return const_cast<void*>(p); };  // cuDNN's map takes void* for inputs too
+  if (!backward) {
+    *pack = {{kQ, in(buf.q)}, {kK, in(buf.k)}, {kV, in(buf.v)}, {kO, buf.out_o}, {kStats, buf.out_lse}};
+  } else {
+    *pack = {{kQ, in(buf.q)},   {kK, in(buf.k)},    {kV, in(buf.v)}, {kO, in(buf.o)}, {kStats, in(buf.lse)},
+             {kDo, in(buf.dout)}, {kDq, buf.dq},   {kDk, buf.dk},   {kDv, buf.dv}};
+  }
+  Context* ctx = &a.ctx;
+  const std::string what = std::string(op_name(a.step.op)) + " '" + a.step.name + "'";
+  return Launch([gr, pack, h, ctx, ws, what](cudaStream_t st) {
+    SEAM_CUDNN_CHECK(cudnnSetStream(h, st));
+    fe::error_t e = gr->execute(h, *pack, ws ? ctx->workspace() : nullptr);
+    if (e.is_bad()) fail(what, ": cuDNN SDPA failed: ", e.get_message());
+  });
+}
+
+}  // namespace seam::cuda
