@@ -79,16 +79,20 @@ class Context {
   // earlier by release() (a variant that was not chosen).
   void* scratch(size_t bytes);
   void release(void* p);
-  // One workspace shared by all steps (they run one after another on one stream); a
-  // launch reads workspace() when it runs. It grows as steps state their needs, at once,
-  // so that launches timed while the plan is prepared (choose_variant) can use it.
+  // One workspace shared by the steps of a stream (they run one after another); a launch
+  // reads workspace() and workspace_size() when it runs. While the plan is prepared it
+  // grows as steps state their needs, at once, so that launches timed then
+  // (choose_variant) can use it; each need is kept for the step being prepared
+  // (preparing_step), -1 for work outside the plan's steps.
   void need_workspace(size_t bytes);
-  void* workspace() const { return lane_ == 0 ? workspace_ : lane_workspace_[static_cast<size_t>(lane_ - 1)]; }
-  size_t workspace_size() const { return workspace_size_; }
+  void* workspace() const { return lane_workspace_[static_cast<size_t>(lane_)]; }
+  size_t workspace_size() const { return lane_workspace_size_[static_cast<size_t>(lane_)]; }
+  void set_preparing_step(int step) { preparing_ = step; }
   // Steps may run on several streams (lanes), each with a workspace of its own: the
   // executable sets the lane before it enqueues a step, whose launch reads workspace().
-  // add_lanes gives lanes 1..count-1 their workspaces, once every step is prepared.
-  void add_lanes(int count);
+  // Once every step is prepared, set_lanes sizes each lane's workspace to the largest
+  // need among its steps (lane_of[step]); work outside the steps runs on lane 0.
+  void set_lanes(const std::vector<int>& lane_of, int count);
   void set_lane(int lane) { lane_ = lane; }
 
   // Device memory held for the steps beyond the plan's arena: the workspaces and every
@@ -103,9 +107,12 @@ class Context {
  private:
   std::vector<void*> scratch_;
   std::vector<size_t> scratch_sizes_;  // scratch_'s, for device_bytes()
-  size_t workspace_size_ = 0;
-  void* workspace_ = nullptr;
-  std::vector<void*> lane_workspace_;
+  std::vector<void*> lane_workspace_{nullptr};  // lane 0's serves preparation too
+  std::vector<size_t> lane_workspace_size_{0};
+  std::vector<size_t> step_need_;  // by plan step
+  size_t outside_need_ = 0;        // of work that is not a plan step
+  int preparing_ = -1;
+  bool lanes_set_ = false;
   int lane_ = 0;
 };
 

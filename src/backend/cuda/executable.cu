@@ -132,7 +132,9 @@ class CudaExecutable : public Executable {
       for (auto& b : s.in) a.in.push_back({r.base(b.region) + b.offset, b.type});
       for (auto& b : s.out) a.out.push_back({r.base(b.region) + b.offset, b.type});
       KeepOutputs keep(s, a, sh_->stream);
+      ctx_.set_preparing_step(static_cast<int>(i));
       launches_.push_back(preparer_for(s.op)(a));
+      ctx_.set_preparing_step(-1);
       keep.restore();
     }
     if (plan.optimizer) {
@@ -143,7 +145,7 @@ class CudaExecutable : public Executable {
       launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_, lp, plan.working));
     }
     sched_ = schedule_lanes(step_dependencies(plan), static_cast<int>(sh_->lanes.size()));
-    ctx_.add_lanes(sched_.lanes_used);
+    ctx_.set_lanes(sched_.lane, sched_.lanes_used);
     signals_.assign(plan.steps.size(), false);
     for (auto& w : sched_.waits)
       for (int d : w) signals_[static_cast<size_t>(d)] = true;

@@ -18,7 +18,8 @@ namespace seam::cuda {
 
 Context::~Context() {
   for (void* p : scratch_) cudaFree(p);
-  if (workspace_) cudaFree(workspace_);
+  for (void* p : lane_workspace_)
+    if (p) cudaFree(p);
 }
 
 void* Context::scratch(size_t bytes) {
@@ -34,7 +35,8 @@ void* Context::scratch(size_t bytes) {
 }
 
 size_t Context::device_bytes() const {
-  size_t n = workspace_size_;
+  size_t n = 0;
+  for (size_t b : lane_workspace_size_) n += b;
   for (size_t b : scratch_sizes_) n += b;
   return n;
 }
@@ -48,22 +50,47 @@ void Context::release(void* p) {
   SEAM_CUDA_CHECK(cudaFree(p));
 }
 
-void Context::add_lanes(int count) {
-  SEAM_ASSERT(lane_workspace_.empty());
-  for (int l = 1; l < count; ++l) lane_workspace_.push_back(workspace_size_ ? scratch(workspace_size_) : nullptr);
+namespace {
+
+// (Re)allocates one lane's workspace at `bytes`; a launch timed earlier may still use the old one.
+void resize_workspace(void*& p, size_t& size, size_t bytes, cudaStream_t stream) {
+  if (bytes == size) return;
+  if (p) {
+    SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    SEAM_CUDA_CHECK(cudaFree(p));
+    p = nullptr;
+  }
+  size = 0;
+  if (bytes) SEAM_CUDA_CHECK(cudaMalloc(&p, bytes));
+  size = bytes;
+}
+
+}  // namespace
+
+void Context::set_lanes(const std::vector<int>& lane_of, int count) {
+  SEAM_ASSERT(!lanes_set_ && count >= 1);
+  lanes_set_ = true;
+  std::vector<size_t> need(static_cast<size_t>(count), 0);
+  need[0] = outside_need_;
+  for (size_t j = 0; j < step_need_.size(); ++j) {
+    const size_t l = j < lane_of.size() ? static_cast<size_t>(lane_of[j]) : 0;
+    SEAM_ASSERT(l < need.size());
+    need[l] = std::max(need[l], step_need_[j]);
+  }
+  lane_workspace_.resize(need.size(), nullptr);
+  lane_workspace_size_.resize(need.size(), 0);
+  for (size_t l = 0; l < need.size(); ++l) resize_workspace(lane_workspace_[l], lane_workspace_size_[l], need[l], stream);
 }
 
 void Context::need_workspace(size_t bytes) {
-  SEAM_ASSERT(lane_workspace_.empty());  // every step states its need while prepared
-  if (bytes <= workspace_size_) return;
-  if (workspace_) {
-    SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));  // a timed launch may still use it
-    SEAM_CUDA_CHECK(cudaFree(workspace_));
-    workspace_ = nullptr;
-    workspace_size_ = 0;
+  SEAM_ASSERT(!lanes_set_);  // every step states its need while prepared
+  if (preparing_ < 0) {
+    outside_need_ = std::max(outside_need_, bytes);
+  } else {
+    if (step_need_.size() <= static_cast<size_t>(preparing_)) step_need_.resize(static_cast<size_t>(preparing_) + 1, 0);
+    step_need_[static_cast<size_t>(preparing_)] = std::max(step_need_[static_cast<size_t>(preparing_)], bytes);
   }
-  SEAM_CUDA_CHECK(cudaMalloc(&workspace_, bytes));
-  workspace_size_ = bytes;
+  if (bytes > lane_workspace_size_[0]) resize_workspace(lane_workspace_[0], lane_workspace_size_[0], bytes, stream);
 }
 
 Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in,
