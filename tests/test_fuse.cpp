@@ -129,3 +129,99 @@ TEST(Fuse, EvaluationPlansFuseWithoutRecords) {
   EXPECT_EQ(count(p.plan(), Op::linear_act), 1);
   EXPECT_EQ(count(p.plan(), Op::linear_act_aux), 0);
 }
+
+namespace {
+
+// Logits [rows, 16] of which the first 10 columns are classes: the slice, the loss, its
+// gradient and the training accuracy's argmax, as nn::gpt's padded vocabulary makes them.
+struct PaddedRun {
+  std::vector<float> losses;
+  std::vector<std::vector<int32_t>> predictions;
+  std::vector<std::vector<float>> params;
+  Plan plan;
+};
+
+// read_slice: the sliced logits are an output too, which keeps the slice (and the loss
+// on it) while every other fusion happens.
+PaddedRun train_padded(Precision policy, bool fuse, bool read_slice, const std::vector<int32_t>& extra_labels = {}) {
+  Graph g;
+  Var x = g.input("x", {4, 6, 12});
+  Var y = g.input("y", {4, 6}, DType::i32);
+  Var logits = slice(nn::linear(x, 16, "head"), 2, 0, 10);
+  Var loss = cross_entropy(logits, y, -100, 0.1);
+  Var pred = argmax(logits);
+  Model m(g, {.seed = 3, .precision = policy});
+  std::vector<ValueId> outputs{pred.id()};
+  if (read_slice) outputs.push_back(logits.id());
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .outputs = outputs, .fuse = fuse});
+  PaddedRun r;
+  r.plan = p.plan();
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> nd(0, 1);
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> xs(4 * 6 * 12);
+    std::vector<int32_t> ys(4 * 6);
+    for (auto& v : xs) v = nd(rng);
+    for (auto& v : ys) v = static_cast<int32_t>(rng() % 10);
+    ys[3] = -100;
+    for (size_t i = 0; i < extra_labels.size(); ++i) ys[i] = extra_labels[i];
+    p.set_input("x", std::span<const float>(xs));
+    p.set_input("y", std::span<const int32_t>(ys));
+    p.run();
+    r.losses.push_back(p.read_as<float>(loss.name())[0]);
+    r.predictions.push_back(p.read_as<int32_t>(pred.name()));
+  }
+  for (ValueId id : g.params()) r.params.push_back(Program::cast_bytes<float>(m.read_param(g.value(id).name)));
+  return r;
+}
+
+}  // namespace
+
+// The loss, its gradient and argmax read the padded logits with classes = 10: no slice
+// and no slice_grad left, the same bits as the sliced plan with the same other fusions
+// (and at f32 as the unfused plan; at bf16 folding the gradient's cast into the loss
+// skips a rounding, as everywhere).
+TEST(Fuse, PaddedClassesAreReadInPlaceAndChangeNoBit) {
+  for (Precision policy : {Precision::f32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(policy));
+    PaddedRun fused = train_padded(policy, true, false), sliced = train_padded(policy, true, true);
+    EXPECT_EQ(count(fused.plan, Op::slice) + count(fused.plan, Op::slice_grad), 0) << fused.plan.str();
+    EXPECT_EQ(count(sliced.plan, Op::slice), 1);
+    EXPECT_EQ(count(fused.plan, Op::cross_entropy_with_grad), 1);
+    for (auto& s : fused.plan.steps)
+      if (s.op == Op::cross_entropy_with_grad || s.op == Op::argmax) EXPECT_EQ(s.attrs.i("classes"), 10);
+    EXPECT_EQ(fused.losses, sliced.losses);
+    EXPECT_EQ(fused.predictions, sliced.predictions);
+    EXPECT_EQ(fused.params, sliced.params);
+    if (policy == Precision::f32) {
+      PaddedRun plain = train_padded(policy, false, false);
+      EXPECT_EQ(fused.losses, plain.losses);
+      EXPECT_EQ(fused.predictions, plain.predictions);
+      EXPECT_EQ(fused.params, plain.params);
+    }
+  }
+}
+
+// A label among the padding columns is no class: the same error as the sliced plan's.
+TEST(Fuse, PaddedClassesRefuseALabelInThePadding) {
+  try {
+    train_padded(Precision::f32, true, false, {12});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 12 of row 0 is outside [0, 10)"), std::string::npos) << e.what();
+  }
+}
+
+// A slice that something else reads (here a requested output) stays, and so does the loss's.
+TEST(Fuse, PaddedClassesStayWhereTheSliceIsReadElsewhere) {
+  Graph g;
+  Var x = g.input("x", {8, 12});
+  Var y = g.input("y", {8}, DType::i32);
+  Var logits = slice(nn::linear(x, 16, "head"), 1, 0, 10);
+  Var loss = cross_entropy(logits, y);
+  Model m(g, {.seed = 3});
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {logits.id()}});
+  EXPECT_EQ(count(p.plan(), Op::slice), 1) << p.plan().str();
+  for (auto& s : p.plan().steps)
+    if (s.op == Op::cross_entropy_with_grad) EXPECT_EQ(s.attrs.i("classes"), 0);
+}

@@ -223,9 +223,16 @@ def _linear_act(tw, node, ins):
         return F.relu(y) if act == "relu" else F.gelu(y, approximate="tanh")
 
 
+def _classes(x, node, axis=-1):
+    """The first `classes` entries along the axis (all for 0): the rest is padding."""
+    c = node.attrs.get("classes", 0)
+    return x.narrow(axis, 0, c) if c else x
+
+
 def _cross_entropy(tw, node, ins):
     logits, labels = ins
     a = node.attrs
+    logits = _classes(logits, node)
     z = _as_f32(logits).reshape(-1, logits.shape[-1])
     lab = labels.reshape(-1).long()
     total = F.cross_entropy(z, lab, ignore_index=a["ignore_index"], label_smoothing=a["label_smoothing"],
@@ -312,7 +319,8 @@ OPS = {
     "fused_elementwise": _fused,
     "cast": _cast,
     "copy": lambda tw, node, ins: ins[0].clone(),
-    "argmax": lambda tw, node, ins: torch.argmax(ins[0].detach(), dim=node.attrs["axis"]).to(torch.int32),
+    "argmax": lambda tw, node, ins: torch.argmax(_classes(ins[0].detach(), node, node.attrs["axis"]),
+                                                 dim=node.attrs["axis"]).to(torch.int32),
     "count_equal": lambda tw, node, ins: ((ins[0] == ins[1]) & (ins[1] >= 0)).sum().to(torch.int32),
     "dropout": lambda tw, node, ins: (_float_only(node, ins), tw._dropout(node, ins[0]))[1],
     "embedding": _embedding_layer,

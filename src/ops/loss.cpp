@@ -9,9 +9,10 @@ void register_loss(OpTable& t) {
     d.name = "cross_entropy";
     d.inputs = {"logits", "labels"};
     d.outputs = {"loss"};
-    d.attrs = {{"ignore_index", int64_t{-100}}, {"label_smoothing", 0.0}};
+    d.attrs = {{"ignore_index", int64_t{-100}}, {"label_smoothing", 0.0}, {"classes", int64_t{0}}};
     d.doc = "mean over rows with label != ignore_index of -log softmax(logits)[label] "
-            "(label smoothing as in PyTorch); 0 if every row is ignored; in f32 for 16-bit logits";
+            "(label smoothing as in PyTorch); 0 if every row is ignored; in f32 for 16-bit logits; classes > 0: "
+            "only the first `classes` columns are classes (the rest padding, left out, their gradient 0)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_dtype(1, DType::i32);
@@ -21,6 +22,9 @@ void register_loss(OpTable& t) {
                shape_str(rows), ", got ", shape_str(c.shape(1)));
       double ls = c.attrs.f("label_smoothing");
       if (ls < 0 || ls > 1) c.fail("label_smoothing must be in [0, 1], got ", ls);
+      const int64_t classes = c.attrs.i("classes");
+      if (classes < 0 || classes > c.shape(0).back())
+        c.fail("classes must be 0 (every column) or in [1, ", c.shape(0).back(), "], got ", classes);
       return std::vector<TensorType>{{compute_dtype(c.type(0).dtype), {}}};
     };
     d.flops = [](const OpCostCtx& c) { return 4.0 * static_cast<double>(c.in[0].numel()); };

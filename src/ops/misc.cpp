@@ -75,11 +75,15 @@ void register_misc(OpTable& t) {
     d.name = "argmax";
     d.inputs = {"x"};
     d.outputs = {"index"};
-    d.attrs = {{"axis", int64_t{-1}}};
-    d.doc = "index of the largest element along an axis (first on ties), i32";
+    d.attrs = {{"axis", int64_t{-1}}, {"classes", int64_t{0}}};
+    d.doc = "index of the largest element along an axis (first on ties), i32; classes > 0: among the axis's "
+            "first `classes` elements only";
     d.infer = [](const InferCtx& c) {
       int a = c.axis("axis", c.shape(0).size());
       Shape s = c.shape(0);
+      const int64_t classes = c.attrs.i("classes");
+      if (classes < 0 || classes > s[static_cast<size_t>(a)])
+        c.fail("classes must be 0 (the whole axis) or in [1, ", s[static_cast<size_t>(a)], "], got ", classes);
       s.erase(s.begin() + a);
       return std::vector<TensorType>{{DType::i32, s}};
     };

@@ -28,6 +28,13 @@ std::vector<std::vector<int>> value_users(const Graph& g);
 // `keep`: values that must survive as they are (requested outputs, pinned gradients).
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 
+// Padded classes: where logits are sliced to their first c columns along the last axis
+// and only cross_entropy, argmax and cross_entropy_grad read the slice (the gradient only
+// by the slice's own slice_grad), they read the unsliced logits with classes = c instead
+// and the gradient writes the padding's zeros itself: the slice and its gradient, two
+// copies of the logits, are gone. (src/passes/fuse_loss.cpp)
+FuseResult absorb_class_slices(const Graph& g, const std::vector<ValueId>& keep);
+
 // Loss fusion: cross_entropy and its cross_entropy_grad (same logits, labels and
 // attributes) become one cross_entropy_with_grad at the forward's place, when the
 // incoming gradient exists by then (an input, an earlier value, or a constant such as

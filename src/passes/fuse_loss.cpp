@@ -1,4 +1,5 @@
-// Loss fusion: cross_entropy and its gradient become one op that reads the logits once.
+// Loss fusion: the slice of padded logits absorbed into the loss, then cross_entropy and
+// its gradient as one op that reads the logits once.
 #include <set>
 
 #include "passes/fuse.h"
@@ -66,6 +67,82 @@ FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& /*keep*/) {
     ++r.backward;
   }
   for (int k = 0; k < nn; ++k) SEAM_ASSERT(done[static_cast<size_t>(k)] || absorbed[static_cast<size_t>(k)]);
+  return r;
+}
+
+FuseResult absorb_class_slices(const Graph& g, const std::vector<ValueId>& keep_list) {
+  const auto& nodes = g.nodes();
+  const size_t nn = nodes.size();
+  const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
+  const std::vector<std::vector<int>> users = value_users(g);
+  auto last_axis = [&](const Node& n, ValueId v) {
+    return normalize_axis(n.attrs.i("axis"), g.value(v).type.shape.size()) ==
+           static_cast<int>(g.value(v).type.shape.size()) - 1;
+  };
+  // classes_of[v]: a slice's value that its readers take as x with `classes` columns.
+  // grad_slice[k]: for such a reader's gradient node, the slice_grad it makes redundant.
+  std::vector<int64_t> classes_of(g.values().size(), 0);
+  std::vector<int> grad_slice(nn, -1);
+  std::vector<bool> gone(nn, false);
+  for (size_t k = 0; k < nn; ++k) {
+    const Node& sl = nodes[k];
+    if (sl.op != Op::slice) continue;
+    const ValueId x = sl.in[0], v = sl.out[0];
+    if (!last_axis(sl, x) || sl.attrs.i("start") != 0 || sl.attrs.i("step") != 1 || keep.count(v)) continue;
+    const int64_t classes = g.value(v).type.shape.back();
+    bool ok = !users[static_cast<size_t>(v)].empty();
+    std::vector<std::pair<int, int>> grads;  // (cross_entropy_grad, slice_grad)
+    for (int u : users[static_cast<size_t>(v)]) {
+      const Node& n = nodes[static_cast<size_t>(u)];
+      if (n.attrs.has("classes") && n.attrs.i("classes") != 0) ok = false;
+      if (n.op == Op::cross_entropy || n.op == Op::argmax) {
+        ok = ok && n.in[0] == v && (n.op != Op::argmax || last_axis(n, v));  // labels are i32, never v
+      } else if (n.op == Op::cross_entropy_grad && n.in[1] == v && n.in[0] != v && n.in[2] != v) {
+        const ValueId d = n.out[0];
+        const std::vector<int>& du = users[static_cast<size_t>(d)];
+        const Node* sg = du.size() == 1 ? &nodes[static_cast<size_t>(du[0])] : nullptr;
+        ok = ok && !keep.count(d) && sg && sg->op == Op::slice_grad && sg->in[0] == d &&
+             sg->attrs.i("size") == g.value(x).type.shape.back() && sg->attrs.i("start") == 0 &&
+             sg->attrs.i("step") == 1 && last_axis(*sg, d) && g.value(sg->out[0]).type == g.value(x).type;
+        if (ok) grads.emplace_back(u, du[0]);
+      } else {
+        ok = false;
+      }
+    }
+    if (!ok) continue;
+    classes_of[static_cast<size_t>(v)] = classes;
+    gone[k] = true;
+    for (auto [u, sg] : grads) {
+      grad_slice[static_cast<size_t>(u)] = sg;
+      gone[static_cast<size_t>(sg)] = true;
+    }
+  }
+
+  FuseResult r = start_rebuild(g);
+  Graph& ng = r.graph;
+  for (size_t k = 0; k < nn; ++k) {
+    if (gone[k]) continue;
+    const Node& n = nodes[k];
+    std::vector<ValueId> in;
+    Attrs attrs = n.attrs;
+    for (ValueId v : n.in) {
+      const int64_t classes = classes_of[static_cast<size_t>(v)];
+      if (classes == 0) {
+        in.push_back(mapped(r, v));
+        continue;
+      }
+      in.push_back(mapped(r, nodes[static_cast<size_t>(g.value(v).node)].in[0]));  // the slice's input
+      attrs.set("classes", classes);
+    }
+    auto out = ng.add_named(n.op, in, attrs, n.name);
+    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+    if (const int sg = grad_slice[k]; sg >= 0) {
+      r.map[static_cast<size_t>(nodes[static_cast<size_t>(sg)].out[0])] = out[0];
+      r.map[static_cast<size_t>(n.out[0])] = -1;
+      ++r.backward;
+    }
+    if (attrs.has("classes") && attrs.i("classes") != 0 && n.attrs.i("classes") == 0) ++r.forward;
+  }
   return r;
 }
 

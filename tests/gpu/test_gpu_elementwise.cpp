@@ -295,6 +295,9 @@ TEST(GpuMisc, ArgmaxMatchesTheCpu) {
   compare_with_cpu([](GpuCase& c) { return argmax(c.data("x", {4, 5, 6}), 1); }, no_grad());
   compare_with_cpu([](GpuCase& c) { return argmax(c.data("x", {1000, 10})); }, no_grad());      // short rows
   compare_with_cpu([](GpuCase& c) { return argmax(c.data("x", {3, 5000})); }, no_grad());
+  // Padded rows (the slice absorbed): only the first 997 or 10 columns are candidates.
+  compare_with_cpu([](GpuCase& c) { return argmax(slice(c.data("x", {37, 1000}), 1, 0, 997)); }, no_grad());
+  compare_with_cpu([](GpuCase& c) { return argmax(slice(c.data("x", {37, 16}), 1, 0, 10)); }, no_grad());
   // Ties: relu of mostly negative values leaves rows of zeros; the first index wins.
   compare_with_cpu([](GpuCase& c) { return argmax(relu(c.data("x", {64, 40}, -3, 0.1))); }, no_grad());
   compare_with_cpu([](GpuCase& c) { return argmax(relu(c.data("x", {64, 40}, -3, 0.1)), 0); }, no_grad());

@@ -9,9 +9,10 @@ namespace seam::cpu {
 
 namespace {
 
-// The rows of logits [..., C] and their labels, with the attributes of the op.
+// The rows of logits [..., C] and their labels, with the attributes of the op: the first
+// `classes` columns of each row of `stride` are classes, the rest padding.
 struct CrossEntropyRows {
-  int64_t rows, classes;
+  int64_t rows, classes, stride;
   const int32_t* labels;
   int64_t ignore_index;
   double smoothing;
@@ -33,7 +34,8 @@ int64_t count_rows(const CrossEntropyRows& r) {
 }
 
 CrossEntropyRows rows_of(const KernelArgs& a, const TensorView& logits, const TensorView& labels) {
-  return {labels.numel(), logits.shape().back(), labels.as<int32_t>(), a.attrs().i("ignore_index"),
+  const int64_t stride = logits.shape().back(), classes = a.attrs().i("classes");
+  return {labels.numel(), classes > 0 ? classes : stride, stride, labels.as<int32_t>(), a.attrs().i("ignore_index"),
           a.attrs().f("label_smoothing")};
 }
 
@@ -56,7 +58,7 @@ void cross_entropy(const KernelArgs& a) {
     double total = 0;
     for (int64_t i = 0; i < r.rows; ++i) {
       if (r.labels[i] == r.ignore_index) continue;
-      const T* z = logits + i * r.classes;
+      const T* z = logits + i * r.stride;
       const double lse = log_sum_exp(z, r.classes);
       double zsum = 0;
       for (int64_t c = 0; c < r.classes; ++c) zsum += static_cast<double>(z[c]);
@@ -78,8 +80,9 @@ void cross_entropy_grad(const KernelArgs& a) {
     const double scale = count > 0 ? static_cast<double>(a.in[0].as<T>()[0]) / static_cast<double>(count) : 0.0;
     const double off_target = r.smoothing / static_cast<double>(r.classes);
     for (int64_t i = 0; i < r.rows; ++i) {
-      const T* z = logits + i * r.classes;
-      T* d = dz + i * r.classes;
+      const T* z = logits + i * r.stride;
+      T* d = dz + i * r.stride;
+      std::fill(d + r.classes, d + r.stride, T(0));
       if (r.labels[i] == r.ignore_index) {
         std::fill(d, d + r.classes, T(0));
         continue;

@@ -61,6 +61,7 @@ void argmax(const KernelArgs& a) {
   int64_t outer = 1, len = s[static_cast<size_t>(axis)], inner = 1;
   for (int d = 0; d < axis; ++d) outer *= s[static_cast<size_t>(d)];
   for (size_t d = static_cast<size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
+  const int64_t classes = a.attrs().i("classes") > 0 ? a.attrs().i("classes") : len;
   int32_t* y = a.out[0].as<int32_t>();
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* x = a.in[0].as<T>();
@@ -68,7 +69,7 @@ void argmax(const KernelArgs& a) {
       for (int64_t i = 0; i < inner; ++i) {
         const T* p = x + o * len * inner + i;
         int64_t best = 0;
-        for (int64_t j = 1; j < len; ++j)
+        for (int64_t j = 1; j < classes; ++j)
           if (p[j * inner] > p[best * inner]) best = j;
         y[o * inner + i] = static_cast<int32_t>(best);
       }

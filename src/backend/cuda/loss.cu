@@ -179,20 +179,22 @@ __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K]) {
   s = __fadd_rn(s, t);
 }
 
-// The same over packs (z 16-byte aligned, classes a multiple of kPer<T>): packs rank,
-// rank + step, ...; two loads in flight.
+// The same over packs (z 16-byte aligned, the row's stride a multiple of kPer<T>): packs
+// rank, rank + step, ...; two loads in flight. Padding columns (from `classes` on) in the
+// last pack count as -inf.
 template <bool WithSum, class T>
 __device__ void stats_vec(const T* __restrict__ z, int64_t classes, int64_t rank, int64_t step, float& m, float& s,
                           float& zsum) {
   const auto* zv = reinterpret_cast<const Pack<T>*>(z);
 #pragma unroll 2
-  for (int64_t c = rank; c < classes / kPer<T>; c += step) {
+  for (int64_t c = rank; c < (classes + kPer<T> - 1) / kPer<T>; c += step) {
     const Pack<T> p = zv[c];
     float v[kPer<T>];
 #pragma unroll
     for (int k = 0; k < kPer<T>; ++k) {
-      v[k] = to_float(p.v[k]);
-      if constexpr (WithSum) zsum += v[k];
+      const bool in = c * kPer<T> + k < classes;
+      v[k] = in ? to_float(p.v[k]) : -INFINITY;
+      if constexpr (WithSum) zsum += in ? v[k] : 0.f;
     }
     lse_add_pack(m, s, v);
   }
@@ -228,22 +230,23 @@ __device__ double row_loss_of(const G& g, const T* __restrict__ z, int32_t label
 
 // dlogits of a counting row whose stats are m, s: sc * (softmax(z) - target), target =
 // (1 - eps) * onehot(label) + eps / C, in float as PyTorch computes it (p - target is
-// exact where p is near the target).
+// exact where p is near the target); 0 in the padding columns [classes, stride).
 template <class G, class T>
 __device__ void row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d, int32_t label, int64_t classes,
-                         double smoothing, double off_target, double sc, bool vec, float m, float s) {
+                         int64_t stride, double smoothing, double off_target, double sc, bool vec, float m, float s) {
   const float inv_s = 1.f / s, scf = static_cast<float>(sc), off = static_cast<float>(off_target);
   const float on = static_cast<float>(off_target + (1.0 - smoothing));
   if (vec) {
     const auto* zv = reinterpret_cast<const Pack<T>*>(z);
     auto* dv = reinterpret_cast<Pack<T>*>(d);
-    for (int64_t c = g.rank(); c < classes / kPer<T>; c += g.size()) {
+    for (int64_t c = g.rank(); c < stride / kPer<T>; c += g.size()) {
       const Pack<T> in = zv[c];
       Pack<T> out;
 #pragma unroll
       for (int k = 0; k < kPer<T>; ++k) {
+        const int64_t j = kPer<T> * c + k;
         const float p = expf(to_float(in.v[k]) - m) * inv_s;
-        out.v[k] = from_float<T>(scf * (p - (kPer<T> * c + k == label ? on : off)));
+        out.v[k] = from_float<T>(j < classes ? scf * (p - (j == label ? on : off)) : 0.f);
       }
       dv[c] = out;
     }
@@ -254,6 +257,7 @@ __device__ void row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d,
     const float p = expf(to_float(z[c]) - m) * inv_s;
     d[c] = from_float<T>(scf * (p - (c == label ? on : off)));
   }
+  for (int64_t c = classes + g.rank(); c < stride; c += g.size()) d[c] = from_float<T>(0.f);
 }
 
 // The gradient row of a row that does not count.
@@ -266,7 +270,7 @@ __device__ void zero_row(const G& g, T* __restrict__ d, int64_t classes) {
 // (0 or 1).
 template <class G, class T>
 __global__ void ce_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
-                        int64_t classes, int64_t ignore_index, double smoothing, bool vec,
+                        int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
                         double* __restrict__ row_loss, int* __restrict__ row_used, DeviceError* err, int step) {
   const G g{};
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
@@ -279,7 +283,7 @@ __global__ void ce_rows(const T* __restrict__ logits, const int32_t* __restrict_
       continue;
     }
     float m, s;
-    const double loss = row_loss_of(g, logits + r * classes, label, classes, smoothing, vec, m, s);
+    const double loss = row_loss_of(g, logits + r * stride, label, classes, smoothing, vec, m, s);
     if (g.rank() == 0) {
       row_loss[r] = loss;
       row_used[r] = 1;
@@ -322,23 +326,23 @@ __global__ void __launch_bounds__(kReduceBlock)
 // zero rows for ignored (or bad) labels.
 template <class G, class T>
 __global__ void ce_grad_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
-                             int64_t classes, int64_t ignore_index, double smoothing, bool vec,
+                             int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
                              const double* __restrict__ scale, T* __restrict__ dz) {
   const G g{};
   const double sc = scale[0];
   const double off_target = smoothing / static_cast<double>(classes);
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = labels[r];
-    T* d = dz + r * classes;
+    T* d = dz + r * stride;
     const bool counts = static_cast<int64_t>(label) != ignore_index && label >= 0 && label < classes;
     if (!counts) {
-      zero_row(g, d, classes);
+      zero_row(g, d, stride);
       continue;
     }
-    const T* z = logits + r * classes;
+    const T* z = logits + r * stride;
     float m, s, unused;
     row_stats<G, false>(g, z, classes, vec, m, s, unused);
-    row_grad(g, z, d, label, classes, smoothing, off_target, sc, vec, m, s);
+    row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
   }
 }
 
@@ -371,9 +375,10 @@ __global__ void __launch_bounds__(kReduceBlock)
 // launch. The grid is fixed when the step is prepared, so the sum is the same every run.
 template <class G, bool Counted, class T>
 __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
-                                  int64_t classes, int64_t ignore_index, double smoothing, bool vec, Scalar dy,
-                                  const int64_t* __restrict__ counted, double* __restrict__ block_loss, unsigned* arrived,
-                                  float* __restrict__ loss, T* __restrict__ dz, DeviceError* err, int step) {
+                                  int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
+                                  Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
+                                  unsigned* arrived, float* __restrict__ loss, T* __restrict__ dz, DeviceError* err,
+                                  int step) {
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
@@ -381,16 +386,16 @@ __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* _
   double mine = 0;  // the group's rows, held by its rank 0
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = labels[r];
-    T* d = dz + r * classes;
+    T* d = dz + r * stride;
     if (!row_counts(g, label, r, classes, ignore_index, err, step)) {
-      zero_row(g, d, classes);
+      zero_row(g, d, stride);
       continue;
     }
-    const T* z = logits + r * classes;
+    const T* z = logits + r * stride;
     float m, s;
     const double loss = row_loss_of(g, z, label, classes, smoothing, vec, m, s);
     if (g.rank() == 0) mine += loss;
-    row_grad(g, z, d, label, classes, smoothing, off_target, sc, vec, m, s);
+    row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
   }
   const double block_total = block_sum(mine);
   // The last block to arrive sees every block_loss (each block's write is fenced before
@@ -457,7 +462,7 @@ Scalar upstream(const StepArgs& a, const DeviceTensor& dy, DType data) {
 // Rows, classes and attributes of cross_entropy(_grad); logits/labels are the inputs,
 // dlogits the gradient's output where there is one (in the logits' dtype).
 struct CeShape {
-  int64_t rows, classes, ignore_index;
+  int64_t rows, classes, stride, ignore_index;  // classes of each row of stride (the rest padding)
   double smoothing;
   bool warp;          // one warp per row, else one block per row
   bool vec;           // rows read and written in 16-byte packs
@@ -471,11 +476,12 @@ CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTens
   if (dlogits) expect_dtype(a, *dlogits, {logits.dtype()});
   CeShape c{};
   c.rows = labels.numel();
-  c.classes = logits.shape().back();
+  c.stride = logits.shape().back();
+  c.classes = a.step.attrs.i("classes") > 0 ? a.step.attrs.i("classes") : c.stride;
   c.ignore_index = a.step.attrs.i("ignore_index");
   c.smoothing = a.step.attrs.f("label_smoothing");
-  c.warp = c.classes <= kMaxWarpClasses;
-  c.vec = c.classes % (16 / static_cast<int64_t>(dtype_size(logits.dtype()))) == 0 && aligned16(logits.data) &&
+  c.warp = c.stride <= kMaxWarpClasses;
+  c.vec = c.stride % (16 / static_cast<int64_t>(dtype_size(logits.dtype()))) == 0 && aligned16(logits.data) &&
           (!dlogits || aligned16(dlogits->data));
   const int sms = std::max(a.ctx.sm_count, 1);
   c.blocks = c.warp ? blocks_for(c.rows, kWarpBlock / 32, sms * 16)
@@ -497,11 +503,13 @@ Launch prepare_cross_entropy(const StepArgs& a) {
     const T* logits = a.in[0].as<T>();
     launch = [=](cudaStream_t st) {
       if (c.warp)
-        ce_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                            c.smoothing, c.vec, row_loss, row_used, err, step);
+        ce_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(
+            logits, labels, c.rows, c.classes, c.stride, c.ignore_index, c.smoothing, c.vec, row_loss, row_used, err,
+            step);
       else
-        ce_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                            c.smoothing, c.vec, row_loss, row_used, err, step);
+        ce_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(
+            logits, labels, c.rows, c.classes, c.stride, c.ignore_index, c.smoothing, c.vec, row_loss, row_used, err,
+            step);
       SEAM_CUDA_LAUNCH_CHECK();
       ce_mean<<<1, kReduceBlock, 0, st>>>(row_loss, row_used, c.rows, out);
       SEAM_CUDA_LAUNCH_CHECK();
@@ -526,11 +534,11 @@ Launch prepare_cross_entropy_grad(const StepArgs& a) {
       ce_grad_scale<<<1, kReduceBlock, 0, st>>>(dy, labels, c.rows, c.classes, c.ignore_index, scale, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
       if (c.warp)
-        ce_grad_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                                 c.smoothing, c.vec, scale, dz);
+        ce_grad_rows<WarpGroup><<<c.blocks, kWarpBlock, 0, st>>>(
+            logits, labels, c.rows, c.classes, c.stride, c.ignore_index, c.smoothing, c.vec, scale, dz);
       else
-        ce_grad_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index,
-                                                                 c.smoothing, c.vec, scale, dz);
+        ce_grad_rows<BlockGroup><<<c.blocks, kRowBlock, 0, st>>>(
+            logits, labels, c.rows, c.classes, c.stride, c.ignore_index, c.smoothing, c.vec, scale, dz);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
@@ -567,8 +575,9 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
         ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
         SEAM_CUDA_LAUNCH_CHECK();
       }
-      rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.ignore_index, c.smoothing, c.vec,
-                                                dy, count, block_loss, arrived, loss, dz, err, step);
+      rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
+                                                c.smoothing, c.vec, dy, count, block_loss, arrived, loss, dz, err,
+                                                step);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });

@@ -251,16 +251,17 @@ __device__ __forceinline__ bool ahead(float v, int64_t j, float bv, int64_t bj) 
   return v > bv || (v == bv && j < bj);
 }
 
-// inner == 1: one warp per row of `len` contiguous values.
+// inner == 1: one warp per row of `len` contiguous values, the first `classes` of them scanned.
 template <class T>
-__global__ void __launch_bounds__(kThreads) argmax_rows(const T* x, int32_t* y, int64_t rows, int64_t len) {
+__global__ void __launch_bounds__(kThreads)
+    argmax_rows(const T* x, int32_t* y, int64_t rows, int64_t len, int64_t classes) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
   for (int64_t o = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5; o < rows; o += warps) {
     const T* p = x + o * len;
     float bv = -INFINITY;
     int64_t bj = INT64_MAX;  // none yet; any real element, even -inf, is ahead of it
-    for (int64_t j = lane; j < len; j += 32) {
+    for (int64_t j = lane; j < classes; j += 32) {
       const float v = to_float(p[j]);
       if (!isnan(v) && ahead(v, j, bv, bj)) bv = v, bj = j;
     }
@@ -277,14 +278,14 @@ __global__ void __launch_bounds__(kThreads) argmax_rows(const T* x, int32_t* y, 
 // inner > 1: one thread per output, the CPU's loop (coalesced across the inner index).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    argmax_strided(const T* x, int32_t* y, int64_t outputs, int64_t len, int64_t inner) {
+    argmax_strided(const T* x, int32_t* y, int64_t outputs, int64_t len, int64_t inner, int64_t classes) {
   for (int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; o < outputs;
        o += int64_t{gridDim.x} * blockDim.x) {
     const int64_t outer = o / inner, i = o - outer * inner;
     const T* p = x + outer * len * inner + i;
     int64_t best = 0;
     float bv = to_float(p[0]);
-    for (int64_t j = 1; j < len; ++j) {
+    for (int64_t j = 1; j < classes; ++j) {
       const float v = to_float(p[j * inner]);
       if (v > bv) best = j, bv = v;
     }
@@ -300,20 +301,21 @@ Launch argmax_as(const StepArgs& a) {
   int64_t outer = 1, len = s[static_cast<size_t>(axis)], inner = 1;
   for (int d = 0; d < axis; ++d) outer *= s[static_cast<size_t>(d)];
   for (size_t d = static_cast<size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
+  const int64_t classes = a.step.attrs.i("classes") > 0 ? a.step.attrs.i("classes") : len;
   const T* x = a.in[0].as<const T>();
   int32_t* y = a.out[0].as<int32_t>();
   const unsigned cap = grid_cap(a.ctx);
-  if (inner == 1 && len >= 32) {
+  if (inner == 1 && classes >= 32) {
     const unsigned blocks = blocks_for(outer * 32, kThreads, static_cast<int>(cap));
     return [=](cudaStream_t stream) {
-      argmax_rows<T><<<blocks, kThreads, 0, stream>>>(x, y, outer, len);
+      argmax_rows<T><<<blocks, kThreads, 0, stream>>>(x, y, outer, len, classes);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
   const int64_t outputs = outer * inner;
   const unsigned blocks = blocks_for(outputs, kThreads, static_cast<int>(cap));
   return [=](cudaStream_t stream) {
-    argmax_strided<T><<<blocks, kThreads, 0, stream>>>(x, y, outputs, len, inner);
+    argmax_strided<T><<<blocks, kThreads, 0, stream>>>(x, y, outputs, len, inner, classes);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }

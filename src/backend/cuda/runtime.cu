@@ -79,7 +79,8 @@ void Context::set_lanes(const std::vector<int>& lane_of, int count) {
   }
   lane_workspace_.resize(need.size(), nullptr);
   lane_workspace_size_.resize(need.size(), 0);
-  for (size_t l = 0; l < need.size(); ++l) resize_workspace(lane_workspace_[l], lane_workspace_size_[l], need[l], stream);
+  for (size_t l = 0; l < need.size(); ++l)
+    resize_workspace(lane_workspace_[l], lane_workspace_size_[l], need[l], stream);
 }
 
 void Context::need_workspace(size_t bytes) {
