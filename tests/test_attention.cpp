@@ -49,12 +49,32 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   }
 }
 
+// With dropout of the probabilities: the mask is a fixed function of (seed, step, stream,
+// index) within a step, so the finite differences see the same mask as the gradient.
+TEST(Attention, GradientsWithDropoutMatchFiniteDifferences) {
+  for (const AttentionCase& k : cases()) {
+    SCOPED_TRACE(k.str());
+    check_gradients([&](GradCase& c) {
+      return attention(c.param("q", {k.b, k.h, k.tq, k.d}, -2, 2), c.param("k", {k.b, k.h, k.tk, k.d}, -2, 2),
+                       c.param("v", {k.b, k.h, k.tk, k.dv}), k.causal, k.scale, 0.3);
+    });
+  }
+}
+
 std::vector<double> random_doubles(size_t n, uint64_t seed, double lo, double hi) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(lo, hi);
   std::vector<double> v(n);
   for (double& x : v) x = u(rng);
   return v;
+}
+
+// The additive causal mask of composed(): 0, or -1e300 after the diagonal.
+std::vector<double> causal_mask(const AttentionCase& k) {
+  std::vector<double> mask(static_cast<size_t>(k.tq * k.tk), 0.0);
+  for (int64_t i = 0; i < k.tq && k.causal; ++i)
+    for (int64_t j = i + 1; j < k.tk; ++j) mask[static_cast<size_t>(i * k.tk + j)] = -1e300;
+  return mask;
 }
 
 // The same attention from matmul, an additive mask (the input "mask": 0, or -1e300 after
@@ -83,9 +103,7 @@ TEST(Attention, ForwardIsSoftmaxOfScaledScoresTimesValues) {
       in.push_back(random_doubles(static_cast<size_t>(numel(x.shape())), 40 + in.size(), -2, 2));
       p.set_input(x.name(), std::span<const double>(in.back()));
     }
-    std::vector<double> mask(static_cast<size_t>(k.tq * k.tk), 0.0);
-    for (int64_t i = 0; i < k.tq && k.causal; ++i)
-      for (int64_t j = i + 1; j < k.tk; ++j) mask[static_cast<size_t>(i * k.tk + j)] = -1e300;
+    const std::vector<double> mask = causal_mask(k);
     p.set_input("mask", std::span<const double>(mask));
     p.run();
     const auto got = p.read_as<double>(o.name()), want = p.read_as<double>(ref.name());
@@ -105,6 +123,40 @@ TEST(Attention, ForwardIsSoftmaxOfScaledScoresTimesValues) {
       }
       EXPECT_NEAR(l[static_cast<size_t>(r)], std::log(sum), 1e-12) << r;
     }
+  }
+}
+
+// Dropout inside attention is the dropout op on the probabilities, drawn from the same
+// stream: attention(q, k, v; dropout p) = dropout(softmax(scores), p) v, element for element.
+TEST(Attention, DropoutIsTheDropoutOpOnTheProbabilities) {
+  for (const AttentionCase& k : cases()) {
+    SCOPED_TRACE(k.str());
+    Graph g;
+    Var q = g.param("q", {k.b, k.h, k.tq, k.d}, Init::uniform(-2, 2), true, DType::f64);
+    Var kk = g.param("k", {k.b, k.h, k.tk, k.d}, Init::uniform(-2, 2), true, DType::f64);
+    Var v = g.param("v", {k.b, k.h, k.tk, k.dv}, Init::uniform(-1, 1), true, DType::f64);
+    const double scale = k.scale.value_or(1.0 / std::sqrt(static_cast<double>(k.d)));
+    Var o = g.var(g.add(Op::attention, {q.id(), kk.id(), v.id()},
+                        {{"causal", int64_t{k.causal}}, {"scale", scale}, {"dropout", 0.4}, {"stream", int64_t{77}}})[0]);
+    Var s = mul(matmul(q, transpose(kk)), full(g, {}, scale, DType::f64));
+    Var pr = softmax(add(s, g.input("mask", {k.tq, k.tk}, DType::f64)), -1);
+    Var dropped = g.var(g.add(Op::dropout, {pr.id()}, {{"p", 0.4}, {"stream", int64_t{77}}})[0]);
+    Var ref = matmul(dropped, v);
+    Var plain = attention(q, kk, v, k.causal, scale);
+    Var loss = sum(add(add(o, ref), plain));
+    Model m(g, {.seed = 9});
+    Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {o.id(), ref.id(), plain.id()}});
+    const std::vector<double> mask = causal_mask(k);
+    p.set_input("mask", std::span<const double>(mask));
+    p.run();
+    const auto got = p.read_as<double>(o.name()), want = p.read_as<double>(ref.name());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+    // and it dropped something: o differs from attention without dropout.
+    const auto undropped = p.read_as<double>(plain.name());
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != undropped[i];
+    if (k.tq * k.tk > 4) EXPECT_GT(differ, 0u);
   }
 }
 

@@ -260,8 +260,8 @@ class Twin(torch.nn.Module):
             return torch.empty(p.shape, device="meta", dtype=p.dtype)
         return p
 
-    def _dropout(self, node, x):
-        p = node.attrs["p"]
+    def _dropout(self, node, x, p=None):
+        p = node.attrs["p"] if p is None else p
         if not 0 <= p < 1:
             fail(node.where, ": p must be in [0, 1), got ", p)
         if self._building or p == 0 or self.dropout_mode == "off":

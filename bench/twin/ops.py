@@ -210,8 +210,17 @@ def _attention(tw, node, ins):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         fail(node.where, ": q, k and v must be [B, H, T, D]")
     a = node.attrs
+    p = a["dropout"] if not tw._building else 0.0
+    if p > 0 and tw.dropout_mode == "seam":
+        # seam's masks: the dropout op's on the [B, H, Tq, Tk] probabilities, same stream.
+        s = (q @ k.transpose(-1, -2)).float() * (a["scale"] if a["scale"] > 0 else q.shape[-1] ** -0.5)
+        if a["causal"]:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        probs = torch.softmax(s, dim=-1)  # in f32, as seam's kernels compute it
+        return (tw._dropout(node, probs, p=p) @ v.float()).to(q.dtype)
     scale = a["scale"] if a["scale"] > 0 else None
-    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(a["causal"]), scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(a["causal"]), scale=scale,
+                                          dropout_p=p if tw.dropout_mode == "torch" else 0.0)
 
 
 def _linear_act(tw, node, ins):

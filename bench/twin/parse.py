@@ -429,7 +429,7 @@ def parse_nodes(model):
             if "training" in L:
                 fail(where, ": 'training' is set by the mode a program is compiled in (train or eval), "
                      "not by the model file")
-            if op == "dropout" and "stream" in L:
+            if op in ("dropout", "attention") and "stream" in L:
                 fail(where, ": 'stream' (which random stream the mask draws from) is the node's place in the "
                      "file, not a key")
             attrs = {}
@@ -440,7 +440,7 @@ def parse_nodes(model):
                     fail(where, ": ", op, " node '", name, "': attribute '", k, "' is required")
                 else:
                     attrs[k] = list(d) if isinstance(d, list) else d
-            if op == "dropout":
+            if op in ("dropout", "attention"):
                 attrs["stream"] = i  # the layer's index names its random stream
             if "training" in attrs:
                 attrs["training"] = 1  # the mode pass's: a training step trains

@@ -84,8 +84,10 @@ Var batch_norm(Var x, Var gamma, Var beta, Var running_mean, Var running_var,
 
 // Scaled dot-product attention on q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]:
 // softmax(scale * q k^T) v, [B, H, Tq, Dv]; causal masks the keys after each query
-// (Tq = Tk); scale defaults to 1 / sqrt(D).
-Var attention(Var q, Var k, Var v, bool causal = false, std::optional<double> scale = std::nullopt);
+// (Tq = Tk); scale defaults to 1 / sqrt(D); dropout zeroes probabilities with that
+// probability in training and scales the rest by 1 / (1 - dropout).
+Var attention(Var q, Var k, Var v, bool causal = false, std::optional<double> scale = std::nullopt,
+              double dropout = 0.0);
 
 // Convolution and pooling, NCHW. w: [C_out, C_in / groups, kh, kw].
 struct Conv2dOptions {

@@ -30,6 +30,8 @@ AttentionDims check_attention(const InferCtx& c, size_t q, size_t k, size_t v) {
     c.fail("causal attention needs as many queries as keys, got Tq = ", sq[2], ", Tk = ", sk[2]);
   const double scale = c.attrs.f("scale");
   if (!(scale >= 0) || !std::isfinite(scale)) c.fail("scale must be positive and finite (0: 1 / sqrt(D)), got ", scale);
+  const double p = c.attrs.f("dropout");
+  if (!(p >= 0 && p < 1)) c.fail("dropout must be in [0, 1), got ", p);
   return {sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]};
 }
 
@@ -41,7 +43,10 @@ double attention_flops(const OpCostCtx& c, size_t q, size_t v) {
   return 2.0 * pairs * static_cast<double>(sq[3] + sv[3]);
 }
 
-const std::vector<AttrSpec> kAttrs = {{"causal", int64_t{0}}, {"scale", 0.0}};
+// dropout: of the probabilities, as the dropout op draws (Philox(seed, step, stream,
+// index), the index ((b * H + h) * Tq + i) * Tk + j), in training only.
+const std::vector<AttrSpec> kAttrs = {
+    {"causal", int64_t{0}}, {"scale", 0.0}, {"dropout", 0.0}, {"stream", int64_t{0}}, {"training", int64_t{1}}};
 
 }  // namespace
 
@@ -52,8 +57,9 @@ void register_attention(OpTable& t) {
     d.inputs = {"q", "k", "v"};
     d.outputs = {"o", "lse"};
     d.attrs = kAttrs;
-    d.doc = "o = softmax(scale * q k^T) v on [B, H, T, D], causal: keys after the query masked, scale 0: "
-            "1 / sqrt(D); lse: each query's log-sum-exp of its scaled scores (for the gradient)";
+    d.doc = "o = dropout(softmax(scale * q k^T)) v on [B, H, T, D], causal: keys after the query masked, scale 0: "
+            "1 / sqrt(D), dropout: of the probabilities (training only); lse: each query's log-sum-exp of its scaled "
+            "scores (for the gradient)";
     d.infer = [](const InferCtx& c) {
       const AttentionDims a = check_attention(c, 0, 1, 2);
       return std::vector<TensorType>{{c.type(0).dtype, {a.b, a.h, a.tq, a.dv}},
@@ -88,11 +94,14 @@ void register_attention(OpTable& t) {
   }
 }
 
-Var attention(Var q, Var k, Var v, bool causal, std::optional<double> scale) {
+Var attention(Var q, Var k, Var v, bool causal, std::optional<double> scale, double dropout) {
   if (scale && !(*scale > 0))
     fail("attention: scale must be positive, got ", *scale, " (leave it unset for 1 / sqrt(D))");
+  // As dropout's: the node's position names its random stream.
+  auto stream = static_cast<int64_t>(q.graph().nodes().size());
   return q.graph().add1(Op::attention, {q.id(), k.id(), v.id()},
-                        {{"causal", int64_t{causal}}, {"scale", scale.value_or(0.0)}});
+                        {{"causal", int64_t{causal}}, {"scale", scale.value_or(0.0)}, {"dropout", dropout},
+                         {"stream", stream}});
 }
 
 }  // namespace seam

@@ -119,6 +119,22 @@ TEST(GpuAttention, AForcedVariantThatCannotRunIsAnError) {
   }
 }
 
+// Dropout of the probabilities: the plain kernels draw the CPU's masks (the fast paths
+// refuse it, AForcedVariantThatCannotRunIsAnError's way).
+TEST(GpuAttention, DropoutMatchesTheCpu) {
+  for (const Case& k : {Case{2, 3, 37, 37, 64, 64, true}, Case{2, 2, 65, 300, 64, 64, false},
+                        Case{1, 1, 300, 7, 40, 24, false}})
+    for (const CompareOptions& o : {CompareOptions(Precision::f32, {1e-5, 1e-4, 1e-5}), gpu_testing::bf16()}) {
+      SCOPED_TRACE(k.str() + (o.precision == Precision::bf16 ? " bf16" : " f32"));
+      compare_with_cpu(
+          [&](GpuCase& c) {
+            return attention(c.param("q", {k.b, k.h, k.tq, k.d}, -2, 2), c.param("k", {k.b, k.h, k.tk, k.d}, -2, 2),
+                             c.param("v", {k.b, k.h, k.tk, k.dv}), k.causal, std::nullopt, 0.2);
+          },
+          o);
+    }
+}
+
 TEST(GpuAttention, HeadsBeyondTheKernelsAreRefusedByName) {
   GpuCase c(1);
   Var o = attention(c.param("q", {1, 1, 4, 320}), c.param("k", {1, 1, 4, 320}), c.param("v", {1, 1, 4, 8}));

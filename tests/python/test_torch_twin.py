@@ -177,7 +177,7 @@ OPS_C = {
 }
 
 # fused_elementwise programs (a layer norm, a sum over an axis, casts, gradient ops), casts
-# to 16 bits inside an f32 model, channels-last pools.
+# to 16 bits inside an f32 model, channels-last pools, attention with dropout.
 OPS_D = {
     "name": "ops_d", "input": {"shape": [8]}, "classes": 8, "batch_size": 6,
     "optimizer": {"type": "sgd", "lr": 0.1},
@@ -194,7 +194,10 @@ OPS_D = {
          {"program": "cast[bf16](i0);tanh(t0);maximum_grad_a(t1,i0,i1);gelu_tanh_grad(t2,i1)->t3,t1"}),
         ("c16", "cast", "fc", {"dtype": "bf16"}), ("t16", "tanh", "c16"), ("c32", "cast", "t16", {"dtype": "f32"}),
         ("h", "add", ["fz2", "fz3"]), ("h2", "add", ["h", "fz4"]), ("h3", "add", ["h2", "c32"]),
-        ("out", "linear", "h3", {"out": 8})),
+        # attention with dropout of its probabilities, on two heads of two positions
+        ("r4", "reshape", "fc", {"shape": [-1, 2, 2, 2]}), ("att", "attention", ["r4", "r4", "r4"], {"dropout": 0.3}),
+        ("att2", "reshape", "att", {"shape": [-1, 8]}), ("h4", "add", ["h3", "att2"]),
+        ("out", "linear", "h4", {"out": 8})),
 }
 OPS_E = {
     "name": "ops_e", "input": {"shape": [6, 6, 3]}, "classes": 3, "batch_size": 4,

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/parallel.h"
+#include "common/philox.h"
 
 namespace seam::cpu {
 
@@ -17,10 +18,21 @@ struct Dims {
   int64_t bh, tq, tk, d, dv;
   double scale;
   bool causal;
+  double drop;  // 0 outside training
+  uint32_t stream;
+  uint64_t seed, step;
+  // The factor of probability j of row r (= bh * Tq + i): 0 where dropped, else 1 / (1 - p).
+  double keep(int64_t r, int64_t j) const {
+    if (drop == 0) return 1.0;
+    const auto index = static_cast<uint64_t>(r * tk + j);
+    return dropout_uniform(seed, step, stream, index) >= static_cast<float>(drop) ? 1.0 / (1.0 - drop) : 0.0;
+  }
 };
 
 Dims dims_of(const KernelArgs& a, const Shape& q, const Shape& v) {
-  Dims m{q[0] * q[1], q[2], v[2], q[3], v[3], a.attrs().f("scale"), a.attrs().i("causal") != 0};
+  Dims m{q[0] * q[1], q[2], v[2], q[3], v[3], a.attrs().f("scale"), a.attrs().i("causal") != 0,
+         a.attrs().i("training") != 0 ? a.attrs().f("dropout") : 0.0, static_cast<uint32_t>(a.attrs().i("stream")),
+         a.state.seed, static_cast<uint64_t>(a.state.step)};
   if (m.scale == 0) m.scale = 1.0 / std::sqrt(static_cast<double>(m.d));
   return m;
 }
@@ -58,7 +70,8 @@ void attention(const KernelArgs& a) {
         for (size_t j = 0; j < s.size(); ++j) {
           const double p = std::exp(s[j] - mx);
           l += p;
-          for (int64_t e = 0; e < m.dv; ++e) acc[static_cast<size_t>(e)] += p * static_cast<double>(v[static_cast<int64_t>(j) * m.dv + e]);
+          const double pd = p * m.keep(r, static_cast<int64_t>(j));
+          for (int64_t e = 0; e < m.dv; ++e) acc[static_cast<size_t>(e)] += pd * static_cast<double>(v[static_cast<int64_t>(j) * m.dv + e]);
         }
         T* o = a.out[0].as<T>() + r * m.dv;
         for (int64_t e = 0; e < m.dv; ++e) o[e] = static_cast<T>(acc[static_cast<size_t>(e)] / l);
@@ -68,10 +81,11 @@ void attention(const KernelArgs& a) {
   });
 }
 
-// inputs do, q, k, v, o, lse; outputs dq, dk, dv. With p = exp(s - lse) recomputed and
-// dp = do v^T: dv = p^T do, ds = p * (dp - rowsum(p * dp)), dq = scale ds k,
-// dk = scale ds^T q. rowsum(p * dp) equals rowsum(do * o); it is taken from p and dp here,
-// so that the reference does not lean on o's rounding.
+// inputs do, q, k, v, o, lse; outputs dq, dk, dv. With p = exp(s - lse) recomputed, its
+// dropout factors f (1 without dropout) and dp = f * (do v^T): dv = (f p)^T do,
+// ds = p * (dp - rowsum(p * dp)), dq = scale ds k, dk = scale ds^T q. rowsum(p * dp)
+// equals rowsum(do * o); it is taken from p and dp here, so that the reference does not
+// lean on o's rounding.
 void attention_grad(const KernelArgs& a) {
   const Dims m = dims_of(a, a.in[1].shape(), a.in[3].shape());
   dispatch_float(a.in[1].dtype(), [&]<class T>() {
@@ -96,14 +110,15 @@ void attention_grad(const KernelArgs& a) {
             double dot = 0;
             for (int64_t e = 0; e < m.dv; ++e)
               dot += static_cast<double>(dO[i * m.dv + e]) * static_cast<double>(v[static_cast<int64_t>(j) * m.dv + e]);
-            dp[j] = dot;
-            rowsum += s[j] * dot;
+            dp[j] = dot * m.keep(bh * m.tq + i, static_cast<int64_t>(j));
+            rowsum += s[j] * dp[j];
           }
           std::fill(dq.begin(), dq.end(), 0.0);
           for (size_t j = 0; j < n; ++j) {
             const auto jj = static_cast<int64_t>(j);
             const double ds = m.scale * s[j] * (dp[j] - rowsum);
-            for (int64_t e = 0; e < m.dv; ++e) dv[static_cast<size_t>(jj * m.dv + e)] += s[j] * static_cast<double>(dO[i * m.dv + e]);
+            const double pd = s[j] * m.keep(bh * m.tq + i, jj);
+            for (int64_t e = 0; e < m.dv; ++e) dv[static_cast<size_t>(jj * m.dv + e)] += pd * static_cast<double>(dO[i * m.dv + e]);
             for (int64_t e = 0; e < m.d; ++e) {
               dq[static_cast<size_t>(e)] += ds * static_cast<double>(k[jj * m.d + e]);
               dk[static_cast<size_t>(jj * m.d + e)] += ds * static_cast<double>(q[i * m.d + e]);

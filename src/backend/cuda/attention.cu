@@ -5,7 +5,9 @@
 // kernel per query row for dq (and rowsum(do * o)) and one per key row for dk and dv, so
 // that no sum is shared between warps (no atomics; the same bits every run). Each lane
 // keeps 1/32 of a row's D (and Dv) elements in registers: D and Dv up to kMaxHead.
-// Storage f32, bf16 or f16, arithmetic in f32; lse f32.
+// Storage f32, bf16 or f16, arithmetic in f32; lse f32. Dropout of the probabilities
+// draws each (row, key) pair's Philox number as the CPU does (seed and step read from
+// DeviceCounters when the kernel runs).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/storage.cuh"
+#include "common/philox.h"
 
 namespace seam::cuda {
 
@@ -29,6 +32,22 @@ struct Geom {
   int64_t bh, tq, tk, d, dv;
   float scale;
   bool causal;
+  float drop = 0.f;  // 0: none
+  uint32_t stream = 0;
+  const DeviceCounters* counters = nullptr;
+};
+
+// The dropout factor of key j for row r (0 or 1 / (1 - p); 1 without dropout).
+struct Keep {
+  uint64_t seed = 0, step = 0;
+  __device__ explicit Keep(const Geom& g) {
+    if (g.drop > 0.f) seed = g.counters->seed, step = static_cast<uint64_t>(g.counters->step);
+  }
+  __device__ float operator()(const Geom& g, int64_t r, int64_t j) const {
+    if (g.drop == 0.f) return 1.f;
+    const float u = dropout_uniform(seed, step, g.stream, static_cast<uint64_t>(r * g.tk + j));
+    return u >= g.drop ? 1.f / (1.f - g.drop) : 0.f;
+  }
 };
 
 // Lane `lane`'s share of a row of n elements at p: elements lane, lane + 32, ...
@@ -72,6 +91,7 @@ template <class T>
 __global__ void attention_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                               T* __restrict__ o, float* __restrict__ lse, Geom g) {
   const int lane = threadIdx.x & 31;
+  const Keep keep(g);
   each_warp_row(g.bh * g.tq, [&](int64_t r) {
     const int64_t bh = r / g.tq, i = r % g.tq;
     const T* kb = k + bh * g.tk * g.d;
@@ -83,12 +103,12 @@ __global__ void attention_fwd(const T* __restrict__ q, const T* __restrict__ k, 
     for (int64_t j = 0; j < keys; ++j) {
       const float s = g.scale * dot_row(qr, kb + j * g.d, g.d, lane);
       const float mn = fmaxf(m, s);
-      const float c = expf(m - mn), p = expf(s - mn);
+      const float c = expf(m - mn), p = expf(s - mn), pd = p * keep(g, r, j);
       l = l * c + p;
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int64_t e = lane + 32 * t;
-        acc[t] = acc[t] * c + (e < g.dv ? p * to_float(vb[j * g.dv + e]) : 0.f);
+        acc[t] = acc[t] * c + (e < g.dv ? pd * to_float(vb[j * g.dv + e]) : 0.f);
       }
       m = mn;
     }
@@ -105,6 +125,7 @@ __global__ void attention_bwd_q(const T* __restrict__ dout, const T* __restrict_
                                 const T* __restrict__ v, const T* __restrict__ o, const float* __restrict__ lse,
                                 T* __restrict__ dq, float* __restrict__ rows, Geom g) {
   const int lane = threadIdx.x & 31;
+  const Keep keep(g);
   each_warp_row(g.bh * g.tq, [&](int64_t r) {
     const int64_t bh = r / g.tq, i = r % g.tq;
     const T* kb = k + bh * g.tk * g.d;
@@ -117,7 +138,7 @@ __global__ void attention_bwd_q(const T* __restrict__ dout, const T* __restrict_
     const int64_t keys = g.causal ? i + 1 : g.tk;
     for (int64_t j = 0; j < keys; ++j) {
       const float p = expf(g.scale * dot_row(qr, kb + j * g.d, g.d, lane) - li);
-      const float ds = g.scale * p * (dot_row(dor, vb + j * g.dv, g.dv, lane) - rowsum);
+      const float ds = g.scale * p * (dot_row(dor, vb + j * g.dv, g.dv, lane) * keep(g, r, j) - rowsum);
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int64_t e = lane + 32 * t;
@@ -135,6 +156,7 @@ __global__ void attention_bwd_kv(const T* __restrict__ dout, const T* __restrict
                                  const T* __restrict__ v, const float* __restrict__ lse,
                                  const float* __restrict__ rows, T* __restrict__ dk, T* __restrict__ dv, Geom g) {
   const int lane = threadIdx.x & 31;
+  const Keep keep(g);
   each_warp_row(g.bh * g.tk, [&](int64_t c) {
     const int64_t bh = c / g.tk, j = c % g.tk;
     const T* qb = q + bh * g.tq * g.d;
@@ -144,12 +166,12 @@ __global__ void attention_bwd_kv(const T* __restrict__ dout, const T* __restrict
     load_row(v + c * g.dv, g.dv, lane, vr);
     for (int64_t i = g.causal ? j : 0; i < g.tq; ++i) {
       const int64_t r = bh * g.tq + i;
-      const float p = expf(g.scale * dot_row(kr, qb + i * g.d, g.d, lane) - lse[r]);
-      const float ds = g.scale * p * (dot_row(vr, db + i * g.dv, g.dv, lane) - rows[r]);
+      const float p = expf(g.scale * dot_row(kr, qb + i * g.d, g.d, lane) - lse[r]), f = keep(g, r, j);
+      const float ds = g.scale * p * (dot_row(vr, db + i * g.dv, g.dv, lane) * f - rows[r]);
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int64_t e = lane + 32 * t;
-        if (e < g.dv) dv_acc[t] = fmaf(p, to_float(db[i * g.dv + e]), dv_acc[t]);
+        if (e < g.dv) dv_acc[t] = fmaf(p * f, to_float(db[i * g.dv + e]), dv_acc[t]);
         if (e < g.d) dk_acc[t] = fmaf(ds, to_float(qb[i * g.d + e]), dk_acc[t]);
       }
     }
@@ -171,12 +193,16 @@ AttentionGeom geom_of(const StepArgs& a, size_t qi) {
     fail(op_name(a.step.op), " '", a.step.name, "': head sizes up to ", kMaxHead, " on the GPU, got D = ", q[3],
          ", Dv = ", v[3]);
   AttentionGeom g{q[0], q[1], q[2], k[2], q[3], v[3], static_cast<float>(a.step.attrs.f("scale")),
-                  a.step.attrs.i("causal") != 0};
+                  a.step.attrs.i("causal") != 0,
+                  a.step.attrs.i("training") != 0 ? static_cast<float>(a.step.attrs.f("dropout")) : 0.f};
   if (g.scale == 0.f) g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d)));
   return g;
 }
 
-Geom plain_geom(const AttentionGeom& g) { return {g.bh(), g.tq, g.tk, g.d, g.dv, g.scale, g.causal}; }
+Geom plain_geom(const StepArgs& a, const AttentionGeom& g) {
+  return {g.bh(), g.tq, g.tk, g.d, g.dv, g.scale, g.causal, g.dropout, static_cast<uint32_t>(a.step.attrs.i("stream")),
+          a.ctx.counters};
+}
 
 unsigned row_blocks(const StepArgs& a, int64_t rows) {
   return blocks_for((rows + kThreads / 32 - 1) / (kThreads / 32), 1, std::max(a.ctx.sm_count, 1) * 32);
@@ -235,7 +261,7 @@ Variant flash_variant(DType t, const AttentionGeom& g, const AttentionBuffers& b
 // inputs q, k, v; outputs o, lse.
 Launch prepare_attention(const StepArgs& a) {
   const AttentionGeom ag = geom_of(a, 0);
-  const Geom g = plain_geom(ag);
+  const Geom g = plain_geom(a, ag);
   const DType t = a.in[0].dtype();
   expect_dtype(a, a.out[1], {DType::f32});
   const unsigned blocks = row_blocks(a, g.bh * g.tq);
@@ -260,7 +286,7 @@ Launch prepare_attention(const StepArgs& a) {
 // inputs do, q, k, v, o, lse; outputs dq, dk, dv.
 Launch prepare_attention_grad(const StepArgs& a) {
   const AttentionGeom ag = geom_of(a, 1);
-  const Geom g = plain_geom(ag);
+  const Geom g = plain_geom(a, ag);
   const DType t = a.in[1].dtype();
   expect_dtype(a, a.in[5], {DType::f32});
   auto* rows = static_cast<float*>(a.ctx.scratch(static_cast<size_t>(g.bh * g.tq) * sizeof(float)));

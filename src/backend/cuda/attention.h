@@ -20,6 +20,7 @@ struct AttentionGeom {
   int64_t b, h, tq, tk, d, dv;
   float scale;  // resolved: 1 / sqrt(D) where the op's attribute is 0
   bool causal;
+  float dropout;  // of the probabilities; 0 outside training
   int64_t bh() const { return b * h; }
 };
 

@@ -75,6 +75,10 @@ std::optional<Launch> cudnn_attention(const StepArgs& a, DType t, const Attentio
     *why = "cuDNN's SDPA takes bf16 or f16 data";
     return std::nullopt;
   }
+  if (g.dropout > 0) {  // cuDNN's own generator could not draw seam's masks
+    *why = "dropout: cuDNN draws other masks than seam's";
+    return std::nullopt;
+  }
   cudnnHandle_t h = cudnn_of(a.ctx);
   SEAM_CUDNN_CHECK(cudnnSetStream(h, a.ctx.stream));
   std::shared_ptr<fe::graph::Graph> gr = sdpa_graph(t, g, backward);

@@ -462,6 +462,7 @@ void allow_smem(K kernel, size_t bytes) {
 
 std::string flash_unavailable(DType t, const AttentionGeom& g, const AttentionBuffers& buf) {
   if (t != DType::bf16 && t != DType::f16) return "the tiled kernels take bf16 or f16 data";
+  if (g.dropout > 0) return "the tiled kernels have no dropout";
   if (g.d != g.dv || (g.d != 64 && g.d != 128)) return "the tiled kernels take D = Dv = 64 or 128";
   if (g.bh() > 65535 || g.tq >= (int64_t{1} << 30) || g.tk >= (int64_t{1} << 30))
     return "B * H beyond 65535 or a length beyond 2^30";
