@@ -108,7 +108,7 @@ Var self_attention(Var x, const GptConfig& c, const std::string& name, double pr
   // [B, T, 3, H, D] -> [3, B, H, T, D]: one copy, then q, k and v are contiguous slabs.
   Var heads = permute(reshape(qkv, {B, T, 3, H, D}), {2, 0, 3, 1, 4});
   auto part = [&](int64_t i) { return reshape(slice(heads, 0, i, i + 1), {B, H, T, D}); };
-  Var y = attention(part(0), part(1), part(2), /*causal=*/true);
+  Var y = attention(part(0), part(1), part(2), /*causal=*/true, std::nullopt, c.dropout);  // GPT-2's attn_pdrop
   y = reshape(permute(y, {0, 2, 1, 3}), {B, T, C});
   return gpt_linear(y, C, name + ".c_proj", proj_std);
 }

@@ -298,7 +298,7 @@ def gpt_nodes(c):
                  perm=[2, 0, 3, 1, 4])
         qkv = [node(f"{h}.attn.{p}", "reshape", node(f"{h}.attn.{p}_slab", "slice", a, axis=0, start=i, end=i + 1),
                     shape=[-1, H, T, D]) for i, p in enumerate("qkv")]
-        a = node(f"{h}.attn.sdpa", "attention", qkv, causal=1)
+        a = node(f"{h}.attn.sdpa", "attention", qkv, causal=1, dropout=c["dropout"])
         a = node(f"{h}.attn.merge", "reshape", node(f"{h}.attn.unheads", "transpose", a, perm=[0, 2, 1, 3]),
                  shape=[-1, T, C])
         a = drop(f"{h}.attn.drop", node(f"{h}.attn.c_proj", "linear", a, out=C))

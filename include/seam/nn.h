@@ -37,7 +37,9 @@ struct GptConfig {
   int64_t vocab = 256;
   int64_t padded_vocab = 0;  // 0: vocab
   int64_t block_size = 256;  // the longest sequence (rows of the position embedding)
-  double dropout = 0.0;      // after the embeddings, the attention projection and the MLP
+  // Dropout after the embeddings, of the attention probabilities, and after the attention
+  // projection and the MLP (GPT-2's embd_pdrop, attn_pdrop and resid_pdrop, all one p).
+  double dropout = 0.0;
   bool tie_weights = true;
   double ln_eps = 1e-5;
   DType dtype = DType::f32;  // the parameters' (f64 for gradient checks)

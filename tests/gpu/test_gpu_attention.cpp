@@ -119,20 +119,29 @@ TEST(GpuAttention, AForcedVariantThatCannotRunIsAnError) {
   }
 }
 
-// Dropout of the probabilities: the plain kernels draw the CPU's masks (the fast paths
-// refuse it, AForcedVariantThatCannotRunIsAnError's way).
+// Dropout of the probabilities: the plain and the tiled kernels draw the CPU's masks
+// (cuDNN's generator could not, and declines), alone and paired across forward and
+// backward, so both variants' masks are the same.
+Var dropped_attention(GpuCase& c, const Case& k) {
+  return attention(c.param("q", {k.b, k.h, k.tq, k.d}, -2, 2), c.param("k", {k.b, k.h, k.tk, k.d}, -2, 2),
+                   c.param("v", {k.b, k.h, k.tk, k.dv}), k.causal, std::nullopt, 0.2);
+}
+
 TEST(GpuAttention, DropoutMatchesTheCpu) {
   for (const Case& k : {Case{2, 3, 37, 37, 64, 64, true}, Case{2, 2, 65, 300, 64, 64, false},
                         Case{1, 1, 300, 7, 40, 24, false}})
     for (const CompareOptions& o : {CompareOptions(Precision::f32, {1e-5, 1e-4, 1e-5}), gpu_testing::bf16()}) {
       SCOPED_TRACE(k.str() + (o.precision == Precision::bf16 ? " bf16" : " f32"));
-      compare_with_cpu(
-          [&](GpuCase& c) {
-            return attention(c.param("q", {k.b, k.h, k.tq, k.d}, -2, 2), c.param("k", {k.b, k.h, k.tk, k.d}, -2, 2),
-                             c.param("v", {k.b, k.h, k.tk, k.dv}), k.causal, std::nullopt, 0.2);
-          },
-          o);
+      compare_with_cpu([&](GpuCase& c) { return dropped_attention(c, k); }, o);
     }
+  for (const char* variant : {"flash", "flash,plain", "plain,flash"}) {
+    ForcedVariant force(variant);
+    for (const Case& k : {Case{2, 2, 130, 130, 64, 64, true}, Case{1, 2, 65, 300, 128, 128, false}})
+      for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
+        SCOPED_TRACE(std::string(variant) + " " + k.str() + (o.precision == Precision::bf16 ? " bf16" : " f16"));
+        compare_with_cpu([&](GpuCase& c) { return dropped_attention(c, k); }, o);
+      }
+  }
 }
 
 TEST(GpuAttention, HeadsBeyondTheKernelsAreRefusedByName) {

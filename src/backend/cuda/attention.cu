@@ -194,14 +194,14 @@ AttentionGeom geom_of(const StepArgs& a, size_t qi) {
          ", Dv = ", v[3]);
   AttentionGeom g{q[0], q[1], q[2], k[2], q[3], v[3], static_cast<float>(a.step.attrs.f("scale")),
                   a.step.attrs.i("causal") != 0,
-                  a.step.attrs.i("training") != 0 ? static_cast<float>(a.step.attrs.f("dropout")) : 0.f};
+                  a.step.attrs.i("training") != 0 ? static_cast<float>(a.step.attrs.f("dropout")) : 0.f,
+                  static_cast<uint32_t>(a.step.attrs.i("stream")), a.ctx.counters};
   if (g.scale == 0.f) g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d)));
   return g;
 }
 
-Geom plain_geom(const StepArgs& a, const AttentionGeom& g) {
-  return {g.bh(), g.tq, g.tk, g.d, g.dv, g.scale, g.causal, g.dropout, static_cast<uint32_t>(a.step.attrs.i("stream")),
-          a.ctx.counters};
+Geom plain_geom(const AttentionGeom& g) {
+  return {g.bh(), g.tq, g.tk, g.d, g.dv, g.scale, g.causal, g.dropout, g.stream, g.counters};
 }
 
 unsigned row_blocks(const StepArgs& a, int64_t rows) {
@@ -261,7 +261,7 @@ Variant flash_variant(DType t, const AttentionGeom& g, const AttentionBuffers& b
 // inputs q, k, v; outputs o, lse.
 Launch prepare_attention(const StepArgs& a) {
   const AttentionGeom ag = geom_of(a, 0);
-  const Geom g = plain_geom(a, ag);
+  const Geom g = plain_geom(ag);
   const DType t = a.in[0].dtype();
   expect_dtype(a, a.out[1], {DType::f32});
   const unsigned blocks = row_blocks(a, g.bh * g.tq);
@@ -286,7 +286,7 @@ Launch prepare_attention(const StepArgs& a) {
 // inputs do, q, k, v, o, lse; outputs dq, dk, dv.
 Launch prepare_attention_grad(const StepArgs& a) {
   const AttentionGeom ag = geom_of(a, 1);
-  const Geom g = plain_geom(a, ag);
+  const Geom g = plain_geom(ag);
   const DType t = a.in[1].dtype();
   expect_dtype(a, a.in[5], {DType::f32});
   auto* rows = static_cast<float*>(a.ctx.scratch(static_cast<size_t>(g.bh * g.tq) * sizeof(float)));

@@ -21,6 +21,8 @@ struct AttentionGeom {
   float scale;  // resolved: 1 / sqrt(D) where the op's attribute is 0
   bool causal;
   float dropout;  // of the probabilities; 0 outside training
+  uint32_t stream;                   // the dropout's random stream
+  const DeviceCounters* counters;    // its seed and step, read when a kernel runs
   int64_t bh() const { return b * h; }
 };
 

@@ -12,7 +12,10 @@
 //            dQ += dS K.
 //   dk, dv:  a block per 64 keys; S^T = K Q^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
 // The backward recomputes S in both kernels (seven products instead of five) so that no
-// sum is shared between blocks: no atomics, the same bits every run.
+// sum is shared between blocks: no atomics, the same bits every run. Dropout of the
+// probabilities draws each (query, key) pair's Philox number as the CPU does: P's row sums
+// stay undropped, the products take P times the factor, and dP is the product's gradient
+// times it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,6 +25,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/storage.cuh"
+#include "common/philox.h"
 
 namespace seam::cuda {
 
@@ -42,6 +46,26 @@ struct FlashGeom {
   int tq, tk;
   float scale, scale2;  // scale2 = scale * log2(e): exponents in base 2
   bool causal;
+  float drop;  // 0: no dropout
+  uint32_t stream;
+  const DeviceCounters* counters;
+};
+
+// The dropout factor of query `row`, key `col` of head bh: 0 or 1 / (1 - p).
+struct FlashKeep {
+  uint64_t seed = 0, step = 0;
+  float scale = 1.f;
+  __device__ explicit FlashKeep(const FlashGeom& g) {
+    if (g.drop == 0.f) return;
+    seed = g.counters->seed;
+    step = static_cast<uint64_t>(g.counters->step);
+    scale = 1.f / (1.f - g.drop);
+  }
+  __device__ float operator()(const FlashGeom& g, int64_t bh, int row, int col) const {
+    const uint64_t index = (static_cast<uint64_t>(bh) * static_cast<uint64_t>(g.tq) + static_cast<uint64_t>(row)) *
+                               static_cast<uint64_t>(g.tk) + static_cast<uint64_t>(col);
+    return dropout_uniform(seed, step, g.stream, index) >= g.drop ? scale : 0.f;
+  }
 };
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -220,7 +244,7 @@ __device__ __forceinline__ int key_tiles(const FlashGeom& g, int m0) {
   return g.causal ? min(all, ceil_div(m0 + kM, N)) : all;
 }
 
-template <class T, int D, int N>
+template <class T, int D, int N, bool Drop>
 __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, T* __restrict__ o,
                                                       float* __restrict__ lse, FlashGeom g) {
@@ -234,6 +258,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
   k += bh * g.tk * D, v += bh * g.tk * D;
   const int r0 = (threadIdx.x >> 5) * 16;
   const int tiles = key_tiles<N>(g, m0);
+  const FlashKeep keep(g);  // reads nothing without dropout
   load_tile<T, D, kM>(qs, q, m0, g.tq);
   load_tile<T, D, N>(ks, k, 0, g.tk);
   load_tile<T, D, N>(vs, v, 0, g.tk);
@@ -277,6 +302,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
       for (int e = 0; e < 4; ++e) {
         s[t][e] = exp2f(s[t][e] - base[e >> 1]);
         l[e >> 1] += s[t][e];
+        if constexpr (Drop) s[t][e] *= keep(g, bh, m0 + r0 + acc_row(e), n0 + t * 8 + acc_col(e));
       }
 #pragma unroll
     for (int t = 0; t < D / 8; ++t)
@@ -315,7 +341,7 @@ __global__ void flash_rowdot(const T* __restrict__ dout, const T* __restrict__ o
   }
 }
 
-template <class T, int D, int N>
+template <class T, int D, int N, bool Drop>
 __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ dout, const T* __restrict__ q,
                                                          const T* __restrict__ k, const T* __restrict__ v,
                                                          const float* __restrict__ lse,
@@ -337,6 +363,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
   load_tile<T, D, N>(ks, k, 0, g.tk);
   load_tile<T, D, N>(vs, v, 0, g.tk);
   cp_commit();
+  const FlashKeep keep(g);  // reads nothing without dropout
   float lse2[2], dr[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -360,11 +387,11 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float p = exp2f(s[t][e] * g.scale2 - lse2[e >> 1]);
-        if (edge) {
-          const int col = n0 + t * 8 + acc_col(e), row = m0 + r0 + acc_row(e);
-          if (col >= g.tk || (g.causal && col > row)) p = 0.f;
-        }
-        s[t][e] = p * (dp[t][e] - dr[e >> 1]);  // dS, unscaled
+        const int col = n0 + t * 8 + acc_col(e), row = m0 + r0 + acc_row(e);
+        if (edge && (col >= g.tk || (g.causal && col > row))) p = 0.f;
+        float f = 1.f;
+        if constexpr (Drop) f = keep(g, bh, row, col);
+        s[t][e] = p * (dp[t][e] * f - dr[e >> 1]);  // dS, unscaled
       }
     mma_pb<T, D, N>(acc, s, kt);
     __syncthreads();
@@ -373,7 +400,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
   store_rows<T, D>(dq, acc, m0 + r0, g.tq, f);
 }
 
-template <class T, int D, int N>
+template <class T, int D, int N, bool Drop>
 __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ dout, const T* __restrict__ q,
                                                           const T* __restrict__ k, const T* __restrict__ v,
                                                           const float* __restrict__ lse,
@@ -395,6 +422,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
   load_tile<T, D, N>(qs, q, first * N, g.tq);
   load_tile<T, D, N>(dos, dout, first * N, g.tq);
   cp_commit();
+  const FlashKeep keep(g);  // reads nothing without dropout
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   for (int i = first; i < tiles; ++i) {
     const int st = (i - first) & 1;
@@ -416,10 +444,13 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int e = 2 * h + c;
+          const int key = n0 + r0 + acc_row(e);
           float p = exp2f(s[t][e] * g.scale2 - l2);
-          if (edge && (!in || (g.causal && col < n0 + r0 + acc_row(e)))) p = 0.f;
-          s[t][e] = p;
-          dp[t][e] = p * (dp[t][e] - r);  // dS^T, unscaled
+          if (edge && (!in || (g.causal && col < key))) p = 0.f;
+          float f = 1.f;
+          if constexpr (Drop) f = keep(g, bh, col, key);
+          s[t][e] = p * f;
+          dp[t][e] = p * (dp[t][e] * f - r);  // dS^T, unscaled
         }
       }
     mma_pb<T, D, N>(dv_acc, s, dot);
@@ -438,19 +469,25 @@ constexpr int kFwdN = 64;
 template <int D>
 constexpr int kKvN = D > 64 ? 32 : 64;
 
-// Calls f.template operator()<T, D>() for the storage types and head sizes served.
+// Calls f.template operator()<T, D, Drop>() for the storage types, head sizes and
+// dropout served (the kernels without dropout keep their registers).
 template <class F>
-void dispatch_flash(DType t, int64_t d, F&& f) {
+void dispatch_flash(DType t, int64_t d, bool drop, F&& f) {
+  auto by_drop = [&]<class T, int D>() {
+    if (drop) f.template operator()<T, D, true>();
+    else f.template operator()<T, D, false>();
+  };
   auto by_d = [&]<class T>() {
-    if (d == 64) f.template operator()<T, 64>();
-    else f.template operator()<T, 128>();
+    if (d == 64) by_drop.template operator()<T, 64>();
+    else by_drop.template operator()<T, 128>();
   };
   if (t == DType::bf16) by_d.template operator()<bf16_t>();
   else by_d.template operator()<f16_t>();
 }
 
 FlashGeom flash_geom(const AttentionGeom& g) {
-  return {static_cast<int>(g.tq), static_cast<int>(g.tk), g.scale, g.scale * kLog2e, g.causal};
+  return {static_cast<int>(g.tq), static_cast<int>(g.tk), g.scale, g.scale * kLog2e, g.causal, g.dropout, g.stream,
+          g.counters};
 }
 
 template <class K>
@@ -462,7 +499,6 @@ void allow_smem(K kernel, size_t bytes) {
 
 std::string flash_unavailable(DType t, const AttentionGeom& g, const AttentionBuffers& buf) {
   if (t != DType::bf16 && t != DType::f16) return "the tiled kernels take bf16 or f16 data";
-  if (g.dropout > 0) return "the tiled kernels have no dropout";
   if (g.d != g.dv || (g.d != 64 && g.d != 128)) return "the tiled kernels take D = Dv = 64 or 128";
   if (g.bh() > 65535 || g.tq >= (int64_t{1} << 30) || g.tk >= (int64_t{1} << 30))
     return "B * H beyond 65535 or a length beyond 2^30";
@@ -477,13 +513,13 @@ Launch flash_forward(DType t, const AttentionGeom& g, const AttentionBuffers& bu
   const FlashGeom fg = flash_geom(g);
   const dim3 grid(static_cast<unsigned>(ceil_div(fg.tq, kM)), static_cast<unsigned>(g.bh()));
   Launch launch;
-  dispatch_flash(t, g.d, [&]<class T, int D>() {
+  dispatch_flash(t, g.d, g.dropout > 0, [&]<class T, int D, bool Drop>() {
     constexpr int N = kFwdN<D>;
     const size_t smem = size_t{kM + 4 * N} * kStride<D> * sizeof(T);
-    allow_smem(flash_fwd<T, D, N>, smem);
+    allow_smem(flash_fwd<T, D, N, Drop>, smem);
     launch = [=, q = static_cast<const T*>(buf.q), k = static_cast<const T*>(buf.k), v = static_cast<const T*>(buf.v),
               o = static_cast<T*>(buf.out_o), lse = static_cast<float*>(buf.out_lse)](cudaStream_t s) {
-      flash_fwd<T, D, N><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, fg);
+      flash_fwd<T, D, N, Drop><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, fg);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
@@ -497,21 +533,21 @@ Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& b
   const int64_t n = g.bh() * g.tq;
   const unsigned row_blocks = blocks_for((n + 7) / 8, 1);
   Launch launch;
-  dispatch_flash(t, g.d, [&]<class T, int D>() {
+  dispatch_flash(t, g.d, g.dropout > 0, [&]<class T, int D, bool Drop>() {
     constexpr int NQ = kFwdN<D>, NK = kKvN<D>;
     const size_t qsmem = size_t{2 * kM + 4 * NQ} * kStride<D> * sizeof(T);
     const size_t ksmem = size_t{2 * kM + 4 * NK} * kStride<D> * sizeof(T);
-    allow_smem(flash_bwd_dq<T, D, NQ>, qsmem);
-    allow_smem(flash_bwd_dkv<T, D, NK>, ksmem);
+    allow_smem(flash_bwd_dq<T, D, NQ, Drop>, qsmem);
+    allow_smem(flash_bwd_dkv<T, D, NK, Drop>, ksmem);
     launch = [=, dout = static_cast<const T*>(buf.dout), q = static_cast<const T*>(buf.q),
               k = static_cast<const T*>(buf.k), v = static_cast<const T*>(buf.v), o = static_cast<const T*>(buf.o),
               lse = static_cast<const float*>(buf.lse), dq = static_cast<T*>(buf.dq), dk = static_cast<T*>(buf.dk),
               dv = static_cast<T*>(buf.dv)](cudaStream_t s) {
       flash_rowdot<T, D><<<row_blocks, 256, 0, s>>>(dout, o, rows, n);
       SEAM_CUDA_LAUNCH_CHECK();
-      flash_bwd_dkv<T, D, NK><<<kgrid, kThreads, ksmem, s>>>(dout, q, k, v, lse, rows, dk, dv, fg);
+      flash_bwd_dkv<T, D, NK, Drop><<<kgrid, kThreads, ksmem, s>>>(dout, q, k, v, lse, rows, dk, dv, fg);
       SEAM_CUDA_LAUNCH_CHECK();
-      flash_bwd_dq<T, D, NQ><<<qgrid, kThreads, qsmem, s>>>(dout, q, k, v, lse, rows, dq, fg);
+      flash_bwd_dq<T, D, NQ, Drop><<<qgrid, kThreads, qsmem, s>>>(dout, q, k, v, lse, rows, dq, fg);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
