@@ -17,6 +17,6 @@ ctest --test-dir "$build" --output-on-failure -LE gpu -j"$(nproc)"
 # tests and the PyTorch twin's (which skip themselves without torch).
 venv="$build/venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q numpy pytest safetensors
+"$venv/bin/pip" install -q numpy pytest safetensors tqdm
 "$venv/bin/pip" install -q . -C cmake.define.SEAM_CUDA=OFF -C build-dir="$build/python"
 SEAM_BIN="$build/seam" "$venv/bin/python" -m pytest -q tests/python

@@ -45,9 +45,47 @@ _choose_blas_kernels()
 from ._seam import (Adam, AdamW, BuiltModel, Error, Graph, Init, Model, ModelFile, Optimizer, Program, SGD, Var,
                     add, argmax, attention, gemm_library, cross_entropy, div, dropout, exp, flatten, gelu, linear, load_model_file,
                     log, log_softmax, matmul, mean, mse, mul, nn, permute, relu, reshape, sigmoid, silu, softmax, sqrt,
-                    sub, sum, tanh, train)
+                    sub, sum, tanh, _train)
 
 __all__ = ["Adam", "AdamW", "BuiltModel", "Error", "Graph", "Init", "Model", "ModelFile", "Optimizer", "Program", "SGD",
            "Var", "add", "argmax", "attention", "gemm_library", "cross_entropy", "div", "dropout", "exp", "flatten", "gelu", "linear",
            "load_model_file", "log", "log_softmax", "matmul", "mean", "mse", "mul", "nn", "permute", "relu", "reshape",
            "sigmoid", "silu", "softmax", "sqrt", "sub", "sum", "tanh", "train"]
+
+
+def train(model_file, epochs=None, batch=None, lr=None, device=None, precision=None, data=None, out=None,
+          resume=None, max_steps=0, limit_train=0, quiet=False, progress=None):
+    """Trains a model file as `seam train` does: the epochs' lines on stdout, metrics.csv and
+    checkpoints in `out` (default runs/<name>); returns the exit status (0, or 130 when
+    interrupted). The progress within an epoch is a tqdm bar where tqdm is installed (else
+    seam's own bar on a terminal), or `progress(epoch, epochs, done, total, loss, accuracy)`
+    if given. Raises seam.Error for a bad model file, data or option."""
+    if progress is None and not quiet:
+        progress = _tqdm_progress()
+    return _train(model_file, epochs=epochs, batch=batch, lr=lr, device=device, precision=precision, data=data,
+                  out=out, resume=resume, max_steps=max_steps, limit_train=limit_train, quiet=quiet, progress=progress)
+
+
+def _tqdm_progress():
+    """A progress callback drawing one tqdm bar an epoch, or None without tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    bar = {}
+
+    def update(epoch, epochs, done, total, loss, accuracy):
+        if bar.get("epoch") != epoch:
+            if bar.get("bar") is not None:
+                bar["bar"].close()
+            bar["bar"] = tqdm(total=total, desc=f"epoch {epoch}/{epochs}", unit="step")
+            bar["epoch"] = epoch
+        b = bar["bar"]
+        b.update(done - b.n)
+        b.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}", refresh=done == total)
+        if done == total:
+            b.close()
+            bar["bar"] = None
+
+    return update
+

@@ -160,7 +160,8 @@ NB_MODULE(_seam, m) {
         ops);
   m.def("mse", &mse, "prediction"_a, "target"_a, ops);
   m.def("dropout", &dropout, "x"_a, "p"_a, ops);
-  m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "causal"_a = false, "scale"_a = nb::none(), ops);
+  m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "causal"_a = false, "scale"_a = nb::none(), "dropout"_a = 0.0,
+        ops);
   m.def("argmax", &argmax, "x"_a, "axis"_a = -1, ops);
 
   nb::module_ nnm = m.def_submodule("nn", "Layers: builders that create their parameters");
@@ -316,11 +317,11 @@ NB_MODULE(_seam, m) {
       }, "batch"_a = nb::none());
   m.def("load_model_file", &io::parse_model_file, "path"_a, "Parses and checks a model file; raises seam.Error");
   m.def(
-      "train",
+      "_train",
       [](const std::string& model_file, std::optional<int64_t> epochs, std::optional<int64_t> batch,
          std::optional<double> lr, std::optional<std::string> device, std::optional<std::string> precision,
          std::optional<std::string> data, std::optional<std::string> out, std::optional<std::string> resume,
-         int64_t max_steps, int64_t limit_train, bool quiet) {
+         int64_t max_steps, int64_t limit_train, bool quiet, nb::object progress) {
         train::TrainOptions o;
         o.model_path = model_file;
         o.epochs = epochs, o.batch = batch, o.lr = lr, o.device = device, o.resume = resume;
@@ -330,14 +331,20 @@ NB_MODULE(_seam, m) {
         o.max_steps = max_steps;
         o.limit_train = limit_train;
         o.output = quiet ? train::Output::quiet : train::Output::bar;
+        if (!progress.is_none())
+          o.on_progress = [progress](const train::ProgressEvent& e) {
+            nb::gil_scoped_acquire gil;  // the training loop runs without the GIL
+            progress(e.epoch, e.epochs, e.done, e.total, e.loss, e.accuracy);
+          };
         nb::gil_scoped_release release;
         return train::run_train(o);
       },
       "model_file"_a, "epochs"_a = nb::none(), "batch"_a = nb::none(), "lr"_a = nb::none(), "device"_a = nb::none(),
       "precision"_a = nb::none(), "data"_a = nb::none(), "out"_a = nb::none(), "resume"_a = nb::none(),
-      "max_steps"_a = 0, "limit_train"_a = 0, "quiet"_a = false,
+      "max_steps"_a = 0, "limit_train"_a = 0, "quiet"_a = false, "progress"_a = nb::none(),
       "Trains a model file as `seam train` does (progress, metrics.csv, checkpoints in out, default "
-      "runs/<name>); returns the exit status (0, or 130 when interrupted)");
+      "runs/<name>); returns the exit status (0, or 130 when interrupted). progress(epoch, epochs, done, total, "
+      "loss, accuracy), if given, replaces the terminal bar");
   m.def("gemm_library", &cpu::gemm_library, "What runs the CPU's GEMMs (as `seam --version` says)");
   m.def(
       "_blas_core_override",

@@ -343,7 +343,8 @@ int run_train(const TrainOptions& o) {
       pos.skipped_before_epoch = train.sync_state().skipped_steps;
     }
     train_loader.start_epoch(pos.epoch, pos.batch);
-    ProgressBar progress("epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs), steps_per_epoch, B, bar);
+    ProgressBar progress("epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs), steps_per_epoch, B,
+                         bar && !o.on_progress);
     data::Batch b;
     bool stop = false;
     // At a log point: the epoch's mean loss and accuracy so far (the same numbers whether
@@ -369,6 +370,7 @@ int run_train(const TrainOptions& o) {
       char status[96];
       std::snprintf(status, sizeof status, "loss %.4f  acc %.4f", loss, acc);
       progress.update(pos.batch, status);
+      if (o.on_progress) o.on_progress({pos.epoch + 1, spec.epochs, pos.batch, steps_per_epoch, loss, acc});
       if (json)
         std::cout << nlohmann::json{{"event", "step"}, {"step", model.state().step}, {"epoch", pos.epoch + 1},
                                     {"loss", loss}, {"accuracy", acc}, {"lr", model.state().lr},

@@ -2,6 +2,7 @@
 // `seam train` and `seam eval`, with checkpoints that resume exactly.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,13 @@
 namespace seam::train {
 
 enum class Output { bar, quiet, json };
+
+// Where an epoch stands, at each log point and at the epoch's end (done == total).
+struct ProgressEvent {
+  int64_t epoch, epochs;  // from 1
+  int64_t done, total;    // steps of this epoch
+  double loss, accuracy;  // the epoch's means so far
+};
 
 struct TrainOptions {
   std::optional<std::string> model_path;  // empty: the model stored in the checkpoint
@@ -25,6 +33,9 @@ struct TrainOptions {
   std::optional<LayoutPolicy> layout;     // overrides the model file's
   std::optional<double> val_split;
   Output output = Output::bar;
+  // Called with each ProgressEvent; set, it replaces the terminal bar (Output::bar), as
+  // Python's seam.train does with tqdm.
+  std::function<void(const ProgressEvent&)> on_progress;
   int64_t max_steps = 0;    // > 0: stop after this many steps in all, checkpointing
   int64_t log_every = 50;   // read the metrics from the device every N steps (and per epoch)
   // Stop with an error when this many updates in a row were skipped for a non-finite

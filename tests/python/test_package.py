@@ -4,6 +4,7 @@ exceptions. Needs the built package (`pip install .`, or _seam on PYTHONPATH) an
 skipped without them. The bitwise test needs the seam binary in $SEAM_BIN.
 """
 import json
+import math
 import os
 import subprocess
 
@@ -142,6 +143,28 @@ def test_train_runs_a_model_file_as_the_command_line(tmp_path):
     assert (out / "checkpoint.safetensors").exists()
     with pytest.raises(seam.Error, match="cannot open model file"):
         seam.train(str(tmp_path / "missing.json"), quiet=True)
+
+
+def test_train_reports_progress_to_a_callback_or_tqdm(tmp_path, capfd):
+    if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        pytest.skip("no Fashion-MNIST (tools/setup.sh installs it)")
+    model = os.path.join(ROOT, "examples", "fmnist_mlp.json")
+    events = []
+    rc = seam.train(model, epochs=2, batch=64, device="cpu", out=str(tmp_path / "a"), limit_train=1024,
+                    progress=lambda *e: events.append(e))
+    assert rc == 0
+    per_epoch = 1024 // 64
+    for epoch in (1, 2):
+        mine = [e for e in events if e[0] == epoch]
+        assert mine and all(e[1] == 2 and e[3] == per_epoch for e in mine), events
+        done = [e[2] for e in mine]
+        assert done == sorted(done) and done[-1] == per_epoch
+        assert all(math.isfinite(e[4]) and 0 <= e[5] <= 1 for e in mine)
+    pytest.importorskip("tqdm")
+    capfd.readouterr()
+    assert seam.train(model, epochs=1, batch=64, device="cpu", out=str(tmp_path / "b"), limit_train=1024) == 0
+    err = capfd.readouterr().err
+    assert "epoch 1/1" in err and f"{per_epoch}/{per_epoch}" in err and "loss=" in err, err
 
 
 def test_torch_tensors_go_in_through_dlpack():
