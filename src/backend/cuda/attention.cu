@@ -208,13 +208,13 @@ unsigned row_blocks(const StepArgs& a, int64_t rows) {
   return blocks_for((rows + kThreads / 32 - 1) / (kThreads / 32), 1, std::max(a.ctx.sm_count, 1) * 32);
 }
 
-// The variant cache's key: the pass, shapes, precision, mask and scale.
+// The variant cache's key: the pass, shapes, precision, mask, scale and whether it drops.
 std::string variant_key(const char* pass, DType t, const AttentionGeom& g) {
   char scale[32];
   std::snprintf(scale, sizeof scale, "%.9g", g.scale);
   return std::string(pass) + ":" + dtype_name(t) + ":b" + std::to_string(g.b) + "h" + std::to_string(g.h) + "q" +
          std::to_string(g.tq) + "k" + std::to_string(g.tk) + "d" + std::to_string(g.d) + "v" + std::to_string(g.dv) +
-         (g.causal ? ":causal" : ":full") + ":s" + scale;
+         (g.causal ? ":causal" : ":full") + ":s" + scale + (g.dropout > 0 ? ":dropout" : "");
 }
 
 // SEAM_ATTENTION=NAME or FORWARD,BACKWARD (cudnn, flash or plain) runs that variant

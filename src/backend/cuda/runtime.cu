@@ -84,7 +84,7 @@ void Context::set_lanes(const std::vector<int>& lane_of, int count) {
 }
 
 void Context::need_workspace(size_t bytes) {
-  SEAM_ASSERT(!lanes_set_);  // every step states its need while prepared
+  SEAM_ASSERT(!lanes_set_ || preparing_ < 0);  // every step states its need while prepared; later work runs on lane 0
   if (preparing_ < 0) {
     outside_need_ = std::max(outside_need_, bytes);
   } else {
