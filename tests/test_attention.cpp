@@ -61,6 +61,47 @@ TEST(Attention, GradientsWithDropoutMatchFiniteDifferences) {
   }
 }
 
+TEST(Attention, PackedGradientsMatchFiniteDifferences) {
+  for (double dropout : {0.0, 0.3})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "full") + " dropout " + std::to_string(dropout));
+      check_gradients([&](GradCase& c) {
+        return attention_qkv(c.param("qkv", {3, 2, 2, 5, 3}, -2, 2), causal, std::nullopt, dropout);
+      });
+    }
+}
+
+// attention_qkv is attention on qkv's three slabs, bit for bit, values and gradients.
+TEST(Attention, PackedIsAttentionOnTheSlabs) {
+  for (double dropout : {0.0, 0.3}) {
+    SCOPED_TRACE("dropout " + std::to_string(dropout));
+    std::vector<float> got[2][2];  // [packed][o, dqkv]
+    for (int packed = 0; packed < 2; ++packed) {
+      Graph g;
+      Var qkv = g.param("qkv", {3, 2, 3, 6, 4}, Init::uniform(-2, 2));
+      auto slab = [&](int64_t i) { return reshape(slice(qkv, 0, i, i + 1), {2, 3, 6, 4}); };
+      // The same node position for both, so that the dropout streams agree.
+      const auto at = static_cast<int64_t>(g.nodes().size()) + 6;
+      Var o = packed ? g.var(g.add(Op::attention_qkv, {qkv.id()},
+                                   {{"causal", int64_t{1}}, {"dropout", dropout}, {"stream", at}})[0])
+                     : g.var(g.add(Op::attention, {slab(0).id(), slab(1).id(), slab(2).id()},
+                                   {{"causal", int64_t{1}}, {"dropout", dropout}, {"stream", at}})[0]);
+      Var loss = sum(mul(o, o));
+      Model m(g, {.seed = 4});
+      Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {o.id()}});
+      p.run();
+      got[packed][0] = p.read_as<float>(o.name());
+      got[packed][1] = Program::cast_bytes<float>(p.read_grad("qkv"));
+      if (packed) {
+        EXPECT_EQ(testing::count(p.plan(), Op::slice), 0) << p.plan().str();
+        EXPECT_EQ(testing::count(p.plan(), Op::attention_qkv_grad), 1);
+      }
+    }
+    EXPECT_EQ(got[0][0], got[1][0]);
+    EXPECT_EQ(got[0][1], got[1][1]);
+  }
+}
+
 std::vector<double> random_doubles(size_t n, uint64_t seed, double lo, double hi) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(lo, hi);
@@ -202,6 +243,8 @@ TEST(Attention, BadOperandsAreErrorsNamingTheProblem) {
               {{"scale", std::numeric_limits<double>::infinity()}});
       }),
       "scale must be positive and finite");
+  has(error_of([](Graph& g) { attention_qkv(g.input("qkv", {2, 1, 2, 4, 8})); }),
+      "qkv must be [3, B, H, T, D], got [2,1,2,4,8]");
 }
 
 TEST(Attention, CausalMaskingIgnoresLaterKeys) {

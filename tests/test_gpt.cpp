@@ -102,7 +102,7 @@ TEST(GptModelFile, ExpandsIntoPlainNodes) {
   EXPECT_EQ(b.graph.value(b.logits).type.shape, (Shape{4, 6, 11}));
   EXPECT_EQ(b.graph.value(b.y).type.shape, (Shape{4, 6}));
   bool attention = false;
-  for (const Node& n : b.graph.nodes()) attention |= n.op == Op::attention;
+  for (const Node& n : b.graph.nodes()) attention |= n.op == Op::attention_qkv;  // q, k and v packed, no slices
   EXPECT_TRUE(attention);
 }
 

@@ -336,6 +336,7 @@ OPS = {
     "position_embedding": _position_embedding_layer,
     "matmul": _matmul,
     "attention": _attention,
+    "attention_qkv": lambda tw, node, ins: _attention(tw, node, list(ins[0].unbind(0))),
     "linear": _linear_layer,
     "linear_act": _linear_act,
     "linear_act_aux": _linear_act,

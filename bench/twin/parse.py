@@ -296,9 +296,7 @@ def gpt_nodes(c):
         a = node(f"{h}.attn.c_attn", "linear", a, out=3 * C)
         a = node(f"{h}.attn.heads", "transpose", node(f"{h}.attn.split", "reshape", a, shape=[-1, T, 3, H, D]),
                  perm=[2, 0, 3, 1, 4])
-        qkv = [node(f"{h}.attn.{p}", "reshape", node(f"{h}.attn.{p}_slab", "slice", a, axis=0, start=i, end=i + 1),
-                    shape=[-1, H, T, D]) for i, p in enumerate("qkv")]
-        a = node(f"{h}.attn.sdpa", "attention", qkv, causal=1, dropout=c["dropout"])
+        a = node(f"{h}.attn.sdpa", "attention_qkv", a, causal=1, dropout=c["dropout"])
         a = node(f"{h}.attn.merge", "reshape", node(f"{h}.attn.unheads", "transpose", a, perm=[0, 2, 1, 3]),
                  shape=[-1, T, C])
         a = drop(f"{h}.attn.drop", node(f"{h}.attn.c_proj", "linear", a, out=C))
@@ -429,7 +427,7 @@ def parse_nodes(model):
             if "training" in L:
                 fail(where, ": 'training' is set by the mode a program is compiled in (train or eval), "
                      "not by the model file")
-            if op in ("dropout", "attention") and "stream" in L:
+            if op in ("dropout", "attention", "attention_qkv") and "stream" in L:
                 fail(where, ": 'stream' (which random stream the mask draws from) is the node's place in the "
                      "file, not a key")
             attrs = {}
@@ -440,7 +438,7 @@ def parse_nodes(model):
                     fail(where, ": ", op, " node '", name, "': attribute '", k, "' is required")
                 else:
                     attrs[k] = list(d) if isinstance(d, list) else d
-            if op in ("dropout", "attention"):
+            if op in ("dropout", "attention", "attention_qkv"):
                 attrs["stream"] = i  # the layer's index names its random stream
             if "training" in attrs:
                 attrs["training"] = 1  # the mode pass's: a training step trains

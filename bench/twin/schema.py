@@ -83,6 +83,7 @@ SCHEMAS = {
     "avg_pool2d": (["x"], {**_POOL, "count_include_pad": 1}),
     "global_avg_pool": (["x"], {"layout": "nchw"}),
     "attention": (["q", "k", "v"], {"causal": 0, "scale": 0.0, "dropout": 0.0, "stream": 0, "training": 1}),
+    "attention_qkv": (["qkv"], {"causal": 0, "scale": 0.0, "dropout": 0.0, "stream": 0, "training": 1}),
 }
 # Layers that create their parameters (model_file.cpp's kLayers), with their settings.
 LAYERS = {"linear": ["out", "bias", "tie"], "conv2d": ["out", "kernel", "stride", "padding", "dilation", "groups", "bias"],

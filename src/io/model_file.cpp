@@ -313,7 +313,7 @@ Var network(const ModelSpec& s, Var x, BuiltGraph& b) {
     // Attributes the compiler owns: a value written here would be overwritten silently.
     if (L.contains("training"))
       fail(where, ": 'training' is set by the mode a program is compiled in (train or eval), not by the model file");
-    if ((parsed == Op::dropout || parsed == Op::attention) && L.contains("stream"))
+    if ((parsed == Op::dropout || parsed == Op::attention || parsed == Op::attention_qkv) && L.contains("stream"))
       fail(where, ": 'stream' (which random stream the mask draws from) is the node's place in the file, not a key");
     check_keys(L, allowed, where);
     // Operands: explicit "inputs" (or "input", the one-operand form), else the previous layer.
@@ -399,7 +399,8 @@ Var network(const ModelSpec& s, Var x, BuiltGraph& b) {
         Attrs attrs;
         for (auto& a : d.attrs)
           if (L.contains(a.name)) attrs.set(a.name, to_attr(L[a.name], a.def, where, a.name));
-        if (*parsed == Op::dropout || *parsed == Op::attention) attrs.set("stream", static_cast<int64_t>(i));
+        if (*parsed == Op::dropout || *parsed == Op::attention || *parsed == Op::attention_qkv)
+          attrs.set("stream", static_cast<int64_t>(i));
         std::vector<ValueId> ids;
         for (auto& v : ins) ids.push_back(v.id());
         out = g.add1(*parsed, ids, attrs);

@@ -13,6 +13,14 @@ struct AttentionDims {
   int64_t b, h, tq, tk, d, dv;
 };
 
+// A scale that is 0 (the default, 1 / sqrt(D)) or positive and finite, dropout in [0, 1).
+void check_attention_attrs(const InferCtx& c) {
+  const double scale = c.attrs.f("scale");
+  if (!(scale >= 0) || !std::isfinite(scale)) c.fail("scale must be positive and finite (0: 1 / sqrt(D)), got ", scale);
+  const double p = c.attrs.f("dropout");
+  if (!(p >= 0 && p < 1)) c.fail("dropout must be in [0, 1), got ", p);
+}
+
 // q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv]: one float dtype, causal only with
 // Tq = Tk, a scale that is 0 (the default, 1 / sqrt(D)) or positive and finite.
 AttentionDims check_attention(const InferCtx& c, size_t q, size_t k, size_t v) {
@@ -28,19 +36,32 @@ AttentionDims check_attention(const InferCtx& c, size_t q, size_t k, size_t v) {
     c.fail("v ", shape_str(sv), " must be [B, H, Tk, Dv] of k's B, H and Tk ", shape_str(sk));
   if (c.attrs.i("causal") != 0 && sq[2] != sk[2])
     c.fail("causal attention needs as many queries as keys, got Tq = ", sq[2], ", Tk = ", sk[2]);
-  const double scale = c.attrs.f("scale");
-  if (!(scale >= 0) || !std::isfinite(scale)) c.fail("scale must be positive and finite (0: 1 / sqrt(D)), got ", scale);
-  const double p = c.attrs.f("dropout");
-  if (!(p >= 0 && p < 1)) c.fail("dropout must be in [0, 1), got ", p);
+  check_attention_attrs(c);
   return {sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]};
 }
 
+// qkv [3, B, H, T, D] of a float dtype.
+AttentionDims check_packed(const InferCtx& c, size_t qkv) {
+  c.expect_float(qkv);
+  const Shape& s = c.shape(qkv);
+  if (s.size() != 5 || s[0] != 3) c.fail("qkv must be [3, B, H, T, D], got ", shape_str(s));
+  check_attention_attrs(c);
+  return {s[1], s[2], s[3], s[3], s[4], s[4]};
+}
+
 // Multiply-adds of q k^T and of p v, counting only the unmasked half when causal.
+double attention_flops(const AttentionDims& a, const Attrs& attrs) {
+  const double pairs = static_cast<double>(a.b * a.h * a.tq) * static_cast<double>(a.tk) *
+                       (attrs.i("causal") != 0 ? 0.5 : 1.0);
+  return 2.0 * pairs * static_cast<double>(a.d + a.dv);
+}
 double attention_flops(const OpCostCtx& c, size_t q, size_t v) {
   const Shape &sq = c.in[q].shape, &sv = c.in[v].shape;
-  const double pairs = static_cast<double>(sq[0] * sq[1] * sq[2]) * static_cast<double>(sv[2]) *
-                       (c.attrs.i("causal") != 0 ? 0.5 : 1.0);
-  return 2.0 * pairs * static_cast<double>(sq[3] + sv[3]);
+  return attention_flops({sq[0], sq[1], sq[2], sv[2], sq[3], sv[3]}, c.attrs);
+}
+double packed_flops(const OpCostCtx& c, size_t qkv) {
+  const Shape& s = c.in[qkv].shape;
+  return attention_flops({s[1], s[2], s[3], s[3], s[4], s[4]}, c.attrs);
 }
 
 // dropout: of the probabilities, as the dropout op draws (Philox(seed, step, stream,
@@ -92,6 +113,51 @@ void register_attention(OpTable& t) {
     };
     d.flops = [](const OpCostCtx& c) { return 2.5 * attention_flops(c, 1, 3); };
   }
+  {
+    OpDef& d = def(t, Op::attention_qkv);
+    d.name = "attention_qkv";
+    d.inputs = {"qkv"};
+    d.outputs = {"o", "lse"};
+    d.attrs = kAttrs;
+    d.doc = "attention of q, k and v packed as qkv [3, B, H, T, D]: o [B, H, T, D] and lse [B, H, T] as "
+            "attention(qkv[0], qkv[1], qkv[2]) gives them";
+    d.infer = [](const InferCtx& c) {
+      const AttentionDims a = check_packed(c, 0);
+      return std::vector<TensorType>{{c.type(0).dtype, {a.b, a.h, a.tq, a.dv}},
+                                     {compute_dtype(c.type(0).dtype), {a.b, a.h, a.tq}}};
+    };
+    d.flops = [](const OpCostCtx& c) { return packed_flops(c, 0); };
+    d.grad = [](GradCtx& c) {
+      c.set(0, c.g.add1(Op::attention_qkv_grad, {c.dy().id(), c.x(0).id(), c.y(0).id(), c.y(1).id()}, c.attrs()));
+    };
+  }
+  {
+    OpDef& d = def(t, Op::attention_qkv_grad);
+    d.name = "attention_qkv_grad";
+    d.inputs = {"do", "qkv", "o", "lse"};
+    d.outputs = {"dqkv"};
+    d.attrs = kAttrs;
+    d.doc = "the gradient of attention_qkv, packed as qkv is";
+    d.infer = [](const InferCtx& c) {
+      const AttentionDims a = check_packed(c, 1);
+      const TensorType o{c.type(1).dtype, {a.b, a.h, a.tq, a.dv}};
+      const TensorType lse{compute_dtype(c.type(1).dtype), {a.b, a.h, a.tq}};
+      if (c.type(0) != o) c.fail("do must be ", o.str(), ", got ", c.type(0).str());
+      if (c.type(2) != o) c.fail("o must be ", o.str(), ", got ", c.type(2).str());
+      if (c.type(3) != lse) c.fail("lse must be ", lse.str(), ", got ", c.type(3).str());
+      return std::vector<TensorType>{c.type(1)};
+    };
+    d.flops = [](const OpCostCtx& c) { return 2.5 * packed_flops(c, 1); };
+  }
+}
+
+Var attention_qkv(Var qkv, bool causal, std::optional<double> scale, double dropout) {
+  if (scale && !(*scale > 0))
+    fail("attention_qkv: scale must be positive, got ", *scale, " (leave it unset for 1 / sqrt(D))");
+  auto stream = static_cast<int64_t>(qkv.graph().nodes().size());
+  return qkv.graph().add1(Op::attention_qkv, {qkv.id()},
+                          {{"causal", int64_t{causal}}, {"scale", scale.value_or(0.0)}, {"dropout", dropout},
+                           {"stream", stream}});
 }
 
 Var attention(Var q, Var k, Var v, bool causal, std::optional<double> scale, double dropout) {

@@ -16,7 +16,8 @@ enum class Kind { gemm, f32, follow, keep };
 
 Kind kind_of(Op op) {
   switch (op) {
-    case Op::matmul: case Op::linear: case Op::conv2d: case Op::attention: return Kind::gemm;
+    case Op::matmul: case Op::linear: case Op::conv2d: case Op::attention: case Op::attention_qkv:
+      return Kind::gemm;
     case Op::softmax: case Op::log_softmax: case Op::cross_entropy: case Op::mse: case Op::layer_norm:
     case Op::batch_norm: case Op::sum: case Op::mean:
       return Kind::f32;

@@ -162,6 +162,7 @@ NB_MODULE(_seam, m) {
   m.def("dropout", &dropout, "x"_a, "p"_a, ops);
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "causal"_a = false, "scale"_a = nb::none(), "dropout"_a = 0.0,
         ops);
+  m.def("attention_qkv", &attention_qkv, "qkv"_a, "causal"_a = false, "scale"_a = nb::none(), "dropout"_a = 0.0, ops);
   m.def("argmax", &argmax, "x"_a, "axis"_a = -1, ops);
 
   nb::module_ nnm = m.def_submodule("nn", "Layers: builders that create their parameters");

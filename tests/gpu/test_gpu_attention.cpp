@@ -144,6 +144,18 @@ TEST(GpuAttention, DropoutMatchesTheCpu) {
   }
 }
 
+// q, k and v packed as one [3, B, H, T, D] operand: each variant reads the slabs in place
+// and writes the gradient's slabs in place.
+TEST(GpuAttention, PackedMatchesTheCpu) {
+  for (const char* variant : {"", "cudnn", "flash", "plain"}) {
+    ForcedVariant force(variant);
+    for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
+      SCOPED_TRACE(std::string(variant) + (o.precision == Precision::bf16 ? " bf16" : " f16"));
+      compare_with_cpu([&](GpuCase& c) { return attention_qkv(c.param("qkv", {3, 2, 3, 130, 64}, -2, 2), true); }, o);
+    }
+  }
+}
+
 TEST(GpuAttention, HeadsBeyondTheKernelsAreRefusedByName) {
   GpuCase c(1);
   Var o = attention(c.param("q", {1, 1, 4, 320}), c.param("k", {1, 1, 4, 320}), c.param("v", {1, 1, 4, 8}));

@@ -136,11 +136,33 @@ void attention_grad(const KernelArgs& a) {
   });
 }
 
+// qkv [3, B, H, T, D] as its three [B, H, T, D] slabs.
+std::vector<TensorView> unpack(const TensorView& qkv) {
+  const Shape& s = qkv.shape();
+  const TensorType part{qkv.dtype(), {s[1], s[2], s[3], s[4]}};
+  const auto bytes = static_cast<size_t>(part.numel()) * dtype_size(part.dtype);
+  return {{qkv.data, part}, {qkv.data + bytes, part}, {qkv.data + 2 * bytes, part}};
+}
+
+// The packed ops: the same kernels on the slabs (one gradient tensor, written slab by slab).
+void attention_qkv(const KernelArgs& a) {
+  const std::vector<TensorView> in = unpack(a.in[0]);
+  attention({a.step, in, a.out, a.state});
+}
+
+void attention_qkv_grad(const KernelArgs& a) {
+  const std::vector<TensorView> qkv = unpack(a.in[1]), out = unpack(a.out[0]);
+  const std::vector<TensorView> in{a.in[0], qkv[0], qkv[1], qkv[2], a.in[2], a.in[3]};
+  attention_grad({a.step, in, out, a.state});
+}
+
 }  // namespace
 
 void register_attention(KernelTable& t) {
   set(t, Op::attention, attention);
   set(t, Op::attention_grad, attention_grad);
+  set(t, Op::attention_qkv, attention_qkv);
+  set(t, Op::attention_qkv_grad, attention_qkv_grad);
 }
 
 }  // namespace seam::cpu

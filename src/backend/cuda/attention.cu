@@ -314,11 +314,34 @@ Launch prepare_attention_grad(const StepArgs& a) {
   return choose_attention(a, true, variant_key("attention_grad", t, ag), std::move(variants));
 }
 
+// qkv [3, B, H, T, D] as its three [B, H, T, D] slabs.
+std::vector<DeviceTensor> unpack(const DeviceTensor& qkv) {
+  const Shape& s = qkv.shape();
+  const TensorType part{qkv.dtype(), {s[1], s[2], s[3], s[4]}};
+  auto* base = static_cast<std::byte*>(qkv.data);
+  const auto bytes = static_cast<size_t>(part.numel()) * dtype_size(part.dtype);
+  return {{base, part}, {base + bytes, part}, {base + 2 * bytes, part}};
+}
+
+// The packed ops: the unpacked ones' variants on the slabs (each slab 16-byte aligned when
+// qkv is and a slab's bytes are a multiple of 16, which the tiled kernels check).
+Launch prepare_attention_qkv(const StepArgs& a) {
+  return prepare_as_step(a, Op::attention, a.step.attrs, unpack(a.in[0]), a.out);
+}
+
+Launch prepare_attention_qkv_grad(const StepArgs& a) {
+  const std::vector<DeviceTensor> qkv = unpack(a.in[1]);
+  return prepare_as_step(a, Op::attention_grad, a.step.attrs, {a.in[0], qkv[0], qkv[1], qkv[2], a.in[2], a.in[3]},
+                         unpack(a.out[0]));
+}
+
 }  // namespace
 
 void register_attention(PreparerTable& t) {
   set(t, Op::attention, prepare_attention);
   set(t, Op::attention_grad, prepare_attention_grad);
+  set(t, Op::attention_qkv, prepare_attention_qkv);
+  set(t, Op::attention_qkv_grad, prepare_attention_qkv_grad);
 }
 
 }  // namespace seam::cuda
