@@ -1,0 +1,70 @@
+"""Crash-safe training: `seam train` killed with SIGKILL at random moments (while it loads
+data, trains, evaluates or writes a checkpoint), then resumed from whatever checkpoint it
+left, again and again until a run finishes. The finished run's metrics.csv must be
+bitwise that of a run never interrupted (on the CPU), and every checkpoint a kill left
+must load. Needs the seam binary in $SEAM_BIN and Debian's Fashion-MNIST."""
+import csv
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+SEAM = os.environ.get("SEAM_BIN", "")
+pytestmark = [
+    pytest.mark.skipif(not SEAM or not os.path.exists(SEAM), reason="SEAM_BIN is not set to a seam binary"),
+    pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                       reason="no Fashion-MNIST (tools/setup.sh installs it)"),
+]
+
+ARGS = ["train", "--epochs", "4", "--limit-train", "2048", "--limit-test", "500", "--device", "cpu", "--quiet"]
+# What a run computes, not how fast: every column but the timings.
+TIMING = {"epoch_seconds", "samples_per_second", "tokens_per_second", "mfu"}
+
+
+def metrics(out):
+    with open(os.path.join(out, "metrics.csv")) as f:
+        return [{k: v for k, v in row.items() if k not in TIMING} for row in csv.DictReader(f)]
+
+
+def run(out, resume):
+    cmd = [SEAM, *ARGS, "--out", out]
+    ckpt = os.path.join(out, "checkpoint.safetensors")
+    if resume and os.path.exists(ckpt):
+        cmd += ["--resume", ckpt]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path):
+    ref = str(tmp_path / "ref")
+    start = time.monotonic()
+    p = run(ref, resume=False)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()
+    full = time.monotonic() - start
+    want = metrics(ref)
+    assert len(want) == 4
+
+    rng = random.Random(20261202)
+    kills = resumed = 0
+    for trial in range(8):
+        out = str(tmp_path / f"trial{trial}")
+        resume = False
+        for attempt in range(20):
+            p = run(out, resume)
+            if attempt < 6 and rng.random() < 0.8:
+                time.sleep(rng.uniform(0, full))
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+                    kills += 1
+            _, err = p.communicate(timeout=300)
+            if p.returncode == 0:
+                break
+            assert p.returncode == -signal.SIGKILL, err.decode()
+            resumed += os.path.exists(os.path.join(out, "checkpoint.safetensors"))
+            resume = True
+        assert p.returncode == 0, f"trial {trial}: no run finished"
+        assert metrics(out) == want, f"trial {trial}"
+    assert kills >= 8 and resumed >= 4, (kills, resumed)
