@@ -56,8 +56,8 @@ __all__ = ["Adam", "AdamW", "BuiltModel", "Error", "Graph", "Init", "Model", "Mo
 def train(model_file, epochs=None, batch=None, lr=None, device=None, precision=None, data=None, out=None,
           resume=None, max_steps=0, limit_train=0, quiet=False, progress=None):
     """Trains a model file as `seam train` does: the epochs' lines on stdout, metrics.csv and
-    checkpoints in `out` (default runs/<name>); returns the exit status (0, or 130 when
-    interrupted). The progress within an epoch is a tqdm bar where tqdm is installed (else
+    checkpoints in `out` (default runs/<name>); returns the exit status (0, or 130 / 143
+    when SIGINT / SIGTERM stopped it, after writing a checkpoint). The progress within an epoch is a tqdm bar where tqdm is installed (else
     seam's own bar on a terminal), or `progress(epoch, epochs, done, total, loss, accuracy)`
     if given. Raises seam.Error for a bad model file, data or option."""
     if progress is None and not quiet:

@@ -344,7 +344,7 @@ NB_MODULE(_seam, m) {
       "precision"_a = nb::none(), "data"_a = nb::none(), "out"_a = nb::none(), "resume"_a = nb::none(),
       "max_steps"_a = 0, "limit_train"_a = 0, "quiet"_a = false, "progress"_a = nb::none(),
       "Trains a model file as `seam train` does (progress, metrics.csv, checkpoints in out, default "
-      "runs/<name>); returns the exit status (0, or 130 when interrupted). progress(epoch, epochs, done, total, "
+      "runs/<name>); returns the exit status (0, or 130 / 143 when stopped by SIGINT / SIGTERM). progress(epoch, epochs, done, total, "
       "loss, accuracy), if given, replaces the terminal bar");
   m.def("gemm_library", &cpu::gemm_library, "What runs the CPU's GEMMs (as `seam --version` says)");
   m.def(

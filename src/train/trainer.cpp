@@ -31,8 +31,10 @@ namespace seam::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int) { g_interrupted = true; }
+// The signal that asked the run to stop (SIGINT or SIGTERM), 0 for none: the loop stops
+// after its current step, writes a checkpoint and exits with 128 + the signal.
+std::atomic<int> g_interrupted{0};
+extern "C" void on_stop_signal(int sig) { g_interrupted = sig; }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -330,8 +332,9 @@ int run_train(const TrainOptions& o) {
                      .dump()
               << std::endl;
 
-  g_interrupted = false;
-  auto old_handler = std::signal(SIGINT, on_sigint);
+  g_interrupted = 0;
+  auto old_int = std::signal(SIGINT, on_stop_signal);
+  auto old_term = std::signal(SIGTERM, on_stop_signal);
   int64_t steps_this_run = 0;
   double last_test_acc = 0, last_loss = 0;
   int exit_code = 0;
@@ -402,7 +405,7 @@ int run_train(const TrainOptions& o) {
                    g_interrupted ? "interrupted" : "stopped", static_cast<long long>(model.state().step),
                    static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.batch),
                    static_cast<long long>(steps_per_epoch), ckpt_path.c_str(), ckpt_path.c_str());
-      exit_code = g_interrupted ? 130 : 0;
+      exit_code = g_interrupted ? 128 + g_interrupted : 0;
       break;
     }
     const double epoch_seconds = pos.epoch_seconds;
@@ -462,7 +465,8 @@ int run_train(const TrainOptions& o) {
     next.epoch++, next.batch = 0, next.epoch_seconds = 0, next.epoch_samples = 0;
     write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples);
   }
-  std::signal(SIGINT, old_handler);
+  std::signal(SIGINT, old_int);
+  std::signal(SIGTERM, old_term);
   const double total = seconds_since(t0);
   if (exit_code == 0 && pos.epoch >= spec.epochs) {
     if (json)

@@ -53,7 +53,8 @@ int64_t data_steps_per_epoch(const io::ModelSpec& spec, int64_t batch);
 // "cpu", "cuda", or "auto": the GPU if there is one.
 Device resolve_device(const std::string& requested);
 
-// Runs the whole training; returns the process exit code (0, or 130 when interrupted).
+// Runs the whole training; returns the process exit code (0, or 128 + the signal when
+// SIGINT or SIGTERM stopped it: 130, 143; it writes a checkpoint first).
 int run_train(const TrainOptions& o);
 
 struct EvalOptions {

@@ -68,3 +68,29 @@ def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path):
         assert p.returncode == 0, f"trial {trial}: no run finished"
         assert metrics(out) == want, f"trial {trial}"
     assert kills >= 8 and resumed >= 4, (kills, resumed)
+
+
+def test_sigterm_and_sigint_write_a_checkpoint_and_exit_cleanly(tmp_path):
+    ref = str(tmp_path / "ref")
+    p = run(ref, resume=False)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()
+    want = metrics(ref)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        out = str(tmp_path / sig.name)
+        p = run(out, resume=False)
+        # once the first epoch's row is there, the run is inside its training loop
+        csv_path = os.path.join(out, "metrics.csv")
+        deadline = time.monotonic() + 120
+        while p.poll() is None and time.monotonic() < deadline:
+            if os.path.exists(csv_path) and len(open(csv_path).read().splitlines()) >= 2:
+                break
+            time.sleep(0.002)
+        p.send_signal(sig)  # three epochs of four are still to come
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 128 + sig, (sig.name, p.returncode, err.decode())
+        assert "interrupted after step" in err.decode() and "--resume" in err.decode(), err.decode()
+        p = run(out, resume=True)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+        assert metrics(out) == want, sig.name
