@@ -2,7 +2,9 @@
 // compile() runs the pipeline graph -> mode -> autodiff -> lower -> plan -> executable.
 #include "seam/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -496,6 +498,29 @@ Program Model::compile(const CompileOptions& o) {
   return Program(core_, std::move(plan));
 }
 
+namespace {
+
+// The arena's largest values, by the inputs and the steps that write them: what a
+// smaller batch or a lighter layer would shrink.
+std::string largest_buffers(const Plan& p, size_t n) {
+  std::vector<std::pair<size_t, std::string>> v;
+  for (const Binding& b : p.inputs)
+    if (b.ref.region == Region::arena) v.emplace_back(b.ref.bytes(), "input '" + b.name + "' " + b.ref.type.str());
+  for (const PlanStep& s : p.steps)
+    for (const BufferRef& b : s.out)
+      if (b.region == Region::arena) v.emplace_back(b.bytes(), "'" + s.name + "' " + b.type.str());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string text;
+  for (size_t i = 0; i < std::min(n, v.size()); ++i) {
+    char mib[32];
+    std::snprintf(mib, sizeof mib, " (%.1f MiB)", static_cast<double>(v[i].first) / 1048576.0);
+    text += (i ? ", " : "") + v[i].second + mib;
+  }
+  return text;
+}
+
+}  // namespace
+
 Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
     : core_(std::move(core)), plan_(std::make_unique<Plan>(std::move(plan))) {
   Model::Core& c = *core_;
@@ -513,7 +538,7 @@ Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
     arena_ = c.backend->alloc(plan_->arena_bytes);
   } catch (const Error& e) {
     fail("cannot allocate the arena of ", plan_->arena_bytes, " bytes (the plan's peak; parameters take ",
-         c.layout.param_bytes, " more): ", e.what());
+         c.layout.param_bytes, " more); its largest buffers: ", largest_buffers(*plan_, 5), ": ", e.what());
   }
   try {
     exe_ = c.backend->prepare(*plan_, c.regions(arena_));

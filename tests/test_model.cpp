@@ -31,3 +31,30 @@ TEST(Program, AFailedMeasurementLeavesTheModelAsItWas) {
   EXPECT_THROW(p.time_steps(2), Error);
   seam::testing::expect_same(m.save_tensors(), saved);
 }
+
+// A plan whose arena cannot be had (1 PiB, beyond any address space) is an error that says how much it asked,
+// its largest buffers by node, and what the host has; the model stays usable, here for a
+// program of the branch that fits.
+TEST(Program, AnArenaThatDoesNotFitNamesItsLargestBuffers) {
+  using namespace seam;
+  Graph g;
+  Var huge = g.input("huge", {int64_t{1} << 45, 4});
+  Var small = g.input("small", {4, 8});
+  Var wide = nn::linear(huge, 4, "wide");
+  Var fine = relu(nn::linear(small, 3, "fine"));
+  Model m(g, {.seed = 1});
+  try {
+    Program p = m.compile({.mode = Mode::eval, .outputs = {wide.id(), fine.id()}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part : {"cannot allocate the arena of", "its largest buffers: input 'huge' f32[35184372088832,4] "
+                             "(536870912.0 MiB), 'linear' f32[35184372088832,4] (536870912.0 MiB)", "out of host memory"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+  }
+  Program p = m.compile({.mode = Mode::eval, .outputs = {fine.id()}});
+  const auto xs = seam::testing::random_floats(4 * 8, 5);
+  p.set_input("small", std::span<const float>(xs));
+  p.run();
+  EXPECT_EQ(p.read_as<float>(fine.name()).size(), 12u);
+}

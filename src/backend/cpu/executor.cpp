@@ -1,8 +1,10 @@
 // The CPU backend: host memory and a straight walk over the plan's steps.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 
 #include "backend/backend.h"
@@ -203,13 +205,24 @@ class CpuExecutable : public Executable {
   std::vector<std::vector<std::byte>> staged_;  // by Plan::inputs index
 };
 
+// ", with N bytes available" from /proc/meminfo's MemAvailable, or nothing where unknown.
+std::string available_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  long long kib = 0;
+  while (std::getline(f, line))
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1)
+      return ", with " + std::to_string(kib * 1024) + " bytes available";
+  return {};
+}
+
 class CpuBackend : public Backend {
  public:
   const char* name() const override { return "cpu"; }
   std::byte* alloc(size_t bytes) override {
     size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     auto* p = static_cast<std::byte*>(std::aligned_alloc(64, size));
-    if (!p) fail("out of host memory allocating ", bytes, " bytes");
+    if (!p) fail("out of host memory allocating ", bytes, " bytes", available_memory());
     std::memset(p, 0, size);
     return p;
   }
