@@ -36,6 +36,24 @@ using Clock = std::chrono::steady_clock;
 std::atomic<int> g_interrupted{0};
 extern "C" void on_stop_signal(int sig) { g_interrupted = sig; }
 
+// Installs on_stop_signal for SIGINT and SIGTERM while the loop runs, and puts back the
+// handlers it found however the loop ends (an error too: Python's seam.train keeps its
+// Ctrl-C after a failed run).
+class StopSignals {
+ public:
+  StopSignals() : int_(std::signal(SIGINT, on_stop_signal)), term_(std::signal(SIGTERM, on_stop_signal)) {}
+  ~StopSignals() {
+    std::signal(SIGINT, int_);
+    std::signal(SIGTERM, term_);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  void (*int_)(int);
+  void (*term_)(int);
+};
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Doubles travel through checkpoint metadata as hex floats: exact, so sums resume bitwise.
@@ -333,8 +351,7 @@ int run_train(const TrainOptions& o) {
               << std::endl;
 
   g_interrupted = 0;
-  auto old_int = std::signal(SIGINT, on_stop_signal);
-  auto old_term = std::signal(SIGTERM, on_stop_signal);
+  const StopSignals stop_signals;
   int64_t steps_this_run = 0;
   double last_test_acc = 0, last_loss = 0;
   int exit_code = 0;
@@ -465,8 +482,6 @@ int run_train(const TrainOptions& o) {
     next.epoch++, next.batch = 0, next.epoch_seconds = 0, next.epoch_samples = 0;
     write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples);
   }
-  std::signal(SIGINT, old_int);
-  std::signal(SIGTERM, old_term);
   const double total = seconds_since(t0);
   if (exit_code == 0 && pos.epoch >= spec.epochs) {
     if (json)
