@@ -2,6 +2,7 @@
 // forward against the same computation written with matmul and softmax, and the errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -119,11 +120,25 @@ std::vector<double> causal_mask(const AttentionCase& k) {
 }
 
 // The same attention from matmul, an additive mask (the input "mask": 0, or -1e300 after
-// the diagonal when causal) before softmax, and matmul.
-Var composed(Var q, Var k, Var v, double scale) {
+// the diagonal when causal) before softmax, the dropout op on the probabilities (p > 0,
+// drawing from `stream`), and matmul.
+Var composed(Var q, Var k, Var v, double scale, double p = 0, int64_t stream = 0) {
   Graph& g = q.graph();
   Var s = mul(matmul(q, transpose(k)), full(g, {}, scale, q.dtype()));
-  return matmul(softmax(add(s, g.input("mask", {q.shape()[2], k.shape()[2]}, DType::f64)), -1), v);
+  Var probs = softmax(add(s, g.input("mask", {q.shape()[2], k.shape()[2]}, DType::f64)), -1);
+  if (p > 0) probs = g.var(g.add(Op::dropout, {probs.id()}, {{"p", p}, {"stream", stream}})[0]);
+  return matmul(probs, v);
+}
+
+// Feeds composed()'s mask, runs, and expects o to be ref within 1e-12; returns o.
+std::vector<double> run_against_composed(Program& p, const AttentionCase& k, Var o, Var ref) {
+  const std::vector<double> mask = causal_mask(k);
+  p.set_input("mask", std::span<const double>(mask));
+  p.run();
+  const auto got = p.read_as<double>(o.name()), want = p.read_as<double>(ref.name());
+  EXPECT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+  return got;
 }
 
 TEST(Attention, ForwardIsSoftmaxOfScaledScoresTimesValues) {
@@ -144,12 +159,7 @@ TEST(Attention, ForwardIsSoftmaxOfScaledScoresTimesValues) {
       in.push_back(random_doubles(static_cast<size_t>(numel(x.shape())), 40 + in.size(), -2, 2));
       p.set_input(x.name(), std::span<const double>(in.back()));
     }
-    const std::vector<double> mask = causal_mask(k);
-    p.set_input("mask", std::span<const double>(mask));
-    p.run();
-    const auto got = p.read_as<double>(o.name()), want = p.read_as<double>(ref.name());
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+    run_against_composed(p, k, o, ref);
     // lse: log of the softmax's denominator, checked against the scores directly.
     const auto l = p.read_as<double>(lse.name());
     ASSERT_EQ(l.size(), static_cast<size_t>(k.b * k.h * k.tq));
@@ -179,20 +189,12 @@ TEST(Attention, DropoutIsTheDropoutOpOnTheProbabilities) {
     const double scale = k.scale.value_or(1.0 / std::sqrt(static_cast<double>(k.d)));
     Var o = g.var(g.add(Op::attention, {q.id(), kk.id(), v.id()},
                         {{"causal", int64_t{k.causal}}, {"scale", scale}, {"dropout", 0.4}, {"stream", int64_t{77}}})[0]);
-    Var s = mul(matmul(q, transpose(kk)), full(g, {}, scale, DType::f64));
-    Var pr = softmax(add(s, g.input("mask", {k.tq, k.tk}, DType::f64)), -1);
-    Var dropped = g.var(g.add(Op::dropout, {pr.id()}, {{"p", 0.4}, {"stream", int64_t{77}}})[0]);
-    Var ref = matmul(dropped, v);
+    Var ref = composed(q, kk, v, scale, 0.4, 77);
     Var plain = attention(q, kk, v, k.causal, scale);
     Var loss = sum(add(add(o, ref), plain));
     Model m(g, {.seed = 9});
     Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {o.id(), ref.id(), plain.id()}});
-    const std::vector<double> mask = causal_mask(k);
-    p.set_input("mask", std::span<const double>(mask));
-    p.run();
-    const auto got = p.read_as<double>(o.name()), want = p.read_as<double>(ref.name());
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+    const auto got = run_against_composed(p, k, o, ref);
     // and it dropped something: o differs from attention without dropout.
     const auto undropped = p.read_as<double>(plain.name());
     size_t differ = 0;
