@@ -100,16 +100,14 @@ Var gpt_linear(Var x, int64_t out, const std::string& name, double std) {
 
 Var maybe_dropout(Var x, double p) { return p > 0 ? dropout(x, p) : x; }
 
-// Causal self-attention on x [B, T, C]: one projection to q, k and v, heads split to
-// [B, H, T, D], attention, heads merged back, the output projection.
+// Causal self-attention on x [B, T, C]: one projection to q, k and v, attention on its
+// heads where the projection wrote them, the output projection.
 Var self_attention(Var x, const GptConfig& c, const std::string& name, double proj_std) {
   const int64_t B = x.dim(0), T = x.dim(1), C = c.n_embd, H = c.n_head, D = C / H;
   Var qkv = gpt_linear(x, 3 * C, name + ".c_attn", 0.02);
-  // [B, T, 3, H, D] -> [3, B, H, T, D]: one copy, then q, k and v are contiguous slabs
-  // that attention_qkv reads in place (and whose gradient it writes in place).
-  Var heads = permute(reshape(qkv, {B, T, 3, H, D}), {2, 0, 3, 1, 4});
-  Var y = attention_qkv(heads, /*causal=*/true, std::nullopt, c.dropout);  // dropout: GPT-2's attn_pdrop
-  y = reshape(permute(y, {0, 2, 1, 3}), {B, T, C});
+  // [B, T, 3, H, D] in, [B, T, H, D] out: no copy splits or merges the heads.
+  Var y = attention_qkv(reshape(qkv, {B, T, 3, H, D}), /*causal=*/true, std::nullopt, c.dropout);  // GPT-2's attn_pdrop
+  y = reshape(y, {B, T, C});
   return gpt_linear(y, C, name + ".c_proj", proj_std);
 }
 

@@ -223,6 +223,14 @@ def _attention(tw, node, ins):
                                           dropout_p=p if tw.dropout_mode == "torch" else 0.0)
 
 
+def _attention_qkv(tw, node, ins):
+    """qkv [B, T, 3, H, D] -> o [B, T, H, D]: attention on the heads, moved before T."""
+    if ins[0].dim() != 5 or ins[0].shape[2] != 3:
+        fail(node.where, ": qkv must be [B, T, 3, H, D], got ", list(ins[0].shape))
+    q, k, v = (x.transpose(1, 2) for x in ins[0].unbind(2))
+    return _attention(tw, node, [q, k, v]).transpose(1, 2)
+
+
 def _linear_act(tw, node, ins):
     act = node.attrs["act"]
     if act not in ("relu", "gelu_tanh"):
@@ -336,7 +344,7 @@ OPS = {
     "position_embedding": _position_embedding_layer,
     "matmul": _matmul,
     "attention": _attention,
-    "attention_qkv": lambda tw, node, ins: _attention(tw, node, list(ins[0].unbind(0))),
+    "attention_qkv": _attention_qkv,
     "linear": _linear_layer,
     "linear_act": _linear_act,
     "linear_act_aux": _linear_act,

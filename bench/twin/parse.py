@@ -294,11 +294,9 @@ def gpt_nodes(c):
         h = f"h.{l}"
         a = node(f"{h}.ln_1", "layer_norm", x, eps=c["ln_eps"])
         a = node(f"{h}.attn.c_attn", "linear", a, out=3 * C)
-        a = node(f"{h}.attn.heads", "transpose", node(f"{h}.attn.split", "reshape", a, shape=[-1, T, 3, H, D]),
-                 perm=[2, 0, 3, 1, 4])
+        a = node(f"{h}.attn.split", "reshape", a, shape=[-1, T, 3, H, D])
         a = node(f"{h}.attn.sdpa", "attention_qkv", a, causal=1, dropout=c["dropout"])
-        a = node(f"{h}.attn.merge", "reshape", node(f"{h}.attn.unheads", "transpose", a, perm=[0, 2, 1, 3]),
-                 shape=[-1, T, C])
+        a = node(f"{h}.attn.merge", "reshape", a, shape=[-1, T, C])
         a = drop(f"{h}.attn.drop", node(f"{h}.attn.c_proj", "linear", a, out=C))
         x = node(f"{h}.res_1", "add", [x, a])
         m = node(f"{h}.ln_2", "layer_norm", x, eps=c["ln_eps"])

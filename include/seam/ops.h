@@ -88,9 +88,10 @@ Var batch_norm(Var x, Var gamma, Var beta, Var running_mean, Var running_var,
 // probability in training and scales the rest by 1 / (1 - dropout).
 Var attention(Var q, Var k, Var v, bool causal = false, std::optional<double> scale = std::nullopt,
               double dropout = 0.0);
-// The same with q, k and v packed as qkv [3, B, H, T, D] (qkv[0], qkv[1], qkv[2]), as a
-// transformer's one projection to all three makes them: the head split copies nothing,
-// and the gradient is one tensor, written in place.
+// The same with q, k and v packed token by token as qkv [B, T, 3, H, D], as a
+// transformer's one projection to all three writes them, and o [B, T, H, D], as the
+// output projection reads it: the head split and merge copy nothing (the kernels read
+// and write through strides), and the gradient is one tensor in qkv's layout.
 Var attention_qkv(Var qkv, bool causal = false, std::optional<double> scale = std::nullopt, double dropout = 0.0);
 
 // Convolution and pooling, NCHW. w: [C_out, C_in / groups, kh, kw].

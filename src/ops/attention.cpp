@@ -40,13 +40,13 @@ AttentionDims check_attention(const InferCtx& c, size_t q, size_t k, size_t v) {
   return {sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]};
 }
 
-// qkv [3, B, H, T, D] of a float dtype.
+// qkv [B, T, 3, H, D] of a float dtype.
 AttentionDims check_packed(const InferCtx& c, size_t qkv) {
   c.expect_float(qkv);
   const Shape& s = c.shape(qkv);
-  if (s.size() != 5 || s[0] != 3) c.fail("qkv must be [3, B, H, T, D], got ", shape_str(s));
+  if (s.size() != 5 || s[2] != 3) c.fail("qkv must be [B, T, 3, H, D], got ", shape_str(s));
   check_attention_attrs(c);
-  return {s[1], s[2], s[3], s[3], s[4], s[4]};
+  return {s[0], s[3], s[1], s[1], s[4], s[4]};
 }
 
 // Multiply-adds of q k^T and of p v, counting only the unmasked half when causal.
@@ -61,7 +61,7 @@ double attention_flops(const OpCostCtx& c, size_t q, size_t v) {
 }
 double packed_flops(const OpCostCtx& c, size_t qkv) {
   const Shape& s = c.in[qkv].shape;
-  return attention_flops({s[1], s[2], s[3], s[3], s[4], s[4]}, c.attrs);
+  return attention_flops({s[0], s[3], s[1], s[1], s[4], s[4]}, c.attrs);
 }
 
 // dropout: of the probabilities, as the dropout op draws (Philox(seed, step, stream,
@@ -119,11 +119,12 @@ void register_attention(OpTable& t) {
     d.inputs = {"qkv"};
     d.outputs = {"o", "lse"};
     d.attrs = kAttrs;
-    d.doc = "attention of q, k and v packed as qkv [3, B, H, T, D]: o [B, H, T, D] and lse [B, H, T] as "
-            "attention(qkv[0], qkv[1], qkv[2]) gives them";
+    d.doc = "causal or full attention of q, k and v packed token by token as a fused projection writes them, qkv "
+            "[B, T, 3, H, D]: o [B, T, H, D] (heads merged as the output projection reads them) and lse [B, H, T]; "
+            "o is attention(q, k, v)'s with its heads moved after T";
     d.infer = [](const InferCtx& c) {
       const AttentionDims a = check_packed(c, 0);
-      return std::vector<TensorType>{{c.type(0).dtype, {a.b, a.h, a.tq, a.dv}},
+      return std::vector<TensorType>{{c.type(0).dtype, {a.b, a.tq, a.h, a.dv}},
                                      {compute_dtype(c.type(0).dtype), {a.b, a.h, a.tq}}};
     };
     d.flops = [](const OpCostCtx& c) { return packed_flops(c, 0); };
@@ -140,7 +141,7 @@ void register_attention(OpTable& t) {
     d.doc = "the gradient of attention_qkv, packed as qkv is";
     d.infer = [](const InferCtx& c) {
       const AttentionDims a = check_packed(c, 1);
-      const TensorType o{c.type(1).dtype, {a.b, a.h, a.tq, a.dv}};
+      const TensorType o{c.type(1).dtype, {a.b, a.tq, a.h, a.dv}};
       const TensorType lse{compute_dtype(c.type(1).dtype), {a.b, a.h, a.tq}};
       if (c.type(0) != o) c.fail("do must be ", o.str(), ", got ", c.type(0).str());
       if (c.type(2) != o) c.fail("o must be ", o.str(), ", got ", c.type(2).str());

@@ -144,15 +144,21 @@ TEST(GpuAttention, DropoutMatchesTheCpu) {
   }
 }
 
-// q, k and v packed as one [3, B, H, T, D] operand: each variant reads the slabs in place
-// and writes the gradient's slabs in place.
+// q, k and v packed token by token as one [B, T, 3, H, D] operand, o [B, T, H, D]: each
+// variant reads and writes them through strides, causal or not, at both tiled head sizes.
 TEST(GpuAttention, PackedMatchesTheCpu) {
+  const struct {
+    Shape qkv;
+    bool causal;
+  } cases[] = {{{2, 130, 3, 3, 64}, true}, {{1, 70, 3, 2, 128}, false}};
   for (const char* variant : {"", "cudnn", "flash", "plain"}) {
     ForcedVariant force(variant);
-    for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
-      SCOPED_TRACE(std::string(variant) + (o.precision == Precision::bf16 ? " bf16" : " f16"));
-      compare_with_cpu([&](GpuCase& c) { return attention_qkv(c.param("qkv", {3, 2, 3, 130, 64}, -2, 2), true); }, o);
-    }
+    for (const auto& k : cases)
+      for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
+        SCOPED_TRACE(std::string(variant) + " " + shape_str(k.qkv) + (k.causal ? " causal" : " full") +
+                     (o.precision == Precision::bf16 ? " bf16" : " f16"));
+        compare_with_cpu([&](GpuCase& c) { return attention_qkv(c.param("qkv", k.qkv, -2, 2), k.causal); }, o);
+      }
   }
 }
 

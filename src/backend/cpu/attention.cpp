@@ -4,6 +4,7 @@
 // over the queries without sharing.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu.h"
@@ -136,24 +137,55 @@ void attention_grad(const KernelArgs& a) {
   });
 }
 
-// qkv [3, B, H, T, D] as its three [B, H, T, D] slabs.
-std::vector<TensorView> unpack(const TensorView& qkv) {
-  const Shape& s = qkv.shape();
-  const TensorType part{qkv.dtype(), {s[1], s[2], s[3], s[4]}};
-  const auto bytes = static_cast<size_t>(part.numel()) * dtype_size(part.dtype);
-  return {{qkv.data, part}, {qkv.data + bytes, part}, {qkv.data + 2 * bytes, part}};
+// The packed layout's head rows and the plain one's: row (b, t, h) of x [B, T, S, H, D]
+// (slab s of S) against row (b, h, t) of slab s of [S, B, H, T, D]; D elements each.
+void move_heads(std::byte* packed, std::byte* slabs, const Shape& s, size_t esize, bool to_slabs) {
+  const int64_t B = s[0], T = s[1], S = s[2], H = s[3];
+  const size_t row = static_cast<size_t>(s[4]) * esize;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < S; ++k)
+        for (int64_t h = 0; h < H; ++h) {
+          std::byte* p = packed + static_cast<size_t>(((b * T + t) * S + k) * H + h) * row;
+          std::byte* q = slabs + static_cast<size_t>(((k * B + b) * H + h) * T + t) * row;
+          if (to_slabs) std::memcpy(q, p, row);
+          else std::memcpy(p, q, row);
+        }
 }
 
-// The packed ops: the same kernels on the slabs (one gradient tensor, written slab by slab).
+// The plain kernels' operands of a packed step: each [B, T, S, H, D] tensor moved to S
+// slabs of [B, H, T, D] (and back for outputs). The reference's copies are O(B T C),
+// its work O(B T^2 C).
+struct Slabs {
+  std::vector<std::byte> bytes;
+  Shape shape;  // the packed one
+  DType dtype;
+  Slabs(const TensorView& x, bool fill) : shape(x.shape()), dtype(x.dtype()) {
+    if (shape.size() == 4) shape = {shape[0], shape[1], 1, shape[2], shape[3]};  // o [B, T, H, D]
+    bytes.resize(static_cast<size_t>(x.numel()) * dtype_size(dtype));
+    if (fill) move_heads(x.data, bytes.data(), shape, dtype_size(dtype), true);
+  }
+  TensorView slab(int64_t k) {
+    const TensorType part{dtype, {shape[0], shape[3], shape[1], shape[4]}};
+    return {bytes.data() + static_cast<size_t>(k * part.numel()) * dtype_size(dtype), part};
+  }
+  void store(const TensorView& x) { move_heads(x.data, bytes.data(), shape, dtype_size(dtype), false); }
+};
+
+// The packed ops: the plain kernels on qkv's slabs, o and dqkv moved back.
 void attention_qkv(const KernelArgs& a) {
-  const std::vector<TensorView> in = unpack(a.in[0]);
-  attention({a.step, in, a.out, a.state});
+  Slabs qkv(a.in[0], true), o(a.out[0], false);
+  const std::vector<TensorView> in{qkv.slab(0), qkv.slab(1), qkv.slab(2)}, out{o.slab(0), a.out[1]};
+  attention({a.step, in, out, a.state});
+  o.store(a.out[0]);
 }
 
 void attention_qkv_grad(const KernelArgs& a) {
-  const std::vector<TensorView> qkv = unpack(a.in[1]), out = unpack(a.out[0]);
-  const std::vector<TensorView> in{a.in[0], qkv[0], qkv[1], qkv[2], a.in[2], a.in[3]};
+  Slabs dout(a.in[0], true), qkv(a.in[1], true), o(a.in[2], true), dqkv(a.out[0], false);
+  const std::vector<TensorView> in{dout.slab(0), qkv.slab(0), qkv.slab(1), qkv.slab(2), o.slab(0), a.in[3]};
+  const std::vector<TensorView> out{dqkv.slab(0), dqkv.slab(1), dqkv.slab(2)};
   attention_grad({a.step, in, out, a.state});
+  dqkv.store(a.out[0]);
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ constexpr int kMaxHead = 256;
 constexpr int kSlots = kMaxHead / 32;
 
 struct Geom {
-  int64_t bh, tq, tk, d, dv;
+  int64_t bh, h, tq, tk, d, dv;
+  Rows q, k, v, o;
   float scale;
   bool causal;
   float drop = 0.f;  // 0: none
@@ -94,27 +95,27 @@ __global__ void attention_fwd(const T* __restrict__ q, const T* __restrict__ k, 
   const Keep keep(g);
   each_warp_row(g.bh * g.tq, [&](int64_t r) {
     const int64_t bh = r / g.tq, i = r % g.tq;
-    const T* kb = k + bh * g.tk * g.d;
-    const T* vb = v + bh * g.tk * g.dv;
+    const T* kb = k + g.k.at(bh, g.h);
+    const T* vb = v + g.v.at(bh, g.h);
     float qr[kSlots], acc[kSlots] = {};
-    load_row(q + r * g.d, g.d, lane, qr);
+    load_row(q + g.q.at(bh, g.h) + i * g.q.row, g.d, lane, qr);
     float m = -INFINITY, l = 0.f;
     const int64_t keys = g.causal ? i + 1 : g.tk;
     for (int64_t j = 0; j < keys; ++j) {
-      const float s = g.scale * dot_row(qr, kb + j * g.d, g.d, lane);
+      const float s = g.scale * dot_row(qr, kb + j * g.k.row, g.d, lane);
       const float mn = fmaxf(m, s);
       const float c = expf(m - mn), p = expf(s - mn), pd = p * keep(g, r, j);
       l = l * c + p;
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int64_t e = lane + 32 * t;
-        acc[t] = acc[t] * c + (e < g.dv ? pd * to_float(vb[j * g.dv + e]) : 0.f);
+        acc[t] = acc[t] * c + (e < g.dv ? pd * to_float(vb[j * g.v.row + e]) : 0.f);
       }
       m = mn;
     }
 #pragma unroll
     for (int t = 0; t < kSlots; ++t) acc[t] /= l;
-    store_row(o + r * g.dv, g.dv, lane, acc);
+    store_row(o + g.o.at(bh, g.h) + i * g.o.row, g.dv, lane, acc);
     if (lane == 0) lse[r] = m + logf(l);
   });
 }
@@ -128,24 +129,25 @@ __global__ void attention_bwd_q(const T* __restrict__ dout, const T* __restrict_
   const Keep keep(g);
   each_warp_row(g.bh * g.tq, [&](int64_t r) {
     const int64_t bh = r / g.tq, i = r % g.tq;
-    const T* kb = k + bh * g.tk * g.d;
-    const T* vb = v + bh * g.tk * g.dv;
+    const T* kb = k + g.k.at(bh, g.h);
+    const T* vb = v + g.v.at(bh, g.h);
+    const int64_t qi = g.q.at(bh, g.h) + i * g.q.row, oi = g.o.at(bh, g.h) + i * g.o.row;
     float qr[kSlots], dor[kSlots], acc[kSlots] = {};
-    load_row(q + r * g.d, g.d, lane, qr);
-    load_row(dout + r * g.dv, g.dv, lane, dor);
-    const float rowsum = dot_row(dor, o + r * g.dv, g.dv, lane);
+    load_row(q + qi, g.d, lane, qr);
+    load_row(dout + oi, g.dv, lane, dor);
+    const float rowsum = dot_row(dor, o + oi, g.dv, lane);
     const float li = lse[r];
     const int64_t keys = g.causal ? i + 1 : g.tk;
     for (int64_t j = 0; j < keys; ++j) {
-      const float p = expf(g.scale * dot_row(qr, kb + j * g.d, g.d, lane) - li);
-      const float ds = g.scale * p * (dot_row(dor, vb + j * g.dv, g.dv, lane) * keep(g, r, j) - rowsum);
+      const float p = expf(g.scale * dot_row(qr, kb + j * g.k.row, g.d, lane) - li);
+      const float ds = g.scale * p * (dot_row(dor, vb + j * g.v.row, g.dv, lane) * keep(g, r, j) - rowsum);
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int64_t e = lane + 32 * t;
-        if (e < g.d) acc[t] = fmaf(ds, to_float(kb[j * g.d + e]), acc[t]);
+        if (e < g.d) acc[t] = fmaf(ds, to_float(kb[j * g.k.row + e]), acc[t]);
       }
     }
-    store_row(dq + r * g.d, g.d, lane, acc);
+    store_row(dq + qi, g.d, lane, acc);
     if (lane == 0) rows[r] = rowsum;
   });
 }
@@ -159,29 +161,46 @@ __global__ void attention_bwd_kv(const T* __restrict__ dout, const T* __restrict
   const Keep keep(g);
   each_warp_row(g.bh * g.tk, [&](int64_t c) {
     const int64_t bh = c / g.tk, j = c % g.tk;
-    const T* qb = q + bh * g.tq * g.d;
-    const T* db = dout + bh * g.tq * g.dv;
+    const T* qb = q + g.q.at(bh, g.h);
+    const T* db = dout + g.o.at(bh, g.h);
+    const int64_t kj = g.k.at(bh, g.h) + j * g.k.row, vj = g.v.at(bh, g.h) + j * g.v.row;
     float kr[kSlots], vr[kSlots], dk_acc[kSlots] = {}, dv_acc[kSlots] = {};
-    load_row(k + c * g.d, g.d, lane, kr);
-    load_row(v + c * g.dv, g.dv, lane, vr);
+    load_row(k + kj, g.d, lane, kr);
+    load_row(v + vj, g.dv, lane, vr);
     for (int64_t i = g.causal ? j : 0; i < g.tq; ++i) {
       const int64_t r = bh * g.tq + i;
-      const float p = expf(g.scale * dot_row(kr, qb + i * g.d, g.d, lane) - lse[r]), f = keep(g, r, j);
-      const float ds = g.scale * p * (dot_row(vr, db + i * g.dv, g.dv, lane) * f - rows[r]);
+      const float p = expf(g.scale * dot_row(kr, qb + i * g.q.row, g.d, lane) - lse[r]), f = keep(g, r, j);
+      const float ds = g.scale * p * (dot_row(vr, db + i * g.o.row, g.dv, lane) * f - rows[r]);
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int64_t e = lane + 32 * t;
-        if (e < g.dv) dv_acc[t] = fmaf(p * f, to_float(db[i * g.dv + e]), dv_acc[t]);
-        if (e < g.d) dk_acc[t] = fmaf(ds, to_float(qb[i * g.d + e]), dk_acc[t]);
+        if (e < g.dv) dv_acc[t] = fmaf(p * f, to_float(db[i * g.o.row + e]), dv_acc[t]);
+        if (e < g.d) dk_acc[t] = fmaf(ds, to_float(qb[i * g.q.row + e]), dk_acc[t]);
       }
     }
-    store_row(dk + c * g.d, g.d, lane, dk_acc);
-    store_row(dv + c * g.dv, g.dv, lane, dv_acc);
+    store_row(dk + kj, g.d, lane, dk_acc);
+    store_row(dv + vj, g.dv, lane, dv_acc);
   });
 }
 
+void check_heads(const StepArgs& a, int64_t d, int64_t dv) {
+  if (d > kMaxHead || dv > kMaxHead)
+    fail(op_name(a.step.op), " '", a.step.name, "': head sizes up to ", kMaxHead, " on the GPU, got D = ", d,
+         ", Dv = ", dv);
+}
+
+// The attributes' part of the geometry, with the default scale resolved.
+void set_attrs(const StepArgs& a, AttentionGeom& g) {
+  g.scale = static_cast<float>(a.step.attrs.f("scale"));
+  if (g.scale == 0.f) g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d)));
+  g.causal = a.step.attrs.i("causal") != 0;
+  g.dropout = a.step.attrs.i("training") != 0 ? static_cast<float>(a.step.attrs.f("dropout")) : 0.f;
+  g.stream = static_cast<uint32_t>(a.step.attrs.i("stream"));
+  g.counters = a.ctx.counters;
+}
+
 // q, k, v (operands qi, qi + 1, qi + 2) checked: 4-d, one storage dtype, D and Dv within
-// kMaxHead; the geometry with the default scale resolved.
+// kMaxHead; each contiguous [B, H, T, D].
 AttentionGeom geom_of(const StepArgs& a, size_t qi) {
   const Shape &q = a.in[qi].shape(), &k = a.in[qi + 1].shape(), &v = a.in[qi + 2].shape();
   for (size_t i = qi; i < qi + 3; ++i) {
@@ -189,32 +208,52 @@ AttentionGeom geom_of(const StepArgs& a, size_t qi) {
     if (a.in[i].shape().size() != 4 || a.in[i].dtype() != a.in[qi].dtype())
       fail(op_name(a.step.op), " '", a.step.name, "': q, k and v must be [B, H, T, D] of one dtype");
   }
-  if (q[3] > kMaxHead || v[3] > kMaxHead)
-    fail(op_name(a.step.op), " '", a.step.name, "': head sizes up to ", kMaxHead, " on the GPU, got D = ", q[3],
-         ", Dv = ", v[3]);
-  AttentionGeom g{q[0], q[1], q[2], k[2], q[3], v[3], static_cast<float>(a.step.attrs.f("scale")),
-                  a.step.attrs.i("causal") != 0,
-                  a.step.attrs.i("training") != 0 ? static_cast<float>(a.step.attrs.f("dropout")) : 0.f,
-                  static_cast<uint32_t>(a.step.attrs.i("stream")), a.ctx.counters};
-  if (g.scale == 0.f) g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d)));
+  check_heads(a, q[3], v[3]);
+  AttentionGeom g{q[0], q[1], q[2], k[2], q[3], v[3]};
+  g.q = contiguous_rows(g.h, g.tq, g.d), g.k = contiguous_rows(g.h, g.tk, g.d);
+  g.v = contiguous_rows(g.h, g.tk, g.dv), g.o = contiguous_rows(g.h, g.tq, g.dv);
+  set_attrs(a, g);
   return g;
 }
 
+// qkv [B, T, 3, H, D] (q, k and v D elements apart within a token's row) and o [B, T, H, D].
+AttentionGeom packed_geom(const StepArgs& a, const DeviceTensor& qkv) {
+  expect_dtype(a, qkv, kStored);
+  const Shape& s = qkv.shape();
+  if (s.size() != 5 || s[2] != 3) fail(op_name(a.step.op), " '", a.step.name, "': qkv must be [B, T, 3, H, D]");
+  check_heads(a, s[4], s[4]);
+  AttentionGeom g{s[0], s[3], s[1], s[1], s[4], s[4]};
+  const int64_t row = 3 * g.h * g.d;
+  g.q = g.k = g.v = {g.tq * row, g.d, row};
+  g.o = {g.tq * g.h * g.d, g.d, g.h * g.d};
+  set_attrs(a, g);
+  return g;
+}
+
+// q, k and v of a packed qkv tensor: one head's D elements apart.
+void set_packed(AttentionBuffers& buf, const void* qkv, const AttentionGeom& g, DType t) {
+  const auto* p = static_cast<const std::byte*>(qkv);
+  const auto part = static_cast<size_t>(g.h * g.d) * dtype_size(t);
+  buf.q = p, buf.k = p + part, buf.v = p + 2 * part;
+}
+
 Geom plain_geom(const AttentionGeom& g) {
-  return {g.bh(), g.tq, g.tk, g.d, g.dv, g.scale, g.causal, g.dropout, g.stream, g.counters};
+  return {g.bh(), g.h, g.tq, g.tk, g.d, g.dv, g.q, g.k, g.v, g.o, g.scale, g.causal, g.dropout, g.stream, g.counters};
 }
 
 unsigned row_blocks(const StepArgs& a, int64_t rows) {
   return blocks_for((rows + kThreads / 32 - 1) / (kThreads / 32), 1, std::max(a.ctx.sm_count, 1) * 32);
 }
 
-// The variant cache's key: the pass, shapes, precision, mask, scale and whether it drops.
-std::string variant_key(const char* pass, DType t, const AttentionGeom& g) {
+// The variant cache's key: the pass, layout, shapes, precision, mask, scale and whether
+// it drops.
+std::string variant_key(const char* pass, DType t, const AttentionGeom& g, bool packed) {
   char scale[32];
   std::snprintf(scale, sizeof scale, "%.9g", g.scale);
-  return std::string(pass) + ":" + dtype_name(t) + ":b" + std::to_string(g.b) + "h" + std::to_string(g.h) + "q" +
-         std::to_string(g.tq) + "k" + std::to_string(g.tk) + "d" + std::to_string(g.d) + "v" + std::to_string(g.dv) +
-         (g.causal ? ":causal" : ":full") + ":s" + scale + (g.dropout > 0 ? ":dropout" : "");
+  return std::string(pass) + (packed ? ":bt3hd:" : ":") + dtype_name(t) + ":b" + std::to_string(g.b) + "h" +
+         std::to_string(g.h) + "q" + std::to_string(g.tq) + "k" + std::to_string(g.tk) + "d" + std::to_string(g.d) +
+         "v" + std::to_string(g.dv) + (g.causal ? ":causal" : ":full") + ":s" + scale +
+         (g.dropout > 0 ? ":dropout" : "");
 }
 
 // SEAM_ATTENTION=NAME or FORWARD,BACKWARD (cudnn, flash or plain) runs that variant
@@ -258,81 +297,95 @@ Variant flash_variant(DType t, const AttentionGeom& g, const AttentionBuffers& b
   return v;
 }
 
-// inputs q, k, v; outputs o, lse.
-Launch prepare_attention(const StepArgs& a) {
-  const AttentionGeom ag = geom_of(a, 0);
+// The forward (q, k, v -> out_o, out_lse) by the fastest variant.
+Launch forward(const StepArgs& a, DType t, const AttentionGeom& ag, const AttentionBuffers& buf, bool packed) {
   const Geom g = plain_geom(ag);
-  const DType t = a.in[0].dtype();
-  expect_dtype(a, a.out[1], {DType::f32});
   const unsigned blocks = row_blocks(a, g.bh * g.tq);
   Launch plain;
-  dispatch_storage(t, "attention", [&]<class T>() {
-    plain = [g, blocks, q = a.in[0].as<const T>(), k = a.in[1].as<const T>(), v = a.in[2].as<const T>(),
-             o = a.out[0].as<T>(), lse = a.out[1].as<float>()](cudaStream_t s) {
+  dispatch_storage(t, op_name(a.step.op), [&]<class T>() {
+    plain = [g, blocks, q = static_cast<const T*>(buf.q), k = static_cast<const T*>(buf.k),
+             v = static_cast<const T*>(buf.v), o = static_cast<T*>(buf.out_o),
+             lse = static_cast<float*>(buf.out_lse)](cudaStream_t s) {
       attention_fwd<T><<<blocks, kThreads, 0, s>>>(q, k, v, o, lse, g);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
-  AttentionBuffers buf;
-  buf.q = a.in[0].data, buf.k = a.in[1].data, buf.v = a.in[2].data;
-  buf.out_o = a.out[0].data, buf.out_lse = a.out[1].data;
   std::vector<Variant> variants;
   variants.push_back(cudnn_variant(a, t, ag, buf, false));
   variants.push_back(flash_variant(t, ag, buf, nullptr));
   variants.push_back({"plain", plain});
-  return choose_attention(a, false, variant_key("attention", t, ag), std::move(variants));
+  return choose_attention(a, false, variant_key("attention", t, ag, packed), std::move(variants));
 }
 
-// inputs do, q, k, v, o, lse; outputs dq, dk, dv.
-Launch prepare_attention_grad(const StepArgs& a) {
-  const AttentionGeom ag = geom_of(a, 1);
+// The backward (dout, q, k, v, o, lse -> dq, dk, dv) by the fastest variant.
+Launch backward(const StepArgs& a, DType t, const AttentionGeom& ag, const AttentionBuffers& buf, bool packed) {
   const Geom g = plain_geom(ag);
-  const DType t = a.in[1].dtype();
-  expect_dtype(a, a.in[5], {DType::f32});
   auto* rows = static_cast<float*>(a.ctx.scratch(static_cast<size_t>(g.bh * g.tq) * sizeof(float)));
   const unsigned qblocks = row_blocks(a, g.bh * g.tq), kblocks = row_blocks(a, g.bh * g.tk);
   Launch plain;
-  dispatch_storage(t, "attention_grad", [&]<class T>() {
-    plain = [g, qblocks, kblocks, rows, dout = a.in[0].as<const T>(), q = a.in[1].as<const T>(),
-             k = a.in[2].as<const T>(), v = a.in[3].as<const T>(), o = a.in[4].as<const T>(),
-             lse = a.in[5].as<const float>(), dq = a.out[0].as<T>(), dk = a.out[1].as<T>(),
-             dv = a.out[2].as<T>()](cudaStream_t s) {
+  dispatch_storage(t, op_name(a.step.op), [&]<class T>() {
+    plain = [g, qblocks, kblocks, rows, dout = static_cast<const T*>(buf.dout), q = static_cast<const T*>(buf.q),
+             k = static_cast<const T*>(buf.k), v = static_cast<const T*>(buf.v), o = static_cast<const T*>(buf.o),
+             lse = static_cast<const float*>(buf.lse), dq = static_cast<T*>(buf.dq), dk = static_cast<T*>(buf.dk),
+             dv = static_cast<T*>(buf.dv)](cudaStream_t s) {
       attention_bwd_q<T><<<qblocks, kThreads, 0, s>>>(dout, q, k, v, o, lse, dq, rows, g);
       SEAM_CUDA_LAUNCH_CHECK();
       attention_bwd_kv<T><<<kblocks, kThreads, 0, s>>>(dout, q, k, v, lse, rows, dk, dv, g);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
-  AttentionBuffers buf;
-  buf.dout = a.in[0].data, buf.q = a.in[1].data, buf.k = a.in[2].data, buf.v = a.in[3].data;
-  buf.o = a.in[4].data, buf.lse = a.in[5].data;
-  buf.dq = a.out[0].data, buf.dk = a.out[1].data, buf.dv = a.out[2].data;
   std::vector<Variant> variants;
   variants.push_back(cudnn_variant(a, t, ag, buf, true));
   variants.push_back(flash_variant(t, ag, buf, rows));  // the plain kernels' row sums' scratch
   variants.push_back({"plain", plain});
-  return choose_attention(a, true, variant_key("attention_grad", t, ag), std::move(variants));
+  return choose_attention(a, true, variant_key("attention_grad", t, ag, packed), std::move(variants));
 }
 
-// qkv [3, B, H, T, D] as its three [B, H, T, D] slabs.
-std::vector<DeviceTensor> unpack(const DeviceTensor& qkv) {
-  const Shape& s = qkv.shape();
-  const TensorType part{qkv.dtype(), {s[1], s[2], s[3], s[4]}};
-  auto* base = static_cast<std::byte*>(qkv.data);
-  const auto bytes = static_cast<size_t>(part.numel()) * dtype_size(part.dtype);
-  return {{base, part}, {base + bytes, part}, {base + 2 * bytes, part}};
+// inputs q, k, v; outputs o, lse.
+Launch prepare_attention(const StepArgs& a) {
+  const AttentionGeom g = geom_of(a, 0);
+  expect_dtype(a, a.out[1], {DType::f32});
+  AttentionBuffers buf;
+  buf.q = a.in[0].data, buf.k = a.in[1].data, buf.v = a.in[2].data;
+  buf.out_o = a.out[0].data, buf.out_lse = a.out[1].data;
+  return forward(a, a.in[0].dtype(), g, buf, false);
 }
 
-// The packed ops: the unpacked ones' variants on the slabs (each slab 16-byte aligned when
-// qkv is and a slab's bytes are a multiple of 16, which the tiled kernels check).
+// inputs do, q, k, v, o, lse; outputs dq, dk, dv.
+Launch prepare_attention_grad(const StepArgs& a) {
+  const AttentionGeom g = geom_of(a, 1);
+  expect_dtype(a, a.in[5], {DType::f32});
+  AttentionBuffers buf;
+  buf.dout = a.in[0].data, buf.q = a.in[1].data, buf.k = a.in[2].data, buf.v = a.in[3].data;
+  buf.o = a.in[4].data, buf.lse = a.in[5].data;
+  buf.dq = a.out[0].data, buf.dk = a.out[1].data, buf.dv = a.out[2].data;
+  return backward(a, a.in[1].dtype(), g, buf, false);
+}
+
+// The packed ops: the same variants, reading q, k and v where the fused projection wrote
+// them and writing o (and dqkv) where the output projection (and its gradient) read them.
+// input qkv; outputs o, lse.
 Launch prepare_attention_qkv(const StepArgs& a) {
-  return prepare_as_step(a, Op::attention, a.step.attrs, unpack(a.in[0]), a.out);
+  const AttentionGeom g = packed_geom(a, a.in[0]);
+  const DType t = a.in[0].dtype();
+  expect_dtype(a, a.out[1], {DType::f32});
+  AttentionBuffers buf;
+  set_packed(buf, a.in[0].data, g, t);
+  buf.out_o = a.out[0].data, buf.out_lse = a.out[1].data;
+  return forward(a, t, g, buf, true);
 }
 
+// inputs do, qkv, o, lse; output dqkv.
 Launch prepare_attention_qkv_grad(const StepArgs& a) {
-  const std::vector<DeviceTensor> qkv = unpack(a.in[1]);
-  return prepare_as_step(a, Op::attention_grad, a.step.attrs, {a.in[0], qkv[0], qkv[1], qkv[2], a.in[2], a.in[3]},
-                         unpack(a.out[0]));
+  const AttentionGeom g = packed_geom(a, a.in[1]);
+  const DType t = a.in[1].dtype();
+  expect_dtype(a, a.in[3], {DType::f32});
+  AttentionBuffers buf, grad;
+  set_packed(buf, a.in[1].data, g, t);
+  set_packed(grad, a.out[0].data, g, t);
+  buf.dout = a.in[0].data, buf.o = a.in[2].data, buf.lse = a.in[3].data;
+  buf.dq = const_cast<void*>(grad.q), buf.dk = const_cast<void*>(grad.k), buf.dv = const_cast<void*>(grad.v);
+  return backward(a, t, g, buf, true);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 //   plain - one warp per row in f32 arithmetic, any storage type and head size up to 256
 //           (attention.cu): what serves every shape, and checks the other two.
 // All three write the same lse (each query row's natural log-sum-exp of its scaled
-// scores, f32), so any forward pairs with any backward.
+// scores, f32, [B, H, Tq]), so any forward pairs with any backward. All three read and
+// write q, k, v, o and their gradients through strides: the unpacked op's contiguous
+// [B, H, T, D] and attention_qkv's [B, T, 3, H, D] (with o [B, T, H, D]) alike.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -16,8 +18,20 @@
 
 namespace seam::cuda {
 
+// Element strides of a [B, H, T, D] operand (and of its gradient) whose D elements are
+// contiguous.
+struct Rows {
+  int64_t batch, head, row;
+#ifdef __CUDACC__
+  __host__ __device__
+#endif
+  int64_t at(int64_t bh, int64_t heads) const { return bh / heads * batch + bh % heads * head; }
+};
+inline Rows contiguous_rows(int64_t h, int64_t t, int64_t d) { return {h * t * d, t * d, d}; }
+
 struct AttentionGeom {
   int64_t b, h, tq, tk, d, dv;
+  Rows q, k, v, o;  // o's also do's
   float scale;  // resolved: 1 / sqrt(D) where the op's attribute is 0
   bool causal;
   float dropout;  // of the probabilities; 0 outside training

@@ -25,34 +25,31 @@ std::shared_ptr<fe::graph::Graph> sdpa_graph(DType t, const AttentionGeom& g, bo
   gr->set_io_data_type(t == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto bhtd = [&](int64_t rows, int64_t d) {
-    return std::pair<std::vector<int64_t>, std::vector<int64_t>>{{g.b, g.h, rows, d},
-                                                                 {g.h * rows * d, rows * d, d, 1}};
+  // Dimensions [B, H, T, D] with each operand's own strides (attention.h).
+  auto dims = [&](int64_t rows, int64_t d) { return std::vector<int64_t>{g.b, g.h, rows, d}; };
+  auto strides = [](const Rows& r) { return std::vector<int64_t>{r.batch, r.head, r.row, 1}; };
+  auto tensor = [&](const char* name, Uid uid, int64_t rows, int64_t d, const Rows& r) {
+    return gr->tensor(
+        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims(rows, d)).set_stride(strides(r)));
   };
-  auto tensor = [&](const char* name, Uid uid, int64_t rows, int64_t d) {
-    auto [dims, strides] = bhtd(rows, d);
-    return gr->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(strides));
-  };
-  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& x, Uid uid, int64_t rows, int64_t d) {
-    auto [dims, strides] = bhtd(rows, d);
-    x->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides);
-  };
-  auto q = tensor("q", kQ, g.tq, g.d), k = tensor("k", kK, g.tk, g.d), v = tensor("v", kV, g.tk, g.dv);
+  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& x, Uid uid, int64_t rows, int64_t d,
+                    const Rows& r) { x->set_output(true).set_uid(uid).set_dim(dims(rows, d)).set_stride(strides(r)); };
+  const Rows stats_rows = contiguous_rows(g.h, g.tq, 1);
+  auto q = tensor("q", kQ, g.tq, g.d, g.q), k = tensor("k", kK, g.tk, g.d, g.k), v = tensor("v", kV, g.tk, g.dv, g.v);
   if (!backward) {
     auto attrs = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(g.scale);
     if (g.causal) attrs.set_causal_mask(true);
     auto [o, stats] = gr->sdpa(q, k, v, attrs);
-    output(o, kO, g.tq, g.dv);
-    output(stats, kStats, g.tq, 1);
+    output(o, kO, g.tq, g.dv, g.o);
+    output(stats, kStats, g.tq, 1, stats_rows);
     stats->set_data_type(fe::DataType_t::FLOAT);
   } else {
-    auto o = tensor("o", kO, g.tq, g.dv), dout = tensor("do", kDo, g.tq, g.dv);
-    auto [sd, ss] = bhtd(g.tq, 1);
+    auto o = tensor("o", kO, g.tq, g.dv, g.o), dout = tensor("do", kDo, g.tq, g.dv, g.o);
     auto stats = gr->tensor(fe::graph::Tensor_attributes()
                                 .set_name("stats")
                                 .set_uid(kStats)
-                                .set_dim(sd)
-                                .set_stride(ss)
+                                .set_dim(dims(g.tq, 1))
+                                .set_stride(strides(stats_rows))
                                 .set_data_type(fe::DataType_t::FLOAT));
     auto attrs = fe::graph::SDPA_backward_attributes()
                      .set_name("attention_grad")
@@ -60,9 +57,9 @@ std::shared_ptr<fe::graph::Graph> sdpa_graph(DType t, const AttentionGeom& g, bo
                      .set_deterministic_algorithm(true);
     if (g.causal) attrs.set_causal_mask(true);
     auto [dq, dk, dv] = gr->sdpa_backward(q, k, v, o, dout, stats, attrs);
-    output(dq, kDq, g.tq, g.d);
-    output(dk, kDk, g.tk, g.d);
-    output(dv, kDv, g.tk, g.dv);
+    output(dq, kDq, g.tq, g.d, g.q);
+    output(dk, kDk, g.tk, g.d, g.k);
+    output(dv, kDv, g.tk, g.dv, g.v);
   }
   return gr;
 }

@@ -43,7 +43,8 @@ template <int D>
 constexpr int kStride = D + 8;
 
 struct FlashGeom {
-  int tq, tk;
+  int h, tq, tk;
+  Rows q, k, v, o;  // o's also do's; each gradient its operand's
   float scale, scale2;  // scale2 = scale * log2(e): exponents in base 2
   bool causal;
   float drop;  // 0: no dropout
@@ -126,14 +127,15 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   }
 }
 
-// Rows [row0, row0 + R) of a row-major [n, D] matrix into a shared tile; rows >= n zero.
+// Rows [row0, row0 + R) of an [n, D] matrix whose rows are ld elements apart into a
+// shared tile; rows >= n zero.
 template <class T, int D, int R>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int row0, int n) {
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t ld, int row0, int n) {
   constexpr int kChunks = D / 8;
   for (int c = threadIdx.x; c < R * kChunks; c += kThreads) {
     const int r = c / kChunks, col = (c % kChunks) * 8;
     const bool valid = row0 + r < n;
-    cp16(s + r * kStride<D> + col, valid ? g + int64_t{row0 + r} * D + col : g, valid);
+    cp16(s + r * kStride<D> + col, valid ? g + int64_t{row0 + r} * ld + col : g, valid);
   }
 }
 
@@ -197,16 +199,18 @@ __device__ __forceinline__ void mma_pb(float (&acc)[D / 8][4], const float (&p)[
 __device__ __forceinline__ int acc_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >> 1) * 8; }
 __device__ __forceinline__ int acc_col(int e) { return (threadIdx.x & 3) * 2 + (e & 1); }
 
-// Stores rows [r0, r0 + 16) (those < n) of a 16 x D accumulator, times f[row half].
+// Stores rows [r0, r0 + 16) (those < n) of a 16 x D accumulator, times f[row half], to
+// rows ld elements apart.
 template <class T, int D>
-__device__ __forceinline__ void store_rows(T* g, const float (&acc)[D / 8][4], int r0, int n, const float (&f)[2]) {
+__device__ __forceinline__ void store_rows(T* g, int64_t ld, const float (&acc)[D / 8][4], int r0, int n,
+                                           const float (&f)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + acc_row(2 * h);
     if (r >= n) continue;
 #pragma unroll
     for (int t = 0; t < D / 8; ++t)
-      *reinterpret_cast<uint32_t*>(g + int64_t{r} * D + t * 8 + acc_col(0)) =
+      *reinterpret_cast<uint32_t*>(g + int64_t{r} * ld + t * 8 + acc_col(0)) =
           pack<T>(acc[t][2 * h] * f[h], acc[t][2 * h + 1] * f[h]);
   }
 }
@@ -224,11 +228,11 @@ __device__ __forceinline__ float quad_max(float v) {
 // Starts loading the next tiles of two operands into the other stage (where there are
 // more), then waits for the current stage's and makes them visible to the block.
 template <class T, int D, int N>
-__device__ __forceinline__ void next_stage(T* a, const T* ga, T* b, const T* gb, int st, int next_row, int n,
-                                           bool more) {
+__device__ __forceinline__ void next_stage(T* a, const T* ga, int64_t lda, T* b, const T* gb, int64_t ldb, int st,
+                                           int next_row, int n, bool more) {
   if (more) {
-    load_tile<T, D, N>(a + (st ^ 1) * N * kStride<D>, ga, next_row, n);
-    load_tile<T, D, N>(b + (st ^ 1) * N * kStride<D>, gb, next_row, n);
+    load_tile<T, D, N>(a + (st ^ 1) * N * kStride<D>, ga, lda, next_row, n);
+    load_tile<T, D, N>(b + (st ^ 1) * N * kStride<D>, gb, ldb, next_row, n);
     cp_commit();
     cp_wait<1>();
   } else {
@@ -254,20 +258,20 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
   T* vs = ks + 2 * N * kStride<D>;
   const int m0 = (gridDim.x - 1 - blockIdx.x) * kM;  // the longest causal rows first
   const int64_t bh = blockIdx.y;
-  q += bh * g.tq * D, o += bh * g.tq * D, lse += bh * g.tq;
-  k += bh * g.tk * D, v += bh * g.tk * D;
+  q += g.q.at(bh, g.h), o += g.o.at(bh, g.h), lse += bh * g.tq;
+  k += g.k.at(bh, g.h), v += g.v.at(bh, g.h);
   const int r0 = (threadIdx.x >> 5) * 16;
   const int tiles = key_tiles<N>(g, m0);
   const FlashKeep keep(g);  // reads nothing without dropout
-  load_tile<T, D, kM>(qs, q, m0, g.tq);
-  load_tile<T, D, N>(ks, k, 0, g.tk);
-  load_tile<T, D, N>(vs, v, 0, g.tk);
+  load_tile<T, D, kM>(qs, q, g.q.row, m0, g.tq);
+  load_tile<T, D, N>(ks, k, g.k.row, 0, g.tk);
+  load_tile<T, D, N>(vs, v, g.v.row, 0, g.tk);
   cp_commit();
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   for (int j = 0; j < tiles; ++j) {
     const int st = j & 1;
-    next_stage<T, D, N>(ks, k, vs, v, st, (j + 1) * N, g.tk, j + 1 < tiles);
+    next_stage<T, D, N>(ks, k, g.k.row, vs, v, g.v.row, st, (j + 1) * N, g.tk, j + 1 < tiles);
     const T* kt = ks + st * N * kStride<D>;
     const T* vt = vs + st * N * kStride<D>;
     float s[N / 8][4] = {};
@@ -317,7 +321,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
     l[h] = quad_sum(l[h]);
     inv[h] = 1.f / l[h];
   }
-  store_rows<T, D>(o, acc, m0 + r0, g.tq, inv);
+  store_rows<T, D>(o, g.o.row, acc, m0 + r0, g.tq, inv);
   if ((threadIdx.x & 3) == 0)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -329,13 +333,14 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
 // rows[r] = sum over d of do[r, d] * o[r, d], one warp a row.
 template <class T, int D>
 __global__ void flash_rowdot(const T* __restrict__ dout, const T* __restrict__ o, float* __restrict__ rows,
-                             int64_t n) {
+                             int64_t n, FlashGeom g) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
   for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; r < n; r += warps) {
+    const int64_t at = g.o.at(r / g.tq, g.h) + r % g.tq * g.o.row;
     float acc = 0.f;
 #pragma unroll
-    for (int e = lane; e < D; e += 32) acc = fmaf(to_float(dout[r * D + e]), to_float(o[r * D + e]), acc);
+    for (int e = lane; e < D; e += 32) acc = fmaf(to_float(dout[at + e]), to_float(o[at + e]), acc);
     acc = warp_sum(acc);
     if (lane == 0) rows[r] = acc;
   }
@@ -354,14 +359,14 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
   T* vs = ks + 2 * N * kStride<D>;
   const int m0 = (gridDim.x - 1 - blockIdx.x) * kM;
   const int64_t bh = blockIdx.y;
-  q += bh * g.tq * D, dout += bh * g.tq * D, dq += bh * g.tq * D, lse += bh * g.tq, rows += bh * g.tq;
-  k += bh * g.tk * D, v += bh * g.tk * D;
+  q += g.q.at(bh, g.h), dout += g.o.at(bh, g.h), dq += g.q.at(bh, g.h), lse += bh * g.tq, rows += bh * g.tq;
+  k += g.k.at(bh, g.h), v += g.v.at(bh, g.h);
   const int r0 = (threadIdx.x >> 5) * 16;
   const int tiles = key_tiles<N>(g, m0);
-  load_tile<T, D, kM>(qs, q, m0, g.tq);
-  load_tile<T, D, kM>(dos, dout, m0, g.tq);
-  load_tile<T, D, N>(ks, k, 0, g.tk);
-  load_tile<T, D, N>(vs, v, 0, g.tk);
+  load_tile<T, D, kM>(qs, q, g.q.row, m0, g.tq);
+  load_tile<T, D, kM>(dos, dout, g.o.row, m0, g.tq);
+  load_tile<T, D, N>(ks, k, g.k.row, 0, g.tk);
+  load_tile<T, D, N>(vs, v, g.v.row, 0, g.tk);
   cp_commit();
   const FlashKeep keep(g);  // reads nothing without dropout
   float lse2[2], dr[2];
@@ -374,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
   float acc[D / 8][4] = {};
   for (int j = 0; j < tiles; ++j) {
     const int st = j & 1;
-    next_stage<T, D, N>(ks, k, vs, v, st, (j + 1) * N, g.tk, j + 1 < tiles);
+    next_stage<T, D, N>(ks, k, g.k.row, vs, v, g.v.row, st, (j + 1) * N, g.tk, j + 1 < tiles);
     const T* kt = ks + st * N * kStride<D>;
     const T* vt = vs + st * N * kStride<D>;
     float s[N / 8][4] = {}, dp[N / 8][4] = {};
@@ -397,7 +402,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
     __syncthreads();
   }
   const float f[2] = {g.scale, g.scale};
-  store_rows<T, D>(dq, acc, m0 + r0, g.tq, f);
+  store_rows<T, D>(dq, g.q.row, acc, m0 + r0, g.tq, f);
 }
 
 template <class T, int D, int N, bool Drop>
@@ -413,20 +418,20 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
   T* dos = qs + 2 * N * kStride<D>;
   const int n0 = blockIdx.x * kM;  // causal: the first key blocks see the most queries
   const int64_t bh = blockIdx.y;
-  q += bh * g.tq * D, dout += bh * g.tq * D, lse += bh * g.tq, rows += bh * g.tq;
-  k += bh * g.tk * D, v += bh * g.tk * D, dk += bh * g.tk * D, dv += bh * g.tk * D;
+  q += g.q.at(bh, g.h), dout += g.o.at(bh, g.h), lse += bh * g.tq, rows += bh * g.tq;
+  k += g.k.at(bh, g.h), v += g.v.at(bh, g.h), dk += g.k.at(bh, g.h), dv += g.v.at(bh, g.h);
   const int r0 = (threadIdx.x >> 5) * 16;
   const int first = g.causal ? n0 / N : 0, tiles = ceil_div(g.tq, N);
-  load_tile<T, D, kM>(ks, k, n0, g.tk);
-  load_tile<T, D, kM>(vs, v, n0, g.tk);
-  load_tile<T, D, N>(qs, q, first * N, g.tq);
-  load_tile<T, D, N>(dos, dout, first * N, g.tq);
+  load_tile<T, D, kM>(ks, k, g.k.row, n0, g.tk);
+  load_tile<T, D, kM>(vs, v, g.v.row, n0, g.tk);
+  load_tile<T, D, N>(qs, q, g.q.row, first * N, g.tq);
+  load_tile<T, D, N>(dos, dout, g.o.row, first * N, g.tq);
   cp_commit();
   const FlashKeep keep(g);  // reads nothing without dropout
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   for (int i = first; i < tiles; ++i) {
     const int st = (i - first) & 1;
-    next_stage<T, D, N>(qs, q, dos, dout, st, (i + 1) * N, g.tq, i + 1 < tiles);
+    next_stage<T, D, N>(qs, q, g.q.row, dos, dout, g.o.row, st, (i + 1) * N, g.tq, i + 1 < tiles);
     const T* qt = qs + st * N * kStride<D>;
     const T* dot = dos + st * N * kStride<D>;
     float s[N / 8][4] = {}, dp[N / 8][4] = {};
@@ -458,8 +463,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
     __syncthreads();
   }
   const float one[2] = {1.f, 1.f}, f[2] = {g.scale, g.scale};
-  store_rows<T, D>(dk, dk_acc, n0 + r0, g.tk, f);
-  store_rows<T, D>(dv, dv_acc, n0 + r0, g.tk, one);
+  store_rows<T, D>(dk, g.k.row, dk_acc, n0 + r0, g.tk, f);
+  store_rows<T, D>(dv, g.v.row, dv_acc, n0 + r0, g.tk, one);
 }
 
 // Tile widths: 64 rows of the other operand, but 32 where the dk/dv kernel's two D = 128
@@ -486,8 +491,8 @@ void dispatch_flash(DType t, int64_t d, bool drop, F&& f) {
 }
 
 FlashGeom flash_geom(const AttentionGeom& g) {
-  return {static_cast<int>(g.tq), static_cast<int>(g.tk), g.scale, g.scale * kLog2e, g.causal, g.dropout, g.stream,
-          g.counters};
+  return {static_cast<int>(g.h), static_cast<int>(g.tq), static_cast<int>(g.tk), g.q, g.k, g.v, g.o, g.scale,
+          g.scale * kLog2e, g.causal, g.dropout, g.stream, g.counters};
 }
 
 template <class K>
@@ -506,6 +511,8 @@ std::string flash_unavailable(DType t, const AttentionGeom& g, const AttentionBu
                         static_cast<const void*>(buf.dq), static_cast<const void*>(buf.dk),
                         static_cast<const void*>(buf.dv)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return "an operand not 16-byte aligned";
+  for (const Rows& r : {g.q, g.k, g.v, g.o})  // every row starts 16-byte aligned
+    if (r.batch % 8 != 0 || r.head % 8 != 0 || r.row % 8 != 0) return "strides that are not multiples of 16 bytes";
   return {};
 }
 
@@ -543,7 +550,7 @@ Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& b
               k = static_cast<const T*>(buf.k), v = static_cast<const T*>(buf.v), o = static_cast<const T*>(buf.o),
               lse = static_cast<const float*>(buf.lse), dq = static_cast<T*>(buf.dq), dk = static_cast<T*>(buf.dk),
               dv = static_cast<T*>(buf.dv)](cudaStream_t s) {
-      flash_rowdot<T, D><<<row_blocks, 256, 0, s>>>(dout, o, rows, n);
+      flash_rowdot<T, D><<<row_blocks, 256, 0, s>>>(dout, o, rows, n, fg);
       SEAM_CUDA_LAUNCH_CHECK();
       flash_bwd_dkv<T, D, NK, Drop><<<kgrid, kThreads, ksmem, s>>>(dout, q, k, v, lse, rows, dk, dv, fg);
       SEAM_CUDA_LAUNCH_CHECK();
