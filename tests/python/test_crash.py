@@ -62,6 +62,11 @@ def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path):
             _, err = p.communicate(timeout=300)
             if p.returncode == 0:
                 break
+            # A kill after the last checkpoint but before the exit leaves a finished run,
+            # which a resume refuses by name; its metrics must be whole all the same.
+            if resume and p.returncode == 1 and b"the run already finished" in err:
+                p.returncode = 0
+                break
             assert p.returncode == -signal.SIGKILL, err.decode()
             resumed += os.path.exists(os.path.join(out, "checkpoint.safetensors"))
             resume = True
