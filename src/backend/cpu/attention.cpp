@@ -137,8 +137,8 @@ void attention_grad(const KernelArgs& a) {
   });
 }
 
-// The packed layout's head rows and the plain one's: row (b, t, h) of x [B, T, S, H, D]
-// (slab s of S) against row (b, h, t) of slab s of [S, B, H, T, D]; D elements each.
+// The packed layout's head rows and the plain one's: row (b, t, k, h) of x [B, T, S, H, D]
+// against row (b, h, t) of slab k of [S, B, H, T, D]; D elements each.
 void move_heads(std::byte* packed, std::byte* slabs, const Shape& s, size_t esize, bool to_slabs) {
   const int64_t B = s[0], T = s[1], S = s[2], H = s[3];
   const size_t row = static_cast<size_t>(s[4]) * esize;
