@@ -142,8 +142,13 @@ TEST(FuseNorm, ResidualAddAndReluFoldIntoTheBatchNormAndTrainAsUnfused) {
     const Program& fused = m.fused;
     EXPECT_EQ(count_residual_norms(fused.plan()), 2);
     EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm), 5);
-    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 3);  // not the residual ones
+    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 5);
+    int residual_grads = 0;
+    for (const PlanStep& s : fused.plan().steps)
+      residual_grads += s.op == Op::batch_norm_grad && s.out.size() == 4 && s.attrs.i("residual") == 1;
+    EXPECT_EQ(residual_grads, 2);
     EXPECT_EQ(count(fused.plan(), Op::relu), 0);
+    EXPECT_EQ(count(fused.plan(), Op::relu_grad), 0);
     const std::string text = explain_plan(fused.plan(), fused.plan(), DeviceModel{}, false);
     EXPECT_NE(text.find("fused: residual add and relu applied before the normalized value is stored"),
               std::string::npos)

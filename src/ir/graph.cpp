@@ -204,8 +204,11 @@ std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, 
   std::vector<TensorType> types = d.infer(ctx);
   tag_layouts(*this, op, inputs, full, types);
   // A variadic output list ("ys...") takes as many outputs as shape inference gives.
+  // An optional last output ("dz?") is there where shape inference gives it.
   const bool variadic = d.outputs.size() == 1 && d.outputs[0].ends_with("...");
-  SEAM_ASSERT(variadic ? !types.empty() : types.size() == d.outputs.size());
+  const bool optional_last = !d.outputs.empty() && d.outputs.back().ends_with("?");
+  SEAM_ASSERT(variadic ? !types.empty()
+                       : types.size() == d.outputs.size() || (optional_last && types.size() + 1 == d.outputs.size()));
   SEAM_ASSERT(!out_names || out_names->size() == types.size());
   for (auto& t : types)
     for (int64_t dim : t.shape)
@@ -216,7 +219,9 @@ std::vector<ValueId> Graph::add_impl(Op op, const std::vector<ValueId>& inputs, 
   for (size_t i = 0; i < types.size(); ++i) {
     Value v;
     v.type = types[i];
-    v.name = out_names ? (*out_names)[i] : i == 0 ? name : name + ":" + (variadic ? std::to_string(i) : d.outputs[i]);
+    std::string role = variadic ? std::to_string(i) : d.outputs[i];
+    if (role.ends_with("?")) role.pop_back();
+    v.name = out_names ? (*out_names)[i] : i == 0 ? name : name + ":" + role;
     v.node = node_index;
     v.out_index = static_cast<int>(i);
     auto id = static_cast<ValueId>(values_.size());

@@ -100,32 +100,38 @@ void register_norm(OpTable& t) {
     d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
     d.grad = [](GradCtx& c) {
       std::vector<ValueId> in{c.dy().id(), c.x(0).id(), c.x(1).id(), c.y(1).id(), c.y(2).id()};
-      std::string act = c.attrs().s("activation");
-      if (c.node.in.size() == 6) {
-        // relu's gradient reaches the residual and the normalized value alike.
-        const Var dz = c.g.var(c.g.add(Op::relu_grad, {c.dy().id(), c.y(0).id()}).at(0));
-        c.set(5, dz);
-        in[0] = dz.id();
-        act = "none";
-      }
+      const std::string act = c.attrs().s("activation");
+      const bool residual = c.node.in.size() == 6;
       if (act != "none") in.insert(in.end(), {c.x(2).id(), c.y(0).id()});  // beta, y: the activation's mask
+      // With a residual, relu's masked gradient reaches z as it reaches the normalized
+      // value: the gradient step writes it as dz.
       auto out = c.g.add(Op::batch_norm_grad, in,
-                         {{"training", c.attrs().i("training")}, {"layout", c.attrs().s("layout")}, {"activation", act}});
-      for (size_t i = 0; i < 3; ++i) c.set(i, c.g.var(out[i]));
+                         {{"training", c.attrs().i("training")},
+                          {"layout", c.attrs().s("layout")},
+                          {"activation", act},
+                          {"residual", int64_t{residual}}});
+      for (size_t i = 0; i < out.size(); ++i) c.set(i == 3 ? 5 : i, c.g.var(out[i]));
     };
   }
   {
     OpDef& d = def(t, Op::batch_norm_grad);
     d.name = "batch_norm_grad";
     d.inputs = {"dy", "x", "gamma", "mean", "invstd", "beta?", "y?"};
-    d.outputs = {"dx", "dgamma", "dbeta"};
-    d.attrs = {{"training", int64_t{1}}, {"layout", std::string("nchw")}, {"activation", std::string("none")}};
+    d.outputs = {"dx", "dgamma", "dbeta", "dz?"};
+    d.attrs = {{"training", int64_t{1}},
+               {"layout", std::string("nchw")},
+               {"activation", std::string("none")},
+               {"residual", int64_t{0}}};
     d.doc = "gradients of batch_norm (through the batch statistics when training); activation relu: "
-            "dy is the gradient of relu's output y, and beta and y are given";
+            "dy is the gradient of relu's output y, and beta and y are given; residual 1 (with relu): "
+            "also dz, relu's masked gradient, which the forward's residual z receives";
     d.infer = [](const InferCtx& c) {
       c.expect_float(1);
       const bool act = expect_activation(c);
       if (act != (c.in.size() == 7)) c.fail("beta and y are given with an activation, and only then");
+      const int64_t residual = c.attrs.i("residual");
+      if (residual != 0 && residual != 1) c.fail("residual must be 0 or 1, got ", residual);
+      if (residual && !act) c.fail("residual 1 needs activation relu");
       // Layout tags may differ (a user's [N, H, W, C] input beside a layout pass's nhwc value).
       if (act && (c.type(6).dtype != c.type(1).dtype || c.shape(6) != c.shape(1)))
         c.fail("y must be x's dtype and shape ", c.type(1).str(), ", got ", c.type(6).str());
@@ -137,7 +143,9 @@ void register_norm(OpTable& t) {
         if (c.type(i).dtype != compute_dtype(c.type(1).dtype)) c.fail("mean and invstd must be ", dtype_name(compute_dtype(c.type(1).dtype)));
       if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
       if (c.nhwc() && c.shape(1).size() != 4) c.fail("x must be [N, H, W, C] (layout nhwc), got ", shape_str(c.shape(1)));
-      return std::vector<TensorType>{c.type(1), c.type(2), c.type(2)};
+      std::vector<TensorType> out{c.type(1), c.type(2), c.type(2)};
+      if (residual) out.push_back(c.type(0));
+      return out;
     };
     d.flops = [](const OpCostCtx& c) { return 10.0 * static_cast<double>(c.in[0].numel()); };
   }

@@ -47,9 +47,10 @@ FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
 // gradient, where relu_grad(dr, r) feeds only the batch norm's gradient, becomes one
 // batch_norm_grad with activation relu reading dr, beta and r. Batch norm + residual add
 // + ReLU (relu(add(normalized, z)), the sum read by the relu alone, z made earlier)
-// becomes batch_norm with activation relu and input z; its backward stays as it was
-// (relu_grad, whose result z's gradient reads too, and the plain batch_norm_grad). cuDNN
-// runs each fused step as one kernel (CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
+// becomes batch_norm with activation relu and input z; its relu_grad and batch_norm_grad
+// become one batch_norm_grad with activation relu and residual 1, which also writes the
+// masked gradient dz that z's readers take (at relu_grad's place and under its name).
+// cuDNN runs each fused step as one kernel (CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
 // ..._BN_ADD_ACTIVATION); the CPU as its plain batch norm with the add, relu's value and
 // its mask applied in place, so fused and unfused compute the same values.
 // (src/passes/fuse_norm.cpp)

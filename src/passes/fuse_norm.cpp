@@ -54,29 +54,35 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
     }
     if (relu < 0 || nodes[static_cast<size_t>(relu)].op != Op::relu) continue;
     f.relu = relu;
-    // The backward: relu_grad(dr, r) whose result only this batch norm's gradient reads.
-    // Not with a residual: cuDNN's fused backward is given x, gamma and beta, and may
-    // recompute the mask from them, without z's share (and the masked dr is z's gradient
-    // too, which the residual's producer reads).
+    // The backward: relu_grad(dr, r) feeding this batch norm's gradient. Without a
+    // residual the batch norm's gradient must be its only reader; with one, the masked
+    // gradient is z's too, and the fused gradient step writes it as dz for z's readers.
     const ValueId r = nodes[static_cast<size_t>(relu)].out[0];
-    for (int u : f.add >= 0 ? std::vector<int>{} : users[static_cast<size_t>(r)]) {
-      const Node& rg = nodes[static_cast<size_t>(u)];
-      if (rg.op != Op::relu_grad || rg.in[1] != r) continue;
-      const int bg = only_user(rg.out[0]);
-      if (bg < 0) continue;
+    auto matches = [&](int bg, ValueId dr) {
       const Node& ng = nodes[static_cast<size_t>(bg)];
-      if (ng.op == Op::batch_norm_grad && plain(ng) && ng.in[0] == rg.out[0] && ng.in[1] == bn.in[0] &&
-          ng.in[2] == bn.in[1] && ng.in[3] == bn.out[1] && ng.in[4] == bn.out[2]) {
-        f.relu_grad = u;
-        f.norm_grad = bg;
-      }
+      return ng.op == Op::batch_norm_grad && plain(ng) && ng.in[0] == dr && ng.in[1] == bn.in[0] &&
+             ng.in[2] == bn.in[1] && ng.in[3] == bn.out[1] && ng.in[4] == bn.out[2];
+    };
+    for (int u : users[static_cast<size_t>(r)]) {
+      const Node& rg = nodes[static_cast<size_t>(u)];
+      if (rg.op != Op::relu_grad || rg.in[1] != r || f.relu_grad >= 0) continue;
+      const std::vector<int> readers =
+          f.add >= 0 ? users[static_cast<size_t>(rg.out[0])] : std::vector<int>{only_user(rg.out[0])};
+      for (int bg : readers)
+        if (bg >= 0 && matches(bg, rg.out[0])) {
+          f.relu_grad = u;
+          f.norm_grad = bg;
+          break;
+        }
     }
     found[static_cast<size_t>(k)] = f;
     absorbed[static_cast<size_t>(relu)] = true;
     if (f.add >= 0) absorbed[static_cast<size_t>(f.add)] = true;
     if (f.relu_grad >= 0) {
-      absorbed[static_cast<size_t>(f.relu_grad)] = true;
-      fused_grad_of[static_cast<size_t>(f.norm_grad)] = k;
+      // Without a residual the fused gradient takes the batch norm gradient's place; with
+      // one, relu_grad's, which z's readers may follow before the batch norm's gradient.
+      absorbed[static_cast<size_t>(f.add >= 0 ? f.norm_grad : f.relu_grad)] = true;
+      fused_grad_of[static_cast<size_t>(f.add >= 0 ? f.relu_grad : f.norm_grad)] = k;
     }
   }
 
@@ -94,6 +100,27 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
     if (absorbed[static_cast<size_t>(k)]) continue;
     const Node& n = nodes[static_cast<size_t>(k)];
     const int grad_of = fused_grad_of[static_cast<size_t>(k)];
+    if (grad_of >= 0 && n.op == Op::relu_grad) {
+      // relu_grad + batch_norm_grad of a residual block's closing batch norm: one step
+      // writing dx, dgamma, dbeta and the masked gradient dz (relu_grad's value and name).
+      const NormFusion& f = found[static_cast<size_t>(grad_of)];
+      const Node& norm = nodes[static_cast<size_t>(grad_of)];
+      const Node& bg = nodes[static_cast<size_t>(f.norm_grad)];
+      std::vector<ValueId> in{mapped(r, n.in[0])};
+      for (size_t i = 1; i < bg.in.size(); ++i) in.push_back(mapped(r, bg.in[i]));
+      in.push_back(mapped(r, norm.in[2]));
+      in.push_back(mapped(r, n.in[1]));
+      Attrs attrs = bg.attrs;
+      attrs.set("activation", std::string("relu"));
+      attrs.set("residual", int64_t{1});
+      std::vector<std::string> names = names_of(bg);
+      names.push_back(g.value(n.out[0]).name);
+      auto out = emit(bg, in, attrs, names);
+      for (size_t i = 0; i < 3; ++i) r.map[static_cast<size_t>(bg.out[i])] = out[i];
+      r.map[static_cast<size_t>(n.out[0])] = out[3];
+      ++r.backward;
+      continue;
+    }
     std::vector<ValueId> in;
     for (size_t i = 0; i < n.in.size(); ++i) in.push_back(grad_of >= 0 && i == 0 ? -1 : mapped(r, n.in[i]));
     Attrs attrs = n.attrs;

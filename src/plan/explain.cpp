@@ -89,7 +89,10 @@ std::string why(const PlanStep& s) {
         return s.op == Op::batch_norm ? (s.in.size() > 5
                                              ? "fused: residual add and relu applied before the normalized value is stored"
                                              : "fused: relu applied before the normalized value is stored")
-                                      : "fused: relu's derivative applied to dy before the batch norm's gradient";
+                                      : (s.out.size() > 3 ? "fused: relu's derivative applied to dy, written as the "
+                                                              "residual's gradient and read by the batch norm's gradient"
+                                                            : "fused: relu's derivative applied to dy before the batch "
+                                                              "norm's gradient");
       break;
     default: break;
   }

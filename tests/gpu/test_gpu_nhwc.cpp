@@ -437,9 +437,9 @@ TEST(GpuNhwcBatchNorm, WithReluMatchesTheCpuAtEveryPrecision) {
 }
 
 TEST(GpuNhwcBatchNorm, WithResidualAndReluMatchesTheCpuAtEveryPrecision) {
-  // relu(bn(x) + z) with z made before the batch norm: one fused step (cuDNN's
-  // CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION forward where it takes the shape), the gradient
-  // reaching z and x through relu's mask.
+  // relu(bn(x) + z) with z made before the batch norm: one fused step each way (cuDNN's
+  // CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION where it takes the shape), the gradient reaching
+  // z (the backward's dz) and x through relu's mask.
   for (const Shape& s : {Shape{4, 5, 5, 3}, Shape{8, 4, 4, 64}, Shape{16, 7, 7, 8}}) {
     SCOPED_TRACE(shape_str(s));
     auto f32_build = [&](GpuCase& c) {
@@ -493,9 +493,10 @@ TEST(GpuNhwcBatchNorm, ReportsTheCudnnPathItTook) {
 }
 
 TEST(GpuNhwcBatchNorm, TakesCudnnsFusedReluAndResidualCalls) {
-  // At [8, 4, 4, 64] cuDNN 9 runs batch norm + relu one kernel each way and batch norm +
-  // add + relu one kernel forward: the fused steps must take those calls, not the plain
-  // batch norm and kernels of their own.
+  // At [8, 4, 4, 64] cuDNN 9 runs batch norm + relu and batch norm + add + relu one
+  // kernel each way (the residual's backward with the reserve space its forward left):
+  // the fused steps must take those calls, not the plain batch norm and kernels of their
+  // own.
   for (bool residual : {false, true}) {
     SCOPED_TRACE(residual ? "residual" : "relu");
     GpuCase c(3);
@@ -514,10 +515,12 @@ TEST(GpuNhwcBatchNorm, TakesCudnnsFusedReluAndResidualCalls) {
     EXPECT_NE(forward.find(residual ? "Ex (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)" : "Ex (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)"),
               std::string::npos)
         << forward;
-    // The residual's backward is relu_grad (read by z's gradient too) and the plain one.
-    EXPECT_NE(backward.find(residual ? "nhwc: Ex (CUDNN_BATCHNORM_OPS_BN)" : "Ex (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)"),
+    EXPECT_NE(backward.find(residual ? "Ex (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)" : "Ex (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)"),
               std::string::npos)
         << backward;
+    if (residual) {
+      EXPECT_NE(backward.find("reserve "), std::string::npos) << backward;
+    }
     for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
     p.run();
     p.check();

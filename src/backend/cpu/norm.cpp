@@ -184,12 +184,20 @@ void batch_norm_grad(const KernelArgs& a) {
   dispatch_float(a.in[1].dtype(), [&]<class T>() {
     const T* dy_in = a.in[0].as<T>();
     const T* y = relu ? a.in[6].as<T>() : nullptr;
-    std::vector<T> masked;
+    // relu's masked gradient: the residual's dz (output 3) where there is one.
+    std::vector<T> own;
+    T* masked = nullptr;
     if (relu) {
-      masked.resize(static_cast<size_t>(a.in[0].numel()));
-      for (size_t i = 0; i < masked.size(); ++i) masked[i] = y[i] > T(0) ? dy_in[i] : T(0);
+      const auto count = static_cast<size_t>(a.in[0].numel());
+      if (a.out.size() > 3) {
+        masked = a.out[3].as<T>();
+      } else {
+        own.resize(count);
+        masked = own.data();
+      }
+      for (size_t i = 0; i < count; ++i) masked[i] = y[i] > T(0) ? dy_in[i] : T(0);
     }
-    const T* dy = relu ? masked.data() : dy_in;
+    const T* dy = relu ? masked : dy_in;
     const T* x = a.in[1].as<T>();
     const T* gamma = a.in[2].as<T>();
     const T* mean = a.in[3].as<T>();

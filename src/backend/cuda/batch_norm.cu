@@ -32,11 +32,14 @@
 // Activation relu and the residual z (fuse_norm_activations): in training, nhwc, cuDNN's
 // fused Ex calls come first: CUDNN_BATCHNORM_OPS_BN_ACTIVATION forward (y = relu(bn(x)))
 // and backward (dy of relu's output, with beta and y), CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
-// forward (y = relu(bn(x) + z)); its reserve space (the relu mask, which only cuDNN's own
-// backward would read) is the step's scratch, and the residual's backward is not cuDNN's
-// (src/passes/fuse.h). Where cuDNN takes none of them (nchw, evaluation, a refused shape)
-// the plain batch norm runs and the step's own elementwise kernels apply the add and relu
-// (forward, in place on y) or relu's mask (backward, into a scratch dy).
+// forward (y = relu(bn(x) + z)) and backward (also writing dz, relu's masked gradient).
+// The fused residual forward wants a reserve space (relu's mask), which only cuDNN's own
+// backward reads: the forward keeps it in its scratch and leaves it in the context's
+// `carried`, under the place of its saved mean; the gradient step, which reads that mean,
+// takes cuDNN's fused backward only with the reserve found there. Where cuDNN takes none
+// of them (nchw, evaluation, a refused shape, no reserve carried) the plain batch norm
+// runs and the step's own elementwise kernels apply the add and relu (forward, in place
+// on y) or relu's mask (backward, into dz or a scratch dy).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -138,8 +141,9 @@ struct BnPath {
   cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
   cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;
   size_t workspace = 0;     // the Ex call's, in the executable's shared workspace
-  size_t reserve = 0;       // a forward's reserve space (its own scratch: no backward reads it)
+  size_t reserve = 0;       // the reserve space: a fused forward's scratch, or carried to its backward
   void* reserve_at = nullptr;
+  bool owns_reserve = false;  // the step's own scratch (a forward's)
   bool fused() const { return ops != CUDNN_BATCHNORM_OPS_BN; }
   std::string str() const {
     std::string s = ex ? std::string("Ex (") + ops_name(ops) + "), " : "classic, ";
@@ -186,16 +190,19 @@ struct BnBackward {
   double eps;
   const float* beta = nullptr;  // with activation relu: beta and relu's output y
   const void* y = nullptr;
+  void* dz = nullptr;  // with a residual: relu's masked gradient, z's
 };
 
 // One training backward on path p; the status, unchecked.
 cudnnStatus_t backward_training(cudnnHandle_t h, const BnSetup& s, const BnPath& p, const BnBackward& b, void* work) {
+  const bool add = p.ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
   if (p.ex)
     return cudnnBatchNormalizationBackwardEx(h, p.mode, p.ops, &kOne, &kZero, &kOne, &kZero, s.x, b.x,
                                              p.fused() ? s.x.get() : nullptr, p.fused() ? b.y : nullptr, s.x, b.dy,
-                                             nullptr, nullptr, s.x, b.dx, s.bn, b.gamma, p.fused() ? b.beta : nullptr,
-                                             b.dgamma, b.dbeta, b.eps, b.mean, b.invstd,
-                                             p.fused() ? s.relu.get() : nullptr, work, p.workspace, nullptr, 0);
+                                             add ? s.x.get() : nullptr, add ? b.dz : nullptr, s.x, b.dx, s.bn, b.gamma,
+                                             p.fused() ? b.beta : nullptr, b.dgamma, b.dbeta, b.eps, b.mean, b.invstd,
+                                             p.fused() ? s.relu.get() : nullptr, work, p.workspace, p.reserve_at,
+                                             p.reserve);
   return cudnnBatchNormalizationBackward(h, p.mode, &kOne, &kZero, &kOne, &kZero, s.x, b.x, s.x, b.dy, s.x, b.dx, s.bn,
                                          b.gamma, b.dgamma, b.dbeta, b.eps, b.mean, b.invstd);
 }
@@ -203,12 +210,12 @@ cudnnStatus_t backward_training(cudnnHandle_t h, const BnSetup& s, const BnPath&
 // The nhwc training path of a forward or backward step (see the top of the file): the
 // first candidate whose trial call, trial(path, workspace), cuDNN runs. With `ops` other
 // than CUDNN_BATCHNORM_OPS_BN (the step's residual add and relu) cuDNN's fused call comes
-// first; a backward takes it only without a reserve space (none passes from the forward).
-// The plain queries pass descriptors as PyTorch's channels-last batch norm does (x for
-// every data descriptor, a null dz in the backward).
+// first; a backward takes it where it needs no reserve space or `carried` holds the one
+// its forward wrote with the same ops. The plain queries pass descriptors as PyTorch's
+// channels-last batch norm does (x for every data descriptor, a null dz in the backward).
 template <class Trial>
 BnPath choose_nhwc(const StepArgs& a, const BnSetup& s, const Shape& xs, bool forward, cudnnBatchNormOps_t ops,
-                   Trial&& trial) {
+                   const Context::Carried* carried, Trial&& trial) {
   cudnnHandle_t h = cudnn_of(a.ctx);
   constexpr cudnnBatchNormMode_t persistent = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   std::vector<BnPath> candidates;
@@ -223,32 +230,40 @@ BnPath choose_nhwc(const StepArgs& a, const BnSetup& s, const Shape& xs, bool fo
       st = forward ? cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, persistent, o, s.x, z, s.x, s.bn, act,
                                                                              &ws)
                    : cudnnGetBatchNormalizationBackwardExWorkspaceSize(h, persistent, o, s.x, fused ? s.x.get() : nullptr,
-                                                                      s.x, nullptr, s.x, s.bn, act, &ws);
+                                                                      s.x, z, s.x, s.bn, act, &ws);
     const std::string who = std::string("Ex (") + ops_name(o) + ")";
+    const bool reserve_carried = carried && carried->kind == o && carried->bytes >= reserve;
     if (st != CUDNN_STATUS_SUCCESS) {
       notes += (notes.empty() ? "" : "; ") + who + ": the size queries say " + cudnnGetErrorString(st);
-    } else if (reserve > 0 && !(forward && fused)) {
+    } else if (reserve > 0 && !forward && !reserve_carried) {
+      notes += (notes.empty() ? "" : "; ") + who + ": wants a reserve space of " + std::to_string(reserve) +
+               " bytes, which its forward did not leave";
+    } else if (reserve > 0 && forward && !fused) {
       notes += (notes.empty() ? "" : "; ") + who + ": wants a reserve space of " + std::to_string(reserve) + " bytes";
     } else {
-      BnPath p{true, o, persistent, ws, 0, nullptr};
-      if (reserve > 0) {  // a fused forward's: written, read by no one
+      BnPath p{true, o, persistent, ws};
+      if (reserve > 0 && forward) {  // a fused forward's, left for its backward
         p.reserve = reserve;
         p.reserve_at = a.ctx.scratch(reserve);
+        p.owns_reserve = true;
+      } else if (reserve > 0) {
+        p.reserve = carried->bytes;
+        p.reserve_at = carried->data;
       }
       candidates.push_back(p);
     }
   };
   if (ops != CUDNN_BATCHNORM_OPS_BN) ex_candidate(ops);
   ex_candidate(CUDNN_BATCHNORM_OPS_BN);
-  candidates.push_back({false, CUDNN_BATCHNORM_OPS_BN, persistent, 0, 0, nullptr});
-  candidates.push_back({false, CUDNN_BATCHNORM_OPS_BN, CUDNN_BATCHNORM_SPATIAL, 0, 0, nullptr});
+  candidates.push_back({false, CUDNN_BATCHNORM_OPS_BN, persistent});
+  candidates.push_back({false, CUDNN_BATCHNORM_OPS_BN, CUDNN_BATCHNORM_SPATIAL});
   SEAM_CUDNN_CHECK(cudnnSetStream(h, a.ctx.stream));
   for (const BnPath& p : candidates) {
     if (p.workspace) a.ctx.need_workspace(p.workspace);
     const cudnnStatus_t st = trial(p, p.workspace ? a.ctx.workspace() : nullptr);
     if (st == CUDNN_STATUS_SUCCESS) {
       for (const BnPath& q : candidates)
-        if (q.reserve_at && q.reserve_at != p.reserve_at) a.ctx.release(q.reserve_at);
+        if (q.owns_reserve && q.reserve_at != p.reserve_at) a.ctx.release(q.reserve_at);
       a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + " nhwc: " + p.str() +
                                               (notes.empty() ? "" : " (passed over: " + notes + ")"));
       return p;
@@ -344,10 +359,15 @@ Launch prepare_batch_norm(const StepArgs& a) {
     BnPath path;
     if (nhwc) {
       TrialStats scratch(l.channels, a.ctx.stream);
-      path = choose_nhwc(a, *s, a.in[0].shape(), true, ops, [&](const BnPath& p, void* work) {
+      path = choose_nhwc(a, *s, a.in[0].shape(), true, ops, nullptr, [&](const BnPath& p, void* work) {
         return forward_training(h, *s, p, f, scratch.mean(), scratch.var(), work);
       });
     }
+    // The reserve for the gradient step, under the saved mean's place (which it reads);
+    // an entry an earlier step left at that place is stale.
+    const std::pair<Region, size_t> mean_at{a.step.out[1].region, a.step.out[1].offset};
+    if (path.owns_reserve) a.ctx.carried[mean_at] = {path.reserve_at, path.reserve, static_cast<int>(path.ops)};
+    else a.ctx.carried.erase(mean_at);
     Context* ctx = &a.ctx;
     return with_residual_relu(a,
                               [s, h, path, f, rm, rv, ctx](cudaStream_t stream) {
@@ -421,11 +441,13 @@ Launch eval_grad_launch(const BnBackward& b, const ChannelLayout& l, unsigned bl
 }
 
 // inputs: dy, x, gamma, mean, invstd (the forward's outputs), and with activation relu
-// beta and y; outputs: dx, dgamma, dbeta. With relu, where cuDNN's fused call does not
-// take the step, dy is masked by y > 0 (the elementwise relu_grad kernel) into a scratch
-// buffer that the plain batch norm's gradient reads.
+// beta and y; outputs: dx, dgamma, dbeta, and with a residual dz. With relu, where cuDNN's
+// fused call does not take the step, dy is masked by y > 0 (the elementwise relu_grad
+// kernel) into dz or a scratch buffer, which the plain batch norm's gradient reads.
 Launch prepare_batch_norm_grad(const StepArgs& a) {
   const bool relu = relu_of(a);
+  const bool residual = a.out.size() == 4;
+  if (residual && !relu) fail("batch_norm_grad '", a.step.name, "': dz is written with activation relu only");
   if (relu != (a.in.size() == 7))
     fail("batch_norm_grad '", a.step.name, "': beta and y are given with activation relu, and only then (got ",
          a.in.size(), " inputs)");
@@ -449,6 +471,13 @@ Launch prepare_batch_norm_grad(const StepArgs& a) {
     b.beta = a.in[5].as<float>();
     b.y = a.in[6].data;
   }
+  if (residual) {
+    expect_dtype(a, a.out[3], {a.in[1].dtype()});
+    if (a.out[3].shape() != a.in[1].shape())
+      fail("batch_norm_grad '", a.step.name, "': dz ", shape_str(a.out[3].shape()), " and x ",
+           shape_str(a.in[1].shape()), " differ");
+    b.dz = a.out[3].data;
+  }
   if (training && l.count() < 2)
     fail("batch_norm_grad '", a.step.name, "' in training needs more than 1 value per channel, got input ",
          shape_str(a.in[1].shape()));
@@ -457,15 +486,20 @@ Launch prepare_batch_norm_grad(const StepArgs& a) {
   cudnnHandle_t h = cudnn_of(a.ctx);
   if (training) {
     s = bn_setup(a, l, a.in[1].dtype(), nhwc);
-    if (nhwc)
+    if (nhwc) {
+      auto found = a.ctx.carried.find({a.step.in[3].region, a.step.in[3].offset});
       path = choose_nhwc(a, *s, a.in[1].shape(), false,
-                         relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN,
+                         residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                         : relu   ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION
+                                  : CUDNN_BATCHNORM_OPS_BN,
+                         found == a.ctx.carried.end() ? nullptr : &found->second,
                          [&](const BnPath& p, void* work) { return backward_training(h, *s, p, b, work); });
+    }
   }
   std::vector<Launch> parts;
   if (relu && !path.fused()) {
-    DeviceTensor masked = a.in[0];
-    masked.data = a.ctx.scratch(a.in[0].type.bytes());
+    DeviceTensor masked = residual ? a.out[3] : a.in[0];
+    if (!residual) masked.data = a.ctx.scratch(a.in[0].type.bytes());
     parts.push_back(prepare_as_step(a, Op::relu_grad, Attrs{}, {a.in[0], a.in[6]}, {masked}));  // y > 0 ? dy : 0
     b.dy = masked.data;
   }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -101,6 +102,17 @@ class Context {
 
   // What a preparer chose for its step where it had a choice (plan step index -> a line).
   std::vector<std::pair<int, std::string>> choices;
+
+  // Device memory a step leaves for a later one beside the plan's values (cuDNN's fused
+  // batch norm writes a reserve space that only its own backward call reads), keyed by
+  // the place of a value the first step writes and the second reads: steps are prepared
+  // in plan order, so the entry a reader finds is its producer's. `kind` says what wrote it.
+  struct Carried {
+    void* data = nullptr;
+    size_t bytes = 0;
+    int kind = 0;
+  };
+  std::map<std::pair<Region, size_t>, Carried> carried;
 
   ~Context();
 
