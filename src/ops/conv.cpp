@@ -1,5 +1,7 @@
 // conv2d, NCHW or NHWC (src/ops/layout.h), with stride, padding, dilation and groups. Its
 // gradients are separate ops so that a first layer's input gradient is never computed.
+// `activation` relu (fuse_conv_activations): conv2d applies relu to its result, and
+// conv2d_grad_input masks its result by r > 0 (r, the relu output the convolution read).
 #include "ops/geometry.h"
 #include "ops/layout.h"
 #include "ops/registry.h"
@@ -48,6 +50,13 @@ Shape conv_out_shape(const InferCtx& c, const Shape& x, const Shape& w) {
   return nhwc_order(conv_out_nchw(c, nchw_order(x), nchw_order(w)));
 }
 
+// The `activation` attribute: "none" or "relu"; true for relu.
+bool expect_activation(const InferCtx& c) {
+  const std::string& a = c.attrs.s("activation");
+  if (a != "none" && a != "relu") c.fail("activation must be \"none\" or \"relu\", got \"", a, "\"");
+  return a == "relu";
+}
+
 // w in either layout: the product of its last three dims is C_in/groups * kh * kw.
 double conv_flops(const Shape& y, const Shape& w) {
   return 2.0 * static_cast<double>(numel(y)) * static_cast<double>(w[1] * w[2] * w[3]);
@@ -62,10 +71,13 @@ void register_conv(OpTable& t) {
     d.inputs = {"x", "w", "b?"};
     d.outputs = {"y"};
     d.attrs = conv_attrs();
-    d.doc = "2D cross-correlation (as torch.nn.functional.conv2d), NCHW, or NHWC with w [C_out, kh, kw, C_in/groups]";
+    d.attrs.push_back({"activation", std::string("none")});
+    d.doc = "2D cross-correlation (as torch.nn.functional.conv2d), NCHW, or NHWC with w [C_out, kh, kw, C_in/groups]; "
+            "activation relu: relu of the result";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
       c.expect_same_dtype();
+      expect_activation(c);
       Shape y = conv_out_shape(c, c.shape(0), c.shape(1));
       const int64_t channels = c.nhwc() ? y[3] : y[1];
       if (c.n() == 3 && c.shape(2) != Shape{channels}) c.fail("b must have shape [", channels, "]");
@@ -74,13 +86,17 @@ void register_conv(OpTable& t) {
     d.flops = [](const OpCostCtx& c) { return conv_flops(c.out[0].shape, c.in[1].shape); };
     d.grad = [](GradCtx& c) {
       Var x = c.x(0), w = c.x(1), dy = c.dy();
+      if (c.attrs().s("activation") == "relu") dy = c.g.var(c.g.add(Op::relu_grad, {dy.id(), c.y().id()}).at(0));
+      Attrs plain;  // the geometry: the gradients apply no activation of their own
+      for (const auto& [name, value] : c.attrs().items())
+        if (name != "activation") plain.set(name, value);
       if (c.needs(0)) {
-        Attrs a = c.attrs();
+        Attrs a = plain;
         a.set("shape", x.shape());
         c.set(0, c.g.add1(Op::conv2d_grad_input, {dy.id(), w.id()}, a));
       }
       if (c.needs(1)) {
-        Attrs a = c.attrs();
+        Attrs a = plain;
         a.set("shape", w.shape());
         c.set(1, c.g.add1(Op::conv2d_grad_weight, {dy.id(), x.id()}, a));
       }
@@ -92,17 +108,23 @@ void register_conv(OpTable& t) {
     d.name = op_name(op);
     bool input = op == Op::conv2d_grad_input;
     d.inputs = {"dy", input ? "w" : "x"};
+    if (input) d.inputs.push_back("r?");
     d.outputs = {input ? "dx" : "dw"};
     d.attrs = conv_attrs();
     d.attrs.push_back({"shape", std::vector<int64_t>{}, true});
     // The weight gradient may be written in f32 from 16-bit operands (fold_casts: the
     // master weight's gradient without a cast kernel).
     if (!input) d.attrs.push_back({"dtype", std::string()});
-    d.doc = input ? "gradient of conv2d with respect to x"
+    // The input gradient may absorb relu's derivative: dx masked by r > 0.
+    if (input) d.attrs.push_back({"activation", std::string("none")});
+    d.doc = input ? "gradient of conv2d with respect to x; activation relu: masked by r > 0, the gradient of the "
+                    "pre-activation whose relu r is x"
                   : "gradient of conv2d with respect to w, in `dtype` (\"\": x's; f32 for 16-bit x)";
     d.infer = [input](const InferCtx& c) {
       c.expect_same_dtype();
       const Shape& s = c.attrs.ints("shape");
+      if (input && expect_activation(c) != (c.n() == 3)) c.fail("r is given with activation relu, and only then");
+      if (input && c.n() == 3 && c.shape(2) != s) c.fail("r has shape ", shape_str(c.shape(2)), ", x ", shape_str(s));
       Shape y = input ? conv_out_shape(c, s, c.shape(1)) : conv_out_shape(c, c.shape(1), s);
       if (y != c.shape(0)) c.fail("dy has shape ", shape_str(c.shape(0)), ", the convolution gives ", shape_str(y));
       return std::vector<TensorType>{{input ? c.type(0).dtype : c.result_dtype(c.type(0).dtype), s}};

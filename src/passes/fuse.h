@@ -56,6 +56,15 @@ FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
 // (src/passes/fuse_norm.cpp)
 FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& keep);
 
+// Convolution + ReLU fusion, for convolutions that no batch norm follows: a conv2d whose
+// result only a relu reads becomes conv2d with activation relu, writing relu's value (and
+// name); relu_grad(dr, r) whose dr is a conv2d_grad_input that nothing else reads becomes
+// that conv2d_grad_input with activation relu and input r, its result masked by r > 0 as
+// it is stored. On CUDA, cuDNN's graph API runs each as one graph (the convolution and a
+// pointwise relu forward or backward); the CPU applies relu's value or mask to each
+// image's result. (src/passes/fuse_conv.cpp)
+FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& keep);
+
 // Elementwise fusion: chains of elementwise ops (ops.def's unary and binary ops and their
 // gradients) whose outputs have one shape, operands broadcasting to it, become one
 // fused_elementwise node; values read outside the chain (or kept) are its outputs and

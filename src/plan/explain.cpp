@@ -84,6 +84,11 @@ std::string why(const PlanStep& s) {
     case Op::matmul_act_grad: return "fused: the activation's derivative applied to the GEMM's output before it is stored";
     case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
+    case Op::conv2d: case Op::conv2d_grad_input:
+      if (s.attrs.s("activation") == "relu")
+        return s.op == Op::conv2d ? "fused: relu applied to the convolution's result before it is stored"
+                                  : "fused: relu's derivative applied to the input gradient before it is stored";
+      break;
     case Op::batch_norm: case Op::batch_norm_grad:
       if (s.attrs.has("activation") && s.attrs.s("activation") == "relu")
         return s.op == Op::batch_norm ? (s.in.size() > 5

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -147,6 +148,37 @@ TEST(GpuConvEngine, TheFastestEngineIsSavedAndRebuiltFromTheCache) {
   const std::string second = choices_of(p2);
   EXPECT_NE(second.find("cuDNN graph API"), std::string::npos) << second;
   EXPECT_NE(second.find(", cached,"), std::string::npos) << second;
+}
+
+TEST(GpuConvEngine, ReluFusesIntoTheConvolutionGraphs) {
+  // conv + bias + relu, then conv + relu: fuse_conv_activations gives both convolutions
+  // their relu and the second one's input gradient the first relu's mask; cuDNN's graphs
+  // carry the pointwise relu forward and backward. Then the same on the classic API, where
+  // the relu and the mask are the elementwise kernels after the convolution.
+  auto build = [](GpuCase& c) {
+    Var h = relu(conv2d(c.param("x", {4, 8, 10, 10}), c.param("w1", {16, 8, 3, 3}), c.param("b1", {16}),
+                        {.padding = {1, 1}}));
+    return relu(conv2d(h, c.param("w2", {16, 16, 3, 3}), std::nullopt, {.stride = {2, 2}, .padding = {1, 1}}));
+  };
+  for (const CompareOptions& o : {f32(), tf32_nhwc(), gpu_testing::bf16()}) {
+    SCOPED_TRACE(precision_name(o.precision));
+    compare_with_cpu(build, o);
+    GpuCase c(3);
+    Var y = build(c);
+    Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = o.precision});
+    Program p = m.compile({.loss = sum(y).id(), .gradients = true});
+    int forward = 0, backward = 0;
+    for (auto& [step, what] : p.executable().stats().choices) {
+      forward += what.rfind("conv2d ", 0) == 0 && what.find("with relu") != std::string::npos;
+      backward += what.rfind("conv2d_grad_input ", 0) == 0 && what.find("with relu") != std::string::npos;
+      if (what.find("with relu") != std::string::npos) std::cout << "[ cuDNN    ] step " << step << ": " << what << "\n";
+    }
+    EXPECT_EQ(forward, 2);
+    EXPECT_EQ(backward, 1);
+  }
+  gpu_testing::ClassicConvApi classic;
+  compare_with_cpu(build, tf32_nhwc());
+  compare_with_cpu(build, gpu_testing::bf16());
 }
 
 // ------------------------------------------------------------------------------------------

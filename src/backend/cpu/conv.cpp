@@ -96,9 +96,10 @@ void col2im(const ConvGeom& g, const T* col, T* x) {
   });
 }
 
-// inputs: x, w, b?
+// inputs: x, w, b?; activation relu applied to each image's result.
 void conv2d(const KernelArgs& a) {
   const ConvGeom g = conv_geom(a.attrs(), a.in[0].shape(), a.in[1].shape(), a.out[0].shape());
+  const bool relu = a.attrs().s("activation") == "relu";
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* x = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
@@ -121,14 +122,18 @@ void conv2d(const KernelArgs& a) {
           for (int64_t o = 0; o < g.o; ++o)
             for (int64_t q = 0; q < g.p(); ++q) yn[o * g.p() + q] += b[o];
         }
+        if (relu)  // as the relu op: x > 0 ? x : 0
+          for (int64_t i = 0; i < g.o * g.p(); ++i) yn[i] = yn[i] > T(0) ? yn[i] : T(0);
       }
     });
   });
 }
 
-// inputs: dy, w; attribute shape = x's shape.
+// inputs: dy, w, and with activation relu r (each image's dx masked by r > 0, as
+// relu_grad); attribute shape = x's shape.
 void conv2d_grad_input(const KernelArgs& a) {
   const ConvGeom g = conv_geom(a.attrs(), a.out[0].shape(), a.in[1].shape(), a.in[0].shape());
+  const bool relu = a.attrs().s("activation") == "relu";
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* dy = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
@@ -146,6 +151,10 @@ void conv2d_grad_input(const KernelArgs& a) {
         if (!g.pointwise()) {
           std::fill(dxn, dxn + g.c * g.h * g.w, T(0));
           col2im(g, col.data(), dxn);
+        }
+        if (relu) {
+          const T* rn = a.in[2].as<T>() + n * g.c * g.h * g.w;
+          for (int64_t i = 0; i < g.c * g.h * g.w; ++i) dxn[i] = rn[i] > T(0) ? dxn[i] : T(0);
         }
       }
     });

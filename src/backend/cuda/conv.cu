@@ -547,7 +547,9 @@ std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const En
   c.tensor_math = key.math != Math::fma;
   c.nhwc = key.nhwc;
   c.bias = buf.b != nullptr;
-  c.key = key.str() + (c.bias ? " bias=1" : "") + (c.out_dtype != c.dtype ? std::string(" out=") + dtype_name(c.out_dtype) : "");
+  c.relu = key.pass != Pass::bwd_filter && a.step.attrs.has("activation") && a.step.attrs.s("activation") == "relu";
+  c.key = key.str() + (c.bias ? " bias=1" : "") + (c.relu ? " relu=1" : "") +
+          (c.out_dtype != c.dtype ? std::string(" out=") + dtype_name(c.out_dtype) : "");
   std::string why;
   std::optional<Launch> l = prepare_engine_conv(a, c, buf, &why, ms);
   if (!l)
@@ -632,7 +634,19 @@ __global__ void fill_bias_kernel(const T* __restrict__ b, T* __restrict__ y, int
     y[i] = b[(i / plane) % channels];
 }
 
-// inputs: x, w, b?
+bool relu_of(const StepArgs& a) { return a.step.attrs.s("activation") == "relu"; }
+
+// The classic API's launch `l`, then relu's value (forward, y in place) or mask (the data
+// gradient's, dx by r in place) with the elementwise kernels, where the step fuses relu.
+Launch with_relu(const StepArgs& a, Launch l) {
+  if (!relu_of(a)) return l;
+  const DeviceTensor& out = a.out[0];
+  Launch act = a.step.op == Op::conv2d ? prepare_as_step(a, Op::relu, Attrs{}, {out}, {out})
+                                       : prepare_as_step(a, Op::relu_grad, Attrs{}, {out, a.in[2]}, {out});
+  return in_order({std::move(l), std::move(act)});
+}
+
+// inputs: x, w, b?; activation relu: relu of the result.
 Launch prepare_conv2d(const StepArgs& a) {
   ConvKey key;
   const Shape& ys = a.out[0].shape();
@@ -665,35 +679,48 @@ Launch prepare_conv2d(const StepArgs& a) {
   cudnnHandle_t h = cudnn_of(a.ctx);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ch.algo);
   const size_t ws = ch.workspace;
-  return [s, ctx, h, algo, ws, x, w, y, fill](cudaStream_t stream) {
+  return with_relu(a, [s, ctx, h, algo, ws, x, w, y, fill](cudaStream_t stream) {
     if (fill) fill(stream);
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     void* work = ws ? ctx->workspace() : nullptr;
     SEAM_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, s->x, x, s->w, w, s->conv, algo, work, ws,
                                              fill ? &kOne : &kZero, s->y, y));
-  };
+  });
 }
 
-// inputs: dy, w; attribute shape = x's shape (in the step's layout, as every operand).
+// inputs: dy, w, and with activation relu r (dx masked by r > 0); attribute shape = x's
+// shape (in the step's layout, as every operand).
 Launch prepare_conv2d_grad_input(const StepArgs& a) {
+  if (relu_of(a) != (a.in.size() == 3))
+    fail("conv2d_grad_input '", a.step.name, "': r is given with activation relu, and only then");
   ConvKey key;
-  auto s = setup(a, Pass::bwd_data, a.out[0].shape(), a.in[1].shape(), a.in[0].shape(), key);
+  StepArgs conv = a;  // the convolution's operands: dy, w
+  conv.in.resize(2);
+  auto s = setup(conv, Pass::bwd_data, a.out[0].shape(), a.in[1].shape(), a.in[0].shape(), key);
+  if (relu_of(a)) {
+    expect_dtype(a, a.in[2], {a.out[0].dtype()});
+    if (a.in[2].shape() != a.out[0].shape())
+      fail("conv2d_grad_input '", a.step.name, "': r ", shape_str(a.in[2].shape()), " and dx ",
+           shape_str(a.out[0].shape()), " differ");
+  }
   void* dy = a.in[0].data;
   void* w = a.in[1].data;
   void* dx = a.out[0].data;
-  if (auto l = try_engine(a, key, {dx, w, dy})) return *l;
+  EngineBuffers buf{dx, w, dy};
+  if (relu_of(a)) buf.r = a.in[2].data;
+  if (auto l = try_engine(a, key, buf)) return *l;
   const Chosen ch = choose(a, *s, key, dx, w, dy);
   a.ctx.need_workspace(ch.workspace);
   Context* ctx = &a.ctx;
   cudnnHandle_t h = cudnn_of(a.ctx);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(ch.algo);
   const size_t ws = ch.workspace;
-  return [s, ctx, h, algo, ws, dy, w, dx](cudaStream_t stream) {
+  return with_relu(a, [s, ctx, h, algo, ws, dy, w, dx](cudaStream_t stream) {
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     void* work = ws ? ctx->workspace() : nullptr;
     SEAM_CUDNN_CHECK(
         cudnnConvolutionBackwardData(h, &kOne, s->w, w, s->y, dy, s->conv, algo, work, ws, &kZero, s->x, dx));
-  };
+  });
 }
 
 // inputs: dy, x; attribute shape = w's shape (in the step's layout: KRSC for nhwc). dw

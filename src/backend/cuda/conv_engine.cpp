@@ -25,7 +25,7 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-constexpr int64_t kX = 1, kW = 2, kY = 3, kB = 4;  // tensor uids by role
+constexpr int64_t kX = 1, kW = 2, kY = 3, kB = 4, kR = 5;  // tensor uids by role
 constexpr size_t kMaxTrialWorkspace = size_t{1} << 30;
 constexpr const char* kPassName[] = {"forward", "data gradient", "filter gradient"};
 
@@ -70,11 +70,20 @@ std::shared_ptr<fe::graph::Graph> make_graph(const EngineConv& c) {
                                .set_mode(fe::PointwiseMode_t::ADD)
                                .set_compute_data_type(fe::DataType_t::FLOAT));
       }
+      if (c.relu)
+        out = g->pointwise(out, fe::graph::Pointwise_attributes()
+                                    .set_mode(fe::PointwiseMode_t::RELU_FWD)
+                                    .set_compute_data_type(fe::DataType_t::FLOAT));
       break;
     }
     case 1:
       out = g->conv_dgrad(tensor("dy", c.y, kY), tensor("w", c.w, kW),
                           fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dil));
+      if (c.relu)  // RELU_BWD: IN_0 the gradient, IN_1 the value whose sign masks it
+        out = g->pointwise(out, tensor("r", c.x, kR),
+                           fe::graph::Pointwise_attributes()
+                               .set_mode(fe::PointwiseMode_t::RELU_BWD)
+                               .set_compute_data_type(fe::DataType_t::FLOAT));
       out_uid = kX;
       out_dims = &c.x;
       break;
@@ -280,6 +289,7 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   auto shared = std::make_shared<Prepared>();
   shared->pack = {{kX, buf.x}, {kW, buf.w}, {kY, buf.y}};
   if (c.bias) shared->pack[kB] = buf.b;
+  if (c.relu && c.pass == 1) shared->pack[kR] = buf.r;
   EngineCache& cache = EngineCache::instance();
   const std::optional<EngineChoice> cached = cache.find(c.key);
 
@@ -356,7 +366,8 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   int64_t ws_bytes = 0;
   (void)shared->graph->get_workspace_size_plan_at_index(index, ws_bytes);
   a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + (c.nhwc ? " nhwc" : " nchw") +
-                                          ": cuDNN graph API " + name + (c.bias ? " with the bias" : "") + ", " + how +
+                                          ": cuDNN graph API " + name + (c.bias ? " with the bias" : "") +
+                                          (c.relu ? " with relu" : "") + ", " + how +
                                           ", workspace " + std::to_string(ws_bytes) + " bytes");
   if (ms) *ms = best_ms;
   Context* ctx = &a.ctx;

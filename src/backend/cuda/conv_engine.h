@@ -35,7 +35,10 @@ struct EngineConv {
   bool tensor_math = true;         // f32 data: TF32 tensor cores allowed
   bool nhwc = false;               // x, y channels-last and the filter KRSC
   bool bias = false;               // forward only: y = conv(x, w) + b[C_out], one rounding
-  std::string key;                 // the cache key: the classic cache's, with the bias
+  // relu fused (fuse_conv_activations): forward, y = relu(conv + b); data gradient, dx
+  // masked by r > 0 (cuDNN's pointwise RELU_BWD on the gradient before it is stored).
+  bool relu = false;
+  std::string key;                 // the cache key: the classic cache's, with the bias and relu
 };
 
 // By role, as EngineConv's dims: the output is one of them, which trials overwrite.
@@ -44,6 +47,7 @@ struct EngineBuffers {
   void* w = nullptr;
   void* y = nullptr;
   void* b = nullptr;
+  void* r = nullptr;  // the data gradient's relu mask source, x-shaped
 };
 
 // The fastest engine's launch, or nothing (with *why) where the graph API builds and runs

@@ -1,0 +1,87 @@
+// Convolution + ReLU fusion (src/passes/fuse.h).
+#include <set>
+#include <vector>
+
+#include "ops/registry.h"
+#include "passes/fuse.h"
+
+namespace seam {
+
+namespace {
+
+bool plain(const Node& n) { return n.attrs.s("activation") == "none"; }
+
+}  // namespace
+
+FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& keep_list) {
+  const auto& nodes = g.nodes();
+  const int nn = static_cast<int>(nodes.size());
+  const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
+  const std::vector<std::vector<int>> users = value_users(g);
+  auto only_user = [&](ValueId v) {
+    const auto& u = users[static_cast<size_t>(v)];
+    return u.size() == 1 && !keep.count(v) ? u[0] : -1;
+  };
+
+  std::vector<int> relu_of(static_cast<size_t>(nn), -1);   // conv2d -> the relu it absorbs
+  std::vector<int> dgrad_of(static_cast<size_t>(nn), -1);  // relu_grad -> the conv2d_grad_input it becomes
+  std::vector<bool> absorbed(static_cast<size_t>(nn), false);
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    if (n.op == Op::conv2d && plain(n)) {
+      const int u = only_user(n.out[0]);
+      if (u >= 0 && nodes[static_cast<size_t>(u)].op == Op::relu) {
+        relu_of[static_cast<size_t>(k)] = u;
+        absorbed[static_cast<size_t>(u)] = true;
+      }
+    }
+    // relu_grad(dr, r) whose dr is an input gradient that nothing else reads: the mask
+    // applies as the gradient is stored (cuDNN: dgrad with a pointwise relu backward).
+    if (n.op == Op::relu_grad) {
+      const int p = g.value(n.in[0]).node;
+      if (p < 0 || only_user(n.in[0]) != k) continue;
+      const Node& d = nodes[static_cast<size_t>(p)];
+      const Value& r = g.value(n.in[1]);
+      if (d.op == Op::conv2d_grad_input && plain(d) && r.type.shape == g.value(n.in[0]).type.shape &&
+          r.type.dtype == g.value(n.in[0]).type.dtype) {
+        dgrad_of[static_cast<size_t>(k)] = p;
+        absorbed[static_cast<size_t>(p)] = true;
+      }
+    }
+  }
+
+  FuseResult r = start_rebuild(g);
+  Graph& ng = r.graph;
+  for (int k = 0; k < nn; ++k) {
+    if (absorbed[static_cast<size_t>(k)]) continue;
+    const Node& n = nodes[static_cast<size_t>(k)];
+    if (const int p = dgrad_of[static_cast<size_t>(k)]; p >= 0) {
+      const Node& d = nodes[static_cast<size_t>(p)];
+      Attrs attrs = d.attrs;
+      attrs.set("activation", std::string("relu"));
+      const std::vector<ValueId> fused_in{mapped(r, d.in[0]), mapped(r, d.in[1]), mapped(r, n.in[1])};
+      r.map[static_cast<size_t>(n.out[0])] =
+          ng.add_named(d.op, fused_in, attrs, std::vector<std::string>{g.value(n.out[0]).name})[0];
+      ++r.backward;
+      continue;
+    }
+    std::vector<ValueId> in;
+    for (ValueId v : n.in) in.push_back(mapped(r, v));
+    if (const int relu = relu_of[static_cast<size_t>(k)]; relu >= 0) {
+      // The convolution writes relu's value under relu's name; its own is never stored.
+      const ValueId out = nodes[static_cast<size_t>(relu)].out[0];
+      Attrs attrs = n.attrs;
+      attrs.set("activation", std::string("relu"));
+      r.map[static_cast<size_t>(out)] = ng.add_named(n.op, in, attrs, std::vector<std::string>{g.value(out).name})[0];
+      ++r.forward;
+      continue;
+    }
+    std::vector<std::string> names;
+    for (ValueId v : n.out) names.push_back(g.value(v).name);
+    auto out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
+    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+  }
+  return r;
+}
+
+}  // namespace seam

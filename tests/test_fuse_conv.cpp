@@ -1,0 +1,140 @@
+// Convolution + ReLU fusion (src/passes/fuse_conv.cpp): conv2d with activation relu and
+// conv2d_grad_input masked by relu's output, against finite differences and against the
+// unfused plan, in both layouts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "grad_check.h"
+#include "layout_case.h"
+#include "plan/explain.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+const Attrs kPaddedRelu{{"padding", std::vector<int64_t>{1, 1}}, {"activation", std::string("relu")}};
+
+TEST(FuseConv, ConvolutionWithReluMatchesFiniteDifferences) {
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    check_gradients([&](GradCase& c) {
+      std::vector<ValueId> in{c.param("x", {2, 3, 5, 4}).id(), c.param("w", {4, 3, 3, 3}).id()};
+      if (bias) in.push_back(c.param("b", {4}).id());
+      return c.g.add1(Op::conv2d, in, kPaddedRelu);
+    });
+  }
+}
+
+// The input gradient with relu's mask is relu_grad of the plain one.
+TEST(FuseConv, MaskedInputGradientIsReluGradOfThePlainOne) {
+  Graph g;
+  Var dy = g.input("dy", {2, 4, 5, 4});
+  Var w = g.input("w", {4, 3, 3, 3});
+  Var r = g.input("r", {2, 3, 5, 4});
+  const Attrs geometry{{"padding", std::vector<int64_t>{1, 1}}, {"shape", std::vector<int64_t>{2, 3, 5, 4}}};
+  Attrs masked_attrs = geometry;
+  masked_attrs.set("activation", std::string("relu"));
+  Var plain = g.add1(Op::relu_grad, {g.add1(Op::conv2d_grad_input, {dy.id(), w.id()}, geometry).id(), r.id()});
+  Var masked = g.add1(Op::conv2d_grad_input, {dy.id(), w.id(), r.id()}, masked_attrs);
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {plain.id(), masked.id()}, .fuse = false});
+  p.set_input("dy", std::span<const float>(random_floats(2 * 4 * 5 * 4, 1)));
+  p.set_input("w", std::span<const float>(random_floats(4 * 3 * 3 * 3, 2)));
+  p.set_input("r", std::span<const float>(random_floats(2 * 3 * 5 * 4, 3)));
+  p.run();
+  const auto a = p.read_as<float>(plain.name()), b = p.read_as<float>(masked.name());
+  EXPECT_EQ(a, b);
+  int zeros = 0;
+  for (float v : b) zeros += v == 0.0f;
+  EXPECT_GT(zeros, 0);  // the mask took some
+}
+
+TEST(FuseConv, TheMaskNeedsReluAndRsShape) {
+  Graph g;
+  Var dy = g.input("dy", {2, 4, 5, 4});
+  Var w = g.input("w", {4, 3, 3, 3});
+  auto error_of = [&](std::vector<ValueId> in, const std::string& act) {
+    try {
+      g.add(Op::conv2d_grad_input, in,
+            {{"padding", std::vector<int64_t>{1, 1}}, {"shape", std::vector<int64_t>{2, 3, 5, 4}}, {"activation", act}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({dy.id(), w.id()}, "relu").find("r is given with activation relu, and only then"),
+            std::string::npos);
+  EXPECT_NE(error_of({dy.id(), w.id(), g.input("small", {2, 3, 5, 3}).id()}, "relu").find("r has shape [2,3,5,3]"),
+            std::string::npos);
+  EXPECT_NE(error_of({dy.id(), w.id()}, "gelu").find("activation must be \"none\" or \"relu\""), std::string::npos);
+  EXPECT_EQ(error_of({dy.id(), w.id(), g.input("r", {2, 3, 5, 4}).id()}, "relu"), "no error");
+}
+
+// conv -> relu -> conv -> relu -> pool -> linear, no batch norm: both convolutions take
+// their relu; the second one's input gradient takes the first relu's mask.
+struct PlainConvNet {
+  Graph g;
+  Var loss;
+  PlainConvNet() {
+    Var x = g.input("x", {4, 3, 8, 8});
+    Var y = g.input("y", {4}, DType::i32);
+    Var h = relu(nn::conv2d(x, 8, 3, "c1", {.padding = {1, 1}}));
+    h = relu(nn::conv2d(h, 8, 3, "c2", {.padding = {1, 1}}, false));
+    loss = cross_entropy(nn::linear(flatten(max_pool2d(h, {2, 2})), 10, "fc"), y);
+  }
+  void feed(Program& p, uint64_t step) const {
+    p.set_input("x", std::span<const float>(random_floats(4 * 3 * 8 * 8, 700 + step)));
+    p.set_input("y", std::span<const int32_t>(random_labels(4, 10, 800 + step)));
+  }
+};
+
+int count_relu(const Plan& p, Op op) {
+  int n = 0;
+  for (const PlanStep& s : p.steps) n += s.op == op && s.attrs.has("activation") && s.attrs.s("activation") == "relu";
+  return n;
+}
+
+TEST(FuseConv, ReluFoldsIntoBothConvolutionsAndTrainsAsUnfused) {
+  for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc}) {
+    SCOPED_TRACE(layout == LayoutPolicy::nhwc ? "nhwc" : "nchw");
+    PlainConvNet net;
+    const OptimizerConfig sgd = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+    Model a(net.g, {.seed = 3, .layout = layout}), b(net.g, {.seed = 3, .layout = layout});
+    Program fused = a.compile({.loss = net.loss.id(), .optimizer = sgd, .fuse_elementwise = false});
+    Program plain = b.compile({.loss = net.loss.id(), .optimizer = sgd, .fuse = false});
+    EXPECT_EQ(count_relu(fused.plan(), Op::conv2d), 2);
+    EXPECT_EQ(count_relu(fused.plan(), Op::conv2d_grad_input), 1);
+    EXPECT_EQ(count(fused.plan(), Op::relu), 0);
+    EXPECT_EQ(count(fused.plan(), Op::relu_grad), 1);  // the second relu's: pooling's gradient feeds it
+    const std::string text = explain_plan(fused.plan(), fused.plan(), DeviceModel{}, false);
+    EXPECT_NE(text.find("fused: relu's derivative applied to the input gradient before it is stored"),
+              std::string::npos)
+        << text;
+    for (uint64_t step = 0; step < 3; ++step) {
+      net.feed(fused, step);
+      net.feed(plain, step);
+      fused.run();
+      plain.run();
+      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
+      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
+    }
+    expect_same_params(a, b, 1e-5);
+  }
+}
+
+// A convolution whose result something besides the relu reads keeps both.
+TEST(FuseConv, AResultReadTwiceIsNotFused) {
+  Graph g;
+  Var x = g.input("x", {2, 3, 6, 6});
+  Var c = nn::conv2d(x, 4, 3, "c", {.padding = {1, 1}});
+  Var out = add(relu(c), c);
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {out.id()}, .fuse_elementwise = false});
+  EXPECT_EQ(count_relu(p.plan(), Op::conv2d), 0);
+  EXPECT_EQ(count(p.plan(), Op::relu), 1);
+}
+
+}  // namespace
+}  // namespace seam::testing
