@@ -190,7 +190,7 @@ TEST_F(Cli, PlanPrintsStepsMemoryAndFlops) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   Result ops = run("ops");
   ASSERT_EQ(ops.code, 0);
-  EXPECT_NE(ops.out.find("conv2d(x, w, b?; stride=[1,1], padding=[0,0], dilation=[1,1], groups=1, layout=\"nchw\") -> y"), std::string::npos);
+  EXPECT_NE(ops.out.find("conv2d(x, w, b?; stride=[1,1], padding=[0,0], dilation=[1,1], groups=1, layout=\"nchw\", activation=\"none\") -> y"), std::string::npos);
 }
 
 namespace {
