@@ -136,5 +136,71 @@ TEST(FuseConv, AResultReadTwiceIsNotFused) {
   EXPECT_EQ(count(p.plan(), Op::relu), 1);
 }
 
+// Evaluation: conv -> batch norm -> relu, and conv -> batch norm -> + h -> relu, each one
+// conv2d_bn step, equal to the unfused plan bit for bit (the CPU rounds where the unfused
+// steps store). The running statistics come from two training steps first.
+TEST(FuseConv, EvaluationBatchNormFoldsIntoTheConvolution) {
+  for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc}) {
+    SCOPED_TRACE(layout == LayoutPolicy::nhwc ? "nhwc" : "nchw");
+    Graph g;
+    Var x = g.input("x", {4, 3, 8, 8});
+    Var y = g.input("y", {4}, DType::i32);
+    Var h = relu(nn::batch_norm(nn::conv2d(x, 8, 3, "c1", {.padding = {1, 1}}, false), "bn1"));
+    Var r = nn::batch_norm(nn::conv2d(h, 8, 3, "c2", {.padding = {1, 1}}, false), "bn2");
+    Var out = relu(add(r, h));
+    Var logits = nn::linear(flatten(global_avg_pool(out)), 10, "fc");
+    Var loss = cross_entropy(logits, y);
+    Model m(g, {.seed = 5, .layout = layout});
+    Program train = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+    for (uint64_t step = 0; step < 2; ++step) {
+      train.set_input("x", std::span<const float>(random_floats(4 * 3 * 8 * 8, 40 + step)));
+      train.set_input("y", std::span<const int32_t>(random_labels(4, 10, 50 + step)));
+      train.run();
+    }
+    EXPECT_EQ(count(train.plan(), Op::conv2d_bn), 0);
+    Program fused = m.compile({.mode = Mode::eval, .outputs = {logits.id(), out.id()}});
+    Program plain = m.compile({.mode = Mode::eval, .outputs = {logits.id(), out.id()}, .fuse = false});
+    int with_z = 0, with_relu = 0;
+    for (const PlanStep& s : fused.plan().steps)
+      if (s.op == Op::conv2d_bn) {
+        with_z += s.in.size() == 7;
+        with_relu += s.attrs.s("activation") == "relu";
+      }
+    EXPECT_EQ(count(fused.plan(), Op::conv2d_bn), 2);
+    EXPECT_EQ(with_z, 1);
+    EXPECT_EQ(with_relu, 2);
+    EXPECT_EQ(count(fused.plan(), Op::batch_norm), 0);
+    const std::string text = explain_plan(fused.plan(), fused.plan(), DeviceModel{}, false);
+    EXPECT_NE(text.find("fused: batch norm (running statistics), residual add and relu applied"), std::string::npos)
+        << text;
+    const auto images = random_floats(4 * 3 * 8 * 8, 60);
+    for (Program* p : {&fused, &plain}) {
+      p->set_input("x", std::span<const float>(images));
+      p->run();
+    }
+    EXPECT_EQ(fused.read_as<float>(out.name()), plain.read_as<float>(out.name()));
+    EXPECT_EQ(fused.read_as<float>(logits.name()), plain.read_as<float>(logits.name()));
+  }
+}
+
+TEST(FuseConv, TheFoldedStepIsNotDifferentiated) {
+  Graph g;
+  Var x = g.param("x", {2, 3, 6, 6}, Init::uniform(-1, 1));
+  const Shape ch{4};
+  Var y = g.add1(Op::conv2d_bn,
+                 {x.id(), g.param("w", {4, 3, 3, 3}, Init::uniform(-1, 1)).id(), g.param("gamma", ch, Init::ones()).id(),
+                  g.param("beta", ch, Init::zeros()).id(), g.state("rm", ch, Init::zeros()).id(),
+                  g.state("rv", ch, Init::ones()).id()},
+                 {{"padding", std::vector<int64_t>{1, 1}}});
+  Var loss = sum(y);
+  Model m(g, {.seed = 1});
+  try {
+    m.compile({.loss = loss.id(), .gradients = true});
+    ADD_FAILURE() << "differentiated conv2d_bn";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is an inference step"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace seam::testing

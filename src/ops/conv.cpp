@@ -133,6 +133,40 @@ void register_conv(OpTable& t) {
       return conv_flops(c.in[0].shape, input ? c.in[1].shape : c.out[0].shape);
     };
   }
+  {
+    // Inference: a convolution and the batch norm after it with its running statistics,
+    // y = act((conv(x, w) - running_mean) / sqrt(running_var + eps) * gamma + beta + z),
+    // as fuse_conv_activations folds them where nothing differentiates them.
+    OpDef& d = def(t, Op::conv2d_bn);
+    d.name = "conv2d_bn";
+    d.inputs = {"x", "w", "gamma", "beta", "running_mean", "running_var", "z?"};
+    d.outputs = {"y"};
+    d.attrs = conv_attrs();
+    d.attrs.push_back({"eps", 1e-5});
+    d.attrs.push_back({"activation", std::string("none")});
+    d.doc = "inference: conv2d (no bias), then batch norm with the running statistics, plus a residual z, then the "
+            "activation; per-channel operands in x's dtype or the one it computes in";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      if (c.type(1).dtype != c.type(0).dtype) c.fail("w must share x's dtype");
+      c.expect_dtype_or_compute(0, {2, 3, 4, 5});
+      const bool act = expect_activation(c);
+      Shape y = conv_out_shape(c, c.shape(0), c.shape(1));
+      const Shape ch{c.nhwc() ? y[3] : y[1]};
+      for (size_t i = 2; i < 6; ++i) {
+        if (c.shape(i) != ch) c.fail("input ", i, " must have shape ", shape_str(ch));
+        if (c.type(i).dtype != c.type(2).dtype) c.fail("gamma, beta and the running statistics must share one dtype");
+      }
+      if (c.n() == 7 && (!act || c.type(6).dtype != c.type(0).dtype || c.shape(6) != y))
+        c.fail("a residual z needs activation relu and the result's dtype and shape");
+      if (!(c.attrs.f("eps") > 0)) c.fail("eps must be > 0, got ", c.attrs.f("eps"));
+      return std::vector<TensorType>{{c.type(0).dtype, y}};
+    };
+    d.flops = [](const OpCostCtx& c) { return conv_flops(c.out[0].shape, c.in[1].shape); };
+    d.grad = [](GradCtx& c) {
+      fail("conv2d_bn node '", c.node.name, "' is an inference step: differentiate conv2d and batch_norm instead");
+    };
+  }
 }
 
 Var conv2d(Var x, Var w, std::optional<Var> b, const Conv2dOptions& o) {

@@ -24,15 +24,26 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
   };
 
   std::vector<int> relu_of(static_cast<size_t>(nn), -1);   // conv2d -> the relu it absorbs
+  std::vector<int> conv_of(static_cast<size_t>(nn), -1);   // evaluation batch norm -> the conv2d it absorbs
   std::vector<int> dgrad_of(static_cast<size_t>(nn), -1);  // relu_grad -> the conv2d_grad_input it becomes
   std::vector<bool> absorbed(static_cast<size_t>(nn), false);
   for (int k = 0; k < nn; ++k) {
     const Node& n = nodes[static_cast<size_t>(k)];
     if (n.op == Op::conv2d && plain(n)) {
       const int u = only_user(n.out[0]);
-      if (u >= 0 && nodes[static_cast<size_t>(u)].op == Op::relu) {
+      const Node* user = u >= 0 ? &nodes[static_cast<size_t>(u)] : nullptr;
+      if (user && user->op == Op::relu) {
         relu_of[static_cast<size_t>(k)] = u;
         absorbed[static_cast<size_t>(u)] = true;
+      }
+      // A batch norm with its running statistics after a convolution without a bias,
+      // whose saved statistics nothing reads: what an evaluation plan runs.
+      if (user && user->op == Op::batch_norm && user->in[0] == n.out[0] && user->attrs.i("training") == 0 &&
+          n.in.size() == 2 && users[static_cast<size_t>(user->out[1])].empty() &&
+          users[static_cast<size_t>(user->out[2])].empty() && !keep.count(user->out[1]) &&
+          !keep.count(user->out[2])) {
+        conv_of[static_cast<size_t>(u)] = k;  // at the batch norm's place: its z may come after the convolution
+        absorbed[static_cast<size_t>(k)] = true;
       }
     }
     // relu_grad(dr, r) whose dr is an input gradient that nothing else reads: the mask
@@ -63,6 +74,20 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
       r.map[static_cast<size_t>(n.out[0])] =
           ng.add_named(d.op, fused_in, attrs, std::vector<std::string>{g.value(n.out[0]).name})[0];
       ++r.backward;
+      continue;
+    }
+    if (const int c = conv_of[static_cast<size_t>(k)]; c >= 0) {
+      const Node& conv = nodes[static_cast<size_t>(c)];
+      Attrs attrs;
+      for (const auto& [name, value] : conv.attrs.items())
+        if (name != "activation") attrs.set(name, value);
+      attrs.set("eps", n.attrs.f("eps"));
+      attrs.set("activation", n.attrs.s("activation"));
+      std::vector<ValueId> in{mapped(r, conv.in[0]), mapped(r, conv.in[1])};
+      for (size_t i = 1; i < n.in.size(); ++i) in.push_back(mapped(r, n.in[i]));  // gamma ... running_var, z?
+      r.map[static_cast<size_t>(n.out[0])] =
+          ng.add_named(Op::conv2d_bn, in, attrs, std::vector<std::string>{g.value(n.out[0]).name})[0];
+      ++r.forward;
       continue;
     }
     std::vector<ValueId> in;

@@ -19,7 +19,7 @@ bool is_library(Op op) {
   switch (op) {
     case Op::matmul: case Op::linear: case Op::linear_act: case Op::linear_act_aux: case Op::matmul_act_grad:
     case Op::linear_grad_weight_bias: case Op::conv2d: case Op::conv2d_grad_input: case Op::conv2d_grad_weight:
-    case Op::batch_norm: case Op::batch_norm_grad:
+    case Op::conv2d_bn: case Op::batch_norm: case Op::batch_norm_grad:
       return true;
     default:
       return false;
@@ -84,6 +84,12 @@ std::string why(const PlanStep& s) {
     case Op::matmul_act_grad: return "fused: the activation's derivative applied to the GEMM's output before it is stored";
     case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
+    case Op::conv2d_bn:
+      return s.in.size() > 6 ? "fused: batch norm (running statistics), residual add and relu applied to the "
+                               "convolution's result before it is stored"
+                             : std::string("fused: batch norm (running statistics)") +
+                                   (s.attrs.s("activation") == "relu" ? " and relu" : "") +
+                                   " applied to the convolution's result before it is stored";
     case Op::conv2d: case Op::conv2d_grad_input:
       if (s.attrs.s("activation") == "relu")
         return s.op == Op::conv2d ? "fused: relu applied to the convolution's result before it is stored"

@@ -181,6 +181,47 @@ TEST(GpuConvEngine, ReluFusesIntoTheConvolutionGraphs) {
   compare_with_cpu(build, gpu_testing::bf16());
 }
 
+TEST(GpuConvEngine, EvaluationBatchNormFoldsIntoTheConvolution) {
+  // In evaluation, conv -> batch norm -> relu and conv -> batch norm -> + h -> relu are
+  // conv2d_bn steps: one cuDNN graph each (convolution, scale, shift, residual, relu),
+  // and on the classic API the convolution then the epilogue kernel.
+  auto build = [](GpuCase& c) {
+    auto bn = [&](Var h, const std::string& p) {
+      const Shape ch{h.shape()[1]};
+      return batch_norm(h, c.param(p + "gamma", ch, 0.5, 1.5), c.param(p + "beta", ch),
+                        c.state(p + "mean", ch, Init::uniform(-0.5, 0.5)), c.state(p + "var", ch, Init::uniform(0.5, 1.5)),
+                        0.1, 1e-5);
+    };
+    Var h = relu(bn(conv2d(c.data("x", {4, 8, 10, 10}), c.param("w1", {16, 8, 3, 3}), std::nullopt, {.padding = {1, 1}}),
+                    "bn1."));
+    return relu(add(bn(conv2d(h, c.param("w2", {16, 16, 3, 3}), std::nullopt, {.padding = {1, 1}}), "bn2."), h));
+  };
+  auto eval = [](CompareOptions o) {
+    o = o.in_mode(Mode::eval);
+    o.gradients = false;
+    return o;
+  };
+  for (const CompareOptions& o : {f32(), tf32_nhwc(), gpu_testing::bf16()}) {
+    SCOPED_TRACE(precision_name(o.precision));
+    compare_with_cpu(build, eval(o));
+    GpuCase c(3);
+    Var y = build(c);
+    Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = o.precision});
+    Program p = m.compile({.mode = Mode::eval, .outputs = {y.id()}});
+    int folded = 0, residual = 0;
+    for (auto& [step, what] : p.executable().stats().choices) {
+      folded += what.rfind("conv2d_bn ", 0) == 0 && what.find("with the batch norm") != std::string::npos;
+      residual += what.rfind("conv2d_bn ", 0) == 0 && what.find("with the residual with relu") != std::string::npos;
+      if (what.rfind("conv2d_bn ", 0) == 0) std::cout << "[ cuDNN    ] step " << step << ": " << what << "\n";
+    }
+    EXPECT_EQ(folded, 2);
+    EXPECT_EQ(residual, 1);
+  }
+  gpu_testing::ClassicConvApi classic;
+  compare_with_cpu(build, eval(tf32_nhwc()));
+  compare_with_cpu(build, eval(gpu_testing::bf16()));
+}
+
 // ------------------------------------------------------------------------------------------
 // Pooling
 

@@ -5,6 +5,7 @@
 // 100 KB apart (docs/perf.md).
 
 #include <algorithm>
+#include <cmath>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm.h"
@@ -96,34 +97,71 @@ void col2im(const ConvGeom& g, const T* col, T* x) {
   });
 }
 
+// Each image's convolution into y (one GEMM per group), then epilogue(n, yn) on its
+// result.
+template <class T, class Epilogue>
+void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y, Epilogue&& epilogue) {
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* xn = x + n * g.c * g.h * g.w;
+      T* yn = y + n * g.o * g.p();
+      const T* cols = xn;
+      if (!g.pointwise()) {
+        im2col(g, xn, col.data());
+        cols = col.data();
+      }
+      for (int64_t gr = 0; gr < g.groups; ++gr)
+        gemm(false, false, g.og(), g.p(), g.k(), w + gr * g.og() * g.k(), cols + gr * g.k() * g.p(), T(0),
+             yn + gr * g.og() * g.p());
+      epilogue(n, yn);
+    }
+  });
+}
+
 // inputs: x, w, b?; activation relu applied to each image's result.
 void conv2d(const KernelArgs& a) {
   const ConvGeom g = conv_geom(a.attrs(), a.in[0].shape(), a.in[1].shape(), a.out[0].shape());
   const bool relu = a.attrs().s("activation") == "relu";
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
-    const T* x = a.in[0].as<T>();
-    const T* w = a.in[1].as<T>();
+    const T* b = a.in.size() == 3 ? a.in[2].as<T>() : nullptr;
+    conv_forward(g, a.in[0].as<T>(), a.in[1].as<T>(), a.out[0].as<T>(), [&](int64_t, T* yn) {
+      if (b)
+        for (int64_t o = 0; o < g.o; ++o)
+          for (int64_t q = 0; q < g.p(); ++q) yn[o * g.p() + q] += b[o];
+      if (relu)  // as the relu op: x > 0 ? x : 0
+        for (int64_t i = 0; i < g.o * g.p(); ++i) yn[i] = yn[i] > T(0) ? yn[i] : T(0);
+    });
+  });
+}
+
+// inputs: x, w, gamma, beta, running_mean, running_var, z?. Each image's result is
+// normalized as batch_norm in evaluation normalizes it, rounding where the unfused steps
+// store: the convolution's value, the normalized one, the sum with z.
+void conv2d_bn(const KernelArgs& a) {
+  const ConvGeom g = conv_geom(a.attrs(), a.in[0].shape(), a.in[1].shape(), a.out[0].shape());
+  const bool relu = a.attrs().s("activation") == "relu";
+  const double eps = a.attrs().f("eps");
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* gamma = a.in[2].as<T>();
+    const T* beta = a.in[3].as<T>();
+    const T* mean = a.in[4].as<T>();
+    const T* var = a.in[5].as<T>();
+    const T* z = a.in.size() == 7 ? a.in[6].as<T>() : nullptr;
+    std::vector<double> invstd(static_cast<size_t>(g.o));
+    for (int64_t o = 0; o < g.o; ++o) invstd[static_cast<size_t>(o)] = 1.0 / std::sqrt(static_cast<double>(var[o]) + eps);
     T* y = a.out[0].as<T>();
-    parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
-      std::vector<T> col(g.pointwise() ? 0 : static_cast<size_t>(g.c * g.kh * g.kw * g.p()));
-      for (int64_t n = n0; n < n1; ++n) {
-        const T* xn = x + n * g.c * g.h * g.w;
-        T* yn = y + n * g.o * g.p();
-        const T* cols = xn;
-        if (!g.pointwise()) {
-          im2col(g, xn, col.data());
-          cols = col.data();
+    conv_forward(g, a.in[0].as<T>(), a.in[1].as<T>(), y, [&](int64_t, T* yn) {
+      const T* zn = z ? z + (yn - y) : nullptr;
+      for (int64_t o = 0; o < g.o; ++o) {
+        const double m = static_cast<double>(mean[o]), s = invstd[static_cast<size_t>(o)];
+        const double gm = static_cast<double>(gamma[o]), bt = static_cast<double>(beta[o]);
+        for (int64_t q = 0; q < g.p(); ++q) {
+          const int64_t i = o * g.p() + q;
+          T v = static_cast<T>((static_cast<double>(yn[i]) - m) * s * gm + bt);
+          if (zn) v = static_cast<T>(v + zn[i]);
+          yn[i] = relu && !(v > T(0)) ? T(0) : v;
         }
-        for (int64_t gr = 0; gr < g.groups; ++gr)
-          gemm(false, false, g.og(), g.p(), g.k(), w + gr * g.og() * g.k(), cols + gr * g.k() * g.p(), T(0),
-               yn + gr * g.og() * g.p());
-        if (a.in.size() == 3) {
-          const T* b = a.in[2].as<T>();
-          for (int64_t o = 0; o < g.o; ++o)
-            for (int64_t q = 0; q < g.p(); ++q) yn[o * g.p() + q] += b[o];
-        }
-        if (relu)  // as the relu op: x > 0 ? x : 0
-          for (int64_t i = 0; i < g.o * g.p(); ++i) yn[i] = yn[i] > T(0) ? yn[i] : T(0);
       }
     });
   });
@@ -202,6 +240,7 @@ void conv2d_grad_weight(const KernelArgs& a) {
 
 void register_conv(KernelTable& t) {
   set(t, Op::conv2d, conv2d);
+  set(t, Op::conv2d_bn, conv2d_bn);
   set(t, Op::conv2d_grad_input, conv2d_grad_input);
   set(t, Op::conv2d_grad_weight, conv2d_grad_weight);
 }

@@ -547,9 +547,11 @@ std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const En
   c.tensor_math = key.math != Math::fma;
   c.nhwc = key.nhwc;
   c.bias = buf.b != nullptr;
+  c.affine = buf.scale != nullptr;
+  c.residual = buf.z != nullptr;
   c.relu = key.pass != Pass::bwd_filter && a.step.attrs.has("activation") && a.step.attrs.s("activation") == "relu";
-  c.key = key.str() + (c.bias ? " bias=1" : "") + (c.relu ? " relu=1" : "") +
-          (c.out_dtype != c.dtype ? std::string(" out=") + dtype_name(c.out_dtype) : "");
+  c.key = key.str() + (c.bias ? " bias=1" : "") + (c.affine ? " affine=1" : "") + (c.residual ? " residual=1" : "") +
+          (c.relu ? " relu=1" : "") + (c.out_dtype != c.dtype ? std::string(" out=") + dtype_name(c.out_dtype) : "");
   std::string why;
   std::optional<Launch> l = prepare_engine_conv(a, c, buf, &why, ms);
   if (!l)
@@ -636,57 +638,65 @@ __global__ void fill_bias_kernel(const T* __restrict__ b, T* __restrict__ y, int
 
 bool relu_of(const StepArgs& a) { return a.step.attrs.s("activation") == "relu"; }
 
-// The classic API's launch `l`, then relu's value (forward, y in place) or mask (the data
-// gradient's, dx by r in place) with the elementwise kernels, where the step fuses relu.
-Launch with_relu(const StepArgs& a, Launch l) {
+// The classic API's data gradient `l`, then relu's mask (dx by r, in place) with the
+// elementwise kernel, where the step fuses relu.
+Launch with_relu_mask(const StepArgs& a, Launch l) {
   if (!relu_of(a)) return l;
-  const DeviceTensor& out = a.out[0];
-  Launch act = a.step.op == Op::conv2d ? prepare_as_step(a, Op::relu, Attrs{}, {out}, {out})
-                                       : prepare_as_step(a, Op::relu_grad, Attrs{}, {out, a.in[2]}, {out});
-  return in_order({std::move(l), std::move(act)});
+  return in_order({std::move(l), prepare_as_step(a, Op::relu_grad, Attrs{}, {a.out[0], a.in[2]}, {a.out[0]})});
 }
 
 // inputs: x, w, b?; activation relu: relu of the result.
 Launch prepare_conv2d(const StepArgs& a) {
-  ConvKey key;
-  const Shape& ys = a.out[0].shape();
-  auto s = setup(a, Pass::fwd, a.in[0].shape(), a.in[1].shape(), ys, key);
-  void* x = a.in[0].data;
-  void* w = a.in[1].data;
-  void* y = a.out[0].data;
-  Launch fill;  // none without a bias
+  EngineBuffers buf{a.in[0].data, a.in[1].data, a.out[0].data};
   if (a.in.size() == 3) {
-    const int64_t n = a.out[0].numel();
-    const int64_t channels = key.y[1], plane = key.nhwc ? 1 : key.y[2] * key.y[3];
+    const Shape& ys = a.out[0].shape();
+    const int64_t channels = step_nhwc(a) ? ys.back() : ys.at(1);
     if (a.in[2].numel() != channels)
       fail("conv2d '", a.step.name, "': b has ", a.in[2].numel(), " values for ", channels, " output channels (y ",
            shape_str(ys), ")");
-    if (a.in[2].dtype() == a.in[0].dtype())
-      if (auto l = try_engine(a, key, {x, w, y, a.in[2].data})) return *l;
+    buf.b = a.in[2].data;
+  }
+  Launch act;  // the classic API's: relu in place
+  if (relu_of(a)) act = prepare_as_step(a, Op::relu, Attrs{}, {a.out[0]}, {a.out[0]});
+  return prepare_conv_forward(a, buf, std::move(act));
+}
+
+}  // namespace
+
+Launch prepare_conv_forward(const StepArgs& a, const EngineBuffers& buf, Launch epilogue) {
+  StepArgs conv = a;  // the convolution's own operands
+  conv.in = {a.in[0], a.in[1]};
+  ConvKey key;
+  auto s = setup(conv, Pass::fwd, a.in[0].shape(), a.in[1].shape(), a.out[0].shape(), key);
+  if (auto l = try_engine(a, key, buf)) return *l;
+  Launch fill;  // the bias, which the classic convolution adds its result to
+  if (buf.b) {
+    const int64_t n = a.out[0].numel(), channels = key.y[1], plane = key.nhwc ? 1 : key.y[2] * key.y[3];
     const unsigned blocks = blocks_for(n, 256, static_cast<int>(grid_cap(a.ctx)));
-    dispatch_storage(a.in[2].dtype(), "conv2d", [&]<class T>() {
-      fill = [b = a.in[2].as<const T>(), yt = static_cast<T*>(y), n, channels, plane, blocks](cudaStream_t st) {
-        fill_bias_kernel<T><<<blocks, 256, 0, st>>>(b, yt, n, channels, plane);
+    dispatch_storage(a.out[0].dtype(), "conv2d", [&]<class T>() {
+      fill = [b = static_cast<const T*>(buf.b), y = static_cast<T*>(buf.y), n, channels, plane,
+              blocks](cudaStream_t st) {
+        fill_bias_kernel<T><<<blocks, 256, 0, st>>>(b, y, n, channels, plane);
         SEAM_CUDA_LAUNCH_CHECK();
       };
     });
-  } else if (auto l = try_engine(a, key, {x, w, y})) {
-    return *l;
   }
-  const Chosen ch = choose(a, *s, key, x, w, y);
+  const Chosen ch = choose(conv, *s, key, buf.x, buf.w, buf.y);
   a.ctx.need_workspace(ch.workspace);
   Context* ctx = &a.ctx;
   cudnnHandle_t h = cudnn_of(a.ctx);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ch.algo);
   const size_t ws = ch.workspace;
-  return with_relu(a, [s, ctx, h, algo, ws, x, w, y, fill](cudaStream_t stream) {
+  Launch run = [s, ctx, h, algo, ws, x = buf.x, w = buf.w, y = buf.y, fill](cudaStream_t stream) {
     if (fill) fill(stream);
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
-    void* work = ws ? ctx->workspace() : nullptr;
-    SEAM_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, s->x, x, s->w, w, s->conv, algo, work, ws,
-                                             fill ? &kOne : &kZero, s->y, y));
-  });
+    SEAM_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, s->x, x, s->w, w, s->conv, algo, ws ? ctx->workspace() : nullptr,
+                                             ws, fill ? &kOne : &kZero, s->y, y));
+  };
+  return epilogue ? in_order({std::move(run), std::move(epilogue)}) : run;
 }
+
+namespace {
 
 // inputs: dy, w, and with activation relu r (dx masked by r > 0); attribute shape = x's
 // shape (in the step's layout, as every operand).
@@ -715,7 +725,7 @@ Launch prepare_conv2d_grad_input(const StepArgs& a) {
   cudnnHandle_t h = cudnn_of(a.ctx);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(ch.algo);
   const size_t ws = ch.workspace;
-  return with_relu(a, [s, ctx, h, algo, ws, dy, w, dx](cudaStream_t stream) {
+  return with_relu_mask(a, [s, ctx, h, algo, ws, dy, w, dx](cudaStream_t stream) {
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     void* work = ws ? ctx->workspace() : nullptr;
     SEAM_CUDNN_CHECK(

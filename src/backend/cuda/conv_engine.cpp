@@ -25,7 +25,7 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-constexpr int64_t kX = 1, kW = 2, kY = 3, kB = 4, kR = 5;  // tensor uids by role
+constexpr int64_t kX = 1, kW = 2, kY = 3, kB = 4, kR = 5, kScale = 6, kShift = 7, kZ = 8;  // tensor uids by role
 constexpr size_t kMaxTrialWorkspace = size_t{1} << 30;
 constexpr const char* kPassName[] = {"forward", "data gradient", "filter gradient"};
 
@@ -55,6 +55,12 @@ std::shared_ptr<fe::graph::Graph> make_graph(const EngineConv& c) {
     return g->tensor(
         fe::graph::Tensor_attributes().set_name(name).set_dim(dims(d)).set_stride(strides(d, c.nhwc)).set_uid(uid));
   };
+  auto pointwise = [&](std::shared_ptr<fe::graph::Tensor_attributes> in, fe::PointwiseMode_t mode,
+                       std::shared_ptr<fe::graph::Tensor_attributes> other = nullptr) {
+    auto attrs = fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+    return other ? g->pointwise(in, other, attrs) : g->pointwise(in, attrs);
+  };
+  const int64_t per_channel[4] = {1, c.y[1], 1, 1};
   const std::vector<int64_t> pad{c.pad[0], c.pad[1]}, stride{c.stride[0], c.stride[1]}, dil{c.dil[0], c.dil[1]};
   std::shared_ptr<fe::graph::Tensor_attributes> out;
   int64_t out_uid = kY;
@@ -63,27 +69,22 @@ std::shared_ptr<fe::graph::Graph> make_graph(const EngineConv& c) {
     case 0: {
       out = g->conv_fprop(tensor("x", c.x, kX), tensor("w", c.w, kW),
                           fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride).set_dilation(dil));
-      if (c.bias) {
-        const int64_t bd[4] = {1, c.y[1], 1, 1};
-        out = g->pointwise(out, tensor("b", bd, kB),
-                           fe::graph::Pointwise_attributes()
-                               .set_mode(fe::PointwiseMode_t::ADD)
-                               .set_compute_data_type(fe::DataType_t::FLOAT));
+      if (c.bias) out = pointwise(out, fe::PointwiseMode_t::ADD, tensor("b", per_channel, kB));
+      if (c.affine) {
+        auto scale = tensor("scale", per_channel, kScale), shift = tensor("shift", per_channel, kShift);
+        scale->set_data_type(fe::DataType_t::FLOAT);
+        shift->set_data_type(fe::DataType_t::FLOAT);
+        out = pointwise(pointwise(out, fe::PointwiseMode_t::MUL, scale), fe::PointwiseMode_t::ADD, shift);
       }
-      if (c.relu)
-        out = g->pointwise(out, fe::graph::Pointwise_attributes()
-                                    .set_mode(fe::PointwiseMode_t::RELU_FWD)
-                                    .set_compute_data_type(fe::DataType_t::FLOAT));
+      if (c.residual) out = pointwise(out, fe::PointwiseMode_t::ADD, tensor("z", c.y, kZ));
+      if (c.relu) out = pointwise(out, fe::PointwiseMode_t::RELU_FWD);
       break;
     }
     case 1:
       out = g->conv_dgrad(tensor("dy", c.y, kY), tensor("w", c.w, kW),
                           fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dil));
       if (c.relu)  // RELU_BWD: IN_0 the gradient, IN_1 the value whose sign masks it
-        out = g->pointwise(out, tensor("r", c.x, kR),
-                           fe::graph::Pointwise_attributes()
-                               .set_mode(fe::PointwiseMode_t::RELU_BWD)
-                               .set_compute_data_type(fe::DataType_t::FLOAT));
+        out = pointwise(out, fe::PointwiseMode_t::RELU_BWD, tensor("r", c.x, kR));
       out_uid = kX;
       out_dims = &c.x;
       break;
@@ -290,6 +291,11 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   shared->pack = {{kX, buf.x}, {kW, buf.w}, {kY, buf.y}};
   if (c.bias) shared->pack[kB] = buf.b;
   if (c.relu && c.pass == 1) shared->pack[kR] = buf.r;
+  if (c.affine) {
+    shared->pack[kScale] = buf.scale;
+    shared->pack[kShift] = buf.shift;
+  }
+  if (c.residual) shared->pack[kZ] = buf.z;
   EngineCache& cache = EngineCache::instance();
   const std::optional<EngineChoice> cached = cache.find(c.key);
 
@@ -367,7 +373,9 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   (void)shared->graph->get_workspace_size_plan_at_index(index, ws_bytes);
   a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + (c.nhwc ? " nhwc" : " nchw") +
                                           ": cuDNN graph API " + name + (c.bias ? " with the bias" : "") +
-                                          (c.relu ? " with relu" : "") + ", " + how +
+                                          (c.affine ? " with the batch norm" : "") +
+                                          (c.residual ? " with the residual" : "") + (c.relu ? " with relu" : "") +
+                                          ", " + how +
                                           ", workspace " + std::to_string(ws_bytes) + " bytes");
   if (ms) *ms = best_ms;
   Context* ctx = &a.ctx;

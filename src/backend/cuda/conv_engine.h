@@ -34,11 +34,15 @@ struct EngineConv {
   DType out_dtype = DType::f32;    // the output's: dtype, or f32 for a 16-bit filter gradient
   bool tensor_math = true;         // f32 data: TF32 tensor cores allowed
   bool nhwc = false;               // x, y channels-last and the filter KRSC
-  bool bias = false;               // forward only: y = conv(x, w) + b[C_out], one rounding
-  // relu fused (fuse_conv_activations): forward, y = relu(conv + b); data gradient, dx
-  // masked by r > 0 (cuDNN's pointwise RELU_BWD on the gradient before it is stored).
+  // The forward's epilogue, in f32 before y is rounded once: y = conv(x, w) + b[c], or
+  // (affine, conv2d_bn) conv(x, w) * scale[c] + shift[c] with f32 scale and shift; then + z
+  // (residual, of y's type and shape); then relu. The data gradient's: dx masked by r > 0
+  // (relu: cuDNN's pointwise RELU_BWD on the gradient before it is stored).
+  bool bias = false;
+  bool affine = false;
+  bool residual = false;
   bool relu = false;
-  std::string key;                 // the cache key: the classic cache's, with the bias and relu
+  std::string key;                 // the cache key: the classic cache's, with the epilogue
 };
 
 // By role, as EngineConv's dims: the output is one of them, which trials overwrite.
@@ -48,6 +52,9 @@ struct EngineBuffers {
   void* y = nullptr;
   void* b = nullptr;
   void* r = nullptr;  // the data gradient's relu mask source, x-shaped
+  void* scale = nullptr;  // affine: f32 per output channel
+  void* shift = nullptr;
+  void* z = nullptr;  // residual, y-shaped
 };
 
 // The fastest engine's launch, or nothing (with *why) where the graph API builds and runs
@@ -56,6 +63,12 @@ struct EngineBuffers {
 // chosen). Groups are the caller's to exclude (EngineConv has none).
 std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c, const EngineBuffers& buf,
                                           std::string* why, float* ms = nullptr);
+
+// The forward convolution of step `a` (x = a.in[0], w = a.in[1] into y = a.out[0], the
+// step's geometry attributes) with the epilogue `buf` names (affine, residual) and the
+// step's activation, as one cuDNN graph where the graph API runs it; else the classic
+// API's convolution followed by `epilogue`, the caller's kernels for the same (conv.cu).
+Launch prepare_conv_forward(const StepArgs& a, const EngineBuffers& buf, Launch epilogue);
 
 // Whether the graph API path is on: SEAM_CUDNN_CONV=classic turns it off (for comparing
 // the two; the default is the graph API).

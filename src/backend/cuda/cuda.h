@@ -152,6 +152,7 @@ void register_loss(PreparerTable& t);
 void register_norm(PreparerTable& t);        // layer_norm
 void register_batch_norm(PreparerTable& t);  // batch_norm (cuDNN)
 void register_conv(PreparerTable& t);
+void register_conv_bn(PreparerTable& t);  // conv2d_bn (inference)
 void register_pool(PreparerTable& t);
 void register_attention(PreparerTable& t);  // attention (kernels of its own)
 void register_fused_elementwise(PreparerTable& t);  // generated kernels (codegen.h)

@@ -129,6 +129,7 @@ PreparerTable build() {
   register_norm(t);
   register_batch_norm(t);
   register_conv(t);
+  register_conv_bn(t);
   register_pool(t);
   register_attention(t);
   register_fused_elementwise(t);
