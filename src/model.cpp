@@ -30,7 +30,8 @@ struct Model::Core {
   Precision precision = Precision::f32;
   std::vector<PrecisionOverride> overrides;
   std::optional<DType> stored;  // the 16-bit parameter dtype without masters (master_weights false)
-  DataLayout conv_layout = DataLayout::plain;  // ModelOptions::layout, resolved
+  std::vector<LayoutRegion> layout_regions;  // ModelOptions::layout, resolved per region
+  std::set<std::string> nhwc_convs;          // the convolutions they put channels-last
   int reuse_gap = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
   std::shared_ptr<Backend> backend;
   std::byte* params = nullptr;
@@ -198,17 +199,18 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
       fail("ModelOptions::master_weights = false stores the parameters in 16 bits: it needs precision bf16 or f16, got ",
            precision_name(options.precision));
   }
-  c.conv_layout = options.layout == LayoutPolicy::nhwc ||
-                          (options.layout == LayoutPolicy::automatic && c.device == Device::cuda &&
-                           options.precision != Precision::f32)
-                      ? DataLayout::nhwc
-                      : DataLayout::plain;
   // The parameters as the compiled graphs declare them: filters channels-last under nhwc
-  // (the same bytes, so the offsets stand).
+  // (the same bytes, so the offsets stand). The layouts are chosen on the graph as compile
+  // has it before its layout pass.
   const Graph declared = c.stored ? params_in(c.graph, *c.stored).graph : c.graph;
+  const Graph precise = low_dtype(c.precision) || !c.overrides.empty()
+                            ? apply_precision(declared, c.precision, c.overrides).graph
+                            : declared;
+  c.layout_regions = choose_layouts(precise, options.layout, layout_costs(c.device, options.precision));
+  c.nhwc_convs = nhwc_convs(c.layout_regions);
   c.layout = make_layout(declared);
-  if (c.conv_layout == DataLayout::nhwc)
-    for (const std::string& name : channels_last_params(declared))
+  if (!c.nhwc_convs.empty())
+    for (const std::string& name : channels_last_params(precise, c.nhwc_convs))
       for (Slot& s : c.layout.params)
         if (s.name == name) s.type = {s.type.dtype, nhwc_order(s.type.shape), DataLayout::nhwc};
   c.state.seed = options.seed;
@@ -227,6 +229,11 @@ Model::~Model() = default;
 
 const Graph& Model::graph() const { return core_->graph; }
 const Layout& Model::layout() const { return core_->layout; }
+std::vector<std::string> Model::layout_choices() const {
+  std::vector<std::string> out;
+  for (const LayoutRegion& r : core_->layout_regions) out.push_back(r.str());
+  return out;
+}
 StepState& Model::state() { return core_->state; }
 Device Model::device() const { return core_->device; }
 
@@ -412,7 +419,7 @@ Program Model::compile(const CompileOptions& o) {
   };
   if (c.stored) rewrite(params_in(g, *c.stored));
   if (low_dtype(c.precision) || !c.overrides.empty()) rewrite(apply_precision(g, c.precision, c.overrides));
-  if (c.conv_layout != DataLayout::plain) rewrite(apply_layout(g, c.conv_layout));
+  if (!c.nhwc_convs.empty()) rewrite(apply_layout(g, c.nhwc_convs));
   for (ValueId id : g.params()) {
     const Value& v = g.value(id);
     const Slot* s = c.layout.param(v.name);

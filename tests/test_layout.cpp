@@ -7,6 +7,7 @@
 #include "layout_case.h"
 #include "ops/layout.h"
 #include "passes/layout.h"
+#include "passes/precision.h"
 #include "seam/seam.h"
 #include "test_util.h"
 
@@ -14,6 +15,11 @@ namespace seam::testing {
 namespace {
 
 const OptimizerConfig kSgd = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+
+// Every convolution of g channels-last, as layout nhwc asks.
+std::set<std::string> every_conv(const Graph& g) {
+  return nhwc_convs(choose_layouts(g, LayoutPolicy::nhwc, layout_costs(Device::cpu, Precision::f32)));
+}
 
 int count_nhwc(const Plan& p, Op op) {
   int n = 0;
@@ -41,13 +47,13 @@ TEST(LayoutPass, ConvolutionRegionsRunChannelsLast) {
   // the [8, 1, 1] scale moves only dims of size 1: a view.
   EXPECT_EQ(count(plan, Op::transpose), 1 + 2) << plan.str();
   EXPECT_NE(plan.str().find("nhwc"), std::string::npos);
-  for (const std::string& name : channels_last_params(net.g)) {
+  for (const std::string& name : channels_last_params(net.g, every_conv(net.g))) {
     const Slot* s = m.layout().param(name);
     ASSERT_NE(s, nullptr) << name;
     EXPECT_EQ(s->type.layout, DataLayout::nhwc) << name;
     EXPECT_EQ(s->user_type().shape, net.g.value(*net.g.find(name)).type.shape) << name;
   }
-  EXPECT_EQ(channels_last_params(net.g).size(), 6u);
+  EXPECT_EQ(channels_last_params(net.g, every_conv(net.g)).size(), 6u);
 }
 
 // Channels-last filters read, write, save and load in NCHW order: a checkpoint of a model
@@ -68,7 +74,7 @@ TEST(LayoutPass, ChannelsLastFiltersSpeakNchwToTheirUsers) {
     EXPECT_EQ(a.read_param(s.name), b.read_param(s.name)) << s.name;
     EXPECT_EQ(a.layout().param(s.name)->user_type(), s.type) << s.name;
   }
-  const std::string w = *channels_last_params(net.g).begin();
+  const std::string w = *channels_last_params(net.g, every_conv(net.g)).begin();
   std::vector<std::byte> bytes = b.read_param(w);
   bytes[4] = std::byte{0x3f};
   a.write_param(w, bytes);
@@ -79,6 +85,61 @@ TEST(LayoutPass, ChannelsLastFiltersSpeakNchwToTheirUsers) {
   pa.run();
   pb.run();
   expect_same_params(a, b, 1e-5);
+}
+
+TEST(LayoutChoice, TheRegionIsCostedOnTheModelsDeviceAndPrecision) {
+  LayoutNet net;
+  auto regions = [&](Device d, Precision p) {
+    const Graph g = p == Precision::bf16 ? apply_precision(net.g, p, {}).graph : net.g;
+    return choose_layouts(g, LayoutPolicy::automatic, layout_costs(d, p));
+  };
+  const auto cpu = regions(Device::cpu, Precision::f32);
+  ASSERT_EQ(cpu.size(), 1u);  // the convolutions, batch norms, poolings and adds join into one
+  EXPECT_EQ(cpu[0].convs.size(), 6u);
+  EXPECT_FALSE(cpu[0].nhwc) << cpu[0].str();
+  EXPECT_EQ(cpu[0].str().rfind("layout region of 6 convolutions (", 0), 0u) << cpu[0].str();
+  for (Precision p : {Precision::tf32, Precision::bf16}) {
+    const auto gpu = regions(Device::cuda, p);
+    ASSERT_EQ(gpu.size(), 1u);
+    EXPECT_TRUE(gpu[0].nhwc) << gpu[0].str();
+    EXPECT_GT(gpu[0].boundary_us, 0) << gpu[0].str();  // the input, and the pooled value around dropout
+  }
+  EXPECT_FALSE(regions(Device::cuda, Precision::f32)[0].nhwc);  // cuDNN's FMA kernels
+  // A forced policy names itself.
+  const auto forced = choose_layouts(net.g, LayoutPolicy::nhwc, layout_costs(Device::cpu, Precision::f32));
+  EXPECT_TRUE(forced[0].nhwc);
+  EXPECT_NE(forced[0].str().find("(layout nhwc)"), std::string::npos) << forced[0].str();
+}
+
+// Two regions that dropout separates: in a bf16 model whose second region stays in f32
+// (an override), the first runs channels-last on tensor cores and the second NCHW on the
+// FMA units; the pass moves only the first, with one transpose into it and one out.
+TEST(LayoutChoice, EachRegionHasItsOwnLayout) {
+  Graph g;
+  Var x = g.input("x", {8, 16, 16, 16});
+  auto layer = [&](Var in, const std::string& name) {
+    Var w = g.param(name + ".weight", {16, 16, 3, 3}, Init::uniform(-0.1, 0.1));
+    return relu(g.var(g.add_named(Op::conv2d, {in.id(), w.id()}, {{"padding", std::vector<int64_t>{1, 1}}}, name)[0]));
+  };
+  Var h = layer(layer(x, "a1"), "a2");
+  h = layer(layer(dropout(h, 0.1), "b1"), "b2");
+  const Graph precise = apply_precision(g, Precision::bf16, {{"b1", Precision::f32}, {"b2", Precision::f32}}).graph;
+  const auto regions = choose_layouts(precise, LayoutPolicy::automatic, layout_costs(Device::cuda, Precision::bf16));
+  ASSERT_EQ(regions.size(), 2u);
+  EXPECT_EQ(regions[0].convs, (std::vector<std::string>{"a1", "a2"}));
+  EXPECT_TRUE(regions[0].nhwc) << regions[0].str();
+  EXPECT_EQ(regions[1].convs, (std::vector<std::string>{"b1", "b2"}));
+  EXPECT_FALSE(regions[1].nhwc) << regions[1].str();
+  const Graph moved = apply_layout(precise, nhwc_convs(regions)).graph;
+  int nhwc = 0, nchw = 0, transposes = 0;
+  for (const Node& n : moved.nodes()) {
+    if (n.op == Op::conv2d) (is_nhwc(n.attrs) ? nhwc : nchw)++;
+    transposes += n.op == Op::transpose;
+  }
+  EXPECT_EQ(nhwc, 2);
+  EXPECT_EQ(nchw, 2);
+  EXPECT_EQ(transposes, 2);
+  EXPECT_EQ(channels_last_params(precise, nhwc_convs(regions)), (std::set<std::string>{"a1.weight", "a2.weight"}));
 }
 
 TEST(LayoutPass, AutomaticIsNchwOnTheCpu) {

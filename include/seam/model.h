@@ -146,6 +146,9 @@ class Model {
 
   const Graph& graph() const;
   const Layout& layout() const;
+  // How ModelOptions::layout was resolved: a line per region of convolutions, with the
+  // layout it runs in and the estimates behind the choice (src/passes/layout.h).
+  std::vector<std::string> layout_choices() const;
   StepState& state();
   Device device() const;
 

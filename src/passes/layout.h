@@ -16,19 +16,61 @@
 // transposes a filter or its gradient. The model stores those parameters so
 // (channels_last_params) and speaks NCHW to its users: checkpoints, read_param and
 // write_param reorder on the host.
+//
+// Which convolutions go channels-last is chosen per region (src/passes/layout_choice.cpp):
+// a region is a maximal set of ops that can run in either layout (convolutions, and the
+// batch norm, pooling and elementwise ops joined to them through their values), so a
+// choice never puts a transpose inside one. Each region is costed both ways for a
+// training step on the model's device and precision: its convolutions (cuDNN's NCHW
+// tensor-core kernels transpose their operands internally; its FMA kernels for f32 are
+// faster in NCHW; the CPU runs a channels-last step on permuted copies) and, channels-
+// last, the transposes at its boundaries. ModelOptions::layout nchw or nhwc forces every
+// region.
 #pragma once
 #include <set>
 #include <string>
+#include <vector>
 
 #include "passes/fuse.h"
+#include "seam/model.h"
 
 namespace seam {
 
-// layout plain: g unchanged. A graph that already has an op in layout nhwc is left as
-// its author wrote it.
-FuseResult apply_layout(const Graph& g, DataLayout conv_layout);
+// The convolutions, by their output's name, that run channels-last. A graph that already
+// has an op in layout nhwc is left as its author wrote it.
+FuseResult apply_layout(const Graph& g, const std::set<std::string>& nhwc_convs);
 
-// The parameters apply_layout(g, nhwc) declares channels-last (see above).
-std::set<std::string> channels_last_params(const Graph& g);
+// The parameters apply_layout(g, nhwc_convs) declares channels-last (see above): the
+// filters that only channels-last convolutions read.
+std::set<std::string> channels_last_params(const Graph& g, const std::set<std::string>& nhwc_convs);
+
+// One region and its choice. Estimates are of a training step (forward and both
+// gradients), in microseconds on the ceilings of LayoutCosts.
+struct LayoutRegion {
+  std::vector<std::string> convs;  // by output name, in graph order
+  bool nhwc = false;
+  double nhwc_us = 0, nchw_us = 0;
+  double boundary_us = 0;  // of nhwc_us: the transposes at the region's edges
+  std::string why;         // "cost model" or the policy that forced it
+  std::string str() const;  // one line for `seam plan`
+};
+
+// The ceilings the estimates take: the H200's, measured (docs/perf.md), by default.
+struct LayoutCosts {
+  bool gpu = true;
+  Precision precision = Precision::f32;  // the model's: tf32 puts f32 convolutions on tensor cores
+  double bandwidth_gbps = 4250;          // device memory, read + write
+  double tf32_tflops = 400, half_tflops = 785, fma_tflops = 60;
+  // f32 without TF32 on the GPU: cuDNN's FMA kernels take this much longer channels-last
+  // (ResNet-18 on the H200: 11.30 ms against 6.41 a step, docs/perf.md).
+  double fma_nhwc_slowdown = 1.76;
+};
+// The H200's for the GPU; the 2-core development machine's for the CPU.
+LayoutCosts layout_costs(Device device, Precision precision);
+
+// g as compile sees it before the layout pass (after the precision pass), so that each
+// convolution is costed at the dtype it runs in.
+std::vector<LayoutRegion> choose_layouts(const Graph& g, LayoutPolicy policy, const LayoutCosts& costs);
+std::set<std::string> nhwc_convs(const std::vector<LayoutRegion>& regions);
 
 }  // namespace seam

@@ -567,6 +567,7 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   std::vector<double> measured;
   if (measure) measured = p.time_steps(20);
   std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
+  for (const std::string& line : model.layout_choices()) std::printf("%s\n", line.c_str());
   return 0;
 }
 
