@@ -302,8 +302,9 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   int64_t index = -1, candidates = 0;
   float best_ms = -1, first_ms = -1;
   std::string how;
+  const bool fused = c.affine || c.residual || c.relu;
   if (cached) {
-    Built b = build(h, c, &*cached, true);
+    Built b = build(h, c, &*cached, !fused);
     int64_t ws = 0;
     if (b.error.empty() && b.graph->get_workspace_size_plan_at_index(0, ws).is_good()) {
       a.ctx.need_workspace(static_cast<size_t>(ws));
@@ -315,9 +316,11 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   }
   if (index < 0) {
     // Precompiled engines first: runtime-compiled ones build for seconds and are rarely
-    // faster for a plain convolution; they are the fallback where nothing else runs.
+    // faster for a plain convolution; they are the fallback where nothing else runs. Not
+    // for a fused epilogue, whose caller has kernels of its own for it: compiling a fused
+    // graph at run time took seconds a shape, every time a process prepares it.
     Built b = build(h, c, nullptr, false);
-    if (!b.error.empty()) b = build(h, c, nullptr, true);
+    if (!b.error.empty() && !fused) b = build(h, c, nullptr, true);
     if (!b.error.empty()) {
       *why = b.error;
       return std::nullopt;
