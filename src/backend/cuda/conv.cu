@@ -523,8 +523,11 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
 // layers often compute in FMA, so their results are further from the CPU's (within TF32's
 // rounding, scaled by the length of each sum: tests/gpu/conv_case.h), and ResNet-18's
 // first-step gradients are as close to float64 as PyTorch's TF32 ones (docs/perf.md).
+// A step with an epilogue (bias excepted: every engine takes it) whose fused graph no
+// precompiled engine runs takes the plain graph and the caller's kernels after it:
+// *fused says which (null: the step has no epilogue to split).
 std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const EngineBuffers& buf,
-                                 float* ms = nullptr) {
+                                 float* ms = nullptr, bool* fused = nullptr) {
   if (!engine_conv_enabled()) return std::nullopt;
   if (key.groups != 1) {
     a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + ": classic API (groups > 1)");
@@ -550,10 +553,27 @@ std::optional<Launch> try_engine(const StepArgs& a, const ConvKey& key, const En
   c.affine = buf.scale != nullptr;
   c.residual = buf.z != nullptr;
   c.relu = key.pass != Pass::bwd_filter && a.step.attrs.has("activation") && a.step.attrs.s("activation") == "relu";
-  c.key = key.str() + (c.bias ? " bias=1" : "") + (c.affine ? " affine=1" : "") + (c.residual ? " residual=1" : "") +
-          (c.relu ? " relu=1" : "") + (c.out_dtype != c.dtype ? std::string(" out=") + dtype_name(c.out_dtype) : "");
+  auto key_of = [&](const EngineConv& e) {
+    return key.str() + (e.bias ? " bias=1" : "") + (e.affine ? " affine=1" : "") + (e.residual ? " residual=1" : "") +
+           (e.relu ? " relu=1" : "") + (e.out_dtype != e.dtype ? std::string(" out=") + dtype_name(e.out_dtype) : "");
+  };
+  c.key = key_of(c);
   std::string why;
   std::optional<Launch> l = prepare_engine_conv(a, c, buf, &why, ms);
+  if (fused) *fused = true;
+  if (!l && fused && (c.affine || c.residual || c.relu)) {
+    EngineConv plain = c;
+    plain.affine = plain.residual = plain.relu = false;
+    plain.key = key_of(plain);
+    std::string plain_why;
+    l = prepare_engine_conv(a, plain, buf, &plain_why, ms);
+    if (l) {
+      *fused = false;
+      a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + ": the fused graph has no engine (" + why +
+                                              "): the plain graph, then the epilogue's kernels");
+      return l;
+    }
+  }
   if (!l)
     a.ctx.choices.emplace_back(a.index, std::string(op_name(a.step.op)) + ": classic API (the graph API: " + why + ")");
   return l;
@@ -668,7 +688,9 @@ Launch prepare_conv_forward(const StepArgs& a, const EngineBuffers& buf, Launch 
   conv.in = {a.in[0], a.in[1]};
   ConvKey key;
   auto s = setup(conv, Pass::fwd, a.in[0].shape(), a.in[1].shape(), a.out[0].shape(), key);
-  if (auto l = try_engine(a, key, buf)) return *l;
+  bool fused = true;
+  if (auto l = try_engine(a, key, buf, nullptr, &fused))
+    return fused || !epilogue ? *l : in_order({std::move(*l), std::move(epilogue)});
   Launch fill;  // the bias, which the classic convolution adds its result to
   if (buf.b) {
     const int64_t n = a.out[0].numel(), channels = key.y[1], plane = key.nhwc ? 1 : key.y[2] * key.y[3];
@@ -718,7 +740,8 @@ Launch prepare_conv2d_grad_input(const StepArgs& a) {
   void* dx = a.out[0].data;
   EngineBuffers buf{dx, w, dy};
   if (relu_of(a)) buf.r = a.in[2].data;
-  if (auto l = try_engine(a, key, buf)) return *l;
+  bool fused = true;
+  if (auto l = try_engine(a, key, buf, nullptr, &fused)) return fused ? *l : with_relu_mask(a, *l);
   const Chosen ch = choose(a, *s, key, dx, w, dy);
   a.ctx.need_workspace(ch.workspace);
   Context* ctx = &a.ctx;
