@@ -161,7 +161,14 @@ TEST(GpuConvEngine, ReluFusesIntoTheConvolutionGraphs) {
                         {.padding = {1, 1}}));
     return relu(conv2d(h, c.param("w2", {16, 16, 3, 3}), std::nullopt, {.stride = {2, 2}, .padding = {1, 1}}));
   };
-  for (const CompareOptions& o : {f32(), tf32_nhwc(), gpu_testing::bf16()}) {
+  // f32: sums of 72-144 products near zero (the conv tests' floor for them). TF32: the
+  // forward only, since a pre-activation within TF32's rounding of zero takes relu's mask
+  // the other way on each side (seen: 1.8% of x's gradient), which f32 and bf16's
+  // tolerance do not meet at these sizes.
+  const CompareOptions f32_conv(Precision::f32, Tolerance(1e-5, 1e-4, 1e-5));
+  CompareOptions tf32_forward = tf32_nhwc();
+  tf32_forward.gradients = false;
+  for (const CompareOptions& o : {f32_conv, tf32_forward, gpu_testing::bf16()}) {
     SCOPED_TRACE(precision_name(o.precision));
     compare_with_cpu(build, o);
     GpuCase c(3);
@@ -183,7 +190,7 @@ TEST(GpuConvEngine, ReluFusesIntoTheConvolutionGraphs) {
     if (o.precision != Precision::f32) EXPECT_GE(forward, 1) << all;
   }
   gpu_testing::ClassicConvApi classic;
-  compare_with_cpu(build, tf32_nhwc());
+  compare_with_cpu(build, tf32_forward);
   compare_with_cpu(build, gpu_testing::bf16());
 }
 
@@ -198,9 +205,13 @@ TEST(GpuConvEngine, EvaluationBatchNormFoldsIntoTheConvolution) {
                         c.state(p + "mean", ch, Init::uniform(-0.5, 0.5)), c.state(p + "var", ch, Init::uniform(0.5, 1.5)),
                         0.1, 1e-5);
     };
-    Var h = relu(bn(conv2d(c.data("x", {4, 8, 10, 10}), c.param("w1", {16, 8, 3, 3}), std::nullopt, {.padding = {1, 1}}),
+    // Filters of 0.2 at most keep the sums near 1, where bf16's rounding of the normalized
+    // value and the residual (which may cancel) stays under its elementwise floor.
+    Var h = relu(bn(conv2d(c.data("x", {4, 8, 10, 10}), c.param("w1", {16, 8, 3, 3}, -0.2, 0.2), std::nullopt,
+                           {.padding = {1, 1}}),
                     "bn1."));
-    return relu(add(bn(conv2d(h, c.param("w2", {16, 16, 3, 3}), std::nullopt, {.padding = {1, 1}}), "bn2."), h));
+    return relu(
+        add(bn(conv2d(h, c.param("w2", {16, 16, 3, 3}, -0.2, 0.2), std::nullopt, {.padding = {1, 1}}), "bn2."), h));
   };
   auto eval = [](CompareOptions o) {
     o = o.in_mode(Mode::eval);

@@ -83,8 +83,10 @@ std::shared_ptr<fe::graph::Graph> make_graph(const EngineConv& c) {
     case 1:
       out = g->conv_dgrad(tensor("dy", c.y, kY), tensor("w", c.w, kW),
                           fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dil));
-      if (c.relu)  // RELU_BWD: IN_0 the gradient, IN_1 the value whose sign masks it
+      if (c.relu) {  // RELU_BWD: IN_0 the gradient, IN_1 the value whose sign masks it
+        out->set_dim(dims(c.x)).set_stride(strides(c.x, c.nhwc));  // a dgrad infers none of its own
         out = pointwise(out, fe::PointwiseMode_t::RELU_BWD, tensor("r", c.x, kR));
+      }
       out_uid = kX;
       out_dims = &c.x;
       break;
