@@ -1,6 +1,7 @@
 // The layout pass: runs convolution regions channels-last. On the forward graph after the
-// precision pass (before autodiff, so the backward follows), every 4-d conv2d goes to
-// layout nhwc (src/ops/layout.h): its input and filter are transposed to channels-last
+// precision pass (before autodiff, so the backward follows), each 4-d conv2d of a region
+// chosen channels-last (below) goes to layout nhwc (src/ops/layout.h): its input and
+// filter are transposed to channels-last
 // order where they are not already. Batch norm, pooling and global average pooling whose
 // input is channels-last follow it, as do elementwise ops with a channels-last operand of
 // their output's shape (their broadcast operands are reordered, a view where only dims of
@@ -9,9 +10,9 @@
 // at its boundaries. A value keeps its name in either order; Program::read gives a
 // channels-last one back in NCHW order.
 //
-// Filters are kept channels-last where they live: a rank-4 parameter that some 4-d conv2d
-// reads as its filter (directly or through casts, as the precision pass leaves it) is
-// declared [C_out, kh, kw, C_in] nhwc, so the parameter buffer, its gradient, the
+// Filters are kept channels-last where they live: a rank-4 parameter that only such
+// convolutions read as their filter (directly or through casts, as the precision pass
+// leaves it) is declared [C_out, kh, kw, C_in] nhwc, so the parameter buffer, its gradient, the
 // optimizer's moments and the 16-bit working copy all hold that order and no step
 // transposes a filter or its gradient. The model stores those parameters so
 // (channels_last_params) and speaks NCHW to its users: checkpoints, read_param and
