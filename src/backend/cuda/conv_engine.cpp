@@ -306,14 +306,20 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
   std::string how;
   const bool fused = c.affine || c.residual || c.relu;
   if (cached) {
+    // A cached engine is run once on the step's buffers before it is trusted: one rebuilt
+    // from its id and knobs has built and then failed to execute (a W5 weight gradient on
+    // the H200, "transformInput ... CUDNN_STATUS_EXECUTION_FAILED"); then it is tuned anew.
     Built b = build(h, c, &*cached, !fused);
     int64_t ws = 0;
     if (b.error.empty() && b.graph->get_workspace_size_plan_at_index(0, ws).is_good()) {
       a.ctx.need_workspace(static_cast<size_t>(ws));
-      shared->graph = b.graph;
-      index = 0;
-      best_ms = cached->ms;
-      how = "cached";
+      SEAM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the step's inputs were written on this stream
+      if (time_plan(h, *b.graph, shared->pack, ws ? a.ctx.workspace() : nullptr, 0, stream) >= 0) {
+        shared->graph = b.graph;
+        index = 0;
+        best_ms = cached->ms;
+        how = "cached";
+      }
     }
   }
   if (index < 0) {
