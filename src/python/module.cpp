@@ -7,6 +7,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <span>
 
 #include "backend/cpu/gemm.h"
@@ -209,6 +210,19 @@ NB_MODULE(_seam, m) {
           },
           "name"_a, "array"_a, "Copies an array into an input; ValueError if its dtype or shape is not the input's")
       .def("run", &Program::run, nb::call_guard<nb::gil_scoped_release>(), "Runs the step once")
+      .def("check", &Program::check, nb::call_guard<nb::gil_scoped_release>(),
+           "Waits for the work queued so far and raises the first bad-input error a kernel reported")
+      .def(
+          "_run_many",
+          [](Program& p, int64_t n) {
+            const auto start = std::chrono::steady_clock::now();
+            for (int64_t i = 0; i < n; ++i) p.run();
+            p.check();
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          },
+          nb::call_guard<nb::gil_scoped_release>(), "n"_a,
+          "Runs the step n times from C++ and returns the seconds taken, the work included: the "
+          "baseline against which bench/python_overhead.py measures the binding's cost per run")
       .def(
           "read",
           [](const Program& p, const std::string& name) {

@@ -47,6 +47,27 @@ def test_a_graph_trains_and_reads_back_as_numpy():
     assert "linear" in step.plan and "arena peak" in step.plan
 
 
+def test_runs_from_cpp_equal_runs_from_python():
+    # _run_many (bench/python_overhead.py's baseline) runs the same steps as run().
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((8, 12)).astype(np.float32)
+    ys = rng.integers(0, 3, 8).astype(np.int32)
+    logits_after = []
+    for from_cpp in (False, True):
+        g, x, y, logits, loss = mlp()
+        step = seam.Model(g, seed=2, device="cpu").compile(loss=loss, optimizer=seam.SGD(lr=0.1), outputs=[logits])
+        step.set_input("x", xs)
+        step.set_input("y", ys)
+        if from_cpp:
+            assert step._run_many(5) > 0
+        else:
+            for _ in range(5):
+                step.run()
+        step.check()
+        logits_after.append(step.read(logits.name))
+    assert np.array_equal(logits_after[0], logits_after[1])
+
+
 def test_wrong_inputs_raise_value_error_naming_them():
     g, x, y, logits, loss = mlp()
     step = seam.Model(g, device="cpu").compile(loss=loss)
