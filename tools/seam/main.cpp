@@ -192,7 +192,8 @@ int main(int argc, char** argv) {
   std::string train_precision, plan_precision, bench_precision;
   // --layout for train, plan and bench: where convolutions run channels-last.
   const std::string layout_help =
-      "auto (nhwc on CUDA at tf32, bf16 and f16, else nchw), nchw or nhwc: the layout of convolution regions";
+      "auto (each convolution region costed both ways: nhwc on CUDA's tensor cores, else nchw), nchw or nhwc: the "
+      "layout of convolution regions";
   std::string train_layout, plan_layout, bench_layout;
   auto layout_of = [](const std::string& s) -> std::optional<seam::LayoutPolicy> {
     if (s.empty()) return std::nullopt;
