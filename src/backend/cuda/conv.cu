@@ -7,331 +7,30 @@
 // cores when the context allows it, else with FMA math.
 //
 // Each step builds its descriptors once, then picks an algorithm for its shape: the
-// fastest one cudnnFind*AlgorithmEx measures on the step's own buffers (the executable
-// keeps a copy of outputs outside the arena while a step is prepared), among the
-// deterministic ones when there is any. The choice is kept in a process-wide cache keyed
-// by (pass, x/w/y shapes, stride, padding, dilation, groups, dtype, math, layout) and
-// saved to $XDG_CACHE_HOME/seam/ (else $HOME/.cache/seam/), one text file per GPU name and
-// cuDNN version, so a later run measures nothing it has measured before.
-//
-// Cache file: a header line, then one line per choice, e.g.
-//   # seam cudnn conv algorithms v1 gpu=NVIDIA_H200 cudnn=91400
-//   fwd x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=f32 math=tf32 layout=nchw algo=1 algo_math=0 ws=4096
-//   bwd_data x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 stride=1,1 pad=1,1 dil=1,1 groups=1 dtype=bf16 math=tensor layout=nhwc algo=1 algo_math=1 ws=0
-// x, w and y are the logical NCHW dims ([N, C, H, W], [C_out, C_in/groups, kh, kw],
-// [N, C_out, OH, OW]) in either layout, so that one geometry reads the same in both and
-// the validity check is one; layout says how the buffers are stored. math is tf32 or fma
-// for f32 data, tensor for bf16 and f16. A file whose header differs is ignored; a line
-// that does not parse, or whose geometry is not a valid convolution, is skipped (its
-// shape is measured again and the file rewritten). A cached algorithm is still checked
-// with cuDNN before use.
-// The 16-bit lines and the layout token left the header at v1: the dtype was always part
-// of the key, and a build that knows only f32 (or only NCHW) skips the lines it cannot
-// parse, while a new header would make builds of either kind that share a cache folder
-// discard each other's whole file. A line without the layout token, written before it
-// existed, is read as layout=nchw and rewritten with it.
+// fastest one cudnnFind*AlgorithmEx measures on the step's own buffers, among the
+// deterministic ones when there is any, kept in the process-wide cache of conv_cache.h.
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/conv_cache.h"
 #include "backend/cuda/conv_engine.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cudnn_util.h"
 #include "backend/cuda/storage.cuh"
-#include "common/file.h"
 #include "ops/geometry.h"
 
 namespace seam::cuda {
 
 namespace {
-
-// ---------------------------------------------------------------------------------------
-// Keys and cached choices
-
-enum class Pass : int { fwd = 0, bwd_data = 1, bwd_filter = 2 };
-constexpr const char* kPassName[] = {"fwd", "bwd_data", "bwd_filter"};
-
-int algo_count(Pass p) {
-  switch (p) {
-    case Pass::fwd:
-      return CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
-    case Pass::bwd_data:
-      return CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
-    case Pass::bwd_filter:
-      return CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
-  }
-  return 0;
-}
-
-// The requested math: for f32 data TF32 allowed (DEFAULT_MATH) or not (FMA_MATH); for
-// 16-bit data tensor cores (TENSOR_OP_MATH), with f32 accumulation either way.
-enum class Math : int { tf32 = 0, fma = 1, tensor = 2 };
-constexpr const char* kMathName[] = {"tf32", "fma", "tensor"};
-
-struct ConvKey {
-  Pass pass = Pass::fwd;
-  // Roles: x-shaped, filter, y-shaped (dy for gradients); logical NCHW dims in either layout.
-  int64_t x[4]{}, w[4]{}, y[4]{};
-  int64_t stride[2]{}, pad[2]{}, dil[2]{};
-  int64_t groups = 1;
-  std::string dtype = "f32";  // of x, w and y alike
-  Math math = Math::tf32;
-  bool nhwc = false;  // x, y NHWC and the filter KRSC
-
-  // x [N, C, H, W], w [O, C/g, kh, kw] and y [N, O, OH, OW] form a valid convolution.
-  bool valid() const {
-    for (int i = 0; i < 4; ++i)
-      if (x[i] < 1 || w[i] < 1 || y[i] < 1 || x[i] > INT32_MAX || w[i] > INT32_MAX || y[i] > INT32_MAX) return false;
-    for (int i = 0; i < 2; ++i)
-      if (stride[i] < 1 || pad[i] < 0 || dil[i] < 1 || stride[i] > INT32_MAX || pad[i] > INT32_MAX ||
-          dil[i] > INT32_MAX)
-        return false;
-    if (groups < 1 || groups > INT32_MAX || x[1] % groups || w[0] % groups || w[1] * groups != x[1]) return false;
-    if (y[0] != x[0] || y[1] != w[0]) return false;
-    for (int i = 0; i < 2; ++i) {
-      if (x[2 + i] + 2 * pad[i] < dil[i] * (w[2 + i] - 1) + 1) return false;
-      if (y[2 + i] != window_out(x[2 + i], w[2 + i], stride[i], pad[i], dil[i])) return false;
-    }
-    if (dtype == "f32") return math != Math::tensor;
-    return (dtype == "bf16" || dtype == "f16") && math == Math::tensor;
-  }
-
-  // with_layout = false: the key as lines before the layout token wrote it (nchw only).
-  std::string str(bool with_layout = true) const {
-    std::ostringstream s;
-    auto list = [&](const char* name, const int64_t* v, int n) {
-      s << ' ' << name << '=';
-      for (int i = 0; i < n; ++i) s << (i ? "," : "") << v[i];
-    };
-    s << kPassName[static_cast<int>(pass)];
-    list("x", x, 4);
-    list("w", w, 4);
-    list("y", y, 4);
-    list("stride", stride, 2);
-    list("pad", pad, 2);
-    list("dil", dil, 2);
-    s << " groups=" << groups << " dtype=" << dtype << " math=" << kMathName[static_cast<int>(math)];
-    if (with_layout) s << " layout=" << (nhwc ? "nhwc" : "nchw");
-    return s.str();
-  }
-};
-
-struct ConvChoice {
-  int algo = 0;
-  cudnnMathType_t math = CUDNN_DEFAULT_MATH;  // as Find reported it
-  size_t workspace = 0;                       // informational; re-queried before use
-};
-
-bool valid_math(int64_t m) {
-  return m == CUDNN_DEFAULT_MATH || m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
-         m == CUDNN_FMA_MATH;
-}
-
-// ---------------------------------------------------------------------------------------
-// Parsing one cache line, strictly
-
-template <class T>
-bool parse_num(std::string_view s, T& out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
-// "name=v1,v2,..." with exactly n integers.
-bool parse_list(std::string_view tok, std::string_view name, int64_t* out, int n) {
-  if (tok.size() <= name.size() + 1 || tok.substr(0, name.size()) != name || tok[name.size()] != '=') return false;
-  std::string_view rest = tok.substr(name.size() + 1);
-  for (int i = 0; i < n; ++i) {
-    size_t comma = rest.find(',');
-    if ((i + 1 < n) != (comma != std::string_view::npos)) return false;
-    if (!parse_num(rest.substr(0, comma), out[i])) return false;
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-  }
-  return rest.empty();
-}
-
-bool parse_word(std::string_view tok, std::string_view name, std::string_view& out) {
-  if (tok.size() <= name.size() + 1 || tok.substr(0, name.size()) != name || tok[name.size()] != '=') return false;
-  out = tok.substr(name.size() + 1);
-  return true;
-}
-
-std::optional<std::pair<std::string, ConvChoice>> parse_line(const std::string& line) {
-  std::vector<std::string_view> tok;
-  std::string_view rest(line);
-  while (!rest.empty()) {
-    size_t sp = rest.find(' ');
-    std::string_view t = rest.substr(0, sp);
-    if (t.empty()) return std::nullopt;  // canonical lines have single spaces, no padding
-    tok.push_back(t);
-    rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
-    if (sp != std::string_view::npos && rest.empty()) return std::nullopt;
-  }
-  // 14 tokens; 13 for a line written before the layout token (see the top of the file).
-  if (tok.size() != 13 && tok.size() != 14) return std::nullopt;
-  const bool has_layout = tok.size() == 14;
-  ConvKey k;
-  int p = -1;
-  for (int i = 0; i < 3; ++i)
-    if (tok[0] == kPassName[i]) p = i;
-  if (p < 0) return std::nullopt;
-  k.pass = static_cast<Pass>(p);
-  std::string_view dtype, math;
-  if (!parse_list(tok[1], "x", k.x, 4) || !parse_list(tok[2], "w", k.w, 4) || !parse_list(tok[3], "y", k.y, 4) ||
-      !parse_list(tok[4], "stride", k.stride, 2) || !parse_list(tok[5], "pad", k.pad, 2) ||
-      !parse_list(tok[6], "dil", k.dil, 2) || !parse_list(tok[7], "groups", &k.groups, 1) ||
-      !parse_word(tok[8], "dtype", dtype) || !parse_word(tok[9], "math", math))
-    return std::nullopt;
-  k.dtype = std::string(dtype);
-  int m = -1;
-  for (int i = 0; i < 3; ++i)
-    if (math == kMathName[i]) m = i;
-  if (m < 0) return std::nullopt;
-  k.math = static_cast<Math>(m);
-  size_t t = 10;  // the first token after the key
-  if (has_layout) {
-    std::string_view layout;
-    if (!parse_word(tok[10], "layout", layout) || (layout != "nchw" && layout != "nhwc")) return std::nullopt;
-    k.nhwc = layout == "nhwc";
-    t = 11;
-  }
-  if (!k.valid()) return std::nullopt;
-  int64_t algo = -1, algo_math = -1;
-  uint64_t ws = 0;
-  std::string_view ws_text;
-  if (!parse_list(tok[t], "algo", &algo, 1) || !parse_list(tok[t + 1], "algo_math", &algo_math, 1) ||
-      !parse_word(tok[t + 2], "ws", ws_text) || !parse_num(ws_text, ws))
-    return std::nullopt;
-  if (algo < 0 || algo >= algo_count(k.pass) || !valid_math(algo_math)) return std::nullopt;
-  if (k.math == Math::fma && algo_math != CUDNN_FMA_MATH) return std::nullopt;  // never TF32 where it was not allowed
-  // The key must be written exactly as this build writes it (no leading zeros, '+' signs);
-  // an old line as builds before the layout token wrote it. Either is kept under the key
-  // with the token, which is how it is saved again.
-  const std::string want_prefix = k.str(has_layout) + " ";
-  if (line.compare(0, want_prefix.size(), want_prefix) != 0) return std::nullopt;
-  return std::make_pair(k.str(),
-                        ConvChoice{static_cast<int>(algo), static_cast<cudnnMathType_t>(algo_math), static_cast<size_t>(ws)});
-}
-
-std::string format_line(const std::string& key, const ConvChoice& c) {
-  return key + " algo=" + std::to_string(c.algo) + " algo_math=" + std::to_string(static_cast<int>(c.math)) +
-         " ws=" + std::to_string(c.workspace);
-}
-
-// ---------------------------------------------------------------------------------------
-// The process-wide cache, one store per GPU name and cuDNN version
-
-std::filesystem::path cache_dir() { return cache_root(); }
-
-class ConvAlgoCache {
- public:
-  static ConvAlgoCache& instance() {
-    static ConvAlgoCache c;
-    return c;
-  }
-
-  std::optional<ConvChoice> find(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Store& s = store();
-    auto it = s.entries.find(key);
-    if (it == s.entries.end()) return std::nullopt;
-    return it->second;
-  }
-
-  void remember(const std::string& key, const ConvChoice& c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Store& s = store();
-    s.entries[key] = c;
-    save(s);
-  }
-
- private:
-  struct Store {
-    std::string header;
-    std::filesystem::path path;  // empty: memory only
-    std::map<std::string, ConvChoice> entries;
-  };
-
-  // The store of the current device under the cache folder the environment names now
-  // (as the GEMM and kernel caches, so that a process can point it elsewhere); read from
-  // disk on first use.
-  Store& store() {
-    int dev = 0;
-    SEAM_CUDA_CHECK(cudaGetDevice(&dev));
-    auto named = gpu_names_.find(dev);
-    if (named == gpu_names_.end()) {
-      cudaDeviceProp prop{};
-      SEAM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-      named = gpu_names_.emplace(dev, cache_name_part(prop.name)).first;
-    }
-    const std::string& gpu = named->second;
-    const std::string ver = std::to_string(cudnnGetVersion());
-    const std::filesystem::path dir = cache_dir();
-    const std::filesystem::path path = dir.empty() ? dir : dir / ("conv-" + gpu + "-cudnn" + ver + ".txt");
-    const std::string id = std::to_string(dev) + " " + path.string();
-    auto it = stores_.find(id);
-    if (it != stores_.end()) return it->second;
-    Store s;
-    s.header = "# seam cudnn conv algorithms v1 gpu=" + gpu + " cudnn=" + ver;
-    s.path = path;
-    load(s, s.entries);
-    return stores_.emplace(id, std::move(s)).first->second;
-  }
-
-  // Adds the valid entries of the file to `into` (those already there win). A missing
-  // file, a wrong header or a bad line costs only re-measuring.
-  static void load(const Store& s, std::map<std::string, ConvChoice>& into) {
-    if (s.path.empty()) return;
-    std::ifstream in(s.path);
-    if (!in) return;
-    std::string line;
-    if (!std::getline(in, line) || line != s.header) return;
-    while (std::getline(in, line)) {
-      if (line.empty() || line[0] == '#') continue;
-      if (auto e = parse_line(line)) into.emplace(std::move(e->first), e->second);
-    }
-  }
-
-  // Writes every entry (ours, plus any another process saved meanwhile) atomically, so
-  // readers and other writers never see half a file.
-  void save(Store& s) {
-    if (s.path.empty()) return;
-    std::error_code ec;
-    std::filesystem::create_directories(s.path.parent_path(), ec);
-    if (ec) return warn(s, "cannot create " + s.path.parent_path().string() + ": " + ec.message());
-    load(s, s.entries);
-    std::string text = s.header + '\n';
-    for (auto& [key, c] : s.entries) text += format_line(key, c) + '\n';
-    try {
-      write_file_atomically(s.path.string(), std::as_bytes(std::span(text)));
-    } catch (const Error& e) {
-      warn(s, e.what());
-    }
-  }
-
-  void warn(const Store&, const std::string& what) {
-    if (warned_) return;
-    warned_ = true;
-    std::fprintf(stderr, "seam: the cuDNN convolution algorithm cache is not saved (%s)\n", what.c_str());
-  }
-
-  std::mutex mu_;
-  std::map<std::string, Store> stores_;  // by device and file
-  std::map<int, std::string> gpu_names_;
-  bool warned_ = false;
-};
 
 // ---------------------------------------------------------------------------------------
 // Descriptors, measuring and choosing
@@ -495,8 +194,7 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
   cudnnHandle_t h = cudnn_of(a.ctx);
   const Math m = key.math;
   const std::string text = key.str();
-  ConvAlgoCache& cache = ConvAlgoCache::instance();
-  if (auto c = cache.find(text))
+  if (auto c = cached_conv_choice(text))
     if (auto chosen = apply(h, s, m, *c)) return *chosen;
   SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, requested_math(m)));
   std::vector<Perf> results = measure(h, a.ctx.stream, s, x, w, y);
@@ -512,7 +210,7 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
     fail(op_name(a.step.op), " '", a.step.name, "': cuDNN measured algorithm ", best->algo, " for ", text,
          " but rejects its workspace query");
   c.workspace = chosen->workspace;
-  cache.remember(text, c);
+  remember_conv_choice(text, c);
   return *chosen;
 }
 
