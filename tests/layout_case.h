@@ -57,4 +57,31 @@ inline void expect_same_params(const Model& a, const Model& b, double rel) {
   }
 }
 
+// One net compiled twice from one seed, with and without fusion; train() runs three steps
+// of both and expects the same losses, then the same parameters.
+struct FusedAndPlain {
+  Model a, b;
+  Program fused, plain;
+  // fuse_elementwise false: the fused plan's other fusions without elementwise groups,
+  // so that what they leave can be counted.
+  FusedAndPlain(const Graph& g, Var loss, uint64_t seed, LayoutPolicy layout, bool fuse_elementwise = true)
+      : a(g, {.seed = seed, .layout = layout}),
+        b(g, {.seed = seed, .layout = layout}),
+        fused(a.compile({.loss = loss.id(), .optimizer = kSgd, .fuse_elementwise = fuse_elementwise})),
+        plain(b.compile({.loss = loss.id(), .optimizer = kSgd, .fuse = false})) {}
+  template <class Net>
+  void train(const Net& net) {
+    for (uint64_t step = 0; step < 3; ++step) {
+      net.feed(fused, step);
+      net.feed(plain, step);
+      fused.run();
+      plain.run();
+      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
+      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
+    }
+    expect_same_params(a, b, 1e-5);
+  }
+  static inline const OptimizerConfig kSgd = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
+};
+
 }  // namespace seam::testing

@@ -13,8 +13,6 @@
 namespace seam::testing {
 namespace {
 
-int count_relu_norms(const Plan& p, Op op);
-
 Var bn_relu(GradCase& c, const Shape& s) {
   Shape ch{s[1]};
   return c.g.add1(Op::batch_norm,
@@ -33,31 +31,6 @@ TEST(FuseNorm, BatchNormWithReluMatchesFiniteDifferences) {
     }
   }
 }
-
-// One net compiled twice from one seed, with and without fusion; train() runs three steps
-// of both and expects the same losses, then the same parameters.
-struct FusedAndPlain {
-  Model a, b;
-  Program fused, plain;
-  FusedAndPlain(const Graph& g, Var loss, uint64_t seed, LayoutPolicy layout)
-      : a(g, {.seed = seed, .layout = layout}),
-        b(g, {.seed = seed, .layout = layout}),
-        fused(a.compile({.loss = loss.id(), .optimizer = kSgd})),
-        plain(b.compile({.loss = loss.id(), .optimizer = kSgd, .fuse = false})) {}
-  template <class Net>
-  void train(const Net& net) {
-    for (uint64_t step = 0; step < 3; ++step) {
-      net.feed(fused, step);
-      net.feed(plain, step);
-      fused.run();
-      plain.run();
-      const float la = fused.read_as<float>(net.loss.name())[0], lb = plain.read_as<float>(net.loss.name())[0];
-      EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << step;
-    }
-    expect_same_params(a, b, 1e-5);
-  }
-  static inline const OptimizerConfig kSgd = OptimizerConfig::sgd(0.05, 0.9, 5e-4);
-};
 
 // relu(normalized + z) as one op (what the pass makes of a residual add): z's gradient
 // and x's through relu's mask.
@@ -141,8 +114,8 @@ TEST(FuseNorm, ResidualAddAndReluFoldIntoTheBatchNormAndTrainAsUnfused) {
     FusedAndPlain m(net.g, net.loss, 7, layout);
     const Program& fused = m.fused;
     EXPECT_EQ(count_residual_norms(fused.plan()), 2);
-    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm), 5);
-    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 5);
+    EXPECT_EQ(count_with_relu(fused.plan(), Op::batch_norm), 5);
+    EXPECT_EQ(count_with_relu(fused.plan(), Op::batch_norm_grad), 5);
     int residual_grads = 0;
     for (const PlanStep& s : fused.plan().steps)
       residual_grads += s.op == Op::batch_norm_grad && s.out.size() == 4 && s.attrs.i("residual") == 1;
@@ -180,7 +153,7 @@ TEST(FuseNorm, ABroadcastAddIsNotAResidual) {
   Model m(g, {.seed = 1});
   Program p = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
   EXPECT_EQ(count_residual_norms(p.plan()), 0);
-  EXPECT_EQ(count_relu_norms(p.plan(), Op::batch_norm), 0);
+  EXPECT_EQ(count_with_relu(p.plan(), Op::batch_norm), 0);
 }
 
 // A fused batch norm written by hand goes through the precision pass like any: at bf16 its
@@ -249,12 +222,6 @@ TEST(FuseNorm, TheGradientsInputsFollowItsActivation) {
   EXPECT_EQ(error_of(seven, "relu"), "no error");
 }
 
-int count_relu_norms(const Plan& p, Op op) {
-  int n = 0;
-  for (const PlanStep& s : p.steps) n += s.op == op && s.attrs.has("activation") && s.attrs.s("activation") == "relu";
-  return n;
-}
-
 // LayoutNet has three batch norms read only by a relu (the stem's and each block's
 // first), and two whose relu follows a residual add (left to elementwise fusion).
 TEST(FuseNorm, BatchNormThenReluIsOneStepEachWayAndTrainsAsUnfused) {
@@ -263,10 +230,10 @@ TEST(FuseNorm, BatchNormThenReluIsOneStepEachWayAndTrainsAsUnfused) {
     LayoutNet net;
     FusedAndPlain m(net.g, net.loss, 4, layout);
     const Program &fused = m.fused, &plain = m.plain;
-    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm), 3);
-    EXPECT_EQ(count_relu_norms(fused.plan(), Op::batch_norm_grad), 3);
+    EXPECT_EQ(count_with_relu(fused.plan(), Op::batch_norm), 3);
+    EXPECT_EQ(count_with_relu(fused.plan(), Op::batch_norm_grad), 3);
     EXPECT_EQ(count(fused.plan(), Op::relu), 0);  // the two after the adds fuse with them
-    EXPECT_EQ(count_relu_norms(plain.plan(), Op::batch_norm), 0);
+    EXPECT_EQ(count_with_relu(plain.plan(), Op::batch_norm), 0);
     m.train(net);
   }
 }
@@ -279,9 +246,9 @@ TEST(FuseNorm, AValueReadElsewhereIsNotFused) {
   Var out = relu(n);
   Model m(g, {.seed = 1});
   Program p = m.compile({.mode = Mode::eval, .outputs = {out.id(), n.id()}});
-  EXPECT_EQ(count_relu_norms(p.plan(), Op::batch_norm), 0);
+  EXPECT_EQ(count_with_relu(p.plan(), Op::batch_norm), 0);
   Program q = m.compile({.mode = Mode::eval, .outputs = {out.id()}});
-  EXPECT_EQ(count_relu_norms(q.plan(), Op::batch_norm), 1);
+  EXPECT_EQ(count_with_relu(q.plan(), Op::batch_norm), 1);
   EXPECT_EQ(count(q.plan(), Op::relu), 0);
   const std::string text = explain_plan(q.plan(), q.plan(), DeviceModel{}, false);
   EXPECT_NE(text.find("fused: relu applied before the normalized value is stored"), std::string::npos) << text;

@@ -22,6 +22,13 @@ inline std::string error_of(const std::function<void()>& f) {
 }
 
 // How many steps of a plan run an op: for tests that check what a pass made.
+// Steps of op with activation relu.
+inline int count_with_relu(const Plan& p, Op op) {
+  int n = 0;
+  for (const PlanStep& s : p.steps) n += s.op == op && s.attrs.has("activation") && s.attrs.s("activation") == "relu";
+  return n;
+}
+
 inline int count(const Plan& p, Op op) {
   int n = 0;
   for (auto& s : p.steps) n += s.op == op;

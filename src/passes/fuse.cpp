@@ -46,6 +46,13 @@ std::vector<std::vector<int>> value_users(const Graph& g) {
   return users;
 }
 
+int only_user(const std::vector<std::vector<int>>& users, const std::set<ValueId>& keep, ValueId v) {
+  const auto& u = users[static_cast<size_t>(v)];
+  return u.size() == 1 && !keep.count(v) ? u[0] : -1;
+}
+
+bool without_activation(const Node& n) { return !n.attrs.has("activation") || n.attrs.s("activation") == "none"; }
+
 ValueId mapped(const FuseResult& r, ValueId old) {
   const ValueId m = r.map[static_cast<size_t>(old)];
   SEAM_ASSERT(m >= 0);

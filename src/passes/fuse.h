@@ -5,6 +5,7 @@
 // the weight-gradient GEMM (linear_grad_weight_bias). The pass only rewrites the graph;
 // every backend runs the fused ops, so fused and unfused plans can be compared anywhere.
 #pragma once
+#include <set>
 #include <vector>
 
 #include "seam/graph.h"
@@ -24,6 +25,10 @@ FuseResult start_rebuild(const Graph& g);
 ValueId mapped(const FuseResult& r, ValueId old);
 // For each value of g, the nodes that read it, in node order.
 std::vector<std::vector<int>> value_users(const Graph& g);
+// The one node that reads v, or -1 where none, several, or the caller (v is kept) do.
+int only_user(const std::vector<std::vector<int>>& users, const std::set<ValueId>& keep, ValueId v);
+// A node without an `activation`, or with "none".
+bool without_activation(const Node& n);
 
 // `keep`: values that must survive as they are (requested outputs, pinned gradients).
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);

@@ -7,21 +7,12 @@
 
 namespace seam {
 
-namespace {
-
-bool plain(const Node& n) { return n.attrs.s("activation") == "none"; }
-
-}  // namespace
-
 FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& keep_list) {
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
   const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
   const std::vector<std::vector<int>> users = value_users(g);
-  auto only_user = [&](ValueId v) {
-    const auto& u = users[static_cast<size_t>(v)];
-    return u.size() == 1 && !keep.count(v) ? u[0] : -1;
-  };
+  auto only_user = [&](ValueId v) { return seam::only_user(users, keep, v); };
 
   std::vector<int> relu_of(static_cast<size_t>(nn), -1);   // conv2d -> the relu it absorbs
   std::vector<int> conv_of(static_cast<size_t>(nn), -1);   // evaluation batch norm -> the conv2d it absorbs
@@ -29,7 +20,7 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
   std::vector<bool> absorbed(static_cast<size_t>(nn), false);
   for (int k = 0; k < nn; ++k) {
     const Node& n = nodes[static_cast<size_t>(k)];
-    if (n.op == Op::conv2d && plain(n)) {
+    if (n.op == Op::conv2d && without_activation(n)) {
       const int u = only_user(n.out[0]);
       const Node* user = u >= 0 ? &nodes[static_cast<size_t>(u)] : nullptr;
       if (user && user->op == Op::relu) {
@@ -53,7 +44,7 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
       if (p < 0 || only_user(n.in[0]) != k) continue;
       const Node& d = nodes[static_cast<size_t>(p)];
       const Value& r = g.value(n.in[1]);
-      if (d.op == Op::conv2d_grad_input && plain(d) && r.type.shape == g.value(n.in[0]).type.shape &&
+      if (d.op == Op::conv2d_grad_input && without_activation(d) && r.type.shape == g.value(n.in[0]).type.shape &&
           r.type.dtype == g.value(n.in[0]).type.dtype) {
         dgrad_of[static_cast<size_t>(k)] = p;
         absorbed[static_cast<size_t>(p)] = true;

@@ -17,8 +17,6 @@ struct NormFusion {
   int norm_grad = -1;  // that batch_norm_grad
 };
 
-bool plain(const Node& n) { return !n.attrs.has("activation") || n.attrs.s("activation") == "none"; }
-
 }  // namespace
 
 FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& keep_list) {
@@ -26,17 +24,14 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
   const int nn = static_cast<int>(nodes.size());
   const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
   const std::vector<std::vector<int>> users = value_users(g);
-  auto only_user = [&](ValueId v) {
-    const auto& u = users[static_cast<size_t>(v)];
-    return u.size() == 1 && !keep.count(v) ? u[0] : -1;
-  };
+  auto only_user = [&](ValueId v) { return seam::only_user(users, keep, v); };
 
   std::vector<NormFusion> found(static_cast<size_t>(nn));
   std::vector<int> fused_grad_of(static_cast<size_t>(nn), -1);  // batch_norm_grad node -> its batch_norm
   std::vector<bool> absorbed(static_cast<size_t>(nn), false);
   for (int k = 0; k < nn; ++k) {
     const Node& bn = nodes[static_cast<size_t>(k)];
-    if (bn.op != Op::batch_norm || !plain(bn)) continue;
+    if (bn.op != Op::batch_norm || !without_activation(bn)) continue;
     NormFusion f;
     int relu = only_user(bn.out[0]);
     if (relu >= 0 && nodes[static_cast<size_t>(relu)].op == Op::add && !absorbed[static_cast<size_t>(relu)]) {
@@ -60,7 +55,7 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
     const ValueId r = nodes[static_cast<size_t>(relu)].out[0];
     auto matches = [&](int bg, ValueId dr) {
       const Node& ng = nodes[static_cast<size_t>(bg)];
-      return ng.op == Op::batch_norm_grad && plain(ng) && ng.in[0] == dr && ng.in[1] == bn.in[0] &&
+      return ng.op == Op::batch_norm_grad && without_activation(ng) && ng.in[0] == dr && ng.in[1] == bn.in[0] &&
              ng.in[2] == bn.in[1] && ng.in[3] == bn.out[1] && ng.in[4] == bn.out[2];
     };
     for (int u : users[static_cast<size_t>(r)]) {
