@@ -33,6 +33,8 @@ const UnaryCase kUnary[] = {
     {"pow", [](Var x) { return seam::pow(x, 2.5); }, 0.2, 2},
     {"scale", [](Var x) { return scale(x, -1.7); }, -1, 1},
     {"neg", [](Var x) { return neg(x); }, -1, 1},
+    {"abs", [](Var x) { return seam::abs(x); }, -1, 1},
+    {"erf", [](Var x) { return seam::erf(x); }, -2, 2},
 };
 
 }  // namespace

@@ -51,7 +51,7 @@ TEST(Numerics, EveryCaseAtEveryPrecisionIsWithinItsBounds) {
     for (Precision p : kAll) EXPECT_TRUE(seen.count({op, p})) << op << " at " << precision_name(p) << " has no row";
   // Each family the suite is meant to cover, and a gradient for every float operand.
   for (const char* op : {"relu", "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "silu", "exp", "log", "sqrt",
-                         "pow", "scale", "neg", "add", "sub", "mul", "div", "maximum", "minimum", "matmul_nn",
+                         "pow", "scale", "neg", "abs", "erf", "add", "sub", "mul", "div", "maximum", "minimum", "matmul_nn",
                          "matmul_tn", "matmul_nt", "matmul_tt", "matmul_batched", "linear", "linear_relu",
                          "linear_gelu_tanh", "sum", "mean", "softmax", "log_softmax", "cross_entropy", "mse",
                          "layer_norm", "batch_norm", "conv2d_3x3", "conv2d_stride2", "conv2d_1x1", "max_pool2d",

@@ -326,6 +326,8 @@ OPS = {
     "pow": _unary(lambda x, a: torch.pow(x, a["exponent"])),
     "scale": _unary(lambda x, a: x * a["factor"]),
     "neg": _unary(lambda x, a: -x),
+    "abs": _unary(lambda x, a: torch.abs(x)),
+    "erf": _unary(lambda x, a: torch.erf(x)),
     "add": _binary(torch.add),
     "sub": _binary(torch.sub),
     "mul": _binary(torch.mul),

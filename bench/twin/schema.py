@@ -40,7 +40,7 @@ class Req:
 
 UNARY = {"relu": {}, "leaky_relu": {"alpha": 0.01}, "sigmoid": {}, "tanh": {}, "gelu": {}, "gelu_tanh": {},
          "silu": {}, "exp": {}, "log": {}, "sqrt": {}, "pow": {"exponent": Req(float)},
-         "scale": {"factor": Req(float)}, "neg": {}}
+         "scale": {"factor": Req(float)}, "neg": {}, "abs": {}, "erf": {}}
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
 _REDUCE = {"axes": [], "keepdims": 0, "dtype": ""}
 _POOL = {"kernel": Req(list), "stride": [], "padding": [0, 0], "layout": "nchw"}

@@ -22,6 +22,8 @@ Var sqrt(Var x);
 Var pow(Var x, double exponent);
 Var scale(Var x, double factor);
 Var neg(Var x);
+Var abs(Var x);
+Var erf(Var x);  // the error function
 
 // Elementwise, binary, with numpy broadcasting.
 Var add(Var a, Var b);

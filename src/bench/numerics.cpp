@@ -213,6 +213,8 @@ std::vector<Case> make_cases() {
       unary("pow", [](Var x) { return pow(x, 2.5); }, positive),
       unary("scale", [](Var x) { return scale(x, 1.7); }, n1),
       unary("neg", [](Var x) { return neg(x); }, n1),
+      unary("abs", [](Var x) { return seam::abs(x); }, n1),
+      unary("erf", [](Var x) { return seam::erf(x); }, act),
       binary("add", [](Var a, Var b) { return add(a, b); }, n1, n1),
       binary("add_broadcast", [](Var a, Var b) { return add(a, b); }, n1, n1, {kEw[1]}),
       binary("sub", [](Var a, Var b) { return sub(a, b); }, n1, n1),

@@ -144,6 +144,8 @@ Var log(Var x) { return unary(Op::log, x); }
 Var sqrt(Var x) { return unary(Op::sqrt, x); }
 Var pow(Var x, double exponent) { return unary(Op::pow, x, {{"exponent", exponent}}); }
 Var scale(Var x, double factor) { return unary(Op::scale, x, {{"factor", factor}}); }
+Var abs(Var x) { return unary(Op::abs, x); }
+Var erf(Var x) { return unary(Op::erf, x); }
 Var neg(Var x) { return unary(Op::neg, x); }
 
 Var add(Var a, Var b) { return binary(Op::add, a, b); }

@@ -46,6 +46,12 @@ SEAM_HD inline T gelu_tanh_grad(T x) {
   return s + T(2) * k * x * s * sm * (T(1) + T(3 * 0.044715) * x * x);
 }
 
+// d/dx erf(x) = 2 / sqrt(pi) exp(-x^2).
+template <class T>
+SEAM_HD inline T erf_grad(T x) {
+  return T(1.12837916709551257390) * exp(-x * x);
+}
+
 template <class T>
 SEAM_HD inline T silu_grad(T x) {
   T s = sigmoid(x);

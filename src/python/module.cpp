@@ -144,6 +144,8 @@ NB_MODULE(_seam, m) {
   m.def("exp", &seam::exp, "x"_a, ops);
   m.def("log", &seam::log, "x"_a, ops);
   m.def("sqrt", &seam::sqrt, "x"_a, ops);
+  m.def("abs", &seam::abs, "x"_a, ops);
+  m.def("erf", &seam::erf, "x"_a, ops);
   m.def("add", &add, "a"_a, "b"_a, ops);
   m.def("sub", &sub, "a"_a, "b"_a, ops);
   m.def("mul", &mul, "a"_a, "b"_a, ops);

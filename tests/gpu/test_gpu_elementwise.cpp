@@ -62,6 +62,8 @@ TEST(GpuElementwise, EveryUnaryOpAndItsGradientMatchTheCpu) {
       {"pow(-1.5)", [](Var x) { return pow(x, -1.5); }, 0.2, 3, true},
       {"scale", [](Var x) { return scale(x, 0.37); }, -1, 1, false},
       {"neg", [](Var x) { return neg(x); }, -1, 1, false},
+      {"abs", [](Var x) { return seam::abs(x); }, -1, 1, false},
+      {"erf", [](Var x) { return seam::erf(x); }, -3, 3, true},
   };
   for (auto& u : cases)
     for (auto& s : kShapes) {

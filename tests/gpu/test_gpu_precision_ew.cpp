@@ -118,6 +118,8 @@ const std::vector<UnaryCase>& unary_cases() {
       {"pow(-1.5)", [](Var x) { return pow(x, -1.5); }, 0.2, 3},
       {"scale", [](Var x) { return scale(x, 0.37); }, -1, 1},
       {"neg", [](Var x) { return neg(x); }, -1, 1},
+      {"abs", [](Var x) { return seam::abs(x); }, -1, 1},
+      {"erf", [](Var x) { return seam::erf(x); }, -3, 3},
   };
   return v;
 }

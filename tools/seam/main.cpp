@@ -20,6 +20,9 @@
 #include "ops/registry.h"
 #include "seam/seam.h"
 #include "train/trainer.h"
+#ifdef SEAM_HAS_ONNX
+#include "io/onnx_suite.h"
+#endif
 #ifdef SEAM_HAS_CUDA
 #include "backend/cuda/device.h"
 #endif
@@ -350,16 +353,32 @@ int main(int argc, char** argv) {
   bool grads = false;
   ops->add_flag("--grads", grads, "include the gradient ops that autodiff inserts");
 
+#ifdef SEAM_HAS_ONNX
+  seam::onnx::SuiteOptions suite;
+  std::string suite_device = "cpu";
+  auto* onnx_suite = app.add_subcommand(
+      "onnx-suite", "run the ONNX backend node tests through the importer: a pass/fail table per op");
+  onnx_suite->add_option("dir", suite.dir, "the folder of test folders (default: libonnx-testdata's node tests)");
+  onnx_suite->add_option("--device", suite_device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
+  onnx_suite->add_option("--filter", suite.filter, "only the tests whose folder name contains this");
+  onnx_suite->add_option("--markdown", suite.markdown, "also write the table to this file");
+  onnx_suite->add_flag("--verbose", suite.verbose, "a line for every test, passed ones too");
+  onnx_suite->add_option("--min-pass", suite.min_pass_percent,
+                         "exit 1 when fewer than this percentage of the supported ops' tests pass");
+#else
+  CLI::App* onnx_suite = app.add_subcommand("onnx-suite", "(this build has no ONNX importer)");
+#endif
+
   // Arguments CLI11 cannot place are kept, not thrown, so that the message can name the
   // flag or command meant.
-  for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops}) a->allow_extras();
+  for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite}) a->allow_extras();
   auto help_hint = [&] {
     auto subs = app.get_subcommands();
     return " (see 'seam " + (subs.empty() ? std::string() : subs[0]->get_name() + " ") + "--help')";
   };
   try {
     app.parse(argc, argv);
-    for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops})
+    for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite})
       if (!a->remaining().empty()) throw UsageError(unexpected(*a, a->remaining()[0], a == &app));
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
@@ -424,6 +443,14 @@ int main(int argc, char** argv) {
     if (*ops) {
       print_ops(grads);
       return 0;
+    }
+    if (*onnx_suite) {
+#ifdef SEAM_HAS_ONNX
+      suite.device = seam::train::resolve_device(suite_device);
+      return seam::onnx::run_onnx_suite(suite);
+#else
+      throw seam::Error("this build of seam has no ONNX importer (it needs protobuf and libonnx-dev's onnx.proto)");
+#endif
     }
     std::cout << app.help();
     return 0;

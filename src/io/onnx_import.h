@@ -1,0 +1,102 @@
+// What the ONNX importer's op table (onnx_ops.cpp) and its driver (onnx.cpp) share: the
+// values known so far, folded constants, and one node's view of its operands and
+// attributes. Internal to the importer.
+#pragma once
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "io/onnx.h"
+#include "onnx.pb.h"
+#include "seam/ops.h"
+
+namespace seam::onnx::detail {
+
+// A constant known at import time: an initializer or a Constant node's value, or what
+// folding made of them. Values as doubles (exact for every float dtype seam keeps and for
+// integers up to 2^53); elem is the ONNX element type.
+struct Const {
+  Shape shape;
+  std::vector<double> v;
+  int32_t elem = ::onnx::TensorProto::FLOAT;
+  std::vector<int64_t> ints() const;
+};
+
+// The seam dtype ONNX element type `elem` is kept in, or nullopt where seam has none.
+std::optional<DType> dtype_of(int32_t elem);
+const char* elem_name(int32_t elem);
+
+struct Importer {
+  Graph& g;
+  const OnnxOptions& options;
+  int64_t opset = 0;
+  std::map<std::string, Var> vars;      // ONNX value name -> seam value
+  std::map<std::string, Const> consts;  // ONNX value name -> its constant
+  std::set<std::string> initializers;   // which constants came from initializers
+  std::vector<HostTensor>* initial = nullptr;
+  // The value named `name` as a graph value: a constant becomes a parameter (a float
+  // initializer, unless frozen) or a state value, once. `where` names the node asking.
+  Var var(const std::string& name, const std::string& where);
+};
+
+// One node being imported.
+class NodeCtx {
+ public:
+  NodeCtx(Importer& imp, const ::onnx::NodeProto& node);
+  Importer& imp;
+  const ::onnx::NodeProto& node;
+  const std::string where;  // "node 'name' (OpType)"
+  Graph& g() { return imp.g; }
+  int64_t opset() const { return imp.opset; }
+
+  size_t inputs() const { return static_cast<size_t>(node.input_size()); }
+  bool has(size_t i) const { return i < inputs() && !node.input(static_cast<int>(i)).empty(); }
+  Var in(size_t i);                            // input i as a graph value (required)
+  const Const* maybe_const(size_t i) const;    // input i's constant, if it has one
+  const Const& const_in(size_t i, const char* what);  // input i, which must be constant
+
+  bool has_attr(const std::string& name) const;
+  int64_t i(const std::string& name, int64_t def) const;
+  double f(const std::string& name, double def) const;
+  std::string s(const std::string& name, const std::string& def) const;
+  std::vector<int64_t> ints(const std::string& name, std::vector<int64_t> def = {}) const;
+  std::vector<double> floats(const std::string& name) const;
+  const ::onnx::TensorProto* tensor_attr(const std::string& name) const;
+
+  void out(size_t i, Var v);           // output i is v
+  void out_const(size_t i, Const c);   // output i is a constant (folded)
+  size_t outputs() const { return static_cast<size_t>(node.output_size()); }
+  bool wants(size_t i) const { return i < outputs() && !node.output(static_cast<int>(i)).empty(); }
+
+  template <class... Parts>
+  [[noreturn]] void fail(const Parts&... parts) const {
+    seam::fail(where, ": ", parts...);
+  }
+};
+
+// Each op type's importer; it may read every input and attribute and must set every
+// output the node names.
+using OpImporter = void (*)(NodeCtx&);
+const std::map<std::string, OpImporter>& op_importers();
+// The table's entries for linear algebra, normalization, convolution and pooling
+// (onnx_ops_nn.cpp).
+void add_nn_importers(std::map<std::string, OpImporter>& table);
+
+// Helpers the op files share (onnx_ops.cpp).
+int64_t norm_axis(NodeCtx& c, int64_t axis, size_t rank, const char* what = "axis");
+Shape broadcast_shape(NodeCtx& c, const Shape& a, const Shape& b);
+std::vector<int64_t> axes_of(NodeCtx& c, size_t input, int64_t since_opset);
+Var scalar(Graph& g, double v, DType t);
+
+// A TensorProto's values (doubles) and shape; `where` names it in errors.
+Const const_of(const ::onnx::TensorProto& t, const std::string& where);
+// A host tensor's values as a constant of ONNX element type elem.
+Const const_of(const HostTensor& h, int32_t elem);
+// Element i of bytes in dtype t, as a double.
+double value_at(const std::vector<std::byte>& data, DType t, size_t i);
+// A constant's values in seam's storage dtype for it, as a HostTensor named `name`.
+HostTensor host_tensor(const Const& c, const std::string& name, const std::string& where);
+
+}  // namespace seam::onnx::detail

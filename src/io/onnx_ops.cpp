@@ -1,0 +1,679 @@
+// The ONNX importer's op table (src/io/onnx.h): each op type as seam ops. Shape
+// arithmetic that exporters leave in graphs (Shape, Gather, Concat, Unsqueeze on
+// constants) is folded here, since seam's shapes are static.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+
+#include "io/onnx_import.h"
+#include "ops/geometry.h"
+
+namespace seam::onnx::detail {
+
+int64_t norm_axis(NodeCtx& c, int64_t axis, size_t rank, const char* what) {
+  const auto r = static_cast<int64_t>(rank);
+  if (axis < -r || axis >= std::max<int64_t>(r, 1)) c.fail(what, " ", axis, " is out of range for rank ", rank);
+  return axis < 0 ? axis + r : axis;
+}
+
+Var scalar(Graph& g, double v, DType t) { return full(g, Shape{}, v, t); }
+
+Shape broadcast_shape(NodeCtx& c, const Shape& a, const Shape& b) {
+  Shape r(std::max(a.size(), b.size()), 1);
+  for (size_t i = 0; i < r.size(); ++i) {
+    const int64_t da = i < r.size() - a.size() ? 1 : a[i - (r.size() - a.size())];
+    const int64_t db = i < r.size() - b.size() ? 1 : b[i - (r.size() - b.size())];
+    if (da != db && da != 1 && db != 1) c.fail("shapes ", shape_str(a), " and ", shape_str(b), " do not broadcast");
+    r[i] = da == 1 ? db : da;
+  }
+  return r;
+}
+
+std::vector<int64_t> axes_of(NodeCtx& c, size_t input, int64_t since_opset) {
+  if (c.opset() >= since_opset) return c.has(input) ? c.const_in(input, "axes").ints() : std::vector<int64_t>{};
+  return c.ints("axes");
+}
+
+namespace {
+
+namespace T = ::onnx;
+
+// ---- constant folding --------------------------------------------------------------------
+
+// Element of c at the index of a broadcast result of shape `to`.
+double at_broadcast(const Const& c, const Shape& to, int64_t flat) {
+  int64_t off = 0, stride = 1;
+  for (int64_t d = static_cast<int64_t>(to.size()) - 1, k = static_cast<int64_t>(c.shape.size()) - 1; d >= 0; --d, --k) {
+    const int64_t i = flat % to[static_cast<size_t>(d)];
+    flat /= to[static_cast<size_t>(d)];
+    if (k >= 0) {
+      const int64_t n = c.shape[static_cast<size_t>(k)];
+      off += (n == 1 ? 0 : i) * stride;
+      stride *= n;
+    }
+  }
+  return c.v[static_cast<size_t>(off)];
+}
+
+Const fold_binary(NodeCtx& c, const Const& a, const Const& b, const std::function<double(double, double)>& f) {
+  Const r;
+  r.shape = broadcast_shape(c, a.shape, b.shape);
+  r.elem = a.elem;
+  const int64_t n = numel(r.shape);
+  for (int64_t i = 0; i < n; ++i) r.v.push_back(f(at_broadcast(a, r.shape, i), at_broadcast(b, r.shape, i)));
+  const bool integer = !is_float(dtype_of(r.elem).value_or(DType::f32));
+  if (integer)
+    for (double& x : r.v) x = std::trunc(x);
+  return r;
+}
+
+// Every input constant: the node folds (shape arithmetic).
+bool all_const(NodeCtx& c) {
+  for (size_t i = 0; i < c.inputs(); ++i)
+    if (c.has(i) && !c.maybe_const(i)) return false;
+  return true;
+}
+
+// ---- elementwise -------------------------------------------------------------------------
+
+template <Var (*F)(Var)>
+void unary(NodeCtx& c) {
+  c.out(0, F(c.in(0)));
+}
+
+void leaky_relu_op(NodeCtx& c) { c.out(0, leaky_relu(c.in(0), c.f("alpha", 0.01))); }
+
+// Activations written with seam's elementwise ops (fusion makes each one kernel).
+// max(x, 0) + alpha (exp(min(x, 0) / k) - 1) k: elu with k = 1, celu with k = alpha.
+Var elu_like(NodeCtx& c, Var x, double alpha, double k) {
+  Var zero = scalar(c.g(), 0.0, x.dtype());
+  Var neg_part = scale(sub(seam::exp(scale(minimum(x, zero), 1.0 / k)), scalar(c.g(), 1.0, x.dtype())), alpha * k);
+  return add(maximum(x, zero), neg_part);
+}
+void elu_op(NodeCtx& c) { c.out(0, elu_like(c, c.in(0), c.f("alpha", 1.0), 1.0)); }
+void celu_op(NodeCtx& c) {
+  const double a = c.f("alpha", 1.0);
+  c.out(0, elu_like(c, c.in(0), 1.0, a));
+}
+void selu_op(NodeCtx& c) {
+  c.out(0, scale(elu_like(c, c.in(0), c.f("alpha", 1.67326319217681884765625), 1.0),
+                 c.f("gamma", 1.05070102214813232421875)));
+}
+// max(0, min(1, alpha x + beta))
+Var hard_sigmoid(NodeCtx& c, Var x, double alpha, double beta) {
+  Var y = add(scale(x, alpha), scalar(c.g(), beta, x.dtype()));
+  return maximum(minimum(y, scalar(c.g(), 1.0, x.dtype())), scalar(c.g(), 0.0, x.dtype()));
+}
+void hard_sigmoid_op(NodeCtx& c) { c.out(0, hard_sigmoid(c, c.in(0), c.f("alpha", 0.2), c.f("beta", 0.5))); }
+void hard_swish_op(NodeCtx& c) {
+  Var x = c.in(0);
+  c.out(0, mul(x, hard_sigmoid(c, x, 1.0 / 6.0, 0.5)));
+}
+// log(1 + exp(x)), as max(x, 0) + log(1 + exp(-|x|)): no overflow for large x.
+void softplus_op(NodeCtx& c) {
+  Var x = c.in(0);
+  Var one = scalar(c.g(), 1.0, x.dtype());
+  c.out(0, add(maximum(x, scalar(c.g(), 0.0, x.dtype())), seam::log(add(one, seam::exp(neg(seam::abs(x)))))));
+}
+void softsign_op(NodeCtx& c) {
+  Var x = c.in(0);
+  c.out(0, div(x, add(scalar(c.g(), 1.0, x.dtype()), seam::abs(x))));
+}
+// max(x, 0) + slope min(x, 0), slope broadcast (per channel, usually).
+void prelu_op(NodeCtx& c) {
+  Var x = c.in(0), slope = c.in(1);
+  Var zero = scalar(c.g(), 0.0, x.dtype());
+  c.out(0, add(maximum(x, zero), mul(slope, minimum(x, zero))));
+}
+
+Var relu_of(Var x) { return relu(x); }
+Var sigmoid_of(Var x) { return sigmoid(x); }
+Var tanh_of(Var x) { return seam::tanh(x); }
+Var exp_of(Var x) { return seam::exp(x); }
+Var log_of(Var x) { return seam::log(x); }
+Var sqrt_of(Var x) { return seam::sqrt(x); }
+Var neg_of(Var x) { return neg(x); }
+Var abs_of(Var x) { return seam::abs(x); }
+Var erf_of(Var x) { return seam::erf(x); }
+
+void reciprocal_op(NodeCtx& c) {
+  Var x = c.in(0);
+  c.out(0, div(scalar(c.g(), 1.0, x.dtype()), x));
+}
+
+void pow_op(NodeCtx& c) {
+  const Const& e = c.const_in(1, "the exponent");
+  if (e.v.size() != 1) c.fail("the exponent must be one value (seam's pow takes a scalar), got shape ", shape_str(e.shape));
+  c.out(0, seam::pow(c.in(0), e.v[0]));
+}
+
+template <int Kind>  // 0 add, 1 sub, 2 mul, 3 div
+void binary(NodeCtx& c) {
+  if (all_const(c)) {
+    const Const &a = c.const_in(0, "a"), &b = c.const_in(1, "b");
+    static const std::function<double(double, double)> fs[] = {
+        [](double x, double y) { return x + y; }, [](double x, double y) { return x - y; },
+        [](double x, double y) { return x * y; }, [](double x, double y) { return x / y; }};
+    return c.out_const(0, fold_binary(c, a, b, fs[Kind]));
+  }
+  Var a = c.in(0), b = c.in(1);
+  Var (*ops[])(Var, Var) = {add, sub, mul, div};
+  c.out(0, ops[Kind](a, b));
+}
+
+// Max, Min, Sum, Mean over any number of operands.
+template <int Kind>  // 0 max, 1 min, 2 sum, 3 mean
+void variadic(NodeCtx& c) {
+  Var r = c.in(0);
+  for (size_t i = 1; i < c.inputs(); ++i) {
+    Var x = c.in(i);
+    r = Kind == 0 ? maximum(r, x) : Kind == 1 ? minimum(r, x) : add(r, x);
+  }
+  if (Kind == 3 && c.inputs() > 1) r = scale(r, 1.0 / static_cast<double>(c.inputs()));
+  c.out(0, r);
+}
+
+void clip_op(NodeCtx& c) {
+  Var x = c.in(0);
+  std::optional<Var> lo, hi;
+  if (c.opset() < 11) {
+    if (c.has_attr("min")) lo = scalar(c.g(), c.f("min", 0), x.dtype());
+    if (c.has_attr("max")) hi = scalar(c.g(), c.f("max", 0), x.dtype());
+  } else {  // bounds as inputs: scalars, constant or not
+    if (c.has(1)) lo = c.in(1);
+    if (c.has(2)) hi = c.in(2);
+  }
+  if (hi) x = minimum(x, *hi);
+  if (lo) x = maximum(x, *lo);
+  c.out(0, lo || hi ? x : copy(x));
+}
+
+void identity_op(NodeCtx& c) {
+  if (const Const* k = c.maybe_const(0)) return c.out_const(0, *k);
+  c.out(0, c.in(0));
+}
+
+// Inference: the identity, and a mask of ones. Training mode (an input from opset 12, an
+// attribute is_test = 0 before 7) draws from an RNG no importer can reproduce.
+void dropout_op(NodeCtx& c) {
+  const bool training = c.opset() >= 12 ? (c.has(2) && c.const_in(2, "training_mode").v.at(0) != 0)
+                                        : (c.opset() < 7 && c.i("is_test", 0) == 0);
+  if (training) c.fail("training mode is not supported: seam imports Dropout for inference");
+  if (c.wants(1)) {
+    const Shape s = c.maybe_const(0) ? c.maybe_const(0)->shape : c.in(0).shape();
+    c.out_const(1, Const{s, std::vector<double>(static_cast<size_t>(numel(s)), 1.0), T::TensorProto::BOOL});
+  }
+  identity_op(c);
+}
+
+void cast_to(NodeCtx& c, int32_t to) {
+  if (const Const* k = c.maybe_const(0)) {
+    Const r = *k;
+    r.elem = to;
+    if (!is_float(dtype_of(to).value_or(DType::f32)))
+      for (double& x : r.v) x = std::trunc(x);
+    return c.out_const(0, r);
+  }
+  const std::optional<DType> t = dtype_of(to);
+  if (!t) c.fail("casts to ", elem_name(to), ", which seam keeps in no dtype");
+  Var x = c.in(0);
+  c.out(0, x.dtype() == *t ? copy(x) : cast(x, *t));
+}
+void cast_op(NodeCtx& c) { cast_to(c, static_cast<int32_t>(c.i("to", 0))); }
+void cast_like_op(NodeCtx& c) {
+  const Const* k = c.maybe_const(1);
+  if (k) return cast_to(c, k->elem);
+  const DType t = c.in(1).dtype();
+  for (int32_t e : {::onnx::TensorProto::FLOAT, ::onnx::TensorProto::DOUBLE, ::onnx::TensorProto::FLOAT16,
+                    ::onnx::TensorProto::BFLOAT16, ::onnx::TensorProto::INT32, ::onnx::TensorProto::UINT8})
+    if (dtype_of(e) == t) return cast_to(c, e);
+}
+
+// ---- shapes ------------------------------------------------------------------------------
+
+Shape shape_of(NodeCtx& c, size_t i) {
+  if (const Const* k = c.maybe_const(i)) return k->shape;
+  return c.in(i).shape();
+}
+
+void shape_op(NodeCtx& c) {
+  const Shape s = shape_of(c, 0);
+  const auto rank = static_cast<int64_t>(s.size());
+  int64_t start = c.i("start", 0), end = c.i("end", rank);
+  start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
+  end = std::clamp(end < 0 ? end + rank : end, int64_t{0}, rank);
+  Const r{{std::max<int64_t>(end - start, 0)}, {}, T::TensorProto::INT64};
+  for (int64_t d = start; d < end; ++d) r.v.push_back(static_cast<double>(s[static_cast<size_t>(d)]));
+  c.out_const(0, r);
+}
+
+// ONNX Reshape's target: 0 copies the input's dim (unless allowzero), one -1 is inferred.
+Shape reshape_target(NodeCtx& c, const Shape& in, const std::vector<int64_t>& want) {
+  Shape s;
+  const bool allowzero = c.i("allowzero", 0) != 0;
+  for (size_t d = 0; d < want.size(); ++d) {
+    if (want[d] == 0 && !allowzero) {
+      if (d >= in.size()) c.fail("shape entry ", d, " is 0 (copy) but the input has rank ", in.size());
+      s.push_back(in[d]);
+    } else {
+      s.push_back(want[d]);
+    }
+  }
+  int64_t known = 1, infer = -1;
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (s[d] == -1) {
+      if (infer >= 0) c.fail("the shape ", shape_str(Shape(want.begin(), want.end())), " has more than one -1");
+      infer = static_cast<int64_t>(d);
+    } else if (s[d] < 0) {
+      c.fail("the shape has a negative entry ", s[d]);
+    } else {
+      known *= s[d];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel(in) % known) c.fail("cannot infer -1 in ", shape_str(s), " for ", shape_str(in));
+    s[static_cast<size_t>(infer)] = numel(in) / known;
+  }
+  if (numel(s) != numel(in)) c.fail("cannot reshape ", shape_str(in), " to ", shape_str(s));
+  return s;
+}
+
+void reshape_to(NodeCtx& c, const Shape& s) {
+  if (const Const* k = c.maybe_const(0)) {
+    Const r = *k;
+    r.shape = s;
+    return c.out_const(0, r);
+  }
+  c.out(0, reshape(c.in(0), s));
+}
+
+void reshape_op(NodeCtx& c) {
+  const std::vector<int64_t> want = c.opset() < 5 ? c.ints("shape") : c.const_in(1, "the shape").ints();
+  reshape_to(c, reshape_target(c, shape_of(c, 0), want));
+}
+
+void flatten_op(NodeCtx& c) {
+  const Shape in = shape_of(c, 0);
+  int64_t axis = c.i("axis", 1);  // in [-rank, rank]
+  if (axis < 0) axis += static_cast<int64_t>(in.size());
+  if (axis < 0 || axis > static_cast<int64_t>(in.size())) c.fail("axis ", c.i("axis", 1), " is out of range for rank ", in.size());
+  int64_t outer = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= in[static_cast<size_t>(d)];
+  reshape_to(c, {outer, numel(in) / std::max<int64_t>(outer, 1)});
+}
+
+void squeeze_op(NodeCtx& c) {
+  const Shape in = shape_of(c, 0);
+  std::vector<int64_t> axes = axes_of(c, 1, 13);
+  for (int64_t& a : axes) a = norm_axis(c, a, in.size());
+  Shape s;
+  for (size_t d = 0; d < in.size(); ++d) {
+    const bool listed = std::count(axes.begin(), axes.end(), static_cast<int64_t>(d)) > 0;
+    if (listed && in[d] != 1) c.fail("axis ", d, " has size ", in[d], ", not 1");
+    if (!(axes.empty() ? in[d] == 1 : listed)) s.push_back(in[d]);
+  }
+  reshape_to(c, s);
+}
+
+void unsqueeze_op(NodeCtx& c) {
+  const Shape in = shape_of(c, 0);
+  std::vector<int64_t> axes = axes_of(c, 1, 13);
+  const size_t rank = in.size() + axes.size();
+  for (int64_t& a : axes) a = norm_axis(c, a, rank);
+  Shape s;
+  for (size_t d = 0, k = 0; d < rank; ++d)
+    s.push_back(std::count(axes.begin(), axes.end(), static_cast<int64_t>(d)) ? 1 : in.at(k++));
+  reshape_to(c, s);
+}
+
+void transpose_op(NodeCtx& c) {
+  const Shape in = shape_of(c, 0);
+  std::vector<int64_t> perm = c.ints("perm");
+  if (perm.empty())
+    for (int64_t d = static_cast<int64_t>(in.size()) - 1; d >= 0; --d) perm.push_back(d);
+  if (const Const* k = c.maybe_const(0)) {
+    Const r = *k;
+    Shape s;
+    for (int64_t p : perm) s.push_back(in.at(static_cast<size_t>(p)));
+    r.shape = s;
+    const int64_t n = numel(s);
+    for (int64_t i = 0; i < n; ++i) {  // output index -> input offset
+      int64_t rem = i, off = 0;
+      std::vector<int64_t> idx(s.size());
+      for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) {
+        idx[static_cast<size_t>(d)] = rem % s[static_cast<size_t>(d)];
+        rem /= s[static_cast<size_t>(d)];
+      }
+      std::vector<int64_t> src(in.size());
+      for (size_t d = 0; d < perm.size(); ++d) src[static_cast<size_t>(perm[d])] = idx[d];
+      for (size_t d = 0; d < in.size(); ++d) off = off * in[d] + src[d];
+      r.v[static_cast<size_t>(i)] = k->v[static_cast<size_t>(off)];
+    }
+    return c.out_const(0, r);
+  }
+  c.out(0, permute(c.in(0), perm));
+}
+
+void concat_op(NodeCtx& c) {
+  const int64_t axis = norm_axis(c, c.i("axis", 0), shape_of(c, 0).size());
+  if (all_const(c)) {
+    Const r = c.const_in(0, "input 0");
+    for (size_t i = 1; i < c.inputs(); ++i) {
+      const Const& b = c.const_in(i, "an input");
+      if (r.shape.size() != 1 || axis != 0) c.fail("folds constants of rank 1 only");
+      r.v.insert(r.v.end(), b.v.begin(), b.v.end());
+      r.shape[0] += b.shape.at(0);
+    }
+    return c.out_const(0, r);
+  }
+  std::vector<Var> xs;
+  for (size_t i = 0; i < c.inputs(); ++i) xs.push_back(c.in(i));
+  c.out(0, xs.size() == 1 ? copy(xs[0]) : concat(xs, axis));
+}
+
+void slice_op(NodeCtx& c) {
+  const Shape in = shape_of(c, 0);
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (c.opset() < 10) {
+    starts = c.ints("starts");
+    ends = c.ints("ends");
+    axes = c.ints("axes");
+  } else {
+    starts = c.const_in(1, "starts").ints();
+    ends = c.const_in(2, "ends").ints();
+    if (c.has(3)) axes = c.const_in(3, "axes").ints();
+    if (c.has(4)) steps = c.const_in(4, "steps").ints();
+  }
+  if (axes.empty())
+    for (size_t d = 0; d < starts.size(); ++d) axes.push_back(static_cast<int64_t>(d));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    c.fail("starts, ends, axes and steps differ in length");
+  std::optional<Var> x;
+  Const k;
+  bool sliced = false;
+  if (const Const* kc = c.maybe_const(0); kc && kc->shape.size() == 1) k = *kc;  // shape arithmetic: fold
+  else x = c.in(0);
+  for (size_t j = 0; j < starts.size(); ++j) {
+    const int64_t a = norm_axis(c, axes[j], in.size());
+    const int64_t n = (x ? x->shape() : k.shape)[static_cast<size_t>(a)];
+    if (steps[j] <= 0) c.fail("step ", steps[j], " along axis ", a, ": seam slices forward only");
+    auto clampi = [&](int64_t v) { return std::clamp(v < 0 ? v + n : v, int64_t{0}, n); };
+    const int64_t s = clampi(starts[j]), e = clampi(ends[j]);
+    if (e <= s) c.fail("slice [", starts[j], ", ", ends[j], ") of axis ", a, " (size ", n, ") is empty");
+    if (x) {
+      if (s != 0 || e != n || steps[j] != 1) {
+        x = slice(*x, a, s, e, steps[j]);
+        sliced = true;
+      }
+    } else {
+      if (k.shape.size() != 1) c.fail("folds constants of rank 1 only");
+      std::vector<double> v;
+      for (int64_t i = s; i < e; i += steps[j]) v.push_back(k.v[static_cast<size_t>(i)]);
+      k.v = v;
+      k.shape[0] = static_cast<int64_t>(v.size());
+    }
+  }
+  if (x) c.out(0, sliced ? *x : copy(*x));
+  else c.out_const(0, k);
+}
+
+void expand_op(NodeCtx& c) {
+  const Shape s = broadcast_shape(c, shape_of(c, 0), [&] {
+    const auto v = c.const_in(1, "the shape").ints();
+    return Shape(v.begin(), v.end());
+  }());
+  Var x = c.in(0);
+  c.out(0, x.shape() == s ? copy(x) : broadcast_to(x, s));
+}
+
+// Gather: the axis moved first and the rest flattened, an embedding lookup of the indices
+// (i32; constant ones with negatives wrapped, a graph value's checked by the kernels to
+// lie in [0, n)), then the shape back.
+void gather_op(NodeCtx& c) {
+  const Shape in = shape_of(c, 0);
+  const int64_t axis = norm_axis(c, c.i("axis", 0), in.size());
+  const int64_t n = in[static_cast<size_t>(axis)];
+  const Const* idx = c.maybe_const(1);
+  std::vector<double> ids;
+  if (idx) {
+    ids = idx->v;
+    for (double& i : ids) {
+      if (i < -n || i >= n) c.fail("index ", i, " is out of range for axis ", axis, " of size ", n);
+      if (i < 0) i += static_cast<double>(n);
+    }
+    if (const Const* k = c.maybe_const(0)) {  // shape arithmetic: fold
+      if (k->shape.size() != 1) c.fail("folds constants of rank 1 only");
+      Const r{idx->shape, {}, k->elem};
+      for (double i : ids) r.v.push_back(k->v[static_cast<size_t>(i)]);
+      return c.out_const(0, r);
+    }
+  }
+  const Shape id_shape = idx ? idx->shape : c.in(1).shape();
+  Var id_var = [&] {
+    if (!idx) return c.in(1);
+    const std::string name = c.node.name() + ".indices";
+    c.imp.consts[name] = Const{id_shape.empty() ? Shape{1} : id_shape, ids, T::TensorProto::INT32};
+    return c.imp.var(name, c.where);
+  }();
+  if (id_var.dtype() != DType::i32) c.fail("indices of ", dtype_name(id_var.dtype()), " (integers only)");
+  Var x = c.in(0);
+  std::vector<int64_t> perm{axis};
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
+    if (d != axis) perm.push_back(d);
+  Var table = reshape(axis == 0 ? x : permute(x, perm), {n, numel(in) / n});
+  Var looked = embedding(id_var, table);  // [ids..., rest]
+  Shape out = id_shape;
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
+    if (d != axis) out.push_back(in[static_cast<size_t>(d)]);
+  Var r = reshape(looked, out);
+  if (axis != 0 && !id_shape.empty()) {  // [ids..., before..., after...] -> [before..., ids..., after...]
+    const auto ri = static_cast<int64_t>(id_shape.size());
+    std::vector<int64_t> back;
+    for (int64_t d = 0; d < axis; ++d) back.push_back(ri + d);
+    for (int64_t d = 0; d < ri; ++d) back.push_back(d);
+    for (int64_t d = ri + axis; d < static_cast<int64_t>(out.size()); ++d) back.push_back(d);
+    r = permute(r, back);
+  }
+  c.out(0, r);
+}
+
+// Split along an axis into the sizes the split attribute or input gives, else equal parts.
+void split_op(NodeCtx& c) {
+  Var x = c.in(0);
+  const int64_t axis = norm_axis(c, c.i("axis", 0), x.rank());
+  const int64_t n = x.shape()[static_cast<size_t>(axis)];
+  std::vector<int64_t> sizes = c.opset() >= 13 ? (c.has(1) ? c.const_in(1, "split").ints() : std::vector<int64_t>{})
+                                               : c.ints("split");
+  const auto parts = static_cast<int64_t>(c.outputs());
+  if (sizes.empty()) {
+    if (n % parts) c.fail("axis ", axis, " of size ", n, " does not split into ", parts, " equal parts");
+    sizes.assign(static_cast<size_t>(parts), n / parts);
+  }
+  if (static_cast<int64_t>(sizes.size()) != parts || std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != n)
+    c.fail("split sizes ", shape_str(Shape(sizes.begin(), sizes.end())), " do not cover axis ", axis, " of size ", n,
+           " in ", parts, " outputs");
+  int64_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] <= 0) c.fail("split size ", sizes[i], ": seam's values have no empty dims");
+    c.out(i, sizes.size() == 1 ? copy(x) : slice(x, axis, at, at + sizes[i]));
+    at += sizes[i];
+  }
+}
+
+void tile_op(NodeCtx& c) {
+  Var x = c.in(0);
+  const std::vector<int64_t> reps = c.const_in(1, "repeats").ints();
+  if (static_cast<int64_t>(reps.size()) != x.rank()) c.fail(reps.size(), " repeats for rank ", x.rank());
+  for (size_t d = 0; d < reps.size(); ++d) {
+    if (reps[d] < 1) c.fail("repeat ", reps[d], " along axis ", d, ": seam's values have no empty dims");
+    if (reps[d] > 1) x = concat(std::vector<Var>(static_cast<size_t>(reps[d]), x), static_cast<int64_t>(d));
+  }
+  c.out(0, x.id() == c.in(0).id() ? copy(x) : x);
+}
+
+// Pad, constant mode: blocks of the value concatenated at both ends of each padded axis.
+void pad_op(NodeCtx& c) {
+  Var x = c.in(0);
+  const std::string mode = c.s("mode", "constant");
+  if (mode != "constant") c.fail("mode '", mode, "': seam pads with a constant only");
+  const std::vector<int64_t> pads = c.opset() >= 11 ? c.const_in(1, "pads").ints() : c.ints("pads");
+  double value = c.opset() >= 11 ? (c.has(2) ? c.const_in(2, "constant_value").v.at(0) : 0.0) : c.f("value", 0.0);
+  const auto r = static_cast<size_t>(x.rank());
+  std::vector<int64_t> axes;
+  if (c.opset() >= 18 && c.has(3)) axes = c.const_in(3, "axes").ints();
+  else
+    for (size_t d = 0; d < r; ++d) axes.push_back(static_cast<int64_t>(d));
+  if (pads.size() != 2 * axes.size()) c.fail(pads.size(), " pads for ", axes.size(), " axes");
+  for (size_t j = 0; j < axes.size(); ++j) {
+    const int64_t a = norm_axis(c, axes[j], r);
+    const int64_t before = pads[j], after = pads[j + axes.size()];
+    if (before < 0 || after < 0) c.fail("negative pads (cropping) are not supported");
+    std::vector<Var> parts;
+    for (int64_t width : {before, int64_t{-1}, after}) {
+      if (width == -1) {
+        parts.push_back(x);
+        continue;
+      }
+      if (width == 0) continue;
+      Shape s = x.shape();
+      s[static_cast<size_t>(a)] = width;
+      parts.push_back(full(c.g(), s, value, x.dtype()));
+    }
+    if (parts.size() > 1) x = concat(parts, a);
+  }
+  c.out(0, x.id() == c.in(0).id() ? copy(x) : x);
+}
+
+void constant_of_shape_op(NodeCtx& c) {
+  const std::vector<int64_t> s = c.const_in(0, "the shape").ints();
+  Const r{Shape(s.begin(), s.end()), {}, ::onnx::TensorProto::FLOAT};
+  double v = 0;
+  if (const auto* t = c.tensor_attr("value")) {
+    const Const k = const_of(*t, c.where);
+    r.elem = k.elem;
+    v = k.v.at(0);
+  }
+  r.v.assign(static_cast<size_t>(numel(r.shape)), v);
+  c.out_const(0, r);
+}
+
+void size_op(NodeCtx& c) {
+  c.out_const(0, Const{{}, {static_cast<double>(numel(shape_of(c, 0)))}, ::onnx::TensorProto::INT64});
+}
+
+void range_op(NodeCtx& c) {
+  const Const &start = c.const_in(0, "start"), &limit = c.const_in(1, "limit"), &delta = c.const_in(2, "delta");
+  const double a = start.v.at(0), b = limit.v.at(0), d = delta.v.at(0);
+  if (d == 0) c.fail("delta is 0");
+  const auto n = static_cast<int64_t>(std::max(0.0, std::ceil((b - a) / d)));
+  Const r{{n}, {}, start.elem};
+  for (int64_t i = 0; i < n; ++i) r.v.push_back(a + static_cast<double>(i) * d);
+  c.out_const(0, r);
+}
+
+// EyeLike and Trilu: masks known at import (the shapes are static).
+void eye_like_op(NodeCtx& c) {
+  const Shape s = shape_of(c, 0);
+  if (s.size() != 2) c.fail("input of rank ", s.size(), " (2-d only)");
+  const int64_t k = c.i("k", 0);
+  Const r{s, std::vector<double>(static_cast<size_t>(numel(s)), 0.0),
+          c.has_attr("dtype") ? static_cast<int32_t>(c.i("dtype", 1))
+                              : (c.maybe_const(0) ? c.maybe_const(0)->elem : ::onnx::TensorProto::FLOAT)};
+  for (int64_t i = 0; i < s[0]; ++i)
+    if (i + k >= 0 && i + k < s[1]) r.v[static_cast<size_t>(i * s[1] + i + k)] = 1;
+  c.out_const(0, r);
+}
+
+void trilu_op(NodeCtx& c) {
+  Var x = c.in(0);
+  if (x.rank() < 2) c.fail("input of rank ", x.rank(), " (2-d or more)");
+  const int64_t k = c.has(1) ? c.const_in(1, "k").ints().at(0) : 0;
+  const bool upper = c.i("upper", 1) != 0;
+  const int64_t rows = x.shape()[x.shape().size() - 2], cols = x.shape().back();
+  Const mask{{rows, cols}, {}, ::onnx::TensorProto::FLOAT};
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) mask.v.push_back((upper ? j - i >= k : j - i <= k) ? 1.0 : 0.0);
+  const std::string name = c.node.name() + ".mask";
+  c.imp.consts[name] = mask;
+  Var m = c.imp.var(name, c.where);
+  c.out(0, mul(x, m.dtype() == x.dtype() ? m : cast(m, x.dtype())));
+}
+
+// DepthToSpace (DCR or CRD) and SpaceToDepth: a reshape, a permute and a reshape.
+void depth_to_space_op(NodeCtx& c) {
+  Var x = c.in(0);
+  if (x.rank() != 4) c.fail("input of rank ", x.rank(), " (4-d only)");
+  const int64_t b = c.i("blocksize", 0), n = x.shape()[0], ch = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+  if (b < 1 || ch % (b * b)) c.fail("blocksize ", b, " does not divide ", ch, " channels into blocks");
+  const bool crd = c.s("mode", "DCR") == "CRD";
+  Var t = crd ? permute(reshape(x, {n, ch / (b * b), b, b, h, w}), {0, 1, 4, 2, 5, 3})
+              : permute(reshape(x, {n, b, b, ch / (b * b), h, w}), {0, 3, 4, 1, 5, 2});
+  c.out(0, reshape(t, {n, ch / (b * b), h * b, w * b}));
+}
+
+void space_to_depth_op(NodeCtx& c) {
+  Var x = c.in(0);
+  if (x.rank() != 4) c.fail("input of rank ", x.rank(), " (4-d only)");
+  const int64_t b = c.i("blocksize", 0), n = x.shape()[0], ch = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+  if (b < 1 || h % b || w % b) c.fail("blocksize ", b, " does not divide ", h, "x", w);
+  Var t = permute(reshape(x, {n, ch, h / b, b, w / b, b}), {0, 3, 5, 1, 2, 4});
+  c.out(0, reshape(t, {n, ch * b * b, h / b, w / b}));
+}
+
+void constant_op(NodeCtx& c) {
+  if (const T::TensorProto* t = c.tensor_attr("value")) return c.out_const(0, const_of(*t, c.where));
+  if (c.has_attr("value_float")) return c.out_const(0, Const{{}, {c.f("value_float", 0)}, T::TensorProto::FLOAT});
+  if (c.has_attr("value_floats")) {
+    const auto v = c.floats("value_floats");
+    return c.out_const(0, Const{{static_cast<int64_t>(v.size())}, v, T::TensorProto::FLOAT});
+  }
+  if (c.has_attr("value_int")) return c.out_const(0, Const{{}, {static_cast<double>(c.i("value_int", 0))}, T::TensorProto::INT64});
+  if (c.has_attr("value_ints")) {
+    const auto v = c.ints("value_ints");
+    return c.out_const(0, Const{{static_cast<int64_t>(v.size())}, std::vector<double>(v.begin(), v.end()), T::TensorProto::INT64});
+  }
+  c.fail("has none of the value attributes seam reads (value, value_float(s), value_int(s))");
+}
+
+}  // namespace
+
+const std::map<std::string, OpImporter>& op_importers() {
+  static const std::map<std::string, OpImporter> table = [] {
+    std::map<std::string, OpImporter> t = {
+        {"Relu", unary<relu_of>},        {"Sigmoid", unary<sigmoid_of>},
+        {"Tanh", unary<tanh_of>},        {"Exp", unary<exp_of>},
+        {"Log", unary<log_of>},          {"Sqrt", unary<sqrt_of>},
+        {"Neg", unary<neg_of>},          {"Abs", unary<abs_of>},
+        {"Erf", unary<erf_of>},          {"LeakyRelu", leaky_relu_op},
+        {"Reciprocal", reciprocal_op},   {"Pow", pow_op},
+        {"Add", binary<0>},              {"Sub", binary<1>},
+        {"Mul", binary<2>},              {"Div", binary<3>},
+        {"Max", variadic<0>},            {"Min", variadic<1>},
+        {"Sum", variadic<2>},            {"Mean", variadic<3>},
+        {"Clip", clip_op},               {"Identity", identity_op},
+        {"Dropout", dropout_op},         {"Cast", cast_op},
+        {"Shape", shape_op},             {"Reshape", reshape_op},
+        {"Flatten", flatten_op},         {"Squeeze", squeeze_op},
+        {"Unsqueeze", unsqueeze_op},     {"Transpose", transpose_op},
+        {"Concat", concat_op},           {"Slice", slice_op},
+        {"Expand", expand_op},           {"Gather", gather_op},
+        {"Constant", constant_op},       {"Elu", elu_op},
+        {"Celu", celu_op},               {"Selu", selu_op},
+        {"HardSigmoid", hard_sigmoid_op}, {"HardSwish", hard_swish_op},
+        {"Softplus", softplus_op},       {"Softsign", softsign_op},
+        {"PRelu", prelu_op},             {"CastLike", cast_like_op},
+        {"Split", split_op},             {"Tile", tile_op},
+        {"Pad", pad_op},                 {"ConstantOfShape", constant_of_shape_op},
+        {"Size", size_op},               {"Range", range_op},
+        {"EyeLike", eye_like_op},        {"Trilu", trilu_op},
+        {"DepthToSpace", depth_to_space_op}, {"SpaceToDepth", space_to_depth_op},
+    };
+    add_nn_importers(t);
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace seam::onnx::detail

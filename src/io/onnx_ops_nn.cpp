@@ -1,0 +1,302 @@
+// The ONNX importer's op table, part two (src/io/onnx.h): linear algebra,
+// normalization, softmax, reductions, convolution and pooling.
+#include <algorithm>
+#include <cmath>
+
+#include "io/onnx_import.h"
+
+namespace seam::onnx::detail {
+
+namespace {
+
+namespace T = ::onnx;
+
+// ---- linear algebra and normalization ----------------------------------------------------
+
+void matmul_op(NodeCtx& c) {
+  Var a = c.in(0), b = c.in(1);
+  const Shape sa = a.shape(), sb = b.shape();
+  if (sa.size() < 1 || sb.size() < 1) c.fail("needs operands of rank >= 1");
+  if (sa.size() == 1) {
+    Var r = matmul(reshape(a, {1, sa[0]}), sb.size() == 1 ? reshape(b, {sb[0], 1}) : b);
+    const Shape rs = r.shape();
+    Shape out(rs.begin() + 1, rs.end());
+    return c.out(0, reshape(r, sb.size() == 1 ? Shape{} : out));
+  }
+  if (sb.size() == 1) {
+    Var r = matmul(a, reshape(b, {sb[0], 1}));
+    return c.out(0, reshape(r, Shape(sa.begin(), sa.end() - 1)));
+  }
+  if (sb.size() == 2) return c.out(0, matmul(a, b));  // leading dims of a fold into M
+  // Batched: broadcast the batch dims, fold them into one.
+  const Shape ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
+  const Shape batch = broadcast_shape(c, ba, bb);
+  auto to_batch = [&](Var x, const Shape& s) {  // [1.., s] broadcast to [batch, s's last two]
+    Shape padded(batch.size() + 2 - s.size(), 1), target = batch;
+    padded.insert(padded.end(), s.begin(), s.end());
+    target.insert(target.end(), s.end() - 2, s.end());
+    Var r = padded == s ? x : reshape(x, padded);
+    return padded == target ? r : broadcast_to(r, target);
+  };
+  Var fa = to_batch(a, sa), fb = to_batch(b, sb);
+  const int64_t nb = numel(batch);
+  Var r = matmul(reshape(fa, {nb, sa[sa.size() - 2], sa.back()}), reshape(fb, {nb, sb[sb.size() - 2], sb.back()}));
+  Shape out = batch;
+  out.push_back(sa[sa.size() - 2]);
+  out.push_back(sb.back());
+  c.out(0, reshape(r, out));
+}
+
+void gemm_op(NodeCtx& c) {
+  Var a = c.in(0), b = c.in(1);
+  if (a.rank() != 2 || b.rank() != 2) c.fail("A and B must be 2-d, got ", shape_str(a.shape()), " and ", shape_str(b.shape()));
+  Var y = matmul(a, b, c.i("transA", 0) != 0, c.i("transB", 0) != 0);
+  const double alpha = c.f("alpha", 1.0), beta = c.f("beta", 1.0);
+  if (alpha != 1.0) y = scale(y, alpha);
+  if (c.has(2) && beta != 0.0) {
+    Var bias = c.in(2);
+    if (beta != 1.0) bias = scale(bias, beta);
+    y = add(y, bias);
+  }
+  c.out(0, y);
+}
+
+// Per-channel operand v [C] against x [N, C, ...]: [C, 1, ...] for broadcasting.
+Var per_channel(Var v, int64_t rank) {
+  Shape s{v.shape().at(0)};
+  s.resize(static_cast<size_t>(rank - 1), 1);
+  return reshape(v, s);
+}
+
+void batch_norm_op(NodeCtx& c) {
+  if (c.i("training_mode", 0) != 0 || c.wants(1) || c.wants(2))
+    c.fail("training mode (and the running statistics as outputs) is not supported: seam imports BatchNormalization "
+           "for inference");
+  Var x = c.in(0);
+  if (x.rank() < 2) c.fail("input of rank ", x.rank(), " (it needs [N, C, ...])");
+  if (!c.maybe_const(3) || !c.maybe_const(4)) {
+    // Statistics that are graph values, not constants: the formula itself,
+    // (x - mean) / sqrt(var + eps) * scale + bias.
+    const int64_t r = x.rank();
+    Var inv = pow(add(per_channel(c.in(4), r), scalar(c.g(), c.f("epsilon", 1e-5), x.dtype())), -0.5);
+    Var y = mul(sub(x, per_channel(c.in(3), r)), mul(inv, per_channel(c.in(1), r)));
+    return c.out(0, add(y, per_channel(c.in(2), r)));
+  }
+  const Shape ch{x.shape().at(1)};
+  // Running statistics are state values: frozen whatever OnnxOptions::freeze says.
+  auto stat = [&](size_t i) {
+    const std::string& name = c.node.input(static_cast<int>(i));
+    if (!c.imp.vars.count(name)) c.imp.initializers.erase(name);
+    return c.in(i);
+  };
+  auto out = c.g().add(Op::batch_norm, {x.id(), c.in(1).id(), c.in(2).id(), stat(3).id(), stat(4).id()},
+                       {{"eps", c.f("epsilon", 1e-5)}, {"momentum", 1.0 - c.f("momentum", 0.9)}, {"training", int64_t{0}}});
+  c.out(0, c.g().var(out[0]));
+}
+
+// Over the dims from `axis` on: those flattened into one for seam's layer norm (which
+// takes the last), and the result's shape restored.
+void layer_norm_op(NodeCtx& c) {
+  Var x0 = c.in(0);
+  const int64_t axis = norm_axis(c, c.i("axis", -1), x0.rank());
+  int64_t outer = 1;
+  for (int64_t k = 0; k < axis; ++k) outer *= x0.shape()[static_cast<size_t>(k)];
+  Var x = axis == x0.rank() - 1 ? x0 : reshape(x0, {outer, numel(x0.shape()) / outer});
+  const int64_t d = x.shape().back();
+  Var gamma = c.in(1);
+  Var beta = c.has(2) ? c.in(2) : full(c.g(), {d}, 0.0, gamma.dtype());
+  if (gamma.shape() != Shape{d}) gamma = reshape(gamma, {d});
+  if (beta.shape() != Shape{d}) beta = reshape(beta, {d});
+  auto out = c.g().add(Op::layer_norm, {x.id(), gamma.id(), beta.id()}, {{"eps", c.f("epsilon", 1e-5)}});
+  c.out(0, x.shape() == x0.shape() ? c.g().var(out[0]) : reshape(c.g().var(out[0]), x0.shape()));
+  Shape kept = x0.shape();
+  for (size_t k = static_cast<size_t>(axis); k < kept.size(); ++k) kept[k] = 1;
+  if (c.wants(1)) c.out(1, reshape(c.g().var(out[1]), kept));
+  if (c.wants(2)) c.out(2, reshape(c.g().var(out[2]), kept));
+}
+
+// Softmax and LogSoftmax: from opset 13 along one axis; before, over the flattened dims
+// from `axis` on (the input seen as 2-d), which is the same where axis is the last.
+template <bool Log>
+void softmax_op(NodeCtx& c) {
+  Var x = c.in(0);
+  const int64_t axis = norm_axis(c, c.i("axis", c.opset() >= 13 ? -1 : 1), x.rank());
+  auto f = [](Var v, int64_t a) { return Log ? log_softmax(v, a) : softmax(v, a); };
+  if (c.opset() >= 13 || axis == x.rank() - 1) return c.out(0, f(x, axis));
+  int64_t outer = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.shape()[static_cast<size_t>(d)];
+  c.out(0, reshape(f(reshape(x, {outer, numel(x.shape()) / outer}), 1), x.shape()));
+}
+
+template <bool Mean>
+void reduce_op(NodeCtx& c) {
+  Var x = c.in(0);
+  std::vector<int64_t> axes = axes_of(c, 1, Mean ? 18 : 13);
+  if (axes.empty() && c.i("noop_with_empty_axes", 0) != 0) return c.out(0, copy(x));
+  for (int64_t& a : axes) a = norm_axis(c, a, x.rank());
+  const bool keep = c.i("keepdims", 1) != 0;
+  if (axes.empty())
+    for (int64_t d = 0; d < x.rank(); ++d) axes.push_back(d);
+  c.out(0, Mean ? mean(x, axes, keep) : sum(x, axes, keep));
+}
+
+// ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum: a sum of a function of x, and one of it.
+template <int Kind>  // 0 L1, 1 L2, 2 sum of squares, 3 log of the sum
+void reduce_norm_op(NodeCtx& c) {
+  Var x = c.in(0);
+  std::vector<int64_t> axes = axes_of(c, 1, 18);
+  for (int64_t& a : axes) a = norm_axis(c, a, x.rank());
+  if (axes.empty())
+    for (int64_t d = 0; d < x.rank(); ++d) axes.push_back(d);
+  Var t = Kind == 0 ? seam::abs(x) : Kind == 3 ? x : mul(x, x);
+  Var s = sum(t, axes, c.i("keepdims", 1) != 0);
+  c.out(0, Kind == 1 ? seam::sqrt(s) : Kind == 3 ? seam::log(s) : s);
+}
+
+// ArgMax / ArgMin (of -x): the first extreme along the axis, as seam's argmax; i32.
+template <bool Max>
+void arg_op(NodeCtx& c) {
+  Var x = c.in(0);
+  if (c.i("select_last_index", 0) != 0) c.fail("select_last_index 1 is not supported");
+  const int64_t axis = norm_axis(c, c.i("axis", 0), x.rank());
+  Var r = argmax(Max ? x : neg(x), axis);
+  if (c.i("keepdims", 1) != 0) {
+    Shape s = x.shape();
+    s[static_cast<size_t>(axis)] = 1;
+    r = reshape(r, s);
+  }
+  c.out(0, r);
+}
+
+// ---- convolution and pooling -------------------------------------------------------------
+
+struct Window {
+  std::vector<int64_t> kernel, stride, pad, dilation;
+};
+
+// Kernel, strides, dilations and (symmetric) pads of a 2-d window op, auto_pad resolved.
+Window window(NodeCtx& c, const Shape& x, std::vector<int64_t> kernel) {
+  const size_t sp = x.size() - 2;
+  Window w{kernel, c.ints("strides", std::vector<int64_t>(sp, 1)), {}, c.ints("dilations", std::vector<int64_t>(sp, 1))};
+  std::vector<int64_t> pads = c.ints("pads", std::vector<int64_t>(2 * sp, 0));
+  const std::string auto_pad = c.s("auto_pad", "NOTSET");
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (size_t d = 0; d < sp; ++d) {
+      const int64_t in = x[2 + d], out = (in + w.stride[d] - 1) / w.stride[d];
+      const int64_t total = std::max<int64_t>(0, (out - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dilation[d] + 1 - in);
+      pads[d] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pads[d + sp] = total - pads[d];
+    }
+  } else if (auto_pad == "VALID") {
+    std::fill(pads.begin(), pads.end(), 0);
+  } else if (auto_pad != "NOTSET") {
+    c.fail("auto_pad '", auto_pad, "' is not one ONNX defines");
+  }
+  if (pads.size() != 2 * sp || w.stride.size() != sp || w.dilation.size() != sp || w.kernel.size() != sp)
+    c.fail("pads, strides, dilations and the kernel do not match the input's ", sp, " spatial dims");
+  for (size_t d = 0; d < sp; ++d) {
+    if (pads[d] != pads[d + sp])
+      c.fail("pads ", shape_str(Shape(pads.begin(), pads.end())), " differ at the two ends of a dim: seam pads symmetrically");
+    w.pad.push_back(pads[d]);
+  }
+  return w;
+}
+
+// A 1-d window op as a 2-d one of height 1.
+Var as_2d(Var x) {
+  Shape s = x.shape();
+  s.insert(s.begin() + 2, 1);
+  return reshape(x, s);
+}
+
+void conv_op(NodeCtx& c) {
+  Var x = c.in(0), w = c.in(1);
+  if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam convolves 1-d and 2-d inputs");
+  const bool one_d = x.rank() == 3;
+  const Shape ws = w.shape();
+  std::vector<int64_t> kernel = c.ints("kernel_shape", Shape(ws.begin() + 2, ws.end()));
+  Window win = window(c, x.shape(), kernel);
+  if (one_d) {
+    x = as_2d(x);
+    w = as_2d(w);
+    win.stride.insert(win.stride.begin(), 1);
+    win.pad.insert(win.pad.begin(), 0);
+    win.dilation.insert(win.dilation.begin(), 1);
+  }
+  std::optional<Var> b;
+  if (c.has(2)) b = c.in(2);
+  Var y = conv2d(x, w, b, {.stride = win.stride, .padding = win.pad, .dilation = win.dilation, .groups = c.i("group", 1)});
+  if (one_d) {
+    Shape s = y.shape();
+    s.erase(s.begin() + 2);
+    y = reshape(y, s);
+  }
+  c.out(0, y);
+}
+
+template <bool Max>
+void pool_op(NodeCtx& c) {
+  Var x = c.in(0);
+  if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam pools 1-d and 2-d inputs");
+  if (c.i("ceil_mode", 0) != 0) c.fail("ceil_mode 1 is not supported");
+  if (Max && c.i("storage_order", 0) != 0) c.fail("storage_order 1 is not supported");
+  if (Max && c.wants(1)) c.fail("the Indices output is not supported");
+  const bool one_d = x.rank() == 3;
+  Window win = window(c, x.shape(), c.ints("kernel_shape"));
+  for (int64_t d : win.dilation)
+    if (d != 1) c.fail("dilations other than 1 are not supported in pooling");
+  if (one_d) {
+    x = as_2d(x);
+    win.kernel.insert(win.kernel.begin(), 1);
+    win.stride.insert(win.stride.begin(), 1);
+    win.pad.insert(win.pad.begin(), 0);
+  }
+  Var y = Max ? max_pool2d(x, win.kernel, win.stride, win.pad)
+              : avg_pool2d(x, win.kernel, win.stride, win.pad, c.i("count_include_pad", 0) != 0);
+  if (one_d) {
+    Shape s = y.shape();
+    s.erase(s.begin() + 2);
+    y = reshape(y, s);
+  }
+  c.out(0, y);
+}
+
+void global_max_pool_op(NodeCtx& c) {
+  Var x = c.in(0);
+  if (x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam's global pooling takes [N, C, H, W]");
+  c.out(0, max_pool2d(x, {x.shape()[2], x.shape()[3]}));
+}
+
+void global_avg_pool_op(NodeCtx& c) {
+  Var x = c.in(0);
+  if (x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam's global average pool takes [N, C, H, W]");
+  c.out(0, reshape(global_avg_pool(x), {x.shape()[0], x.shape()[1], 1, 1}));
+}
+
+}  // namespace
+
+void add_nn_importers(std::map<std::string, OpImporter>& t) {
+  t.insert({
+      {"MatMul", matmul_op},
+      {"Gemm", gemm_op},
+      {"BatchNormalization", batch_norm_op},
+      {"LayerNormalization", layer_norm_op},
+      {"Softmax", softmax_op<false>},
+      {"LogSoftmax", softmax_op<true>},
+      {"ReduceMean", reduce_op<true>},
+      {"ReduceSum", reduce_op<false>},
+      {"Conv", conv_op},
+      {"MaxPool", pool_op<true>},
+      {"AveragePool", pool_op<false>},
+      {"GlobalAveragePool", global_avg_pool_op},
+      {"GlobalMaxPool", global_max_pool_op},
+      {"ReduceL1", reduce_norm_op<0>},
+      {"ReduceL2", reduce_norm_op<1>},
+      {"ReduceSumSquare", reduce_norm_op<2>},
+      {"ReduceLogSum", reduce_norm_op<3>},
+      {"ArgMax", arg_op<true>},
+      {"ArgMin", arg_op<false>},
+  });
+}
+
+}  // namespace seam::onnx::detail

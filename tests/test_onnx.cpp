@@ -1,0 +1,209 @@
+// The ONNX importer (src/io/onnx.h): a small CNN written as ONNX protobuf here imports
+// into the same function seam computes from the same weights, trains, and every kind of
+// bad input is refused with the node, its op type and the reason. The backend node tests
+// run through `seam onnx-suite` (tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "io/onnx.h"
+#include "onnx.pb.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+namespace P = ::onnx;
+
+void add_tensor(P::GraphProto& g, const std::string& name, const Shape& shape, const std::vector<float>& v) {
+  P::TensorProto* t = g.add_initializer();
+  t->set_name(name);
+  t->set_data_type(P::TensorProto::FLOAT);
+  for (int64_t d : shape) t->add_dims(d);
+  t->set_raw_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+}
+
+void add_io(google::protobuf::RepeatedPtrField<P::ValueInfoProto>* list, const std::string& name, const Shape& shape,
+            const std::string& symbolic = "") {
+  P::ValueInfoProto* v = list->Add();
+  v->set_name(name);
+  auto* tt = v->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(P::TensorProto::FLOAT);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    auto* d = tt->mutable_shape()->add_dim();
+    if (i == 0 && !symbolic.empty()) d->set_dim_param(symbolic);
+    else d->set_dim_value(shape[i]);
+  }
+}
+
+P::NodeProto* add_node(P::GraphProto& g, const std::string& op, std::vector<std::string> in,
+                       std::vector<std::string> out) {
+  P::NodeProto* n = g.add_node();
+  n->set_op_type(op);
+  n->set_name(out[0] + "_node");
+  for (auto& i : in) n->add_input(i);
+  for (auto& o : out) n->add_output(o);
+  return n;
+}
+
+void set_ints(P::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(P::AttributeProto::INTS);
+  for (int64_t x : v) a->add_ints(x);
+}
+
+struct Cnn {
+  std::vector<float> w1 = random_floats(8 * 3 * 3 * 3, 11), b1 = random_floats(8, 12),
+                     fc = random_floats(10 * 8, 13), fcb = random_floats(10, 14);
+  // x [N, 3, 8, 8] -> Conv 3x3 pad 1 -> Relu -> MaxPool 2 -> GlobalAveragePool -> Flatten
+  // -> Gemm (transB) -> y [N, 10]
+  std::string bytes(const std::string& symbolic = "", bool asymmetric = false) const {
+    P::ModelProto m;
+    m.set_ir_version(8);
+    m.set_producer_name("seam test");
+    m.add_opset_import()->set_version(13);
+    P::GraphProto& g = *m.mutable_graph();
+    g.set_name("cnn");
+    add_io(g.mutable_input(), "x", {4, 3, 8, 8}, symbolic);
+    add_tensor(g, "w1", {8, 3, 3, 3}, w1);
+    add_tensor(g, "b1", {8}, b1);
+    add_tensor(g, "fc", {10, 8}, fc);
+    add_tensor(g, "fcb", {10}, fcb);
+    P::NodeProto* conv = add_node(g, "Conv", {"x", "w1", "b1"}, {"c"});
+    set_ints(conv, "pads", asymmetric ? std::vector<int64_t>{1, 1, 0, 1} : std::vector<int64_t>{1, 1, 1, 1});
+    set_ints(conv, "kernel_shape", {3, 3});
+    add_node(g, "Relu", {"c"}, {"r"});
+    set_ints(add_node(g, "MaxPool", {"r"}, {"p"}), "kernel_shape", {2, 2});
+    add_node(g, "GlobalAveragePool", {"p"}, {"gap"});
+    add_node(g, "Flatten", {"gap"}, {"f"});
+    P::NodeProto* gemm = add_node(g, "Gemm", {"f", "fc", "fcb"}, {"y"});
+    auto* tb = gemm->add_attribute();
+    tb->set_name("transB");
+    tb->set_type(P::AttributeProto::INT);
+    tb->set_i(1);
+    add_io(g.mutable_output(), "y", {4, 10});
+    return m.SerializeAsString();
+  }
+};
+
+onnx::OnnxImport import(const std::string& bytes, const onnx::OnnxOptions& o = {}) {
+  return onnx::import_onnx_bytes(std::as_bytes(std::span(bytes)), "model.onnx", o);
+}
+
+std::string error_of(const std::string& bytes, const onnx::OnnxOptions& o = {}) {
+  try {
+    import(bytes, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Onnx, ACnnComputesWhatSeamComputesFromTheSameWeights) {
+  const Cnn net;
+  onnx::OnnxImport imp = import(net.bytes());
+  EXPECT_EQ(imp.opset, 13);
+  EXPECT_EQ(imp.inputs, std::vector<std::string>{"x"});
+  ASSERT_EQ(imp.outputs.size(), 1u);
+  EXPECT_EQ(imp.initial.size(), 4u);
+  Model m(imp.graph, {.seed = 1});
+  onnx::load_initial(m, imp);
+  for (const char* p : {"w1", "b1", "fc", "fcb"}) EXPECT_NE(m.layout().param(p), nullptr) << p;
+  Program p = m.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
+  const auto x = random_floats(4 * 3 * 8 * 8, 15);
+  p.set_input("x", std::span<const float>(x));
+  p.run();
+  const auto got = p.read_as<float>(imp.outputs[0]);
+
+  // The same network from seam's builders.
+  Graph g;
+  Var xi = g.input("x", {4, 3, 8, 8});
+  Var h = relu(conv2d(xi, g.param("w1", {8, 3, 3, 3}, Init::zeros()), g.param("b1", {8}, Init::zeros()),
+                      {.padding = {1, 1}}));
+  Var y = linear(global_avg_pool(max_pool2d(h, {2, 2}, {1, 1})), g.param("fc", {10, 8}, Init::zeros()),  // ONNX: stride 1
+                 g.param("fcb", {10}, Init::zeros()));
+  Model ref(g, {.seed = 1});
+  ref.write_param("w1", bytes_of(net.w1));
+  ref.write_param("b1", bytes_of(net.b1));
+  ref.write_param("fc", bytes_of(net.fc));
+  ref.write_param("fcb", bytes_of(net.fcb));
+  Program rp = ref.compile({.mode = Mode::eval, .outputs = {y.id()}});
+  rp.set_input("x", std::span<const float>(x));
+  rp.run();
+  const auto want = rp.read_as<float>(y.name());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << i;
+}
+
+TEST(Onnx, AnImportedNetworkTrains) {
+  const Cnn net;
+  onnx::OnnxImport imp = import(net.bytes());
+  Graph& g = imp.graph;
+  Var labels = g.input("labels", {4}, DType::i32);
+  Var loss = cross_entropy(g.var(*g.find(imp.outputs[0])), labels);
+  Model m(g, {.seed = 1});
+  onnx::load_initial(m, imp);
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adamw(0.02)});
+  const auto x = random_floats(4 * 3 * 8 * 8, 16);
+  const auto y = random_labels(4, 10, 17);
+  p.set_input("x", std::span<const float>(x));
+  p.set_input("labels", std::span<const int32_t>(y));
+  std::vector<float> losses;
+  for (int i = 0; i < 40; ++i) {
+    p.run();
+    losses.push_back(p.read_as<float>(loss.name())[0]);
+  }
+  EXPECT_LT(losses.back(), 0.3f * losses.front()) << losses.front() << " -> " << losses.back();
+}
+
+TEST(Onnx, FrozenInitializersAreStateNotParameters) {
+  onnx::OnnxImport imp = import(Cnn().bytes(), {.freeze = true});
+  Model m(imp.graph, {.seed = 1});
+  EXPECT_EQ(m.layout().params.size(), 0u);
+  EXPECT_EQ(m.layout().states.size(), 4u);
+}
+
+TEST(Onnx, ASymbolicDimensionIsBoundByName) {
+  const Cnn net;
+  EXPECT_NE(error_of(net.bytes("batch")).find("input 'x' has a symbolic dimension 'batch': bind it with --input-shape x="),
+            std::string::npos)
+      << error_of(net.bytes("batch"));
+  onnx::OnnxImport imp = import(net.bytes("batch"), {.input_shapes = {{"x", {4, 3, 8, 8}}}});
+  EXPECT_EQ(imp.graph.value(*imp.graph.find("x")).type.shape, (Shape{4, 3, 8, 8}));
+  EXPECT_NE(error_of(net.bytes(), {.input_shapes = {{"z", {1}}}}).find("--input-shape names 'z', which is no input"),
+            std::string::npos);
+}
+
+TEST(Onnx, BadInputIsRefusedNamingTheNodeAndTheReason) {
+  EXPECT_EQ(error_of("not a protobuf at all, \xff\xff"), "model.onnx: not an ONNX model (its protobuf does not parse)");
+  EXPECT_NE(error_of(Cnn().bytes("", true)).find("node 'c_node' (Conv): pads [1,1,0,1] differ at the two ends"),
+            std::string::npos)
+      << error_of(Cnn().bytes("", true));
+  // An op type seam does not import.
+  P::ModelProto m;
+  m.ParseFromString(Cnn().bytes());
+  m.mutable_graph()->mutable_node(1)->set_op_type("Hardmax");
+  EXPECT_NE(error_of(m.SerializeAsString()).find("node 'r_node' (Hardmax): seam has no import for the op type Hardmax"),
+            std::string::npos)
+      << error_of(m.SerializeAsString());
+  // A node reading a value nothing makes.
+  m.ParseFromString(Cnn().bytes());
+  m.mutable_graph()->mutable_node(1)->set_input(0, "nowhere");
+  EXPECT_NE(error_of(m.SerializeAsString()).find("reads 'nowhere', which no earlier node, input or initializer makes"),
+            std::string::npos);
+  // An opset seam does not know, and raw data of the wrong size.
+  m.ParseFromString(Cnn().bytes());
+  m.mutable_opset_import(0)->set_version(99);
+  EXPECT_NE(error_of(m.SerializeAsString()).find("opset 99 of the default domain"), std::string::npos);
+  m.ParseFromString(Cnn().bytes());
+  m.mutable_graph()->mutable_initializer(0)->mutable_raw_data()->resize(12);
+  EXPECT_NE(error_of(m.SerializeAsString()).find("initializer 'w1': tensor 'w1' has 12 bytes of raw data for 216 FLOAT"),
+            std::string::npos)
+      << error_of(m.SerializeAsString());
+}
+
+}  // namespace
+}  // namespace seam::testing
