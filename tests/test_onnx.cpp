@@ -6,7 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
+#include "cli_fixture.h"
+#include "io/npy.h"
 #include "io/onnx.h"
 #include "onnx.pb.h"
 #include "seam/seam.h"
@@ -203,6 +207,84 @@ TEST(Onnx, BadInputIsRefusedNamingTheNodeAndTheReason) {
   EXPECT_NE(error_of(m.SerializeAsString()).find("initializer 'w1': tensor 'w1' has 12 bytes of raw data for 216 FLOAT"),
             std::string::npos)
       << error_of(m.SerializeAsString());
+}
+
+TEST(Npy, RoundTripsEveryTypeAndRefusesWhatItCannotRead) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("seam_npy_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto f = random_floats(6, 3);
+  for (const HostTensor& t : {HostTensor{"a", {DType::f32, {2, 3}}, bytes_of(f)},
+                              HostTensor{"b", {DType::f32, {6}}, bytes_of(f)},
+                              HostTensor{"c", {DType::i32, {1, 2, 1}}, bytes_of(std::vector<int32_t>{-7, 9})},
+                              HostTensor{"d", {DType::u8, {3}}, {std::byte{1}, std::byte{0}, std::byte{255}}}}) {
+    const std::string path = (dir / (t.name + ".npy")).string();
+    io::write_npy(path, t);
+    const HostTensor back = io::read_npy(path);
+    EXPECT_EQ(back.type, t.type) << t.name;
+    EXPECT_EQ(back.data, t.data) << t.name;
+  }
+  auto error_of = [&](const std::string& contents) {
+    const std::string path = (dir / "bad.npy").string();
+    std::ofstream(path, std::ios::binary) << contents;
+    try {
+      io::read_npy(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("PK\x03\x04 a zip").find("not a .npy file"), std::string::npos);
+  const std::string head = std::string("\x93NUMPY\x01\x00", 8);
+  auto with = [&](const std::string& dict) {
+    return head + std::string(1, static_cast<char>(dict.size())) + std::string(1, '\0') + dict;
+  };
+  EXPECT_NE(error_of(with("{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }")).find("Fortran-ordered"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }")).find("element type '>f4'"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }") + "abc")
+                .find("3 bytes of data for [2] of <f4"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+class OnnxCli : public CliTest {};
+
+// seam run: the .npy input through the imported model, the output as .npy, equal to the
+// same program run here; seam plan prints the ONNX model's evaluation plan.
+TEST_F(OnnxCli, RunWritesTheOutputsAndPlanPrintsTheSteps) {
+  const Cnn net;
+  const std::string model = (dir / "cnn.onnx").string();
+  std::ofstream(model, std::ios::binary) << net.bytes();
+  const auto x = random_floats(4 * 3 * 8 * 8, 21);
+  io::write_npy((dir / "x.npy").string(), HostTensor{"x", {DType::f32, {4, 3, 8, 8}}, bytes_of(x)});
+  const CliResult r = run("run " + model + " --input x=" + (dir / "x.npy").string() + " --out " + (dir / "out").string() +
+                          " --device cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("y: f32[4,10] -> "), std::string::npos) << r.out;
+  const HostTensor y = io::read_npy((dir / "out" / "y.npy").string());
+  onnx::OnnxImport imp = import(net.bytes());
+  Model m(imp.graph, {.seed = 1});
+  onnx::load_initial(m, imp);
+  Program p = m.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
+  p.set_input("x", std::span<const float>(x));
+  p.run();
+  EXPECT_EQ(y.data, p.read(imp.outputs[0]));
+
+  const CliResult missing = run("run " + model + " --device cpu");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("input 'x' needs a value: --input x=FILE.npy"), std::string::npos) << missing.err;
+  io::write_npy((dir / "small.npy").string(), HostTensor{"x", {DType::f32, {2}}, bytes_of(std::vector<float>{1, 2})});
+  const CliResult wrong = run("run " + model + " --input x=" + (dir / "small.npy").string() + " --device cpu");
+  EXPECT_NE(wrong.err.find("holds f32[2], input 'x' takes f32[4,3,8,8]"), std::string::npos) << wrong.err;
+
+  const CliResult plan = run("plan " + model);
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("ONNX, opset 13, seam test"), std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find("conv2d"), std::string::npos);
+  const CliResult bad_shape = run("plan " + model + " --input-shape x=4x3xeight");
+  EXPECT_NE(bad_shape.err.find("--input-shape 'x=4x3xeight': 'eight' is not a dimension"), std::string::npos)
+      << bad_shape.err;
 }
 
 }  // namespace

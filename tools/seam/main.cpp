@@ -21,6 +21,7 @@
 #include "seam/seam.h"
 #include "train/trainer.h"
 #ifdef SEAM_HAS_ONNX
+#include "io/onnx_cli.h"
 #include "io/onnx_suite.h"
 #endif
 #ifdef SEAM_HAS_CUDA
@@ -289,7 +290,9 @@ int main(int argc, char** argv) {
   std::optional<int64_t> plan_batch;
   bool plan_eval = false;
   auto* plan = app.add_subcommand("plan", "print the compiled training step: steps, shapes, arena offsets, memory, FLOPs");
-  plan->add_option("model", plan_model, "model file (JSON)")->required();
+  plan->add_option("model", plan_model, "model file (JSON), or an ONNX file (its evaluation step)")->required();
+  std::vector<std::string> plan_input_shapes;
+  plan->add_option("--input-shape", plan_input_shapes, "ONNX: binds a symbolic input shape, name=D1xD2x... (repeatable)");
   plan->add_option("--batch", plan_batch, "batch size")->transform(whole<int64_t>(1));
   plan->add_flag("--eval", plan_eval, "print the evaluation step instead");
   bool plan_measure = false;
@@ -354,6 +357,16 @@ int main(int argc, char** argv) {
   ops->add_flag("--grads", grads, "include the gradient ops that autodiff inserts");
 
 #ifdef SEAM_HAS_ONNX
+  seam::onnx::RunOptions ro;
+  std::vector<std::string> run_inputs, run_input_shapes;
+  std::string run_device = "auto", run_precision = "f32";
+  auto* run = app.add_subcommand("run", "run an ONNX model on .npy inputs; its outputs are written as .npy files");
+  run->add_option("model", ro.model, "the .onnx file")->required();
+  run->add_option("--input", run_inputs, "name=FILE.npy for each graph input (repeatable)");
+  run->add_option("--input-shape", run_input_shapes, "binds a symbolic input shape, name=D1xD2x... (repeatable)");
+  run->add_option("--out", ro.out_dir, "folder for the outputs, one <output>.npy each (default: .)");
+  run->add_option("--device", run_device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
+  run->add_option("--precision", run_precision, precision_help)->check(one_of(seam::precision_names()));
   seam::onnx::SuiteOptions suite;
   std::string suite_device = "cpu";
   auto* onnx_suite = app.add_subcommand(
@@ -367,18 +380,19 @@ int main(int argc, char** argv) {
                          "exit 1 when fewer than this percentage of the supported ops' tests pass");
 #else
   CLI::App* onnx_suite = app.add_subcommand("onnx-suite", "(this build has no ONNX importer)");
+  CLI::App* run = app.add_subcommand("run", "(this build has no ONNX importer)");
 #endif
 
   // Arguments CLI11 cannot place are kept, not thrown, so that the message can name the
   // flag or command meant.
-  for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite}) a->allow_extras();
+  for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite, run}) a->allow_extras();
   auto help_hint = [&] {
     auto subs = app.get_subcommands();
     return " (see 'seam " + (subs.empty() ? std::string() : subs[0]->get_name() + " ") + "--help')";
   };
   try {
     app.parse(argc, argv);
-    for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite})
+    for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite, run})
       if (!a->remaining().empty()) throw UsageError(unexpected(*a, a->remaining()[0], a == &app));
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
@@ -419,6 +433,36 @@ int main(int argc, char** argv) {
                 << " tokens), " << tokenize_out << "/val.tok (" << n.val << " tokens), vocabulary 256\n";
       return 0;
     }
+#ifdef SEAM_HAS_ONNX
+    auto onnx_shapes = [](const std::vector<std::string>& texts) {
+      std::map<std::string, seam::Shape> m;
+      for (const std::string& t : texts) m.insert(seam::onnx::parse_input_shape(t));
+      return m;
+    };
+    if (*plan && plan_model.ends_with(".onnx")) {
+      seam::onnx::RunOptions po;
+      po.model = plan_model;
+      po.input_shapes = onnx_shapes(plan_input_shapes);
+      po.device = seam::train::resolve_device(plan_device);
+      if (auto p = precision_of(plan_precision)) po.precision = *p;
+      return seam::onnx::plan_onnx(po);
+    }
+    if (*run) {
+      for (const std::string& t : run_inputs) {
+        const size_t eq = t.find('=');
+        if (eq == std::string::npos || eq == 0) throw seam::Error("--input '" + t + "': expected name=FILE.npy");
+        ro.inputs[t.substr(0, eq)] = t.substr(eq + 1);
+      }
+      ro.input_shapes = onnx_shapes(run_input_shapes);
+      ro.device = seam::train::resolve_device(run_device);
+      ro.precision = *precision_of(run_precision);
+      return seam::onnx::run_onnx(ro);
+    }
+#else
+    if (*run || (*plan && plan_model.ends_with(".onnx")))
+      throw seam::Error("this build of seam has no ONNX importer (it needs protobuf and libonnx-dev's onnx.proto)");
+#endif
+    if (!plan_input_shapes.empty()) throw seam::Error("--input-shape is for ONNX files");
     if (*plan)
       return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
                                    precision_of(plan_precision), layout_of(plan_layout));
