@@ -495,3 +495,24 @@ TEST(PoolShapeErrors, ClearMessages) {
   expect_error([](Graph& g) { max_pool2d(g.input("x", {1, 1, 5, 5}), {2}); }, {"max_pool2d", "2 entries"});
   expect_error([](Graph& g) { global_avg_pool(g.input("x", {2, 3})); }, {"global_avg_pool", "rank 4"});
 }
+
+// conv2d_grad_input as an op of its own (ONNX's ConvTranspose): its gradients with respect
+// to its input and its filter, against finite differences, with stride, padding, dilation
+// and groups.
+TEST(ConvTranspose, GradientsMatchFiniteDifferences) {
+  struct Case {
+    Shape in, w, out;
+    Conv2dOptions o;
+  };
+  for (const Case& k : {Case{{2, 4, 3, 3}, {4, 3, 3, 3}, {2, 3, 5, 5}, {}},
+                        Case{{1, 4, 3, 4}, {4, 2, 3, 3}, {1, 4, 5, 7}, {.stride = {2, 2}, .padding = {1, 1}, .groups = 2}},
+                        Case{{1, 2, 4, 4}, {2, 3, 2, 2}, {1, 3, 5, 5}, {.dilation = {1, 1}}},
+                        Case{{1, 3, 3, 3}, {3, 2, 3, 3}, {1, 2, 9, 9}, {.stride = {2, 2}, .dilation = {2, 2}}}}) {
+    SCOPED_TRACE(shape_str(k.in) + " * " + shape_str(k.w) + " -> " + shape_str(k.out));
+    check_gradients([&](GradCase& c) {
+      return c.g.add1(Op::conv2d_grad_input, {c.param("x", k.in).id(), c.param("w", k.w).id()},
+                      {{"stride", k.o.stride}, {"padding", k.o.padding}, {"dilation", k.o.dilation},
+                       {"groups", k.o.groups}, {"shape", k.out}});
+    });
+  }
+}

@@ -230,6 +230,75 @@ void cast_like_op(NodeCtx& c) {
     if (dtype_of(e) == t) return cast_to(c, e);
 }
 
+// Comparisons and logic: on constants (mask and shape arithmetic) only; seam's
+// elementwise ops compute on floating point values.
+template <int Kind>  // 0 Equal, 1 Less, 2 Greater, 3 LessOrEqual, 4 GreaterOrEqual, 5 And, 6 Or, 7 Xor
+void compare_op(NodeCtx& c) {
+  if (!all_const(c)) c.fail("its operands must be constants: seam folds comparisons and logic, and has no such ops on graph values");
+  static const std::function<double(double, double)> fs[] = {
+      [](double a, double b) { return a == b ? 1.0 : 0.0; }, [](double a, double b) { return a < b ? 1.0 : 0.0; },
+      [](double a, double b) { return a > b ? 1.0 : 0.0; },  [](double a, double b) { return a <= b ? 1.0 : 0.0; },
+      [](double a, double b) { return a >= b ? 1.0 : 0.0; },
+      [](double a, double b) { return a != 0 && b != 0 ? 1.0 : 0.0; },
+      [](double a, double b) { return a != 0 || b != 0 ? 1.0 : 0.0; },
+      [](double a, double b) { return (a != 0) != (b != 0) ? 1.0 : 0.0; }};
+  Const r = fold_binary(c, c.const_in(0, "a"), c.const_in(1, "b"), fs[Kind]);
+  r.elem = ::onnx::TensorProto::BOOL;
+  c.out_const(0, r);
+}
+
+void not_op(NodeCtx& c) {
+  if (!all_const(c)) c.fail("its operand must be a constant: seam folds logic, and has no such ops on graph values");
+  Const r = c.const_in(0, "x");
+  for (double& v : r.v) v = v != 0 ? 0.0 : 1.0;
+  c.out_const(0, r);
+}
+
+// Where(cond, x, y): constants fold; a constant condition selects by arithmetic, x m +
+// y (1 - m) with the mask m, which is exact where both branches are finite. An infinite
+// constant branch (a masked fill with -inf, as attention masks are exported) becomes the
+// largest finite value of the result's dtype, which softmax turns into the same zero.
+void where_op(NodeCtx& c) {
+  if (all_const(c)) {
+    const Const &m = c.const_in(0, "condition"), &x = c.const_in(1, "x"), &y = c.const_in(2, "y");
+    Const r = fold_binary(c, fold_binary(c, m, x, [](double a, double b) { return a != 0 ? b : 0.0; }), y,
+                          [](double, double b) { return b; });
+    const Shape s = r.shape;
+    for (int64_t i = 0; i < numel(s); ++i) {
+      const double cond = at_broadcast(m, s, i);
+      r.v[static_cast<size_t>(i)] = cond != 0 ? at_broadcast(x, s, i) : at_broadcast(y, s, i);
+    }
+    r.elem = x.elem;
+    return c.out_const(0, r);
+  }
+  const Const* m = c.maybe_const(0);
+  if (!m) c.fail("the condition must be a constant: seam selects by arithmetic with a constant mask");
+  const DType t = c.maybe_const(1) ? c.in(2).dtype() : c.in(1).dtype();
+  const double big = t == DType::f16 ? 65504.0 : t == DType::bf16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
+  auto branch = [&](size_t i) {
+    if (const Const* k = c.maybe_const(i)) {
+      Const finite = *k;
+      for (double& v : finite.v)
+        if (std::isinf(v)) v = v > 0 ? big : -big;
+      const std::string name = c.node.name() + ".branch" + std::to_string(i);
+      c.imp.consts[name] = finite;
+      Var v = c.imp.var(name, c.where);
+      return v.dtype() == t ? v : cast(v, t);
+    }
+    return c.in(i);
+  };
+  Const keep = *m, drop = *m;
+  keep.elem = drop.elem = ::onnx::TensorProto::FLOAT;
+  for (double& v : drop.v) v = v != 0 ? 0.0 : 1.0;
+  c.imp.consts[c.node.name() + ".keep"] = keep;
+  c.imp.consts[c.node.name() + ".drop"] = drop;
+  auto mask = [&](const std::string& suffix) {
+    Var v = c.imp.var(c.node.name() + suffix, c.where);
+    return v.dtype() == t ? v : cast(v, t);
+  };
+  c.out(0, add(mul(branch(1), mask(".keep")), mul(branch(2), mask(".drop"))));
+}
+
 // ---- shapes ------------------------------------------------------------------------------
 
 Shape shape_of(NodeCtx& c, size_t i) {
@@ -669,6 +738,11 @@ const std::map<std::string, OpImporter>& op_importers() {
         {"Size", size_op},               {"Range", range_op},
         {"EyeLike", eye_like_op},        {"Trilu", trilu_op},
         {"DepthToSpace", depth_to_space_op}, {"SpaceToDepth", space_to_depth_op},
+        {"Equal", compare_op<0>},        {"Less", compare_op<1>},
+        {"Greater", compare_op<2>},      {"LessOrEqual", compare_op<3>},
+        {"GreaterOrEqual", compare_op<4>}, {"And", compare_op<5>},
+        {"Or", compare_op<6>},           {"Xor", compare_op<7>},
+        {"Not", not_op},                 {"Where", where_op},
     };
     add_nn_importers(t);
     return t;

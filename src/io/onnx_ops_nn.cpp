@@ -154,12 +154,38 @@ void reduce_norm_op(NodeCtx& c) {
 }
 
 // ArgMax / ArgMin (of -x): the first extreme along the axis, as seam's argmax; i32.
+// With select_last_index, the argmax of the axis reversed (a gather of n-1 ... 0), whose
+// index i is n - 1 - i of the original.
 template <bool Max>
 void arg_op(NodeCtx& c) {
   Var x = c.in(0);
-  if (c.i("select_last_index", 0) != 0) c.fail("select_last_index 1 is not supported");
   const int64_t axis = norm_axis(c, c.i("axis", 0), x.rank());
-  Var r = argmax(Max ? x : neg(x), axis);
+  const int64_t n = x.shape()[static_cast<size_t>(axis)];
+  Var v = Max ? x : neg(x);
+  const bool last = c.i("select_last_index", 0) != 0;
+  if (last) {
+    Var table = reshape(axis == 0 ? v : permute(v, [&] {
+      std::vector<int64_t> p{axis};
+      for (int64_t d = 0; d < x.rank(); ++d)
+        if (d != axis) p.push_back(d);
+      return p;
+    }()), {n, numel(x.shape()) / n});
+    Const ids{{n}, {}, T::TensorProto::INT32};
+    for (int64_t i = n - 1; i >= 0; --i) ids.v.push_back(static_cast<double>(i));
+    c.imp.consts[c.node.name() + ".reversed"] = ids;
+    Shape moved{n};
+    for (int64_t d = 0; d < x.rank(); ++d)
+      if (d != axis) moved.push_back(x.shape()[static_cast<size_t>(d)]);
+    Var rev = reshape(embedding(c.imp.var(c.node.name() + ".reversed", c.where), table), moved);
+    std::vector<int64_t> back;  // the reversed axis to its place again
+    for (int64_t d = 1; d <= axis; ++d) back.push_back(d);
+    back.push_back(0);
+    for (int64_t d = axis + 1; d < x.rank(); ++d) back.push_back(d);
+    v = axis == 0 ? rev : permute(rev, back);
+  }
+  Var r = argmax(v, axis);
+  if (last)
+    r = cast(sub(full(c.g(), r.shape(), static_cast<double>(n - 1), DType::f32), cast(r, DType::f32)), DType::i32);
   if (c.i("keepdims", 1) != 0) {
     Shape s = x.shape();
     s[static_cast<size_t>(axis)] = 1;
@@ -234,6 +260,65 @@ void conv_op(NodeCtx& c) {
   c.out(0, y);
 }
 
+// ConvTranspose: seam's conv2d_grad_input (the data gradient is the transposed
+// convolution, and it has gradients of its own), ONNX's W [C_in, C_out/group, kh, kw]
+// being the filter of the convolution it transposes. The output size: stride (in - 1) +
+// output_padding + dilation (k - 1) + 1 - pads, or output_shape.
+void conv_transpose_op(NodeCtx& c) {
+  Var x = c.in(0), w = c.in(1);
+  if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam convolves 1-d and 2-d inputs");
+  const bool one_d = x.rank() == 3;
+  const size_t sp = static_cast<size_t>(x.rank() - 2);
+  const Shape ws = w.shape();
+  const std::vector<int64_t> kernel = c.ints("kernel_shape", Shape(ws.begin() + 2, ws.end()));
+  const std::vector<int64_t> stride = c.ints("strides", std::vector<int64_t>(sp, 1)),
+                             dil = c.ints("dilations", std::vector<int64_t>(sp, 1)),
+                             out_pad = c.ints("output_padding", std::vector<int64_t>(sp, 0)),
+                             out_shape = c.ints("output_shape");
+  std::vector<int64_t> pads = c.ints("pads", std::vector<int64_t>(2 * sp, 0));
+  const std::string auto_pad = c.s("auto_pad", "NOTSET");
+  const int64_t group = c.i("group", 1);
+  Shape out{x.shape()[0], ws[1] * group};
+  for (size_t d = 0; d < sp; ++d) {
+    const int64_t in = x.shape()[2 + d], full = stride[d] * (in - 1) + out_pad[d] + dil[d] * (kernel[d] - 1) + 1;
+    int64_t target = full - pads[d] - pads[d + sp];
+    if (!out_shape.empty()) target = out_shape[out_shape.size() - sp + d];
+    else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") target = in * stride[d];
+    const int64_t total = full - target;  // the padding both ends together
+    if (!out_shape.empty() || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      pads[d] = auto_pad == "SAME_LOWER" ? total - total / 2 : total / 2;
+      pads[d + sp] = total - pads[d];
+    }
+    if (pads[d] != pads[d + sp])
+      c.fail("pads differ at the two ends of spatial dim ", d, " (", pads[d], ", ", pads[d + sp],
+             "): seam pads symmetrically");
+    if (out_pad[d] != 0 && out_pad[d] >= stride[d]) c.fail("output_padding ", out_pad[d], " is not below the stride");
+    out.push_back(target);
+  }
+  std::vector<int64_t> pad(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(sp)), st = stride, dl = dil;
+  if (one_d) {
+    x = as_2d(x);
+    w = as_2d(w);
+    out.insert(out.begin() + 2, 1);
+    pad.insert(pad.begin(), 0);
+    st.insert(st.begin(), 1);
+    dl.insert(dl.begin(), 1);
+  }
+  Var y = c.g().add1(Op::conv2d_grad_input, {x.id(), w.id()},
+                     {{"stride", st}, {"padding", pad}, {"dilation", dl}, {"groups", group}, {"shape", out}});
+  if (c.has(2)) {
+    Shape bs{c.in(2).shape().at(0)};
+    bs.resize(static_cast<size_t>(y.rank() - 1), 1);
+    y = add(y, reshape(c.in(2), bs));
+  }
+  if (one_d) {
+    Shape s = y.shape();
+    s.erase(s.begin() + 2);
+    y = reshape(y, s);
+  }
+  c.out(0, y);
+}
+
 template <bool Max>
 void pool_op(NodeCtx& c) {
   Var x = c.in(0);
@@ -286,6 +371,7 @@ void add_nn_importers(std::map<std::string, OpImporter>& t) {
       {"ReduceMean", reduce_op<true>},
       {"ReduceSum", reduce_op<false>},
       {"Conv", conv_op},
+      {"ConvTranspose", conv_transpose_op},
       {"MaxPool", pool_op<true>},
       {"AveragePool", pool_op<false>},
       {"GlobalAveragePool", global_avg_pool_op},

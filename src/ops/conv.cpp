@@ -132,6 +132,25 @@ void register_conv(OpTable& t) {
     d.flops = [input](const OpCostCtx& c) {
       return conv_flops(c.in[0].shape, input ? c.in[1].shape : c.out[0].shape);
     };
+    // The input gradient is also the transposed convolution (ONNX ConvTranspose): linear
+    // in dy and in w, <dx, g> = <dy, conv2d(g, w)>, so dy's gradient is conv2d(g, w) and
+    // w's conv2d_grad_weight(dy, g).
+    if (input)
+      d.grad = [](GradCtx& c) {
+        if (c.attrs().s("activation") != "none")
+          fail("conv2d_grad_input node '", c.node.name, "' with relu's mask is not differentiated (it is made by a "
+               "fusion pass, after the gradients)");
+        Var g = c.dy(), dy = c.x(0), w = c.x(1);
+        Attrs geometry;
+        for (const auto& [name, value] : c.attrs().items())
+          if (name != "shape" && name != "activation") geometry.set(name, value);
+        if (c.needs(0)) c.set(0, c.g.add1(Op::conv2d, {g.id(), w.id()}, geometry));
+        if (c.needs(1)) {
+          Attrs a = geometry;
+          a.set("shape", w.shape());
+          c.set(1, c.g.add1(Op::conv2d_grad_weight, {dy.id(), g.id()}, a));
+        }
+      };
   }
   {
     // Inference: a convolution and the batch norm after it with its running statistics,
