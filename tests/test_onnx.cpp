@@ -209,6 +209,38 @@ TEST(Onnx, BadInputIsRefusedNamingTheNodeAndTheReason) {
       << error_of(m.SerializeAsString());
 }
 
+// Ops the importer writes with seam's own (here ReduceLogSumExp: a max-pool, a stop
+// gradient, exp, sum and log) differentiate as the op does: the gradient of
+// logsumexp(x + p) along axis 1 with respect to the initializer p is softmax(x + p).
+TEST(Onnx, AComposedOpDifferentiatesAsTheOp) {
+  P::ModelProto m;
+  m.add_opset_import()->set_version(13);
+  P::GraphProto& g = *m.mutable_graph();
+  add_io(g.mutable_input(), "x", {2, 5});
+  const auto p0 = random_floats(10, 31);
+  add_tensor(g, "p", {2, 5}, p0);
+  add_node(g, "Add", {"x", "p"}, {"s"});
+  P::NodeProto* lse = add_node(g, "ReduceLogSumExp", {"s"}, {"y"});
+  set_ints(lse, "axes", {1});
+  add_io(g.mutable_output(), "y", {2, 1});
+  onnx::OnnxImport imp = import(m.SerializeAsString());
+  Var loss = sum(imp.graph.var(*imp.graph.find(imp.outputs[0])));
+  Model model(imp.graph, {.seed = 1});
+  onnx::load_initial(model, imp);
+  Program prog = model.compile({.loss = loss.id(), .gradients = true});
+  const auto x = random_floats(10, 32);
+  prog.set_input("x", std::span<const float>(x));
+  prog.run();
+  const auto grad = prog.grad_as<float>("p");
+  for (int r = 0; r < 2; ++r) {
+    double mx = -1e30, z = 0;
+    for (int j = 0; j < 5; ++j) mx = std::max(mx, static_cast<double>(x[r * 5 + j] + p0[r * 5 + j]));
+    for (int j = 0; j < 5; ++j) z += std::exp(x[r * 5 + j] + p0[r * 5 + j] - mx);
+    for (int j = 0; j < 5; ++j)
+      EXPECT_NEAR(grad[r * 5 + j], std::exp(x[r * 5 + j] + p0[r * 5 + j] - mx) / z, 1e-6) << r << "," << j;
+  }
+}
+
 TEST(Npy, RoundTripsEveryTypeAndRefusesWhatItCannotRead) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("seam_npy_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

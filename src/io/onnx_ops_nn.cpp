@@ -153,6 +153,52 @@ void reduce_norm_op(NodeCtx& c) {
   c.out(0, Kind == 1 ? seam::sqrt(s) : Kind == 3 ? seam::log(s) : s);
 }
 
+// ReduceMax / ReduceMin (of -x) / ReduceLogSumExp: the reduced axes gathered into one
+// (a permute and a reshape to [outer, 1, n, inner]) and max-pooled over it, which has a
+// gradient (to the first maximum); logsumexp as m + log(sum(exp(x - m))) with m a constant
+// to the gradient.
+template <int Kind>  // 0 max, 1 min, 2 log-sum-exp
+void reduce_max_op(NodeCtx& c) {
+  Var x = c.in(0);
+  std::vector<int64_t> axes = axes_of(c, 1, 18);
+  for (int64_t& a : axes) a = norm_axis(c, a, x.rank());
+  if (axes.empty())
+    for (int64_t d = 0; d < x.rank(); ++d) axes.push_back(d);
+  std::sort(axes.begin(), axes.end());
+  const Shape s = x.shape();
+  std::vector<int64_t> perm, kept_dims;
+  int64_t outer = 1, n = 1;
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (!std::binary_search(axes.begin(), axes.end(), d)) {
+      perm.push_back(d);
+      outer *= s[static_cast<size_t>(d)];
+    }
+  for (int64_t a : axes) {
+    perm.push_back(a);
+    n *= s[static_cast<size_t>(a)];
+  }
+  Var v = Kind == 1 ? neg(x) : x;
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  Var moved = identity ? v : permute(v, perm);
+  Var m = reshape(max_pool2d(reshape(moved, {outer, 1, n, 1}), {n, 1}), {outer});  // [outer]
+  Shape keep = s;
+  for (int64_t a : axes) keep[static_cast<size_t>(a)] = 1;
+  Var r = reshape(m, keep);  // broadcasts against x
+  if (Kind == 2) {  // m held constant: the gradient is softmax(x), whatever m is
+    Var m_fixed = stop_gradient(r);
+    r = add(m_fixed, seam::log(sum(seam::exp(sub(x, m_fixed)), axes, true)));
+  }
+  if (Kind == 1) r = neg(r);
+  if (c.i("keepdims", 1) == 0) {
+    Shape out;
+    for (int64_t d = 0; d < x.rank(); ++d)
+      if (!std::binary_search(axes.begin(), axes.end(), d)) out.push_back(s[static_cast<size_t>(d)]);
+    r = reshape(r, out);
+  }
+  c.out(0, r);
+}
+
 // ArgMax / ArgMin (of -x): the first extreme along the axis, as seam's argmax; i32.
 // With select_last_index, the argmax of the axis reversed (a gather of n-1 ... 0), whose
 // index i is n - 1 - i of the original.
@@ -380,6 +426,9 @@ void add_nn_importers(std::map<std::string, OpImporter>& t) {
       {"ReduceL2", reduce_norm_op<1>},
       {"ReduceSumSquare", reduce_norm_op<2>},
       {"ReduceLogSum", reduce_norm_op<3>},
+      {"ReduceMax", reduce_max_op<0>},
+      {"ReduceMin", reduce_max_op<1>},
+      {"ReduceLogSumExp", reduce_max_op<2>},
       {"ArgMax", arg_op<true>},
       {"ArgMin", arg_op<false>},
   });
