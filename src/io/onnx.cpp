@@ -100,17 +100,18 @@ Const const_of(const T::TensorProto& t, const std::string& where) {
     n *= d;
   }
   const size_t count = static_cast<size_t>(n);
-  c.v.reserve(count);
   if (t.has_raw_data()) {
-    if (t.raw_data().size() != count * elem_bytes(c.elem))
+    if (count > t.raw_data().size() / elem_bytes(c.elem) || t.raw_data().size() != count * elem_bytes(c.elem))
       fail(where, ": tensor '", t.name(), "' has ", t.raw_data().size(), " bytes of raw data for ", count, " ",
            elem_name(c.elem), " values");
+    c.v.reserve(count);
     for (size_t i = 0; i < count; ++i) c.v.push_back(raw_value(t.raw_data(), i, c.elem));
     return c;
   }
   auto take = [&](const auto& field, const char* name) {
     if (static_cast<size_t>(field.size()) != count)
       fail(where, ": tensor '", t.name(), "' has ", field.size(), " values in ", name, " for ", count, " elements");
+    c.v.reserve(count);
     for (auto x : field) c.v.push_back(static_cast<double>(x));
   };
   switch (c.elem) {

@@ -19,6 +19,15 @@ int64_t norm_axis(NodeCtx& c, int64_t axis, size_t rank, const char* what) {
 
 Var scalar(Graph& g, double v, DType t) { return full(g, Shape{}, v, t); }
 
+void check_foldable(NodeCtx& c, const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) c.fail("a constant of shape ", shape_str(shape), " has a negative dimension");
+    if (d > 0 && n > (int64_t{1} << 26) / d) c.fail("a constant of shape ", shape_str(shape), " is too large to fold at import");
+    n *= d;
+  }
+}
+
 Shape broadcast_shape(NodeCtx& c, const Shape& a, const Shape& b) {
   Shape r(std::max(a.size(), b.size()), 1);
   for (size_t i = 0; i < r.size(); ++i) {
@@ -59,6 +68,7 @@ double at_broadcast(const Const& c, const Shape& to, int64_t flat) {
 Const fold_binary(NodeCtx& c, const Const& a, const Const& b, const std::function<double(double, double)>& f) {
   Const r;
   r.shape = broadcast_shape(c, a.shape, b.shape);
+  check_foldable(c, r.shape);
   r.elem = a.elem;
   const int64_t n = numel(r.shape);
   for (int64_t i = 0; i < n; ++i) r.v.push_back(f(at_broadcast(a, r.shape, i), at_broadcast(b, r.shape, i)));
@@ -617,6 +627,7 @@ void pad_op(NodeCtx& c) {
 
 void constant_of_shape_op(NodeCtx& c) {
   const std::vector<int64_t> s = c.const_in(0, "the shape").ints();
+  check_foldable(c, Shape(s.begin(), s.end()));
   Const r{Shape(s.begin(), s.end()), {}, ::onnx::TensorProto::FLOAT};
   double v = 0;
   if (const auto* t = c.tensor_attr("value")) {
@@ -636,7 +647,9 @@ void range_op(NodeCtx& c) {
   const Const &start = c.const_in(0, "start"), &limit = c.const_in(1, "limit"), &delta = c.const_in(2, "delta");
   const double a = start.v.at(0), b = limit.v.at(0), d = delta.v.at(0);
   if (d == 0) c.fail("delta is 0");
-  const auto n = static_cast<int64_t>(std::max(0.0, std::ceil((b - a) / d)));
+  const double count = std::ceil((b - a) / d);
+  if (!(count < static_cast<double>(int64_t{1} << 26))) c.fail("a range of ", count, " values is too large to fold at import");
+  const auto n = static_cast<int64_t>(std::max(0.0, count));
   Const r{{n}, {}, start.elem};
   for (int64_t i = 0; i < n; ++i) r.v.push_back(a + static_cast<double>(i) * d);
   c.out_const(0, r);
@@ -646,6 +659,7 @@ void range_op(NodeCtx& c) {
 void eye_like_op(NodeCtx& c) {
   const Shape s = shape_of(c, 0);
   if (s.size() != 2) c.fail("input of rank ", s.size(), " (2-d only)");
+  check_foldable(c, s);
   const int64_t k = c.i("k", 0);
   Const r{s, std::vector<double>(static_cast<size_t>(numel(s)), 0.0),
           c.has_attr("dtype") ? static_cast<int32_t>(c.i("dtype", 1))
@@ -661,6 +675,7 @@ void trilu_op(NodeCtx& c) {
   const int64_t k = c.has(1) ? c.const_in(1, "k").ints().at(0) : 0;
   const bool upper = c.i("upper", 1) != 0;
   const int64_t rows = x.shape()[x.shape().size() - 2], cols = x.shape().back();
+  check_foldable(c, {rows, cols});
   Const mask{{rows, cols}, {}, ::onnx::TensorProto::FLOAT};
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) mask.v.push_back((upper ? j - i >= k : j - i <= k) ? 1.0 : 0.0);
