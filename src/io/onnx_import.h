@@ -87,6 +87,8 @@ void add_nn_importers(std::map<std::string, OpImporter>& table);
 // Helpers the op files share (onnx_ops.cpp).
 // Fails unless a constant of `shape` is small enough to fold at import (2^26 values).
 void check_foldable(NodeCtx& c, const Shape& shape);
+// The one value of a constant operand (a scalar, or a tensor of one element).
+double scalar_of(NodeCtx& c, const Const& k, const char* what);
 int64_t norm_axis(NodeCtx& c, int64_t axis, size_t rank, const char* what = "axis");
 Shape broadcast_shape(NodeCtx& c, const Shape& a, const Shape& b);
 std::vector<int64_t> axes_of(NodeCtx& c, size_t input, int64_t since_opset);

@@ -13,11 +13,16 @@ namespace seam::onnx::detail {
 
 int64_t norm_axis(NodeCtx& c, int64_t axis, size_t rank, const char* what) {
   const auto r = static_cast<int64_t>(rank);
-  if (axis < -r || axis >= std::max<int64_t>(r, 1)) c.fail(what, " ", axis, " is out of range for rank ", rank);
+  if (axis < -r || axis >= r) c.fail(what, " ", axis, " is out of range for rank ", rank);
   return axis < 0 ? axis + r : axis;
 }
 
 Var scalar(Graph& g, double v, DType t) { return full(g, Shape{}, v, t); }
+
+double scalar_of(NodeCtx& c, const Const& k, const char* what) {
+  if (k.v.size() != 1) c.fail(what, " must be one value, got shape ", shape_str(k.shape));
+  return k.v[0];
+}
 
 void check_foldable(NodeCtx& c, const Shape& shape) {
   int64_t n = 1;
@@ -207,7 +212,7 @@ void identity_op(NodeCtx& c) {
 // Inference: the identity, and a mask of ones. Training mode (an input from opset 12, an
 // attribute is_test = 0 before 7) draws from an RNG no importer can reproduce.
 void dropout_op(NodeCtx& c) {
-  const bool training = c.opset() >= 12 ? (c.has(2) && c.const_in(2, "training_mode").v.at(0) != 0)
+  const bool training = c.opset() >= 12 ? (c.has(2) && scalar_of(c, c.const_in(2, "training_mode"), "training_mode") != 0)
                                         : (c.opset() < 7 && c.i("is_test", 0) == 0);
   if (training) c.fail("training mode is not supported: seam imports Dropout for inference");
   if (c.wants(1)) {
@@ -400,9 +405,12 @@ void unsqueeze_op(NodeCtx& c) {
   std::vector<int64_t> axes = axes_of(c, 1, 13);
   const size_t rank = in.size() + axes.size();
   for (int64_t& a : axes) a = norm_axis(c, a, rank);
+  std::vector<int64_t> sorted = axes;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) c.fail("axes repeat an axis");
   Shape s;
   for (size_t d = 0, k = 0; d < rank; ++d)
-    s.push_back(std::count(axes.begin(), axes.end(), static_cast<int64_t>(d)) ? 1 : in.at(k++));
+    s.push_back(std::count(axes.begin(), axes.end(), static_cast<int64_t>(d)) ? 1 : in[k++]);
   reshape_to(c, s);
 }
 
@@ -411,10 +419,15 @@ void transpose_op(NodeCtx& c) {
   std::vector<int64_t> perm = c.ints("perm");
   if (perm.empty())
     for (int64_t d = static_cast<int64_t>(in.size()) - 1; d >= 0; --d) perm.push_back(d);
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t d = 0; d < sorted.size(); ++d)
+    if (sorted.size() != in.size() || sorted[d] != static_cast<int64_t>(d))
+      c.fail("perm ", shape_str(Shape(perm.begin(), perm.end())), " is not a permutation of rank ", in.size());
   if (const Const* k = c.maybe_const(0)) {
     Const r = *k;
     Shape s;
-    for (int64_t p : perm) s.push_back(in.at(static_cast<size_t>(p)));
+    for (int64_t p : perm) s.push_back(in[static_cast<size_t>(p)]);
     r.shape = s;
     const int64_t n = numel(s);
     for (int64_t i = 0; i < n; ++i) {  // output index -> input offset
@@ -440,9 +453,9 @@ void concat_op(NodeCtx& c) {
     Const r = c.const_in(0, "input 0");
     for (size_t i = 1; i < c.inputs(); ++i) {
       const Const& b = c.const_in(i, "an input");
-      if (r.shape.size() != 1 || axis != 0) c.fail("folds constants of rank 1 only");
+      if (r.shape.size() != 1 || b.shape.size() != 1 || axis != 0) c.fail("folds constants of rank 1 only");
       r.v.insert(r.v.end(), b.v.begin(), b.v.end());
-      r.shape[0] += b.shape.at(0);
+      r.shape[0] += b.shape[0];
     }
     return c.out_const(0, r);
   }
@@ -587,6 +600,7 @@ void tile_op(NodeCtx& c) {
   if (static_cast<int64_t>(reps.size()) != x.rank()) c.fail(reps.size(), " repeats for rank ", x.rank());
   for (size_t d = 0; d < reps.size(); ++d) {
     if (reps[d] < 1) c.fail("repeat ", reps[d], " along axis ", d, ": seam's values have no empty dims");
+    if (reps[d] > 4096) c.fail("repeat ", reps[d], " along axis ", d, " is more than seam tiles (4096)");
     if (reps[d] > 1) x = concat(std::vector<Var>(static_cast<size_t>(reps[d]), x), static_cast<int64_t>(d));
   }
   c.out(0, x.id() == c.in(0).id() ? copy(x) : x);
@@ -598,7 +612,7 @@ void pad_op(NodeCtx& c) {
   const std::string mode = c.s("mode", "constant");
   if (mode != "constant") c.fail("mode '", mode, "': seam pads with a constant only");
   const std::vector<int64_t> pads = c.opset() >= 11 ? c.const_in(1, "pads").ints() : c.ints("pads");
-  double value = c.opset() >= 11 ? (c.has(2) ? c.const_in(2, "constant_value").v.at(0) : 0.0) : c.f("value", 0.0);
+  double value = c.opset() >= 11 ? (c.has(2) ? scalar_of(c, c.const_in(2, "constant_value"), "constant_value") : 0.0) : c.f("value", 0.0);
   const auto r = static_cast<size_t>(x.rank());
   std::vector<int64_t> axes;
   if (c.opset() >= 18 && c.has(3)) axes = c.const_in(3, "axes").ints();
@@ -633,7 +647,7 @@ void constant_of_shape_op(NodeCtx& c) {
   if (const auto* t = c.tensor_attr("value")) {
     const Const k = const_of(*t, c.where);
     r.elem = k.elem;
-    v = k.v.at(0);
+    v = scalar_of(c, k, "value");
   }
   r.v.assign(static_cast<size_t>(numel(r.shape)), v);
   c.out_const(0, r);
@@ -645,7 +659,7 @@ void size_op(NodeCtx& c) {
 
 void range_op(NodeCtx& c) {
   const Const &start = c.const_in(0, "start"), &limit = c.const_in(1, "limit"), &delta = c.const_in(2, "delta");
-  const double a = start.v.at(0), b = limit.v.at(0), d = delta.v.at(0);
+  const double a = scalar_of(c, start, "start"), b = scalar_of(c, limit, "limit"), d = scalar_of(c, delta, "delta");
   if (d == 0) c.fail("delta is 0");
   const double count = std::ceil((b - a) / d);
   if (!(count < static_cast<double>(int64_t{1} << 26))) c.fail("a range of ", count, " values is too large to fold at import");
@@ -672,7 +686,7 @@ void eye_like_op(NodeCtx& c) {
 void trilu_op(NodeCtx& c) {
   Var x = c.in(0);
   if (x.rank() < 2) c.fail("input of rank ", x.rank(), " (2-d or more)");
-  const int64_t k = c.has(1) ? c.const_in(1, "k").ints().at(0) : 0;
+  const auto k = static_cast<int64_t>(c.has(1) ? scalar_of(c, c.const_in(1, "k"), "k") : 0);
   const bool upper = c.i("upper", 1) != 0;
   const int64_t rows = x.shape()[x.shape().size() - 2], cols = x.shape().back();
   check_foldable(c, {rows, cols});

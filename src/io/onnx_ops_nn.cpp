@@ -62,8 +62,9 @@ void gemm_op(NodeCtx& c) {
 }
 
 // Per-channel operand v [C] against x [N, C, ...]: [C, 1, ...] for broadcasting.
-Var per_channel(Var v, int64_t rank) {
-  Shape s{v.shape().at(0)};
+Var per_channel(NodeCtx& c, Var v, int64_t rank) {
+  if (v.rank() != 1) c.fail("per-channel operands must be 1-d, got ", shape_str(v.shape()));
+  Shape s{v.shape()[0]};
   s.resize(static_cast<size_t>(rank - 1), 1);
   return reshape(v, s);
 }
@@ -78,11 +79,10 @@ void batch_norm_op(NodeCtx& c) {
     // Statistics that are graph values, not constants: the formula itself,
     // (x - mean) / sqrt(var + eps) * scale + bias.
     const int64_t r = x.rank();
-    Var inv = pow(add(per_channel(c.in(4), r), scalar(c.g(), c.f("epsilon", 1e-5), x.dtype())), -0.5);
-    Var y = mul(sub(x, per_channel(c.in(3), r)), mul(inv, per_channel(c.in(1), r)));
-    return c.out(0, add(y, per_channel(c.in(2), r)));
+    Var inv = pow(add(per_channel(c, c.in(4), r), scalar(c.g(), c.f("epsilon", 1e-5), x.dtype())), -0.5);
+    Var y = mul(sub(x, per_channel(c, c.in(3), r)), mul(inv, per_channel(c, c.in(1), r)));
+    return c.out(0, add(y, per_channel(c, c.in(2), r)));
   }
-  const Shape ch{x.shape().at(1)};
   // Running statistics are state values: frozen whatever OnnxOptions::freeze says.
   auto stat = [&](size_t i) {
     const std::string& name = c.node.input(static_cast<int>(i));
@@ -251,6 +251,11 @@ Window window(NodeCtx& c, const Shape& x, std::vector<int64_t> kernel) {
   const size_t sp = x.size() - 2;
   Window w{kernel, c.ints("strides", std::vector<int64_t>(sp, 1)), {}, c.ints("dilations", std::vector<int64_t>(sp, 1))};
   std::vector<int64_t> pads = c.ints("pads", std::vector<int64_t>(2 * sp, 0));
+  if (pads.size() != 2 * sp || w.stride.size() != sp || w.dilation.size() != sp || w.kernel.size() != sp)
+    c.fail("pads, strides, dilations and the kernel do not match the input's ", sp, " spatial dims");
+  for (size_t d = 0; d < sp; ++d)
+    if (w.stride[d] < 1 || w.dilation[d] < 1 || w.kernel[d] < 1)
+      c.fail("strides, dilations and the kernel must be at least 1");
   const std::string auto_pad = c.s("auto_pad", "NOTSET");
   if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
     for (size_t d = 0; d < sp; ++d) {
@@ -264,8 +269,6 @@ Window window(NodeCtx& c, const Shape& x, std::vector<int64_t> kernel) {
   } else if (auto_pad != "NOTSET") {
     c.fail("auto_pad '", auto_pad, "' is not one ONNX defines");
   }
-  if (pads.size() != 2 * sp || w.stride.size() != sp || w.dilation.size() != sp || w.kernel.size() != sp)
-    c.fail("pads, strides, dilations and the kernel do not match the input's ", sp, " spatial dims");
   for (size_t d = 0; d < sp; ++d) {
     if (pads[d] != pads[d + sp])
       c.fail("pads ", shape_str(Shape(pads.begin(), pads.end())), " differ at the two ends of a dim: seam pads symmetrically");
@@ -285,6 +288,7 @@ void conv_op(NodeCtx& c) {
   Var x = c.in(0), w = c.in(1);
   if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam convolves 1-d and 2-d inputs");
   const bool one_d = x.rank() == 3;
+  if (w.rank() != x.rank()) c.fail("W has rank ", w.rank(), ", X ", x.rank());
   const Shape ws = w.shape();
   std::vector<int64_t> kernel = c.ints("kernel_shape", Shape(ws.begin() + 2, ws.end()));
   Window win = window(c, x.shape(), kernel);
@@ -315,6 +319,7 @@ void conv_transpose_op(NodeCtx& c) {
   if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam convolves 1-d and 2-d inputs");
   const bool one_d = x.rank() == 3;
   const size_t sp = static_cast<size_t>(x.rank() - 2);
+  if (w.rank() != x.rank()) c.fail("W has rank ", w.rank(), ", X ", x.rank());
   const Shape ws = w.shape();
   const std::vector<int64_t> kernel = c.ints("kernel_shape", Shape(ws.begin() + 2, ws.end()));
   const std::vector<int64_t> stride = c.ints("strides", std::vector<int64_t>(sp, 1)),
@@ -324,6 +329,13 @@ void conv_transpose_op(NodeCtx& c) {
   std::vector<int64_t> pads = c.ints("pads", std::vector<int64_t>(2 * sp, 0));
   const std::string auto_pad = c.s("auto_pad", "NOTSET");
   const int64_t group = c.i("group", 1);
+  if (kernel.size() != sp || stride.size() != sp || dil.size() != sp || out_pad.size() != sp || pads.size() != 2 * sp ||
+      (!out_shape.empty() && out_shape.size() < sp))
+    c.fail("kernel_shape, strides, dilations, output_padding, pads or output_shape do not match the input's ", sp,
+           " spatial dims");
+  for (size_t d = 0; d < sp; ++d)
+    if (stride[d] < 1 || dil[d] < 1 || kernel[d] < 1) c.fail("strides, dilations and the kernel must be at least 1");
+  if (group < 1) c.fail("group ", group, " must be at least 1");
   Shape out{x.shape()[0], ws[1] * group};
   for (size_t d = 0; d < sp; ++d) {
     const int64_t in = x.shape()[2 + d], full = stride[d] * (in - 1) + out_pad[d] + dil[d] * (kernel[d] - 1) + 1;
@@ -353,7 +365,8 @@ void conv_transpose_op(NodeCtx& c) {
   Var y = c.g().add1(Op::conv2d_grad_input, {x.id(), w.id()},
                      {{"stride", st}, {"padding", pad}, {"dilation", dl}, {"groups", group}, {"shape", out}});
   if (c.has(2)) {
-    Shape bs{c.in(2).shape().at(0)};
+    if (c.in(2).rank() != 1) c.fail("the bias must be 1-d, got ", shape_str(c.in(2).shape()));
+    Shape bs{c.in(2).shape()[0]};
     bs.resize(static_cast<size_t>(y.rank() - 1), 1);
     y = add(y, reshape(c.in(2), bs));
   }

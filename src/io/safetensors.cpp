@@ -94,7 +94,7 @@ TensorFile read_safetensors(const std::string& path) {
       }
       continue;
     }
-    auto bad = [&](const std::string& why) { fail(path, ": tensor '", name, "': ", why); };
+    auto bad = [&, tensor = name](const std::string& why) { fail(path, ": tensor '", tensor, "': ", why); };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
       bad("needs dtype, shape and data_offsets");
     auto dt = v["dtype"].is_string() ? parse_st_dtype(v["dtype"].get<std::string>()) : std::nullopt;
