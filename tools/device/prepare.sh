@@ -17,6 +17,8 @@ strip .deps/bin/*
 # sixfold: the binaries travel packed, within the carry limit, and run.sh unpacks them.
 tar -C .deps -cJf .deps/bin.tar.xz bin && rm -rf .deps/bin
 cp /usr/share/datasets/fashion-mnist/*.gz .deps/fashion-mnist/
+# The ONNX backend node tests (27 MB, 4 MB packed; run.sh's onnx step unpacks them).
+tar -czf .deps/onnx-node.tgz -C /usr/share/libonnx-testdata/data node
 git rev-parse --short HEAD > .deps/commit
 git diff --quiet && git diff --cached --quiet || echo "+uncommitted" >> .deps/commit
 du -sh .deps

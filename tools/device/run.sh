@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] [numerics] ...
+#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] [numerics] [onnx] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
@@ -124,6 +124,13 @@ for step in "${steps[@]}"; do
       } > "$out/bench_$prec.log" 2>&1
       note "bench $prec: rc=$?"
       sed -n '/seam best/,$p' "$out/bench_$prec.log"
+      ;;
+    onnx)
+      # The ONNX backend node tests through the importer on the GPU (docs/onnx.md); the
+      # test data travels packed in .deps (prepare.sh).
+      mkdir -p .deps/onnx && tar -C .deps/onnx -xzf .deps/onnx-node.tgz
+      "$bin/seam" onnx-suite .deps/onnx/node --device cuda --markdown "$out/onnx_cuda.md" > "$out/onnx.log" 2>&1
+      note "onnx suite on cuda: rc=$?, $(tail -1 "$out/onnx_cuda.md")"
       ;;
     *)
       note "unknown step '$step'"
