@@ -89,6 +89,13 @@ void add_nn_importers(std::map<std::string, OpImporter>& table);
 void check_foldable(NodeCtx& c, const Shape& shape);
 // The one value of a constant operand (a scalar, or a tensor of one element).
 double scalar_of(NodeCtx& c, const Const& k, const char* what);
+// x's slices along `axis` at the indices ids (i32, of shape id_shape): an embedding
+// lookup on x with the axis moved first; the result [before..., id_shape..., after...].
+Var gather_along(NodeCtx& c, Var x, int64_t axis, Var ids, const Shape& id_shape);
+// The same with constant indices (in range), kept as the state value "<node>.<suffix>".
+Var gather_const(NodeCtx& c, Var x, int64_t axis, const std::vector<int64_t>& idx, const std::string& suffix);
+// The table's entries for Resize and Upsample (onnx_ops_resize.cpp).
+void add_resize_importers(std::map<std::string, OpImporter>& table);
 int64_t norm_axis(NodeCtx& c, int64_t axis, size_t rank, const char* what = "axis");
 Shape broadcast_shape(NodeCtx& c, const Shape& a, const Shape& b);
 std::vector<int64_t> axes_of(NodeCtx& c, size_t input, int64_t since_opset);

@@ -49,6 +49,37 @@ std::vector<int64_t> axes_of(NodeCtx& c, size_t input, int64_t since_opset) {
   return c.ints("axes");
 }
 
+Var gather_along(NodeCtx& c, Var x, int64_t axis, Var ids, const Shape& id_shape) {
+  if (ids.dtype() != DType::i32) c.fail("indices of ", dtype_name(ids.dtype()), " (integers only)");
+  const Shape in = x.shape();
+  const int64_t n = in[static_cast<size_t>(axis)];
+  std::vector<int64_t> perm{axis};
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
+    if (d != axis) perm.push_back(d);
+  Var table = reshape(axis == 0 ? x : permute(x, perm), {n, numel(in) / n});
+  Var looked = embedding(ids, table);  // [ids..., rest]
+  Shape out = id_shape;
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
+    if (d != axis) out.push_back(in[static_cast<size_t>(d)]);
+  Var r = reshape(looked, out);
+  if (axis != 0 && !id_shape.empty()) {  // [ids..., before..., after...] -> [before..., ids..., after...]
+    const auto ri = static_cast<int64_t>(id_shape.size());
+    std::vector<int64_t> back;
+    for (int64_t d = 0; d < axis; ++d) back.push_back(ri + d);
+    for (int64_t d = 0; d < ri; ++d) back.push_back(d);
+    for (int64_t d = ri + axis; d < static_cast<int64_t>(out.size()); ++d) back.push_back(d);
+    r = permute(r, back);
+  }
+  return r;
+}
+
+Var gather_const(NodeCtx& c, Var x, int64_t axis, const std::vector<int64_t>& idx, const std::string& suffix) {
+  const std::string name = c.node.name() + "." + suffix;
+  c.imp.consts[name] = Const{{static_cast<int64_t>(idx.size())}, std::vector<double>(idx.begin(), idx.end()),
+                             ::onnx::TensorProto::INT32};
+  return gather_along(c, x, axis, c.imp.var(name, c.where), {static_cast<int64_t>(idx.size())});
+}
+
 namespace {
 
 namespace T = ::onnx;
@@ -549,26 +580,7 @@ void gather_op(NodeCtx& c) {
     c.imp.consts[name] = Const{id_shape.empty() ? Shape{1} : id_shape, ids, T::TensorProto::INT32};
     return c.imp.var(name, c.where);
   }();
-  if (id_var.dtype() != DType::i32) c.fail("indices of ", dtype_name(id_var.dtype()), " (integers only)");
-  Var x = c.in(0);
-  std::vector<int64_t> perm{axis};
-  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
-    if (d != axis) perm.push_back(d);
-  Var table = reshape(axis == 0 ? x : permute(x, perm), {n, numel(in) / n});
-  Var looked = embedding(id_var, table);  // [ids..., rest]
-  Shape out = id_shape;
-  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
-    if (d != axis) out.push_back(in[static_cast<size_t>(d)]);
-  Var r = reshape(looked, out);
-  if (axis != 0 && !id_shape.empty()) {  // [ids..., before..., after...] -> [before..., ids..., after...]
-    const auto ri = static_cast<int64_t>(id_shape.size());
-    std::vector<int64_t> back;
-    for (int64_t d = 0; d < axis; ++d) back.push_back(ri + d);
-    for (int64_t d = 0; d < ri; ++d) back.push_back(d);
-    for (int64_t d = ri + axis; d < static_cast<int64_t>(out.size()); ++d) back.push_back(d);
-    r = permute(r, back);
-  }
-  c.out(0, r);
+  c.out(0, gather_along(c, c.in(0), axis, id_var, id_shape));
 }
 
 // Split along an axis into the sizes the split attribute or input gives, else equal parts.
@@ -774,6 +786,7 @@ const std::map<std::string, OpImporter>& op_importers() {
         {"Not", not_op},                 {"Where", where_op},
     };
     add_nn_importers(t);
+    add_resize_importers(t);
     return t;
   }();
   return table;
