@@ -241,6 +241,31 @@ TEST(Onnx, AComposedOpDifferentiatesAsTheOp) {
   }
 }
 
+// SoftmaxCrossEntropyLoss with its labels as a graph input (a one-hot lookup), mean
+// reduction: seam's own cross_entropy of the same logits and labels.
+TEST(Onnx, SoftmaxCrossEntropyIsSeamsCrossEntropy) {
+  P::ModelProto m;
+  m.add_opset_import()->set_version(13);
+  P::GraphProto& g = *m.mutable_graph();
+  add_io(g.mutable_input(), "scores", {6, 4});
+  P::ValueInfoProto* labels = g.add_input();
+  labels->set_name("labels");
+  labels->mutable_type()->mutable_tensor_type()->set_elem_type(P::TensorProto::INT64);
+  labels->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(6);
+  add_node(g, "SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"});
+  P::ValueInfoProto* out = g.add_output();
+  out->set_name("loss");
+  onnx::OnnxImport imp = import(m.SerializeAsString());
+  Var ref = cross_entropy(imp.graph.var(*imp.graph.find("scores")), imp.graph.var(*imp.graph.find("labels")));
+  Model model(imp.graph, {.seed = 1});
+  onnx::load_initial(model, imp);  // the one-hot table
+  Program p = model.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0]), ref.id()}});
+  p.set_input("scores", std::span<const float>(random_floats(24, 41)));
+  p.set_input("labels", std::span<const int32_t>(random_labels(6, 4, 42)));
+  p.run();
+  EXPECT_NEAR(p.read_as<float>(imp.outputs[0])[0], p.read_as<float>(ref.name())[0], 1e-6);
+}
+
 TEST(Npy, RoundTripsEveryTypeAndRefusesWhatItCannotRead) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("seam_npy_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

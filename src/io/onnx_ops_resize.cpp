@@ -1,4 +1,7 @@
-// Resize and Upsample (src/io/onnx.h). Shapes are static, so each resized axis is known
+// Ops written as gathers and masks computed at import (src/io/onnx.h): Resize and
+// Upsample, GatherElements, NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
+//
+// Resize and Upsample. Shapes are static, so each resized axis is known
 // at import: every output position's source taps (1 for nearest, 2 for linear, 4 for
 // cubic) and their weights are computed here by ONNX's formulas, and the axis becomes
 // sum over taps of weight_t * gather(x, index_t), the weights a constant broadcast along
@@ -147,10 +150,112 @@ void resize_op(NodeCtx& c) {
   c.out(0, y.id() == x.id() ? copy(x) : y);
 }
 
+// GatherElements with constant indices: each output element's flat source offset is
+// known at import, so it is one gather from the flattened data.
+void gather_elements_op(NodeCtx& c) {
+  Var x = c.in(0);
+  const Const& idx = c.const_in(1, "the indices");
+  const Shape s = x.shape();
+  if (idx.shape.size() != s.size()) c.fail("indices of rank ", idx.shape.size(), " for data of rank ", s.size());
+  const int64_t axis = norm_axis(c, c.i("axis", 0), s.size());
+  std::vector<int64_t> flat;
+  const int64_t n = numel(idx.shape);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i, off = 0, stride = 1;
+    for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) {
+      const int64_t ext = idx.shape[static_cast<size_t>(d)];
+      int64_t k = rem % ext;
+      rem /= ext;
+      if (d == axis) {
+        k = static_cast<int64_t>(idx.v[static_cast<size_t>(i)]);
+        if (k < 0) k += s[static_cast<size_t>(d)];
+      }
+      if (k < 0 || k >= s[static_cast<size_t>(d)]) c.fail("index ", k, " is out of range for dim ", d, " of ", shape_str(s));
+      off += k * stride;
+      stride *= s[static_cast<size_t>(d)];
+    }
+    flat.push_back(off);
+  }
+  c.out(0, reshape(gather_const(c, reshape(x, {numel(s)}), 0, flat, "elements"), idx.shape));
+}
+
+// NegativeLogLikelihoodLoss on input [N, C, d...] (log-probabilities) and target [N, d...]:
+// a mask M of input's shape holding weight[t] at each position's target class (0 where
+// the target is ignore_index), so that the loss is -sum over C of input * M, reduced by
+// none, sum, or mean (divided by sum of M). A constant target makes M a constant; a
+// target that is a graph value (i32) makes it an embedding lookup of diag(weight).
+Var nll(NodeCtx& c, Var input, size_t target_at, std::optional<Var> weight_var, const Const* weight) {
+  const Shape s = input.shape();
+  if (s.size() < 2) c.fail("input must be [N, C, ...], got ", shape_str(s));
+  const int64_t classes = s[1];
+  const std::string reduction = c.s("reduction", "mean");
+  const bool has_ignore = c.has_attr("ignore_index");
+  const int64_t ignore = c.i("ignore_index", 0);
+  std::vector<double> w(static_cast<size_t>(classes), 1.0);
+  if (weight) {
+    if (weight->v.size() != static_cast<size_t>(classes)) c.fail("weight must have ", classes, " values");
+    w = weight->v;
+  } else if (weight_var) {
+    c.fail("the weight must be a constant");
+  }
+  Var mask = [&] {
+    const std::string name = c.node.name() + ".mask";
+    if (const Const* t = c.maybe_const(target_at)) {  // M itself, at import
+      Const m{s, std::vector<double>(static_cast<size_t>(numel(s)), 0.0), ::onnx::TensorProto::FLOAT};
+      const int64_t inner = numel(s) / (s[0] * classes);
+      if (static_cast<int64_t>(t->v.size()) != s[0] * inner) c.fail("target has ", t->v.size(), " values for ", shape_str(s));
+      for (int64_t n = 0; n < s[0]; ++n)
+        for (int64_t k = 0; k < inner; ++k) {
+          const auto cls = static_cast<int64_t>(t->v[static_cast<size_t>(n * inner + k)]);
+          if (has_ignore && cls == ignore) continue;
+          if (cls < 0 || cls >= classes) c.fail("target ", cls, " is outside [0, ", classes, ")");
+          m.v[static_cast<size_t>((n * classes + cls) * inner + k)] = w[static_cast<size_t>(cls)];
+        }
+      c.imp.consts[name] = m;
+      return c.imp.var(name, c.where);
+    }
+    if (has_ignore && (ignore < 0 || ignore >= classes))
+      c.fail("with ignore_index ", ignore, " outside [0, ", classes, ") the target must be a constant: a graph value is "
+             "looked up in a table of ", classes, " rows");
+    Const table{{classes, classes}, std::vector<double>(static_cast<size_t>(classes * classes), 0.0),
+                ::onnx::TensorProto::FLOAT};
+    for (int64_t k = 0; k < classes; ++k)
+      if (!(has_ignore && k == ignore)) table.v[static_cast<size_t>(k * classes + k)] = w[static_cast<size_t>(k)];
+    c.imp.consts[name] = table;
+    Var onehot = embedding(c.in(target_at), c.imp.var(name, c.where));  // [N, d..., C]
+    std::vector<int64_t> perm{0, onehot.rank() - 1};
+    for (int64_t d = 1; d < onehot.rank() - 1; ++d) perm.push_back(d);
+    return onehot.rank() == 2 ? onehot : permute(onehot, perm);
+  }();
+  if (mask.dtype() != input.dtype()) mask = cast(mask, input.dtype());
+  Var picked = neg(sum(mul(input, mask), {1}));  // [N, d...]
+  if (reduction == "none") return picked;
+  Var total = sum(picked);
+  if (reduction == "sum") return total;
+  if (reduction != "mean") c.fail("reduction '", reduction, "' is not one ONNX defines");
+  return div(total, sum(mask));
+}
+
+void nll_op(NodeCtx& c) {
+  c.out(0, nll(c, c.in(0), 1, c.has(2) && !c.maybe_const(2) ? std::optional<Var>(c.in(2)) : std::nullopt,
+               c.maybe_const(2)));
+}
+
+void softmax_cross_entropy_op(NodeCtx& c) {
+  Var logp = log_softmax(c.in(0), 1);
+  c.out(0, nll(c, logp, 1, c.has(2) && !c.maybe_const(2) ? std::optional<Var>(c.in(2)) : std::nullopt,
+               c.maybe_const(2)));
+  c.out(1, logp);
+}
+
 }  // namespace
 
 void add_resize_importers(std::map<std::string, OpImporter>& t) {
-  t.insert({{"Resize", resize_op}, {"Upsample", resize_op}});
+  t.insert({{"Resize", resize_op},
+            {"Upsample", resize_op},
+            {"GatherElements", gather_elements_op},
+            {"NegativeLogLikelihoodLoss", nll_op},
+            {"SoftmaxCrossEntropyLoss", softmax_cross_entropy_op}});
 }
 
 }  // namespace seam::onnx::detail
