@@ -121,6 +121,15 @@ bool all_const(NodeCtx& c) {
   return true;
 }
 
+// Arithmetic on integers (or booleans) folds; seam's elementwise kernels compute in
+// floating point, so on graph values it is refused.
+void expect_float_operands(NodeCtx& c) {
+  for (size_t i = 0; i < c.inputs(); ++i)
+    if (c.has(i) && !c.maybe_const(i) && !is_float(c.in(i).dtype()))
+      c.fail("integer operands must be constants (seam folds integer arithmetic; its kernels compute in floating "
+             "point): input ", i, " is ", dtype_name(c.in(i).dtype()));
+}
+
 // ---- elementwise -------------------------------------------------------------------------
 
 template <Var (*F)(Var)>
@@ -203,6 +212,7 @@ void binary(NodeCtx& c) {
         [](double x, double y) { return x * y; }, [](double x, double y) { return x / y; }};
     return c.out_const(0, fold_binary(c, a, b, fs[Kind]));
   }
+  expect_float_operands(c);
   Var a = c.in(0), b = c.in(1);
   Var (*ops[])(Var, Var) = {add, sub, mul, div};
   c.out(0, ops[Kind](a, b));
@@ -211,6 +221,17 @@ void binary(NodeCtx& c) {
 // Max, Min, Sum, Mean over any number of operands.
 template <int Kind>  // 0 max, 1 min, 2 sum, 3 mean
 void variadic(NodeCtx& c) {
+  if (all_const(c)) {
+    Const r = c.const_in(0, "input 0");
+    for (size_t i = 1; i < c.inputs(); ++i)
+      r = fold_binary(c, r, c.const_in(i, "an input"), [](double a, double b) {
+        return Kind == 0 ? std::max(a, b) : Kind == 1 ? std::min(a, b) : a + b;
+      });
+    if (Kind == 3)
+      for (double& v : r.v) v /= static_cast<double>(c.inputs());
+    return c.out_const(0, r);
+  }
+  expect_float_operands(c);
   Var r = c.in(0);
   for (size_t i = 1; i < c.inputs(); ++i) {
     Var x = c.in(i);
@@ -221,6 +242,14 @@ void variadic(NodeCtx& c) {
 }
 
 void clip_op(NodeCtx& c) {
+  if (all_const(c) && c.opset() >= 11) {
+    Const r = c.const_in(0, "input");
+    const double lo = c.has(1) ? scalar_of(c, c.const_in(1, "min"), "min") : -INFINITY;
+    const double hi = c.has(2) ? scalar_of(c, c.const_in(2, "max"), "max") : INFINITY;
+    for (double& v : r.v) v = std::min(std::max(v, lo), hi);
+    return c.out_const(0, r);
+  }
+  expect_float_operands(c);
   Var x = c.in(0);
   std::optional<Var> lo, hi;
   if (c.opset() < 11) {
