@@ -36,9 +36,13 @@ class CliTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir); }
 
-  CliResult run(const std::string& args) {
+  CliResult run(const std::string& args) { return run_in(std::filesystem::path(), args); }
+  // The same from the folder `cwd` (empty: the test's own), so that relative paths in
+  // the arguments and the messages read as a user's would.
+  CliResult run_in(const std::filesystem::path& cwd, const std::string& args) {
     const std::filesystem::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-    const std::string cmd = std::string(SEAM_CLI_PATH) + " " + args + " >" + out.string() + " 2>" + err.string();
+    const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + std::string(SEAM_CLI_PATH) + " " + args +
+                            " >" + out.string() + " 2>" + err.string();
     const int status = std::system(cmd.c_str());
     return {WEXITSTATUS(status), slurp(out), slurp(err)};
   }

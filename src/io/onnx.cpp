@@ -201,8 +201,11 @@ Var Importer::var(const std::string& name, const std::string& where) {
   return v;
 }
 
-NodeCtx::NodeCtx(Importer& i, const T::NodeProto& n)
-    : imp(i), node(n), where("node '" + n.name() + "' (" + n.op_type() + ")") {}
+NodeCtx::NodeCtx(Importer& i, const T::NodeProto& n, int index)
+    : imp(i),
+      node(n),
+      where(i.source + ": " + (n.name().empty() ? "node #" + std::to_string(index) : "node '" + n.name() + "'") + " (" +
+            n.op_type() + ")") {}
 
 Var NodeCtx::in(size_t i) {
   if (!has(i)) fail("input ", i, " is missing");
@@ -311,6 +314,7 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
   const T::GraphProto& gp = m.graph();
   Importer imp{r.graph, o, r.opset};
   imp.initial = &r.initial;
+  imp.source = where;
   for (const auto& t : gp.initializer()) {
     imp.consts[t.name()] = const_of(t, where + ": initializer '" + t.name() + "'");
     imp.initializers.insert(t.name());
@@ -331,8 +335,9 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
   for (const auto& [name, value] : o.values)
     if (!imp.consts.count(name)) fail(where, ": a value is given for '", name, "', which is no input of the graph");
   const auto& table = op_importers();
-  for (const auto& n : gp.node()) {
-    NodeCtx c(imp, n);
+  for (int k = 0; k < gp.node_size(); ++k) {
+    const T::NodeProto& n = gp.node(k);
+    NodeCtx c(imp, n, k);
     if (!n.domain().empty() && n.domain() != "ai.onnx")
       c.fail("its domain '", n.domain(), "' is not ONNX's default one, the only one seam imports");
     auto it = table.find(n.op_type());

@@ -36,6 +36,7 @@ struct Importer {
   std::map<std::string, Const> consts;  // ONNX value name -> its constant
   std::set<std::string> initializers;   // which constants came from initializers
   std::vector<HostTensor>* initial = nullptr;
+  std::string source;  // the file, for errors
   // The value named `name` as a graph value: a constant becomes a parameter (a float
   // initializer, unless frozen) or a state value, once. `where` names the node asking.
   Var var(const std::string& name, const std::string& where);
@@ -44,10 +45,10 @@ struct Importer {
 // One node being imported.
 class NodeCtx {
  public:
-  NodeCtx(Importer& imp, const ::onnx::NodeProto& node);
+  NodeCtx(Importer& imp, const ::onnx::NodeProto& node, int index);
   Importer& imp;
   const ::onnx::NodeProto& node;
-  const std::string where;  // "node 'name' (OpType)"
+  const std::string where;  // "file: node 'name' (OpType)", or node #index where it has no name
   Graph& g() { return imp.g; }
   int64_t opset() const { return imp.opset; }
 
