@@ -20,3 +20,7 @@ venv="$build/venv"
 "$venv/bin/pip" install -q numpy pytest safetensors tqdm
 "$venv/bin/pip" install -q . -C cmake.define.SEAM_CUDA=OFF -C build-dir="$build/python"
 SEAM_BIN="$build/seam" "$venv/bin/python" -m pytest -q tests/python
+# The CPU suite again under AddressSanitizer and UBSan (docs/reliability.md).
+if [ -z "${SEAM_SKIP_SANITIZED:-}" ]; then
+  tools/sanitize.sh
+fi
