@@ -42,6 +42,9 @@ struct Importer {
   Var var(const std::string& name, const std::string& where);
 };
 
+// A value's rank, signed, for the dim arithmetic of the op importers.
+inline int64_t rank(Var v) { return static_cast<int64_t>(v.rank()); }
+
 // One node being imported.
 class NodeCtx {
  public:

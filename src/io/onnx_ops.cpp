@@ -615,7 +615,7 @@ void gather_op(NodeCtx& c) {
 // Split along an axis into the sizes the split attribute or input gives, else equal parts.
 void split_op(NodeCtx& c) {
   Var x = c.in(0);
-  const int64_t axis = norm_axis(c, c.i("axis", 0), x.rank());
+  const int64_t axis = norm_axis(c, c.i("axis", 0), rank(x));
   const int64_t n = x.shape()[static_cast<size_t>(axis)];
   std::vector<int64_t> sizes = c.opset() >= 13 ? (c.has(1) ? c.const_in(1, "split").ints() : std::vector<int64_t>{})
                                                : c.ints("split");
@@ -638,7 +638,7 @@ void split_op(NodeCtx& c) {
 void tile_op(NodeCtx& c) {
   Var x = c.in(0);
   const std::vector<int64_t> reps = c.const_in(1, "repeats").ints();
-  if (static_cast<int64_t>(reps.size()) != x.rank()) c.fail(reps.size(), " repeats for rank ", x.rank());
+  if (static_cast<int64_t>(reps.size()) != rank(x)) c.fail(reps.size(), " repeats for rank ", rank(x));
   for (size_t d = 0; d < reps.size(); ++d) {
     if (reps[d] < 1) c.fail("repeat ", reps[d], " along axis ", d, ": seam's values have no empty dims");
     if (reps[d] > 4096) c.fail("repeat ", reps[d], " along axis ", d, " is more than seam tiles (4096)");
@@ -654,7 +654,7 @@ void pad_op(NodeCtx& c) {
   if (mode != "constant") c.fail("mode '", mode, "': seam pads with a constant only");
   const std::vector<int64_t> pads = c.opset() >= 11 ? c.const_in(1, "pads").ints() : c.ints("pads");
   double value = c.opset() >= 11 ? (c.has(2) ? scalar_of(c, c.const_in(2, "constant_value"), "constant_value") : 0.0) : c.f("value", 0.0);
-  const auto r = static_cast<size_t>(x.rank());
+  const auto r = static_cast<size_t>(rank(x));
   std::vector<int64_t> axes;
   if (c.opset() >= 18 && c.has(3)) axes = c.const_in(3, "axes").ints();
   else
@@ -726,7 +726,7 @@ void eye_like_op(NodeCtx& c) {
 
 void trilu_op(NodeCtx& c) {
   Var x = c.in(0);
-  if (x.rank() < 2) c.fail("input of rank ", x.rank(), " (2-d or more)");
+  if (rank(x) < 2) c.fail("input of rank ", rank(x), " (2-d or more)");
   const auto k = static_cast<int64_t>(c.has(1) ? scalar_of(c, c.const_in(1, "k"), "k") : 0);
   const bool upper = c.i("upper", 1) != 0;
   const int64_t rows = x.shape()[x.shape().size() - 2], cols = x.shape().back();
@@ -743,7 +743,7 @@ void trilu_op(NodeCtx& c) {
 // DepthToSpace (DCR or CRD) and SpaceToDepth: a reshape, a permute and a reshape.
 void depth_to_space_op(NodeCtx& c) {
   Var x = c.in(0);
-  if (x.rank() != 4) c.fail("input of rank ", x.rank(), " (4-d only)");
+  if (rank(x) != 4) c.fail("input of rank ", rank(x), " (4-d only)");
   const int64_t b = c.i("blocksize", 0), n = x.shape()[0], ch = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
   if (b < 1 || ch % (b * b)) c.fail("blocksize ", b, " does not divide ", ch, " channels into blocks");
   const bool crd = c.s("mode", "DCR") == "CRD";
@@ -754,7 +754,7 @@ void depth_to_space_op(NodeCtx& c) {
 
 void space_to_depth_op(NodeCtx& c) {
   Var x = c.in(0);
-  if (x.rank() != 4) c.fail("input of rank ", x.rank(), " (4-d only)");
+  if (rank(x) != 4) c.fail("input of rank ", rank(x), " (4-d only)");
   const int64_t b = c.i("blocksize", 0), n = x.shape()[0], ch = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
   if (b < 1 || h % b || w % b) c.fail("blocksize ", b, " does not divide ", h, "x", w);
   Var t = permute(reshape(x, {n, ch, h / b, b, w / b, b}), {0, 3, 5, 1, 2, 4});

@@ -49,7 +49,7 @@ void matmul_op(NodeCtx& c) {
 
 void gemm_op(NodeCtx& c) {
   Var a = c.in(0), b = c.in(1);
-  if (a.rank() != 2 || b.rank() != 2) c.fail("A and B must be 2-d, got ", shape_str(a.shape()), " and ", shape_str(b.shape()));
+  if (rank(a) != 2 || rank(b) != 2) c.fail("A and B must be 2-d, got ", shape_str(a.shape()), " and ", shape_str(b.shape()));
   Var y = matmul(a, b, c.i("transA", 0) != 0, c.i("transB", 0) != 0);
   const double alpha = c.f("alpha", 1.0), beta = c.f("beta", 1.0);
   if (alpha != 1.0) y = scale(y, alpha);
@@ -62,10 +62,10 @@ void gemm_op(NodeCtx& c) {
 }
 
 // Per-channel operand v [C] against x [N, C, ...]: [C, 1, ...] for broadcasting.
-Var per_channel(NodeCtx& c, Var v, int64_t rank) {
-  if (v.rank() != 1) c.fail("per-channel operands must be 1-d, got ", shape_str(v.shape()));
+Var per_channel(NodeCtx& c, Var v, int64_t x_rank) {
+  if (rank(v) != 1) c.fail("per-channel operands must be 1-d, got ", shape_str(v.shape()));
   Shape s{v.shape()[0]};
-  s.resize(static_cast<size_t>(rank - 1), 1);
+  s.resize(static_cast<size_t>(x_rank - 1), 1);
   return reshape(v, s);
 }
 
@@ -74,11 +74,11 @@ void batch_norm_op(NodeCtx& c) {
     c.fail("training mode (and the running statistics as outputs) is not supported: seam imports BatchNormalization "
            "for inference");
   Var x = c.in(0);
-  if (x.rank() < 2) c.fail("input of rank ", x.rank(), " (it needs [N, C, ...])");
+  if (rank(x) < 2) c.fail("input of rank ", rank(x), " (it needs [N, C, ...])");
   if (!c.maybe_const(3) || !c.maybe_const(4)) {
     // Statistics that are graph values, not constants: the formula itself,
     // (x - mean) / sqrt(var + eps) * scale + bias.
-    const int64_t r = x.rank();
+    const int64_t r = rank(x);
     Var inv = pow(add(per_channel(c, c.in(4), r), scalar(c.g(), c.f("epsilon", 1e-5), x.dtype())), -0.5);
     Var y = mul(sub(x, per_channel(c, c.in(3), r)), mul(inv, per_channel(c, c.in(1), r)));
     return c.out(0, add(y, per_channel(c, c.in(2), r)));
@@ -98,10 +98,10 @@ void batch_norm_op(NodeCtx& c) {
 // takes the last), and the result's shape restored.
 void layer_norm_op(NodeCtx& c) {
   Var x0 = c.in(0);
-  const int64_t axis = norm_axis(c, c.i("axis", -1), x0.rank());
+  const int64_t axis = norm_axis(c, c.i("axis", -1), rank(x0));
   int64_t outer = 1;
   for (int64_t k = 0; k < axis; ++k) outer *= x0.shape()[static_cast<size_t>(k)];
-  Var x = axis == x0.rank() - 1 ? x0 : reshape(x0, {outer, numel(x0.shape()) / outer});
+  Var x = axis == rank(x0) - 1 ? x0 : reshape(x0, {outer, numel(x0.shape()) / outer});
   const int64_t d = x.shape().back();
   Var gamma = c.in(1);
   Var beta = c.has(2) ? c.in(2) : full(c.g(), {d}, 0.0, gamma.dtype());
@@ -120,9 +120,9 @@ void layer_norm_op(NodeCtx& c) {
 template <bool Log>
 void softmax_op(NodeCtx& c) {
   Var x = c.in(0);
-  const int64_t axis = norm_axis(c, c.i("axis", c.opset() >= 13 ? -1 : 1), x.rank());
+  const int64_t axis = norm_axis(c, c.i("axis", c.opset() >= 13 ? -1 : 1), rank(x));
   auto f = [](Var v, int64_t a) { return Log ? log_softmax(v, a) : softmax(v, a); };
-  if (c.opset() >= 13 || axis == x.rank() - 1) return c.out(0, f(x, axis));
+  if (c.opset() >= 13 || axis == rank(x) - 1) return c.out(0, f(x, axis));
   int64_t outer = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= x.shape()[static_cast<size_t>(d)];
   c.out(0, reshape(f(reshape(x, {outer, numel(x.shape()) / outer}), 1), x.shape()));
@@ -133,10 +133,10 @@ void reduce_op(NodeCtx& c) {
   Var x = c.in(0);
   std::vector<int64_t> axes = axes_of(c, 1, Mean ? 18 : 13);
   if (axes.empty() && c.i("noop_with_empty_axes", 0) != 0) return c.out(0, copy(x));
-  for (int64_t& a : axes) a = norm_axis(c, a, x.rank());
+  for (int64_t& a : axes) a = norm_axis(c, a, rank(x));
   const bool keep = c.i("keepdims", 1) != 0;
   if (axes.empty())
-    for (int64_t d = 0; d < x.rank(); ++d) axes.push_back(d);
+    for (int64_t d = 0; d < rank(x); ++d) axes.push_back(d);
   c.out(0, Mean ? mean(x, axes, keep) : sum(x, axes, keep));
 }
 
@@ -145,9 +145,9 @@ template <int Kind>  // 0 L1, 1 L2, 2 sum of squares, 3 log of the sum
 void reduce_norm_op(NodeCtx& c) {
   Var x = c.in(0);
   std::vector<int64_t> axes = axes_of(c, 1, 18);
-  for (int64_t& a : axes) a = norm_axis(c, a, x.rank());
+  for (int64_t& a : axes) a = norm_axis(c, a, rank(x));
   if (axes.empty())
-    for (int64_t d = 0; d < x.rank(); ++d) axes.push_back(d);
+    for (int64_t d = 0; d < rank(x); ++d) axes.push_back(d);
   Var t = Kind == 0 ? seam::abs(x) : Kind == 3 ? x : mul(x, x);
   Var s = sum(t, axes, c.i("keepdims", 1) != 0);
   c.out(0, Kind == 1 ? seam::sqrt(s) : Kind == 3 ? seam::log(s) : s);
@@ -161,14 +161,14 @@ template <int Kind>  // 0 max, 1 min, 2 log-sum-exp
 void reduce_max_op(NodeCtx& c) {
   Var x = c.in(0);
   std::vector<int64_t> axes = axes_of(c, 1, 18);
-  for (int64_t& a : axes) a = norm_axis(c, a, x.rank());
+  for (int64_t& a : axes) a = norm_axis(c, a, rank(x));
   if (axes.empty())
-    for (int64_t d = 0; d < x.rank(); ++d) axes.push_back(d);
+    for (int64_t d = 0; d < rank(x); ++d) axes.push_back(d);
   std::sort(axes.begin(), axes.end());
   const Shape s = x.shape();
   std::vector<int64_t> perm, kept_dims;
   int64_t outer = 1, n = 1;
-  for (int64_t d = 0; d < x.rank(); ++d)
+  for (int64_t d = 0; d < rank(x); ++d)
     if (!std::binary_search(axes.begin(), axes.end(), d)) {
       perm.push_back(d);
       outer *= s[static_cast<size_t>(d)];
@@ -192,7 +192,7 @@ void reduce_max_op(NodeCtx& c) {
   if (Kind == 1) r = neg(r);
   if (c.i("keepdims", 1) == 0) {
     Shape out;
-    for (int64_t d = 0; d < x.rank(); ++d)
+    for (int64_t d = 0; d < rank(x); ++d)
       if (!std::binary_search(axes.begin(), axes.end(), d)) out.push_back(s[static_cast<size_t>(d)]);
     r = reshape(r, out);
   }
@@ -205,14 +205,14 @@ void reduce_max_op(NodeCtx& c) {
 template <bool Max>
 void arg_op(NodeCtx& c) {
   Var x = c.in(0);
-  const int64_t axis = norm_axis(c, c.i("axis", 0), x.rank());
+  const int64_t axis = norm_axis(c, c.i("axis", 0), rank(x));
   const int64_t n = x.shape()[static_cast<size_t>(axis)];
   Var v = Max ? x : neg(x);
   const bool last = c.i("select_last_index", 0) != 0;
   if (last) {
     Var table = reshape(axis == 0 ? v : permute(v, [&] {
       std::vector<int64_t> p{axis};
-      for (int64_t d = 0; d < x.rank(); ++d)
+      for (int64_t d = 0; d < rank(x); ++d)
         if (d != axis) p.push_back(d);
       return p;
     }()), {n, numel(x.shape()) / n});
@@ -220,13 +220,13 @@ void arg_op(NodeCtx& c) {
     for (int64_t i = n - 1; i >= 0; --i) ids.v.push_back(static_cast<double>(i));
     c.imp.consts[c.node.name() + ".reversed"] = ids;
     Shape moved{n};
-    for (int64_t d = 0; d < x.rank(); ++d)
+    for (int64_t d = 0; d < rank(x); ++d)
       if (d != axis) moved.push_back(x.shape()[static_cast<size_t>(d)]);
     Var rev = reshape(embedding(c.imp.var(c.node.name() + ".reversed", c.where), table), moved);
     std::vector<int64_t> back;  // the reversed axis to its place again
     for (int64_t d = 1; d <= axis; ++d) back.push_back(d);
     back.push_back(0);
-    for (int64_t d = axis + 1; d < x.rank(); ++d) back.push_back(d);
+    for (int64_t d = axis + 1; d < rank(x); ++d) back.push_back(d);
     v = axis == 0 ? rev : permute(rev, back);
   }
   Var r = argmax(v, axis);
@@ -286,9 +286,9 @@ Var as_2d(Var x) {
 
 void conv_op(NodeCtx& c) {
   Var x = c.in(0), w = c.in(1);
-  if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam convolves 1-d and 2-d inputs");
-  const bool one_d = x.rank() == 3;
-  if (w.rank() != x.rank()) c.fail("W has rank ", w.rank(), ", X ", x.rank());
+  if (rank(x) != 3 && rank(x) != 4) c.fail("input of rank ", rank(x), ": seam convolves 1-d and 2-d inputs");
+  const bool one_d = rank(x) == 3;
+  if (rank(w) != rank(x)) c.fail("W has rank ", rank(w), ", X ", rank(x));
   const Shape ws = w.shape();
   std::vector<int64_t> kernel = c.ints("kernel_shape", Shape(ws.begin() + 2, ws.end()));
   Window win = window(c, x.shape(), kernel);
@@ -316,10 +316,10 @@ void conv_op(NodeCtx& c) {
 // output_padding + dilation (k - 1) + 1 - pads, or output_shape.
 void conv_transpose_op(NodeCtx& c) {
   Var x = c.in(0), w = c.in(1);
-  if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam convolves 1-d and 2-d inputs");
-  const bool one_d = x.rank() == 3;
-  const size_t sp = static_cast<size_t>(x.rank() - 2);
-  if (w.rank() != x.rank()) c.fail("W has rank ", w.rank(), ", X ", x.rank());
+  if (rank(x) != 3 && rank(x) != 4) c.fail("input of rank ", rank(x), ": seam convolves 1-d and 2-d inputs");
+  const bool one_d = rank(x) == 3;
+  const size_t sp = static_cast<size_t>(rank(x) - 2);
+  if (rank(w) != rank(x)) c.fail("W has rank ", rank(w), ", X ", rank(x));
   const Shape ws = w.shape();
   const std::vector<int64_t> kernel = c.ints("kernel_shape", Shape(ws.begin() + 2, ws.end()));
   const std::vector<int64_t> stride = c.ints("strides", std::vector<int64_t>(sp, 1)),
@@ -365,9 +365,9 @@ void conv_transpose_op(NodeCtx& c) {
   Var y = c.g().add1(Op::conv2d_grad_input, {x.id(), w.id()},
                      {{"stride", st}, {"padding", pad}, {"dilation", dl}, {"groups", group}, {"shape", out}});
   if (c.has(2)) {
-    if (c.in(2).rank() != 1) c.fail("the bias must be 1-d, got ", shape_str(c.in(2).shape()));
+    if (rank(c.in(2)) != 1) c.fail("the bias must be 1-d, got ", shape_str(c.in(2).shape()));
     Shape bs{c.in(2).shape()[0]};
-    bs.resize(static_cast<size_t>(y.rank() - 1), 1);
+    bs.resize(static_cast<size_t>(rank(y) - 1), 1);
     y = add(y, reshape(c.in(2), bs));
   }
   if (one_d) {
@@ -381,11 +381,11 @@ void conv_transpose_op(NodeCtx& c) {
 template <bool Max>
 void pool_op(NodeCtx& c) {
   Var x = c.in(0);
-  if (x.rank() != 3 && x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam pools 1-d and 2-d inputs");
+  if (rank(x) != 3 && rank(x) != 4) c.fail("input of rank ", rank(x), ": seam pools 1-d and 2-d inputs");
   if (c.i("ceil_mode", 0) != 0) c.fail("ceil_mode 1 is not supported");
   if (Max && c.i("storage_order", 0) != 0) c.fail("storage_order 1 is not supported");
   if (Max && c.wants(1)) c.fail("the Indices output is not supported");
-  const bool one_d = x.rank() == 3;
+  const bool one_d = rank(x) == 3;
   Window win = window(c, x.shape(), c.ints("kernel_shape"));
   for (int64_t d : win.dilation)
     if (d != 1) c.fail("dilations other than 1 are not supported in pooling");
@@ -407,13 +407,13 @@ void pool_op(NodeCtx& c) {
 
 void global_max_pool_op(NodeCtx& c) {
   Var x = c.in(0);
-  if (x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam's global pooling takes [N, C, H, W]");
+  if (rank(x) != 4) c.fail("input of rank ", rank(x), ": seam's global pooling takes [N, C, H, W]");
   c.out(0, max_pool2d(x, {x.shape()[2], x.shape()[3]}));
 }
 
 void global_avg_pool_op(NodeCtx& c) {
   Var x = c.in(0);
-  if (x.rank() != 4) c.fail("input of rank ", x.rank(), ": seam's global average pool takes [N, C, H, W]");
+  if (rank(x) != 4) c.fail("input of rank ", rank(x), ": seam's global average pool takes [N, C, H, W]");
   c.out(0, reshape(global_avg_pool(x), {x.shape()[0], x.shape()[1], 1, 1}));
 }
 

@@ -97,7 +97,7 @@ Taps taps_of(NodeCtx& c, int64_t in, int64_t out, double scale, double length) {
 Var resize_axis(NodeCtx& c, Var x, int64_t axis, int64_t out, double scale, double length) {
   const int64_t in = x.shape()[static_cast<size_t>(axis)];
   const Taps t = taps_of(c, in, out, scale, length);
-  Shape wshape(static_cast<size_t>(x.rank()), 1);
+  Shape wshape(static_cast<size_t>(rank(x)), 1);
   wshape[static_cast<size_t>(axis)] = out;
   std::optional<Var> sum;
   for (size_t k = 0; k < t.index.size(); ++k) {
@@ -134,7 +134,7 @@ void resize_op(NodeCtx& c) {
     if (c.has(3)) sizes = c.const_in(3, "sizes").ints();
     else if (c.has(2)) scales = c.const_in(2, "scales").v;
   }
-  const auto r = static_cast<size_t>(x.rank());
+  const auto r = static_cast<size_t>(rank(x));
   if ((sizes.empty() && scales.size() != r) || (!sizes.empty() && sizes.size() != r))
     c.fail("scales or sizes must have one entry per dim of the rank-", r, " input");
   Var y = x;
@@ -223,9 +223,9 @@ Var nll(NodeCtx& c, Var input, size_t target_at, std::optional<Var> weight_var, 
       if (!(has_ignore && k == ignore)) table.v[static_cast<size_t>(k * classes + k)] = w[static_cast<size_t>(k)];
     c.imp.consts[name] = table;
     Var onehot = embedding(c.in(target_at), c.imp.var(name, c.where));  // [N, d..., C]
-    std::vector<int64_t> perm{0, onehot.rank() - 1};
-    for (int64_t d = 1; d < onehot.rank() - 1; ++d) perm.push_back(d);
-    return onehot.rank() == 2 ? onehot : permute(onehot, perm);
+    std::vector<int64_t> perm{0, rank(onehot) - 1};
+    for (int64_t d = 1; d < rank(onehot) - 1; ++d) perm.push_back(d);
+    return rank(onehot) == 2 ? onehot : permute(onehot, perm);
   }();
   if (mask.dtype() != input.dtype()) mask = cast(mask, input.dtype());
   Var picked = neg(sum(mul(input, mask), {1}));  // [N, d...]
