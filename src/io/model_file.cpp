@@ -186,6 +186,14 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
     auto cut = msg.find("parse error");
     fail(source, ":", line_col(text, e.byte == 0 ? 0 : e.byte - 1), ": malformed JSON: ",
          cut == std::string::npos ? msg : msg.substr(cut));
+  } catch (const json::out_of_range& e) {
+    // A number beyond double's range: the message quotes the literal, which places it.
+    const std::string msg = e.what();
+    const size_t open = msg.find('\''), close = msg.rfind('\'');
+    const std::string literal = open < close ? msg.substr(open + 1, close - open - 1) : "";
+    const size_t at = literal.empty() ? std::string::npos : text.find(literal);
+    fail(source, at == std::string::npos ? "" : ":" + line_col(text, at), ": malformed JSON: the number ",
+         literal.empty() ? msg : literal, " is out of range");
   }
   const json& j = s.json;
   if (!j.is_object()) fail(source, ": a model file is a JSON object");
