@@ -174,8 +174,9 @@ TEST_F(Cli, VersionNamesTheGemmKernelsAndNeverTheGenericOnesOnAnAvx2Cpu) {
   __builtin_cpu_init();
   const std::string gemms = r.out.substr(line, r.out.find('\n', line) - line);
   if (gemms.find("OpenBLAS") != std::string::npos && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      !std::getenv("OPENBLAS_CORETYPE"))
+      !std::getenv("OPENBLAS_CORETYPE")) {
     EXPECT_EQ(gemms.find("Prescott"), std::string::npos) << gemms;
+  }
 #endif
 }
 
@@ -291,6 +292,35 @@ TEST_F(Cli, CheckpointErrorsLeaveEverythingAsItWas) {
   // Nothing was overwritten by any failure.
   EXPECT_EQ(slurp(ck), good);
   EXPECT_EQ(slurp(dir / "run" / "metrics.csv"), csv);
+}
+
+// A disk that fills while a checkpoint is written (a file-size limit stands in for it:
+// it needs no privileges): the run stops with an error naming the checkpoint, and the
+// previous checkpoint is still there, whole, and resumes.
+TEST_F(Cli, ADiskThatFillsDuringACheckpointKeepsThePreviousOne) {
+  fs::path data = make_data(64, 32);
+  fs::path model = write("small.json", kSmallMlp);
+  const std::string out = " --data " + data.string() + " --out " + (dir / "run").string() + " --quiet";
+  Result ok = run("train " + model.string() + out + " --epochs 1");
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  fs::path ck = dir / "run" / "checkpoint.safetensors";
+  const std::string good = slurp(ck);
+  ASSERT_GT(good.size(), size_t{200} << 10);  // larger than the limit below, in either block size
+  // /bin/sh's ulimit -f counts 512- or 1024-byte blocks: 128 of them are at most 128 KiB.
+  const std::string limited = "sh -c 'ulimit -f 128 && exec " + std::string(SEAM_CLI_PATH) + " train --resume " + ck.string() +
+                              out + " --epochs 2' >" + (dir / "o.txt").string() + " 2>" + (dir / "e.txt").string();
+  const int status = std::system(limited.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string err = slurp(dir / "e.txt");
+  EXPECT_NE(err.find(ck.string()), std::string::npos) << err;
+  EXPECT_NE(err.find("File too large"), std::string::npos) << err;
+  EXPECT_EQ(slurp(ck), good);
+  for (const auto& f : fs::directory_iterator(dir / "run")) {
+    EXPECT_EQ(f.path().filename().string().find(".tmp"), std::string::npos) << f.path();
+  }
+  Result resumed = run("train --resume " + ck.string() + out + " --epochs 2");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <iostream>
 #include <limits>
 #include <sstream>
@@ -180,6 +181,9 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_CORETYPE", core, 0);
     execv("/proc/self/exe", argv);
   }
+  // Past a file-size limit (ulimit -f) a write then fails with EFBIG, which names the file
+  // and keeps the previous checkpoint, instead of the signal killing the run mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"seam: compiles a neural network's whole training step into one plan and runs it"};
   app.require_subcommand(0, 1);
   bool version = false;
