@@ -4,14 +4,20 @@
 // run through `seam onnx-suite` (tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
 #include "io/npy.h"
 #include "io/onnx.h"
+#include "io/safetensors.h"
 #include "onnx.pb.h"
 #include "seam/seam.h"
 #include "test_util.h"
@@ -328,6 +334,11 @@ TEST_F(OnnxCli, RunWritesTheOutputsAndPlanPrintsTheSteps) {
   p.run();
   EXPECT_EQ(y.data, p.read(imp.outputs[0]));
 
+  const CliResult timed = run("run " + model + " --input x=" + (dir / "x.npy").string() + " --out " +
+                              (dir / "out").string() + " --device cpu --time 2");
+  ASSERT_EQ(timed.code, 0) << timed.err;
+  EXPECT_NE(timed.out.find(" ms per run (median of 5 rounds of 2;"), std::string::npos) << timed.out;
+
   const CliResult missing = run("run " + model + " --device cpu");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.err.find("input 'x' needs a value: --input x=FILE.npy"), std::string::npos) << missing.err;
@@ -342,6 +353,120 @@ TEST_F(OnnxCli, RunWritesTheOutputsAndPlanPrintsTheSteps) {
   const CliResult bad_shape = run("plan " + model + " --input-shape x=4x3xeight");
   EXPECT_NE(bad_shape.err.find("--input-shape 'x=4x3xeight': 'eight' is not a dimension"), std::string::npos)
       << bad_shape.err;
+}
+
+// What a teacher network (the Cnn's structure, other weights) predicts for n random
+// samples: labels the student can learn.
+std::pair<std::vector<float>, std::vector<int32_t>> teacher_data(int64_t n, uint64_t seed) {
+  Cnn teacher;
+  teacher.w1 = random_floats(8 * 3 * 3 * 3, seed + 1);
+  teacher.fc = random_floats(10 * 8, seed + 2);
+  onnx::OnnxImport imp = import(teacher.bytes("N"), {.input_shapes = {{"x", {n, 3, 8, 8}}}});
+  Model m(imp.graph, {.seed = 1});
+  onnx::load_initial(m, imp);
+  Program p = m.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
+  std::vector<float> x = random_floats(static_cast<size_t>(n) * 3 * 8 * 8, seed);
+  p.set_input("x", std::span<const float>(x));
+  p.run();
+  const auto logits = p.read_as<float>(imp.outputs[0]);
+  std::vector<int32_t> y(static_cast<size_t>(n));
+  for (size_t i = 0; i < y.size(); ++i)
+    y[i] = static_cast<int32_t>(std::max_element(logits.begin() + 10 * i, logits.begin() + 10 * (i + 1)) -
+                                (logits.begin() + 10 * i));
+  return {x, y};
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> r;
+  std::istringstream s(out);
+  for (std::string line; std::getline(s, line);)
+    if (!line.empty()) r.push_back(nlohmann::json::parse(line));
+  return r;
+}
+
+// seam train cnn.onnx --config train.json: the file's weights are where training starts
+// (a frozen prefix keeps them), the loss falls on .npy arrays named relative to the
+// config, a stopped run resumes to the same bits, and eval of the checkpoint alone (its
+// stored model names the ONNX file) reproduces the test accuracy.
+TEST_F(OnnxCli, TrainsFromTheFileWeightsOnNpyArraysAndResumesBitwise) {
+  const Cnn net;
+  std::ofstream(dir / "cnn.onnx", std::ios::binary) << net.bytes("N");
+  for (auto [name, n, seed] : {std::tuple{"train", 96, 31}, std::tuple{"test", 32, 41}}) {
+    const auto [x, y] = teacher_data(n, static_cast<uint64_t>(seed));
+    io::write_npy((dir / (std::string(name) + "_x.npy")).string(),
+                  HostTensor{"x", {DType::f32, {n, 3, 8, 8}}, bytes_of(x)});
+    io::write_npy((dir / (std::string(name) + "_y.npy")).string(), HostTensor{"y", {DType::i32, {n}}, bytes_of(y)});
+  }
+  std::ofstream(dir / "train.json") << R"({"batch_size": 16, "epochs": 4, "seed": 3,
+    "optimizer": {"type": "adam", "lr": 0.01},
+    "model": {"freeze": ["w1"]},
+    "data": {"arrays": {"x": "train_x.npy", "y": "train_y.npy", "test_x": "test_x.npy", "test_y": "test_y.npy"}}})";
+  const std::string model = (dir / "cnn.onnx").string() + " --config " + (dir / "train.json").string();
+  const std::string common = " --device cpu --json --log-every 2";
+  const CliResult whole = run("train " + model + common + " --out " + (dir / "whole").string());
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  std::vector<double> losses;
+  for (const auto& l : json_lines(whole.out))
+    if (l["event"] == "epoch") losses.push_back(l["train_loss"].get<double>());
+  ASSERT_EQ(losses.size(), 4u) << whole.out;
+  EXPECT_LT(losses.back(), 0.8 * losses.front()) << whole.out;
+  const std::string ck = (dir / "whole" / "checkpoint.safetensors").string();
+  const io::TensorFile trained = io::read_safetensors(ck);
+  ASSERT_NE(trained.find("w1"), nullptr);
+  EXPECT_EQ(trained.find("w1")->data, bytes_of(net.w1));  // frozen: the file's values
+  EXPECT_NE(trained.find("fc")->data, bytes_of(net.fc));   // trained from them
+
+  const CliResult part = run("train " + model + common + " --out " + (dir / "parts").string() + " --max-steps 7");
+  ASSERT_EQ(part.code, 0) << part.err;
+  const std::string part_ck = (dir / "parts" / "checkpoint.safetensors").string();
+  const CliResult rest = run("train --resume " + part_ck + common + " --out " + (dir / "parts").string());
+  ASSERT_EQ(rest.code, 0) << rest.err;
+  for (const auto& t : trained.tensors) EXPECT_EQ(io::read_safetensors(part_ck).find(t.name)->data, t.data) << t.name;
+
+  const CliResult e = run_in(dir / "whole", "eval --checkpoint checkpoint.safetensors --device cpu --json");
+  ASSERT_EQ(e.code, 0) << e.err;
+  const auto done = json_lines(whole.out).back();
+  EXPECT_EQ(nlohmann::json::parse(e.out)["accuracy"].get<double>(), done["test_accuracy"].get<double>()) << e.out;
+  EXPECT_EQ(nlohmann::json::parse(e.out)["samples"], 32);
+}
+
+TEST_F(OnnxCli, TrainingSettingsThatDoNotFitTheFileAreRefusedByName) {
+  std::ofstream(dir / "cnn.onnx", std::ios::binary) << Cnn().bytes("N");
+  std::ofstream(dir / "fixed.onnx", std::ios::binary) << Cnn().bytes();
+  io::write_npy((dir / "x.npy").string(), HostTensor{"x", {DType::f32, {8, 3, 8, 8}}, bytes_of(random_floats(8 * 192, 5))});
+  io::write_npy((dir / "y.npy").string(), HostTensor{"y", {DType::i32, {8}}, bytes_of(std::vector<int32_t>(8, 3))});
+  io::write_npy((dir / "flat.npy").string(), HostTensor{"x", {DType::f32, {8, 3}}, bytes_of(random_floats(24, 6))});
+  const auto error = [&](const std::string& onnx, const std::string& config) {
+    std::ofstream(dir / "c.json") << config;
+    const CliResult r = run("train " + (dir / onnx).string() + " --config " + (dir / "c.json").string() +
+                            " --device cpu --out " + (dir / "run").string());
+    EXPECT_EQ(r.code, 1) << config;
+    return r.err;
+  };
+  const std::string arrays = R"("data": {"val_split": 0.5, "arrays": {"x": "x.npy", "y": "y.npy"}})";
+  EXPECT_NE(error("cnn.onnx", "{\"model\": {\"freeze\": [\"conv\"]}, \"batch_size\": 4, " + arrays + "}")
+                .find("freeze names 'conv', which begins no initializer's name"),
+            std::string::npos);
+  EXPECT_NE(error("cnn.onnx", "{\"model\": {\"output\": \"z\"}, \"batch_size\": 4, " + arrays + "}")
+                .find("output 'z' is none of"),
+            std::string::npos);
+  EXPECT_NE(error("cnn.onnx", "{\"model\": {\"input\": \"image\"}, \"batch_size\": 4, " + arrays + "}")
+                .find("input 'image' is none of"),
+            std::string::npos);
+  EXPECT_NE(error("cnn.onnx", R"({"layers": [{"type": "linear", "out": 10}]})")
+                .find("'layers' describes a network; the network is"),
+            std::string::npos);
+  EXPECT_NE(error("fixed.onnx", "{\"batch_size\": 16, " + arrays + "}").find("has a fixed batch of 4, not the batch_size 16"),
+            std::string::npos);
+  EXPECT_NE(error("cnn.onnx", R"({"batch_size": 4, "data": {"val_split": 0.5, "arrays": {"x": "flat.npy", "y": "y.npy"}}})")
+                .find("flat.npy: holds f32[8,3]; the samples must be [N, 3, 8, 8]"),
+            std::string::npos);
+  EXPECT_NE(error("cnn.onnx", R"({"batch_size": 4, "data": {"arrays": {"x": "x.npy", "y": "y.npy"}}})")
+                .find("nothing to evaluate on"),
+            std::string::npos);
+  const CliResult json_with_config = run("train " + (dir / "c.json").string() + " --config " + (dir / "c.json").string());
+  EXPECT_NE(json_with_config.err.find("a training config goes with an ONNX file"), std::string::npos)
+      << json_with_config.err;
 }
 
 }  // namespace

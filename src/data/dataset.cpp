@@ -64,6 +64,16 @@ std::vector<int64_t> first_n(int64_t n, int64_t limit) {
   return v;
 }
 
+// Moves a seeded share (o.val_split) of the training indices to the validation split.
+void hold_out(std::vector<int64_t>& train_idx, std::vector<int64_t>& val_idx, const DataOptions& o) {
+  if (o.val_split <= 0) return;
+  auto perm = permutation(static_cast<int64_t>(train_idx.size()), o.seed, ~uint64_t{0});
+  auto nval = static_cast<size_t>(static_cast<double>(train_idx.size()) * o.val_split);
+  std::vector<int64_t> kept;
+  for (size_t i = 0; i < perm.size(); ++i) (i < nval ? val_idx : kept).push_back(train_idx[static_cast<size_t>(perm[i])]);
+  train_idx = std::move(kept);
+}
+
 // The mean and standard deviation of the pixels (in [0, 1]) of the given images.
 Normalize pixel_statistics(const ImageSet& s, const std::vector<int64_t>& idx) {
   double sum = 0, sq = 0;
@@ -87,13 +97,7 @@ Dataset open_images(const std::string& dir, const DataOptions& o) {
   d.classes = data.classes;
   // Training indices (optionally a seeded validation split held out of them).
   std::vector<int64_t> train_idx = first_n(data.train.n, o.limit_train), val_idx;
-  if (o.val_split > 0) {
-    auto perm = permutation(static_cast<int64_t>(train_idx.size()), o.seed, ~uint64_t{0});
-    auto nval = static_cast<size_t>(static_cast<double>(train_idx.size()) * o.val_split);
-    std::vector<int64_t> kept;
-    for (size_t i = 0; i < perm.size(); ++i) (i < nval ? val_idx : kept).push_back(train_idx[static_cast<size_t>(perm[i])]);
-    train_idx = std::move(kept);
-  }
+  hold_out(train_idx, val_idx, o);
   const Normalize norm = pixel_statistics(data.train, train_idx);
   d.train_samples = static_cast<int64_t>(train_idx.size());
   d.describe = std::to_string(train_idx.size()) + " training images from " + dir;
@@ -103,6 +107,29 @@ Dataset open_images(const std::string& dir, const DataOptions& o) {
                                                                .seed = o.seed, .normalize = norm, .augment = o.augment});
   d.test = std::make_unique<BatchLoader>(data.test, first_n(data.test.n, o.limit_test), eval);
   if (!val_idx.empty()) d.val = std::make_unique<BatchLoader>(data.train, val_idx, eval);
+  return d;
+}
+
+Dataset open_arrays(const ArraySources& a, const DataOptions& o) {
+  Dataset d;
+  d.classes = a.classes;
+  d.tokens = a.ids;
+  d.train_arrays = std::make_shared<ArraySet>(load_arrays(a.x, a.y, a.sample, a.ids, a.labels, a.classes));
+  const ArraySet& train = *d.train_arrays;
+  d.sample_labels = train.y_per;
+  std::vector<int64_t> train_idx = first_n(train.n, o.limit_train), val_idx;
+  hold_out(train_idx, val_idx, o);
+  d.train_samples = static_cast<int64_t>(train_idx.size());
+  d.describe = std::to_string(train_idx.size()) + " training samples from " + a.x;
+  d.train = std::make_unique<ArrayBatches>(train, train_idx, o.batch, true, o.seed);
+  if (!val_idx.empty()) d.val = std::make_unique<ArrayBatches>(train, val_idx, o.batch, false, o.seed);
+  if (!a.test_x.empty()) {
+    d.test_arrays = std::make_shared<ArraySet>(load_arrays(a.test_x, a.test_y, a.sample, a.ids, a.labels, a.classes));
+    d.test = std::make_unique<ArrayBatches>(*d.test_arrays, first_n(d.test_arrays->n, o.limit_test), o.batch, false,
+                                            o.seed);
+  }
+  if (!d.val && !d.test)
+    fail(a.x, ": nothing to evaluate on: give data.arrays its test_x and test_y, or data.val_split");
   return d;
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "data/arrays.h"
 #include "data/fashion_mnist.h"
 #include "data/tokens.h"
 
@@ -47,6 +48,7 @@ struct Dataset {
   // The data the splits read.
   std::shared_ptr<ImageData> images;
   std::shared_ptr<TokenFile> train_tokens, val_tokens;
+  std::shared_ptr<ArraySet> train_arrays, test_arrays;
 };
 
 struct DataOptions {
@@ -62,6 +64,15 @@ struct DataOptions {
 // The four IDX files of `dir`; normalized by the training images' own mean and standard
 // deviation.
 Dataset open_images(const std::string& dir, const DataOptions& o);
+// Arrays from .npy files (src/data/arrays.h): x and y for training (a val_split held out
+// of them as for images), test_x and test_y, when given, for the test split.
+struct ArraySources {
+  std::string x, y, test_x, test_y;
+  std::vector<int64_t> sample, labels;  // per sample: the input's shape and the labels'
+  bool ids = false;                     // x holds token ids
+  int64_t classes = 0;
+};
+Dataset open_arrays(const ArraySources& a, const DataOptions& o);
 // dir/train.tok and dir/val.tok, as windows of `block` tokens. Fails naming the folder
 // and the command that makes the files when they are missing.
 Dataset open_tokens(const std::string& dir, int64_t block, const DataOptions& o);

@@ -1,6 +1,7 @@
 // Model files: parsing, checking, and building the graph.
 #include "io/model_file.h"
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -153,7 +154,7 @@ std::vector<std::string> forward_ops() {
 nn::GptConfig parse_gpt(const json& m, const std::string& where) {
   if (!m.is_object()) fail(where, ": must be an object, e.g. {\"type\": \"gpt\", \"n_layer\": 6, ...}");
   const std::string type = get<std::string>(m, "type", "", where);
-  if (type != "gpt") unknown(where, "model type", type, {"gpt"});
+  if (type != "gpt") unknown(where, "model type", type, {"gpt", "onnx"});
   check_keys(m, {"type", "n_layer", "n_head", "n_embd", "vocab", "padded_vocab", "block_size", "dropout", "tie_weights", "ln_eps"},
              where);
   nn::GptConfig c;
@@ -174,13 +175,9 @@ nn::GptConfig parse_gpt(const json& m, const std::string& where) {
   return c;
 }
 
-}  // namespace
-
-ModelSpec parse_model_json(const std::string& text, const std::string& source) {
-  ModelSpec s;
-  s.source = source;
+json parse_json(const std::string& text, const std::string& source) {
   try {
-    s.json = json::parse(text);
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     std::string msg = e.what();
     auto cut = msg.find("parse error");
@@ -195,16 +192,73 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
     fail(source, at == std::string::npos ? "" : ":" + line_col(text, at), ": malformed JSON: the number ",
          literal.empty() ? msg : literal, " is out of range");
   }
+}
+
+// A file a model file names, against the model file's folder; written back absolute, so
+// that the copy a checkpoint keeps finds it from anywhere.
+void resolve_path(json& obj, const char* key, const std::filesystem::path& base) {
+  if (!obj.is_object() || !obj.contains(key) || !obj[key].is_string()) return;
+  const std::filesystem::path p(obj[key].get<std::string>());
+  if (p.empty() || p.is_absolute()) return;
+  obj[key] = std::filesystem::absolute(base / p).lexically_normal().string();
+}
+
+NetworkImporter g_onnx_importer = nullptr;
+
+ImportedNetwork import_network(const ModelSpec& s, const Shape& sample, int64_t batch) {
+  if (!g_onnx_importer) fail(s.source, ": model: this seam was built without the ONNX importer (SEAM_ONNX)");
+  return g_onnx_importer(*s.onnx, sample, batch, s.source + ": model");
+}
+
+// "model": {"type": "onnx", ...}: the file, which input and output, what stays frozen.
+OnnxNetwork parse_onnx_network(const json& m, const std::string& where) {
+  check_keys(m, {"type", "file", "input", "output", "freeze"}, where);
+  OnnxNetwork n;
+  n.file = get<std::string>(m, "file", "", where);
+  if (n.file.empty()) fail(where, ": 'file' names the ONNX file, e.g. \"file\": \"resnet18.onnx\"");
+  n.input = get<std::string>(m, "input", "", where);
+  n.output = get<std::string>(m, "output", "", where);
+  n.freeze = get<std::vector<std::string>>(m, "freeze", {}, where);
+  return n;
+}
+
+ModelSpec spec_of(json root, const std::string& source, const std::filesystem::path& base) {
+  ModelSpec s;
+  s.source = source;
+  if (!root.is_object()) fail(source, ": a model file is a JSON object");
+  if (root.contains("model")) resolve_path(root["model"], "file", base);
+  if (root.contains("data") && root["data"].is_object() && root["data"].contains("arrays"))
+    for (const char* k : {"x", "y", "test_x", "test_y"}) resolve_path(root["data"]["arrays"], k, base);
+  s.json = std::move(root);
   const json& j = s.json;
-  if (!j.is_object()) fail(source, ": a model file is a JSON object");
   check_keys(j, kTopKeys, source);
   s.name = get<std::string>(j, "name", "model", source);
   const int sources = j.contains("layers") + j.contains("nodes") + j.contains("model");
   if (sources != 1)
-    fail(source, ": give exactly one of 'layers' (a sequence), 'nodes' (a graph) or 'model' (a built-in network)");
-  if (j.contains("model")) {
+    fail(source, ": give exactly one of 'layers' (a sequence), 'nodes' (a graph) or 'model' (a built-in or imported "
+         "network)");
+  if (j.contains("output") && j.contains("model"))
+    fail(source, ": 'output' names a node of 'layers' or 'nodes'; a 'model' has its own");
+  const bool onnx = j.contains("model") && j["model"].is_object() && j["model"].contains("type") &&
+                    j["model"]["type"] == "onnx";
+  if (onnx) {
+    // The sample shape, dtype and classes are the file's; "input": {"shape"} binds the
+    // sample dims it leaves symbolic.
+    s.onnx = parse_onnx_network(j["model"], source + ": model");
+    Shape bind;
+    if (j.contains("input")) {
+      check_keys(j["input"], {"shape"}, source + ": input");
+      bind = get<std::vector<int64_t>>(j["input"], "shape", {}, source + ": input");
+    }
+    const ImportedNetwork n = import_network(s, bind, get<int64_t>(j, "batch_size", 128, source));
+    const TensorType& x = n.graph.value(n.x).type;
+    s.input_shape.assign(x.shape.begin() + 1, x.shape.end());
+    s.input_dtype = x.dtype;
+    if (x.dtype != DType::f32 && x.dtype != DType::i32)
+      fail(source, ": model: the ONNX input takes ", x.str(), "; seam trains on float samples or integer token ids");
+    s.classes = n.graph.value(n.logits).type.shape.back();
+  } else if (j.contains("model")) {
     s.gpt = parse_gpt(j["model"], source + ": model");
-    if (j.contains("output")) fail(source, ": 'output' names a node of 'layers' or 'nodes'; a 'model' has its own");
     s.input_shape = {s.gpt->block_size};
     s.input_dtype = DType::i32;
   } else {
@@ -213,7 +267,7 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
     if (!layers.is_array() || layers.empty())
       fail(source, ": '", j.contains("layers") ? "layers" : "nodes", "' must be a non-empty list");
   }
-  if (j.contains("input")) {
+  if (j.contains("input") && !s.onnx) {
     const json& in = j["input"];
     check_keys(in, {"shape", "dtype"}, source + ": input");
     s.input_shape = get<std::vector<int64_t>>(in, "shape", s.input_shape, source + ": input");
@@ -228,7 +282,7 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
       fail(source, ": a gpt's input is i32 [T] token ids with T <= block_size ", s.gpt->block_size, ", got ",
            dtype_name(s.input_dtype), shape_str(s.input_shape));
   }
-  s.classes = get<int64_t>(j, "classes", s.gpt ? s.gpt->vocab : 10, source);
+  s.classes = get<int64_t>(j, "classes", s.gpt ? s.gpt->vocab : s.onnx ? s.classes : 10, source);
   if (s.gpt && s.classes != s.gpt->vocab)
     fail(source, ": classes = ", s.classes, " but the gpt's vocab is ", s.gpt->vocab, " (leave classes out)");
   s.batch_size = get<int64_t>(j, "batch_size", 128, source);
@@ -255,8 +309,20 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   s.optimizer = j.contains("optimizer") ? parse_optimizer(j["optimizer"], source + ": optimizer", &s.cosine_total_from_run)
                                         : OptimizerConfig::adam(1e-3);
   if (j.contains("data")) {
-    check_keys(j["data"], {"val_split", "augment", "tokens"}, source + ": data");
+    check_keys(j["data"], {"val_split", "augment", "tokens", "arrays"}, source + ": data");
     s.tokens_dir = get<std::string>(j["data"], "tokens", "", source + ": data");
+    if (j["data"].contains("arrays")) {
+      const json& a = j["data"]["arrays"];
+      const std::string where = source + ": data.arrays";
+      if (!a.is_object()) fail(where, ": must be an object, e.g. {\"x\": \"x.npy\", \"y\": \"y.npy\"}");
+      check_keys(a, {"x", "y", "test_x", "test_y"}, where);
+      ArrayFiles f{get<std::string>(a, "x", "", where), get<std::string>(a, "y", "", where),
+                   get<std::string>(a, "test_x", "", where), get<std::string>(a, "test_y", "", where)};
+      if (f.x.empty() || f.y.empty()) fail(where, ": 'x' and 'y' name the training samples' and labels' .npy files");
+      if (f.test_x.empty() != f.test_y.empty()) fail(where, ": give both test_x and test_y, or neither");
+      if (!s.tokens_dir.empty()) fail(source, ": data: give 'tokens' or 'arrays', not both");
+      s.arrays = f;
+    }
     s.val_split = get<double>(j["data"], "val_split", 0.0, source + ": data");
     if (s.val_split < 0 || s.val_split >= 1) fail(source, ": data.val_split must be in [0, 1)");
     if (j["data"].contains("augment")) {
@@ -274,16 +340,65 @@ ModelSpec parse_model_json(const std::string& text, const std::string& source) {
   }
   // Every layer and shape checked now, not at training time, at the batch the file trains
   // with (a shape written for it is then checked as it will run).
-  build_graph(s, s.batch_size);
+  const BuiltGraph b = build_graph(s, s.batch_size);
+  const Shape& y = b.graph.value(b.y).type.shape;
+  s.label_shape.assign(y.begin() + 1, y.end());
   return s;
 }
 
-ModelSpec parse_model_file(const std::string& path) {
+std::string read_text(const std::string& path, const char* what) {
   std::ifstream f(path);
-  if (!f) fail(path, ": cannot open model file");
+  if (!f) fail(path, ": cannot open ", what);
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_model_json(ss.str(), path);
+  return ss.str();
+}
+
+}  // namespace
+
+ModelSpec parse_model_json(const std::string& text, const std::string& source) {
+  return spec_of(parse_json(text, source), source, std::filesystem::current_path());
+}
+
+ModelSpec parse_model_file(const std::string& path) {
+  const std::string text = read_text(path, "model file");
+  return spec_of(parse_json(text, path), path, std::filesystem::absolute(path).parent_path());
+}
+
+ModelSpec parse_onnx_training(const std::string& onnx_path, const std::string& config_path) {
+  const std::string source = config_path.empty() ? onnx_path : config_path;
+  json j = config_path.empty() ? json::object() : parse_json(read_text(config_path, "training config"), config_path);
+  if (!j.is_object()) fail(source, ": a training config is a JSON object");
+  for (const char* k : {"layers", "nodes", "output"})
+    if (j.contains(k)) fail(source, ": '", k, "' describes a network; the network is ", onnx_path);
+  json m = j.contains("model") ? j["model"] : json::object();
+  if (!m.is_object()) fail(source, ": 'model' is an object of the import's settings (input, output, freeze)");
+  if (m.contains("file") || (m.contains("type") && m["type"] != "onnx"))
+    fail(source, ": model: the network is ", onnx_path, ", named on the command line; give only input, output, freeze");
+  m["type"] = "onnx";
+  m["file"] = std::filesystem::absolute(onnx_path).lexically_normal().string();
+  j["model"] = m;
+  if (!j.contains("name")) j["name"] = std::filesystem::path(onnx_path).stem().string();
+  const auto base = config_path.empty() ? std::filesystem::current_path()
+                                        : std::filesystem::absolute(config_path).parent_path();
+  return spec_of(std::move(j), source, base);
+}
+
+ModelSpec load_model_spec(const std::string& path, const std::string& config_path) {
+  if (path.ends_with(".onnx")) return parse_onnx_training(path, config_path);
+  if (!config_path.empty())
+    fail("--config ", config_path, ": a training config goes with an ONNX file; ", path,
+         " is a model file, which holds its own settings");
+  return parse_model_file(path);
+}
+
+void set_onnx_importer(NetworkImporter f) { g_onnx_importer = f; }
+
+void load_initial(Model& model, const BuiltGraph& b) {
+  for (const HostTensor& h : b.initial) {
+    if (model.layout().param(h.name)) model.write_param(h.name, h.data);
+    else model.write_state(h.name, h.data);
+  }
 }
 
 namespace {
@@ -495,6 +610,14 @@ std::vector<std::byte> RandomBatch::x_bytes() const {
 
 BuiltGraph build_graph(const ModelSpec& s, int64_t batch) {
   BuiltGraph b;
+  if (s.onnx) {
+    ImportedNetwork n = import_network(s, s.input_shape, batch);
+    b.graph = std::move(n.graph);
+    b.x = n.x;
+    b.initial = std::move(n.initial);
+    finish(s, batch, b.graph.var(n.logits), b);
+    return b;
+  }
   Graph& g = b.graph;
   Shape xs{batch};
   xs.insert(xs.end(), s.input_shape.begin(), s.input_shape.end());

@@ -2,6 +2,7 @@
 // inputs, initializers and outputs, and one node at a time through the op table.
 #include "io/onnx.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -190,7 +191,9 @@ Var Importer::var(const std::string& name, const std::string& where) {
   auto c = consts.find(name);
   if (c == consts.end()) fail(where, ": reads '", name, "', which no earlier node, input or initializer makes");
   HostTensor h = host_tensor(c->second, name, where);
-  const bool trainable = initializers.count(name) && !options.freeze && is_float(h.type.dtype);
+  bool frozen = options.freeze;
+  for (const std::string& prefix : options.freeze_prefixes) frozen = frozen || name.starts_with(prefix);
+  const bool trainable = initializers.count(name) && !frozen && is_float(h.type.dtype);
   std::string seam_name = name;
   for (int k = 2; g.find(seam_name); ++k) seam_name = name + "_" + std::to_string(k);
   h.name = seam_name;
@@ -327,11 +330,14 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
       continue;
     }
     const TensorType t = input_type(v, o, where);
-    imp.vars.emplace(v.name(), r.graph.input(v.name(), t.shape, t.dtype));
+    const auto renamed = o.input_names.find(v.name());
+    imp.vars.emplace(v.name(), r.graph.input(renamed == o.input_names.end() ? v.name() : renamed->second, t.shape, t.dtype));
     r.inputs.push_back(v.name());
   }
   for (const auto& [name, shape] : o.input_shapes)
     if (!imp.vars.count(name)) fail(where, ": --input-shape names '", name, "', which is no input of the graph");
+  for (const auto& [name, seam_name] : o.input_names)
+    if (!imp.vars.count(name)) fail(where, ": no graph input is named '", name, "'");
   for (const auto& [name, value] : o.values)
     if (!imp.consts.count(name)) fail(where, ": a value is given for '", name, "', which is no input of the graph");
   const auto& table = op_importers();
@@ -347,6 +353,10 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
       if (c.wants(i) && !imp.vars.count(n.output(static_cast<int>(i))) && !imp.consts.count(n.output(static_cast<int>(i))))
         c.fail("output ", i, " ('", n.output(static_cast<int>(i)), "') is not produced by seam's import");
   }
+  for (const std::string& prefix : o.freeze_prefixes)
+    if (std::none_of(imp.initializers.begin(), imp.initializers.end(),
+                     [&](const std::string& name) { return name.starts_with(prefix); }))
+      fail(where, ": freeze names '", prefix, "', which begins no initializer's name");
   for (const auto& v : gp.output()) {
     Var out = imp.var(v.name(), where + ": graph output");
     // An output no node makes (an input, a constant) is copied, so that a program can read it.

@@ -28,6 +28,11 @@ namespace seam::onnx {
 struct OnnxOptions {
   std::map<std::string, Shape> input_shapes;  // binds symbolic dims of graph inputs
   bool freeze = false;                        // initializers as constants, not parameters
+  // Initializers whose names start with one of these are frozen (state values), the rest
+  // trained: fine-tuning a head on a frozen body.
+  std::vector<std::string> freeze_prefixes;
+  // Graph inputs given another name in the seam graph (a trainer feeds "x").
+  std::map<std::string, std::string> input_names;
   // Graph inputs given a value: constants at import, as if they were initializers of a
   // frozen model (a shape or axes fed as an input; the node tests do that).
   std::map<std::string, HostTensor> values;
@@ -50,6 +55,10 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
                              const OnnxOptions& options = {});
 // Writes OnnxImport::initial into a model made from its graph.
 void load_initial(Model& model, const OnnxImport& imported);
+
+// Lets model files name ONNX networks ("model": {"type": "onnx", "file": ...}) and
+// `seam train model.onnx --config c.json` train them (src/io/onnx_train.cpp).
+void enable_model_files();
 
 // A serialized TensorProto (the node tests' input_N.pb / output_N.pb), its data in the
 // dtype seam keeps it in (int64 as i32, bool as u8); `name` is the proto's.

@@ -18,6 +18,7 @@ struct RunOptions {
   std::string out_dir = ".";                  // each output as <out_dir>/<output name>.npy
   Device device = Device::cpu;
   Precision precision = Precision::f32;
+  int time_runs = 0;  // > 0: then times the model, 5 rounds of this many runs
 };
 
 int run_onnx(const RunOptions& o);

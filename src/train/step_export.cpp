@@ -50,6 +50,7 @@ int run_step(const StepOptions& o) {
                          .precision_overrides = bg.overrides,
                          .master_weights = spec.master_weights,
                          .layout = spec.layout});
+  io::load_initial(model, bg);
   Program p = model.compile({.loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.logits}});
 
   // Inputs drawn N(0, 1) (token ids uniform over the vocabulary), labels uniform over the

@@ -209,6 +209,14 @@ EvalResult evaluate(Program& eval, data::Split& split, int64_t classes) {
 // file's data.tokens), images otherwise (the folder given, else Debian's Fashion-MNIST).
 data::Dataset open_data(const io::ModelSpec& spec, const std::string& dir, const data::DataOptions& o) {
   data::Dataset d;
+  if (spec.arrays) {
+    if (!dir.empty()) fail("--data ", dir, ": ", spec.source, " trains on its data.arrays");
+    return data::open_arrays({.x = spec.arrays->x, .y = spec.arrays->y, .test_x = spec.arrays->test_x,
+                              .test_y = spec.arrays->test_y, .sample = spec.input_shape,
+                              .labels = spec.label_shape, .ids = spec.token_input(),
+                              .classes = spec.classes},
+                             o);
+  }
   if (spec.token_input()) {
     const std::string where = dir.empty() ? spec.tokens_dir : dir;
     if (where.empty())
@@ -247,7 +255,7 @@ int run_train(const TrainOptions& o) {
   const auto t0 = Clock::now();
   std::optional<Checkpoint> ck;
   if (o.resume) ck = read_checkpoint(*o.resume);
-  io::ModelSpec spec = o.model_path ? io::parse_model_file(*o.model_path)
+  io::ModelSpec spec = o.model_path ? io::load_model_spec(*o.model_path, o.config)
                        : ck        ? io::parse_model_json(ck->model_json, *o.resume + " (stored model)")
                                    : io::parse_model_json(kDefaultModelJson, std::string(kDefaultModelName) + " (built in)");
   if (o.epochs) spec.epochs = *o.epochs;
@@ -280,6 +288,7 @@ int run_train(const TrainOptions& o) {
 
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
+  io::load_initial(model, bg);
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   double step_flops = 0;

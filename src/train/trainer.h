@@ -22,6 +22,7 @@ struct ProgressEvent {
 
 struct TrainOptions {
   std::optional<std::string> model_path;  // empty: the model stored in the checkpoint
+  std::string config;                     // with an ONNX model_path: its training settings
   std::string data_dir;                   // empty: the model's default data (see open_data)
   std::string out_dir;                    // empty: runs/<model name>
   std::optional<std::string> resume;      // checkpoint to continue from

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] [numerics] [onnx] ...
+#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
@@ -131,6 +131,19 @@ for step in "${steps[@]}"; do
       mkdir -p .deps/onnx && tar -C .deps/onnx -xzf .deps/onnx-node.tgz
       "$bin/seam" onnx-suite .deps/onnx/node --device cuda --markdown "$out/onnx_cuda.md" > "$out/onnx.log" 2>&1
       note "onnx suite on cuda: rc=$?, $(tail -1 "$out/onnx_cuda.md")"
+      ;;
+    onnx_models)
+      # Exported torchvision models and a small GPT through the importer: agreement with
+      # PyTorch and onnxruntime, 20 training steps, inference times (bench/onnx_models.py;
+      # SEAM_ONNX_MODELS narrows the list).
+      py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
+      [ -x "$py" ] || py=python3
+      read -r -a models <<< "${SEAM_ONNX_MODELS:-resnet18 mobilenet_v3_small vit_b_16 gpt2layer}"
+      work=$(mktemp -d)
+      "$py" bench/onnx_models.py "$bin/seam" "$out" --work "$work" --models "${models[@]}" > "$out/onnx_models.log" 2>&1
+      note "onnx models: rc=$?"
+      rm -rf "$work"
+      cat "$out/onnx_models.md" 2>/dev/null || tail -20 "$out/onnx_models.log"
       ;;
     *)
       note "unknown step '$step'"

@@ -22,6 +22,7 @@
 #include "seam/seam.h"
 #include "train/trainer.h"
 #ifdef SEAM_HAS_ONNX
+#include "io/onnx.h"
 #include "io/onnx_cli.h"
 #include "io/onnx_suite.h"
 #endif
@@ -184,6 +185,9 @@ int main(int argc, char** argv) {
   // Past a file-size limit (ulimit -f) a write then fails with EFBIG, which names the file
   // and keeps the previous checkpoint, instead of the signal killing the run mid-write.
   std::signal(SIGXFSZ, SIG_IGN);
+#ifdef SEAM_HAS_ONNX
+  seam::onnx::enable_model_files();
+#endif
   CLI::App app{"seam: compiles a neural network's whole training step into one plan and runs it"};
   app.require_subcommand(0, 1);
   bool version = false;
@@ -213,7 +217,10 @@ int main(int argc, char** argv) {
   std::string train_model;
   bool quiet = false, json = false;
   auto* train = app.add_subcommand("train", "train a model file on Fashion-MNIST (default: examples/fmnist_mlp.json)");
-  train->add_option("model", train_model, "model file (JSON)");
+  train->add_option("model", train_model, "model file (JSON), or an ONNX file (.onnx) trained with --config");
+  train->add_option("--config", t.config,
+                    "with an ONNX file: a model file's settings without a network (loss, optimizer, batch_size, epochs, "
+                    "data; docs/onnx.md)");
   train->add_option("--epochs", t.epochs, "number of epochs")->transform(whole<int64_t>(1));
   train->add_option("--batch", t.batch, "batch size")->transform(whole<int64_t>(1));
   train->add_option("--lr", t.lr, "learning rate")->check(number(0, true));
@@ -371,6 +378,8 @@ int main(int argc, char** argv) {
   run->add_option("--out", ro.out_dir, "folder for the outputs, one <output>.npy each (default: .)");
   run->add_option("--device", run_device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
   run->add_option("--precision", run_precision, precision_help)->check(one_of(seam::precision_names()));
+  run->add_option("--time", ro.time_runs, "then time N runs back to back (5 rounds; the median ms per run)")
+      ->transform(whole<int>(1));
   seam::onnx::SuiteOptions suite;
   std::string suite_device = "cpu";
   auto* onnx_suite = app.add_subcommand(
