@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <tuple>
 
@@ -167,6 +168,48 @@ TEST(Onnx, AnImportedNetworkTrains) {
     losses.push_back(p.read_as<float>(loss.name())[0]);
   }
   EXPECT_LT(losses.back(), 0.3f * losses.front()) << losses.front() << " -> " << losses.back();
+}
+
+// What exporters write for a position embedding: an int64 index buffer sliced to the end
+// with INT64_MAX, and a trained table gathered by it (a graph gather, not a folded
+// constant, so the table stays a parameter).
+TEST(Onnx, APositionTableGatheredByASlicedConstantStaysAParameter) {
+  P::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(13);
+  P::GraphProto& g = *m.mutable_graph();
+  add_io(g.mutable_input(), "x", {3, 2});
+  const std::vector<float> table = random_floats(4 * 2, 51);
+  add_tensor(g, "wpe", {4, 2}, table);
+  P::TensorProto* pos = g.add_initializer();
+  pos->set_name("pos");
+  pos->set_data_type(P::TensorProto::INT64);
+  pos->add_dims(4);
+  for (int64_t i = 0; i < 4; ++i) pos->add_int64_data(i);
+  auto ints = [&](const std::string& name, int64_t v) {
+    P::TensorProto* t = g.add_initializer();
+    t->set_name(name);
+    t->set_data_type(P::TensorProto::INT64);
+    t->add_dims(1);
+    t->add_int64_data(v);
+  };
+  ints("one", 1);
+  ints("end", std::numeric_limits<int64_t>::max());
+  ints("zero", 0);
+  add_node(g, "Slice", {"pos", "one", "end", "zero"}, {"idx"});
+  add_node(g, "Gather", {"wpe", "idx"}, {"rows"});
+  add_node(g, "Add", {"x", "rows"}, {"y"});
+  add_io(g.mutable_output(), "y", {3, 2});
+  onnx::OnnxImport imp = import(m.SerializeAsString());
+  Model model(imp.graph, {.seed = 1});
+  onnx::load_initial(model, imp);
+  ASSERT_NE(model.layout().param("wpe"), nullptr);
+  Program p = model.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
+  const auto x = random_floats(6, 52);
+  p.set_input("x", std::span<const float>(x));
+  p.run();
+  const auto y = p.read_as<float>(imp.outputs[0]);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], x[i] + table[i + 2]) << i;
 }
 
 TEST(Onnx, FrozenInitializersAreStateNotParameters) {

@@ -38,8 +38,14 @@ const char* elem_name(int32_t elem) {
 }
 
 std::vector<int64_t> Const::ints() const {
+  // INT64_MAX (an exporter's "to the end") is 2^63 as a double, one past what int64 holds:
+  // saturate rather than convert out of range.
+  constexpr double kLimit = 9223372036854775808.0;
   std::vector<int64_t> r;
-  for (double x : v) r.push_back(static_cast<int64_t>(x));
+  for (double x : v)
+    r.push_back(x >= kLimit ? std::numeric_limits<int64_t>::max()
+                : x <= -kLimit ? std::numeric_limits<int64_t>::min()
+                               : static_cast<int64_t>(x));
   return r;
 }
 
@@ -191,17 +197,24 @@ Var Importer::var(const std::string& name, const std::string& where) {
   auto c = consts.find(name);
   if (c == consts.end()) fail(where, ": reads '", name, "', which no earlier node, input or initializer makes");
   HostTensor h = host_tensor(c->second, name, where);
-  bool frozen = options.freeze;
-  for (const std::string& prefix : options.freeze_prefixes) frozen = frozen || name.starts_with(prefix);
-  const bool trainable = initializers.count(name) && !frozen && is_float(h.type.dtype);
+  const bool train = trainable(name);
   std::string seam_name = name;
   for (int k = 2; g.find(seam_name); ++k) seam_name = name + "_" + std::to_string(k);
   h.name = seam_name;
-  Var v = trainable ? g.param(seam_name, h.type.shape, Init::zeros(), true, h.type.dtype)
+  Var v = train ? g.param(seam_name, h.type.shape, Init::zeros(), true, h.type.dtype)
                     : g.state(seam_name, h.type.shape, Init::zeros(), h.type.dtype);
   initial->push_back(std::move(h));
   vars.emplace(name, v);
   return v;
+}
+
+bool Importer::trainable(const std::string& name) const {
+  auto c = consts.find(name);
+  if (c == consts.end() || !initializers.count(name)) return false;
+  const std::optional<DType> t = dtype_of(c->second.elem);
+  if (!t || !is_float(*t) || options.freeze) return false;
+  return std::none_of(options.freeze_prefixes.begin(), options.freeze_prefixes.end(),
+                      [&](const std::string& prefix) { return name.starts_with(prefix); });
 }
 
 NodeCtx::NodeCtx(Importer& i, const T::NodeProto& n, int index)

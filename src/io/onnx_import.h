@@ -40,6 +40,9 @@ struct Importer {
   // The value named `name` as a graph value: a constant becomes a parameter (a float
   // initializer, unless frozen) or a state value, once. `where` names the node asking.
   Var var(const std::string& name, const std::string& where);
+  // Whether the constant `name` becomes a trained parameter when a node reads it as data:
+  // such a value is never folded into another constant.
+  bool trainable(const std::string& name) const;
 };
 
 // A value's rank, signed, for the dim arithmetic of the op importers.

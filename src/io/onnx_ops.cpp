@@ -509,11 +509,14 @@ void transpose_op(NodeCtx& c) {
 
 void concat_op(NodeCtx& c) {
   const int64_t axis = norm_axis(c, c.i("axis", 0), shape_of(c, 0).size());
-  if (all_const(c)) {
+  bool fold = all_const(c) && axis == 0;  // shape arithmetic; other constants join in the graph
+  for (size_t i = 0; fold && i < c.inputs(); ++i)
+    fold = c.maybe_const(i) && c.maybe_const(i)->shape.size() == 1 &&
+           !c.imp.trainable(c.node.input(static_cast<int>(i)));
+  if (fold) {
     Const r = c.const_in(0, "input 0");
     for (size_t i = 1; i < c.inputs(); ++i) {
       const Const& b = c.const_in(i, "an input");
-      if (r.shape.size() != 1 || b.shape.size() != 1 || axis != 0) c.fail("folds constants of rank 1 only");
       r.v.insert(r.v.end(), b.v.begin(), b.v.end());
       r.shape[0] += b.shape[0];
     }
@@ -545,7 +548,8 @@ void slice_op(NodeCtx& c) {
   std::optional<Var> x;
   Const k;
   bool sliced = false;
-  if (const Const* kc = c.maybe_const(0); kc && kc->shape.size() == 1) k = *kc;  // shape arithmetic: fold
+  if (const Const* kc = c.maybe_const(0); kc && kc->shape.size() == 1 && !c.imp.trainable(c.node.input(0)))
+    k = *kc;  // shape arithmetic: fold
   else x = c.in(0);
   for (size_t j = 0; j < starts.size(); ++j) {
     const int64_t a = norm_axis(c, axes[j], in.size());
@@ -595,8 +599,8 @@ void gather_op(NodeCtx& c) {
       if (i < -n || i >= n) c.fail("index ", i, " is out of range for axis ", axis, " of size ", n);
       if (i < 0) i += static_cast<double>(n);
     }
-    if (const Const* k = c.maybe_const(0)) {  // shape arithmetic: fold
-      if (k->shape.size() != 1) c.fail("folds constants of rank 1 only");
+    // Shape arithmetic folds; a table (an embedding) is gathered in the graph.
+    if (const Const* k = c.maybe_const(0); k && k->shape.size() == 1 && !c.imp.trainable(c.node.input(0))) {
       Const r{idx->shape, {}, k->elem};
       for (double i : ids) r.v.push_back(k->v[static_cast<size_t>(i)]);
       return c.out_const(0, r);
