@@ -210,7 +210,7 @@ Var Importer::var(const std::string& name, const std::string& where) {
 
 bool Importer::trainable(const std::string& name) const {
   auto c = consts.find(name);
-  if (c == consts.end() || !initializers.count(name)) return false;
+  if (c == consts.end() || !initializers.count(name) || !differentiable.count(name)) return false;
   const std::optional<DType> t = dtype_of(c->second.elem);
   if (!t || !is_float(*t) || options.freeze) return false;
   return std::none_of(options.freeze_prefixes.begin(), options.freeze_prefixes.end(),
@@ -313,6 +313,41 @@ TensorType input_type(const T::ValueInfoProto& v, const OnnxOptions& o, const st
   return {*dt, s};
 }
 
+// The values a gradient reaches from the graph's outputs, walking the nodes backwards
+// through their differentiable inputs only. A float initializer outside this set (an
+// attention mask compared with 0, position indices) is a constant, not a parameter: no
+// loss could train it, and a comparison or index needs it folded.
+std::set<std::string> differentiable_values(const T::GraphProto& g) {
+  // Per op type, the inputs that carry no gradient (indices, shapes, conditions, axes);
+  // -1: all of them.
+  static const std::map<std::string, std::vector<int>> kNone = {
+      {"Shape", {-1}}, {"Size", {-1}}, {"Equal", {-1}}, {"Less", {-1}}, {"LessOrEqual", {-1}},
+      {"Greater", {-1}}, {"GreaterOrEqual", {-1}}, {"And", {-1}}, {"Or", {-1}}, {"Xor", {-1}},
+      {"Not", {-1}}, {"IsNaN", {-1}}, {"IsInf", {-1}}, {"ArgMax", {-1}}, {"ArgMin", {-1}},
+      {"NonZero", {-1}}, {"ConstantOfShape", {-1}}, {"Range", {-1}}, {"EyeLike", {-1}}, {"Mod", {-1}},
+      {"OneHot", {-1}}, {"Where", {0}}, {"Gather", {1}}, {"GatherElements", {1}}, {"GatherND", {1}},
+      {"Slice", {1, 2, 3, 4}}, {"Reshape", {1}}, {"Expand", {1}}, {"Tile", {1}}, {"Squeeze", {1}},
+      {"Unsqueeze", {1}}, {"Split", {1}}, {"Pad", {1, 3}}, {"Resize", {1, 2, 3}}, {"Upsample", {1}},
+      {"TopK", {1}}, {"ReduceSum", {1}}, {"ReduceMean", {1}}, {"ReduceMax", {1}}, {"ReduceMin", {1}},
+      {"ReduceProd", {1}}, {"ReduceL1", {1}}, {"ReduceL2", {1}}, {"ReduceLogSumExp", {1}},
+      {"ReduceSumSquare", {1}}, {"Dropout", {1, 2}}, {"CumSum", {1}}, {"Trilu", {1}}};
+  std::set<std::string> reached;
+  for (const auto& v : g.output()) reached.insert(v.name());
+  for (int k = g.node_size() - 1; k >= 0; --k) {
+    const T::NodeProto& n = g.node(k);
+    if (std::none_of(n.output().begin(), n.output().end(), [&](const std::string& o) { return reached.count(o); }))
+      continue;
+    const auto none = kNone.find(n.op_type());
+    for (int i = 0; i < n.input_size(); ++i) {
+      if (none != kNone.end() &&
+          std::any_of(none->second.begin(), none->second.end(), [&](int j) { return j == -1 || j == i; }))
+        continue;
+      reached.insert(n.input(i));
+    }
+  }
+  return reached;
+}
+
 }  // namespace
 
 OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string& where, const OnnxOptions& o) {
@@ -331,6 +366,7 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
   Importer imp{r.graph, o, r.opset};
   imp.initial = &r.initial;
   imp.source = where;
+  imp.differentiable = differentiable_values(gp);
   for (const auto& t : gp.initializer()) {
     imp.consts[t.name()] = const_of(t, where + ": initializer '" + t.name() + "'");
     imp.initializers.insert(t.name());

@@ -2,6 +2,7 @@
 // values known so far, folded constants, and one node's view of its operands and
 // attributes. Internal to the importer.
 #pragma once
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -35,6 +36,7 @@ struct Importer {
   std::map<std::string, Var> vars;      // ONNX value name -> seam value
   std::map<std::string, Const> consts;  // ONNX value name -> its constant
   std::set<std::string> initializers;   // which constants came from initializers
+  std::set<std::string> differentiable;  // values a gradient from the outputs reaches
   std::vector<HostTensor>* initial = nullptr;
   std::string source;  // the file, for errors
   // The value named `name` as a graph value: a constant becomes a parameter (a float
@@ -103,6 +105,14 @@ Var gather_along(NodeCtx& c, Var x, int64_t axis, Var ids, const Shape& id_shape
 Var gather_const(NodeCtx& c, Var x, int64_t axis, const std::vector<int64_t>& idx, const std::string& suffix);
 // The table's entries for Resize and Upsample (onnx_ops_resize.cpp).
 void add_resize_importers(std::map<std::string, OpImporter>& table);
+// The table's entries for comparisons, logic, Where and Mod (onnx_ops_logic.cpp).
+void add_logic_importers(std::map<std::string, OpImporter>& table);
+// Element `flat` of the broadcast of c to the shape `to`.
+double at_broadcast(const Const& c, const Shape& to, int64_t flat);
+// f over the broadcast of a and b, truncated to integers for an integer a.
+Const fold_binary(NodeCtx& c, const Const& a, const Const& b, const std::function<double(double, double)>& f);
+// Whether every input the node has is a constant that folds (none a trained parameter).
+bool all_const(NodeCtx& c);
 int64_t norm_axis(NodeCtx& c, int64_t axis, size_t rank, const char* what = "axis");
 Shape broadcast_shape(NodeCtx& c, const Shape& a, const Shape& b);
 std::vector<int64_t> axes_of(NodeCtx& c, size_t input, int64_t since_opset);

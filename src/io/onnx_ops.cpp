@@ -80,13 +80,6 @@ Var gather_const(NodeCtx& c, Var x, int64_t axis, const std::vector<int64_t>& id
   return gather_along(c, x, axis, c.imp.var(name, c.where), {static_cast<int64_t>(idx.size())});
 }
 
-namespace {
-
-namespace T = ::onnx;
-
-// ---- constant folding --------------------------------------------------------------------
-
-// Element of c at the index of a broadcast result of shape `to`.
 double at_broadcast(const Const& c, const Shape& to, int64_t flat) {
   int64_t off = 0, stride = 1;
   for (int64_t d = static_cast<int64_t>(to.size()) - 1, k = static_cast<int64_t>(c.shape.size()) - 1; d >= 0; --d, --k) {
@@ -117,10 +110,17 @@ Const fold_binary(NodeCtx& c, const Const& a, const Const& b, const std::functio
 // Every input constant: the node folds (shape arithmetic).
 bool all_const(NodeCtx& c) {
   for (size_t i = 0; i < c.inputs(); ++i)
-    if (c.has(i) && !c.maybe_const(i)) return false;
+    if (c.has(i) && (!c.maybe_const(i) || c.imp.trainable(c.node.input(static_cast<int>(i))))) return false;
   return true;
 }
 
+namespace {
+
+namespace T = ::onnx;
+
+// ---- constant folding --------------------------------------------------------------------
+
+// Element of c at the index of a broadcast result of shape `to`.
 // Arithmetic on integers (or booleans) folds; seam's elementwise kernels compute in
 // floating point, so on graph values it is refused.
 void expect_float_operands(NodeCtx& c) {
@@ -305,75 +305,6 @@ void cast_like_op(NodeCtx& c) {
     if (dtype_of(e) == t) return cast_to(c, e);
 }
 
-// Comparisons and logic: on constants (mask and shape arithmetic) only; seam's
-// elementwise ops compute on floating point values.
-template <int Kind>  // 0 Equal, 1 Less, 2 Greater, 3 LessOrEqual, 4 GreaterOrEqual, 5 And, 6 Or, 7 Xor
-void compare_op(NodeCtx& c) {
-  if (!all_const(c)) c.fail("its operands must be constants: seam folds comparisons and logic, and has no such ops on graph values");
-  static const std::function<double(double, double)> fs[] = {
-      [](double a, double b) { return a == b ? 1.0 : 0.0; }, [](double a, double b) { return a < b ? 1.0 : 0.0; },
-      [](double a, double b) { return a > b ? 1.0 : 0.0; },  [](double a, double b) { return a <= b ? 1.0 : 0.0; },
-      [](double a, double b) { return a >= b ? 1.0 : 0.0; },
-      [](double a, double b) { return a != 0 && b != 0 ? 1.0 : 0.0; },
-      [](double a, double b) { return a != 0 || b != 0 ? 1.0 : 0.0; },
-      [](double a, double b) { return (a != 0) != (b != 0) ? 1.0 : 0.0; }};
-  Const r = fold_binary(c, c.const_in(0, "a"), c.const_in(1, "b"), fs[Kind]);
-  r.elem = ::onnx::TensorProto::BOOL;
-  c.out_const(0, r);
-}
-
-void not_op(NodeCtx& c) {
-  if (!all_const(c)) c.fail("its operand must be a constant: seam folds logic, and has no such ops on graph values");
-  Const r = c.const_in(0, "x");
-  for (double& v : r.v) v = v != 0 ? 0.0 : 1.0;
-  c.out_const(0, r);
-}
-
-// Where(cond, x, y): constants fold; a constant condition selects by arithmetic, x m +
-// y (1 - m) with the mask m, which is exact where both branches are finite. An infinite
-// constant branch (a masked fill with -inf, as attention masks are exported) becomes the
-// largest finite value of the result's dtype, which softmax turns into the same zero.
-void where_op(NodeCtx& c) {
-  if (all_const(c)) {
-    const Const &m = c.const_in(0, "condition"), &x = c.const_in(1, "x"), &y = c.const_in(2, "y");
-    Const r = fold_binary(c, fold_binary(c, m, x, [](double a, double b) { return a != 0 ? b : 0.0; }), y,
-                          [](double, double b) { return b; });
-    const Shape s = r.shape;
-    for (int64_t i = 0; i < numel(s); ++i) {
-      const double cond = at_broadcast(m, s, i);
-      r.v[static_cast<size_t>(i)] = cond != 0 ? at_broadcast(x, s, i) : at_broadcast(y, s, i);
-    }
-    r.elem = x.elem;
-    return c.out_const(0, r);
-  }
-  const Const* m = c.maybe_const(0);
-  if (!m) c.fail("the condition must be a constant: seam selects by arithmetic with a constant mask");
-  const DType t = c.maybe_const(1) ? c.in(2).dtype() : c.in(1).dtype();
-  const double big = t == DType::f16 ? 65504.0 : t == DType::bf16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
-  auto branch = [&](size_t i) {
-    if (const Const* k = c.maybe_const(i)) {
-      Const finite = *k;
-      for (double& v : finite.v)
-        if (std::isinf(v)) v = v > 0 ? big : -big;
-      const std::string name = c.node.name() + ".branch" + std::to_string(i);
-      c.imp.consts[name] = finite;
-      Var v = c.imp.var(name, c.where);
-      return v.dtype() == t ? v : cast(v, t);
-    }
-    return c.in(i);
-  };
-  Const keep = *m, drop = *m;
-  keep.elem = drop.elem = ::onnx::TensorProto::FLOAT;
-  for (double& v : drop.v) v = v != 0 ? 0.0 : 1.0;
-  c.imp.consts[c.node.name() + ".keep"] = keep;
-  c.imp.consts[c.node.name() + ".drop"] = drop;
-  auto mask = [&](const std::string& suffix) {
-    Var v = c.imp.var(c.node.name() + suffix, c.where);
-    return v.dtype() == t ? v : cast(v, t);
-  };
-  c.out(0, add(mul(branch(1), mask(".keep")), mul(branch(2), mask(".drop"))));
-}
-
 // ---- shapes ------------------------------------------------------------------------------
 
 Shape shape_of(NodeCtx& c, size_t i) {
@@ -548,27 +479,41 @@ void slice_op(NodeCtx& c) {
   std::optional<Var> x;
   Const k;
   bool sliced = false;
-  if (const Const* kc = c.maybe_const(0); kc && kc->shape.size() == 1 && !c.imp.trainable(c.node.input(0)))
-    k = *kc;  // shape arithmetic: fold
+  if (const Const* kc = c.maybe_const(0); kc && !c.imp.trainable(c.node.input(0))) k = *kc;  // folds
   else x = c.in(0);
   for (size_t j = 0; j < starts.size(); ++j) {
     const int64_t a = norm_axis(c, axes[j], in.size());
-    const int64_t n = (x ? x->shape() : k.shape)[static_cast<size_t>(a)];
-    if (steps[j] <= 0) c.fail("step ", steps[j], " along axis ", a, ": seam slices forward only");
-    auto clampi = [&](int64_t v) { return std::clamp(v < 0 ? v + n : v, int64_t{0}, n); };
+    const int64_t n = (x ? x->shape() : k.shape)[static_cast<size_t>(a)], step = steps[j];
+    if (step == 0) c.fail("step 0 along axis ", a);
+    if (x && step < 0) c.fail("step ", step, " along axis ", a, ": seam slices graph values forward only");
+    // The ONNX spec's clamping: [0, n] going forward, [-1, n - 1] going backward.
+    auto clampi = [&](int64_t v) {
+      v = v < 0 ? (v < -n ? -1 : v + n) : v;
+      return step > 0 ? std::clamp(v, int64_t{0}, n) : std::clamp(v, int64_t{-1}, n - 1);
+    };
     const int64_t s = clampi(starts[j]), e = clampi(ends[j]);
-    if (e <= s) c.fail("slice [", starts[j], ", ", ends[j], ") of axis ", a, " (size ", n, ") is empty");
+    if (step > 0 ? e <= s : e >= s)
+      c.fail("slice [", starts[j], ", ", ends[j], ") step ", step, " of axis ", a, " (size ", n, ") is empty");
     if (x) {
-      if (s != 0 || e != n || steps[j] != 1) {
-        x = slice(*x, a, s, e, steps[j]);
+      if (s != 0 || e != n || step != 1) {
+        x = slice(*x, a, s, e, step);
         sliced = true;
       }
     } else {
-      if (k.shape.size() != 1) c.fail("folds constants of rank 1 only");
+      int64_t outer = 1, inner = 1;
+      for (int64_t d = 0; d < a; ++d) outer *= k.shape[static_cast<size_t>(d)];
+      for (size_t d = static_cast<size_t>(a) + 1; d < k.shape.size(); ++d) inner *= k.shape[d];
       std::vector<double> v;
-      for (int64_t i = s; i < e; i += steps[j]) v.push_back(k.v[static_cast<size_t>(i)]);
-      k.v = v;
-      k.shape[0] = static_cast<int64_t>(v.size());
+      int64_t kept = 0;
+      for (int64_t o = 0; o < outer; ++o) {
+        kept = 0;
+        for (int64_t i = s; step > 0 ? i < e : i > e; i += step, ++kept) {
+          const auto at = k.v.begin() + static_cast<std::ptrdiff_t>((o * n + i) * inner);
+          v.insert(v.end(), at, at + static_cast<std::ptrdiff_t>(inner));
+        }
+      }
+      k.v = std::move(v);
+      k.shape[static_cast<size_t>(a)] = kept;
     }
   }
   if (x) c.out(0, sliced ? *x : copy(*x));
@@ -812,14 +757,10 @@ const std::map<std::string, OpImporter>& op_importers() {
         {"Size", size_op},               {"Range", range_op},
         {"EyeLike", eye_like_op},        {"Trilu", trilu_op},
         {"DepthToSpace", depth_to_space_op}, {"SpaceToDepth", space_to_depth_op},
-        {"Equal", compare_op<0>},        {"Less", compare_op<1>},
-        {"Greater", compare_op<2>},      {"LessOrEqual", compare_op<3>},
-        {"GreaterOrEqual", compare_op<4>}, {"And", compare_op<5>},
-        {"Or", compare_op<6>},           {"Xor", compare_op<7>},
-        {"Not", not_op},                 {"Where", where_op},
     };
     add_nn_importers(t);
     add_resize_importers(t);
+    add_logic_importers(t);
     return t;
   }();
   return table;
