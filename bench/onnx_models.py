@@ -213,6 +213,25 @@ def torch_losses(model, x, y, steps, lr):
     return losses
 
 
+def untie_like_export(model, path):
+    """The exporter may write a tied weight twice (one copy folded into a transposed
+    initializer): then the ONNX model trains two tables, and so does the reference."""
+    import onnx
+
+    if not isinstance(model, Gpt):
+        return None
+    g = onnx.load(path).graph
+    uses = {}
+    for n in g.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    table = [t.name for t in g.initializer if list(t.dims) == list(model.wte.weight.shape)]
+    tied = bool(table) and uses.get(table[0], 0) > 1
+    if not tied:
+        model.head.weight = nn.Parameter(model.wte.weight.detach().clone())
+    return tied
+
+
 def train_check(binary, model, path, kind, shape, work, device):
     """20 steps of seam train on one batch of 16 random samples (f32, SGD with momentum:
     an update linear in the gradient, so a wrong gradient shows, where Adam's
@@ -238,13 +257,15 @@ def train_check(binary, model, path, kind, shape, work, device):
     losses = [json.loads(l)["loss"] for l in out.splitlines() if l.startswith("{") and '"event":"step"' in l]
     if len(losses) < 20:
         raise RuntimeError(f"seam train logged {len(losses)} steps, not 20: {out[-1000:]}")
+    tied = untie_like_export(model, path)
     ref = torch_losses(model, x, y, len(losses), lr)
     return {"steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1], "falls": losses[-1] < losses[0],
             "torch_first": ref[0], "torch_last": ref[-1],
-            "max_rel_diff_vs_torch": max(abs(a - b) / abs(b) for a, b in zip(losses, ref)), "seconds": seconds}
+            "max_rel_diff_vs_torch": max(abs(a - b) / abs(b) for a, b in zip(losses, ref)), "seconds": seconds,
+            "losses": losses, "torch_losses": ref, "tied_in_export": tied}
 
 
-def one_model(name, binary, work_dir, device):
+def one_model(name, binary, work_dir, out_dir, device):
     work = os.path.join(work_dir, name)
     os.makedirs(work, exist_ok=True)
     model, shape, kind = build(name)
@@ -304,6 +325,11 @@ def one_model(name, binary, work_dir, device):
                 row["ort_ms"] = ort_time(sess, x, runs)
             r["times"].append(row)
             print(f"{name}: {row}", flush=True)
+    # Where the time goes: seam's plan at batch 64, tf32, each kernel measured.
+    plan = seam(binary, ["plan", path, "--input-shape", f"x=64x{dims}", "--device", device, "--precision", "tf32",
+                         "--measure"])
+    with open(os.path.join(out_dir, "onnx_plans.txt"), "a") as f:
+        f.write(f"### {name}\n{plan}\n")
     return r
 
 
@@ -354,7 +380,7 @@ def main():
     results = []
     for name in a.models:
         try:
-            results.append(one_model(name, os.path.abspath(a.seam), a.work, a.device))
+            results.append(one_model(name, os.path.abspath(a.seam), a.work, a.out, a.device))
         except Exception as e:  # noqa: BLE001 - one model's failure is reported, the rest still run
             print(f"{name}: FAILED: {e}", flush=True)
             results.append({"model": name, "error": str(e)})

@@ -393,6 +393,9 @@ TEST_F(OnnxCli, RunWritesTheOutputsAndPlanPrintsTheSteps) {
   ASSERT_EQ(plan.code, 0) << plan.err;
   EXPECT_NE(plan.out.find("ONNX, opset 13, seam test"), std::string::npos) << plan.out;
   EXPECT_NE(plan.out.find("conv2d"), std::string::npos);
+  const CliResult measured = run("plan " + model + " --device cpu --measure");
+  ASSERT_EQ(measured.code, 0) << measured.err;
+  EXPECT_NE(measured.out.find("measured"), std::string::npos) << measured.out;
   const CliResult bad_shape = run("plan " + model + " --input-shape x=4x3xeight");
   EXPECT_NE(bad_shape.err.find("--input-shape 'x=4x3xeight': 'eight' is not a dimension"), std::string::npos)
       << bad_shape.err;

@@ -117,7 +117,12 @@ int plan_onnx(const RunOptions& o) {
   std::printf("%s (ONNX, opset %lld, %s; evaluation, %s, %s)\n%s", o.model.c_str(), static_cast<long long>(m.imp.opset),
               m.imp.producer.empty() ? "no producer named" : m.imp.producer.c_str(), device_name(model.device()),
               precision_name(o.precision), p.plan().str().c_str());
-  std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true).c_str());
+  std::vector<double> measured;
+  if (o.measure) {
+    load_initial(model, m.imp);  // measured on the file's values, not zeros
+    measured = p.time_steps(20);
+  }
+  std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
   for (const std::string& line : model.layout_choices()) std::printf("%s\n", line.c_str());
   return 0;
 }

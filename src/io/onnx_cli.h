@@ -19,6 +19,7 @@ struct RunOptions {
   Device device = Device::cpu;
   Precision precision = Precision::f32;
   int time_runs = 0;  // > 0: then times the model, 5 rounds of this many runs
+  bool measure = false;  // plan: each kernel's measured time beside its estimate
 };
 
 int run_onnx(const RunOptions& o);

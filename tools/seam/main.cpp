@@ -458,6 +458,7 @@ int main(int argc, char** argv) {
       po.input_shapes = onnx_shapes(plan_input_shapes);
       po.device = seam::train::resolve_device(plan_device);
       if (auto p = precision_of(plan_precision)) po.precision = *p;
+      po.measure = plan_measure;
       return seam::onnx::plan_onnx(po);
     }
     if (*run) {
