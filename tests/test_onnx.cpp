@@ -212,6 +212,26 @@ TEST(Onnx, APositionTableGatheredByASlicedConstantStaysAParameter) {
   for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], x[i] + table[i + 2]) << i;
 }
 
+// PyTorch writes equal initializers (every layer norm's ones) once, the others as its
+// Identity: each is still a parameter of its own, as in the exported model.
+TEST(Onnx, AnInitializerIdentityIsAParameterOfItsOwn) {
+  P::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(13);
+  P::GraphProto& g = *m.mutable_graph();
+  add_io(g.mutable_input(), "x", {2, 3});
+  add_tensor(g, "ln1.weight", {3}, random_floats(3, 61));
+  add_node(g, "Identity", {"ln1.weight"}, {"ln2.weight"});
+  add_node(g, "Mul", {"x", "ln1.weight"}, {"h"});
+  add_node(g, "Mul", {"h", "ln2.weight"}, {"y"});
+  add_io(g.mutable_output(), "y", {2, 3});
+  onnx::OnnxImport imp = import(m.SerializeAsString());
+  Model model(imp.graph, {.seed = 1});
+  EXPECT_NE(model.layout().param("ln1.weight"), nullptr);
+  EXPECT_NE(model.layout().param("ln2.weight"), nullptr);
+  EXPECT_EQ(model.layout().params.size(), 2u);
+}
+
 TEST(Onnx, FrozenInitializersAreStateNotParameters) {
   onnx::OnnxImport imp = import(Cnn().bytes(), {.freeze = true});
   Model m(imp.graph, {.seed = 1});

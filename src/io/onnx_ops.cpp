@@ -264,8 +264,16 @@ void clip_op(NodeCtx& c) {
   c.out(0, lo || hi ? x : copy(x));
 }
 
+// Exporters write equal initializers once and the others as its Identity (PyTorch does so
+// for every layer norm's ones and zeros): such an Identity is a parameter of its own, as
+// it was in the exported model, starting from the same value.
 void identity_op(NodeCtx& c) {
-  if (const Const* k = c.maybe_const(0)) return c.out_const(0, *k);
+  if (const Const* k = c.maybe_const(0)) {
+    const bool own = c.imp.trainable(c.node.input(0)) && c.wants(0);
+    c.out_const(0, *k);
+    if (own) c.imp.initializers.insert(c.node.output(0));
+    return;
+  }
   c.out(0, c.in(0));
 }
 
