@@ -142,6 +142,30 @@ TEST(LayoutChoice, EachRegionHasItsOwnLayout) {
   EXPECT_EQ(channels_last_params(precise, nhwc_convs(regions)), (std::set<std::string>{"a1.weight", "a2.weight"}));
 }
 
+// Depthwise-separable blocks (MobileNet's): the depthwise convolutions cost channels-last
+// what they gain, so at TF32 on the GPU the region stays NCHW; the same blocks with dense
+// 3x3 convolutions go channels-last.
+TEST(LayoutChoice, DepthwiseConvolutionsKeepTheirRegionNchw) {
+  auto region = [](int64_t groups) {
+    Graph g;
+    Var h = g.input("x", {64, 96, 28, 28});
+    for (int i = 0; i < 3; ++i) {
+      const std::string name = "b" + std::to_string(i);
+      Var dw = g.param(name + ".dw", {96, 96 / groups, 3, 3}, Init::uniform(-0.1, 0.1));
+      h = relu(g.var(g.add_named(Op::conv2d, {h.id(), dw.id()},
+                                 {{"padding", std::vector<int64_t>{1, 1}}, {"groups", groups}}, name + "_dw")[0]));
+      Var pw = g.param(name + ".pw", {96, 96, 1, 1}, Init::uniform(-0.1, 0.1));
+      h = relu(g.var(g.add_named(Op::conv2d, {h.id(), pw.id()}, {}, name + "_pw")[0]));
+    }
+    const auto r = choose_layouts(g, LayoutPolicy::automatic, layout_costs(Device::cuda, Precision::tf32));
+    EXPECT_EQ(r.size(), 1u);
+    return r[0];
+  };
+  const LayoutRegion depthwise = region(96), dense = region(1);
+  EXPECT_FALSE(depthwise.nhwc) << depthwise.str();
+  EXPECT_TRUE(dense.nhwc) << dense.str();
+}
+
 TEST(LayoutPass, AutomaticIsNchwOnTheCpu) {
   LayoutNet net;
   Model m(net.g, {.seed = 1, .precision = Precision::bf16});

@@ -193,6 +193,10 @@ std::pair<double, double> conv_us(const Graph& g, const Node& n, const LayoutCos
   const double pass = std::max(flops / (tflops * 1e6), (bx + bw + by) * bytes_us);
   const double transposes = 2 * (bx + by) * bytes_us;  // each operand read and written once more
   if (!m.gpu) return {3 * (pass + transposes), 3 * pass};  // channels-last steps run on permuted copies
+  if (n.attrs.i("groups") > 1 && w.shape[1] < 8) {  // depthwise and thin groups: FMA units
+    const double direct = 3 * std::max(flops / (m.fma_tflops * 1e6), (bx + bw + by) * bytes_us);
+    return {direct * m.grouped_nhwc_slowdown, direct};
+  }
   if (fma) return {3 * pass * m.fma_nhwc_slowdown, 3 * pass};
   return {3 * pass, 3 * (pass + transposes)};  // NCHW: cuDNN transposes to its NHWC kernels' order
 }

@@ -65,6 +65,10 @@ struct LayoutCosts {
   // f32 without TF32 on the GPU: cuDNN's FMA kernels take this much longer channels-last
   // (ResNet-18 on the H200: 11.30 ms against 6.41 a step, docs/perf.md).
   double fma_nhwc_slowdown = 1.76;
+  // Depthwise and thin grouped convolutions (under 8 input channels a group) stay off the
+  // tensor cores; cuDNN has direct NCHW kernels for them, and its channels-last ones at
+  // TF32 took 6-25x the roofline (mobilenet_v3_small's, batch 64, on the H200).
+  double grouped_nhwc_slowdown = 8;
 };
 // The H200's for the GPU; the 2-core development machine's for the CPU.
 LayoutCosts layout_costs(Device device, Precision precision);
