@@ -530,6 +530,18 @@ TEST_F(OnnxCli, TrainingSettingsThatDoNotFitTheFileAreRefusedByName) {
   EXPECT_NE(error("cnn.onnx", R"({"batch_size": 4, "data": {"arrays": {"x": "x.npy", "y": "y.npy"}}})")
                 .find("nothing to evaluate on"),
             std::string::npos);
+  io::write_npy((dir / "y7.npy").string(), HostTensor{"y", {DType::i32, {8}}, bytes_of(std::vector<int32_t>{1, 2, 12, 0, 1, 2, 3, 4})});
+  EXPECT_NE(error("cnn.onnx", R"({"batch_size": 4, "data": {"val_split": 0.5, "arrays": {"x": "x.npy", "y": "y7.npy"}}})")
+                .find("y7.npy: label 12 at 2 is not a class id in [0, 10) nor -100"),
+            std::string::npos);
+  io::write_npy((dir / "yf.npy").string(), HostTensor{"y", {DType::f32, {8}}, bytes_of(random_floats(8, 7))});
+  EXPECT_NE(error("cnn.onnx", R"({"batch_size": 4, "data": {"val_split": 0.5, "arrays": {"x": "x.npy", "y": "yf.npy"}}})")
+                .find("yf.npy: holds f32; labels and token ids are integers"),
+            std::string::npos);
+  io::write_npy((dir / "y5.npy").string(), HostTensor{"y", {DType::i32, {5}}, bytes_of(std::vector<int32_t>(5, 1))});
+  EXPECT_NE(error("cnn.onnx", R"({"batch_size": 4, "data": {"val_split": 0.5, "arrays": {"x": "x.npy", "y": "y5.npy"}}})")
+                .find("y5.npy: holds 5 labels but"),
+            std::string::npos);
   const CliResult json_with_config = run("train " + (dir / "c.json").string() + " --config " + (dir / "c.json").string());
   EXPECT_NE(json_with_config.err.find("a training config goes with an ONNX file"), std::string::npos)
       << json_with_config.err;
