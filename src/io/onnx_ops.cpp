@@ -285,6 +285,7 @@ void dropout_op(NodeCtx& c) {
   if (training) c.fail("training mode is not supported: seam imports Dropout for inference");
   if (c.wants(1)) {
     const Shape s = c.maybe_const(0) ? c.maybe_const(0)->shape : c.in(0).shape();
+    check_foldable(c, s);
     c.out_const(1, Const{s, std::vector<double>(static_cast<size_t>(numel(s)), 1.0), T::TensorProto::BOOL});
   }
   identity_op(c);
@@ -350,8 +351,8 @@ Shape reshape_target(NodeCtx& c, const Shape& in, const std::vector<int64_t>& wa
       infer = static_cast<int64_t>(d);
     } else if (s[d] < 0) {
       c.fail("the shape has a negative entry ", s[d]);
-    } else {
-      known *= s[d];
+    } else if (__builtin_mul_overflow(known, s[d], &known)) {
+      c.fail("the shape ", shape_str(s), " holds more elements than int64 counts");
     }
   }
   if (infer >= 0) {
