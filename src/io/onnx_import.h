@@ -64,6 +64,10 @@ class NodeCtx {
   bool has(size_t i) const { return i < inputs() && !node.input(static_cast<int>(i)).empty(); }
   Var in(size_t i);                            // input i as a graph value (required)
   const Const* maybe_const(size_t i) const;    // input i's constant, if it has one
+  // The same, unless it becomes a trained parameter: what a node may fold.
+  const Const* foldable(size_t i) const {
+    return has(i) && !imp.trainable(node.input(static_cast<int>(i))) ? maybe_const(i) : nullptr;
+  }
   const Const& const_in(size_t i, const char* what);  // input i, which must be constant
 
   bool has_attr(const std::string& name) const;

@@ -292,7 +292,7 @@ void dropout_op(NodeCtx& c) {
 }
 
 void cast_to(NodeCtx& c, int32_t to) {
-  if (const Const* k = c.maybe_const(0)) {
+  if (const Const* k = c.foldable(0)) {
     Const r = *k;
     r.elem = to;
     if (!is_float(dtype_of(to).value_or(DType::f32)))
@@ -364,7 +364,7 @@ Shape reshape_target(NodeCtx& c, const Shape& in, const std::vector<int64_t>& wa
 }
 
 void reshape_to(NodeCtx& c, const Shape& s) {
-  if (const Const* k = c.maybe_const(0)) {
+  if (const Const* k = c.foldable(0)) {
     Const r = *k;
     r.shape = s;
     return c.out_const(0, r);
@@ -424,7 +424,7 @@ void transpose_op(NodeCtx& c) {
   for (size_t d = 0; d < sorted.size(); ++d)
     if (sorted.size() != in.size() || sorted[d] != static_cast<int64_t>(d))
       c.fail("perm ", shape_str(Shape(perm.begin(), perm.end())), " is not a permutation of rank ", in.size());
-  if (const Const* k = c.maybe_const(0)) {
+  if (const Const* k = c.foldable(0)) {
     Const r = *k;
     Shape s;
     for (int64_t p : perm) s.push_back(in[static_cast<size_t>(p)]);
@@ -488,7 +488,7 @@ void slice_op(NodeCtx& c) {
   std::optional<Var> x;
   Const k;
   bool sliced = false;
-  if (const Const* kc = c.maybe_const(0); kc && !c.imp.trainable(c.node.input(0))) k = *kc;  // folds
+  if (const Const* kc = c.foldable(0)) k = *kc;  // folds
   else x = c.in(0);
   for (size_t j = 0; j < starts.size(); ++j) {
     const int64_t a = norm_axis(c, axes[j], in.size());
@@ -556,7 +556,7 @@ void gather_op(NodeCtx& c) {
       if (i < 0) i += static_cast<double>(n);
     }
     // Shape arithmetic folds; a table (an embedding) is gathered in the graph.
-    if (const Const* k = c.maybe_const(0); k && k->shape.size() == 1 && !c.imp.trainable(c.node.input(0))) {
+    if (const Const* k = c.foldable(0); k && k->shape.size() == 1) {
       Const r{idx->shape, {}, k->elem};
       for (double i : ids) r.v.push_back(k->v[static_cast<size_t>(i)]);
       return c.out_const(0, r);

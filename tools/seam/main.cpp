@@ -24,6 +24,7 @@
 #ifdef SEAM_HAS_ONNX
 #include "io/onnx.h"
 #include "io/onnx_cli.h"
+#include "io/onnx_export.h"
 #include "io/onnx_suite.h"
 #endif
 #ifdef SEAM_HAS_CUDA
@@ -380,6 +381,13 @@ int main(int argc, char** argv) {
   run->add_option("--precision", run_precision, precision_help)->check(one_of(seam::precision_names()));
   run->add_option("--time", ro.time_runs, "then time N runs back to back (5 rounds; the median ms per run)")
       ->transform(whole<int>(1));
+  seam::onnx::ExportOptions xo;
+  auto* exp = app.add_subcommand("export", "write a model file's network as ONNX (opset 17), its output 'logits'");
+  exp->add_option("model", xo.model, "model file (default: the checkpoint's stored model)");
+  exp->add_option("--checkpoint", xo.checkpoint, "the values to write (default: the model's initialization)");
+  exp->add_option("--onnx", xo.out, "the .onnx file to write")->required();
+  exp->add_option("--batch", xo.batch, "the batch the file's shapes are fixed at (default 1)")
+      ->transform(whole<int64_t>(1));
   seam::onnx::SuiteOptions suite;
   std::string suite_device = "cpu";
   auto* onnx_suite = app.add_subcommand(
@@ -394,18 +402,19 @@ int main(int argc, char** argv) {
 #else
   CLI::App* onnx_suite = app.add_subcommand("onnx-suite", "(this build has no ONNX importer)");
   CLI::App* run = app.add_subcommand("run", "(this build has no ONNX importer)");
+  CLI::App* exp = app.add_subcommand("export", "(this build has no ONNX importer)");
 #endif
 
   // Arguments CLI11 cannot place are kept, not thrown, so that the message can name the
   // flag or command meant.
-  for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite, run}) a->allow_extras();
+  for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite, run, exp}) a->allow_extras();
   auto help_hint = [&] {
     auto subs = app.get_subcommands();
     return " (see 'seam " + (subs.empty() ? std::string() : subs[0]->get_name() + " ") + "--help')";
   };
   try {
     app.parse(argc, argv);
-    for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite, run})
+    for (CLI::App* a : {&app, train, eval, plan, bench, numerics, ops, onnx_suite, run, exp})
       if (!a->remaining().empty()) throw UsageError(unexpected(*a, a->remaining()[0], a == &app));
   } catch (const CLI::ParseError& err) {
     if (err.get_exit_code() == 0) return app.exit(err);  // --help
@@ -472,8 +481,9 @@ int main(int argc, char** argv) {
       ro.precision = *precision_of(run_precision);
       return seam::onnx::run_onnx(ro);
     }
+    if (*exp) return seam::onnx::run_export(xo);
 #else
-    if (*run || (*plan && plan_model.ends_with(".onnx")))
+    if (*run || *exp || (*plan && plan_model.ends_with(".onnx")))
       throw seam::Error("this build of seam has no ONNX importer (it needs protobuf and libonnx-dev's onnx.proto)");
 #endif
     if (!plan_input_shapes.empty()) throw seam::Error("--input-shape is for ONNX files");
