@@ -24,8 +24,9 @@ std::optional<DType> dtype_of(int32_t elem) {
     case T::TensorProto::FLOAT16: return DType::f16;
     case T::TensorProto::BFLOAT16: return DType::bf16;
     case T::TensorProto::INT64: case T::TensorProto::INT32: case T::TensorProto::INT16:
-    case T::TensorProto::INT8: case T::TensorProto::UINT16:
-      return DType::i32;
+    case T::TensorProto::INT8: case T::TensorProto::UINT16: case T::TensorProto::UINT32:
+    case T::TensorProto::UINT64:
+      return DType::i32;  // each value checked to fit (host_tensor)
     case T::TensorProto::BOOL: case T::TensorProto::UINT8: return DType::u8;
     default: return std::nullopt;
   }

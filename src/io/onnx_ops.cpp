@@ -188,19 +188,39 @@ Var tanh_of(Var x) { return seam::tanh(x); }
 Var exp_of(Var x) { return seam::exp(x); }
 Var log_of(Var x) { return seam::log(x); }
 Var sqrt_of(Var x) { return seam::sqrt(x); }
-Var neg_of(Var x) { return neg(x); }
-Var abs_of(Var x) { return seam::abs(x); }
 Var erf_of(Var x) { return seam::erf(x); }
+
+// Neg and Abs fold on constants (exporters negate axes and shapes in their expansions);
+// seam's kernels compute on floating point values.
+template <int Kind>  // 0 Neg, 1 Abs
+void sign_op(NodeCtx& c) {
+  if (const Const* k = c.foldable(0)) {
+    Const r = *k;
+    for (double& v : r.v) v = Kind == 0 ? -v : std::abs(v);
+    return c.out_const(0, r);
+  }
+  expect_float_operands(c);
+  c.out(0, Kind == 0 ? neg(c.in(0)) : seam::abs(c.in(0)));
+}
 
 void reciprocal_op(NodeCtx& c) {
   Var x = c.in(0);
   c.out(0, div(scalar(c.g(), 1.0, x.dtype()), x));
 }
 
+// On a graph value, one exponent (seam's pow takes a scalar); an exponent per element
+// folds with a constant base.
 void pow_op(NodeCtx& c) {
-  const Const& e = c.const_in(1, "the exponent");
-  if (e.v.size() != 1) c.fail("the exponent must be one value (seam's pow takes a scalar), got shape ", shape_str(e.shape));
-  c.out(0, seam::pow(c.in(0), e.v[0]));
+  if (all_const(c))
+    return c.out_const(0, fold_binary(c, c.const_in(0, "x"), c.const_in(1, "y"),
+                                      [](double x, double y) { return std::pow(x, y); }));
+  const Const* e = c.maybe_const(1);
+  if (!e || e->v.size() != 1)
+    c.fail("the exponent must be a constant: one value for a graph value's power (seam's pow takes a scalar), or "
+           "one per element of a constant base (seam folds them); got ",
+           e ? "shape " + shape_str(e->shape) : std::string("a graph value"));
+  expect_float_operands(c);
+  c.out(0, seam::pow(c.in(0), e->v[0]));
 }
 
 template <int Kind>  // 0 add, 1 sub, 2 mul, 3 div
@@ -282,7 +302,10 @@ void identity_op(NodeCtx& c) {
 void dropout_op(NodeCtx& c) {
   const bool training = c.opset() >= 12 ? (c.has(2) && scalar_of(c, c.const_in(2, "training_mode"), "training_mode") != 0)
                                         : (c.opset() < 7 && c.i("is_test", 0) == 0);
-  if (training) c.fail("training mode is not supported: seam imports Dropout for inference");
+  // A ratio of 0 drops nothing in either mode.
+  const double ratio = c.opset() >= 12 ? (c.has(1) ? scalar_of(c, c.const_in(1, "ratio"), "ratio") : 0.5)
+                                       : c.f("ratio", 0.5);
+  if (training && ratio != 0) c.fail("training mode is not supported: seam imports Dropout for inference");
   if (c.wants(1)) {
     const Shape s = c.maybe_const(0) ? c.maybe_const(0)->shape : c.in(0).shape();
     check_foldable(c, s);
@@ -685,15 +708,22 @@ void eye_like_op(NodeCtx& c) {
 }
 
 void trilu_op(NodeCtx& c) {
-  Var x = c.in(0);
-  if (rank(x) < 2) c.fail("input of rank ", rank(x), " (2-d or more)");
+  const Shape in = shape_of(c, 0);
+  if (in.size() < 2) c.fail("input of rank ", in.size(), " (2-d or more)");
   const auto k = static_cast<int64_t>(c.has(1) ? scalar_of(c, c.const_in(1, "k"), "k") : 0);
   const bool upper = c.i("upper", 1) != 0;
-  const int64_t rows = x.shape()[x.shape().size() - 2], cols = x.shape().back();
+  const int64_t rows = in[in.size() - 2], cols = in.back();
   check_foldable(c, {rows, cols});
   Const mask{{rows, cols}, {}, ::onnx::TensorProto::FLOAT};
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) mask.v.push_back((upper ? j - i >= k : j - i <= k) ? 1.0 : 0.0);
+  if (const Const* x = c.foldable(0)) {  // integer or constant data: folded
+    Const r = *x;
+    for (size_t i = 0; i < r.v.size(); ++i) r.v[i] = mask.v[i % mask.v.size()] != 0 ? r.v[i] : 0.0;
+    return c.out_const(0, r);
+  }
+  expect_float_operands(c);
+  Var x = c.in(0);
   const std::string name = c.node.name() + ".mask";
   c.imp.consts[name] = mask;
   Var m = c.imp.var(name, c.where);
@@ -744,7 +774,7 @@ const std::map<std::string, OpImporter>& op_importers() {
         {"Relu", unary<relu_of>},        {"Sigmoid", unary<sigmoid_of>},
         {"Tanh", unary<tanh_of>},        {"Exp", unary<exp_of>},
         {"Log", unary<log_of>},          {"Sqrt", unary<sqrt_of>},
-        {"Neg", unary<neg_of>},          {"Abs", unary<abs_of>},
+        {"Neg", sign_op<0>},             {"Abs", sign_op<1>},
         {"Erf", unary<erf_of>},          {"LeakyRelu", leaky_relu_op},
         {"Reciprocal", reciprocal_op},   {"Pow", pow_op},
         {"Add", binary<0>},              {"Sub", binary<1>},
