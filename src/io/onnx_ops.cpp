@@ -631,35 +631,70 @@ void tile_op(NodeCtx& c) {
 }
 
 // Pad, constant mode: blocks of the value concatenated at both ends of each padded axis.
+// k's slices along `axis` at idx, -1 standing for a slice of `fill`.
+Const take_along(const Const& k, int64_t axis, const std::vector<int64_t>& idx, double fill) {
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= k.shape[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < k.shape.size(); ++d) inner *= k.shape[d];
+  const int64_t n = k.shape[static_cast<size_t>(axis)];
+  Const r = k;
+  r.shape[static_cast<size_t>(axis)] = static_cast<int64_t>(idx.size());
+  r.v.clear();
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i : idx)
+      for (int64_t e = 0; e < inner; ++e) r.v.push_back(i < 0 ? fill : k.v[static_cast<size_t>((o * n + i) * inner + e)]);
+  return r;
+}
+
+// Each axis padded by the input's indices along it (-1: the constant): constant padding
+// concatenates fills, edge and reflect gather the input's own slices, negative pads crop.
+// A constant input (integer data) folds.
 void pad_op(NodeCtx& c) {
-  Var x = c.in(0);
+  const Shape in = shape_of(c, 0);
   const std::string mode = c.s("mode", "constant");
-  if (mode != "constant") c.fail("mode '", mode, "': seam pads with a constant only");
+  if (mode != "constant" && mode != "edge" && mode != "reflect")
+    c.fail("mode '", mode, "': seam pads in the modes constant, edge and reflect");
   const std::vector<int64_t> pads = c.opset() >= 11 ? c.const_in(1, "pads").ints() : c.ints("pads");
   double value = c.opset() >= 11 ? (c.has(2) ? scalar_of(c, c.const_in(2, "constant_value"), "constant_value") : 0.0) : c.f("value", 0.0);
-  const auto r = static_cast<size_t>(rank(x));
+  const size_t r = in.size();
   std::vector<int64_t> axes;
   if (c.opset() >= 18 && c.has(3)) axes = c.const_in(3, "axes").ints();
   else
     for (size_t d = 0; d < r; ++d) axes.push_back(static_cast<int64_t>(d));
   if (pads.size() != 2 * axes.size()) c.fail(pads.size(), " pads for ", axes.size(), " axes");
+  std::optional<Const> k;
+  if (const Const* kc = c.foldable(0)) k = *kc;
+  else expect_float_operands(c);
+  Var x = k ? Var() : c.in(0);
   for (size_t j = 0; j < axes.size(); ++j) {
     const int64_t a = norm_axis(c, axes[j], r);
-    const int64_t before = pads[j], after = pads[j + axes.size()];
-    if (before < 0 || after < 0) c.fail("negative pads (cropping) are not supported");
-    std::vector<Var> parts;
-    for (int64_t width : {before, int64_t{-1}, after}) {
-      if (width == -1) {
-        parts.push_back(x);
-        continue;
-      }
-      if (width == 0) continue;
+    const int64_t n = in[static_cast<size_t>(a)], before = pads[j], after = pads[j + axes.size()];
+    if (before == 0 && after == 0) continue;
+    if (n + before + after <= 0) c.fail("pads crop axis ", a, " of size ", n, " to nothing");
+    if (mode == "reflect" && (before >= n || after >= n))
+      c.fail("reflect pads ", before, " and ", after, " on axis ", a, " of size ", n, ": each must be below the size");
+    std::vector<int64_t> idx;
+    for (int64_t i = -before; i < n + after; ++i)
+      idx.push_back(i >= 0 && i < n ? i
+                    : mode == "constant" ? -1
+                    : mode == "edge"     ? (i < 0 ? 0 : n - 1)
+                                         : (i < 0 ? -i : 2 * (n - 1) - i));
+    if (k) {
+      check_foldable(c, [&] { Shape s = k->shape; s[static_cast<size_t>(a)] = static_cast<int64_t>(idx.size()); return s; }());
+      k = take_along(*k, a, idx, value);
+    } else if (mode != "constant") {
+      x = gather_const(c, x, a, idx, "pad" + std::to_string(a));
+    } else {  // the input's own span (cropped where a pad is negative), between fills
+      const int64_t lo = std::max<int64_t>(0, -before), hi = n - std::max<int64_t>(0, -after);
+      std::vector<Var> parts;
       Shape s = x.shape();
-      s[static_cast<size_t>(a)] = width;
-      parts.push_back(full(c.g(), s, value, x.dtype()));
+      if (before > 0) s[static_cast<size_t>(a)] = before, parts.push_back(full(c.g(), s, value, x.dtype()));
+      parts.push_back(lo == 0 && hi == n ? x : slice(x, a, lo, hi));
+      if (after > 0) s[static_cast<size_t>(a)] = after, parts.push_back(full(c.g(), s, value, x.dtype()));
+      x = parts.size() == 1 ? parts[0] : concat(parts, a);
     }
-    if (parts.size() > 1) x = concat(parts, a);
   }
+  if (k) return c.out_const(0, *k);
   c.out(0, x.id() == c.in(0).id() ? copy(x) : x);
 }
 
