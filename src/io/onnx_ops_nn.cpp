@@ -2,6 +2,7 @@
 // normalization, softmax, reductions, convolution and pooling.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "io/onnx_import.h"
 
@@ -244,10 +245,12 @@ void arg_op(NodeCtx& c) {
 
 struct Window {
   std::vector<int64_t> kernel, stride, pad, dilation;
+  std::vector<int64_t> begin, end;  // the pads at either end of each spatial dim
 };
 
-// Kernel, strides, dilations and (symmetric) pads of a 2-d window op, auto_pad resolved.
-Window window(NodeCtx& c, const Shape& x, std::vector<int64_t> kernel) {
+// Kernel, strides, dilations and pads of a 2-d window op, auto_pad resolved; `pad` is
+// filled only where the pads are symmetric (unless `symmetric`, which requires them so).
+Window window(NodeCtx& c, const Shape& x, std::vector<int64_t> kernel, bool symmetric = true) {
   const size_t sp = x.size() - 2;
   Window w{kernel, c.ints("strides", std::vector<int64_t>(sp, 1)), {}, c.ints("dilations", std::vector<int64_t>(sp, 1))};
   std::vector<int64_t> pads = c.ints("pads", std::vector<int64_t>(2 * sp, 0));
@@ -270,9 +273,12 @@ Window window(NodeCtx& c, const Shape& x, std::vector<int64_t> kernel) {
     c.fail("auto_pad '", auto_pad, "' is not one ONNX defines");
   }
   for (size_t d = 0; d < sp; ++d) {
-    if (pads[d] != pads[d + sp])
+    if (pads[d] < 0 || pads[d + sp] < 0) c.fail("negative pads ", shape_str(Shape(pads.begin(), pads.end())));
+    if (symmetric && pads[d] != pads[d + sp])
       c.fail("pads ", shape_str(Shape(pads.begin(), pads.end())), " differ at the two ends of a dim: seam pads symmetrically");
     w.pad.push_back(pads[d]);
+    w.begin.push_back(pads[d]);
+    w.end.push_back(pads[d + sp]);
   }
   return w;
 }
@@ -308,6 +314,17 @@ void conv_op(NodeCtx& c) {
     y = reshape(y, s);
   }
   c.out(0, y);
+}
+
+// x with `before` and `after` slices of `value` on either side of axis a.
+Var pad_axis(NodeCtx& c, Var x, int64_t a, int64_t before, int64_t after, double value) {
+  if (before == 0 && after == 0) return x;
+  std::vector<Var> parts;
+  Shape s = x.shape();
+  if (before > 0) s[static_cast<size_t>(a)] = before, parts.push_back(full(c.g(), s, value, x.dtype()));
+  parts.push_back(x);
+  if (after > 0) s[static_cast<size_t>(a)] = after, parts.push_back(full(c.g(), s, value, x.dtype()));
+  return concat(parts, a);
 }
 
 // ConvTranspose: seam's conv2d_grad_input (the data gradient is the transposed
@@ -347,13 +364,21 @@ void conv_transpose_op(NodeCtx& c) {
       pads[d] = auto_pad == "SAME_LOWER" ? total - total / 2 : total / 2;
       pads[d + sp] = total - pads[d];
     }
-    if (pads[d] != pads[d + sp])
-      c.fail("pads differ at the two ends of spatial dim ", d, " (", pads[d], ", ", pads[d + sp],
-             "): seam pads symmetrically");
+    if (target < 1) c.fail("pads (", pads[d], ", ", pads[d + sp], ") of spatial dim ", d, " leave no output of the full ", full);
     if (out_pad[d] != 0 && out_pad[d] >= stride[d]) c.fail("output_padding ", out_pad[d], " is not below the stride");
     out.push_back(target);
   }
-  std::vector<int64_t> pad(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(sp)), st = stride, dl = dil;
+  // Pads that differ at the two ends: the transposed convolution with the smaller one on
+  // both, then the output cropped by the difference; a negative pad (an output_shape past
+  // the full output) adds zeros there.
+  std::vector<int64_t> pad, crop;
+  const Shape final_shape = out;
+  for (size_t d = 0; d < sp; ++d) {
+    pad.push_back(std::max<int64_t>(0, std::min(pads[d], pads[d + sp])));
+    crop.push_back(pads[d] - pad.back());
+    out[2 + d] = final_shape[2 + d] + pads[d] + pads[d + sp] - 2 * pad.back();
+  }
+  std::vector<int64_t> st = stride, dl = dil;
   if (one_d) {
     x = as_2d(x);
     w = as_2d(w);
@@ -364,6 +389,13 @@ void conv_transpose_op(NodeCtx& c) {
   }
   Var y = c.g().add1(Op::conv2d_grad_input, {x.id(), w.id()},
                      {{"stride", st}, {"padding", pad}, {"dilation", dl}, {"groups", group}, {"shape", out}});
+  for (size_t d = 0; d < sp; ++d) {
+    const auto axis = static_cast<int64_t>(rank(y)) - static_cast<int64_t>(sp) + static_cast<int64_t>(d);
+    const int64_t want = final_shape[2 + d], have = y.shape()[static_cast<size_t>(axis)];
+    y = pad_axis(c, y, axis, std::max<int64_t>(0, -crop[d]), std::max<int64_t>(0, crop[d] + want - have), 0.0);
+    const int64_t from = std::max<int64_t>(0, crop[d]);
+    if (y.shape()[static_cast<size_t>(axis)] != want) y = slice(y, axis, from, from + want);
+  }
   if (c.has(2)) {
     if (rank(c.in(2)) != 1) c.fail("the bias must be 1-d, got ", shape_str(c.in(2).shape()));
     Shape bs{c.in(2).shape()[0]};
@@ -378,25 +410,65 @@ void conv_transpose_op(NodeCtx& c) {
   c.out(0, y);
 }
 
+// MaxPool and AveragePool. Symmetric pads of at most half the kernel run as seam's pooling
+// ops; other pads and ceil_mode pad explicitly first (-inf for max, 0 for the average,
+// whose divisor, the window's positions counted under count_include_pad, is a constant
+// per output position).
 template <bool Max>
 void pool_op(NodeCtx& c) {
   Var x = c.in(0);
   if (rank(x) != 3 && rank(x) != 4) c.fail("input of rank ", rank(x), ": seam pools 1-d and 2-d inputs");
-  if (c.i("ceil_mode", 0) != 0) c.fail("ceil_mode 1 is not supported");
   if (Max && c.i("storage_order", 0) != 0) c.fail("storage_order 1 is not supported");
   if (Max && c.wants(1)) c.fail("the Indices output is not supported");
-  const bool one_d = rank(x) == 3;
-  Window win = window(c, x.shape(), c.ints("kernel_shape"));
+  const bool one_d = rank(x) == 3, ceil = c.i("ceil_mode", 0) != 0, with_pad = c.i("count_include_pad", 0) != 0;
+  Window win = window(c, x.shape(), c.ints("kernel_shape"), false);
   for (int64_t d : win.dilation)
     if (d != 1) c.fail("dilations other than 1 are not supported in pooling");
   if (one_d) {
     x = as_2d(x);
     win.kernel.insert(win.kernel.begin(), 1);
     win.stride.insert(win.stride.begin(), 1);
-    win.pad.insert(win.pad.begin(), 0);
+    win.begin.insert(win.begin.begin(), 0);
+    win.end.insert(win.end.begin(), 0);
   }
-  Var y = Max ? max_pool2d(x, win.kernel, win.stride, win.pad)
-              : avg_pool2d(x, win.kernel, win.stride, win.pad, c.i("count_include_pad", 0) != 0);
+  // Each spatial dim's output size and the padding past its end that ceil_mode adds (a
+  // last window starting inside the input or its begin pad: PyTorch's rule).
+  std::vector<int64_t> out(2), extra(2, 0);
+  bool native = true;
+  for (size_t d = 0; d < 2; ++d) {
+    const int64_t in = x.shape()[2 + d], span = in + win.begin[d] + win.end[d] - win.kernel[d];
+    if (span < 0) c.fail("the kernel ", win.kernel[d], " is larger than the padded input ", in + win.begin[d] + win.end[d]);
+    out[d] = (ceil ? (span + win.stride[d] - 1) / win.stride[d] : span / win.stride[d]) + 1;
+    if (ceil && (out[d] - 1) * win.stride[d] >= in + win.begin[d]) --out[d];
+    extra[d] = std::max<int64_t>(0, (out[d] - 1) * win.stride[d] + win.kernel[d] - (in + win.begin[d] + win.end[d]));
+    native = native && extra[d] == 0 && win.begin[d] == win.end[d] && 2 * win.begin[d] <= win.kernel[d];
+  }
+  Var y;
+  if (native) {
+    y = Max ? max_pool2d(x, win.kernel, win.stride, win.begin) : avg_pool2d(x, win.kernel, win.stride, win.begin, with_pad);
+  } else {
+    const double fill = Max ? -std::numeric_limits<double>::infinity() : 0.0;
+    Var p = x;
+    for (size_t d = 0; d < 2; ++d) p = pad_axis(c, p, static_cast<int64_t>(2 + d), win.begin[d], win.end[d] + extra[d], fill);
+    y = Max ? max_pool2d(p, win.kernel, win.stride, {0, 0}) : avg_pool2d(p, win.kernel, win.stride, {0, 0}, true);
+    if (!Max) {  // the mean over the window's counted positions: kernel area / count
+      Const scale{{out[0], out[1]}, {}, ::onnx::TensorProto::FLOAT};
+      for (int64_t i = 0; i < out[0]; ++i)
+        for (int64_t j = 0; j < out[1]; ++j) {
+          int64_t count = 1;
+          for (size_t d = 0; d < 2; ++d) {
+            const int64_t in = x.shape()[2 + d], at = (d == 0 ? i : j) * win.stride[d] - win.begin[d];
+            const int64_t lo = with_pad ? -win.begin[d] : 0, hi = with_pad ? in + win.end[d] : in;
+            count *= std::max<int64_t>(0, std::min(at + win.kernel[d], hi) - std::max(at, lo));
+          }
+          scale.v.push_back(count > 0 ? static_cast<double>(win.kernel[0] * win.kernel[1]) / static_cast<double>(count) : 0.0);
+        }
+      const std::string name = c.node.name() + ".divisor";
+      c.imp.consts[name] = scale;
+      Var sv = c.imp.var(name, c.where);
+      y = mul(y, sv.dtype() == y.dtype() ? sv : cast(sv, y.dtype()));
+    }
+  }
   if (one_d) {
     Shape s = y.shape();
     s.erase(s.begin() + 2);
