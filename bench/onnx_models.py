@@ -344,6 +344,36 @@ def one_model(name, binary, work_dir, out_dir, device, a):
     return r
 
 
+def export_check(binary, examples, work):
+    """seam's own exports (`seam export`) read by onnxruntime: its logits against `seam
+    run`'s on the same random input, batch 4."""
+    import onnxruntime as ort
+
+    rows = []
+    for name in examples:
+        d = os.path.join(work, "exports", name)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"{name}.onnx")
+        try:
+            seam(binary, ["export", os.path.join("examples", f"{name}.json"), "--onnx", path, "--batch", "4"])
+            sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            xi = sess.get_inputs()[0]
+            shape = [int(v) for v in xi.shape]
+            g = np.random.default_rng(3)
+            x = (g.integers(0, 64, size=shape).astype(np.int32) if "int" in xi.type
+                 else g.standard_normal(shape).astype(np.float32))
+            np.save(os.path.join(d, "x.npy"), x)
+            seam(binary, ["run", path, "--input", f"x={d}/x.npy", "--device", "cpu", "--out", d])
+            got = np.load(os.path.join(d, "logits.npy"))
+            ref = sess.run(None, {"x": x})[0]
+            rows.append({"model": name, "nodes": len(__import__("onnx").load(path).graph.node),
+                         "seam_vs_ort": rel_diff(got, ref)})
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            rows.append({"model": name, "error": str(e)[:300]})
+        print(f"export {name}: {rows[-1]}", flush=True)
+    return rows
+
+
 def markdown(results, env):
     lines = [f"Measured {env}.", "",
              "| model | params | seam vs PyTorch | seam vs onnxruntime | onnxruntime vs PyTorch | 20 training steps |",
@@ -383,6 +413,7 @@ def main():
     ap.add_argument("--train-device", help="seam's device for the training check (default: --device)")
     ap.add_argument("--only-train", action="store_true", help="agreement and the training check, no times")
     ap.add_argument("--dump-graph", action="store_true", help="write each export's graph as text to OUT")
+    ap.add_argument("--exports", nargs="*", default=[], help="examples/NAME.json models: seam's export in onnxruntime")
     ap.add_argument("--work", default="/tmp/seam_onnx_models", help="exports and arrays (large; not under OUT)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -402,8 +433,18 @@ def main():
             json.dump(results, f, indent=1)
         with open(os.path.join(a.out, "onnx_models.md"), "w") as f:
             f.write(markdown(results, env))
+    exports = export_check(os.path.abspath(a.seam), a.exports, a.work) if a.exports else []
+    if exports:
+        table = ["", "seam's exports (`seam export`, batch 4) in onnxruntime's CPU provider against `seam run`:", "",
+                 "| model | ONNX nodes | largest difference / largest logit |", "|---|---|---|"]
+        for r in exports:
+            table.append(f"| {r['model']} | {r.get('nodes', '-')} | "
+                         f"{r['error'] if 'error' in r else '%.1e' % r['seam_vs_ort']} |")
+        with open(os.path.join(a.out, "onnx_models.md"), "a") as f:
+            f.write("\n".join(table) + "\n")
+        print("\n".join(table))
     print(markdown(results, env))
-    return 0 if all("error" not in r and "error" not in r.get("train", {}) for r in results) else 1
+    return 0 if all("error" not in r and "error" not in r.get("train", {}) for r in results + exports) else 1
 
 
 if __name__ == "__main__":

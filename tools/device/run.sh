@@ -140,7 +140,9 @@ for step in "${steps[@]}"; do
       [ -x "$py" ] || py=python3
       read -r -a models <<< "${SEAM_ONNX_MODELS:-resnet18 mobilenet_v3_small vit_b_16 gpt2layer}"
       work=$(mktemp -d)
-      "$py" bench/onnx_models.py "$bin/seam" "$out" --work "$work" --models "${models[@]}" > "$out/onnx_models.log" 2>&1
+      read -r -a exports <<< "${SEAM_ONNX_EXPORTS-fmnist_mlp fmnist_cnn fmnist_resnet resnet18_cifar gpt_fortunes}"
+      "$py" bench/onnx_models.py "$bin/seam" "$out" --work "$work" --models "${models[@]}" --exports "${exports[@]}" \
+        > "$out/onnx_models.log" 2>&1
       note "onnx models: rc=$?"
       rm -rf "$work"
       cat "$out/onnx_models.md" 2>/dev/null || tail -20 "$out/onnx_models.log"
