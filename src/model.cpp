@@ -216,7 +216,7 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
   c.state.seed = options.seed;
   c.backend = c.device == Device::cuda
                   ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,
-                                       options.cuda_streams})
+                                       options.cuda_streams, options.deterministic})
                   : make_cpu_backend();
   c.params = c.backend->alloc(c.layout.param_bytes);
   c.grads = c.backend->alloc(c.layout.param_bytes);

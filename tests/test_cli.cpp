@@ -162,6 +162,27 @@ TEST_F(Cli, ResumedRunGivesTheBitwiseSameLossCurve) {
   }
 }
 
+// --deterministic (ModelOptions::deterministic) fixes the GPU's algorithm picks; the
+// CPU's steps repeat their bits with or without it, and the model file can ask for it.
+TEST_F(Cli, DeterministicRunsGiveTheCpusSameBits) {
+  fs::path data = make_data();
+  fs::path model = write("model.json", kSmallMlp);
+  const std::string common = " --data " + data.string() + " --json --log-every 1 --max-steps 6 --device cpu";
+  Result plain = run("train " + model.string() + common + " --out " + (dir / "a").string());
+  Result fixed = run("train " + model.string() + common + " --deterministic --out " + (dir / "b").string());
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(fixed.code, 0) << fixed.err;
+  const auto a = seam::io::read_safetensors((dir / "a" / "checkpoint.safetensors").string());
+  const auto b = seam::io::read_safetensors((dir / "b" / "checkpoint.safetensors").string());
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) EXPECT_EQ(a.tensors[i].data, b.tensors[i].data) << a.tensors[i].name;
+  std::string with_key = kSmallMlp;
+  with_key.insert(with_key.find('{') + 1, "\"deterministic\": \"yes\", ");
+  Result bad = run("train " + write("bad.json", with_key).string() + common);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("deterministic"), std::string::npos) << bad.err;
+}
+
 // `seam --version` names what runs the CPU GEMMs. OpenBLAS's generic SSE3 kernels
 // ("Prescott", its fallback for a CPU model it does not know) never run on a CPU with
 // AVX2 and FMA: seam restarts itself with the kernels the CPU supports.

@@ -128,6 +128,11 @@ struct ModelOptions {
   // CUDA streams a step may spread independent steps over (step_dependencies): e.g. a
   // layer's weight gradient beside the input gradient of the layer below. 1: one stream.
   int cuda_streams = 4;
+  // Bitwise repeatable GPU steps: every algorithm the step runs is the heuristics' fixed
+  // pick (no timing, no cached picks), and no kernel sums with atomics in an order that
+  // varies (the embedding gradient reduces each row's occurrences in their order).
+  // The CPU's steps repeat their bits either way.
+  bool deterministic = false;
 };
 
 class Backend;

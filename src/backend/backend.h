@@ -82,6 +82,7 @@ struct CudaOptions {
   bool graph = true;  // replay each step as one captured CUDA Graph
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   int streams = 4;    // streams a step may spread independent steps over
+  bool deterministic = false;  // ModelOptions::deterministic
 };
 // What the compiler reports for the generated kernel of a fused_elementwise step (NVRTC,
 // for the GPU present or sm_90 without one); nullopt in a build without CUDA.

@@ -166,7 +166,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
               .layout = o.layout.value_or(w.layout),
               .cuda_graph = o.graph,
               .epilogue = epilogue,
-              .cuda_streams = o.streams});
+              .cuda_streams = o.streams,
+              .deterministic = o.deterministic});
   Program p = m.compile({.loss = loss.id(),
                          .optimizer = w.opt,
                          .fuse = o.fusion != "none",
@@ -287,7 +288,8 @@ int run_bench(const BenchOptions& o) {
         << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
         << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
         << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string())
-        << (o.master_weights ? std::string() : std::string("+no-masters")) << "," << r.device << ","
+        << (o.master_weights ? std::string() : std::string("+no-masters"))
+        << (o.deterministic ? std::string("+deterministic") : std::string()) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << ","
         << r.memory_mib << "\n";

@@ -27,6 +27,7 @@ struct BenchOptions {
   std::string fusion = "all";          // all; epilogues (GEMM epilogues and loss only); none
   std::optional<Precision> precision;  // overrides each workload's (W1-W4: tf32; W5 and a file: its own)
   bool master_weights = true;          // false: 16-bit parameters (ModelOptions::master_weights)
+  bool deterministic = false;          // ModelOptions::deterministic, to measure what it costs
   std::optional<LayoutPolicy> layout;  // overrides each workload's (a model file's own, else automatic)
   std::string csv;                     // also write the results here
 };

@@ -20,7 +20,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "model", "output", "loss",
                                             "optimizer", "batch_size", "epochs", "seed", "device", "precision", "master_weights", "layout",
-                                            "data", "description"};
+                                            "deterministic", "data", "description"};
 // Layers that create their own parameters, with the settings each accepts.
 const std::map<std::string, std::vector<std::string>> kLayers = {
     {"linear", {"out", "bias", "tie"}},
@@ -294,6 +294,7 @@ ModelSpec spec_of(json root, const std::string& source, const std::filesystem::p
   if (auto p = parse_precision(precision)) s.precision = *p;
   else unknown(source, "precision", precision, precision_names());
   s.master_weights = get<bool>(j, "master_weights", true, source);
+  s.deterministic = get<bool>(j, "deterministic", false, source);
   const std::string layout = get<std::string>(j, "layout", "auto", source);
   if (auto l = parse_layout_policy(layout)) s.layout = *l;
   else unknown(source, "layout", layout, layout_policy_names());

@@ -52,6 +52,7 @@ struct ModelSpec {
   std::string device = "auto";     // auto | cpu | cuda
   Precision precision = Precision::f32;  // what GEMMs and convolutions compute in
   bool master_weights = true;            // false: 16-bit parameters (ModelOptions::master_weights)
+  bool deterministic = false;            // bitwise repeatable GPU steps (ModelOptions::deterministic)
   LayoutPolicy layout = LayoutPolicy::automatic;  // where convolutions run channels-last
   OptimizerConfig optimizer;
   bool cosine_total_from_run = false;  // schedule.total_steps was left to the run length

@@ -265,6 +265,7 @@ int run_train(const TrainOptions& o) {
   if (o.device) spec.device = *o.device;
   if (o.precision) spec.precision = *o.precision;
   if (o.layout) spec.layout = *o.layout;
+  if (o.deterministic) spec.deterministic = true;
   if (o.val_split) spec.val_split = *o.val_split;
   if (spec.epochs < 1 || spec.batch_size < 1) fail("epochs and batch size must be >= 1");
   spec.optimizer.validate();
@@ -287,7 +288,7 @@ int run_train(const TrainOptions& o) {
   spec.fix_schedule_length(steps_per_epoch);
 
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
+  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
   io::load_initial(model, bg);
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
@@ -515,7 +516,7 @@ int run_eval(const EvalOptions& o) {
   if (o.precision) spec.precision = *o.precision;
   data::Dataset data = open_data(spec, o.data_dir, {.batch = spec.batch_size, .seed = spec.seed, .limit_test = o.limit_test});
   io::BuiltGraph bg = io::build_graph(spec, spec.batch_size);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(o.device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
   try {
     model.load_tensors(ck.tensors);
   } catch (const Error& e) {
@@ -559,7 +560,7 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   const int64_t B = batch.value_or(spec.batch_size);
   spec.fix_schedule_length(data_steps_per_epoch(spec, B));
   io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout});
+  Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
                    : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
   std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",

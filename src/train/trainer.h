@@ -32,6 +32,7 @@ struct TrainOptions {
   std::optional<std::string> device;
   std::optional<Precision> precision;     // overrides the model file's
   std::optional<LayoutPolicy> layout;     // overrides the model file's
+  bool deterministic = false;             // --deterministic: on even where the model file leaves it off
   std::optional<double> val_split;
   Output output = Output::bar;
   // Called with each ProgressEvent; set, it replaces the terminal bar (Output::bar), as

@@ -60,6 +60,11 @@ struct CompareOptions {
     o.runs = n;
     return o;
   }
+  CompareOptions fixed() const {
+    CompareOptions o = *this;
+    o.deterministic = true;
+    return o;
+  }
   CompareOptions in_mode(Mode m) const {
     CompareOptions o = *this;
     o.mode = m;
@@ -72,6 +77,7 @@ struct CompareOptions {
   int runs = 1;           // runs before comparing (e.g. running statistics)
   bool fuse = true;       // epilogue fusion on both sides
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;  // how the GPU runs fused epilogues
+  bool deterministic = false;                         // ModelOptions::deterministic on the GPU
   // The output is a scalar loss whose own gradients are compared (seed 1), rather than
   // those of sum(out * random weights): the shape loss fusion needs.
   bool output_is_loss = false;

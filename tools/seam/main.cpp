@@ -230,6 +230,8 @@ int main(int argc, char** argv) {
       ->check(one_of({"cpu", "cuda", "auto"}));
   train->add_option("--precision", train_precision, precision_help + " (default: the model file's)")
       ->check(one_of(seam::precision_names()));
+  train->add_flag("--deterministic", t.deterministic,
+                  "bitwise repeatable GPU runs: fixed algorithm picks, no atomics (the CPU's runs repeat anyway)");
   train->add_option("--layout", train_layout, layout_help + " (default: the model file's)")
       ->check(one_of(seam::layout_policy_names()));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
@@ -335,6 +337,8 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::precision_names()));
   bench->add_option("--layout", bench_layout, layout_help + " (default: a model file's own, else auto)")
       ->check(one_of(seam::layout_policy_names()));
+  bench->add_flag("--deterministic", bo.deterministic,
+                  "bitwise repeatable GPU steps: fixed algorithm picks, no atomics (to measure their cost)");
   bench->add_flag("--no-master-weights", no_masters,
                   "with bf16 or f16: parameters stored in 16 bits, updated with stochastic rounding");
   bench->add_option("--epilogue", bo.epilogue,

@@ -194,10 +194,16 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
   cudnnHandle_t h = cudnn_of(a.ctx);
   const Math m = key.math;
   const std::string text = key.str();
-  if (auto c = cached_conv_choice(text))
-    if (auto chosen = apply(h, s, m, *c)) return *chosen;
+  const bool fixed = a.ctx.deterministic;  // a pick by algorithm number, not by time
+  if (!fixed)
+    if (auto c = cached_conv_choice(text))
+      if (auto chosen = apply(h, s, m, *c)) return *chosen;
   SEAM_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, requested_math(m)));
   std::vector<Perf> results = measure(h, a.ctx.stream, s, x, w, y);
+  if (fixed)
+    std::stable_sort(results.begin(), results.end(), [](const Perf& p, const Perf& q) {
+      return p.algo != q.algo ? p.algo < q.algo : p.math < q.math;
+    });
   std::optional<Perf> best = pick(results);
   if (!best) {
     std::string why;
@@ -210,7 +216,7 @@ Chosen choose(const StepArgs& a, const ConvSetup& s, const ConvKey& key, void* x
     fail(op_name(a.step.op), " '", a.step.name, "': cuDNN measured algorithm ", best->algo, " for ", text,
          " but rejects its workspace query");
   c.workspace = chosen->workspace;
-  remember_conv_choice(text, c);
+  if (!fixed) remember_conv_choice(text, c);
   return *chosen;
 }
 
@@ -491,7 +497,8 @@ Launch prepare_conv2d_grad_weight(const StepArgs& a) {
       char line[200];
       std::snprintf(line, sizeof line, "conv2d_grad_weight: f32 dw directly %.1f us, in %s and a cast %.1f + %.1f us",
                     direct_ms * 1e3, dtype_name(dt), narrow_ms * 1e3, cast_ms * 1e3);
-      const bool narrow_wins = !direct || direct_ms < 0 || (narrow_ms >= 0 && narrow_ms + cast_ms < direct_ms);
+      const bool narrow_wins = !direct || direct_ms < 0 ||
+                               (!a.ctx.deterministic && narrow_ms >= 0 && narrow_ms + cast_ms < direct_ms);
       a.ctx.choices.emplace_back(a.index, std::string(line) + (narrow_wins ? ": the cast" : ": directly"));
       if (!narrow_wins) {
         a.ctx.release(scratch);

@@ -72,6 +72,9 @@ class Context {
   GemmCache* gemm_cache = nullptr;
   bool tf32 = false;  // f32 GEMMs and convolutions may use TF32 tensor cores (ModelOptions::precision)
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;  // see choose_variant (gemm.h)
+  // ModelOptions::deterministic: each choice a fixed rule's (the heuristics' first, the
+  // first variant offered), never a timing's or a cached one's.
+  bool deterministic = false;
   DeviceCounters* counters = nullptr;
   DeviceError* error = nullptr;
   int sm_count = 0;

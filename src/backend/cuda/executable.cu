@@ -109,6 +109,7 @@ class CudaExecutable : public Executable {
     ctx_.gemm_cache = sh_->gemm_cache.get();
     ctx_.tf32 = sh_->tf32;
     ctx_.epilogue = sh_->epilogue;
+    ctx_.deterministic = sh_->deterministic;
     ctx_.sm_count = sh_->sm_count;
     ctx_.counters = reinterpret_cast<DeviceCounters*>(r.counters);
     ctx_.error = reinterpret_cast<DeviceError*>(ctx_.scratch(sizeof(DeviceError)));

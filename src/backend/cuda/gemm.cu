@@ -597,7 +597,9 @@ Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperan
     auto it = store.entries.find(key);
     if (it != store.entries.end()) found = it->second;
   }
-  if (found && found->checked) {
+  if (ctx.deterministic) {
+    found.reset();  // the heuristics' first, below, not a pick timed in another run
+  } else if (found && found->checked) {
     p->algo = found->algo;
     have = true;
     counters().memory_hits += 1;
@@ -661,7 +663,7 @@ Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperan
 
     int best = -1;
     float best_ms = 0;
-    if (usable.size() == 1) {
+    if (usable.size() == 1 || ctx.deterministic) {
       best = usable[0];
     } else {
       void* ws = cache.tuning_workspace();
@@ -687,12 +689,12 @@ Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperan
     e.ns = static_cast<int64_t>(static_cast<double>(best_ms) * 1e6);
     e.checked = true;
     p->algo = e.algo;
-    {
+    if (!ctx.deterministic) {  // a fixed pick is not a timed one to remember
       std::lock_guard<std::mutex> lock(store.mu);
       store.entries[key] = e;
       store.dirty = true;
+      counters().tuned += 1;
     }
-    counters().tuned += 1;
   }
 
   ctx.need_workspace(kGemmWorkspaceBytes);
@@ -762,6 +764,10 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
   if (variants.size() == 1) {  // nothing to time, and no pick to keep
     ctx.choices.emplace_back(step, variants[0].name + " (only one" + note_missing + ")");
     return variants[0].launch;
+  }
+  if (ctx.deterministic) {  // the first offered, whatever timing would say
+    ctx.choices.emplace_back(step, variants[0].name + " (deterministic: the first offered" + note_missing + ")");
+    return keep(&variants[0]);
   }
   std::string cached;
   {

@@ -4,8 +4,11 @@
 // same Philox numbers (seed and step read on the device from DeviceCounters). Float
 // values are stored as T (f32, bf16 or f16, storage.cuh) and computed in float.
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <type_traits>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
@@ -516,6 +519,82 @@ Launch embedding_grad_as(const StepArgs& a) {
   }
 }
 
+// The deterministic embedding gradient (ModelOptions::deterministic): the positions sorted
+// by id (a stable radix sort, so each id's positions stay in order), each id's segment of
+// the sorted list found, then every dweight element the sum over its row's segment in that
+// order, in f32, stored once. Rows no id names get zeros; nothing is added atomically.
+__global__ void iota_kernel(int32_t* v, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    v[i] = static_cast<int32_t>(i);
+}
+
+__global__ void segment_kernel(const int32_t* keys, const int32_t* pos, int64_t n, int64_t rows, int32_t* begin,
+                               int32_t* end, DeviceError* err, int step_index) {
+  for (int64_t j = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < n; j += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t k = keys[j];
+    if (k < 0 || k >= rows) {
+      report_error(err, step_index, kEmbeddingId, pos[j], k, rows);
+      continue;
+    }
+    if (j == 0 || keys[j - 1] != k) begin[k] = static_cast<int32_t>(j);
+    if (j == n - 1 || keys[j + 1] != k) end[k] = static_cast<int32_t>(j + 1);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    segment_sum_kernel(const T* dy, const int32_t* pos, const int32_t* begin, const int32_t* end, T* dw, int64_t rows,
+                       int64_t dim) {
+  const int64_t total = rows * dim;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / dim, c = e - r * dim;
+    float sum = 0.0f;
+    for (int32_t t = begin[r]; t < end[r]; ++t) sum += to_float(dy[int64_t{pos[t]} * dim + c]);
+    dw[e] = from_float<T>(sum);
+  }
+}
+
+template <class T>
+Launch embedding_grad_sorted(const StepArgs& a) {
+  const T* dy = a.in[0].as<const T>();
+  const int32_t* ids = a.in[1].as<const int32_t>();
+  T* dw = a.out[0].as<T>();
+  const int64_t rows = a.out[0].shape()[0], dim = a.out[0].shape()[1], n = a.in[1].numel();
+  if (n > std::numeric_limits<int32_t>::max() || rows > std::numeric_limits<int32_t>::max())
+    fail("embedding_grad '", a.step.name, "': ", n, " ids into ", rows, " rows exceed the sort's 32-bit positions");
+  size_t sort_bytes = 0;
+  SEAM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
+                                                  static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                  static_cast<int32_t*>(nullptr), static_cast<int>(n)));
+  auto round_up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t ints = round_up(static_cast<size_t>(n) * 4), segs = round_up(static_cast<size_t>(rows) * 4);
+  a.ctx.need_workspace(3 * ints + 2 * segs + round_up(sort_bytes));
+  const Context* ctx = &a.ctx;
+  DeviceError* err = a.ctx.error;
+  const int index = a.index;
+  const unsigned id_blocks = blocks_for(n, kThreads, static_cast<int>(grid_cap(a.ctx)));
+  const unsigned row_blocks = blocks_for(rows * dim, kThreads, static_cast<int>(grid_cap(a.ctx)));
+  return [=](cudaStream_t stream) {
+    auto* base = static_cast<std::byte*>(ctx->workspace());  // the lane's, read when the step runs
+    auto* order = reinterpret_cast<int32_t*>(base);
+    auto* keys = reinterpret_cast<int32_t*>(base + ints);
+    auto* pos = reinterpret_cast<int32_t*>(base + 2 * ints);
+    auto* begin = reinterpret_cast<int32_t*>(base + 3 * ints);
+    auto* end = reinterpret_cast<int32_t*>(base + 3 * ints + segs);
+    void* temp = base + 3 * ints + 2 * segs;
+    size_t temp_bytes = sort_bytes;
+    iota_kernel<<<id_blocks, kThreads, 0, stream>>>(order, n);
+    SEAM_CUDA_LAUNCH_CHECK();
+    SEAM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys, order, pos, static_cast<int>(n), 0,
+                                                    32, stream));
+    SEAM_CUDA_CHECK(cudaMemsetAsync(begin, 0, 2 * segs, stream));
+    segment_kernel<<<id_blocks, kThreads, 0, stream>>>(keys, pos, n, rows, begin, end, err, index);
+    SEAM_CUDA_LAUNCH_CHECK();
+    segment_sum_kernel<T><<<row_blocks, kThreads, 0, stream>>>(dy, pos, begin, end, dw, rows, dim);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
 // dweight has dy's dtype.
 Launch embedding_grad(const StepArgs& a) {
   expect_dtype(a, a.in[0], kStored);
@@ -524,7 +603,9 @@ Launch embedding_grad(const StepArgs& a) {
     fail("embedding_grad '", a.step.name, "': dweight ", a.out[0].type.str(), " and dy ", a.in[0].type.str(),
          " differ in dtype");
   Launch l;
-  dispatch_storage(a.in[0].dtype(), "embedding_grad", [&]<class T>() { l = embedding_grad_as<T>(a); });
+  dispatch_storage(a.in[0].dtype(), "embedding_grad", [&]<class T>() {
+    l = a.ctx.deterministic ? embedding_grad_sorted<T>(a) : embedding_grad_as<T>(a);
+  });
   return l;
 }
 

@@ -191,6 +191,7 @@ class CudaBackend : public Backend {
     sh_->tf32 = o.tf32;
     sh_->graph = o.graph;
     sh_->epilogue = o.epilogue;
+    sh_->deterministic = o.deterministic;
     SEAM_CUDA_CHECK(cudaSetDevice(0));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->stream, cudaStreamNonBlocking));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->copy_stream, cudaStreamNonBlocking));

@@ -15,6 +15,7 @@ struct Shared {
   bool tf32 = false;
   bool graph = true;
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;
+  bool deterministic = false;
   cudaStream_t stream = nullptr;       // compute
   std::vector<cudaStream_t> lanes;     // compute: lanes[0] = stream, then the side lanes
   cudaStream_t copy_stream = nullptr;  // host-to-device input uploads

@@ -1,0 +1,73 @@
+// ModelOptions::deterministic on the GPU: the embedding gradient without atomics against
+// the CPU, and whole runs of the CNN and the GPT examples that repeat their bits: two runs
+// with fresh caches (so that no pick carries over), and one without the CUDA graph.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gpu_check.h"
+#include "io/model_file.h"
+
+using namespace seam;
+using namespace seam::gpu_testing;
+
+namespace {
+
+TEST(GpuDeterminism, TheSortedEmbeddingGradientMatchesTheCpu) {
+  for (const CompareOptions& o : {f32().fixed(), bf16().fixed()}) {
+    SCOPED_TRACE(precision_name(o.precision));
+    compare_with_cpu([](GpuCase& c) { return embedding(c.labels("ids", {5, 7}, 11), c.param("w", {11, 33})); }, o);
+    // Most rows named many times, some never (their gradient rows are zeros).
+    compare_with_cpu([](GpuCase& c) { return embedding(c.labels("ids", {16, 256}, 40), c.param("w", {64, 96})); }, o);
+    compare_with_cpu([](GpuCase& c) { return embedding(c.labels("ids", {3}, 1000), c.param("w", {1000, 8})); }, o);
+  }
+}
+
+// The parameters after `steps` steps of the example at `batch`, as bytes.
+std::vector<HostTensor> train(const std::string& example, int64_t batch, int steps, bool graph) {
+  const TempCacheDir cache;  // no GEMM, convolution or variant pick from an earlier run
+  const io::ModelSpec spec = io::parse_model_file(std::string(SEAM_EXAMPLES "/") + example + ".json");
+  const io::BuiltGraph bg = io::build_graph(spec, batch);
+  Model m(bg.graph, {.seed = 5,
+                     .device = Device::cuda,
+                     .precision = spec.precision,
+                     .master_weights = spec.master_weights,
+                     .cuda_graph = graph,
+                     .deterministic = true});
+  Program p = m.compile({.loss = bg.loss, .optimizer = spec.optimizer});
+  std::mt19937_64 rng(9);
+  const TensorType &xt = bg.graph.value(bg.x).type, &yt = bg.graph.value(bg.y).type;
+  std::vector<io::RandomBatch> batches;
+  for (int i = 0; i < 4; ++i) batches.push_back(io::random_batch(xt, yt, spec.classes, rng));
+  for (int s = 0; s < steps; ++s) {
+    const io::RandomBatch& b = batches[static_cast<size_t>(s) % batches.size()];
+    const std::vector<std::byte> x = b.x_bytes();
+    p.set_input("x", std::span<const std::byte>(x));
+    p.set_input("y", std::span<const int32_t>(b.y));
+    p.run();
+  }
+  p.check();
+  return m.save_tensors();
+}
+
+void expect_same_bits(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].name, b[i].name) << what;
+    EXPECT_TRUE(a[i].data == b[i].data) << what << ": " << a[i].name << " differs";
+  }
+}
+
+TEST(GpuDeterminism, TwoRunsOfTheCnnGiveTheSameBits) {
+  const auto first = train("fmnist_cnn", 64, 50, true);
+  expect_same_bits(first, train("fmnist_cnn", 64, 50, true), "a second run");
+  expect_same_bits(first, train("fmnist_cnn", 64, 50, false), "a run without the CUDA graph");
+}
+
+TEST(GpuDeterminism, TwoRunsOfTheGptGiveTheSameBits) {
+  const auto first = train("gpt_fortunes", 8, 50, true);
+  expect_same_bits(first, train("gpt_fortunes", 8, 50, true), "a second run");
+  expect_same_bits(first, train("gpt_fortunes", 8, 50, false), "a run without the CUDA graph");
+}
+
+}  // namespace
