@@ -91,13 +91,18 @@ def sample(kind, shape, n, seed):
     return g.standard_normal((n, *shape)).astype(np.float32)
 
 
+EXPORTER = "torchscript"  # --exporter
+
+
 def export(model, x, path):
     args = dict(input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
     try:
+        if EXPORTER == "dynamo":
+            raise RuntimeError("the dynamo exporter asked for")
         torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False, **args)
         return "torch.onnx.export (TorchScript), opset 17"
     except Exception as e:  # noqa: BLE001 - the dynamo exporter is the fallback
-        print(f"  TorchScript export failed ({e}); the dynamo exporter instead", flush=True)
+        print(f"  TorchScript export: {e}; the dynamo exporter", flush=True)
         torch.onnx.export(model, (x,), path, opset_version=18, dynamo=True,
                           dynamic_shapes={"x": {0: torch.export.Dim("N", min=1, max=1024)}}, input_names=["x"],
                           output_names=["y"])
@@ -413,9 +418,13 @@ def main():
     ap.add_argument("--train-device", help="seam's device for the training check (default: --device)")
     ap.add_argument("--only-train", action="store_true", help="agreement and the training check, no times")
     ap.add_argument("--dump-graph", action="store_true", help="write each export's graph as text to OUT")
+    ap.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript",
+                    help="dynamo: torch.onnx.export(dynamo=True), opset 18")
     ap.add_argument("--exports", nargs="*", default=[], help="examples/NAME.json models: seam's export in onnxruntime")
     ap.add_argument("--work", default="/tmp/seam_onnx_models", help="exports and arrays (large; not under OUT)")
     a = ap.parse_args()
+    global EXPORTER
+    EXPORTER = a.exporter
     os.makedirs(a.out, exist_ok=True)
     import onnxruntime as ort
 

@@ -21,50 +21,14 @@
 #include "io/safetensors.h"
 #include "onnx.pb.h"
 #include "seam/seam.h"
+#include "onnx_build.h"
 #include "test_util.h"
 
 namespace seam::testing {
 namespace {
 
 namespace P = ::onnx;
-
-void add_tensor(P::GraphProto& g, const std::string& name, const Shape& shape, const std::vector<float>& v) {
-  P::TensorProto* t = g.add_initializer();
-  t->set_name(name);
-  t->set_data_type(P::TensorProto::FLOAT);
-  for (int64_t d : shape) t->add_dims(d);
-  t->set_raw_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
-}
-
-void add_io(google::protobuf::RepeatedPtrField<P::ValueInfoProto>* list, const std::string& name, const Shape& shape,
-            const std::string& symbolic = "") {
-  P::ValueInfoProto* v = list->Add();
-  v->set_name(name);
-  auto* tt = v->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(P::TensorProto::FLOAT);
-  for (size_t i = 0; i < shape.size(); ++i) {
-    auto* d = tt->mutable_shape()->add_dim();
-    if (i == 0 && !symbolic.empty()) d->set_dim_param(symbolic);
-    else d->set_dim_value(shape[i]);
-  }
-}
-
-P::NodeProto* add_node(P::GraphProto& g, const std::string& op, std::vector<std::string> in,
-                       std::vector<std::string> out) {
-  P::NodeProto* n = g.add_node();
-  n->set_op_type(op);
-  n->set_name(out[0] + "_node");
-  for (auto& i : in) n->add_input(i);
-  for (auto& o : out) n->add_output(o);
-  return n;
-}
-
-void set_ints(P::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(P::AttributeProto::INTS);
-  for (int64_t x : v) a->add_ints(x);
-}
+using namespace onnx_build;
 
 struct Cnn {
   std::vector<float> w1 = random_floats(8 * 3 * 3 * 3, 11), b1 = random_floats(8, 12),

@@ -360,8 +360,8 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
   for (const auto& op : m.opset_import())
     if (op.domain().empty() || op.domain() == "ai.onnx") r.opset = op.version();
   if (r.opset == 0) r.opset = m.opset_import_size() == 0 ? 1 : 0;
-  if (r.opset < 1 || r.opset > 17)
-    fail(where, ": opset ", r.opset, " of the default domain; seam imports opsets 1 to 17 (ONNX 1.12's)");
+  if (r.opset < 1 || r.opset > 21)
+    fail(where, ": opset ", r.opset, " of the default domain; seam imports opsets 1 to 21");
   r.producer = m.producer_name() + (m.producer_version().empty() ? "" : " " + m.producer_version());
   const T::GraphProto& gp = m.graph();
   Importer imp{r.graph, o, r.opset};

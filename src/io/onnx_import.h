@@ -111,6 +111,8 @@ Var gather_const(NodeCtx& c, Var x, int64_t axis, const std::vector<int64_t>& id
 void add_resize_importers(std::map<std::string, OpImporter>& table);
 // The table's entries for comparisons, logic, Where and Mod (onnx_ops_logic.cpp).
 void add_logic_importers(std::map<std::string, OpImporter>& table);
+// The table's entries for activations (onnx_ops_act.cpp).
+void add_activation_importers(std::map<std::string, OpImporter>& table);
 // Element `flat` of the broadcast of c to the shape `to`.
 double at_broadcast(const Const& c, const Shape& to, int64_t flat);
 // f over the broadcast of a and b, truncated to integers for an integer a.

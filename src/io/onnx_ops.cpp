@@ -137,51 +137,6 @@ void unary(NodeCtx& c) {
   c.out(0, F(c.in(0)));
 }
 
-void leaky_relu_op(NodeCtx& c) { c.out(0, leaky_relu(c.in(0), c.f("alpha", 0.01))); }
-
-// Activations written with seam's elementwise ops (fusion makes each one kernel).
-// max(x, 0) + alpha (exp(min(x, 0) / k) - 1) k: elu with k = 1, celu with k = alpha.
-Var elu_like(NodeCtx& c, Var x, double alpha, double k) {
-  Var zero = scalar(c.g(), 0.0, x.dtype());
-  Var neg_part = scale(sub(seam::exp(scale(minimum(x, zero), 1.0 / k)), scalar(c.g(), 1.0, x.dtype())), alpha * k);
-  return add(maximum(x, zero), neg_part);
-}
-void elu_op(NodeCtx& c) { c.out(0, elu_like(c, c.in(0), c.f("alpha", 1.0), 1.0)); }
-void celu_op(NodeCtx& c) {
-  const double a = c.f("alpha", 1.0);
-  c.out(0, elu_like(c, c.in(0), 1.0, a));
-}
-void selu_op(NodeCtx& c) {
-  c.out(0, scale(elu_like(c, c.in(0), c.f("alpha", 1.67326319217681884765625), 1.0),
-                 c.f("gamma", 1.05070102214813232421875)));
-}
-// max(0, min(1, alpha x + beta))
-Var hard_sigmoid(NodeCtx& c, Var x, double alpha, double beta) {
-  Var y = add(scale(x, alpha), scalar(c.g(), beta, x.dtype()));
-  return maximum(minimum(y, scalar(c.g(), 1.0, x.dtype())), scalar(c.g(), 0.0, x.dtype()));
-}
-void hard_sigmoid_op(NodeCtx& c) { c.out(0, hard_sigmoid(c, c.in(0), c.f("alpha", 0.2), c.f("beta", 0.5))); }
-void hard_swish_op(NodeCtx& c) {
-  Var x = c.in(0);
-  c.out(0, mul(x, hard_sigmoid(c, x, 1.0 / 6.0, 0.5)));
-}
-// log(1 + exp(x)), as max(x, 0) + log(1 + exp(-|x|)): no overflow for large x.
-void softplus_op(NodeCtx& c) {
-  Var x = c.in(0);
-  Var one = scalar(c.g(), 1.0, x.dtype());
-  c.out(0, add(maximum(x, scalar(c.g(), 0.0, x.dtype())), seam::log(add(one, seam::exp(neg(seam::abs(x)))))));
-}
-void softsign_op(NodeCtx& c) {
-  Var x = c.in(0);
-  c.out(0, div(x, add(scalar(c.g(), 1.0, x.dtype()), seam::abs(x))));
-}
-// max(x, 0) + slope min(x, 0), slope broadcast (per channel, usually).
-void prelu_op(NodeCtx& c) {
-  Var x = c.in(0), slope = c.in(1);
-  Var zero = scalar(c.g(), 0.0, x.dtype());
-  c.out(0, add(maximum(x, zero), mul(slope, minimum(x, zero))));
-}
-
 Var relu_of(Var x) { return relu(x); }
 Var sigmoid_of(Var x) { return sigmoid(x); }
 Var tanh_of(Var x) { return seam::tanh(x); }
@@ -604,8 +559,14 @@ void split_op(NodeCtx& c) {
                                                : c.ints("split");
   const auto parts = static_cast<int64_t>(c.outputs());
   if (sizes.empty()) {
-    if (n % parts) c.fail("axis ", axis, " of size ", n, " does not split into ", parts, " equal parts");
-    sizes.assign(static_cast<size_t>(parts), n / parts);
+    if (c.opset() >= 18 && c.has_attr("num_outputs")) {  // parts of ceil(n / parts), the last the rest
+      if (c.i("num_outputs", 0) != parts) c.fail("num_outputs ", c.i("num_outputs", 0), " for ", parts, " outputs");
+      const int64_t chunk = (n + parts - 1) / parts;
+      for (int64_t i = 0; i < parts; ++i) sizes.push_back(std::min(chunk, n - i * chunk));
+    } else {
+      if (n % parts) c.fail("axis ", axis, " of size ", n, " does not split into ", parts, " equal parts");
+      sizes.assign(static_cast<size_t>(parts), n / parts);
+    }
   }
   if (static_cast<int64_t>(sizes.size()) != parts || std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != n)
     c.fail("split sizes ", shape_str(Shape(sizes.begin(), sizes.end())), " do not cover axis ", axis, " of size ", n,
@@ -652,8 +613,8 @@ Const take_along(const Const& k, int64_t axis, const std::vector<int64_t>& idx, 
 void pad_op(NodeCtx& c) {
   const Shape in = shape_of(c, 0);
   const std::string mode = c.s("mode", "constant");
-  if (mode != "constant" && mode != "edge" && mode != "reflect")
-    c.fail("mode '", mode, "': seam pads in the modes constant, edge and reflect");
+  if (mode != "constant" && mode != "edge" && mode != "reflect" && mode != "wrap")
+    c.fail("mode '", mode, "': seam pads in the modes constant, edge, reflect and wrap");
   const std::vector<int64_t> pads = c.opset() >= 11 ? c.const_in(1, "pads").ints() : c.ints("pads");
   double value = c.opset() >= 11 ? (c.has(2) ? scalar_of(c, c.const_in(2, "constant_value"), "constant_value") : 0.0) : c.f("value", 0.0);
   const size_t r = in.size();
@@ -678,6 +639,7 @@ void pad_op(NodeCtx& c) {
       idx.push_back(i >= 0 && i < n ? i
                     : mode == "constant" ? -1
                     : mode == "edge"     ? (i < 0 ? 0 : n - 1)
+                    : mode == "wrap"     ? ((i % n) + n) % n
                                          : (i < 0 ? -i : 2 * (n - 1) - i));
     if (k) {
       check_foldable(c, [&] { Shape s = k->shape; s[static_cast<size_t>(a)] = static_cast<int64_t>(idx.size()); return s; }());
@@ -810,8 +772,8 @@ const std::map<std::string, OpImporter>& op_importers() {
         {"Tanh", unary<tanh_of>},        {"Exp", unary<exp_of>},
         {"Log", unary<log_of>},          {"Sqrt", unary<sqrt_of>},
         {"Neg", sign_op<0>},             {"Abs", sign_op<1>},
-        {"Erf", unary<erf_of>},          {"LeakyRelu", leaky_relu_op},
-        {"Reciprocal", reciprocal_op},   {"Pow", pow_op},
+        {"Erf", unary<erf_of>},          {"Reciprocal", reciprocal_op},
+        {"Pow", pow_op},
         {"Add", binary<0>},              {"Sub", binary<1>},
         {"Mul", binary<2>},              {"Div", binary<3>},
         {"Max", variadic<0>},            {"Min", variadic<1>},
@@ -823,11 +785,7 @@ const std::map<std::string, OpImporter>& op_importers() {
         {"Unsqueeze", unsqueeze_op},     {"Transpose", transpose_op},
         {"Concat", concat_op},           {"Slice", slice_op},
         {"Expand", expand_op},           {"Gather", gather_op},
-        {"Constant", constant_op},       {"Elu", elu_op},
-        {"Celu", celu_op},               {"Selu", selu_op},
-        {"HardSigmoid", hard_sigmoid_op}, {"HardSwish", hard_swish_op},
-        {"Softplus", softplus_op},       {"Softsign", softsign_op},
-        {"PRelu", prelu_op},             {"CastLike", cast_like_op},
+        {"Constant", constant_op},       {"CastLike", cast_like_op},
         {"Split", split_op},             {"Tile", tile_op},
         {"Pad", pad_op},                 {"ConstantOfShape", constant_of_shape_op},
         {"Size", size_op},               {"Range", range_op},
@@ -837,6 +795,7 @@ const std::map<std::string, OpImporter>& op_importers() {
     add_nn_importers(t);
     add_resize_importers(t);
     add_logic_importers(t);
+    add_activation_importers(t);
     return t;
   }();
   return table;

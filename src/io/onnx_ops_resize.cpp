@@ -30,6 +30,10 @@ double source_coordinate(NodeCtx& c, const std::string& mode, int64_t i, double 
   if (mode == "pytorch_half_pixel") return out > 1 ? (x + 0.5) / scale - 0.5 : 0.0;
   if (mode == "align_corners") return length <= 1 ? 0.0 : x * static_cast<double>(in - 1) / (length - 1);
   if (mode == "asymmetric") return x / scale;
+  if (mode == "half_pixel_symmetric") {  // opset 19: half_pixel about the centre of the rounded size
+    const double adjustment = static_cast<double>(out) / length, centre = static_cast<double>(in) / 2;
+    return centre * (1 - adjustment) + (x + 0.5) / scale - 0.5;
+  }
   if (mode == "tf_half_pixel_for_nearest" || mode == "tf_half_pixel_for_nn") return (x + 0.5) / scale;
   c.fail("coordinate_transformation_mode '", mode, "' is not supported");
 }
@@ -131,6 +135,10 @@ void resize_op(NodeCtx& c) {
   } else {
     if (c.s("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize")
       c.fail("coordinate_transformation_mode 'tf_crop_and_resize' is not supported");
+    if (c.i("antialias", 0) != 0) c.fail("antialias 1 is not supported");  // opset 18
+    if (c.has_attr("axes")) c.fail("the axes attribute is not supported: give scales or sizes for every dim");
+    if (c.s("keep_aspect_ratio_policy", "stretch") != "stretch")
+      c.fail("keep_aspect_ratio_policy '", c.s("keep_aspect_ratio_policy", ""), "' is not supported");
     if (c.has(3)) sizes = c.const_in(3, "sizes").ints();
     else if (c.has(2)) scales = c.const_in(2, "scales").v;
   }

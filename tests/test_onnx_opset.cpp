@@ -1,0 +1,151 @@
+// What opsets 18 to 21 changed or added among the ops seam imports (the node tests of
+// libonnx-testdata stop at opset 17): Gelu and Mish, Split by num_outputs, ReduceMean's
+// axes as an input, Pad's wrap mode; each against values computed here in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "io/onnx.h"
+#include "onnx_build.h"
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+namespace P = ::onnx;
+using namespace onnx_build;
+
+struct OneNode {
+  P::ModelProto m;
+  P::GraphProto& g;
+  explicit OneNode(int64_t opset) : g(*m.mutable_graph()) {
+    m.set_ir_version(9);
+    m.add_opset_import()->set_version(opset);
+  }
+  void ints(const std::string& name, const std::vector<int64_t>& v) {
+    P::TensorProto* t = g.add_initializer();
+    t->set_name(name);
+    t->set_data_type(P::TensorProto::INT64);
+    t->add_dims(static_cast<int64_t>(v.size()));
+    for (int64_t x : v) t->add_int64_data(x);
+  }
+  // Imports, runs x through, and returns each output.
+  std::vector<std::vector<float>> run(const std::vector<float>& x) {
+    const std::string bytes = m.SerializeAsString();
+    onnx::OnnxImport imp = onnx::import_onnx_bytes(std::as_bytes(std::span(bytes)), "m.onnx", {});
+    Model model(imp.graph, {.seed = 1});
+    onnx::load_initial(model, imp);
+    std::vector<ValueId> outs;
+    for (const std::string& o : imp.outputs) outs.push_back(*imp.graph.find(o));
+    Program p = model.compile({.mode = Mode::eval, .outputs = outs});
+    p.set_input("x", std::span<const float>(x));
+    p.run();
+    std::vector<std::vector<float>> r;
+    for (const std::string& o : imp.outputs) r.push_back(p.read_as<float>(o));
+    return r;
+  }
+};
+
+void set_string(P::NodeProto* n, const std::string& name, const std::string& v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(P::AttributeProto::STRING);
+  a->set_s(v);
+}
+
+void set_int(P::NodeProto* n, const std::string& name, int64_t v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(P::AttributeProto::INT);
+  a->set_i(v);
+}
+
+TEST(OnnxOpset, GeluAndMishAreTheirFormulas) {
+  const auto x = random_floats(64, 71);
+  for (const std::string approx : {"none", "tanh"}) {
+    OneNode m(20);
+    add_io(m.g.mutable_input(), "x", {8, 8});
+    set_string(add_node(m.g, "Gelu", {"x"}, {"y"}), "approximate", approx);
+    add_io(m.g.mutable_output(), "y", {8, 8});
+    const auto y = m.run(x)[0];
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double v = x[i];
+      const double want = approx == "none"
+                              ? 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)))
+                              : 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+      EXPECT_NEAR(y[i], want, 1e-5 * (1 + std::abs(want))) << approx << " " << v;
+    }
+  }
+  OneNode m(18);
+  add_io(m.g.mutable_input(), "x", {64});
+  add_node(m.g, "Mish", {"x"}, {"y"});
+  add_io(m.g.mutable_output(), "y", {64});
+  const auto y = m.run(x)[0];
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i], want = v * std::tanh(std::log1p(std::exp(v)));
+    EXPECT_NEAR(y[i], want, 1e-5 * (1 + std::abs(want))) << v;
+  }
+}
+
+TEST(OnnxOpset, SplitByNumOutputsLeavesTheRestLast) {
+  OneNode m(18);
+  add_io(m.g.mutable_input(), "x", {2, 7});
+  set_int(add_node(m.g, "Split", {"x"}, {"a", "b", "c"}), "axis", 1);
+  set_int(m.g.mutable_node(0), "num_outputs", 3);
+  for (auto [name, n] : {std::pair{"a", 3}, std::pair{"b", 3}, std::pair{"c", 1}})
+    add_io(m.g.mutable_output(), name, {2, n});
+  const auto x = random_floats(14, 72);
+  const auto out = m.run(x);
+  ASSERT_EQ(out.size(), 3u);
+  const int64_t from[] = {0, 3, 6}, len[] = {3, 3, 1};
+  for (size_t k = 0; k < 3; ++k)
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t j = 0; j < len[k]; ++j)
+        EXPECT_EQ(out[k][static_cast<size_t>(r * len[k] + j)], x[static_cast<size_t>(r * 7 + from[k] + j)]);
+}
+
+TEST(OnnxOpset, ReduceMeanTakesItsAxesAsAnInput) {
+  OneNode m(18);
+  add_io(m.g.mutable_input(), "x", {3, 4});
+  m.ints("axes", {1});
+  set_int(add_node(m.g, "ReduceMean", {"x", "axes"}, {"y"}), "keepdims", 0);
+  add_io(m.g.mutable_output(), "y", {3});
+  const auto x = random_floats(12, 73);
+  const auto y = m.run(x)[0];
+  for (size_t r = 0; r < 3; ++r) {
+    const double want = (x[4 * r] + x[4 * r + 1] + x[4 * r + 2] + x[4 * r + 3]) / 4.0;
+    EXPECT_NEAR(y[r], want, 1e-6) << r;
+  }
+}
+
+TEST(OnnxOpset, PadWrapsAround) {
+  OneNode m(19);
+  add_io(m.g.mutable_input(), "x", {2, 3});
+  m.ints("pads", {0, 1, 0, 2});  // columns: one before, two after
+  set_string(add_node(m.g, "Pad", {"x", "pads"}, {"y"}), "mode", "wrap");
+  add_io(m.g.mutable_output(), "y", {2, 6});
+  const auto x = random_floats(6, 74);
+  const auto y = m.run(x)[0];
+  const int64_t cols[] = {2, 0, 1, 2, 0, 1};
+  for (size_t r = 0; r < 2; ++r)
+    for (size_t j = 0; j < 6; ++j) EXPECT_EQ(y[r * 6 + j], x[r * 3 + static_cast<size_t>(cols[j])]) << r << "," << j;
+}
+
+TEST(OnnxOpset, AnOpsetPast21IsRefusedByNumber) {
+  OneNode m(22);
+  add_io(m.g.mutable_input(), "x", {2});
+  add_node(m.g, "Relu", {"x"}, {"y"});
+  add_io(m.g.mutable_output(), "y", {2});
+  try {
+    m.run({1, 2});
+    FAIL() << "imported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("opset 22 of the default domain; seam imports opsets 1 to 21"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace seam::testing
