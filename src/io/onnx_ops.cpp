@@ -540,6 +540,23 @@ void gather_op(NodeCtx& c) {
       return c.out_const(0, r);
     }
   }
+  // Constant indices that are one run of consecutive ones (a scalar index: q, k or v out of
+  // a packed projection) are a slice: no gather kernel, and a gradient without a scatter.
+  if (idx && !ids.empty() && !c.foldable(0)) {
+    bool run = true;
+    for (size_t i = 1; i < ids.size() && run; ++i) run = ids[i] == ids[i - 1] + 1;
+    if (run && idx->shape.size() <= 1) {
+      const auto from = static_cast<int64_t>(ids.front()), to = from + static_cast<int64_t>(ids.size());
+      Var x = c.in(0);
+      Var part = from == 0 && to == n ? copy(x) : slice(x, axis, from, to);
+      if (idx->shape.empty()) {  // a scalar index drops the axis
+        Shape s = in;
+        s.erase(s.begin() + axis);
+        part = reshape(part, s);
+      }
+      return c.out(0, part);
+    }
+  }
   const Shape id_shape = idx ? idx->shape : c.in(1).shape();
   Var id_var = [&] {
     if (!idx) return c.in(1);
