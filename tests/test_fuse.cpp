@@ -4,11 +4,13 @@
 
 #include <random>
 
+#include "fuse_check.h"
 #include "test_util.h"
 #include "seam/seam.h"
 
 using namespace seam;
 using seam::testing::count;
+using seam::testing::expect_same_bits;
 
 namespace {
 
@@ -224,4 +226,27 @@ TEST(Fuse, PaddedClassesStayWhereTheSliceIsReadElsewhere) {
   EXPECT_EQ(count(p.plan(), Op::slice), 1) << p.plan().str();
   for (auto& s : p.plan().steps)
     if (s.op == Op::cross_entropy_with_grad) EXPECT_EQ(s.attrs.i("classes"), 0);
+}
+
+// Attention scores as an exporter writes them, q k^T with k transposed by a permute of
+// its last two dims: the matmul reads k in place (transpose_b), in the forward and in the
+// backward, and no transpose step is left; values and gradients as unfused.
+TEST(Fuse, TransposesOfTheLastTwoDimsFoldIntoMatmuls) {
+  Graph g;
+  Var q = g.param("q", {2, 3, 5, 4}, Init::uniform(-1, 1));
+  Var k = g.param("k", {2, 3, 6, 4}, Init::uniform(-1, 1));
+  Var v = g.param("v", {2, 3, 6, 4}, Init::uniform(-1, 1));
+  Var p = softmax(matmul(q, permute(k, {0, 1, 3, 2})), -1);
+  Var out = matmul(p, v);
+  Var loss = sum(mul(out, g.input("r", {2, 3, 5, 4})));
+  const Plan plan = expect_same_bits(g, loss, {out}, "folded transposes", Precision::f32, 1e-5);
+  EXPECT_EQ(count(plan, Op::transpose), 0) << plan.str();
+  // A transpose that also has another reader stays for it, and the matmul still folds it.
+  Graph h;
+  Var a = h.param("a", {4, 6}, Init::uniform(-1, 1)), b = h.param("b", {5, 6}, Init::uniform(-1, 1));
+  Var bt = permute(b, {1, 0});
+  Var both = add(sum(matmul(a, bt)), sum(exp(bt)));
+  const Plan kept = expect_same_bits(h, both, {}, "a transpose read elsewhere too", Precision::f32, 1e-5);
+  // Both stay: the forward one for exp, and the gradient's, of a sum (not a matmul).
+  EXPECT_EQ(count(kept, Op::transpose), 2) << kept.str();
 }

@@ -33,6 +33,13 @@ bool without_activation(const Node& n);
 // `keep`: values that must survive as they are (requested outputs, pinned gradients).
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 
+// Transposes into GEMMs: a matmul operand made by a transpose of its last two dims (and
+// no other dim moved) is read in place with the matmul's transpose flag flipped, and a
+// transpose no other step reads is gone: one copy of the operand less each time.
+// Exported attention (q k^T) and the backward of any matmul whose operand was transposed
+// leave these. (src/passes/fold_transposes.cpp)
+FuseResult fold_matmul_transposes(const Graph& g, const std::vector<ValueId>& keep);
+
 // Padded classes: where logits are sliced to their first c columns along the last axis
 // and only cross_entropy, argmax and cross_entropy_grad read the slice (the gradient only
 // by the slice's own slice_grad), they read the unsliced logits with classes = c instead
