@@ -257,10 +257,15 @@ NB_MODULE(_seam, m) {
   nb::class_<Model>(m, "Model", "A graph with its parameters on a device, ready to compile")
       .def(
           "__init__",
-          [](Model* self, const Graph& g, uint64_t seed, const std::string& device, const std::string& precision) {
-            new (self) Model(g, {.seed = seed, .device = device_of(device), .precision = precision_of(precision)});
+          [](Model* self, const Graph& g, uint64_t seed, const std::string& device, const std::string& precision,
+             bool deterministic) {
+            new (self) Model(g, {.seed = seed,
+                                 .device = device_of(device),
+                                 .precision = precision_of(precision),
+                                 .deterministic = deterministic});
           },
-          "graph"_a, "seed"_a = 0, "device"_a = "auto", "precision"_a = "f32")
+          "graph"_a, "seed"_a = 0, "device"_a = "auto", "precision"_a = "f32", "deterministic"_a = false,
+          "deterministic: bitwise repeatable GPU steps (fixed algorithm picks, no atomics)")
       .def(
           "compile",
           [](Model& m, std::optional<Var> loss, std::optional<OptimizerConfig> optimizer, std::vector<Var> outputs,

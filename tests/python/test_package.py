@@ -47,6 +47,23 @@ def test_a_graph_trains_and_reads_back_as_numpy():
     assert "linear" in step.plan and "arena peak" in step.plan
 
 
+def test_deterministic_is_an_option_and_the_cpu_repeats_either_way():
+    g, x, y, logits, loss = mlp()
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((8, 12)).astype(np.float32)
+    ys = rng.integers(0, 3, 8).astype(np.int32)
+    weights = []
+    for deterministic in (False, True):
+        step = seam.Model(g, seed=5, device="cpu", deterministic=deterministic).compile(
+            loss=loss, optimizer=seam.AdamW(lr=0.05))
+        step.set_input("x", xs)
+        step.set_input("y", ys)
+        for _ in range(5):
+            step.run()
+        weights.append(step.read_grad("fc1.weight").tobytes())
+    assert weights[0] == weights[1]
+
+
 def test_runs_from_cpp_equal_runs_from_python():
     # _run_many (bench/python_overhead.py's baseline) runs the same steps as run().
     rng = np.random.default_rng(3)
