@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "io/onnx.h"
 #include "onnx_build.h"
@@ -144,6 +145,93 @@ TEST(OnnxOpset, AnOpsetPast21IsRefusedByNumber) {
     EXPECT_NE(std::string(e.what()).find("opset 22 of the default domain; seam imports opsets 1 to 21"),
               std::string::npos)
         << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace seam::testing
+
+namespace seam::testing {
+namespace {
+
+// softmax(scale q k^T [causal]) v in double, [N, T, D] per leading index n.
+std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                  int64_t n, int64_t t, int64_t d, double scale, bool causal) {
+  std::vector<double> o(static_cast<size_t>(n * t * d), 0.0);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<double> s(static_cast<size_t>(t));
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 0; j < t; ++j) {
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e) dot += double{q[static_cast<size_t>((b * t + i) * d + e)]} * k[static_cast<size_t>((b * t + j) * d + e)];
+        s[static_cast<size_t>(j)] = causal && j > i ? -1e300 : dot * scale;
+        mx = std::max(mx, s[static_cast<size_t>(j)]);
+      }
+      for (double& x : s) sum += x <= -1e299 ? (x = 0) : (x = std::exp(x - mx));
+      for (int64_t j = 0; j < t; ++j)
+        for (int64_t e = 0; e < d; ++e)
+          o[static_cast<size_t>((b * t + i) * d + e)] += s[static_cast<size_t>(j)] / sum * v[static_cast<size_t>((b * t + j) * d + e)];
+    }
+  return o;
+}
+
+// Attention as PyTorch exports it (q k^T, a scale, a causal Where mask or none, Softmax,
+// p v) imports as one attention op, computing what the nodes compute.
+TEST(OnnxOpset, ExportedAttentionImportsAsTheAttentionOp) {
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal, rank 4" : "no mask, rank 3, Div");
+    P::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    P::GraphProto& g = *m.mutable_graph();
+    const Shape s = causal ? Shape{2, 3, 5, 4} : Shape{6, 5, 4};
+    for (const char* name : {"q", "k", "v"}) add_io(g.mutable_input(), name, s);
+    P::NodeProto* tr = add_node(g, "Transpose", {"k"}, {"kt"});
+    set_ints(tr, "perm", causal ? std::vector<int64_t>{0, 1, 3, 2} : std::vector<int64_t>{0, 2, 1});
+    add_node(g, "MatMul", {"q", "kt"}, {"qk"});
+    // Scalars as exporters write them: Constant nodes (an initializer would be a parameter).
+    auto constant = [&](const std::string& name, float value) {
+      auto* a = add_node(g, "Constant", {}, {name})->add_attribute();
+      a->set_name("value");
+      a->set_type(P::AttributeProto::TENSOR);
+      a->mutable_t()->set_data_type(P::TensorProto::FLOAT);
+      a->mutable_t()->add_float_data(value);
+    };
+    constant("c", causal ? 0.5f : 2.0f);
+    add_node(g, causal ? "Mul" : "Div", {"qk", "c"}, {"scores"});
+    std::string into_softmax = "scores";
+    if (causal) {
+      P::TensorProto* mask = g.add_initializer();
+      mask->set_name("mask");
+      mask->set_data_type(P::TensorProto::BOOL);
+      for (int64_t dim : {1, 1, 5, 5}) mask->add_dims(dim);
+      for (int i = 0; i < 5; ++i)
+        for (int j = 0; j < 5; ++j) mask->add_int32_data(j <= i ? 1 : 0);
+      constant("ninf", -std::numeric_limits<float>::infinity());
+      add_node(g, "Where", {"mask", "scores", "ninf"}, {"masked"});
+      into_softmax = "masked";
+    }
+    add_node(g, "Softmax", {into_softmax}, {"p"});
+    add_node(g, "MatMul", {"p", "v"}, {"o"});
+    add_io(g.mutable_output(), "o", s);
+    const std::string bytes = m.SerializeAsString();
+    onnx::OnnxImport imp = onnx::import_onnx_bytes(std::as_bytes(std::span(bytes)), "attn.onnx", {});
+    Model model(imp.graph, {.seed = 1});
+    onnx::load_initial(model, imp);
+    Program p = model.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
+    int attention = 0;
+    for (const PlanStep& st : p.plan().steps) attention += st.op == Op::attention;
+    EXPECT_EQ(attention, 1) << p.plan().str();
+    const auto q = random_floats(120, 81), k = random_floats(120, 82), v = random_floats(120, 83);
+    p.set_input("q", std::span<const float>(q));
+    p.set_input("k", std::span<const float>(k));
+    p.set_input("v", std::span<const float>(v));
+    p.run();
+    const auto got = p.read_as<float>(imp.outputs[0]);
+    const auto want = attention_ref(q, k, v, 6, 5, 4, causal ? 0.5 : 0.5, causal);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
   }
 }
 

@@ -368,6 +368,11 @@ OnnxImport import_onnx_bytes(std::span<const std::byte> bytes, const std::string
   imp.initial = &r.initial;
   imp.source = where;
   imp.differentiable = differentiable_values(gp);
+  for (const auto& n : gp.node())
+    for (const auto& o : n.output()) imp.producer[o] = &n;
+  for (const auto& n : gp.node())
+    for (const auto& i : n.input()) ++imp.readers[i];
+  for (const auto& o : gp.output()) ++imp.readers[o.name()];
   for (const auto& t : gp.initializer()) {
     imp.consts[t.name()] = const_of(t, where + ": initializer '" + t.name() + "'");
     imp.initializers.insert(t.name());

@@ -37,6 +37,10 @@ struct Importer {
   std::map<std::string, Const> consts;  // ONNX value name -> its constant
   std::set<std::string> initializers;   // which constants came from initializers
   std::set<std::string> differentiable;  // values a gradient from the outputs reaches
+  // The graph's nodes by the values they make, and how many nodes (and graph outputs)
+  // read each value: what a pattern spanning nodes (attention) looks back through.
+  std::map<std::string, const ::onnx::NodeProto*> producer;
+  std::map<std::string, int> readers;
   std::vector<HostTensor>* initial = nullptr;
   std::string source;  // the file, for errors
   // The value named `name` as a graph value: a constant becomes a parameter (a float
@@ -113,6 +117,10 @@ void add_resize_importers(std::map<std::string, OpImporter>& table);
 void add_logic_importers(std::map<std::string, OpImporter>& table);
 // The table's entries for activations (onnx_ops_act.cpp).
 void add_activation_importers(std::map<std::string, OpImporter>& table);
+// MatMul(Softmax(scale * MatMul(q, k^T) [+ causal mask]), v), as exporters write
+// attention, at its last MatMul: seam's attention op in its place, true; false where the
+// node is not the end of that pattern (onnx_attention.cpp).
+bool import_attention(NodeCtx& c);
 // Element `flat` of the broadcast of c to the shape `to`.
 double at_broadcast(const Const& c, const Shape& to, int64_t flat);
 // f over the broadcast of a and b, truncated to integers for an integer a.

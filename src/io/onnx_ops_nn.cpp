@@ -15,6 +15,7 @@ namespace T = ::onnx;
 // ---- linear algebra and normalization ----------------------------------------------------
 
 void matmul_op(NodeCtx& c) {
+  if (import_attention(c)) return;
   Var a = c.in(0), b = c.in(1);
   const Shape sa = a.shape(), sb = b.shape();
   if (sa.size() < 1 || sb.size() < 1) c.fail("needs operands of rank >= 1");
@@ -436,6 +437,9 @@ void pool_op(NodeCtx& c) {
   std::vector<int64_t> out(2), extra(2, 0);
   bool native = true;
   for (size_t d = 0; d < 2; ++d) {
+    if (win.begin[d] >= win.kernel[d] || win.end[d] >= win.kernel[d])  // a window of padding alone
+      c.fail("pads ", win.begin[d], " and ", win.end[d], " of spatial dim ", d, " must be below the kernel ",
+             win.kernel[d]);
     const int64_t in = x.shape()[2 + d], span = in + win.begin[d] + win.end[d] - win.kernel[d];
     if (span < 0) c.fail("the kernel ", win.kernel[d], " is larger than the padded input ", in + win.begin[d] + win.end[d]);
     out[d] = (ceil ? (span + win.stride[d] - 1) / win.stride[d] : span / win.stride[d]) + 1;
