@@ -38,11 +38,11 @@ void hard_swish_op(NodeCtx& c) {
   c.out(0, mul(x, hard_sigmoid(c, x, 1.0 / 6.0, 0.5)));
 }
 // log(1 + exp(x)), as max(x, 0) + log(1 + exp(-|x|)): no overflow for large x.
-void softplus_op(NodeCtx& c) {
-  Var x = c.in(0);
+Var softplus(NodeCtx& c, Var x) {
   Var one = scalar(c.g(), 1.0, x.dtype());
-  c.out(0, add(maximum(x, scalar(c.g(), 0.0, x.dtype())), seam::log(add(one, seam::exp(neg(seam::abs(x)))))));
+  return add(maximum(x, scalar(c.g(), 0.0, x.dtype())), seam::log(add(one, seam::exp(neg(seam::abs(x))))));
 }
+void softplus_op(NodeCtx& c) { c.out(0, softplus(c, c.in(0))); }
 void softsign_op(NodeCtx& c) {
   Var x = c.in(0);
   c.out(0, div(x, add(scalar(c.g(), 1.0, x.dtype()), seam::abs(x))));
@@ -64,9 +64,7 @@ void gelu_op(NodeCtx& c) {
 // Mish (opset 18): x tanh(softplus(x)), softplus as above.
 void mish_op(NodeCtx& c) {
   Var x = c.in(0);
-  Var one = scalar(c.g(), 1.0, x.dtype());
-  Var sp = add(maximum(x, scalar(c.g(), 0.0, x.dtype())), seam::log(add(one, seam::exp(neg(seam::abs(x))))));
-  c.out(0, mul(x, seam::tanh(sp)));
+  c.out(0, mul(x, seam::tanh(softplus(c, x))));
 }
 
 }  // namespace
