@@ -57,6 +57,14 @@ TEST_P(OnnxExport, AnExampleRoundTripsToTheSameLogits) {
   onnx::load_initial(back, imp);
   // The parameters come back as parameters (trainable), by their names.
   for (const Slot& p : original.layout().params) EXPECT_NE(back.layout().param(p.name), nullptr) << p.name;
+  EXPECT_EQ(back.layout().params.size(), original.layout().params.size());  // constants stay constants
+  // Attention, written as MatMul, Softmax and MatMul, comes back as the attention op.
+  auto attentions = [](const Graph& graph) {
+    int n = 0;
+    for (const Node& node : graph.nodes()) n += node.op == Op::attention || node.op == Op::attention_qkv;
+    return n;
+  };
+  EXPECT_EQ(attentions(imp.graph), attentions(bg.graph));
 
   const TensorType& xt = bg.graph.value(bg.x).type;
   const std::vector<std::byte> x = sample_input(xt, spec.classes, 7);

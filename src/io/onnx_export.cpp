@@ -68,10 +68,15 @@ class Writer {
     for (int64_t x : v) t->add_int64_data(x);
     return t->name();
   }
-  // A constant of the value's float dtype (f32 or f64), shape `shape`.
+  // A constant of the value's float dtype (f32 or f64), shape `shape`: a Constant node, not
+  // an initializer, which an importer would take for a parameter to train.
   std::string floats(const std::vector<double>& v, const Shape& shape, DType t, const std::string& base) {
-    P::TensorProto* p = gp_.add_initializer();
-    p->set_name(fresh(base));
+    const std::string name = fresh(base);
+    P::NodeProto* n = node("Constant", {}, {name});
+    auto* a = n->add_attribute();
+    a->set_name("value");
+    a->set_type(P::AttributeProto::TENSOR);
+    P::TensorProto* p = a->mutable_t();
     for (int64_t d : shape) p->add_dims(d);
     if (t == DType::f64) {
       p->set_data_type(P::TensorProto::DOUBLE);
@@ -82,7 +87,7 @@ class Writer {
     } else {
       fail(where_, ": a constant operand in ", dtype_name(t), "; the export writes f32 and f64 ones");
     }
-    return p->name();
+    return name;
   }
   std::string scalar(double v, DType t, const std::string& base) { return floats({v}, {}, t, base); }
 
