@@ -51,9 +51,8 @@ bool import_attention(NodeCtx& c) {
   if (c.opset() < 13 || c.inputs() != 2 || !c.has(0) || !c.has(1) || c.maybe_const(0) || c.maybe_const(1)) return false;
   const T::NodeProto* softmax = only_producer(imp, c.node.input(0));
   if (!softmax || softmax->op_type() != "Softmax") return false;
-  Var probs_in = c.in(1);  // v, made before this node
-  const std::string v_name = c.node.input(1);
-  const int64_t rank = static_cast<int64_t>(probs_in.shape().size());
+  Var v = c.in(1);  // made before this node
+  const int64_t rank = static_cast<int64_t>(v.shape().size());
   if (rank != 3 && rank != 4) return false;
   const int64_t axis = int_attr(*softmax, "axis", -1);
   if (axis != -1 && axis != rank - 1) return false;
@@ -111,7 +110,7 @@ bool import_attention(NodeCtx& c) {
   // q k^T: k read in place where a transpose of its last two dims made k^T.
   const std::string q_name = n->input(0), kt_name = n->input(1);
   if (!imp.vars.count(q_name) || !imp.vars.count(kt_name)) return false;
-  Var q = imp.vars.at(q_name), kt = imp.vars.at(kt_name), v = probs_in;
+  Var q = imp.vars.at(q_name), kt = imp.vars.at(kt_name);
   if (static_cast<int64_t>(q.shape().size()) != rank || static_cast<int64_t>(kt.shape().size()) != rank) return false;
   std::vector<int64_t> swap(static_cast<size_t>(rank));
   for (int64_t d = 0; d < rank; ++d) swap[static_cast<size_t>(d)] = d;
@@ -134,7 +133,6 @@ bool import_attention(NodeCtx& c) {
   Var o = attention(four(q), four(k), four(v), is_causal, scale);
   if (rank == 3) o = reshape(o, {sq[0], tq, sv.back()});
   c.out(0, o);
-  (void)v_name;
   return true;
 }
 

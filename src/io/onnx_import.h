@@ -117,6 +117,13 @@ void add_resize_importers(std::map<std::string, OpImporter>& table);
 void add_logic_importers(std::map<std::string, OpImporter>& table);
 // The table's entries for activations (onnx_ops_act.cpp).
 void add_activation_importers(std::map<std::string, OpImporter>& table);
+// The table's entries for values known at import (onnx_ops_const.cpp).
+void add_constant_importers(std::map<std::string, OpImporter>& table);
+// An input's shape, constant or not.
+Shape shape_of(NodeCtx& c, size_t i);
+// Fails unless every input that is no constant is floating point (seam folds integer
+// arithmetic; its kernels compute in floating point).
+void expect_float_operands(NodeCtx& c);
 // MatMul(Softmax(scale * MatMul(q, k^T) [+ causal mask]), v), as exporters write
 // attention, at its last MatMul: seam's attention op in its place, true; false where the
 // node is not the end of that pattern (onnx_attention.cpp).

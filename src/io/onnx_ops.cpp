@@ -114,13 +114,12 @@ bool all_const(NodeCtx& c) {
   return true;
 }
 
-namespace {
+// An input's shape, constant or not.
+Shape shape_of(NodeCtx& c, size_t i) {
+  if (const Const* k = c.maybe_const(i)) return k->shape;
+  return c.in(i).shape();
+}
 
-namespace T = ::onnx;
-
-// ---- constant folding --------------------------------------------------------------------
-
-// Element of c at the index of a broadcast result of shape `to`.
 // Arithmetic on integers (or booleans) folds; seam's elementwise kernels compute in
 // floating point, so on graph values it is refused.
 void expect_float_operands(NodeCtx& c) {
@@ -130,6 +129,14 @@ void expect_float_operands(NodeCtx& c) {
              "point): input ", i, " is ", dtype_name(c.in(i).dtype()));
 }
 
+
+namespace {
+
+namespace T = ::onnx;
+
+// ---- constant folding --------------------------------------------------------------------
+
+// Element of c at the index of a broadcast result of shape `to`.
 // ---- elementwise -------------------------------------------------------------------------
 
 template <Var (*F)(Var)>
@@ -293,11 +300,6 @@ void cast_like_op(NodeCtx& c) {
 }
 
 // ---- shapes ------------------------------------------------------------------------------
-
-Shape shape_of(NodeCtx& c, size_t i) {
-  if (const Const* k = c.maybe_const(i)) return k->shape;
-  return c.in(i).shape();
-}
 
 void shape_op(NodeCtx& c) {
   const Shape s = shape_of(c, 0);
@@ -677,73 +679,6 @@ void pad_op(NodeCtx& c) {
   c.out(0, x.id() == c.in(0).id() ? copy(x) : x);
 }
 
-void constant_of_shape_op(NodeCtx& c) {
-  const std::vector<int64_t> s = c.const_in(0, "the shape").ints();
-  check_foldable(c, Shape(s.begin(), s.end()));
-  Const r{Shape(s.begin(), s.end()), {}, ::onnx::TensorProto::FLOAT};
-  double v = 0;
-  if (const auto* t = c.tensor_attr("value")) {
-    const Const k = const_of(*t, c.where);
-    r.elem = k.elem;
-    v = scalar_of(c, k, "value");
-  }
-  r.v.assign(static_cast<size_t>(numel(r.shape)), v);
-  c.out_const(0, r);
-}
-
-void size_op(NodeCtx& c) {
-  c.out_const(0, Const{{}, {static_cast<double>(numel(shape_of(c, 0)))}, ::onnx::TensorProto::INT64});
-}
-
-void range_op(NodeCtx& c) {
-  const Const &start = c.const_in(0, "start"), &limit = c.const_in(1, "limit"), &delta = c.const_in(2, "delta");
-  const double a = scalar_of(c, start, "start"), b = scalar_of(c, limit, "limit"), d = scalar_of(c, delta, "delta");
-  if (d == 0) c.fail("delta is 0");
-  const double count = std::ceil((b - a) / d);
-  if (!(count < static_cast<double>(int64_t{1} << 26))) c.fail("a range of ", count, " values is too large to fold at import");
-  const auto n = static_cast<int64_t>(std::max(0.0, count));
-  Const r{{n}, {}, start.elem};
-  for (int64_t i = 0; i < n; ++i) r.v.push_back(a + static_cast<double>(i) * d);
-  c.out_const(0, r);
-}
-
-// EyeLike and Trilu: masks known at import (the shapes are static).
-void eye_like_op(NodeCtx& c) {
-  const Shape s = shape_of(c, 0);
-  if (s.size() != 2) c.fail("input of rank ", s.size(), " (2-d only)");
-  check_foldable(c, s);
-  const int64_t k = c.i("k", 0);
-  Const r{s, std::vector<double>(static_cast<size_t>(numel(s)), 0.0),
-          c.has_attr("dtype") ? static_cast<int32_t>(c.i("dtype", 1))
-                              : (c.maybe_const(0) ? c.maybe_const(0)->elem : ::onnx::TensorProto::FLOAT)};
-  for (int64_t i = 0; i < s[0]; ++i)
-    if (i + k >= 0 && i + k < s[1]) r.v[static_cast<size_t>(i * s[1] + i + k)] = 1;
-  c.out_const(0, r);
-}
-
-void trilu_op(NodeCtx& c) {
-  const Shape in = shape_of(c, 0);
-  if (in.size() < 2) c.fail("input of rank ", in.size(), " (2-d or more)");
-  const auto k = static_cast<int64_t>(c.has(1) ? scalar_of(c, c.const_in(1, "k"), "k") : 0);
-  const bool upper = c.i("upper", 1) != 0;
-  const int64_t rows = in[in.size() - 2], cols = in.back();
-  check_foldable(c, {rows, cols});
-  Const mask{{rows, cols}, {}, ::onnx::TensorProto::FLOAT};
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) mask.v.push_back((upper ? j - i >= k : j - i <= k) ? 1.0 : 0.0);
-  if (const Const* x = c.foldable(0)) {  // integer or constant data: folded
-    Const r = *x;
-    for (size_t i = 0; i < r.v.size(); ++i) r.v[i] = mask.v[i % mask.v.size()] != 0 ? r.v[i] : 0.0;
-    return c.out_const(0, r);
-  }
-  expect_float_operands(c);
-  Var x = c.in(0);
-  const std::string name = c.node.name() + ".mask";
-  c.imp.consts[name] = mask;
-  Var m = c.imp.var(name, c.where);
-  c.out(0, mul(x, m.dtype() == x.dtype() ? m : cast(m, x.dtype())));
-}
-
 // DepthToSpace (DCR or CRD) and SpaceToDepth: a reshape, a permute and a reshape.
 void depth_to_space_op(NodeCtx& c) {
   Var x = c.in(0);
@@ -763,21 +698,6 @@ void space_to_depth_op(NodeCtx& c) {
   if (b < 1 || h % b || w % b) c.fail("blocksize ", b, " does not divide ", h, "x", w);
   Var t = permute(reshape(x, {n, ch, h / b, b, w / b, b}), {0, 3, 5, 1, 2, 4});
   c.out(0, reshape(t, {n, ch * b * b, h / b, w / b}));
-}
-
-void constant_op(NodeCtx& c) {
-  if (const T::TensorProto* t = c.tensor_attr("value")) return c.out_const(0, const_of(*t, c.where));
-  if (c.has_attr("value_float")) return c.out_const(0, Const{{}, {c.f("value_float", 0)}, T::TensorProto::FLOAT});
-  if (c.has_attr("value_floats")) {
-    const auto v = c.floats("value_floats");
-    return c.out_const(0, Const{{static_cast<int64_t>(v.size())}, v, T::TensorProto::FLOAT});
-  }
-  if (c.has_attr("value_int")) return c.out_const(0, Const{{}, {static_cast<double>(c.i("value_int", 0))}, T::TensorProto::INT64});
-  if (c.has_attr("value_ints")) {
-    const auto v = c.ints("value_ints");
-    return c.out_const(0, Const{{static_cast<int64_t>(v.size())}, std::vector<double>(v.begin(), v.end()), T::TensorProto::INT64});
-  }
-  c.fail("has none of the value attributes seam reads (value, value_float(s), value_int(s))");
 }
 
 }  // namespace
@@ -802,17 +722,15 @@ const std::map<std::string, OpImporter>& op_importers() {
         {"Unsqueeze", unsqueeze_op},     {"Transpose", transpose_op},
         {"Concat", concat_op},           {"Slice", slice_op},
         {"Expand", expand_op},           {"Gather", gather_op},
-        {"Constant", constant_op},       {"CastLike", cast_like_op},
-        {"Split", split_op},             {"Tile", tile_op},
-        {"Pad", pad_op},                 {"ConstantOfShape", constant_of_shape_op},
-        {"Size", size_op},               {"Range", range_op},
-        {"EyeLike", eye_like_op},        {"Trilu", trilu_op},
+        {"CastLike", cast_like_op},      {"Split", split_op},
+        {"Tile", tile_op},               {"Pad", pad_op},
         {"DepthToSpace", depth_to_space_op}, {"SpaceToDepth", space_to_depth_op},
     };
     add_nn_importers(t);
     add_resize_importers(t);
     add_logic_importers(t);
     add_activation_importers(t);
+    add_constant_importers(t);
     return t;
   }();
   return table;
