@@ -1,7 +1,7 @@
 // attention and its gradient on the GPU (src/backend/cuda/attention.h) against the CPU
 // reference: lengths from 1 to 2048 (not multiples of 64 among them), head sizes 64 and
 // 128 and odd ones, causal and not, f32 and through the bf16 and f16 policies, each of
-// the three variants alone and paired across forward and backward; and a whole tiny GPT.
+// the four variants alone and paired across forward and backward; and a whole tiny GPT.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -90,11 +90,26 @@ void expect_variant_matches(const std::string& variant) {
 }
 
 TEST(GpuAttention, TiledKernelsMatchTheCpu) { expect_variant_matches("flash"); }
+TEST(GpuAttention, GemmVariantMatchesTheCpuIn16Bits) { expect_variant_matches("gemm"); }
+
+// The gemm variant where it is the fast one: f32 storage, exact and TF32, every head size
+// up to the plain kernels' 256; and heads in chunks (9 heads of 1500 x 1500 scores take
+// 81 MiB, a chunk 64: seven heads, then two).
+TEST(GpuAttention, GemmVariantMatchesTheCpuInF32AndTf32) {
+  ForcedVariant force("gemm");
+  std::vector<Case> all = cases();
+  all.push_back({1, 9, 1500, 1500, 64, 64, true});
+  for (const Case& k : all)
+    for (const CompareOptions& o : {CompareOptions(Precision::f32, {1e-5, 1e-4, 1e-5}), gpu_testing::tf32()}) {
+      SCOPED_TRACE(k.str() + (o.precision == Precision::f32 ? " f32" : " tf32"));
+      compare_with_cpu([&](GpuCase& c) { return build(c, k); }, o);
+    }
+}
 TEST(GpuAttention, CudnnMatchesTheCpu) { expect_variant_matches("cudnn"); }
 
 // A forward of one variant with the backward of another: they share lse.
 TEST(GpuAttention, VariantsPairAcrossForwardAndBackward) {
-  for (const char* pair : {"cudnn,flash", "flash,cudnn", "plain,flash", "flash,plain"}) {
+  for (const char* pair : {"cudnn,flash", "flash,cudnn", "plain,flash", "flash,plain", "gemm,cudnn", "flash,gemm"}) {
     ForcedVariant force(pair);
     for (const Case& k : {Case{2, 2, 130, 130, 64, 64, true}, Case{1, 2, 65, 300, 128, 128, false}}) {
       SCOPED_TRACE(std::string(pair) + " " + k.str());
@@ -134,7 +149,7 @@ TEST(GpuAttention, DropoutMatchesTheCpu) {
       SCOPED_TRACE(k.str() + (o.precision == Precision::bf16 ? " bf16" : " f32"));
       compare_with_cpu([&](GpuCase& c) { return dropped_attention(c, k); }, o);
     }
-  for (const char* variant : {"flash", "flash,plain", "plain,flash"}) {
+  for (const char* variant : {"flash", "flash,plain", "plain,flash", "gemm", "gemm,flash", "flash,gemm"}) {
     ForcedVariant force(variant);
     for (const Case& k : {Case{2, 2, 130, 130, 64, 64, true}, Case{1, 2, 65, 300, 128, 128, false}})
       for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
@@ -151,7 +166,7 @@ TEST(GpuAttention, PackedMatchesTheCpu) {
     Shape qkv;
     bool causal;
   } cases[] = {{{2, 130, 3, 3, 64}, true}, {{1, 70, 3, 2, 128}, false}};
-  for (const char* variant : {"", "cudnn", "flash", "plain"}) {
+  for (const char* variant : {"", "cudnn", "flash", "gemm", "plain"}) {
     ForcedVariant force(variant);
     for (const auto& k : cases)
       for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {

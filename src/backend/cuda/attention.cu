@@ -256,16 +256,19 @@ std::string variant_key(const char* pass, DType t, const AttentionGeom& g, bool 
          (g.dropout > 0 ? ":dropout" : "");
 }
 
-// SEAM_ATTENTION=NAME or FORWARD,BACKWARD (cudnn, flash or plain) runs that variant
+// SEAM_ATTENTION=NAME or FORWARD,BACKWARD (cudnn, flash, gemm or plain) runs that variant
 // instead of the fastest, for comparing them; a forced variant that cannot run this step
 // is an error naming why.
+std::string forced_variant(bool backward) {
+  const char* env = std::getenv("SEAM_ATTENTION");
+  if (!env || !*env) return {};
+  const std::string v = env;
+  const size_t comma = v.find(',');
+  return comma == std::string::npos ? v : backward ? v.substr(comma + 1) : v.substr(0, comma);
+}
+
 Launch choose_attention(const StepArgs& a, bool backward, const std::string& key, std::vector<Variant> variants) {
-  std::string forced;
-  if (const char* env = std::getenv("SEAM_ATTENTION"); env && *env) {
-    const std::string v = env;
-    const size_t comma = v.find(',');
-    forced = comma == std::string::npos ? v : backward ? v.substr(comma + 1) : v.substr(0, comma);
-  }
+  const std::string forced = forced_variant(backward);
   if (forced.empty()) return choose_variant(a.ctx, a.index, key, std::move(variants));
   Launch kept;
   for (Variant& v : variants) {
@@ -278,7 +281,7 @@ Launch choose_attention(const StepArgs& a, bool backward, const std::string& key
            v.why_not);
     kept = v.launch;
   }
-  if (!kept) fail("SEAM_ATTENTION: no attention variant '", forced, "' (cudnn, flash or plain)");
+  if (!kept) fail("SEAM_ATTENTION: no attention variant '", forced, "' (cudnn, flash, gemm or plain)");
   a.ctx.choices.emplace_back(a.index, forced + " (forced by SEAM_ATTENTION)");
   return kept;
 }
@@ -294,6 +297,22 @@ Variant flash_variant(DType t, const AttentionGeom& g, const AttentionBuffers& b
   Variant v{"flash", {}};
   v.why_not = flash_unavailable(t, g, buf);
   if (v.why_not.empty()) v.launch = rows ? flash_backward(t, g, buf, rows) : flash_forward(t, g, buf);
+  return v;
+}
+
+// Where a fused variant runs it never stores the [Tq, Tk] scores, and is faster than the
+// GEMMs that do (cuDNN and the tiled kernels against cuBLASLt, bf16): the gemm variant,
+// whose scores take workspace memory, is offered only where neither runs (or where
+// SEAM_ATTENTION asks for it).
+Variant gemm_variant(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf, bool backward,
+                     const std::vector<Variant>& fused) {
+  Variant v{"gemm", {}};
+  for (const Variant& f : fused)
+    if (f.launch && forced_variant(backward) != "gemm") {
+      v.why_not = "the " + f.name + " variant runs this step without storing its scores";
+      return v;
+    }
+  if (auto l = gemm_attention(a, t, g, buf, backward, &v.why_not)) v.launch = *l;
   return v;
 }
 
@@ -313,6 +332,7 @@ Launch forward(const StepArgs& a, DType t, const AttentionGeom& ag, const Attent
   std::vector<Variant> variants;
   variants.push_back(cudnn_variant(a, t, ag, buf, false));
   variants.push_back(flash_variant(t, ag, buf, nullptr));
+  variants.push_back(gemm_variant(a, t, ag, buf, false, variants));
   variants.push_back({"plain", plain});
   return choose_attention(a, false, variant_key("attention", t, ag, packed), std::move(variants));
 }
@@ -337,6 +357,7 @@ Launch backward(const StepArgs& a, DType t, const AttentionGeom& ag, const Atten
   std::vector<Variant> variants;
   variants.push_back(cudnn_variant(a, t, ag, buf, true));
   variants.push_back(flash_variant(t, ag, buf, rows));  // the plain kernels' row sums' scratch
+  variants.push_back(gemm_variant(a, t, ag, buf, true, variants));
   variants.push_back({"plain", plain});
   return choose_attention(a, true, variant_key("attention_grad", t, ag, packed), std::move(variants));
 }

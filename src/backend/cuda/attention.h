@@ -3,6 +3,9 @@
 // (choose_variant), per shape and precision:
 //   cudnn - cuDNN's fused flash attention through the graph API (attention_cudnn.cpp);
 //   flash - seam's own tiled kernels on tensor cores, bf16 and f16 (flash_attention.cu);
+//   gemm  - the products on cuBLASLt with the [Tq, Tk] scores stored between them, a
+//           chunk of heads at a time in the workspace (attention_gemm.cu): where neither
+//           fused variant runs (f32 storage, TF32 or not; head sizes the kernels lack);
 //   plain - one warp per row in f32 arithmetic, any storage type and head size up to 256
 //           (attention.cu): what serves every shape, and checks the other two.
 // All three write the same lse (each query row's natural log-sum-exp of its scaled
@@ -57,5 +60,10 @@ Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& b
 // no plan for it. Its workspace is the context's (need_workspace).
 std::optional<Launch> cudnn_attention(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf,
                                       bool backward, std::string* why);
+
+// The gemm variant for this step, or nothing (with *why). Its matrices take the context's
+// workspace past kGemmWorkspaceBytes.
+std::optional<Launch> gemm_attention(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf,
+                                     bool backward, std::string* why);
 
 }  // namespace seam::cuda

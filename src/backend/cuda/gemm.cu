@@ -232,8 +232,12 @@ GemmCacheStats gemm_cache_stats() {
 
 std::string gemm_cache_path() { return file_path(current_device()); }
 
-Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, GemmEpilogueData epi,
-                        const std::string& what, std::string* why) {
+namespace {
+
+// The descriptors and the chosen algorithm of a GEMM, tuned on calls[0]'s buffers; null
+// (with *why) where cuBLASLt has none and `why` is given, else an error.
+std::shared_ptr<GemmPlan> plan_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls,
+                                    GemmEpilogueData epi, const std::string& what, std::string* why) {
   SEAM_ASSERT(ctx.gemm_cache != nullptr && ctx.cublaslt != nullptr);
   SEAM_ASSERT(!calls.empty());
   SEAM_ASSERT(g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1 && g.batch <= INT32_MAX);
@@ -247,10 +251,10 @@ Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperan
   const cudaDataType_t type = cuda_type(g.ab_type), d_type = cuda_type(g.d_type);
   const uint64_t ab_size = dtype_size(g.ab_type), d_size = dtype_size(g.d_type);
   // Where cuBLASLt has no algorithm: an empty launch for try_prepare_gemm, else an error.
-  auto none = [&](const std::string& reason) -> Launch {
+  auto none = [&](const std::string& reason) -> std::shared_ptr<GemmPlan> {
     if (!why) fail(describe(g, tf32, what), ": ", reason);
     *why = reason;
-    return {};
+    return nullptr;
   };
 
   auto p = std::make_shared<GemmPlan>();
@@ -428,10 +432,28 @@ Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperan
   }
 
   ctx.need_workspace(kGemmWorkspaceBytes);
+  return p;
+}
+
+}  // namespace
+
+Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, GemmEpilogueData epi,
+                        const std::string& what, std::string* why) {
+  std::shared_ptr<const GemmPlan> plan = plan_gemm(ctx, g, std::move(calls), epi, what, why);
+  if (!plan) return {};
   Context* c = &ctx;
-  std::shared_ptr<const GemmPlan> plan = p;
   return [plan, c](cudaStream_t s) {
     SEAM_CUBLAS_CHECK(plan->run(plan->algo, c->workspace(), c->workspace_size(), s));
+  };
+}
+
+GemmRun prepare_gemm_run(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, const std::string& what) {
+  std::shared_ptr<const GemmPlan> plan = plan_gemm(ctx, g, std::move(calls), {}, what, nullptr);
+  Context* c = &ctx;
+  return [plan, c](const GemmOperands& o, cudaStream_t s) {
+    static const float one = 1.0f, zero = 0.0f;
+    SEAM_CUBLAS_CHECK(cublasLtMatmul(plan->lt, plan->desc, &one, o.a, plan->a, o.b, plan->b, &zero, o.d, plan->d, o.d,
+                                     plan->d, &plan->algo, c->workspace(), kGemmWorkspaceBytes, s));
   };
 }
 
@@ -472,6 +494,8 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
   }
   SEAM_ASSERT(!variants.empty());
   const std::string note_missing = missing.empty() ? "" : "; " + missing + " not available";
+  std::string pick_key = key + ":";  // a pick holds among the variants it was timed against
+  for (const Variant& v : variants) pick_key += (&v == &variants[0] ? "" : ",") + v.name;
   Store& store = *ctx.gemm_cache->impl().store;
   auto named = [&](const std::string& name) -> const Variant* {
     for (const Variant& v : variants)
@@ -502,7 +526,7 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
   std::string cached;
   {
     std::lock_guard<std::mutex> lock(store.mu);
-    if (auto it = store.picks.find(key); it != store.picks.end()) cached = it->second.use;
+    if (auto it = store.picks.find(pick_key); it != store.picks.end()) cached = it->second.use;
   }
   if (const Variant* v = named(cached)) {  // freeing the others may synchronize: not under the lock
     counters().variant_hits += 1;
@@ -526,7 +550,7 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
   ctx.choices.emplace_back(step, note.str());
   {
     std::lock_guard<std::mutex> lock(store.mu);
-    store.picks[key] = Pick{variants[best].name, static_cast<int64_t>(static_cast<double>(ms[best]) * 1e6)};
+    store.picks[pick_key] = Pick{variants[best].name, static_cast<int64_t>(static_cast<double>(ms[best]) * 1e6)};
     store.dirty = true;
   }
   counters().variants_timed += 1;

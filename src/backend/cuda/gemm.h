@@ -27,6 +27,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -106,12 +107,20 @@ Launch prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperan
 Launch try_prepare_gemm(Context& ctx, const GemmShape& shape, std::vector<GemmOperands> calls,
                         GemmEpilogueData epilogue, const std::string& what, std::string* why);
 
+// A GEMM whose operands are given only when it runs (a step's temporaries in the lane's
+// workspace, past the kGemmWorkspaceBytes that cuBLASLt itself uses there): prepared and
+// tuned on `calls`' buffers (as prepare_gemm), then run on operands at least as aligned as
+// those. No epilogue.
+using GemmRun = std::function<void(const GemmOperands&, cudaStream_t)>;
+GemmRun prepare_gemm_run(Context& ctx, const GemmShape& shape, std::vector<GemmOperands> calls, const std::string& what);
+
 // Equivalent ways to compute one step: a GEMM with its epilogue fused, and the plain GEMM
 // followed by separate kernels. Which is faster depends on the shape (some of cuBLASLt's
 // epilogue kernels run well below its plain ones), so each variant is timed on the
 // step's buffers and the fastest kept. The pick is saved with the GEMM algorithms under
-// `key` (one word, no spaces; it names the op, shapes and precision) and used without
-// timing on later runs. Records what it chose in ctx.choices for plan step `step`.
+// `key` (one word, no spaces; it names the op, shapes and precision) and the names of the
+// variants available, and used without timing on later runs (a build that offers another
+// variant times the step again). Records what it chose in ctx.choices for plan step `step`.
 // Running a variant must only write the step's outputs (timing runs it several times).
 // Every step offers "fused" and "split" (some also "split_t"); ctx.epilogue may force one.
 // A variant with an empty launch is not available (try_prepare_gemm found no algorithm,
