@@ -1,6 +1,7 @@
 // What opsets 18 to 21 changed or added among the ops seam imports (the node tests of
 // libonnx-testdata stop at opset 17): Gelu and Mish, Split by num_outputs, ReduceMean's
-// axes as an input, Pad's wrap mode; each against values computed here in double.
+// axes as an input, Pad's wrap mode; and BatchNormalization's training mode (opset 14 on);
+// each against values computed here in double.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,6 +87,47 @@ TEST(OnnxOpset, GeluAndMishAreTheirFormulas) {
   for (size_t i = 0; i < x.size(); ++i) {
     const double v = x[i], want = v * std::tanh(std::log1p(std::exp(v)));
     EXPECT_NEAR(y[i], want, 1e-5 * (1 + std::abs(want))) << v;
+  }
+}
+
+// Normalized by the batch's own mean and population variance over N and L; the running
+// statistics' update as outputs 1 and 2.
+TEST(OnnxOpset, BatchNormInTrainingModeUsesTheBatchsStatistics) {
+  const int64_t n = 3, ch = 2, len = 5;
+  const double eps = 1e-3, momentum = 0.8;
+  OneNode m(15);
+  add_io(m.g.mutable_input(), "x", {n, ch, len});
+  const auto scale = random_floats(ch, 81), bias = random_floats(ch, 82), mean0 = random_floats(ch, 83);
+  const std::vector<float> var0 = {0.5f, 1.5f};
+  add_tensor(m.g, "scale", {ch}, scale), add_tensor(m.g, "bias", {ch}, bias);
+  add_tensor(m.g, "mean", {ch}, mean0), add_tensor(m.g, "var", {ch}, var0);
+  P::NodeProto* node = add_node(m.g, "BatchNormalization", {"x", "scale", "bias", "mean", "var"}, {"y", "rm", "rv"});
+  set_int(node, "training_mode", 1);
+  auto* a = node->add_attribute();
+  a->set_name("epsilon"), a->set_type(P::AttributeProto::FLOAT), a->set_f(static_cast<float>(eps));
+  a = node->add_attribute();
+  a->set_name("momentum"), a->set_type(P::AttributeProto::FLOAT), a->set_f(static_cast<float>(momentum));
+  add_io(m.g.mutable_output(), "y", {n, ch, len});
+  add_io(m.g.mutable_output(), "rm", {ch});
+  add_io(m.g.mutable_output(), "rv", {ch});
+  const auto x = random_floats(static_cast<size_t>(n * ch * len), 84);
+  const auto out = m.run(x);
+  ASSERT_EQ(out.size(), 3u);
+  for (int64_t c = 0; c < ch; ++c) {
+    auto at = [&](int64_t b, int64_t l) { return static_cast<double>(x[static_cast<size_t>((b * ch + c) * len + l)]); };
+    double mu = 0, var = 0;
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t l = 0; l < len; ++l) mu += at(b, l) / (n * len);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t l = 0; l < len; ++l) var += (at(b, l) - mu) * (at(b, l) - mu) / (n * len);
+    const auto ci = static_cast<size_t>(c);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t l = 0; l < len; ++l) {
+        const double want = (at(b, l) - mu) / std::sqrt(var + eps) * scale[ci] + bias[ci];
+        EXPECT_NEAR(out[0][static_cast<size_t>((b * ch + c) * len + l)], want, 1e-5 * (1 + std::abs(want)));
+      }
+    EXPECT_NEAR(out[1][ci], mean0[ci] * momentum + mu * (1 - momentum), 1e-6);
+    EXPECT_NEAR(out[2][ci], var0[ci] * momentum + var * (1 - momentum), 1e-6);
   }
 }
 

@@ -71,12 +71,41 @@ Var per_channel(NodeCtx& c, Var v, int64_t x_rank) {
   return reshape(v, s);
 }
 
+// Running statistics are state values: frozen whatever OnnxOptions::freeze says.
+Var running_stat(NodeCtx& c, size_t i) {
+  const std::string& name = c.node.input(static_cast<int>(i));
+  if (!c.imp.vars.count(name)) c.imp.initializers.erase(name);
+  return c.in(i);
+}
+
+// Training mode (opset 14's training_mode, or before it the running statistics asked for
+// as outputs): x normalized by its own batch's mean and population variance over every
+// axis but the channels', and outputs 1 and 2 the running statistics' update,
+// input * momentum + current * (1 - momentum). As formulas of seam's ops, so their
+// gradients are those ops'.
+void batch_norm_training(NodeCtx& c, Var x) {
+  if (c.wants(3) || c.wants(4))
+    c.fail("the saved mean and variance outputs (opsets before 14) are not supported");
+  const int64_t r = rank(x), channels = x.shape()[1];
+  std::vector<int64_t> axes;
+  for (int64_t k = 0; k < r; ++k)
+    if (k != 1) axes.push_back(k);
+  Var m = mean(x, axes, true), d = sub(x, m);
+  Var v = mean(mul(d, d), axes, true);
+  Var inv = pow(add(v, scalar(c.g(), c.f("epsilon", 1e-5), x.dtype())), -0.5);
+  c.out(0, add(mul(mul(d, inv), per_channel(c, c.in(1), r)), per_channel(c, c.in(2), r)));
+  const double momentum = c.f("momentum", 0.9);
+  auto update = [&](size_t i, Var current) {
+    return add(scale(running_stat(c, i), momentum), scale(reshape(current, {channels}), 1.0 - momentum));
+  };
+  if (c.wants(1)) c.out(1, update(3, m));
+  if (c.wants(2)) c.out(2, update(4, v));
+}
+
 void batch_norm_op(NodeCtx& c) {
-  if (c.i("training_mode", 0) != 0 || c.wants(1) || c.wants(2))
-    c.fail("training mode (and the running statistics as outputs) is not supported: seam imports BatchNormalization "
-           "for inference");
   Var x = c.in(0);
   if (rank(x) < 2) c.fail("input of rank ", rank(x), " (it needs [N, C, ...])");
+  if (c.i("training_mode", 0) != 0 || c.wants(1) || c.wants(2)) return batch_norm_training(c, x);
   if (!c.maybe_const(3) || !c.maybe_const(4)) {
     // Statistics that are graph values, not constants: the formula itself,
     // (x - mean) / sqrt(var + eps) * scale + bias.
@@ -85,13 +114,8 @@ void batch_norm_op(NodeCtx& c) {
     Var y = mul(sub(x, per_channel(c, c.in(3), r)), mul(inv, per_channel(c, c.in(1), r)));
     return c.out(0, add(y, per_channel(c, c.in(2), r)));
   }
-  // Running statistics are state values: frozen whatever OnnxOptions::freeze says.
-  auto stat = [&](size_t i) {
-    const std::string& name = c.node.input(static_cast<int>(i));
-    if (!c.imp.vars.count(name)) c.imp.initializers.erase(name);
-    return c.in(i);
-  };
-  auto out = c.g().add(Op::batch_norm, {x.id(), c.in(1).id(), c.in(2).id(), stat(3).id(), stat(4).id()},
+  auto out = c.g().add(Op::batch_norm, {x.id(), c.in(1).id(), c.in(2).id(), running_stat(c, 3).id(),
+                                        running_stat(c, 4).id()},
                        {{"eps", c.f("epsilon", 1e-5)}, {"momentum", 1.0 - c.f("momentum", 0.9)}, {"training", int64_t{0}}});
   c.out(0, c.g().var(out[0]));
 }
