@@ -277,5 +277,49 @@ TEST(OnnxOpset, ExportedAttentionImportsAsTheAttentionOp) {
   }
 }
 
+// As PyTorch's scaled_dot_product_attention exports it: q and k^T each multiplied by the
+// square root of the scale, computed from the head size by Sqrt and Reciprocal nodes. The
+// factors fold at import and join the op's scale: the plan is the attention step alone,
+// no Mul and no Transpose.
+TEST(OnnxOpset, AScaleSplitOverQAndKJoinsTheAttentionOp) {
+  P::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  P::GraphProto& g = *m.mutable_graph();
+  const Shape s{2, 3, 5, 4};
+  for (const char* name : {"q", "k", "v"}) add_io(g.mutable_input(), name, s);
+  auto* a = add_node(g, "Constant", {}, {"d"})->add_attribute();
+  a->set_name("value");
+  a->set_type(P::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(P::TensorProto::FLOAT);
+  a->mutable_t()->add_float_data(4.0f);
+  add_node(g, "Sqrt", {"d"}, {"sqrt_d"});
+  add_node(g, "Reciprocal", {"sqrt_d"}, {"scale"});
+  add_node(g, "Sqrt", {"scale"}, {"half"});
+  add_node(g, "Mul", {"q", "half"}, {"qs"});
+  set_ints(add_node(g, "Transpose", {"k"}, {"kt"}), "perm", {0, 1, 3, 2});
+  add_node(g, "Mul", {"kt", "half"}, {"kts"});
+  add_node(g, "MatMul", {"qs", "kts"}, {"scores"});
+  add_node(g, "Softmax", {"scores"}, {"p"});
+  add_node(g, "MatMul", {"p", "v"}, {"o"});
+  add_io(g.mutable_output(), "o", s);
+  const std::string bytes = m.SerializeAsString();
+  onnx::OnnxImport imp = onnx::import_onnx_bytes(std::as_bytes(std::span(bytes)), "sdpa.onnx", {});
+  Model model(imp.graph, {.seed = 1});
+  onnx::load_initial(model, imp);
+  Program p = model.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
+  ASSERT_EQ(p.plan().steps.size(), 1u) << p.plan().str();
+  EXPECT_EQ(p.plan().steps[0].op, Op::attention);
+  const auto q = random_floats(120, 91), k = random_floats(120, 92), v = random_floats(120, 93);
+  p.set_input("q", std::span<const float>(q));
+  p.set_input("k", std::span<const float>(k));
+  p.set_input("v", std::span<const float>(v));
+  p.run();
+  const auto got = p.read_as<float>(imp.outputs[0]);
+  const auto want = attention_ref(q, k, v, 6, 5, 4, 0.5, false);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+}
+
 }  // namespace
 }  // namespace seam::testing

@@ -1,11 +1,12 @@
 // Attention as exporters write it, imported as seam's attention op (src/io/onnx_import.h):
 //   MatMul(Softmax(scale * MatMul(q, Transpose(k)) [masked causally]), v)
 // where every value between the two MatMuls is read by the next node only. The scale is
-// a Mul or Div by one constant (absent: 1); the mask an Add of a constant (0 where a key
+// a Mul or Div by one constant (absent: 1), of the scores or of q and k^T each; the mask an Add of a constant (0 where a key
 // is kept, -inf or below -1e4 where not) or a Where between the scores and such a
 // constant, and it must be the causal one (each query sees the keys up to its own). Rank
 // 3 operands ([N, T, D]) take the op's head axis as 1. Anything else imports node by node.
 #include <cmath>
+#include <optional>
 
 #include "io/onnx_import.h"
 
@@ -107,15 +108,36 @@ bool import_attention(NodeCtx& c) {
     if (!n) return false;
   }
   if (n->op_type() != "MatMul" || n->input_size() != 2) return false;
-  // q k^T: k read in place where a transpose of its last two dims made k^T.
-  const std::string q_name = n->input(0), kt_name = n->input(1);
+  std::string q_name = n->input(0), kt_name = n->input(1);
+  // q and k^T each scaled by a constant (an exporter's split of the scale, sqrt of it on
+  // each side): the factors join the op's scale and the Muls stay unread.
+  auto unscale = [&](std::string& name) {
+    const T::NodeProto* m = only_producer(imp, name);
+    if (!m || (m->op_type() != "Mul" && m->op_type() != "Div") || m->input_size() != 2) return;
+    double f = 0;
+    const int side = scalar_const(m->input(1), &f) ? 1 : (m->op_type() == "Mul" && scalar_const(m->input(0), &f)) ? 0 : -1;
+    if (side < 0 || f == 0) return;
+    scale *= m->op_type() == "Mul" ? f : 1.0 / f;
+    name = m->input(1 - side);
+  };
+  unscale(q_name);
+  unscale(kt_name);
   if (!imp.vars.count(q_name) || !imp.vars.count(kt_name)) return false;
-  Var q = imp.vars.at(q_name), kt = imp.vars.at(kt_name);
-  if (static_cast<int64_t>(q.shape().size()) != rank || static_cast<int64_t>(kt.shape().size()) != rank) return false;
   std::vector<int64_t> swap(static_cast<size_t>(rank));
   for (int64_t d = 0; d < rank; ++d) swap[static_cast<size_t>(d)] = d;
   std::swap(swap[static_cast<size_t>(rank - 1)], swap[static_cast<size_t>(rank - 2)]);
-  Var k = permute(kt, swap);
+  // k itself where k^T is a Transpose of its last two dims read here only; else k^T's
+  // transpose (read in place by the matmul passes).
+  std::optional<Var> k_direct;
+  if (const T::NodeProto* t = only_producer(imp, kt_name); t && t->op_type() == "Transpose" && imp.vars.count(t->input(0))) {
+    std::vector<int64_t> perm;
+    for (const auto& a : t->attribute())
+      if (a.name() == "perm") perm.assign(a.ints().begin(), a.ints().end());
+    if (perm == swap) k_direct = imp.vars.at(t->input(0));
+  }
+  Var q = imp.vars.at(q_name), kt = imp.vars.at(kt_name);
+  if (static_cast<int64_t>(q.shape().size()) != rank || static_cast<int64_t>(kt.shape().size()) != rank) return false;
+  Var k = k_direct ? *k_direct : permute(kt, swap);
   const Shape &sq = q.shape(), &sk = k.shape(), &sv = v.shape();
   const int64_t tq = sq[sq.size() - 2], tk = sk[sk.size() - 2];
   for (int64_t d = 0; d + 2 < rank; ++d)

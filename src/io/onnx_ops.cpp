@@ -139,10 +139,26 @@ namespace T = ::onnx;
 // Element of c at the index of a broadcast result of shape `to`.
 // ---- elementwise -------------------------------------------------------------------------
 
-template <Var (*F)(Var)>
+// On a constant that no training changes, the function folds (an exporter's scale
+// factors: Sqrt of a head size, its Reciprocal), so later nodes see a constant.
+template <Var (*F)(Var), double (*D)(double)>
 void unary(NodeCtx& c) {
+  if (const Const* k = c.foldable(0); k && is_float(dtype_of(k->elem).value_or(DType::i32))) {
+    Const r = *k;
+    for (double& v : r.v) v = D(v);
+    return c.out_const(0, r);
+  }
   c.out(0, F(c.in(0)));
 }
+
+double relu_d(double x) { return x > 0 ? x : 0; }
+double sigmoid_d(double x) { return 1 / (1 + std::exp(-x)); }
+double tanh_d(double x) { return std::tanh(x); }
+double exp_d(double x) { return std::exp(x); }
+double log_d(double x) { return std::log(x); }
+double sqrt_d(double x) { return std::sqrt(x); }
+double erf_d(double x) { return std::erf(x); }
+double reciprocal_d(double x) { return 1 / x; }
 
 Var relu_of(Var x) { return relu(x); }
 Var sigmoid_of(Var x) { return sigmoid(x); }
@@ -165,10 +181,7 @@ void sign_op(NodeCtx& c) {
   c.out(0, Kind == 0 ? neg(c.in(0)) : seam::abs(c.in(0)));
 }
 
-void reciprocal_op(NodeCtx& c) {
-  Var x = c.in(0);
-  c.out(0, div(scalar(c.g(), 1.0, x.dtype()), x));
-}
+Var reciprocal_of(Var x) { return div(scalar(x.graph(), 1.0, x.dtype()), x); }
 
 // On a graph value, one exponent (seam's pow takes a scalar); an exponent per element
 // folds with a constant base.
@@ -705,11 +718,11 @@ void space_to_depth_op(NodeCtx& c) {
 const std::map<std::string, OpImporter>& op_importers() {
   static const std::map<std::string, OpImporter> table = [] {
     std::map<std::string, OpImporter> t = {
-        {"Relu", unary<relu_of>},        {"Sigmoid", unary<sigmoid_of>},
-        {"Tanh", unary<tanh_of>},        {"Exp", unary<exp_of>},
-        {"Log", unary<log_of>},          {"Sqrt", unary<sqrt_of>},
+        {"Relu", unary<relu_of, relu_d>},        {"Sigmoid", unary<sigmoid_of, sigmoid_d>},
+        {"Tanh", unary<tanh_of, tanh_d>},        {"Exp", unary<exp_of, exp_d>},
+        {"Log", unary<log_of, log_d>},          {"Sqrt", unary<sqrt_of, sqrt_d>},
         {"Neg", sign_op<0>},             {"Abs", sign_op<1>},
-        {"Erf", unary<erf_of>},          {"Reciprocal", reciprocal_op},
+        {"Erf", unary<erf_of, erf_d>},          {"Reciprocal", unary<reciprocal_of, reciprocal_d>},
         {"Pow", pow_op},
         {"Add", binary<0>},              {"Sub", binary<1>},
         {"Mul", binary<2>},              {"Div", binary<3>},
