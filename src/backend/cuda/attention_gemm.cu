@@ -254,6 +254,7 @@ std::optional<Launch> gemm_attention(const StepArgs& a, DType t, const Attention
   Launch launch;
   dispatch_storage(t, op_name(a.step.op), [&]<class T>() {
     launch = [=, runs = std::move(runs)](cudaStream_t st) {
+      SEAM_ASSERT(ctx->workspace_size() >= need);  // the lane's, sized for this step when it was prepared
       const auto w = places(ctx->workspace());
       for (int64_t gi = 0; gi < l.groups; ++gi)
         for (int64_t h0 = 0; h0 < l.heads; h0 += l.chunk) {

@@ -302,7 +302,16 @@ class CudaExecutable : public Executable {
     SEAM_CUDA_CHECK(cudaEventCreate(&a));
     SEAM_CUDA_CHECK(cudaEventCreate(&b));
     std::vector<double> ms;
-    for (auto& l : launches_) {
+    // Each step on the stream, one at a time, but with its own lane's workspace: a lane's
+    // is sized for its own steps' needs, and lane 0's may be smaller than another's step
+    // needs.
+    struct LaneReset {
+      Context& c;
+      ~LaneReset() { c.set_lane(0); }
+    } reset{ctx_};
+    for (size_t j = 0; j < launches_.size(); ++j) {
+      ctx_.set_lane(j < sched_.lane.size() ? sched_.lane[j] : 0);
+      const Launch& l = launches_[j];
       l(sh_->stream);  // warm
       std::vector<float> t;
       for (int i = 0; i < reps; ++i) {
