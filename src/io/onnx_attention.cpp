@@ -98,12 +98,20 @@ bool import_attention(NodeCtx& c) {
     is_causal = true;  // checked against the shapes below
   }
   double scale = 1.0;
-  if ((n->op_type() == "Mul" || n->op_type() == "Div") && n->input_size() == 2) {
-    double k = 0;
-    const int side = scalar_const(n->input(1), &k) ? 1 : (n->op_type() == "Mul" && scalar_const(n->input(0), &k)) ? 0 : -1;
-    if (side < 0 || k == 0) return false;
-    scale = n->op_type() == "Mul" ? k : 1.0 / k;
-    s = n->input(1 - side);
+  // Where m multiplies (or divides) one input by a nonzero scalar constant: the factor
+  // joins `scale`, and the other input is returned.
+  auto scaled = [&](const T::NodeProto& m) -> std::optional<std::string> {
+    if ((m.op_type() != "Mul" && m.op_type() != "Div") || m.input_size() != 2) return std::nullopt;
+    double f = 0;
+    const int side = scalar_const(m.input(1), &f) ? 1 : (m.op_type() == "Mul" && scalar_const(m.input(0), &f)) ? 0 : -1;
+    if (side < 0 || f == 0) return std::nullopt;
+    scale *= m.op_type() == "Mul" ? f : 1.0 / f;
+    return m.input(1 - side);
+  };
+  if (n->op_type() == "Mul" || n->op_type() == "Div") {
+    const std::optional<std::string> scores = scaled(*n);
+    if (!scores) return false;
+    s = *scores;
     n = only_producer(imp, s);
     if (!n) return false;
   }
@@ -112,13 +120,8 @@ bool import_attention(NodeCtx& c) {
   // q and k^T each scaled by a constant (an exporter's split of the scale, sqrt of it on
   // each side): the factors join the op's scale and the Muls stay unread.
   auto unscale = [&](std::string& name) {
-    const T::NodeProto* m = only_producer(imp, name);
-    if (!m || (m->op_type() != "Mul" && m->op_type() != "Div") || m->input_size() != 2) return;
-    double f = 0;
-    const int side = scalar_const(m->input(1), &f) ? 1 : (m->op_type() == "Mul" && scalar_const(m->input(0), &f)) ? 0 : -1;
-    if (side < 0 || f == 0) return;
-    scale *= m->op_type() == "Mul" ? f : 1.0 / f;
-    name = m->input(1 - side);
+    if (const T::NodeProto* m = only_producer(imp, name))
+      if (std::optional<std::string> x = scaled(*m)) name = *x;
   };
   unscale(q_name);
   unscale(kt_name);

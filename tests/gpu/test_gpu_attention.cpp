@@ -134,6 +134,24 @@ TEST(GpuAttention, AForcedVariantThatCannotRunIsAnError) {
   }
 }
 
+// The gemm variant stores one head's scores at most 256 MiB large: beyond, it says so.
+TEST(GpuAttention, TheGemmVariantRefusesScoresBeyondItsLimitByName) {
+  ForcedVariant force("gemm");
+  GpuCase c(1);
+  const Shape s{1, 1, 9000, 8};
+  Var o = attention(c.param("q", s), c.param("k", s), c.param("v", s));
+  Model m(c.g, {.seed = 1, .device = Device::cuda});
+  try {
+    Program p = m.compile({.mode = Mode::eval, .outputs = {o.id()}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SEAM_ATTENTION asks for gemm, which cannot run it: one head's scores take "
+                                         "308 MiB, over the 256 MiB the gemm variant allows"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Dropout of the probabilities: the plain and the tiled kernels draw the CPU's masks
 // (cuDNN's generator could not, and declines), alone and paired across forward and
 // backward, so both variants' masks are the same.

@@ -35,7 +35,6 @@ struct Layout {
   int64_t groups, heads;
   int64_t ld;          // row pitch of the score matrices: Tk rounded up to 8 elements
   int64_t chunk;       // heads a chunk
-  size_t matrix;       // bytes of one f32 [chunk, Tq, ld] matrix
 };
 
 bool uniform(const Rows& r, int64_t h) { return r.batch == h * r.head; }
@@ -51,17 +50,40 @@ struct RowGeom {
   const DeviceCounters* counters;
 };
 
-// Rows [0, rows) of a chunk whose first head is bh0: S (f32) -> P (T), lse.
+// The dropout factor of step row r, key j: 0 or 1 / (1 - p), drawn as the plain and
+// tiled kernels (and the CPU) draw it; 1 without dropout.
+struct Keep {
+  uint64_t seed = 0, step = 0;
+  __device__ explicit Keep(const RowGeom& g) {
+    if (g.drop > 0.f) seed = g.counters->seed, step = static_cast<uint64_t>(g.counters->step);
+  }
+  __device__ float operator()(const RowGeom& g, int64_t r, int64_t j) const {
+    if (g.drop == 0.f) return 1.f;
+    return dropout_uniform(seed, step, g.stream, static_cast<uint64_t>(r * g.tk + j)) >= g.drop ? 1.f / (1.f - g.drop)
+                                                                                            : 0.f;
+  }
+};
+
+// f(rc, i, keys) for rows rc in [0, rows) of a chunk, one warp each: i the query, keys
+// the number it sees.
+template <class F>
+__device__ __forceinline__ void each_row(const RowGeom& g, int64_t rows, F&& f) {
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t rc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; rc < rows; rc += warps) {
+    const int64_t i = rc % g.tq;
+    f(rc, i, g.causal && i + 1 < g.tk ? i + 1 : g.tk);
+  }
+}
+
+// Rows [0, rows) of a chunk whose first head is bh0: S (f32) -> P (T), lse. A row r of
+// the step (r = bh0 * Tq + rc) is what lse and the masks count.
 template <class T>
 __global__ void softmax_rows(const float* s, T* p, float* __restrict__ lse, int64_t bh0, int64_t rows,
                              RowGeom g) {
   const int lane = threadIdx.x & 31;
-  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
-  uint64_t seed = 0, step = 0;
-  if (g.drop > 0.f) seed = g.counters->seed, step = static_cast<uint64_t>(g.counters->step);
-  for (int64_t rc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; rc < rows; rc += warps) {
-    const int64_t i = rc % g.tq, r = bh0 * g.tq + rc;  // r: the row in the step, as lse and the masks count
-    const int64_t keys = g.causal && i + 1 < g.tk ? i + 1 : g.tk;
+  const Keep keep(g);
+  each_row(g, rows, [&](int64_t rc, int64_t, int64_t keys) {
+    const int64_t r = bh0 * g.tq + rc;
     const float* sr = s + rc * g.ld;
     float m = -INFINITY;
     for (int64_t j = lane; j < keys; j += 32) m = fmaxf(m, g.scale * sr[j]);
@@ -72,15 +94,10 @@ __global__ void softmax_rows(const float* s, T* p, float* __restrict__ lse, int6
     const float lr = m + logf(l);
     __syncwarp();  // in f32 P is S: every lane has read its row before any writes
     T* pr = p + rc * g.ld;
-    for (int64_t j = lane; j < g.tk; j += 32) {
-      float v = j < keys ? expf(g.scale * sr[j] - lr) : 0.f;
-      if (g.drop > 0.f && v != 0.f)
-        v = dropout_uniform(seed, step, g.stream, static_cast<uint64_t>(r * g.tk + j)) >= g.drop ? v / (1.f - g.drop)
-                                                                                                 : 0.f;
-      pr[j] = from_float<T>(v);
-    }
+    for (int64_t j = lane; j < g.tk; j += 32)
+      pr[j] = from_float<T>(j < keys ? expf(g.scale * sr[j] - lr) * keep(g, r, j) : 0.f);
     if (lane == 0) lse[r] = lr;
-  }
+  });
 }
 
 // The backward's rows: S, dP (f32) -> P dropped and dS (T); rowsum(dO o) from the step's
@@ -90,12 +107,9 @@ __global__ void softmax_grad_rows(const float* s, const float* dp, T* p, T* ds, 
                                   const T* __restrict__ dout, const T* __restrict__ o, int64_t bh0, int64_t rows,
                                   RowGeom g) {
   const int lane = threadIdx.x & 31;
-  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
-  uint64_t seed = 0, step = 0;
-  if (g.drop > 0.f) seed = g.counters->seed, step = static_cast<uint64_t>(g.counters->step);
-  for (int64_t rc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; rc < rows; rc += warps) {
-    const int64_t i = rc % g.tq, bh = bh0 + rc / g.tq, r = bh0 * g.tq + rc;
-    const int64_t keys = g.causal && i + 1 < g.tk ? i + 1 : g.tk;
+  const Keep keep(g);
+  each_row(g, rows, [&](int64_t rc, int64_t i, int64_t keys) {
+    const int64_t bh = bh0 + rc / g.tq, r = bh0 * g.tq + rc;
     const int64_t oi = g.o.at(bh, g.h) + i * g.o.row;
     float rowsum = 0.f;
     for (int64_t e = lane; e < g.dv; e += 32) rowsum = fmaf(to_float(dout[oi + e]), to_float(o[oi + e]), rowsum);
@@ -104,16 +118,12 @@ __global__ void softmax_grad_rows(const float* s, const float* dp, T* p, T* ds, 
     const float *sr = s + rc * g.ld, *dpr = dp + rc * g.ld;
     T *pr = p + rc * g.ld, *dsr = ds + rc * g.ld;
     for (int64_t j = lane; j < g.tk; j += 32) {
-      const float pv = j < keys ? expf(g.scale * sr[j] - lr) : 0.f;
-      float f = 1.f;
-      if (g.drop > 0.f)
-        f = dropout_uniform(seed, step, g.stream, static_cast<uint64_t>(r * g.tk + j)) >= g.drop ? 1.f / (1.f - g.drop)
-                                                                                                 : 0.f;
+      const float pv = j < keys ? expf(g.scale * sr[j] - lr) : 0.f, f = keep(g, r, j);
       const float dsv = g.scale * pv * (dpr[j] * f - rowsum);
       pr[j] = from_float<T>(pv * f);  // in f32 p is s and ds is dp: each element read, then written, by one lane
       dsr[j] = from_float<T>(dsv);
     }
-  }
+  });
 }
 
 // Where the score matrices lie in a workspace.
@@ -162,7 +172,7 @@ GemmShape product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda
 std::optional<Launch> gemm_attention(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf,
                                      bool backward, std::string* why) {
   const bool flat = uniform(g.q, g.h) && uniform(g.k, g.h) && uniform(g.v, g.h) && uniform(g.o, g.h);
-  Layout l{flat ? 1 : g.b, flat ? g.bh() : g.h, round_up(g.tk, 8), 0, 0};
+  Layout l{flat ? 1 : g.b, flat ? g.bh() : g.h, round_up(g.tk, 8), 0};
   const size_t head_bytes = static_cast<size_t>(g.tq * l.ld) * sizeof(float);
   if (head_bytes > kHeadLimit) {
     *why = "one head's scores take " + std::to_string(head_bytes >> 20) + " MiB, over the " +
@@ -170,10 +180,9 @@ std::optional<Launch> gemm_attention(const StepArgs& a, DType t, const Attention
     return std::nullopt;
   }
   l.chunk = std::min<int64_t>(l.heads, std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / head_bytes)));
-  l.matrix = static_cast<size_t>(l.chunk) * head_bytes;
   const size_t es = dtype_size(t);
   const bool wide = t == DType::f32;  // P and dS alias S and dP
-  const size_t part = (l.matrix + 255) / 256 * 256;
+  const size_t part = (static_cast<size_t>(l.chunk) * head_bytes + 255) / 256 * 256;  // an f32 matrix
   const size_t narrow = (static_cast<size_t>(l.chunk * g.tq * l.ld) * es + 255) / 256 * 256;
   // Workspace: cuBLASLt's part, S (and dP), then P (and dS) where they do not alias.
   const int mats = backward ? 2 : 1;

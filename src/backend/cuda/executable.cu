@@ -305,10 +305,7 @@ class CudaExecutable : public Executable {
     // Each step on the stream, one at a time, but with its own lane's workspace: a lane's
     // is sized for its own steps' needs, and lane 0's may be smaller than another's step
     // needs.
-    struct LaneReset {
-      Context& c;
-      ~LaneReset() { c.set_lane(0); }
-    } reset{ctx_};
+    LaneReset reset{ctx_};
     for (size_t j = 0; j < launches_.size(); ++j) {
       ctx_.set_lane(j < sched_.lane.size() ? sched_.lane[j] : 0);
       const Launch& l = launches_[j];
@@ -332,6 +329,13 @@ class CudaExecutable : public Executable {
   }
 
  private:
+  // Puts the context back on lane 0 (where work outside the steps runs) however a loop
+  // over the steps' lanes ends.
+  struct LaneReset {
+    Context& c;
+    ~LaneReset() { c.set_lane(0); }
+  };
+
   // Resets the error slot, ordered with the kernels that report into it (clear_error_
   // lives as long as the executable, so the copy may still be in flight on return).
   void clear_error() {
@@ -362,10 +366,7 @@ class CudaExecutable : public Executable {
       SEAM_CUDA_CHECK(cudaEventRecord(fork_, stream));
       for (int l = 1; l < lanes; ++l) SEAM_CUDA_CHECK(cudaStreamWaitEvent(lane_stream(l), fork_, 0));
     }
-    struct LaneReset {
-      Context& c;
-      ~LaneReset() { c.set_lane(0); }
-    } reset{ctx_};
+    LaneReset reset{ctx_};
     const size_t n = plan_.steps.size();
     for (size_t j = 0; j < n; ++j) {
       const int l = sched_.lane[j];
