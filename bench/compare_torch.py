@@ -323,6 +323,31 @@ VARIANTS = {
 }
 
 
+def profile(step, steps, title, rows=40):
+    """The GPU kernels of `steps` steps, each kernel name's time a step, largest first: where
+    the time goes, to set beside `seam bench --breakdown`."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = e.self_cuda_time_total
+        if us > 0:
+            kernels.append((us / steps, e.count / steps, e.key))
+    kernels.sort(reverse=True)
+    total = sum(k[0] for k in kernels)
+    print(f"### profile {title}: {total / 1e3:.4f} ms of GPU time a step, {sum(k[1] for k in kernels):.0f} kernels")
+    for us, n, key in kernels[:rows]:
+        print(f"  {us:9.1f} us {n:5.1f}x  {key[:140]}")
+    print(f"  ({max(0, len(kernels) - rows)} more names)", flush=True)
+
+
 def check_first_steps(names, specs, a):
     """twin.check_step for every workload that is a model file; returns whether all pass."""
     ok = True
@@ -362,6 +387,8 @@ def main():
                         "workload (and W5's model file)")
     p.add_argument("--check-device", choices=["cpu", "cuda"], default="cuda")
     p.add_argument("--check-batch", type=int, default=None, help="default: the workload's batch")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="after timing a variant, its GPU kernels over this many steps, by time (torch.profiler)")
     a = p.parse_args()
     specs = {}
     for w in a.workloads:
@@ -391,7 +418,10 @@ def main():
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             try:
-                ms, lo, hi = timed(VARIANTS[v](spec), a.steps, a.warmup, a.repeats)
+                step = VARIANTS[v](spec)
+                ms, lo, hi = timed(step, a.steps, a.warmup, a.repeats)
+                if a.profile:
+                    profile(step, a.profile, f"{name} {v}")
             except Exception as e:  # a variant that fails is reported, the others still run
                 print(f"{name} {v}: failed: {type(e).__name__}: {e}", file=sys.stderr)
                 continue

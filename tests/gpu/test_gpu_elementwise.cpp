@@ -175,6 +175,8 @@ TEST(GpuShape, TransposeAndPermuteMatchTheCpu) {
       {{8, 16, 9, 9}, {0, 2, 3, 1}},
       {{4, 1, 6}, {2, 1, 0}},
       {{16, 8, 12, 64}, {0, 2, 1, 3}},  // attention heads: rows of 64 floats move as float4
+      {{6, 3, 32, 32}, {0, 2, 3, 1}},   // an RGB batch to NHWC: too narrow for tiles
+      {{6, 32, 32, 3}, {0, 3, 1, 2}},   // and back
   };
   for (auto& [shape, perm] : cases) {
     SCOPED_TRACE(shape_str(shape) + " permuted by " + shape_str(perm));

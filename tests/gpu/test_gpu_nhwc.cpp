@@ -644,6 +644,30 @@ TEST(GpuNhwcPool, GlobalAvgPoolMatchesTheCpu) {
   }
 }
 
+TEST(GpuNhwcPool, GradientsOverWideChannelsTakeSixteenBytesAThread) {
+  // A thread takes 16 bytes of channels where C allows: 4 at f32 and 8 at 16 bits for
+  // C = 8 and 16; C = 12 takes 4 at f32 and 1 at 16 bits; C = 6 takes 1. Ties included:
+  // every column repeats down the rows, and the first maximum of each lane's window wins.
+  for (int64_t ch : {8, 12, 6, 16}) {
+    SCOPED_TRACE("C = " + std::to_string(ch));
+    using Build = std::function<Var(GpuCase&)>;
+    Build max_build = [&](GpuCase& c) { return max_pool_nhwc(c.param("x", {2, 9, 9, ch}), {3, 3}, {2, 2}, {1, 1}); };
+    Build tie_build = [&](GpuCase& c) {
+      return max_pool_nhwc(broadcast_to(c.param("x", {2, 1, 7, ch}), {2, 7, 7, ch}), {3, 3}, {2, 2}, {1, 1});
+    };
+    Build avg_build = [&](GpuCase& c) {
+      return avg_pool_nhwc(c.param("x", {2, 9, 9, ch}), {3, 3}, {2, 2}, {1, 1}, ch % 8 == 0);
+    };
+    for (const Build& build : {max_build, tie_build, avg_build}) {
+      compare_nhwc(build, f32());
+      for (const Low& low : kLows) {
+        SCOPED_TRACE(low.name);
+        compare_nhwc(build, low.options());
+      }
+    }
+  }
+}
+
 TEST(GpuNhwcPool, SixteenBitOperandsWithoutThePass) {
   for (const Low& low : kLows) {
     SCOPED_TRACE(low.name);

@@ -454,8 +454,9 @@ TEST(GpuPrecisionGemmCache, SixteenBitGemmsAreChosenApartFromF32) {
     f32 += l.find(" type=0 dtype=0 ") != std::string::npos;
     bf16 += l.find(" type=14 dtype=14 ") != std::string::npos;
     f16 += l.find(" type=2 dtype=2 ") != std::string::npos;
-    bf16_picks += l.rfind("pick ", 0) == 0 && l.find(":bf16 ") != std::string::npos;
-    f16_picks += l.rfind("pick ", 0) == 0 && l.find(":f16 ") != std::string::npos;
+    // A pick's key: the step's, its storage type, then the variants it was timed among.
+    bf16_picks += l.rfind("pick ", 0) == 0 && l.find(":bf16:") != std::string::npos;
+    f16_picks += l.rfind("pick ", 0) == 0 && l.find(":f16:") != std::string::npos;
   }
   EXPECT_GT(f32, 0);
   EXPECT_EQ(bf16, f32);

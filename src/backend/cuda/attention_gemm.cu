@@ -39,10 +39,9 @@ struct Layout {
 
 bool uniform(const Rows& r, int64_t h) { return r.batch == h * r.head; }
 
-// One row of the kernels: the head's index in the step (b * H + h), query i, its keys.
+// What the row kernels need of a step: the score matrices' sizes and row stride.
 struct RowGeom {
-  int64_t tq, tk, ld, d, dv, h;
-  Rows o;
+  int64_t tq, tk, ld;
   float scale;
   bool causal;
   float drop;
@@ -100,22 +99,22 @@ __global__ void softmax_rows(const float* s, T* p, float* __restrict__ lse, int6
   });
 }
 
-// The backward's rows: S, dP (f32) -> P dropped and dS (T); rowsum(dO o) from the step's
-// dout and o (each row at o's strides).
+// The backward's rows: S, dP (f32) -> P dropped and dS (T). The row's sum of P dP is
+// taken from the row itself, not as rowsum(dO o) from the stored output as flash kernels
+// must: the same P then enters the sum and each dS, so dS sums to 0 over the row to f32
+// rounding, and dQ, which that sum cancels, keeps f32's relative error.
 template <class T>
 __global__ void softmax_grad_rows(const float* s, const float* dp, T* p, T* ds, const float* __restrict__ lse,
-                                  const T* __restrict__ dout, const T* __restrict__ o, int64_t bh0, int64_t rows,
-                                  RowGeom g) {
+                                  int64_t bh0, int64_t rows, RowGeom g) {
   const int lane = threadIdx.x & 31;
   const Keep keep(g);
-  each_row(g, rows, [&](int64_t rc, int64_t i, int64_t keys) {
-    const int64_t bh = bh0 + rc / g.tq, r = bh0 * g.tq + rc;
-    const int64_t oi = g.o.at(bh, g.h) + i * g.o.row;
-    float rowsum = 0.f;
-    for (int64_t e = lane; e < g.dv; e += 32) rowsum = fmaf(to_float(dout[oi + e]), to_float(o[oi + e]), rowsum);
-    rowsum = warp_sum(rowsum);
+  each_row(g, rows, [&](int64_t rc, int64_t, int64_t keys) {
+    const int64_t r = bh0 * g.tq + rc;
     const float lr = lse[r];
     const float *sr = s + rc * g.ld, *dpr = dp + rc * g.ld;
+    float rowsum = 0.f;
+    for (int64_t j = lane; j < keys; j += 32) rowsum = fmaf(expf(g.scale * sr[j] - lr) * keep(g, r, j), dpr[j], rowsum);
+    rowsum = warp_sum(rowsum);
     T *pr = p + rc * g.ld, *dsr = ds + rc * g.ld;
     for (int64_t j = lane; j < g.tk; j += 32) {
       const float pv = j < keys ? expf(g.scale * sr[j] - lr) : 0.f, f = keep(g, r, j);
@@ -257,7 +256,7 @@ std::optional<Launch> gemm_attention(const StepArgs& a, DType t, const Attention
   products_for(l.chunk);
   if (l.heads % l.chunk) products_for(l.heads % l.chunk);
 
-  const RowGeom rg{g.tq, g.tk, l.ld, g.d, g.dv, g.h, g.o, g.scale, g.causal, g.dropout, g.stream, g.counters};
+  const RowGeom rg{g.tq, g.tk, l.ld, g.scale, g.causal, g.dropout, g.stream, g.counters};
   const int sms = std::max(a.ctx.sm_count, 1);
   Context* ctx = &a.ctx;
   Launch launch;
@@ -281,8 +280,8 @@ std::optional<Launch> gemm_attention(const StepArgs& a, DType t, const Attention
           }
           pr.dp(o.dp, st);
           softmax_grad_rows<T><<<blocks, kThreads, 0, st>>>(
-              w.s, w.dp, static_cast<T*>(w.p), static_cast<T*>(w.ds), static_cast<const float*>(buf.lse),
-              static_cast<const T*>(buf.dout), static_cast<const T*>(buf.o), bh0, rows, rg);
+              w.s, w.dp, static_cast<T*>(w.p), static_cast<T*>(w.ds), static_cast<const float*>(buf.lse), bh0, rows,
+              rg);
           SEAM_CUDA_LAUNCH_CHECK();
           pr.dv(o.dv, st);
           pr.dq(o.dq, st);

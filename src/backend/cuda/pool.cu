@@ -117,19 +117,33 @@ struct Div<int64_t> {
 // The geometry in the kernels' index type I, with its divisors: int32 wherever every
 // index fits. The gradients below divide about ten times per element, and a 64-bit
 // division costs several times a 32-bit one.
+// In NHWC a thread takes V neighbouring channels (a 16-byte load where they fit): the
+// index arithmetic, most of these kernels' instructions, is then done once for V
+// elements. `groups` = channels / V; NCHW runs V = 1.
 template <class I>
 struct IndexGeom {
-  I planes, channels, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+  I planes, channels, groups, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
   bool count_include_pad;
-  Div<I> by_channels, by_w, by_h, by_ow, by_oh, by_sh, by_sw;
+  Div<I> by_groups, by_w, by_h, by_ow, by_oh, by_sh, by_sw;
 };
 
 template <class I>
-IndexGeom<I> index_geom(const PoolGeom& g) {
+IndexGeom<I> index_geom(const PoolGeom& g, int64_t vec) {
   auto n = [](int64_t v) { return static_cast<I>(v); };
-  return {n(g.planes), n(g.channels), n(g.h), n(g.w), n(g.oh), n(g.ow), n(g.kh),
+  return {n(g.planes), n(g.channels), n(g.channels / vec), n(g.h), n(g.w), n(g.oh), n(g.ow), n(g.kh),
           n(g.kw), n(g.sh), n(g.sw), n(g.ph), n(g.pw), g.count_include_pad,
-          Div<I>(g.channels), Div<I>(g.w), Div<I>(g.h), Div<I>(g.ow), Div<I>(g.oh), Div<I>(g.sh), Div<I>(g.sw)};
+          Div<I>(g.channels / vec), Div<I>(g.w), Div<I>(g.h), Div<I>(g.ow), Div<I>(g.oh), Div<I>(g.sh), Div<I>(g.sw)};
+}
+
+// V elements of T loaded or stored as one access.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
 }
 
 // Whether every index of x and y (and the largest window offsets) fits in int32.
@@ -138,21 +152,23 @@ bool fits_int32(const PoolGeom& g) {
   return most < int64_t{1} << 31;
 }
 
-// Where element i of x sits, and the bases of its (n, c) plane in x, dy and y: NCHW
-// planes are contiguous, NHWC ones interleave their channels `channels` apart.
+// Where work item i of x's elements sits (its first element is x[i * V]), and the bases of
+// its (n, c) plane in dy and y: NCHW planes are contiguous, NHWC ones interleave their
+// channels `channels` apart.
 template <class I>
 struct PlaneAt {
-  I ix, iy, step, x_base, y_base;
+  I ix, iy, step, y_base;
 };
 
-template <bool Nhwc, class I>
+template <bool Nhwc, int V, class I>
 __device__ __forceinline__ PlaneAt<I> plane_at(I i, const IndexGeom<I>& g) {
   if constexpr (Nhwc) {
-    const I p = g.by_channels(i), c = i - p * g.channels, q = g.by_w(p), n = g.by_h(q);
-    return {p - q * g.w, q - n * g.h, g.channels, n * g.h * g.w * g.channels + c, n * g.oh * g.ow * g.channels + c};
+    const I p = g.by_groups(i), c = (i - p * g.groups) * V, q = g.by_w(p), n = g.by_h(q);
+    return {p - q * g.w, q - n * g.h, g.channels, n * g.oh * g.ow * g.channels + c};
   } else {
+    static_assert(V == 1);
     const I q = g.by_w(i), plane = g.by_h(q);
-    return {i - q * g.w, q - plane * g.h, 1, plane * g.h * g.w, plane * g.oh * g.ow};
+    return {i - q * g.w, q - plane * g.h, 1, plane * g.oh * g.ow};
   }
 }
 
@@ -174,13 +190,14 @@ __device__ __forceinline__ void each_element(I total, F&& f) {
     f(i);
 }
 
-// Where output element i sits: its plane's base in y and x, and its window's corner.
-template <bool Nhwc, class I>
-__device__ __forceinline__ void window_at(I i, const IndexGeom<I>& g, I& y_off, I& x_base, I& step, I& y0, I& x0) {
+// Where output work item i sits (its first element is y[i * V]): its plane's base in x,
+// and its window's corner.
+template <bool Nhwc, int V, class I>
+__device__ __forceinline__ void window_at(I i, const IndexGeom<I>& g, I& x_base, I& step, I& y0, I& x0) {
   I n_or_plane, ox, oy, c = 0;
   if constexpr (Nhwc) {
-    const I p = g.by_channels(i);
-    c = i - p * g.channels;
+    const I p = g.by_groups(i);
+    c = (i - p * g.groups) * V;
     const I q = g.by_ow(p);
     ox = p - q * g.ow;
     n_or_plane = g.by_oh(q);
@@ -195,7 +212,6 @@ __device__ __forceinline__ void window_at(I i, const IndexGeom<I>& g, I& y_off, 
     step = 1;
     x_base = n_or_plane * g.h * g.w;
   }
-  y_off = i;
   y0 = oy * g.sh - g.ph;
   x0 = ox * g.sw - g.pw;
 }
@@ -209,65 +225,95 @@ __device__ __forceinline__ void window_at(I i, const IndexGeom<I>& g, I& y_off, 
 // per position doing the index arithmetic once per 32 channels changed nothing. ncu shows
 // the argmax pass at 0.9 TB/s with about one eligible warp a scheduler: the rest of the
 // gap is not yet explained.
-template <class T, bool Nhwc, class I>
+template <class T, bool Nhwc, class I, int V>
 __global__ void max_pool_argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ arg, IndexGeom<I> g) {
-  each_element(g.planes * g.oh * g.ow, [&](I i) {
-    I y_off, x_base, step, y0, x0;
-    window_at<Nhwc>(i, g, y_off, x_base, step, y0, x0);
+  each_element(g.planes / V * g.oh * g.ow, [&](I i) {
+    I x_base, step, y0, x0;
+    window_at<Nhwc, V>(i, g, x_base, step, y0, x0);
     const I ya = max(y0, I{0}), yb = min(y0 + g.kh, g.h), xa = max(x0, I{0}), xb = min(x0 + g.kw, g.w);
-    int32_t best = -1;
-    float b = 0.f;
+    Pack<int32_t, V> best;
+    float b[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) best.v[k] = -1, b[k] = 0.f;
     for (I jy = ya; jy < yb; ++jy)
+#pragma unroll 3
       for (I jx = xa; jx < xb; ++jx) {
-        const float v = to_float(x[x_base + (jy * g.w + jx) * step]);
-        if (best < 0 || (!(v <= b) && b == b)) {
-          best = static_cast<int32_t>((jy - y0) * g.kw + (jx - x0));
-          b = v;
+        const Pack<T, V> p = load<V>(x + x_base + (jy * g.w + jx) * step);
+        const auto at = static_cast<int32_t>((jy - y0) * g.kw + (jx - x0));
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float v = to_float(p.v[k]);
+          if (best.v[k] < 0 || (!(v <= b[k]) && b[k] == b[k])) best.v[k] = at, b[k] = v;
         }
       }
-    arg[y_off] = best;
+    *reinterpret_cast<Pack<int32_t, V>*>(arg + i * V) = best;
   });
 }
 
-// dx of max pooling, one thread per x element: the sum of dy over the windows whose first
-// maximum it is, added in window order as the CPU adds them. Deterministic: no atomics.
-template <class T, bool Nhwc, class I>
+// dx of max pooling, one thread per V elements of x: the sum of dy over the windows whose
+// first maximum it is, added in window order as the CPU adds them. Deterministic: no
+// atomics.
+template <class T, bool Nhwc, class I, int V>
 __global__ void max_pool_grad_kernel(const T* __restrict__ dy, const int32_t* __restrict__ arg, T* __restrict__ dx,
                                      IndexGeom<I> g) {
-  each_element(g.planes * g.h * g.w, [&](I i) {
-    const PlaneAt<I> at = plane_at<Nhwc>(i, g);
+  each_element(g.planes / V * g.h * g.w, [&](I i) {
+    const PlaneAt<I> at = plane_at<Nhwc, V>(i, g);
     I oy0, oy1, ox0, ox1;
     covering(at.iy, g.ph, g.kh, g.by_sh, g.oh, oy0, oy1);
     covering(at.ix, g.pw, g.kw, g.by_sw, g.ow, ox0, ox1);
-    float s = 0.f;
+    float s[V] = {};
     for (I oy = oy0; oy <= oy1; ++oy)
       for (I ox = ox0; ox <= ox1; ++ox) {
         const I o = at.y_base + (oy * g.ow + ox) * at.step;
-        const I here = (at.iy - (oy * g.sh - g.ph)) * g.kw + (at.ix - (ox * g.sw - g.pw));
-        if (arg[o] == static_cast<int32_t>(here)) s += to_float(dy[o]);
+        const auto here = static_cast<int32_t>((at.iy - (oy * g.sh - g.ph)) * g.kw + (at.ix - (ox * g.sw - g.pw)));
+        const Pack<int32_t, V> w = load<V>(arg + o);
+        const Pack<T, V> d = load<V>(dy + o);
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          if (w.v[k] == here) s[k] += to_float(d.v[k]);
       }
-    dx[i] = from_float<T>(s);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(s[k]);
+    *reinterpret_cast<Pack<T, V>*>(dx + i * V) = out;
   });
 }
 
-// Launches kernel<T, Nhwc, I> for the step's layout and the narrowest index type.
-template <class T, template <class, bool, class> class K, class... Args>
-void launch_pool_grad(const PoolGeom& g, bool nhwc, unsigned blocks, cudaStream_t stream, Args... args) {
-  const bool narrow = fits_int32(g);
-  if (narrow && nhwc) K<T, true, int32_t>::run(blocks, stream, index_geom<int32_t>(g), args...);
-  else if (narrow) K<T, false, int32_t>::run(blocks, stream, index_geom<int32_t>(g), args...);
-  else if (nhwc) K<T, true, int64_t>::run(blocks, stream, index_geom<int64_t>(g), args...);
-  else K<T, false, int64_t>::run(blocks, stream, index_geom<int64_t>(g), args...);
+template <class T, template <class, bool, class, int> class K, bool Nhwc, int V, class... Args>
+void launch_as(const PoolGeom& g, unsigned blocks, cudaStream_t stream, Args... args) {
+  if (fits_int32(g)) K<T, Nhwc, int32_t, V>::run(blocks, stream, index_geom<int32_t>(g, V), args...);
+  else K<T, Nhwc, int64_t, V>::run(blocks, stream, index_geom<int64_t>(g, V), args...);
+}
+
+// The channels a thread takes: 16 bytes of them in NHWC where the channel count and every
+// pointer allow, else 1.
+template <class T>
+int vec_of(const PoolGeom& g, bool nhwc, std::initializer_list<const void*> ptrs) {
+  constexpr int kWide = 16 / sizeof(T);
+  if (!nhwc || g.channels % kWide) return 1;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16) return 1;
+  return kWide;
+}
+
+// Launches kernel<T, Nhwc, I, V> for the step's layout, V from vec_of and the narrowest
+// index type.
+template <class T, template <class, bool, class, int> class K, class... Args>
+void launch_pool_grad(const PoolGeom& g, bool nhwc, int vec, unsigned blocks, cudaStream_t stream, Args... args) {
+  constexpr int kWide = 16 / sizeof(T);
+  if (!nhwc) launch_as<T, K, false, 1>(g, blocks, stream, args...);
+  else if (vec == kWide) launch_as<T, K, true, kWide>(g, blocks, stream, args...);
+  else launch_as<T, K, true, 1>(g, blocks, stream, args...);
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
-template <class T, bool Nhwc, class I>
+template <class T, bool Nhwc, class I, int V>
 struct MaxPoolGrad {
   static void run(unsigned blocks, cudaStream_t stream, IndexGeom<I> g, const T* dy, const T* x, int32_t* arg,
                   T* dx) {
-    max_pool_argmax_kernel<T, Nhwc, I><<<blocks, kThreads, 0, stream>>>(x, arg, g);
+    max_pool_argmax_kernel<T, Nhwc, I, V><<<blocks, kThreads, 0, stream>>>(x, arg, g);
     SEAM_CUDA_LAUNCH_CHECK();
-    max_pool_grad_kernel<T, Nhwc, I><<<blocks, kThreads, 0, stream>>>(dy, arg, dx, g);
+    max_pool_grad_kernel<T, Nhwc, I, V><<<blocks, kThreads, 0, stream>>>(dy, arg, dx, g);
   }
 };
 
@@ -282,32 +328,33 @@ Launch prepare_max_pool2d_grad(const StepArgs& a) {
          shape_str(a.in[2].shape()), " and dx ", shape_str(a.out[0].shape()), " do not fit together");
   const bool nhwc = step_nhwc(a);
   const PoolGeom g = pool_geom(a, xs, ys, nhwc);
-  const int64_t total = g.planes * g.h * g.w;
-  const unsigned blocks = blocks_for(total, kThreads, std::max(a.ctx.sm_count, 1) * 16);
   auto* arg = static_cast<int32_t*>(a.ctx.scratch(static_cast<size_t>(g.planes * g.oh * g.ow) * sizeof(int32_t)));
   Launch launch;
   dispatch_storage(a.in[0].dtype(), "max_pool2d_grad", [&]<class T>() {
-    launch = [g, blocks, nhwc, arg, dy = a.in[0].as<const T>(), x = a.in[1].as<const T>(),
-              dx = a.out[0].as<T>()](cudaStream_t stream) {
-      launch_pool_grad<T, MaxPoolGrad>(g, nhwc, blocks, stream, dy, x, arg, dx);
+    const T *dy = a.in[0].as<const T>(), *x = a.in[1].as<const T>();
+    T* dx = a.out[0].as<T>();
+    const int vec = vec_of<T>(g, nhwc, {dy, x, dx, arg});
+    const unsigned blocks = blocks_for(g.planes / vec * g.h * g.w, kThreads, std::max(a.ctx.sm_count, 1) * 16);
+    launch = [g, blocks, nhwc, vec, arg, dy, x, dx](cudaStream_t stream) {
+      launch_pool_grad<T, MaxPoolGrad>(g, nhwc, vec, blocks, stream, dy, x, arg, dx);
     };
   });
   return launch;
 }
 
-// dx of average pooling, one thread per x element: the sum, over the windows that cover
-// it, of dy divided by that window's divisor (as the CPU, which scatters the same shares).
-// Element i is (plane, iy, ix) in NCHW; with Nhwc it is (n, iy, ix, c), and the windows of
-// its channel sit `channels` apart in dy.
-template <class T, bool Nhwc, class I>
+// dx of average pooling, one thread per V elements of x: the sum, over the windows that
+// cover them, of dy divided by that window's divisor (as the CPU, which scatters the same
+// shares). Element i * V is (plane, iy, ix) in NCHW; with Nhwc it is (n, iy, ix, c), and
+// the windows of its channel sit `channels` apart in dy.
+template <class T, bool Nhwc, class I, int V>
 __global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, IndexGeom<I> g) {
-  each_element(g.planes * g.h * g.w, [&](I i) {
-    const PlaneAt<I> at = plane_at<Nhwc>(i, g);
+  each_element(g.planes / V * g.h * g.w, [&](I i) {
+    const PlaneAt<I> at = plane_at<Nhwc, V>(i, g);
     const T* d = dy + at.y_base;  // dy at the plane's window (0, 0)
     I oy0, oy1, ox0, ox1;
     covering(at.iy, g.ph, g.kh, g.by_sh, g.oh, oy0, oy1);
     covering(at.ix, g.pw, g.kw, g.by_sw, g.ow, ox0, ox1);
-    float s = 0.f;
+    float s[V] = {};
     for (I oy = oy0; oy <= oy1; ++oy) {
       const I ys = oy * g.sh - g.ph;
       const I rows = min(ys + g.kh, g.h) - max(ys, I{0});
@@ -317,17 +364,22 @@ __global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ d
           const I xs = ox * g.sw - g.pw;
           div = rows * (min(xs + g.kw, g.w) - max(xs, I{0}));
         }
-        s += to_float(d[(oy * g.ow + ox) * at.step]) / static_cast<float>(div);
+        const Pack<T, V> p = load<V>(d + (oy * g.ow + ox) * at.step);
+#pragma unroll
+        for (int k = 0; k < V; ++k) s[k] += to_float(p.v[k]) / static_cast<float>(div);
       }
     }
-    dx[i] = from_float<T>(s);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(s[k]);
+    *reinterpret_cast<Pack<T, V>*>(dx + i * V) = out;
   });
 }
 
-template <class T, bool Nhwc, class I>
+template <class T, bool Nhwc, class I, int V>
 struct AvgPoolGrad {
   static void run(unsigned blocks, cudaStream_t stream, IndexGeom<I> g, const T* dy, T* dx) {
-    avg_pool_grad_kernel<T, Nhwc, I><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
+    avg_pool_grad_kernel<T, Nhwc, I, V><<<blocks, kThreads, 0, stream>>>(dy, dx, g);
   }
 };
 
@@ -336,12 +388,14 @@ Launch prepare_avg_pool2d_grad(const StepArgs& a) {
   expect_one_stored_dtype(a);
   const bool nhwc = step_nhwc(a);
   const PoolGeom g = pool_geom(a, a.out[0].shape(), a.in[0].shape(), nhwc);
-  const int64_t total = g.planes * g.h * g.w;
-  const unsigned blocks = blocks_for(total, kThreads, std::max(a.ctx.sm_count, 1) * 16);
   Launch launch;
   dispatch_storage(a.in[0].dtype(), "avg_pool2d_grad", [&]<class T>() {
-    launch = [g, blocks, nhwc, dy = a.in[0].as<const T>(), dx = a.out[0].as<T>()](cudaStream_t stream) {
-      launch_pool_grad<T, AvgPoolGrad>(g, nhwc, blocks, stream, dy, dx);
+    const T* dy = a.in[0].as<const T>();
+    T* dx = a.out[0].as<T>();
+    const int vec = vec_of<T>(g, nhwc, {dy, dx});
+    const unsigned blocks = blocks_for(g.planes / vec * g.h * g.w, kThreads, std::max(a.ctx.sm_count, 1) * 16);
+    launch = [g, blocks, nhwc, vec, dy, dx](cudaStream_t stream) {
+      launch_pool_grad<T, AvgPoolGrad>(g, nhwc, vec, blocks, stream, dy, dx);
     };
   });
   return launch;
