@@ -1,5 +1,6 @@
 // `seam bench`: the workloads and their timing.
 #include "bench/bench.h"
+#include "bench/trace_report.h"
 
 #include <algorithm>
 #include <chrono>
@@ -234,6 +235,16 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
     std::printf("  %8.4f ms  sum of steps alone; GEMMs alone %.4f ms (%.0f%% of the measured step)\n", total, gemm,
                 100.0 * gemm / res.ms);
     res.gemm_ms = gemm;
+  }
+  if (o.trace > 0) {
+    if (dev != Device::cuda) fail("--trace: the device's record of a step needs --device cuda");
+#ifdef SEAM_HAS_CUDA
+    const auto spans = cuda::trace_device([&] {
+      for (int i = 0; i < o.trace; ++i) p.run();
+      p.check();
+    });
+    std::printf("\n%s: traced\n%s", w.name.c_str(), trace_report(spans, o.trace, true).c_str());
+#endif
   }
   if (o.explain) {
     // The kernel table against the same step without fusion (planned on the CPU: only its

@@ -21,6 +21,7 @@ struct BenchOptions {
   bool upload = false;                 // upload a new batch from the host every step
   bool breakdown = false;              // also time every plan step alone
   bool explain = false;                // also print the plan's kernel table (seam plan) with times
+  int trace = 0;                       // also trace this many steps on the device (CUPTI): overlap, gaps
   std::string device = "auto";
   std::string epilogue = "fastest";    // fused GEMM epilogues: fastest, fused, split, split_t
   int streams = 4;                     // CUDA streams a step may spread over

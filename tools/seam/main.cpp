@@ -331,6 +331,10 @@ int main(int argc, char** argv) {
   bench->add_flag("--breakdown", bo.breakdown, "also time every step of the plan alone");
   bench->add_flag("--explain", bo.explain,
                   "also print each workload's kernel table as `seam plan --measure` does, against the unfused step");
+  bench->add_option("--trace", bo.trace,
+                    "also trace this many steps on the GPU (CUPTI): each kernel as it ran, the streams' overlap, the "
+                    "idle gaps, the last step's timeline")
+      ->transform(whole<int>(1));
   bench->add_option("--device", bo.device, "cpu, cuda or auto")->check(one_of({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", bo.csv, "also write the results as CSV");
   bench->add_option("--precision", bench_precision, precision_help + " (default: tf32 for W1-W4, a model file's own, W5's bf16)")
