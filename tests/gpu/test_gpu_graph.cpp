@@ -6,6 +6,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "backend/cuda/graph_memset.h"
 #include "../test_util.h"
 #include "gpu_check.h"
 
@@ -149,4 +150,63 @@ TEST(GpuGraph, AnInputSetOnceKeepsItsValueAndANewOneReplacesIt) {
     pg.run();
     EXPECT_NEAR(pg.read_as<float>(loss.name()).at(0), want, 1e-4 * std::fabs(want) + 1e-4) << "run " << k;
   }
+}
+
+TEST(GpuGraph, MemsetNodesBecomeKernelsThatWriteTheSameBytes) {
+  // A captured step: copy a random pattern in, memset parts of it (bytes, then a 2-D
+  // block with a pitch), copy it out. After the rewrite no memset node is left, and the
+  // result is the pattern with exactly those bytes set, in the captured order.
+  const size_t n = 1 << 20, pitch = 4096, width = 1000, height = 37;
+  std::vector<unsigned char> pattern(n);
+  std::mt19937 rng(11);
+  for (auto& b : pattern) b = static_cast<unsigned char>(rng());
+  unsigned char *src = nullptr, *buf = nullptr, *dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, n), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&buf, n), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dst, n), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(src, pattern.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  cudaGraph_t g = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(buf, src, n, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(buf + 12345, 0xAB, 100003, s), cudaSuccess);
+  ASSERT_EQ(cudaMemset2DAsync(buf + 500000, pitch, 0x5C, width, height, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dst, buf, n, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  auto count = [&](cudaGraphNodeType want) {
+    size_t k = 0;
+    EXPECT_EQ(cudaGraphGetNodes(g, nullptr, &k), cudaSuccess);
+    std::vector<cudaGraphNode_t> nodes(k);
+    EXPECT_EQ(cudaGraphGetNodes(g, nodes.data(), &k), cudaSuccess);
+    int c = 0;
+    for (auto node : nodes) {
+      cudaGraphNodeType t;
+      EXPECT_EQ(cudaGraphNodeGetType(node, &t), cudaSuccess);
+      c += t == want;
+    }
+    return c;
+  };
+  EXPECT_EQ(count(cudaGraphNodeTypeMemset), 2);
+  cuda::memsets_as_kernels(g);
+  EXPECT_EQ(count(cudaGraphNodeTypeMemset), 0);
+  EXPECT_EQ(count(cudaGraphNodeTypeKernel), 2);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::vector<unsigned char> got(n), want = pattern;
+  std::fill(want.begin() + 12345, want.begin() + 12345 + 100003, 0xAB);
+  for (size_t r = 0; r < height; ++r)
+    std::fill(want.begin() + 500000 + r * pitch, want.begin() + 500000 + r * pitch + width, 0x5C);
+  ASSERT_EQ(cudaMemcpy(got.data(), dst, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += got[i] != want[i];
+  EXPECT_EQ(wrong, 0u);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  cudaFree(src);
+  cudaFree(buf);
+  cudaFree(dst);
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/graph_memset.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/optim.h"
 #include "backend/cuda/shared.h"
@@ -398,6 +399,7 @@ class CudaExecutable : public Executable {
     if (e != cudaSuccess)
       fail("capturing the training step as a CUDA Graph failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
            "); run with --no-graph to launch the steps one by one");
+    memsets_as_kernels(graph_[s]);
     SEAM_CUDA_CHECK(cudaGraphInstantiate(&exec_[s], graph_[s], 0));
   }
 

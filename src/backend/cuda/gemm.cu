@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/graph_memset.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemm_store.h"
 #include "common/file.h"
@@ -141,6 +142,12 @@ float time_runs(const std::function<bool(cudaStream_t)>& run, cudaStream_t s, Ev
     return -1.0f;
   }
   cudaGraphExec_t exec = nullptr;
+  try {
+    memsets_as_kernels(graph);  // as the step's graph runs them
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   SEAM_CUDA_CHECK(inst);
