@@ -217,14 +217,12 @@ __device__ __forceinline__ void window_at(I i, const IndexGeom<I>& g, I& x_base,
 }
 
 // The first maximum of each max-pooling window (row-major; a NaN wins, as the CPU's
-// keep_max), as its offset in the unclipped kh x kw window, one thread per output. The
+// keep_max), as its offset in the unclipped kh x kw window, one thread per V outputs. The
 // gradient then gathers without reading x again. On ResNet-18's f32 [256, 16, 16, 64]
-// (W5) the two passes take about 64 us, against cuDNN's backward 93 us and about 10 us
-// for their 45 MB at full bandwidth. One pass that rescanned each maximum's window for an
-// earlier tie took 177 us with int64 indices, 105 with int32, 84 with FastDivisor; a warp
-// per position doing the index arithmetic once per 32 channels changed nothing. ncu shows
-// the argmax pass at 0.9 TB/s with about one eligible warp a scheduler: the rest of the
-// gap is not yet explained.
+// (W5) the two passes took about 64 us with a thread an element: the gather issued about
+// 150 instructions an element, most of them index arithmetic (ncu: 53% of the issue rate);
+// with V = 4 channels a thread, 28 us alone, launch included, against cuDNN's backward 93
+// us. Their 45 MB take about 10 us at full bandwidth.
 template <class T, bool Nhwc, class I, int V>
 __global__ void max_pool_argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ arg, IndexGeom<I> g) {
   each_element(g.planes / V * g.oh * g.ow, [&](I i) {
