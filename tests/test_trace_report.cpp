@@ -1,0 +1,45 @@
+// The summary of a device trace (seam bench --trace) on spans whose busy time, idle time
+// and overlap are known by construction.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "bench/trace_report.h"
+
+namespace seam {
+namespace {
+
+using cuda::Span;
+
+TEST(TraceReport, BusyIdleAndOverlapOfTwoSteps) {
+  // Each step (1000 ns apart): a kernel [0, 100), one overlapping it on another stream
+  // [50, 250), then after 150 ns idle one [400, 500). Busy 350 a step, records sum to 400.
+  std::vector<Span> spans;
+  for (uint64_t base : {1000u, 2000u}) {
+    spans.push_back({"void seam::cuda::(anonymous namespace)::fill_rows<unsigned int>(char*, unsigned int)", 7,
+                     base, base + 100});
+    spans.push_back({"sm90_gemm", 9, base + 50, base + 250});
+    spans.push_back({"[memset]", 7, base + 400, base + 500});
+  }
+  const std::string r = bench::trace_report(spans, 2, true);
+  // Two steps from 1000 to 2500: 0.75 us a step, 0.35 us busy, 0.40 us idle (the gaps
+  // inside a step and between them), 0.40 us of records: 1.14x busy.
+  EXPECT_NE(r.find("0.8 us from the first start"), std::string::npos) << r;
+  EXPECT_NE(r.find("0.3 us busy"), std::string::npos) << r;
+  EXPECT_NE(r.find("0.4 us idle"), std::string::npos) << r;
+  EXPECT_NE(r.find("1.14x busy"), std::string::npos) << r;
+  EXPECT_NE(r.find("on 2 streams"), std::string::npos) << r;
+  // Names lose their namespaces and parameters; the last step's timeline has its 3 records.
+  EXPECT_NE(r.find("fill_rows<unsigned int>\n"), std::string::npos) << r;
+  EXPECT_EQ(r.find("anonymous"), std::string::npos) << r;
+  const size_t timeline = r.find("the last step's records");
+  ASSERT_NE(timeline, std::string::npos) << r;
+  EXPECT_EQ(std::count(r.begin() + static_cast<std::ptrdiff_t>(timeline), r.end(), '\n'), 4) << r;
+}
+
+TEST(TraceReport, NothingTracedSaysSo) {
+  EXPECT_NE(bench::trace_report({}, 3, true).find("nothing ran"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace seam
