@@ -90,6 +90,53 @@ TEST(GpuModel, TimingStepsLeavesTheModelBitwiseAsItWas) {
   seam::testing::expect_timing_leaves_the_model_as_it_was(Device::cuda, Precision::bf16);
 }
 
+TEST(GpuModel, ABatchThatDoesNotFitNamesItsLargestBuffersAndTheDevicesFreeMemory) {
+  // A training step at a batch of 2^32 images of 784 pixels (12 TiB of input alone), then
+  // the same model at a batch that fits: the failed compile leaves the model usable, and
+  // its step matches the CPU's.
+  auto build = [](Graph& g, int64_t batch) {
+    Var x = g.input("x", {batch, 784});
+    Var y = g.input("y", {batch}, DType::i32);
+    return cross_entropy(nn::linear(relu(nn::linear(x, 256, "fc1")), 10, "fc2"), y);
+  };
+  Graph big;
+  Var big_loss = build(big, int64_t{1} << 32);
+  Var fine = relu(nn::linear(big.input("small", {4, 784}), 3, "fine"));
+  Model m(big, {.seed = 3, .device = Device::cuda});
+  try {
+    Program p = m.compile({.loss = big_loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part : {"cannot allocate the arena of", "its largest buffers: input 'x' f32[4294967296,784]",
+                             "out of GPU memory", "bytes free"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+  }
+  {  // the model that failed compiles and runs a program that fits
+    Program p = m.compile({.mode = Mode::eval, .outputs = {fine.id()}});
+    const auto xs = random_floats(4 * 784, 4);
+    p.set_input("small", std::span<const float>(xs));
+    p.run();
+    EXPECT_EQ(p.read_as<float>(fine.name()).size(), 12u);
+  }
+  const int64_t batch = 64;
+  const auto xs = random_floats(static_cast<size_t>(batch * 784), 5);
+  const auto ys = random_labels(static_cast<size_t>(batch), 10, 6);
+  std::vector<float> loss[2];
+  for (Device d : {Device::cpu, Device::cuda}) {
+    Graph g;
+    Var l = build(g, batch);
+    Model small(g, {.seed = 3, .device = d, .precision = Precision::f32});
+    Program p = small.compile({.loss = l.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+    p.set_input("x", std::span<const float>(xs));
+    p.set_input("y", std::span<const int32_t>(ys));
+    p.run();
+    loss[d == Device::cuda] = p.read_as<float>(l.name());
+  }
+  ASSERT_EQ(loss[1].size(), 1u);
+  EXPECT_NEAR(loss[1][0], loss[0][0], 1e-5 * std::abs(loss[0][0]));
+}
+
 TEST(GpuModel, AProgramOutlivesItsModel) { seam::testing::expect_a_program_outlives_its_model(Device::cuda); }
 
 TEST(GpuStreams, ScratchIsZeroedBeforeItsStreamUsesIt) {

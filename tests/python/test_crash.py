@@ -2,7 +2,11 @@
 data, trains, evaluates or writes a checkpoint), then resumed from whatever checkpoint it
 left, again and again until a run finishes. The finished run's metrics.csv must be
 bitwise that of a run never interrupted (on the CPU), and every checkpoint a kill left
-must load. Needs the seam binary in $SEAM_BIN and Debian's Fashion-MNIST."""
+must load. Needs the seam binary in $SEAM_BIN and Debian's Fashion-MNIST.
+
+SEAM_CRASH_DEVICE=cuda runs the same on the GPU (tools/device/run.sh crash), with
+--deterministic so that an interrupted run can equal an uninterrupted one bit for bit;
+SEAM_CRASH_DATA names the Fashion-MNIST folder where it is not Debian's."""
 import csv
 import os
 import random
@@ -13,13 +17,15 @@ import time
 import pytest
 
 SEAM = os.environ.get("SEAM_BIN", "")
+DEVICE = os.environ.get("SEAM_CRASH_DEVICE", "cpu")
+DATA = os.environ.get("SEAM_CRASH_DATA", "/usr/share/datasets/fashion-mnist")
 pytestmark = [
     pytest.mark.skipif(not SEAM or not os.path.exists(SEAM), reason="SEAM_BIN is not set to a seam binary"),
-    pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
-                       reason="no Fashion-MNIST (tools/setup.sh installs it)"),
+    pytest.mark.skipif(not os.path.isdir(DATA), reason=f"no Fashion-MNIST at {DATA} (tools/setup.sh installs it)"),
 ]
 
-ARGS = ["train", "--epochs", "4", "--limit-train", "2048", "--limit-test", "500", "--device", "cpu", "--quiet"]
+ARGS = ["train", "--epochs", "4", "--limit-train", "2048", "--limit-test", "500", "--device", DEVICE, "--data", DATA,
+        "--quiet", *(["--deterministic"] if DEVICE == "cuda" else [])]
 # What a run computes, not how fast: every column but the timings.
 TIMING = {"epoch_seconds", "samples_per_second", "tokens_per_second", "mfu"}
 

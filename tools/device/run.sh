@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models] ...
+#   tools/device/run.sh [tests] [sanitize] [train] [crash] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
@@ -63,6 +63,14 @@ for step in "${steps[@]}"; do
         [ "$rc" -ne 0 ] && tail -5 "$run_dir/stderr"
         rm -rf "$run_dir"
       done
+      ;;
+    crash)
+      # The kill, SIGTERM and Ctrl-C tests (tests/python/test_crash.py) on the GPU.
+      py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
+      [ -x "$py" ] || py=python3
+      SEAM_BIN=$PWD/$bin/seam SEAM_CRASH_DEVICE=cuda SEAM_CRASH_DATA=$PWD/$data \
+        "$py" -m pytest -q -p no:cacheprovider tests/python/test_crash.py > "$out/crash.log" 2>&1
+      note "crash tests on cuda: rc=$?, $(tail -1 "$out/crash.log")"
       ;;
     plan)
       # Each example's plan with every kernel's measured time beside its estimate.
