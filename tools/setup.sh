@@ -2,13 +2,13 @@
 # Installs what seam needs to build and test on Debian or Ubuntu: compiler, CMake,
 # Ninja, OpenBLAS, GoogleTest, CLI11, nlohmann/json, zlib, the Fashion-MNIST data, a text
 # corpus (Debian's fortunes, for the language-model path; docs/data.md), protobuf with
-# ONNX's schema and the ONNX backend node tests (the importer, docs/onnx.md) (and, for a
-# CUDA build, cudnn-frontend's headers).
+# ONNX's schema and the ONNX backend node tests (the importer, docs/onnx.md), OpenMPI (the
+# ranks of data-parallel runs) (and, for a CUDA build, cudnn-frontend's headers).
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libgtest-dev googletest
           libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist fortunes python3-pip
-          python3-venv libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata)
+          python3-venv libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

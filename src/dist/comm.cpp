@@ -1,0 +1,142 @@
+#include "dist/comm.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "seam/error.h"
+
+#ifdef SEAM_HAS_MPI
+#include <mpi.h>
+#endif
+
+namespace seam::dist {
+
+namespace {
+
+class Single final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(float*, size_t) override {}
+  void all_reduce_sum(double*, size_t) override {}
+  void broadcast(void*, size_t, int root) override {
+    if (root != 0) fail("broadcast: root ", root, " in a group of 1");
+  }
+  void barrier() override {}
+};
+
+#ifdef SEAM_HAS_MPI
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail("MPI: ", what, ": ", std::string(text, static_cast<size_t>(len)));
+}
+
+template <class T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <>
+MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+
+class Mpi final : public Comm {
+ public:
+  Mpi() {
+    int ready = 0;
+    check(MPI_Initialized(&ready), "MPI_Initialized");
+    if (!ready) {
+      check(MPI_Init(nullptr, nullptr), "MPI_Init");
+      std::atexit([] {
+        int done = 0;
+        MPI_Finalized(&done);
+        if (!done) MPI_Finalize();
+      });
+    }
+    // Errors come back as codes, turned into seam errors, instead of aborting the job.
+    check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce_sum(float* data, size_t n) override { sum(data, n); }
+  void all_reduce_sum(double* data, size_t n) override { sum(data, n); }
+  void broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) fail("broadcast: root ", root, " in a group of ", size_);
+    for (size_t at = 0; at < bytes;) {  // counts are ints
+      const size_t part = std::min<size_t>(bytes - at, size_t{1} << 30);
+      check(MPI_Bcast(static_cast<char*>(data) + at, static_cast<int>(part), MPI_BYTE, root, MPI_COMM_WORLD),
+            "MPI_Bcast");
+      at += part;
+    }
+  }
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+ private:
+  // A reduce-scatter then an all-gather, each rank adding its slice's parts in rank
+  // order (MPI_Allreduce's order is the library's choice): 2 (size - 1) / size of the
+  // data in and out of each rank, as a ring all-reduce moves.
+  template <class T>
+  void sum(T* data, size_t n) {
+    if (size_ == 1 || n == 0) return;
+    const auto p = static_cast<size_t>(size_);
+    if (n > static_cast<size_t>(std::numeric_limits<int>::max()))
+      fail("all_reduce_sum: ", n, " values are more than one call takes (MPI counts are ints): split them");
+    std::vector<int> counts(p), displs(p);
+    for (size_t r = 0; r < p; ++r) {
+      const size_t begin = n * r / p, end = n * (r + 1) / p;
+      counts[r] = static_cast<int>(end - begin);
+      displs[r] = static_cast<int>(begin);
+    }
+    const auto me = static_cast<size_t>(rank_);
+    const int mine = counts[me];
+    // parts[r * mine + i]: rank r's value i of my slice.
+    std::vector<T> parts(p * static_cast<size_t>(mine));
+    std::vector<int> recv_counts(p, mine), recv_displs(p);
+    for (size_t r = 0; r < p; ++r) recv_displs[r] = static_cast<int>(r) * mine;
+    check(MPI_Alltoallv(data, counts.data(), displs.data(), mpi_type<T>(), parts.data(), recv_counts.data(),
+                        recv_displs.data(), mpi_type<T>(), MPI_COMM_WORLD),
+          "MPI_Alltoallv");
+    T* slice = data + displs[me];
+    for (int i = 0; i < mine; ++i) {
+      T s = parts[static_cast<size_t>(i)];
+      for (size_t r = 1; r < p; ++r) s += parts[r * static_cast<size_t>(mine) + static_cast<size_t>(i)];
+      slice[i] = s;
+    }
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, mpi_type<T>(), data, counts.data(), displs.data(), mpi_type<T>(),
+                         MPI_COMM_WORLD),
+          "MPI_Allgatherv");
+  }
+
+  int rank_ = 0, size_ = 1;
+};
+
+#endif
+
+}  // namespace
+
+std::unique_ptr<Comm> single_process() { return std::make_unique<Single>(); }
+
+std::unique_ptr<Comm> mpi_world() {
+#ifdef SEAM_HAS_MPI
+  return std::make_unique<Mpi>();
+#else
+  fail("this seam was built without MPI (install libopenmpi-dev and rebuild): no ranks to launch");
+#endif
+}
+
+bool have_mpi() {
+#ifdef SEAM_HAS_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace seam::dist

@@ -1,0 +1,35 @@
+// The processes that train one model together (issue 20's data parallelism): one per GPU
+// or per CPU process, launched by `mpirun -np N`. Collectives on host memory here; the GPU
+// side (NCCL, inside the captured step) builds on the same ranks.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+namespace seam::dist {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Sums n values over the ranks. Every rank gets the same bits, added in rank order
+  // ((r0 + r1) + r2 ...), whatever the transport does: a data-parallel run can then be
+  // compared bit for bit with one process that adds the ranks' parts in that order.
+  virtual void all_reduce_sum(float* data, size_t n) = 0;
+  virtual void all_reduce_sum(double* data, size_t n) = 0;
+  // Rank `root`'s bytes to every rank.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+// One process alone: rank 0 of 1, every collective a no-op.
+std::unique_ptr<Comm> single_process();
+
+// MPI_COMM_WORLD (MPI initialized on first use, finalized at exit). Fails, saying so,
+// where seam was built without MPI.
+std::unique_ptr<Comm> mpi_world();
+
+// Whether this binary can launch ranks through MPI.
+bool have_mpi();
+
+}  // namespace seam::dist
