@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "data/fashion_mnist.h"
+#include "data/shard.h"
 #include "io/model_file.h"
 #include "seam/error.h"
 
@@ -151,6 +152,51 @@ TEST(Loader, ModelFileAugmentationIsCheckedAndNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[channels, height, width]"), std::string::npos) << e.what();
   }
+}
+
+TEST(Loader, RankShardsTogetherServeTheGlobalBatchesRowForRow) {
+  // 4 ranks of a shuffled, augmented training split (batch 16) and of an evaluation split
+  // whose last batch ends in padding (50 images in batches of 16): for every batch, the
+  // ranks' rows in rank order are the single loader's rows, inputs and labels, and the
+  // real rows add up.
+  const int64_t n = 50, rows = 6, cols = 5, world = 4;
+  const ImageSet set = distinct_images(n, rows, cols);
+  for (bool train : {true, false}) {
+    SCOPED_TRACE(train ? "training" : "evaluation");
+    BatchLoader::Options o{.batch = 16, .shuffle = train, .drop_last = train, .seed = 9};
+    if (train) o.augment = {.crop_padding = 1, .horizontal_flip = true};
+    BatchLoader whole(set, all(n), o);
+    std::vector<std::unique_ptr<RankShard>> ranks;
+    for (int r = 0; r < world; ++r)
+      ranks.push_back(std::make_unique<RankShard>(std::make_unique<BatchLoader>(set, all(n), o), 16, r, world));
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      whole.start_epoch(epoch);
+      for (auto& s : ranks) s->start_epoch(epoch);
+      Batch want, part;
+      int64_t batches = 0;
+      while (whole.next(want)) {
+        Batch got;
+        for (auto& s : ranks) {
+          ASSERT_TRUE(s->next(part));
+          EXPECT_EQ(part.index, want.index);
+          EXPECT_EQ(part.y.size(), 4u);
+          got.x.insert(got.x.end(), part.x.begin(), part.x.end());
+          got.y.insert(got.y.end(), part.y.begin(), part.y.end());
+          got.rows += part.rows;
+        }
+        EXPECT_EQ(got.x, want.x) << "batch " << want.index;
+        EXPECT_EQ(got.y, want.y) << "batch " << want.index;
+        EXPECT_EQ(got.rows, want.rows) << "batch " << want.index;
+        ++batches;
+      }
+      for (auto& s : ranks) EXPECT_FALSE(s->next(part));
+      EXPECT_EQ(batches, train ? 3 : 4);
+    }
+  }
+  EXPECT_THROW(RankShard(std::make_unique<BatchLoader>(set, all(n), BatchLoader::Options{.batch = 10}), 10, 0, 4),
+               Error);
+  EXPECT_THROW(RankShard(std::make_unique<BatchLoader>(set, all(n), BatchLoader::Options{.batch = 8}), 8, 4, 4),
+               Error);
 }
 
 }  // namespace
