@@ -226,6 +226,25 @@ class EngineCache {
   bool warned_ = false;
 };
 
+// The heuristics' modes whose candidates the tuner times: A and FALLBACK, or the list in
+// SEAM_CUDNN_HEURISTICS (comma-separated a, b, fallback), to see what another mode offers.
+std::vector<fe::HeurMode_t> heuristic_modes() {
+  std::vector<fe::HeurMode_t> modes;
+  const char* env = std::getenv("SEAM_CUDNN_HEURISTICS");
+  if (!env || !*env) return {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK};
+  std::string list = env;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string m = list.substr(at, comma - at);
+    if (m == "a") modes.push_back(fe::HeurMode_t::A);
+    else if (m == "b") modes.push_back(fe::HeurMode_t::B);
+    else if (m == "fallback") modes.push_back(fe::HeurMode_t::FALLBACK);
+    else fail("SEAM_CUDNN_HEURISTICS: '", m, "' is none of a, b, fallback");
+    at = comma + 1;
+  }
+  return modes;
+}
+
 // A graph with its plans built: from the heuristics (every candidate), or the cached one.
 struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
@@ -245,7 +264,7 @@ Built build(cudnnHandle_t h, const EngineConv& c, const EngineChoice* cached, bo
     std::unordered_map<fe::KnobType_t, int64_t> knobs;
     for (auto [type, value] : cached->knobs) knobs[static_cast<fe::KnobType_t>(type)] = value;
     if (!ok(g.create_execution_plan(cached->engine, knobs), "cached engine")) return b;
-  } else if (!ok(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "heuristics")) {
+  } else if (!ok(g.create_execution_plans(heuristic_modes()), "heuristics")) {
     return b;
   }
   std::vector<fe::NumericalNote_t> barred = {fe::NumericalNote_t::NONDETERMINISTIC,
