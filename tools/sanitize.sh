@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 build=${SEAM_ASAN_BUILD_DIR:-build-asan}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSEAM_CUDA=OFF \
+# Without MPI: OpenMPI leaves allocations of its own at exit, many in plugins it has
+# unloaded by then, which LeakSanitizer reports without a library to suppress them by.
+# The ranks' collectives run in the normal suite (Dist.CollectivesAt2Ranks, ...4Ranks).
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSEAM_CUDA=OFF -DSEAM_MPI=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build "$build"
