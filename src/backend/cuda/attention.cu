@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_dropout.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/cuda.h"
@@ -36,19 +37,6 @@ struct Geom {
   float drop = 0.f;  // 0: none
   uint32_t stream = 0;
   const DeviceCounters* counters = nullptr;
-};
-
-// The dropout factor of key j for row r (0 or 1 / (1 - p); 1 without dropout).
-struct Keep {
-  uint64_t seed = 0, step = 0;
-  __device__ explicit Keep(const Geom& g) {
-    if (g.drop > 0.f) seed = g.counters->seed, step = static_cast<uint64_t>(g.counters->step);
-  }
-  __device__ float operator()(const Geom& g, int64_t r, int64_t j) const {
-    if (g.drop == 0.f) return 1.f;
-    const float u = dropout_uniform(seed, step, g.stream, static_cast<uint64_t>(r * g.tk + j));
-    return u >= g.drop ? 1.f / (1.f - g.drop) : 0.f;
-  }
 };
 
 // Lane `lane`'s share of a row of n elements at p: elements lane, lane + 32, ...

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_dropout.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/gemm.h"
@@ -47,20 +48,6 @@ struct RowGeom {
   float drop;
   uint32_t stream;
   const DeviceCounters* counters;
-};
-
-// The dropout factor of step row r, key j: 0 or 1 / (1 - p), drawn as the plain and
-// tiled kernels (and the CPU) draw it; 1 without dropout.
-struct Keep {
-  uint64_t seed = 0, step = 0;
-  __device__ explicit Keep(const RowGeom& g) {
-    if (g.drop > 0.f) seed = g.counters->seed, step = static_cast<uint64_t>(g.counters->step);
-  }
-  __device__ float operator()(const RowGeom& g, int64_t r, int64_t j) const {
-    if (g.drop == 0.f) return 1.f;
-    return dropout_uniform(seed, step, g.stream, static_cast<uint64_t>(r * g.tk + j)) >= g.drop ? 1.f / (1.f - g.drop)
-                                                                                            : 0.f;
-  }
 };
 
 // f(rc, i, keys) for rows rc in [0, rows) of a chunk, one warp each: i the query, keys
