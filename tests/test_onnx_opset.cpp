@@ -218,6 +218,38 @@ std::vector<double> attention_ref(const std::vector<float>& q, const std::vector
   return o;
 }
 
+// A scalar as exporters write one: a Constant node (an initializer would be a parameter).
+void add_scalar(P::GraphProto& g, const std::string& name, float value) {
+  auto* a = add_node(g, "Constant", {}, {name})->add_attribute();
+  a->set_name("value");
+  a->set_type(P::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(P::TensorProto::FLOAT);
+  a->mutable_t()->add_float_data(value);
+}
+
+// m (inputs q, k, v of 120 values, output o) imports with one attention step (the only
+// step where `alone`), and computes softmax(0.5 q k^T [causal]) v over 6 heads of 5 x 4.
+void expect_imported_attention(const P::ModelProto& m, bool alone, bool causal, uint32_t seed) {
+  const std::string bytes = m.SerializeAsString();
+  onnx::OnnxImport imp = onnx::import_onnx_bytes(std::as_bytes(std::span(bytes)), "attn.onnx", {});
+  Model model(imp.graph, {.seed = 1});
+  onnx::load_initial(model, imp);
+  Program p = model.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
+  int attention = 0;
+  for (const PlanStep& st : p.plan().steps) attention += st.op == Op::attention;
+  EXPECT_EQ(attention, 1) << p.plan().str();
+  if (alone) EXPECT_EQ(p.plan().steps.size(), 1u) << p.plan().str();
+  const auto q = random_floats(120, seed), k = random_floats(120, seed + 1), v = random_floats(120, seed + 2);
+  p.set_input("q", std::span<const float>(q));
+  p.set_input("k", std::span<const float>(k));
+  p.set_input("v", std::span<const float>(v));
+  p.run();
+  const auto got = p.read_as<float>(imp.outputs[0]);
+  const auto want = attention_ref(q, k, v, 6, 5, 4, 0.5, causal);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+}
+
 // Attention as PyTorch exports it (q k^T, a scale, a causal Where mask or none, Softmax,
 // p v) imports as one attention op, computing what the nodes compute.
 TEST(OnnxOpset, ExportedAttentionImportsAsTheAttentionOp) {
@@ -232,15 +264,7 @@ TEST(OnnxOpset, ExportedAttentionImportsAsTheAttentionOp) {
     P::NodeProto* tr = add_node(g, "Transpose", {"k"}, {"kt"});
     set_ints(tr, "perm", causal ? std::vector<int64_t>{0, 1, 3, 2} : std::vector<int64_t>{0, 2, 1});
     add_node(g, "MatMul", {"q", "kt"}, {"qk"});
-    // Scalars as exporters write them: Constant nodes (an initializer would be a parameter).
-    auto constant = [&](const std::string& name, float value) {
-      auto* a = add_node(g, "Constant", {}, {name})->add_attribute();
-      a->set_name("value");
-      a->set_type(P::AttributeProto::TENSOR);
-      a->mutable_t()->set_data_type(P::TensorProto::FLOAT);
-      a->mutable_t()->add_float_data(value);
-    };
-    constant("c", causal ? 0.5f : 2.0f);
+    add_scalar(g, "c", causal ? 0.5f : 2.0f);
     add_node(g, causal ? "Mul" : "Div", {"qk", "c"}, {"scores"});
     std::string into_softmax = "scores";
     if (causal) {
@@ -250,30 +274,14 @@ TEST(OnnxOpset, ExportedAttentionImportsAsTheAttentionOp) {
       for (int64_t dim : {1, 1, 5, 5}) mask->add_dims(dim);
       for (int i = 0; i < 5; ++i)
         for (int j = 0; j < 5; ++j) mask->add_int32_data(j <= i ? 1 : 0);
-      constant("ninf", -std::numeric_limits<float>::infinity());
+      add_scalar(g, "ninf", -std::numeric_limits<float>::infinity());
       add_node(g, "Where", {"mask", "scores", "ninf"}, {"masked"});
       into_softmax = "masked";
     }
     add_node(g, "Softmax", {into_softmax}, {"p"});
     add_node(g, "MatMul", {"p", "v"}, {"o"});
     add_io(g.mutable_output(), "o", s);
-    const std::string bytes = m.SerializeAsString();
-    onnx::OnnxImport imp = onnx::import_onnx_bytes(std::as_bytes(std::span(bytes)), "attn.onnx", {});
-    Model model(imp.graph, {.seed = 1});
-    onnx::load_initial(model, imp);
-    Program p = model.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
-    int attention = 0;
-    for (const PlanStep& st : p.plan().steps) attention += st.op == Op::attention;
-    EXPECT_EQ(attention, 1) << p.plan().str();
-    const auto q = random_floats(120, 81), k = random_floats(120, 82), v = random_floats(120, 83);
-    p.set_input("q", std::span<const float>(q));
-    p.set_input("k", std::span<const float>(k));
-    p.set_input("v", std::span<const float>(v));
-    p.run();
-    const auto got = p.read_as<float>(imp.outputs[0]);
-    const auto want = attention_ref(q, k, v, 6, 5, 4, causal ? 0.5 : 0.5, causal);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+    expect_imported_attention(m, false, causal, 81);
   }
 }
 
@@ -288,11 +296,7 @@ TEST(OnnxOpset, AScaleSplitOverQAndKJoinsTheAttentionOp) {
   P::GraphProto& g = *m.mutable_graph();
   const Shape s{2, 3, 5, 4};
   for (const char* name : {"q", "k", "v"}) add_io(g.mutable_input(), name, s);
-  auto* a = add_node(g, "Constant", {}, {"d"})->add_attribute();
-  a->set_name("value");
-  a->set_type(P::AttributeProto::TENSOR);
-  a->mutable_t()->set_data_type(P::TensorProto::FLOAT);
-  a->mutable_t()->add_float_data(4.0f);
+  add_scalar(g, "d", 4.0f);
   add_node(g, "Sqrt", {"d"}, {"sqrt_d"});
   add_node(g, "Reciprocal", {"sqrt_d"}, {"scale"});
   add_node(g, "Sqrt", {"scale"}, {"half"});
@@ -303,22 +307,7 @@ TEST(OnnxOpset, AScaleSplitOverQAndKJoinsTheAttentionOp) {
   add_node(g, "Softmax", {"scores"}, {"p"});
   add_node(g, "MatMul", {"p", "v"}, {"o"});
   add_io(g.mutable_output(), "o", s);
-  const std::string bytes = m.SerializeAsString();
-  onnx::OnnxImport imp = onnx::import_onnx_bytes(std::as_bytes(std::span(bytes)), "sdpa.onnx", {});
-  Model model(imp.graph, {.seed = 1});
-  onnx::load_initial(model, imp);
-  Program p = model.compile({.mode = Mode::eval, .outputs = {*imp.graph.find(imp.outputs[0])}});
-  ASSERT_EQ(p.plan().steps.size(), 1u) << p.plan().str();
-  EXPECT_EQ(p.plan().steps[0].op, Op::attention);
-  const auto q = random_floats(120, 91), k = random_floats(120, 92), v = random_floats(120, 93);
-  p.set_input("q", std::span<const float>(q));
-  p.set_input("k", std::span<const float>(k));
-  p.set_input("v", std::span<const float>(v));
-  p.run();
-  const auto got = p.read_as<float>(imp.outputs[0]);
-  const auto want = attention_ref(q, k, v, 6, 5, 4, 0.5, false);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+  expect_imported_attention(m, true, false, 91);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 
 namespace seam::bench {
 
@@ -46,14 +47,14 @@ std::string trace_report(const std::vector<cuda::Span>& spans, int steps, bool t
   const uint64_t t0 = spans.front().start;
   uint64_t t1 = 0, sum = 0;
   std::map<std::string, std::pair<double, int>> by_name;  // ns, calls
-  std::map<uint32_t, uint64_t> by_stream;
+  std::set<uint32_t> streams;
   for (const cuda::Span& s : spans) {
     t1 = std::max(t1, s.end);
     sum += s.end - s.start;
     auto& [ns, calls] = by_name[short_name(s.name)];
     ns += static_cast<double>(s.end - s.start);
     ++calls;
-    by_stream[s.stream] += s.end - s.start;
+    streams.insert(s.stream);
   }
   const double span_us = static_cast<double>(t1 - t0) / 1e3 / n;
   const double busy_us = static_cast<double>(busy_of(spans, 0, spans.size())) / 1e3 / n;
@@ -67,7 +68,7 @@ std::string trace_report(const std::vector<cuda::Span>& spans, int steps, bool t
   out += line;
   // A replayed graph runs its branches on streams of the driver's choosing: their count
   // says how wide the step ran, not which of seam's lanes ran what.
-  std::snprintf(line, sizeof line, "  on %zu streams\n", by_stream.size());
+  std::snprintf(line, sizeof line, "  on %zu streams\n", streams.size());
   out += line;
   std::vector<std::pair<std::string, std::pair<double, int>>> names(by_name.begin(), by_name.end());
   std::sort(names.begin(), names.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });

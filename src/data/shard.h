@@ -18,7 +18,6 @@ class RankShard : public Split {
   int64_t batches_per_epoch() const override { return global_->batches_per_epoch(); }
   void start_epoch(int64_t epoch, int64_t first = 0) override { global_->start_epoch(epoch, first); }
   bool next(Batch& out) override;
-  int64_t rank_batch() const { return batch_ / world_; }
 
  private:
   std::unique_ptr<Split> global_;

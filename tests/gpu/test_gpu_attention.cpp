@@ -63,6 +63,17 @@ class ForcedVariant {
   ~ForcedVariant() { unsetenv("SEAM_ATTENTION"); }
 };
 
+// Compiling attention output o on the GPU (eval) fails with a message holding `want`.
+void expect_compile_error(GpuCase& c, Var o, Precision precision, const std::string& want) {
+  Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = precision});
+  try {
+    Program p = m.compile({.mode = Mode::eval, .outputs = {o.id()}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
 // The fast paths' shapes: lengths from 1 to 2048 (tiles of 64 and 32, one partial), head
 // sizes 64 and 128, causal and not, more keys than queries and fewer.
 std::vector<Case> fast_cases() {
@@ -122,16 +133,8 @@ TEST(GpuAttention, AForcedVariantThatCannotRunIsAnError) {
   ForcedVariant force("flash");
   GpuCase c(1);
   Var o = attention(c.param("q", {1, 1, 8, 40}), c.param("k", {1, 1, 8, 40}), c.param("v", {1, 1, 8, 40}));
-  Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = Precision::bf16});
-  try {
-    Program p = m.compile({.mode = Mode::eval, .outputs = {o.id()}});
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("SEAM_ATTENTION asks for flash, which cannot run it: the tiled kernels take "
-                                         "D = Dv = 64 or 128"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_compile_error(c, o, Precision::bf16,
+                       "SEAM_ATTENTION asks for flash, which cannot run it: the tiled kernels take D = Dv = 64 or 128");
 }
 
 // The gemm variant stores one head's scores at most 256 MiB large: beyond, it says so.
@@ -140,16 +143,9 @@ TEST(GpuAttention, TheGemmVariantRefusesScoresBeyondItsLimitByName) {
   GpuCase c(1);
   const Shape s{1, 1, 9000, 8};
   Var o = attention(c.param("q", s), c.param("k", s), c.param("v", s));
-  Model m(c.g, {.seed = 1, .device = Device::cuda});
-  try {
-    Program p = m.compile({.mode = Mode::eval, .outputs = {o.id()}});
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("SEAM_ATTENTION asks for gemm, which cannot run it: one head's scores take "
-                                         "308 MiB, over the 256 MiB the gemm variant allows"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_compile_error(c, o, Precision::f32,
+                       "SEAM_ATTENTION asks for gemm, which cannot run it: one head's scores take 308 MiB, over the "
+                       "256 MiB the gemm variant allows");
 }
 
 // Dropout of the probabilities: the plain and the tiled kernels draw the CPU's masks
@@ -198,13 +194,7 @@ TEST(GpuAttention, PackedMatchesTheCpu) {
 TEST(GpuAttention, HeadsBeyondTheKernelsAreRefusedByName) {
   GpuCase c(1);
   Var o = attention(c.param("q", {1, 1, 4, 320}), c.param("k", {1, 1, 4, 320}), c.param("v", {1, 1, 4, 8}));
-  Model m(c.g, {.seed = 1, .device = Device::cuda});
-  try {
-    Program p = m.compile({.mode = Mode::eval, .outputs = {o.id()}});
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("head sizes up to 256 on the GPU, got D = 320"), std::string::npos) << e.what();
-  }
+  expect_compile_error(c, o, Precision::f32, "head sizes up to 256 on the GPU, got D = 320");
 }
 
 }  // namespace
