@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "common/half.h"
 #include "common/philox.h"
+#include "dist/comm.h"
 #include "ops/registry.h"
 #include "passes/fuse.h"
 #include "ops/layout.h"
@@ -44,6 +45,8 @@ struct Model::Core {
   // they are stale: after anything but an update that writes them changed the masters.
   std::byte* working = nullptr;
   bool working_valid = false;
+  std::shared_ptr<dist::Comm> comm;  // ModelOptions::comm
+  size_t bucket_bytes = 0;
   StepState synced{-1, 0, 0, 0};  // what `counters` holds (step -1: nothing yet)
   ~Core() {
     for (std::byte* p : {params, grads, state_buf, opt, counters, working})
@@ -54,7 +57,7 @@ struct Model::Core {
     backend->round_f32(working, t, params, layout.param_bytes / sizeof(float));
     working_valid = true;
   }
-  Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced, working}; }
+  Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced, working, comm.get()}; }
 };
 
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
@@ -214,6 +217,8 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
       for (Slot& s : c.layout.params)
         if (s.name == name) s.type = {s.type.dtype, nhwc_order(s.type.shape), DataLayout::nhwc};
   c.state.seed = options.seed;
+  c.comm = options.comm;
+  c.bucket_bytes = options.grad_bucket_bytes;
   c.backend = c.device == Device::cuda
                   ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,
                                        options.cuda_streams, options.deterministic})
@@ -503,6 +508,7 @@ Program Model::compile(const CompileOptions& o) {
   if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
   Plan plan = lower(g, c.layout, req);
   plan.loss = loss_name;
+  if (req.optimizer && c.comm && c.comm->size() > 1) plan_gradient_buckets(plan, c.comm->size(), c.bucket_bytes);
   return Program(core_, std::move(plan));
 }
 

@@ -22,6 +22,10 @@
 
 namespace seam {
 
+namespace dist {
+class Comm;
+}
+
 enum class Mode : uint8_t { train, eval };
 
 // A named tensor on the host, as checkpoints store it.
@@ -133,6 +137,11 @@ struct ModelOptions {
   // varies (the embedding gradient reduces each row's occurrences in their order).
   // The CPU's steps repeat their bits either way.
   bool deterministic = false;
+  // The processes training this model together (src/dist/comm.h), one batch share each:
+  // with more than one, a training plan sums the gradients over them and divides by
+  // their number before the update (Plan::buckets). Empty: this process alone.
+  std::shared_ptr<dist::Comm> comm;
+  size_t grad_bucket_bytes = kGradBucketBytes;  // about how much one all-reduce carries
 };
 
 class Backend;

@@ -67,6 +67,17 @@ struct Layout {
   const Slot* state(const std::string& name) const;
 };
 
+// Data parallelism: each rank runs the step on its share of the batch, and the ranks'
+// gradients are summed and divided by their number before the update. They travel in
+// buckets of adjacent gradients, each as soon as the last step writing into it is done,
+// so that the transfer overlaps the rest of the backward pass (src/plan/buckets.cpp).
+struct GradBucket {
+  std::vector<BufferRef> parts;     // in the grads region; gradients adjacent there are one part
+  std::vector<std::string> params;  // whose gradients it holds, in the order they become final
+  int after = -1;                   // the last step writing into it (-1: none, ready at the start)
+  size_t bytes() const;
+};
+
 struct Plan {
   std::vector<PlanStep> steps;
   std::vector<PlanStep> init;  // run once when the plan is prepared (constants)
@@ -77,6 +88,8 @@ struct Plan {
   // them beside the f32 masters.
   std::optional<DType> working;
   Layout layout;
+  int ranks = 1;                    // processes summing their gradients (1: no buckets)
+  std::vector<GradBucket> buckets;  // in the order their `after` steps run
   size_t arena_bytes = 0;  // peak of the memory plan
   size_t naive_bytes = 0;  // what the arena would need without reuse
   size_t live_bytes = 0;   // bytes live at the busiest step: the best any placement can do
@@ -105,5 +118,11 @@ struct LaneSchedule {
   int lanes_used = 1;
 };
 LaneSchedule schedule_lanes(const std::vector<std::vector<int>>& deps, int lanes);
+
+// Splits a training plan's gradients into buckets of about `bucket_bytes` for `ranks`
+// processes (Plan::buckets): gradients in the order the backward pass finishes them (the
+// last layers' first), a bucket closed once it holds bucket_bytes.
+void plan_gradient_buckets(Plan& plan, int ranks, size_t bucket_bytes);
+constexpr size_t kGradBucketBytes = size_t{25} << 20;  // as PyTorch's DDP
 
 }  // namespace seam

@@ -24,6 +24,7 @@ struct Regions {
   std::byte* counters = nullptr;
   StepState* synced = nullptr;
   std::byte* working = nullptr;  // the parameters' 16-bit working copies (Plan::working)
+  dist::Comm* comm = nullptr;    // the ranks Plan::buckets are summed over
   std::byte* base(Region r) const;
 };
 

@@ -79,8 +79,19 @@ std::string Plan::str() const {
   };
   if (!init.empty()) s << "once, when prepared: " << init.size() << " constant(s)\n";
   for (auto& st : init) print(st, "-");
+  // A bucket's sum over the ranks, where it starts: after the last step writing into it.
+  auto reduce = [&](int after) {
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      const GradBucket& b = buckets[k];
+      if (b.after != after) continue;
+      s << "   +  all-reduce bucket " << k << ": " << bytes_str(b.bytes()) << " in " << b.parts.size()
+        << " part(s), the gradients of " << b.params.size() << " parameter(s) from " << b.params.front()
+        << ", summed over " << ranks << " ranks and divided by " << ranks << "\n";
+    }
+  };
   s << "plan: " << steps.size() << " steps\n";
-  for (size_t i = 0; i < steps.size(); ++i) print(steps[i], std::to_string(i));
+  reduce(-1);
+  for (size_t i = 0; i < steps.size(); ++i) print(steps[i], std::to_string(i)), reduce(static_cast<int>(i));
   if (optimizer) s << "update: " << optimizer->str() << " over " << layout.param_count() << " parameters\n";
   s << "inputs:";
   for (auto& b : inputs) s << " " << b.name << "=" << ref_str(b.ref);

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/optim.h"
 #include "common/half.h"
+#include "dist/comm.h"
 #include "ops/layout.h"
 
 namespace seam {
@@ -33,6 +34,13 @@ namespace {
 class CpuExecutable : public Executable {
  public:
   CpuExecutable(const Plan& plan, const Regions& r) : plan_(plan), regions_(r) {
+    if (!plan.buckets.empty() && (!r.comm || r.comm->size() != plan.ranks))
+      fail("the plan sums its gradients over ", plan.ranks, " ranks, but runs in a group of ", r.comm ? r.comm->size() : 1);
+    for (const GradBucket& b : plan.buckets)
+      for (const BufferRef& p : b.parts)
+        if (p.type.dtype != DType::f32 && p.type.dtype != DType::f64)
+          fail("data parallelism on the CPU sums f32 or f64 gradients, not ", dtype_name(p.type.dtype),
+               " (16-bit parameters without f32 masters)");
     size_t scratch = 0, permuted = 0;
     for (auto& s : plan.steps) {
       Prepared p{kernel_for(s.op), {}, {}, {}, {}, {}, {}, {}, {}, {}};
@@ -101,12 +109,14 @@ class CpuExecutable : public Executable {
 
   void run(StepState& state) override {
     copy_inputs();
+    all_reduce(-1);
     for (size_t i = 0; i < steps_.size(); ++i) {
       try {
         run_step(i, state);
       } catch (const Error& e) {
         fail("step ", i, " (", op_name(plan_.steps[i].op), " '", plan_.steps[i].name, "'): ", e.what());
       }
+      all_reduce(static_cast<int>(i));
     }
     if (plan_.optimizer) {
       double loss = 0;  // the plan's loss, for the update's finiteness check
@@ -115,12 +125,34 @@ class CpuExecutable : public Executable {
         if (b->ref.type.dtype == DType::f64) std::memcpy(&loss, p, 8);
         else if (b->ref.type.dtype == DType::f32) loss = *reinterpret_cast<const float*>(p);
       }
+      // Every rank decides on the same (mean) loss whether to skip the update.
+      if (plan_.ranks > 1) regions_.comm->all_reduce_sum(&loss, 1), loss /= plan_.ranks;
       optimizer_update(*plan_.optimizer, plan_.layout, regions_, state, loss, plan_.working);
       ++state.step;
     }
   }
 
  private:
+  // The buckets whose last writer is step `after`: summed over the ranks, divided by
+  // their number (in the gradients' own type, as every rank does it alike).
+  void all_reduce(int after) {
+    for (const GradBucket& b : plan_.buckets) {
+      if (b.after != after) continue;
+      for (const BufferRef& p : b.parts) {
+        std::byte* d = regions_.grads + p.offset;
+        const auto n = static_cast<size_t>(p.type.numel());
+        if (p.type.dtype == DType::f32) scale_sum(reinterpret_cast<float*>(d), n);
+        else scale_sum(reinterpret_cast<double*>(d), n);
+      }
+    }
+  }
+  template <class T>
+  void scale_sum(T* d, size_t n) {
+    regions_.comm->all_reduce_sum(d, n);
+    const T inv = T(1) / static_cast<T>(plan_.ranks);
+    for (size_t k = 0; k < n; ++k) d[k] *= inv;
+  }
+
   void copy_inputs() {
     for (size_t k = 0; k < staged_.size(); ++k) {
       const BufferRef& b = plan_.inputs[k].ref;

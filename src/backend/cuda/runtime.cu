@@ -250,6 +250,9 @@ class CudaBackend : public Backend {
     SEAM_CUDA_LAUNCH_CHECK();
   }
   std::unique_ptr<Executable> prepare(const Plan& plan, const Regions& r) override {
+    if (!plan.buckets.empty())
+      fail("the plan sums its gradients over ", plan.ranks, " ranks: data parallelism runs on the CPU backend "
+           "(MPI) so far; the GPU's collectives (NCCL) are not part of this build");
     return make_executable(sh_, plan, r);
   }
 

@@ -1,0 +1,64 @@
+// Gradient buckets of a data-parallel training plan (Plan::buckets).
+#include <algorithm>
+#include <numeric>
+
+#include "seam/error.h"
+#include "seam/plan.h"
+
+namespace seam {
+
+size_t GradBucket::bytes() const {
+  size_t n = 0;
+  for (const BufferRef& p : parts) n += p.bytes();
+  return n;
+}
+
+void plan_gradient_buckets(Plan& plan, int ranks, size_t bucket_bytes) {
+  if (ranks < 1) fail("plan_gradient_buckets: ", ranks, " ranks");
+  if (!plan.optimizer) fail("plan_gradient_buckets: the plan has no update to sum gradients for");
+  plan.ranks = ranks;
+  plan.buckets.clear();
+  if (ranks == 1) return;
+  const size_t n = plan.grads.size();
+  // The last step writing into each gradient: from then on its bytes are final.
+  std::vector<int> last(n, -1);
+  for (size_t i = 0; i < plan.steps.size(); ++i)
+    for (const BufferRef& o : plan.steps[i].out) {
+      if (o.region != Region::grads) continue;
+      for (size_t g = 0; g < n; ++g) {
+        const BufferRef& r = plan.grads[g].ref;
+        if (o.offset < r.offset + r.bytes() && r.offset < o.offset + o.bytes()) last[g] = static_cast<int>(i);
+      }
+    }
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return last[a] < last[b]; });
+  GradBucket open;
+  auto close = [&] {
+    if (open.params.empty()) return;
+    // Adjacent gradients travel as one part: fewer, larger transfers.
+    std::sort(open.parts.begin(), open.parts.end(), [](const BufferRef& a, const BufferRef& b) { return a.offset < b.offset; });
+    std::vector<BufferRef> merged;
+    for (const BufferRef& p : open.parts) {
+      BufferRef* m = merged.empty() ? nullptr : &merged.back();
+      if (m && m->type.dtype == p.type.dtype && m->offset + m->bytes() == p.offset)
+        m->type.shape = {m->type.numel() + p.type.numel()};
+      else
+        merged.push_back({Region::grads, p.offset, {p.type.dtype, {p.type.numel()}}});
+    }
+    open.parts = std::move(merged);
+    plan.buckets.push_back(std::move(open));
+    open = GradBucket{};
+  };
+  for (size_t g : order) {
+    const Binding& b = plan.grads[g];
+    if (!is_float(b.ref.type.dtype)) fail("plan_gradient_buckets: gradient of '", b.name, "' is ", dtype_name(b.ref.type.dtype));
+    open.parts.push_back(b.ref);
+    open.params.push_back(b.name);
+    open.after = std::max(open.after, last[g]);
+    if (open.bytes() >= bucket_bytes) close();
+  }
+  close();
+}
+
+}  // namespace seam
