@@ -13,6 +13,7 @@
 
 #include "cli_fixture.h"
 #include "data/idx.h"
+#include "dist/comm.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -558,4 +559,63 @@ TEST_F(Cli, OneThreadAndThreeGiveTheSameBits) {
     EXPECT_FALSE(after[0].empty());
     EXPECT_TRUE(after[0] == after[1]) << model << ": the step differs on three threads";
   }
+}
+
+// `seam train --nproc 2`: two processes under mpirun, each on half of every batch, their
+// gradients summed by the plan. Without dropout or batch norm the run is one process's
+// up to the rounding of another summation order; rank 0 alone reports and writes, and
+// its checkpoint resumes in one process. Bad launches say what is wrong.
+TEST_F(Cli, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
+  if (!seam::dist::have_mpi()) GTEST_SKIP() << "built without MPI";
+  // Containers often bar the cross-process memory mapping of OpenMPI's shared-memory transport.
+  ::setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+  fs::path data = make_data();
+  fs::path model = write("mlp.json", R"({
+    "name": "mlp", "input": {"shape": [784]},
+    "layers": [{"op": "linear", "name": "fc1", "out": 32}, {"op": "relu"}, {"op": "linear", "name": "fc2", "out": 10}],
+    "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+    "batch_size": 32, "epochs": 2, "seed": 4
+  })");
+  const std::string common = "train " + model.string() + " --data " + data.string() + " --device cpu --json";
+  Result one = run(common + " --out " + (dir / "one").string());
+  Result two = run(common + " --nproc 2 --out " + (dir / "two").string());
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(two.code, 0) << two.err;
+  auto epochs = [](const std::vector<nlohmann::json>& lines) {
+    std::vector<nlohmann::json> e;
+    for (auto& l : lines)
+      if (l["event"] == "epoch") e.push_back(l);
+    return e;
+  };
+  auto a = epochs(json_lines(one.out)), b = epochs(json_lines(two.out));
+  ASSERT_EQ(a.size(), 2u) << one.out;
+  ASSERT_EQ(b.size(), 2u) << "rank 0 alone reports: " << two.out;
+  EXPECT_EQ(json_lines(two.out).front()["ranks"], 2);
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* k : {"train_loss", "train_accuracy", "test_loss", "test_accuracy"})
+      EXPECT_NEAR(a[i][k].get<double>(), b[i][k].get<double>(), 1e-4) << k << " of epoch " << i + 1;
+  auto ta = seam::io::read_safetensors((dir / "one" / "checkpoint.safetensors").string());
+  auto tb = seam::io::read_safetensors((dir / "two" / "checkpoint.safetensors").string());
+  ASSERT_EQ(ta.tensors.size(), tb.tensors.size());
+  for (size_t i = 0; i < ta.tensors.size(); ++i) {
+    if (ta.tensors[i].type.dtype != seam::DType::f32) continue;
+    const auto* x = reinterpret_cast<const float*>(ta.tensors[i].data.data());
+    const auto* y = reinterpret_cast<const float*>(tb.tensors[i].data.data());
+    double worst = 0;
+    for (size_t j = 0; j < ta.tensors[i].data.size() / 4; ++j) worst = std::max(worst, std::abs(double(x[j]) - y[j]));
+    EXPECT_LT(worst, 1e-4) << ta.tensors[i].name;
+  }
+  // The two ranks' checkpoint goes on in one process, at the same global batch.
+  Result more = run(common + " --out " + (dir / "two").string() + " --resume " +
+                    (dir / "two" / "checkpoint.safetensors").string() + " --epochs 3");
+  ASSERT_EQ(more.code, 0) << more.err;
+  EXPECT_EQ(epochs(json_lines(more.out)).size(), 1u) << more.out;
+
+  Result odd = run(common + " --nproc 2 --batch 33 --out " + (dir / "odd").string());
+  EXPECT_EQ(odd.code, 1);
+  EXPECT_NE(odd.err.find("the batch of 33 does not split among 2 ranks"), std::string::npos) << odd.err;
+  Result many = run(common + " --nproc 4096 --out " + (dir / "many").string());
+  EXPECT_EQ(many.code, 1);
+  EXPECT_NE(many.err.find("--nproc 4096: this process may run on"), std::string::npos) << many.err;
+  EXPECT_FALSE(fs::exists(dir / "odd" / "checkpoint.safetensors"));
 }

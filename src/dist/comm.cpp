@@ -26,6 +26,7 @@ class Single final : public Comm {
     if (root != 0) fail("broadcast: root ", root, " in a group of 1");
   }
   void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::exit(code); }
 };
 
 #ifdef SEAM_HAS_MPI
@@ -77,6 +78,10 @@ class Mpi final : public Comm {
     }
   }
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);  // MPI_Abort does not return; this satisfies [[noreturn]]
+  }
 
  private:
   // A reduce-scatter then an all-gather, each rank adding its slice's parts in rank
@@ -129,6 +134,21 @@ std::unique_ptr<Comm> mpi_world() {
 #else
   fail("this seam was built without MPI (install libopenmpi-dev and rebuild): no ranks to launch");
 #endif
+}
+
+uint64_t rank_seed(uint64_t seed, int rank) {
+  if (rank == 0) return seed;
+  // splitmix64's finalizer over (seed, rank): nearby ranks and seeds land far apart.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(rank);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+bool launched_as_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 1) return true;
+  return false;
 }
 
 bool have_mpi() {

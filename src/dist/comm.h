@@ -3,6 +3,7 @@
 // side (NCCL, inside the captured step) builds on the same ranks.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace seam::dist {
@@ -20,6 +21,9 @@ class Comm {
   // Rank `root`'s bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // Ends every rank's process with `code`: a rank that cannot go on must not leave the
+  // others waiting in a collective forever.
+  [[noreturn]] virtual void abort(int code) = 0;
 };
 
 // One process alone: rank 0 of 1, every collective a no-op.
@@ -31,5 +35,13 @@ std::unique_ptr<Comm> mpi_world();
 
 // Whether this binary can launch ranks through MPI.
 bool have_mpi();
+
+// Rank r's seed in a run seeded `seed`, for what each rank draws alone (dropout masks of
+// its rows): rank 0 keeps the run's seed, the others get well-mixed seeds of their own.
+uint64_t rank_seed(uint64_t seed, int rank);
+
+// Whether a launcher (mpirun, mpiexec) started this process as one of several ranks: its
+// environment says so (OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH's PMI_SIZE).
+bool launched_as_rank();
 
 }  // namespace seam::dist

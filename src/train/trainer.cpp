@@ -21,6 +21,8 @@
 
 #include "common/file.h"
 #include "data/dataset.h"
+#include "data/shard.h"
+#include "dist/comm.h"
 #include "io/safetensors.h"
 #include "seam/model.h"
 #include "train/default_model.h"
@@ -54,6 +56,28 @@ class StopSignals {
   void (*term_)(int);
 };
 
+// Whether the run stops after this step: a stop signal here or on another rank, or the
+// step limit. Every rank stops after the same step, or the ones going on would wait in
+// the next step's sums for a rank that left.
+bool agree_to_stop(dist::Comm* comm, bool limit) {
+  if (!comm || comm->size() == 1) return g_interrupted || limit;
+  double v[3] = {static_cast<double>(g_interrupted), g_interrupted ? 1.0 : 0.0, limit ? 1.0 : 0.0};
+  comm->all_reduce_sum(v, 3);
+  if (!g_interrupted && v[1] > 0) g_interrupted = static_cast<int>(std::lround(v[0] / v[1]));
+  return v[1] > 0 || v[2] > 0;
+}
+
+// Rank 0's state tensors (running statistics) to every rank; the epoch's metric sums,
+// which each rank keeps for its own rows, stay.
+void share_running_statistics(Model& model, dist::Comm& comm) {
+  for (const Slot& s : model.layout().states) {
+    if (s.name == io::kTrainMetrics) continue;
+    std::vector<std::byte> v = model.read_state(s.name);
+    comm.broadcast(v.data(), v.size(), 0);
+    model.write_state(s.name, v);
+  }
+}
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Doubles travel through checkpoint metadata as hex floats: exact, so sums resume bitwise.
@@ -86,10 +110,18 @@ struct Checkpoint {
   std::vector<HostTensor> tensors;
 };
 
+// `metrics`: the epoch's sums as one process keeps them, in place of this process's
+// (a data-parallel run's ranks each keep their own rows' sums).
 void write_checkpoint(const std::string& path, Model& m, const io::ModelSpec& spec, const Position& pos,
-                      int64_t batch, int64_t train_samples) {
+                      int64_t batch, int64_t train_samples, std::optional<std::pair<double, double>> metrics = {}) {
   io::TensorFile f;
   f.tensors = m.save_tensors();
+  if (metrics)
+    for (HostTensor& t : f.tensors)
+      if (t.name == io::kTrainMetrics) {
+        const float v[2] = {static_cast<float>(metrics->first), static_cast<float>(metrics->second)};
+        std::memcpy(t.data.data(), v, sizeof v);
+      }
   f.metadata = {{"format", "seam-checkpoint-1"},
                 {"model", spec.json.dump()},
                 {"step", std::to_string(m.state().step)},
@@ -176,8 +208,9 @@ void set_batch(Program& p, const data::Batch& b) {
   p.set_input("y", std::as_bytes(std::span(b.y)));
 }
 
-// Loss and accuracy over every label of the split that is not padding (-100).
-EvalResult evaluate(Program& eval, data::Split& split, int64_t classes) {
+// Loss and accuracy over every label of the split that is not padding (-100). With
+// `comm`, each rank evaluates its share of every batch and the sums are the ranks' sums.
+EvalResult evaluate(Program& eval, data::Split& split, int64_t classes, dist::Comm* comm = nullptr) {
   EvalResult r;
   const bool confusion = classes <= kMaxConfusion;
   if (confusion) r.confusion.assign(static_cast<size_t>(classes * classes), 0);
@@ -199,6 +232,14 @@ EvalResult evaluate(Program& eval, data::Split& split, int64_t classes) {
     }
     loss_sum += static_cast<double>(eval.read_as<float>(loss_name)[0]) * static_cast<double>(labels);
     r.samples += labels;
+  }
+  if (comm && comm->size() > 1) {
+    // Counts travel as doubles: exact below 2^53.
+    std::vector<double> v{loss_sum, r.accuracy, static_cast<double>(r.samples)};
+    for (int64_t c : r.confusion) v.push_back(static_cast<double>(c));
+    comm->all_reduce_sum(v.data(), v.size());
+    loss_sum = v[0], r.accuracy = v[1], r.samples = std::llround(v[2]);
+    for (size_t i = 0; i < r.confusion.size(); ++i) r.confusion[i] = std::llround(v[3 + i]);
   }
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.samples, 1));
   r.accuracy /= static_cast<double>(std::max<int64_t>(r.samples, 1));
@@ -249,10 +290,14 @@ double peak_flops(Precision p) {
   return m.simt_tflops * 1e12;
 }
 
-}  // namespace
-
-int run_train(const TrainOptions& o) {
+// The training of run_train on one rank of `comm` (null: one process alone). Rank 0
+// reports, evaluates and writes the checkpoints and metrics; every rank trains on its
+// share of each global batch, and the plan sums their gradients (Plan::buckets).
+int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm) {
   const auto t0 = Clock::now();
+  const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
+  const bool root = rank == 0;
+  const Output output = root ? o.output : Output::quiet;
   std::optional<Checkpoint> ck;
   if (o.resume) ck = read_checkpoint(*o.resume);
   io::ModelSpec spec = o.model_path ? io::load_model_spec(*o.model_path, o.config)
@@ -277,18 +322,26 @@ int run_train(const TrainOptions& o) {
   const Device dev = resolve_device(spec.device);
   const std::string device = device_name(dev);
   const int64_t B = spec.batch_size;
+  if (B % ranks)
+    fail("the batch of ", B, " does not split among ", ranks, " ranks (each rank's step takes the same number of rows)");
+  if (ranks > 1 && dev == Device::cuda)
+    fail("data parallelism runs on the CPU (MPI) so far; the GPU's collectives (NCCL) are not part of this build: "
+         "pass --device cpu");
   data::Dataset data = open_data(spec, o.data_dir,
                                  {.batch = B, .seed = spec.seed, .val_split = spec.val_split, .limit_train = o.limit_train,
                                   .limit_test = o.limit_test,
                                   .augment = {.crop_padding = spec.crop_padding, .horizontal_flip = spec.horizontal_flip}});
   if (ck && ck->train_samples != data.train_samples)
     fail(*o.resume, ": was trained on ", ck->train_samples, " samples, this run has ", data.train_samples);
+  if (ranks > 1)
+    for (auto* split : {&data.train, &data.val, &data.test})
+      if (*split) *split = std::make_unique<data::RankShard>(std::move(*split), B, rank, ranks);
   data::Split& train_loader = *data.train;
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
   spec.fix_schedule_length(steps_per_epoch);
 
-  io::BuiltGraph bg = io::build_graph(spec, B);
-  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
+  io::BuiltGraph bg = io::build_graph(spec, B / ranks);
+  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic, .comm = comm});
   io::load_initial(model, bg);
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
@@ -298,7 +351,11 @@ int run_train(const TrainOptions& o) {
   auto read_metrics = [&] {
     train.check();
     auto m = Program::cast_bytes<float>(model.read_state(io::kTrainMetrics));
-    return std::pair<double, double>{m[0], m[1]};
+    // Each rank sums its steps' mean losses and its correct rows: the global batch's
+    // mean loss is the ranks' mean, its correct rows their sum.
+    double v[2] = {m[0], m[1]};
+    if (comm) comm->all_reduce_sum(v, 2), v[0] /= ranks;
+    return std::pair<double, double>{v[0], v[1]};
   };
   const std::vector<float> zero_metrics(2, 0.0f);
 
@@ -318,9 +375,20 @@ int run_train(const TrainOptions& o) {
     pos = ck->pos;
     if (pos.epoch >= spec.epochs) fail(*o.resume, ": the run already finished its ", spec.epochs, " epochs (pass --epochs to train longer)");
   }
+  // Each rank draws dropout masks of its own for its rows; rank 0 keeps the run's seed,
+  // which its checkpoints record.
+  if (rank > 0) model.state().seed = dist::rank_seed(spec.seed, rank);
+  // A checkpoint keeps the epoch's sums as one process would: rank 0 takes them on (its
+  // loss sum times the ranks, as read_metrics divides the ranks' sum by their number),
+  // the others start from zero.
+  if (ck && ranks > 1) {
+    auto m = Program::cast_bytes<float>(model.read_state(io::kTrainMetrics));
+    const std::vector<float> mine = root ? std::vector<float>{m[0] * static_cast<float>(ranks), m[1]} : zero_metrics;
+    model.write_state(io::kTrainMetrics, std::as_bytes(std::span(mine)));
+  }
 
   const std::string out_dir = o.out_dir.empty() ? "runs/" + spec.name : o.out_dir;
-  std::filesystem::create_directories(out_dir);
+  if (root) std::filesystem::create_directories(out_dir);
   const std::string ckpt_path = out_dir + "/checkpoint.safetensors", csv_path = out_dir + "/metrics.csv";
   // metrics.csv is rewritten whole after every epoch (atomically, like the checkpoint). A
   // resumed run keeps the rows of the epochs its checkpoint had finished and drops any
@@ -340,22 +408,24 @@ int run_train(const TrainOptions& o) {
       }
   }
   auto write_csv = [&] {
+    if (!root) return;
     const std::string text = csv_header + csv_rows;
     write_file_atomically(csv_path, std::as_bytes(std::span(text)));
   };
   write_csv();
 
-  const bool bar = o.output == Output::bar, json = o.output == Output::json;
+  const bool bar = output == Output::bar, json = output == Output::json;
   const auto& layout = model.layout();
-  if (!json && o.output != Output::quiet)
-    std::printf("seam: training %s on %s in %s: %lld parameters, batch %lld, %lld steps/epoch, %lld epochs, %s\n",
+  if (!json && output != Output::quiet)
+    std::printf("seam: training %s on %s in %s: %lld parameters, batch %lld%s, %lld steps/epoch, %lld epochs, %s\n",
                 spec.name.c_str(), device.c_str(), precision_name(spec.precision),
                 static_cast<long long>(layout.param_count()), static_cast<long long>(B),
+                ranks > 1 ? (" (" + std::to_string(B / ranks) + " on each of " + std::to_string(ranks) + " ranks)").c_str() : "",
                 static_cast<long long>(steps_per_epoch), static_cast<long long>(spec.epochs), spec.optimizer.str().c_str());
   if (json)
     std::cout << nlohmann::json{{"event", "start"}, {"model", spec.name}, {"device", device},
                                 {"precision", precision_name(spec.precision)}, {"parameters", layout.param_count()},
-                                {"batch", B}, {"steps_per_epoch", steps_per_epoch}, {"epochs", spec.epochs},
+                                {"batch", B}, {"ranks", ranks}, {"steps_per_epoch", steps_per_epoch}, {"epochs", spec.epochs},
                                 {"resumed_at_step", model.state().step}}
                      .dump()
               << std::endl;
@@ -374,7 +444,7 @@ int run_train(const TrainOptions& o) {
     }
     train_loader.start_epoch(pos.epoch, pos.batch);
     ProgressBar progress("epoch " + std::to_string(pos.epoch + 1) + "/" + std::to_string(spec.epochs), steps_per_epoch, B,
-                         bar && !o.on_progress);
+                         bar && !(root && o.on_progress));
     data::Batch b;
     bool stop = false;
     // At a log point: the epoch's mean loss and accuracy so far (the same numbers whether
@@ -400,7 +470,7 @@ int run_train(const TrainOptions& o) {
       char status[96];
       std::snprintf(status, sizeof status, "loss %.4f  acc %.4f", loss, acc);
       progress.update(pos.batch, status);
-      if (o.on_progress) o.on_progress({pos.epoch + 1, spec.epochs, pos.batch, steps_per_epoch, loss, acc});
+      if (root && o.on_progress) o.on_progress({pos.epoch + 1, spec.epochs, pos.batch, steps_per_epoch, loss, acc});
       if (json)
         std::cout << nlohmann::json{{"event", "step"}, {"step", model.state().step}, {"epoch", pos.epoch + 1},
                                     {"loss", loss}, {"accuracy", acc}, {"lr", model.state().lr},
@@ -412,10 +482,10 @@ int run_train(const TrainOptions& o) {
       set_batch(train, b);
       train.run();  // returns before the GPU is done; nothing here waits for it
       pos.batch = b.index + 1;
-      pos.epoch_samples += b.rows;
+      pos.epoch_samples += b.rows * ranks;  // the global batch's rows (training batches are whole)
       ++steps_this_run;
       if (model.state().step % o.log_every == 0 || pos.batch == steps_per_epoch) log_point();
-      if (g_interrupted || (o.max_steps > 0 && steps_this_run >= o.max_steps)) {
+      if (agree_to_stop(comm.get(), o.max_steps > 0 && steps_this_run >= o.max_steps)) {
         stop = true;
         break;
       }
@@ -427,8 +497,10 @@ int run_train(const TrainOptions& o) {
     pos.lr = model.state().lr;
     if (stop) {
       train.sync_state();
-      write_checkpoint(ckpt_path, model, spec, pos, B, data.train_samples);
-      std::fprintf(stderr, "seam: %s after step %lld (epoch %lld, batch %lld of %lld); checkpoint written to %s; continue with --resume %s\n",
+      std::optional<std::pair<double, double>> sums;
+      if (ranks > 1) sums = read_metrics();  // every rank takes part in the sums
+      if (root) write_checkpoint(ckpt_path, model, spec, pos, B, data.train_samples, sums);
+      if (root) std::fprintf(stderr, "seam: %s after step %lld (epoch %lld, batch %lld of %lld); checkpoint written to %s; continue with --resume %s\n",
                    g_interrupted ? "interrupted" : "stopped", static_cast<long long>(model.state().step),
                    static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.batch),
                    static_cast<long long>(steps_per_epoch), ckpt_path.c_str(), ckpt_path.c_str());
@@ -447,9 +519,15 @@ int run_train(const TrainOptions& o) {
     // tensor cores' measured peak at the precision (on the GPU).
     const double tps = sps * static_cast<double>(data.sample_labels);
     const double mfu = dev == Device::cuda ? step_flops * sps / static_cast<double>(B) / peak_flops(spec.precision) : 0;
+    Position next = pos;
+    next.epoch++, next.batch = 0, next.epoch_seconds = 0, next.epoch_samples = 0;
+    // Every rank evaluates its share with rank 0's running statistics (each rank's own
+    // follow its own rows; rank 0's are the ones its checkpoints keep).
+    if (ranks > 1) share_running_statistics(model, *comm);
     std::optional<EvalResult> val, test;
-    if (data.val) val = evaluate(eval, *data.val, spec.classes);
-    if (data.test) test = evaluate(eval, *data.test, spec.classes);
+    if (data.val) val = evaluate(eval, *data.val, spec.classes, comm.get());
+    if (data.test) test = evaluate(eval, *data.test, spec.classes, comm.get());
+    if (!root) continue;
     const EvalResult& last = test ? *test : *val;
     last_test_acc = last.accuracy;
     last_loss = last.loss;
@@ -472,7 +550,7 @@ int run_train(const TrainOptions& o) {
       if (val) j["val_loss"] = val->loss, j["val_accuracy"] = val->accuracy;
       if (test) j["test_loss"] = test->loss, j["test_accuracy"] = test->accuracy;
       std::cout << j.dump() << std::endl;
-    } else if (o.output != Output::quiet) {
+    } else if (output != Output::quiet) {
       char speed[96];
       if (data.tokens) std::snprintf(speed, sizeof speed, "%.0f tokens/s", tps);
       else std::snprintf(speed, sizeof speed, "%.0f samples/s", sps);
@@ -488,9 +566,7 @@ int run_train(const TrainOptions& o) {
       std::printf("%s)\n", line.c_str());
       std::fflush(stdout);
     }
-    Position next = pos;
-    next.epoch++, next.batch = 0, next.epoch_seconds = 0, next.epoch_samples = 0;
-    write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples);
+    write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples, std::pair{loss_sum, correct});
   }
   const double total = seconds_since(t0);
   if (exit_code == 0 && pos.epoch >= spec.epochs) {
@@ -500,12 +576,27 @@ int run_train(const TrainOptions& o) {
                                   {"seconds", total}, {"train_seconds", pos.train_seconds}, {"checkpoint", ckpt_path}}
                        .dump()
                 << std::endl;
-    else if (o.output != Output::quiet)
+    else if (output != Output::quiet)
       std::printf("seam: done in %s (training %s): %s loss %.4f, accuracy %.4f; checkpoint %s, metrics %s\n",
                   format_duration(total).c_str(), format_duration(pos.train_seconds).c_str(), data.test ? "test" : "validation",
                   last_loss, last_test_acc, ckpt_path.c_str(), csv_path.c_str());
   }
   return exit_code;
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  if (!dist::launched_as_rank()) return train_on_rank(o, nullptr);
+  std::shared_ptr<dist::Comm> comm = dist::mpi_world();
+  try {
+    return train_on_rank(o, comm);
+  } catch (const std::exception& e) {
+    // The other ranks would wait for this one in the next sum: the whole run stops.
+    std::fprintf(stderr, "seam: error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
+    std::fflush(stderr);
+    comm->abort(1);
+  }
 }
 
 int run_eval(const EvalOptions& o) {

@@ -18,6 +18,7 @@
 #include "common/strings.h"
 #include "data/fashion_mnist.h"
 #include "data/tokens.h"
+#include "dist/launch.h"
 #include "ops/registry.h"
 #include "seam/seam.h"
 #include "train/trainer.h"
@@ -249,6 +250,11 @@ int main(int argc, char** argv) {
                     "stop with an error after N updates in a row skipped for a non-finite loss or gradient")
       ->transform(whole<int64_t>(1));
   train->add_flag("--quiet", quiet, "print only errors");
+  int64_t nproc = 0;
+  train->add_option("--nproc", nproc,
+                    "train as N processes on this host through mpirun (data parallel, on the CPU): each takes 1/N of "
+                    "every batch; or launch `mpirun -np N seam train ...` yourself")
+      ->transform(whole<int64_t>(1));
   train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
 
   seam::train::StepOptions so;
@@ -438,6 +444,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*train) {
+      if (nproc > 1) seam::dist::exec_ranks(static_cast<int>(nproc), seam::dist::without_nproc(argc, argv));
       if (!train_model.empty()) t.model_path = train_model;
       t.output = json ? seam::train::Output::json : quiet ? seam::train::Output::quiet : seam::train::Output::bar;
       t.precision = precision_of(train_precision);
