@@ -47,6 +47,11 @@ struct Model::Core {
   bool working_valid = false;
   std::shared_ptr<dist::Comm> comm;  // ModelOptions::comm
   size_t bucket_bytes = 0;
+  // The parameter values whose moments `opt` holds (as elements): all of them, or this
+  // rank's ZeRO-1 shard.
+  size_t shard_lo = 0, shard_hi = 0;
+  bool sharded() const { return shard_hi - shard_lo != layout.param_bytes / dtype_size(layout.param_dtype); }
+  size_t moment_bytes() const { return (shard_hi - shard_lo) * dtype_size(layout.moment_dtype()); }
   StepState synced{-1, 0, 0, 0};  // what `counters` holds (step -1: nothing yet)
   ~Core() {
     for (std::byte* p : {params, grads, state_buf, opt, counters, working})
@@ -219,10 +224,16 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
   c.state.seed = options.seed;
   c.comm = options.comm;
   c.bucket_bytes = options.grad_bucket_bytes;
+  if (options.zero != 0 && options.zero != 1) fail("ModelOptions::zero must be 0 or 1, got ", options.zero);
   c.backend = c.device == Device::cuda
                   ? make_cuda_backend({options.precision == Precision::tf32, options.cuda_graph, options.epilogue,
                                        options.cuda_streams, options.deterministic})
                   : make_cpu_backend();
+  const size_t values = c.layout.param_bytes / dtype_size(c.layout.param_dtype);
+  std::tie(c.shard_lo, c.shard_hi) = options.zero && c.comm ? zero_shard(values, c.comm->rank(), c.comm->size())
+                                                            : std::pair<size_t, size_t>{0, values};
+  if (c.sharded() && (c.device != Device::cpu || c.stored))
+    fail("ZeRO-1 runs on the CPU with f32 masters so far (ModelOptions::zero)");
   c.params = c.backend->alloc(c.layout.param_bytes);
   c.grads = c.backend->alloc(c.layout.param_bytes);
   c.state_buf = c.backend->alloc(c.layout.state_bytes);
@@ -258,7 +269,7 @@ void Model::reset() {
     auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
     c.backend->upload(c.state_buf + s.offset, bytes.data(), bytes.size());
   }
-  if (c.opt) c.backend->fill_zero(c.opt, c.opt_slots * c.layout.moment_bytes());
+  if (c.opt) c.backend->fill_zero(c.opt, c.opt_slots * c.moment_bytes());
   c.working_valid = false;
   c.state.step = 0;
   c.state.loss_scale = 0;
@@ -268,7 +279,7 @@ void Model::reset() {
 size_t Model::device_bytes() const {
   const Core& c = *core_;
   size_t n = 2 * c.layout.param_bytes + c.layout.state_bytes + kCounterBytes;
-  n += c.opt_slots * c.layout.moment_bytes();
+  n += c.opt_slots * c.moment_bytes();
   if (c.working) n += c.layout.param_bytes / 2;
   return n;
 }
@@ -306,22 +317,38 @@ void Model::write_state(const std::string& name, std::span<const std::byte> data
 
 namespace {
 const char* const kMomentNames[kOptSlots] = {"optimizer.m/", "optimizer.v/"};
-}
+
+}  // namespace
 
 std::vector<HostTensor> Model::save_tensors() const {
   const Core& c = *core_;
   std::vector<HostTensor> out;
   for (const Slot& s : c.layout.params) out.push_back({s.name, s.user_type(), read_param(s.name)});
   for (const Slot& s : c.layout.states) out.push_back({s.name, s.user_type(), read_state(s.name)});
-  for (int k = 0; k < c.opt_slots; ++k)
+  // Moment slot k of every parameter on the host, laid out as the parameters are; under
+  // ZeRO-1 gathered from every rank's shard (a collective: every rank calls it).
+  auto moments_of = [&c](int k) {
+    const size_t msize = dtype_size(c.layout.moment_dtype());
+    std::vector<std::byte> all(c.layout.moment_bytes());
+    c.backend->download(all.data() + c.shard_lo * msize, c.opt + k * c.moment_bytes(), c.moment_bytes());
+    if (c.sharded()) {
+      std::vector<size_t> split = zero_split(all.size() / msize, c.comm->size());
+      for (size_t& s : split) s *= msize;
+      c.comm->all_gather(all.data(), split);
+    }
+    return all;
+  };
+  for (int k = 0; k < c.opt_slots; ++k) {
+    const std::vector<std::byte> all = moments_of(k);
       for (const Slot& s : c.layout.params) {
         const DType md = c.layout.moment_dtype();
-        std::vector<std::byte> stored(TensorType{md, s.type.shape}.bytes());
-        c.backend->download(stored.data(), c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), stored.size());
+        const auto* at = all.data() + c.layout.moment_offset(s);
+        std::vector<std::byte> stored(at, at + TensorType{md, s.type.shape}.bytes());
         HostTensor t{kMomentNames[k] + s.name, s.user_type(), reordered(s.type, stored, md, true)};
         t.type.dtype = md;
         out.push_back(std::move(t));
       }
+  }
   return out;
 }
 
@@ -391,17 +418,21 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
     c.backend->upload(c.state_buf + s.offset, by_name[s.name]->data.data(), s.type.bytes());
   if (slots > 0) {
     if (!c.opt) {
-      c.opt = c.backend->alloc(slots * c.layout.moment_bytes());
+      c.opt = c.backend->alloc(slots * c.moment_bytes());
       c.opt_slots = slots;
     }
-    if (c.opt_slots > slots) c.backend->fill_zero(c.opt + slots * c.layout.moment_bytes(),
-                                                  (c.opt_slots - slots) * c.layout.moment_bytes());
-    for (int k = 0; k < slots; ++k)
+    if (c.opt_slots > slots) c.backend->fill_zero(c.opt + slots * c.moment_bytes(), (c.opt_slots - slots) * c.moment_bytes());
+    // Each slot whole on the host, then this model's part of it (its ZeRO-1 shard) up.
+    std::vector<std::byte> all(c.layout.moment_bytes());
+    for (int k = 0; k < slots; ++k) {
       for (const Slot& s : c.layout.params) {
         const HostTensor& t = *by_name[kMomentNames[k] + s.name];
         const auto stored = reordered(s.type, t.data, c.layout.moment_dtype(), false);
-        c.backend->upload(c.opt + k * c.layout.moment_bytes() + c.layout.moment_offset(s), stored.data(), stored.size());
+        std::memcpy(all.data() + c.layout.moment_offset(s), stored.data(), stored.size());
       }
+      c.backend->upload(c.opt + k * c.moment_bytes(), all.data() + c.shard_lo * dtype_size(c.layout.moment_dtype()),
+                        c.moment_bytes());
+    }
   }
 }
 
@@ -508,7 +539,10 @@ Program Model::compile(const CompileOptions& o) {
   if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
   Plan plan = lower(g, c.layout, req);
   plan.loss = loss_name;
-  if (req.optimizer && c.comm && c.comm->size() > 1) plan_gradient_buckets(plan, c.comm->size(), c.bucket_bytes);
+  if (req.optimizer && c.comm && c.comm->size() > 1) {
+    plan_gradient_buckets(plan, c.comm->size(), c.bucket_bytes);
+    plan.zero = c.sharded();
+  }
   return Program(core_, std::move(plan));
 }
 
@@ -540,7 +574,7 @@ Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
   Model::Core& c = *core_;
   const int slots = plan_->optimizer ? plan_->optimizer->state_slots() : 0;
   if (slots > 0 && !c.opt) {
-    c.opt = c.backend->alloc(slots * c.layout.moment_bytes());
+    c.opt = c.backend->alloc(slots * c.moment_bytes());
     c.opt_slots = slots;
   } else if (slots > c.opt_slots) {
     // Programs already prepared hold the moments' buffer: it cannot grow under them.
@@ -623,7 +657,7 @@ std::vector<double> Program::time_steps(int reps) {
                                                      {r.grads, c.layout.param_bytes},
                                                      {r.state, c.layout.state_bytes},
                                                      {r.counters, kCounterBytes}};
-  if (r.opt) kept.emplace_back(r.opt, c.opt_slots * c.layout.moment_bytes());
+  if (r.opt) kept.emplace_back(r.opt, c.opt_slots * c.moment_bytes());
   if (r.working) kept.emplace_back(r.working, c.layout.param_bytes / 2);
   for (const Binding& b : plan_->inputs) kept.emplace_back(r.base(b.ref.region) + b.ref.offset, b.ref.bytes());
   std::vector<std::vector<std::byte>> saved;

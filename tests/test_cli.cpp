@@ -562,7 +562,7 @@ TEST_F(Cli, OneThreadAndThreeGiveTheSameBits) {
 }
 
 // `seam train --nproc 2`: two processes under mpirun, each on half of every batch, their
-// gradients summed by the plan. Without dropout or batch norm the run is one process's
+// gradients summed by the plan (or, with --zero 1, each rank's shard of them). Without dropout or batch norm the run is one process's
 // up to the rounding of another summation order; rank 0 alone reports and writes, and
 // its checkpoint resumes in one process. Bad launches say what is wrong.
 TEST_F(Cli, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
@@ -605,6 +605,12 @@ TEST_F(Cli, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
     for (size_t j = 0; j < ta.tensors[i].data.size() / 4; ++j) worst = std::max(worst, std::abs(double(x[j]) - y[j]));
     EXPECT_LT(worst, 1e-4) << ta.tensors[i].name;
   }
+  // ZeRO-1 (each rank keeps half the moments) checkpoints the same tensors, bit for bit.
+  Result zero = run(common + " --nproc 2 --zero 1 --out " + (dir / "zero").string());
+  ASSERT_EQ(zero.code, 0) << zero.err;
+  auto tz = seam::io::read_safetensors((dir / "zero" / "checkpoint.safetensors").string());
+  ASSERT_EQ(tz.tensors.size(), tb.tensors.size());
+  for (size_t i = 0; i < tz.tensors.size(); ++i) EXPECT_TRUE(tz.tensors[i].data == tb.tensors[i].data) << tz.tensors[i].name;
   // The two ranks' checkpoint goes on in one process, at the same global batch.
   Result more = run(common + " --out " + (dir / "two").string() + " --resume " +
                     (dir / "two" / "checkpoint.safetensors").string() + " --epochs 3");

@@ -129,5 +129,48 @@ TEST(DataParallel, EveryRankHoldsTheParametersOfOneProcessTrainingOnTheWholeBatc
   EXPECT_EQ(dp.state().step, 6);
 }
 
+// ZeRO-1 (ModelOptions::zero): each rank keeps a shard of the moments and updates its
+// shard of the parameters from the reduce-scattered gradients; the result is plain data
+// parallelism's to the bit, parameters and moments, and its checkpoint tensors (gathered
+// from every rank) load into a model of any world size.
+TEST(DataParallel, ZeroOneUpdatesBitwiseAsPlainDataParallelWithAShardOfTheMoments) {
+  auto comm = world();
+  const int ranks = comm->size(), rank = comm->rank();
+  Net net = make_net(kShare);
+  OptimizerConfig adamw = OptimizerConfig::adamw(1e-2, 0.01);
+  adamw.clip_norm = 0.5;  // the norm of the ranks' shards together
+  Model plain(net.g, {.seed = 5, .comm = comm, .grad_bucket_bytes = 512});
+  Model zero(net.g, {.seed = 5, .comm = comm, .grad_bucket_bytes = 512, .zero = 1});
+  Program a = plain.compile({.loss = net.loss, .optimizer = adamw});
+  Program b = zero.compile({.loss = net.loss, .optimizer = adamw});
+  EXPECT_EQ(b.plan().zero, ranks > 1);
+  for (int s = 0; s < 5; ++s) {
+    const Batch batch = global_batch(ranks, s);
+    for (Program* p : {&a, &b}) feed(*p, batch, rank * kShare, kShare), p->run();
+  }
+  // Two moments a value: all of them in plain data parallelism, the shard's under ZeRO-1.
+  const size_t values = plain.layout().param_bytes / sizeof(float);
+  const auto [lo, hi] = zero_shard(values, rank, ranks);
+  EXPECT_EQ(plain.device_bytes() - zero.device_bytes(), 2 * (values - (hi - lo)) * sizeof(float));
+  const auto want = plain.save_tensors(), got = zero.save_tensors();
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(want[i].data == got[i].data) << want[i].name << " on rank " << rank << " of " << ranks;
+
+  // The gathered tensors resume in a ZeRO-1 model and in one process alike.
+  Model again(net.g, {.seed = 9, .comm = comm, .zero = 1});
+  again.load_tensors(got);
+  again.state() = zero.state();
+  Program c = again.compile({.loss = net.loss, .optimizer = adamw});
+  const Batch next = global_batch(ranks, 5);
+  for (Program* p : {&a, &c}) feed(*p, next, rank * kShare, kShare), p->run();
+  const auto after = plain.save_tensors(), resumed = again.save_tensors();
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_TRUE(after[i].data == resumed[i].data) << after[i].name << " after resuming";
+  Model alone(net.g, {.seed = 1});
+  alone.load_tensors(got);
+  EXPECT_TRUE(alone.save_tensors()[0].data == got[0].data);
+}
+
 }  // namespace
 }  // namespace seam

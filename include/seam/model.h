@@ -142,6 +142,9 @@ struct ModelOptions {
   // their number before the update (Plan::buckets). Empty: this process alone.
   std::shared_ptr<dist::Comm> comm;
   size_t grad_bucket_bytes = kGradBucketBytes;  // about how much one all-reduce carries
+  // 1: ZeRO-1 over `comm`'s ranks (Plan::zero): each keeps 1/ranks of the optimizer
+  // moments. save_tensors and load_tensors then take every rank's part (collectives).
+  int zero = 0;
 };
 
 class Backend;

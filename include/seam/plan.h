@@ -89,6 +89,10 @@ struct Plan {
   std::optional<DType> working;
   Layout layout;
   int ranks = 1;                    // processes summing their gradients (1: no buckets)
+  // ZeRO-1: each rank keeps the optimizer moments of its shard of the parameters only
+  // (zero_shard), receives the gradient sum of that shard only (a reduce-scatter), updates
+  // it, and the ranks then gather the updated parameters.
+  bool zero = false;
   std::vector<GradBucket> buckets;  // in the order their `after` steps run
   size_t arena_bytes = 0;  // peak of the memory plan
   size_t naive_bytes = 0;  // what the arena would need without reuse
@@ -124,5 +128,10 @@ LaneSchedule schedule_lanes(const std::vector<std::vector<int>>& deps, int lanes
 // last layers' first), a bucket closed once it holds bucket_bytes.
 void plan_gradient_buckets(Plan& plan, int ranks, size_t bucket_bytes);
 constexpr size_t kGradBucketBytes = size_t{25} << 20;  // as PyTorch's DDP
+
+// ZeRO-1's shard of rank r of `ranks` among n flat parameter values: [n r / ranks,
+// n (r + 1) / ranks), as elements. Every split of the values among the ranks, by shard.
+std::pair<size_t, size_t> zero_shard(size_t n, int rank, int ranks);
+std::vector<size_t> zero_split(size_t n, int ranks);
 
 }  // namespace seam

@@ -16,17 +16,28 @@ namespace seam::dist {
 
 namespace {
 
+void check_split_of(const std::vector<size_t>& split, int ranks) {
+  if (split.size() != static_cast<size_t>(ranks) + 1 || split.front() != 0 || !std::is_sorted(split.begin(), split.end()))
+    fail("collective: a split of ", split.size(), " ascending offsets from 0 for ", ranks, " ranks, expected ", ranks + 1);
+}
+
 class Single final : public Comm {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void all_reduce_sum(float*, size_t) override {}
   void all_reduce_sum(double*, size_t) override {}
+  void reduce_scatter_sum(float*, const std::vector<size_t>& split) override { check_split(split); }
+  void reduce_scatter_sum(double*, const std::vector<size_t>& split) override { check_split(split); }
+  void all_gather(void*, const std::vector<size_t>& split) override { check_split(split); }
   void broadcast(void*, size_t, int root) override {
     if (root != 0) fail("broadcast: root ", root, " in a group of 1");
   }
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::exit(code); }
+
+ private:
+  static void check_split(const std::vector<size_t>& split) { check_split_of(split, 1); }
 };
 
 #ifdef SEAM_HAS_MPI
@@ -68,6 +79,15 @@ class Mpi final : public Comm {
   int size() const override { return size_; }
   void all_reduce_sum(float* data, size_t n) override { sum(data, n); }
   void all_reduce_sum(double* data, size_t n) override { sum(data, n); }
+  void reduce_scatter_sum(float* data, const std::vector<size_t>& split) override { scatter_sum(data, split); }
+  void reduce_scatter_sum(double* data, const std::vector<size_t>& split) override { scatter_sum(data, split); }
+  void all_gather(void* data, const std::vector<size_t>& split) override {
+    check_split_of(split, size_);
+    std::vector<int> counts, displs;
+    int_counts(split, counts, displs);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, data, counts.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD),
+          "MPI_Allgatherv");
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     if (root < 0 || root >= size_) fail("broadcast: root ", root, " in a group of ", size_);
     for (size_t at = 0; at < bytes;) {  // counts are ints
@@ -84,39 +104,52 @@ class Mpi final : public Comm {
   }
 
  private:
-  // A reduce-scatter then an all-gather, each rank adding its slice's parts in rank
-  // order (MPI_Allreduce's order is the library's choice): 2 (size - 1) / size of the
-  // data in and out of each rank, as a ring all-reduce moves.
-  template <class T>
-  void sum(T* data, size_t n) {
-    if (size_ == 1 || n == 0) return;
-    const auto p = static_cast<size_t>(size_);
-    if (n > static_cast<size_t>(std::numeric_limits<int>::max()))
-      fail("all_reduce_sum: ", n, " values are more than one call takes (MPI counts are ints): split them");
-    std::vector<int> counts(p), displs(p);
-    for (size_t r = 0; r < p; ++r) {
-      const size_t begin = n * r / p, end = n * (r + 1) / p;
-      counts[r] = static_cast<int>(end - begin);
-      displs[r] = static_cast<int>(begin);
+  static void int_counts(const std::vector<size_t>& split, std::vector<int>& counts, std::vector<int>& displs) {
+    if (split.back() > static_cast<size_t>(std::numeric_limits<int>::max()))
+      fail("collective: ", split.back(), " values are more than one call takes (MPI counts are ints): split them");
+    counts.clear(), displs.clear();
+    for (size_t r = 0; r + 1 < split.size(); ++r) {
+      counts.push_back(static_cast<int>(split[r + 1] - split[r]));
+      displs.push_back(static_cast<int>(split[r]));
     }
-    const auto me = static_cast<size_t>(rank_);
+  }
+
+  // Rank r's piece [split[r], split[r + 1]) gets every rank's values there (an all-to-all)
+  // and adds them in rank order: MPI_Reduce_scatter's order is the library's choice.
+  template <class T>
+  void scatter_sum(T* data, const std::vector<size_t>& split) {
+    check_split_of(split, size_);
+    if (size_ == 1) return;
+    const auto p = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+    std::vector<int> counts, displs;
+    int_counts(split, counts, displs);
     const int mine = counts[me];
-    // parts[r * mine + i]: rank r's value i of my slice.
+    // parts[r * mine + i]: rank r's value i of my piece.
     std::vector<T> parts(p * static_cast<size_t>(mine));
     std::vector<int> recv_counts(p, mine), recv_displs(p);
     for (size_t r = 0; r < p; ++r) recv_displs[r] = static_cast<int>(r) * mine;
     check(MPI_Alltoallv(data, counts.data(), displs.data(), mpi_type<T>(), parts.data(), recv_counts.data(),
                         recv_displs.data(), mpi_type<T>(), MPI_COMM_WORLD),
           "MPI_Alltoallv");
-    T* slice = data + displs[me];
+    T* piece = data + displs[me];
     for (int i = 0; i < mine; ++i) {
       T s = parts[static_cast<size_t>(i)];
       for (size_t r = 1; r < p; ++r) s += parts[r * static_cast<size_t>(mine) + static_cast<size_t>(i)];
-      slice[i] = s;
+      piece[i] = s;
     }
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, mpi_type<T>(), data, counts.data(), displs.data(), mpi_type<T>(),
-                         MPI_COMM_WORLD),
-          "MPI_Allgatherv");
+  }
+
+  // A reduce-scatter over even pieces, then an all-gather: 2 (size - 1) / size of the
+  // data in and out of each rank, as a ring all-reduce moves.
+  template <class T>
+  void sum(T* data, size_t n) {
+    if (size_ == 1 || n == 0) return;
+    const auto p = static_cast<size_t>(size_);
+    std::vector<size_t> split(p + 1);
+    for (size_t r = 0; r <= p; ++r) split[r] = n * r / p;
+    scatter_sum(data, split);
+    for (size_t& s : split) s *= sizeof(T);
+    all_gather(data, split);
   }
 
   int rank_ = 0, size_ = 1;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace seam::dist {
 
@@ -18,6 +19,13 @@ class Comm {
   // compared bit for bit with one process that adds the ranks' parts in that order.
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   virtual void all_reduce_sum(double* data, size_t n) = 0;
+  // The same sum, each rank getting only its piece: rank r's [split[r], split[r + 1]) of
+  // the n values (split has size() + 1 ascending entries from 0 to n) ends up holding the
+  // ranks' sum there, with the bits all_reduce_sum gives; the rest of `data` is left as is.
+  virtual void reduce_scatter_sum(float* data, const std::vector<size_t>& split) = 0;
+  virtual void reduce_scatter_sum(double* data, const std::vector<size_t>& split) = 0;
+  // Each rank's piece [split[r], split[r + 1]) of `data` (in bytes) to every rank.
+  virtual void all_gather(void* data, const std::vector<size_t>& split) = 0;
   // Rank `root`'s bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;

@@ -13,6 +13,17 @@ size_t GradBucket::bytes() const {
   return n;
 }
 
+std::pair<size_t, size_t> zero_shard(size_t n, int rank, int ranks) {
+  const auto r = static_cast<size_t>(rank), p = static_cast<size_t>(ranks);
+  return {n * r / p, n * (r + 1) / p};
+}
+
+std::vector<size_t> zero_split(size_t n, int ranks) {
+  std::vector<size_t> s;
+  for (int r = 0; r <= ranks; ++r) s.push_back(n * static_cast<size_t>(r) / static_cast<size_t>(ranks));
+  return s;
+}
+
 void plan_gradient_buckets(Plan& plan, int ranks, size_t bucket_bytes) {
   if (ranks < 1) fail("plan_gradient_buckets: ", ranks, " ranks");
   if (!plan.optimizer) fail("plan_gradient_buckets: the plan has no update to sum gradients for");

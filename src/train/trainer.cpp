@@ -111,11 +111,14 @@ struct Checkpoint {
 };
 
 // `metrics`: the epoch's sums as one process keeps them, in place of this process's
-// (a data-parallel run's ranks each keep their own rows' sums).
+// (a data-parallel run's ranks each keep their own rows' sums). Every rank of a ZeRO-1
+// run calls it (the tensors gather every rank's moments); the `writer` writes.
 void write_checkpoint(const std::string& path, Model& m, const io::ModelSpec& spec, const Position& pos,
-                      int64_t batch, int64_t train_samples, std::optional<std::pair<double, double>> metrics = {}) {
+                      int64_t batch, int64_t train_samples, std::optional<std::pair<double, double>> metrics = {},
+                      bool writer = true) {
   io::TensorFile f;
   f.tensors = m.save_tensors();
+  if (!writer) return;
   if (metrics)
     for (HostTensor& t : f.tensors)
       if (t.name == io::kTrainMetrics) {
@@ -341,7 +344,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
   spec.fix_schedule_length(steps_per_epoch);
 
   io::BuiltGraph bg = io::build_graph(spec, B / ranks);
-  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic, .comm = comm});
+  Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic, .comm = comm, .zero = o.zero});
   io::load_initial(model, bg);
   Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
@@ -499,7 +502,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
       train.sync_state();
       std::optional<std::pair<double, double>> sums;
       if (ranks > 1) sums = read_metrics();  // every rank takes part in the sums
-      if (root) write_checkpoint(ckpt_path, model, spec, pos, B, data.train_samples, sums);
+      write_checkpoint(ckpt_path, model, spec, pos, B, data.train_samples, sums, root);
       if (root) std::fprintf(stderr, "seam: %s after step %lld (epoch %lld, batch %lld of %lld); checkpoint written to %s; continue with --resume %s\n",
                    g_interrupted ? "interrupted" : "stopped", static_cast<long long>(model.state().step),
                    static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.batch),
@@ -527,7 +530,10 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
     std::optional<EvalResult> val, test;
     if (data.val) val = evaluate(eval, *data.val, spec.classes, comm.get());
     if (data.test) test = evaluate(eval, *data.test, spec.classes, comm.get());
-    if (!root) continue;
+    if (!root) {
+      write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples, {}, false);
+      continue;
+    }
     const EvalResult& last = test ? *test : *val;
     last_test_acc = last.accuracy;
     last_loss = last.loss;

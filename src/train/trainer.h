@@ -33,6 +33,7 @@ struct TrainOptions {
   std::optional<Precision> precision;     // overrides the model file's
   std::optional<LayoutPolicy> layout;     // overrides the model file's
   bool deterministic = false;             // --deterministic: on even where the model file leaves it off
+  int zero = 0;                           // --zero 1: ZeRO-1 across the ranks (ModelOptions::zero)
   std::optional<double> val_split;
   Output output = Output::bar;
   // Called with each ProgressEvent; set, it replaces the terminal bar (Output::bar), as

@@ -255,6 +255,10 @@ int main(int argc, char** argv) {
                     "train as N processes on this host through mpirun (data parallel, on the CPU): each takes 1/N of "
                     "every batch; or launch `mpirun -np N seam train ...` yourself")
       ->transform(whole<int64_t>(1));
+  train->add_option("--zero", t.zero,
+                    "1: ZeRO-1 across the ranks: each keeps the optimizer moments of 1/N of the parameters and "
+                    "updates those (0: every rank keeps all)")
+      ->check(one_of({"0", "1"}));
   train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
 
   seam::train::StepOptions so;

@@ -127,30 +127,41 @@ class CpuExecutable : public Executable {
       }
       // Every rank decides on the same (mean) loss whether to skip the update.
       if (plan_.ranks > 1) regions_.comm->all_reduce_sum(&loss, 1), loss /= plan_.ranks;
-      optimizer_update(*plan_.optimizer, plan_.layout, regions_, state, loss, plan_.working);
+      optimizer_update(*plan_.optimizer, plan_.layout, regions_, state, loss, plan_.working, plan_.zero);
       ++state.step;
     }
   }
 
  private:
   // The buckets whose last writer is step `after`: summed over the ranks, divided by
-  // their number (in the gradients' own type, as every rank does it alike).
+  // their number (in the gradients' own type, as every rank does it alike). Under ZeRO-1
+  // each rank gets the sum of its shard's values only.
   void all_reduce(int after) {
     for (const GradBucket& b : plan_.buckets) {
       if (b.after != after) continue;
       for (const BufferRef& p : b.parts) {
         std::byte* d = regions_.grads + p.offset;
-        const auto n = static_cast<size_t>(p.type.numel());
-        if (p.type.dtype == DType::f32) scale_sum(reinterpret_cast<float*>(d), n);
-        else scale_sum(reinterpret_cast<double*>(d), n);
+        if (p.type.dtype == DType::f32) scale_sum(reinterpret_cast<float*>(d), p);
+        else scale_sum(reinterpret_cast<double*>(d), p);
       }
     }
   }
   template <class T>
-  void scale_sum(T* d, size_t n) {
-    regions_.comm->all_reduce_sum(d, n);
+  void scale_sum(T* d, const BufferRef& part) {
+    const auto n = static_cast<size_t>(part.type.numel());
+    size_t lo = 0, hi = n;
+    if (plan_.zero) {
+      // The shards' boundaries within this part.
+      const size_t first = part.offset / sizeof(T);
+      std::vector<size_t> split = zero_split(plan_.layout.param_bytes / sizeof(T), plan_.ranks);
+      for (size_t& s : split) s = std::clamp(s, first, first + n) - first;
+      regions_.comm->reduce_scatter_sum(d, split);
+      lo = split[static_cast<size_t>(regions_.comm->rank())], hi = split[static_cast<size_t>(regions_.comm->rank()) + 1];
+    } else {
+      regions_.comm->all_reduce_sum(d, n);
+    }
     const T inv = T(1) / static_cast<T>(plan_.ranks);
-    for (size_t k = 0; k < n; ++k) d[k] *= inv;
+    for (size_t k = lo; k < hi; ++k) d[k] *= inv;
   }
 
   void copy_inputs() {

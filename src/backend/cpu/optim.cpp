@@ -1,5 +1,6 @@
 // The optimizer update over the flat buffers, on the CPU. Formulas follow PyTorch's
 // documented torch.optim.SGD, Adam and AdamW; clipping follows clip_grad_norm_.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/optim.h"
@@ -7,6 +8,7 @@
 #include "common/half.h"
 #include "common/philox.h"
 #include "common/stochastic.h"
+#include "dist/comm.h"
 
 namespace seam::cpu {
 
@@ -34,15 +36,17 @@ void adam(const OptimizerConfig& c, int64_t n, int64_t n_decay, T* p, const T* g
 }
 
 // The update over n values (the first n_decay decay); false when the step was skipped.
+// `comm`: the values are this rank's shard, and the norm is the ranks' together.
 template <class T>
 bool update_values(const OptimizerConfig& c, int64_t n, int64_t n_decay, T* p, T* g, T* m, T* v, StepState& st,
-                   double loss) {
+                   double loss, dist::Comm* comm = nullptr) {
   const LossScaling& ls = c.loss_scaling;
   const bool scaled = ls.mode == LossScaling::Mode::dynamic;
   if (scaled && st.loss_scale <= 0) st.loss_scale = ls.init;
   const double unscale = scaled ? 1.0 / st.loss_scale : 1.0;
   double sq = 0;
   for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  if (comm) comm->all_reduce_sum(&sq, 1);
   st.grad_norm = std::sqrt(sq) * unscale;
   const double lr = c.schedule.lr_at(c.lr, st.step);  // the schedule counts every step
   st.lr = lr;
@@ -83,16 +87,30 @@ bool update_values(const OptimizerConfig& c, int64_t n, int64_t n_decay, T* p, T
 // f32 or f64 parameters (the masters): updated in place, their working copies after.
 template <class T>
 void update_masters(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
-                    std::optional<DType> working) {
+                    std::optional<DType> working, bool zero) {
   const auto n = static_cast<int64_t>(layout.param_bytes / sizeof(T));
+  const auto n_decay = static_cast<int64_t>(layout.decay_bytes / sizeof(T));
   T* m = reinterpret_cast<T*>(r.opt);
-  if (!update_values(c, n, static_cast<int64_t>(layout.decay_bytes / sizeof(T)), reinterpret_cast<T*>(r.params),
-                     reinterpret_cast<T*>(r.grads), m, m ? m + n : nullptr, st, loss) ||
-      !working)
-    return;
+  auto* p = reinterpret_cast<T*>(r.params);
+  auto* g = reinterpret_cast<T*>(r.grads);
+  bool updated = false;
+  if (zero) {
+    // This rank's shard [lo, hi): its moments start at r.opt.
+    const auto [lo, hi] = zero_shard(static_cast<size_t>(n), r.comm->rank(), r.comm->size());
+    const auto k = static_cast<int64_t>(hi - lo), at = static_cast<int64_t>(lo);
+    updated = update_values(c, k, std::clamp<int64_t>(n_decay - at, 0, k), p + at, g + at, m, m ? m + k : nullptr, st,
+                            loss, r.comm);
+    if (updated) {
+      std::vector<size_t> split = zero_split(static_cast<size_t>(n), r.comm->size());
+      for (size_t& s : split) s *= sizeof(T);
+      r.comm->all_gather(p, split);
+    }
+  } else {
+    updated = update_values(c, n, n_decay, p, g, m, m ? m + n : nullptr, st, loss);
+  }
+  if (!updated || !working) return;
   // The working copies leave the update with the masters, rounded once.
   auto* w = reinterpret_cast<uint16_t*>(r.working);
-  const T* p = reinterpret_cast<const T*>(r.params);
   for (int64_t i = 0; i < n; ++i) w[i] = float_to_half(static_cast<float>(p[i]), *working);
 }
 
@@ -121,9 +139,9 @@ void update_stored16(const OptimizerConfig& c, const Layout& layout, const Regio
 }  // namespace
 
 void optimizer_update(const OptimizerConfig& c, const Layout& layout, const Regions& r, StepState& st, double loss,
-                      std::optional<DType> working) {
+                      std::optional<DType> working, bool zero) {
   if (is_half(layout.param_dtype)) return update_stored16(c, layout, r, st, loss);
-  dispatch_float(layout.param_dtype, [&]<class T>() { update_masters<T>(c, layout, r, st, loss, working); });
+  dispatch_float(layout.param_dtype, [&]<class T>() { update_masters<T>(c, layout, r, st, loss, working, zero); });
 }
 
 }  // namespace seam::cpu
