@@ -539,7 +539,7 @@ Program Model::compile(const CompileOptions& o) {
   if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
   Plan plan = lower(g, c.layout, req);
   plan.loss = loss_name;
-  if (req.optimizer && c.comm && c.comm->size() > 1) {
+  if (req.optimizer && c.comm) {
     plan_gradient_buckets(plan, c.comm->size(), c.bucket_bytes);
     plan.zero = c.sharded();
   }

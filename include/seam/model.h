@@ -138,8 +138,9 @@ struct ModelOptions {
   // The CPU's steps repeat their bits either way.
   bool deterministic = false;
   // The processes training this model together (src/dist/comm.h), one batch share each:
-  // with more than one, a training plan sums the gradients over them and divides by
-  // their number before the update (Plan::buckets). Empty: this process alone.
+  // a training plan sums the gradients over them and divides by their number before the
+  // update (Plan::buckets; on GPUs through NCCL, also for a group of one). Empty: this
+  // process alone, no sums.
   std::shared_ptr<dist::Comm> comm;
   size_t grad_bucket_bytes = kGradBucketBytes;  // about how much one all-reduce carries
   // 1: ZeRO-1 over `comm`'s ranks (Plan::zero): each keeps 1/ranks of the optimizer

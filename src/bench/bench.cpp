@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "dist/comm.h"
 #include "bench/workload_models.h"
 #include "train/trainer.h"
 #include "io/model_file.h"
@@ -168,7 +169,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
               .cuda_graph = o.graph,
               .epilogue = epilogue,
               .cuda_streams = o.streams,
-              .deterministic = o.deterministic});
+              .deterministic = o.deterministic,
+              .comm = o.one_rank ? std::shared_ptr<dist::Comm>(dist::single_process()) : nullptr});
   Program p = m.compile({.loss = loss.id(),
                          .optimizer = w.opt,
                          .fuse = o.fusion != "none",

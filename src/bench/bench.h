@@ -29,6 +29,9 @@ struct BenchOptions {
   std::optional<Precision> precision;  // overrides each workload's (W1-W4: tf32; W5 and a file: its own)
   bool master_weights = true;          // false: 16-bit parameters (ModelOptions::master_weights)
   bool deterministic = false;          // ModelOptions::deterministic, to measure what it costs
+  // The data-parallel step over a group of one: gradient buckets summed (NCCL on the GPU)
+  // beside the backward pass, to measure what the sums cost where nothing travels.
+  bool one_rank = false;
   std::optional<LayoutPolicy> layout;  // overrides each workload's (a model file's own, else automatic)
   std::string csv;                     // also write the results here
 };

@@ -29,12 +29,13 @@ void plan_gradient_buckets(Plan& plan, int ranks, size_t bucket_bytes) {
   if (!plan.optimizer) fail("plan_gradient_buckets: the plan has no update to sum gradients for");
   plan.ranks = ranks;
   plan.buckets.clear();
-  if (ranks == 1) return;
   const size_t n = plan.grads.size();
-  // The last step writing into each gradient: from then on its bytes are final.
+  // The last step writing into each gradient (or reading it): from then on its bytes
+  // are final, and the sum may change them in place.
   std::vector<int> last(n, -1);
   for (size_t i = 0; i < plan.steps.size(); ++i)
-    for (const BufferRef& o : plan.steps[i].out) {
+    for (const auto* list : {&plan.steps[i].out, &plan.steps[i].in})
+    for (const BufferRef& o : *list) {
       if (o.region != Region::grads) continue;
       for (size_t g = 0; g < n; ++g) {
         const BufferRef& r = plan.grads[g].ref;

@@ -1,10 +1,12 @@
 // ModelOptions::deterministic on the GPU: the embedding gradient without atomics against
 // the CPU, and whole runs of the CNN and the GPT examples that repeat their bits: two runs
-// with fresh caches (so that no pick carries over), and one without the CUDA graph.
+// with fresh caches (so that no pick carries over), one without the CUDA graph, and one
+// whose gradients go through NCCL's mean over a group of one (the data-parallel path).
 #include <gtest/gtest.h>
 
 #include <random>
 
+#include "dist/comm.h"
 #include "gpu_check.h"
 #include "io/model_file.h"
 
@@ -23,8 +25,10 @@ TEST(GpuDeterminism, TheSortedEmbeddingGradientMatchesTheCpu) {
   }
 }
 
-// The parameters after `steps` steps of the example at `batch`, as bytes.
-std::vector<HostTensor> train(const std::string& example, int64_t batch, int steps, bool graph) {
+// The parameters after `steps` steps of the example at `batch`, as bytes. `ranks`: the
+// gradients summed over that group (NCCL), in buckets of 64 KiB.
+std::vector<HostTensor> train(const std::string& example, int64_t batch, int steps, bool graph,
+                              std::shared_ptr<dist::Comm> ranks = nullptr) {
   const TempCacheDir cache;  // no GEMM, convolution or variant pick from an earlier run
   const io::ModelSpec spec = io::parse_model_file(std::string(SEAM_EXAMPLES "/") + example + ".json");
   const io::BuiltGraph bg = io::build_graph(spec, batch);
@@ -33,8 +37,11 @@ std::vector<HostTensor> train(const std::string& example, int64_t batch, int ste
                      .precision = spec.precision,
                      .master_weights = spec.master_weights,
                      .cuda_graph = graph,
-                     .deterministic = true});
+                     .deterministic = true,
+                     .comm = ranks,
+                     .grad_bucket_bytes = 64 << 10});
   Program p = m.compile({.loss = bg.loss, .optimizer = spec.optimizer});
+  if (ranks) EXPECT_GT(p.plan().buckets.size(), 1u) << example;
   std::mt19937_64 rng(9);
   const TensorType &xt = bg.graph.value(bg.x).type, &yt = bg.graph.value(bg.y).type;
   std::vector<io::RandomBatch> batches;
@@ -68,6 +75,18 @@ TEST(GpuDeterminism, TwoRunsOfTheGptGiveTheSameBits) {
   const auto first = train("gpt_fortunes", 8, 50, true);
   expect_same_bits(first, train("gpt_fortunes", 8, 50, true), "a second run");
   expect_same_bits(first, train("gpt_fortunes", 8, 50, false), "a run without the CUDA graph");
+}
+
+// One rank through NCCL (buckets summed on their own stream inside the captured step,
+// the loss averaged) takes the plain step's path to the bit: the mean over one rank is
+// the value itself.
+TEST(GpuDeterminism, OneRankThroughNcclGivesThePlainStepsBits) {
+  const std::shared_ptr<dist::Comm> one = dist::single_process();
+  for (const char* example : {"fmnist_cnn", "gpt_fortunes"}) {
+    const auto plain = train(example, 16, 12, true);
+    expect_same_bits(plain, train(example, 16, 12, true, one), example);
+    expect_same_bits(plain, train(example, 16, 12, false, one), example);
+  }
 }
 
 }  // namespace

@@ -353,6 +353,9 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::layout_policy_names()));
   bench->add_flag("--deterministic", bo.deterministic,
                   "bitwise repeatable GPU steps: fixed algorithm picks, no atomics (to measure their cost)");
+  bench->add_flag("--one-rank", bo.one_rank,
+                  "the data-parallel step over a group of one: gradient buckets summed (NCCL on the GPU) beside the "
+                  "backward pass (to measure their cost)");
   bench->add_flag("--no-master-weights", no_masters,
                   "with bf16 or f16: parameters stored in 16 bits, updated with stochastic rounding");
   bench->add_option("--epilogue", bo.epilogue,

@@ -163,6 +163,12 @@ class CudaExecutable : public Executable {
       fork_ = event();
       for (int l = 1; l < sched_.lanes_used; ++l) joined_.push_back(event());
     }
+    if (!plan.buckets.empty()) {
+      for (size_t k = 0; k <= plan.buckets.size(); ++k) bucket_ready_.push_back(event());
+      summed_ = event();
+      if (plan.optimizer && !plan.loss.empty())
+        if (const Binding* b = plan.output(plan.loss)) loss_ = r.base(b->ref.region) + b->ref.offset;
+    }
     std::vector<Launch> once;
     for (size_t i = 0; i < plan.init.size(); ++i) {
       const PlanStep& s = plan.init[i];
@@ -186,6 +192,8 @@ class CudaExecutable : public Executable {
     for (cudaEvent_t e : done_)
       if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : joined_) cudaEventDestroy(e);
+    for (cudaEvent_t e : bucket_ready_) cudaEventDestroy(e);
+    if (summed_) cudaEventDestroy(summed_);
     if (fork_) cudaEventDestroy(fork_);
     for (auto& in : inputs_)
       for (int s = 0; s < 2; ++s) {
@@ -369,6 +377,7 @@ class CudaExecutable : public Executable {
     }
     LaneReset reset{ctx_};
     const size_t n = plan_.steps.size();
+    sum_buckets(-1, stream);
     for (size_t j = 0; j < n; ++j) {
       const int l = sched_.lane[j];
       cudaStream_t ls = lane_stream(l);
@@ -376,13 +385,34 @@ class CudaExecutable : public Executable {
       ctx_.set_lane(l);
       launches_[j](ls);
       if (signals_[j]) SEAM_CUDA_CHECK(cudaEventRecord(done_[j], ls));
+      sum_buckets(static_cast<int>(j), ls);
     }
     ctx_.set_lane(0);
     for (int l = 1; l < lanes; ++l) {
       SEAM_CUDA_CHECK(cudaEventRecord(joined_[static_cast<size_t>(l - 1)], lane_stream(l)));
       SEAM_CUDA_CHECK(cudaStreamWaitEvent(stream, joined_[static_cast<size_t>(l - 1)], 0));
     }
+    if (!plan_.buckets.empty()) {
+      // The update waits for every sum; its finiteness check reads the ranks' mean loss,
+      // so every rank skips or takes the step alike.
+      SEAM_CUDA_CHECK(cudaEventRecord(summed_, sh_->comm_stream));
+      SEAM_CUDA_CHECK(cudaStreamWaitEvent(stream, summed_, 0));
+      if (loss_) sh_->nccl->all_reduce_mean(loss_, 1, DType::f32, stream);
+    }
     for (size_t k = n; k < launches_.size(); ++k) launches_[k](stream);  // the optimizer
+  }
+
+  // The buckets whose last step is `after` (on stream `from`), each summed on the
+  // communication stream as soon as that step is done, beside the rest of the step.
+  void sum_buckets(int after, cudaStream_t from) {
+    for (size_t k = 0; k < plan_.buckets.size(); ++k) {
+      const GradBucket& b = plan_.buckets[k];
+      if (b.after != after) continue;
+      SEAM_CUDA_CHECK(cudaEventRecord(bucket_ready_[k], from));
+      SEAM_CUDA_CHECK(cudaStreamWaitEvent(sh_->comm_stream, bucket_ready_[k], 0));
+      for (const BufferRef& p : b.parts)
+        sh_->nccl->all_reduce_mean(r_.grads + p.offset, static_cast<size_t>(p.type.numel()), p.type.dtype, sh_->comm_stream);
+    }
   }
 
   void capture(int s) {
@@ -414,6 +444,9 @@ class CudaExecutable : public Executable {
   std::vector<cudaEvent_t> done_;    // recorded after step j where signals_[j]
   std::vector<cudaEvent_t> joined_;  // lane l's last work, for lanes 1..
   cudaEvent_t fork_ = nullptr;
+  std::vector<cudaEvent_t> bucket_ready_;  // bucket k's last step is done
+  cudaEvent_t summed_ = nullptr;           // every bucket summed
+  std::byte* loss_ = nullptr;              // averaged over the ranks before the update
   std::vector<StagedInput> inputs_;
   int slot_ = 0;
   cudaEvent_t freed_[2] = {};  // compute stream: the step that read slot s is done

@@ -13,6 +13,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/optim.h"
 #include "backend/cuda/shared.h"
+#include "dist/comm.h"
 
 namespace seam::cuda {
 
@@ -192,7 +193,8 @@ class CudaBackend : public Backend {
     sh_->graph = o.graph;
     sh_->epilogue = o.epilogue;
     sh_->deterministic = o.deterministic;
-    SEAM_CUDA_CHECK(cudaSetDevice(0));
+    const int device = local_device();  // one GPU a rank where a launcher started several
+    SEAM_CUDA_CHECK(cudaSetDevice(device));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->stream, cudaStreamNonBlocking));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->copy_stream, cudaStreamNonBlocking));
     SEAM_ASSERT(o.streams >= 1 && o.streams <= 16);  // Model checks ModelOptions::cuda_streams
@@ -205,7 +207,7 @@ class CudaBackend : public Backend {
     SEAM_CUBLAS_CHECK(cublasLtCreate(&sh_->lt));
     SEAM_CUDNN_CHECK(cudnnCreate(&sh_->dnn));
     SEAM_CUDNN_CHECK(cudnnSetStream(sh_->dnn, sh_->stream));
-    SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&sh_->sm_count, cudaDevAttrMultiProcessorCount, 0));
+    SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&sh_->sm_count, cudaDevAttrMultiProcessorCount, device));
     sh_->gemm_cache = std::make_unique<GemmCache>();
   }
   ~CudaBackend() override { cudaStreamSynchronize(sh_->stream); }
@@ -250,9 +252,16 @@ class CudaBackend : public Backend {
     SEAM_CUDA_LAUNCH_CHECK();
   }
   std::unique_ptr<Executable> prepare(const Plan& plan, const Regions& r) override {
-    if (!plan.buckets.empty())
-      fail("the plan sums its gradients over ", plan.ranks, " ranks: data parallelism runs on the CPU backend "
-           "(MPI) so far; the GPU's collectives (NCCL) are not part of this build");
+    if (!plan.buckets.empty()) {
+      if (!r.comm || r.comm->size() != plan.ranks)
+        fail("the plan sums its gradients over ", plan.ranks, " ranks, but runs in a group of ", r.comm ? r.comm->size() : 1);
+      if (!sh_->nccl) {
+        sh_->nccl = std::make_unique<Nccl>(*r.comm);
+        SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->comm_stream, cudaStreamNonBlocking));
+      } else if (&sh_->nccl->host() != r.comm) {
+        fail("a model's plans sum their gradients over one group of ranks");
+      }
+    }
     return make_executable(sh_, plan, r);
   }
 

@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/nccl.h"
 
 namespace seam::cuda {
 
@@ -23,7 +24,13 @@ struct Shared {
   cudnnHandle_t dnn = nullptr;
   int sm_count = 0;
   std::unique_ptr<GemmCache> gemm_cache;
+  // Data-parallel plans: the GPUs' communicator (made by the first such plan) and the
+  // stream its gradient sums run on beside the backward pass.
+  std::unique_ptr<Nccl> nccl;
+  cudaStream_t comm_stream = nullptr;
   ~Shared() {
+    nccl.reset();
+    if (comm_stream) cudaStreamDestroy(comm_stream);
     if (dnn) cudnnDestroy(dnn);
     if (lt) cublasLtDestroy(lt);
     for (size_t i = 1; i < lanes.size(); ++i) cudaStreamDestroy(lanes[i]);

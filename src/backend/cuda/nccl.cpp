@@ -1,0 +1,128 @@
+#include "backend/cuda/nccl.h"
+
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "dist/comm.h"
+#include "seam/error.h"
+
+namespace seam::cuda {
+
+namespace {
+
+struct Api {
+  void* lib = nullptr;
+  ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;
+  ncclResult_t (*init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
+  ncclResult_t (*destroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*abort)(ncclComm_t) = nullptr;
+  ncclResult_t (*async_error)(ncclComm_t, ncclResult_t*) = nullptr;
+  ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
+  const char* (*error_string)(ncclResult_t) = nullptr;
+};
+
+const Api& api() {
+  static const Api a = [] {
+    std::vector<std::string> tried;
+    if (const char* e = std::getenv("SEAM_NCCL"); e && *e) tried.push_back(e);
+    tried.push_back("libnccl.so.2");
+    tried.push_back("libnccl.so");
+    for (const char* root : {"/usr/local/cuda/lib64/", "/usr/local/cuda/lib/"}) tried.push_back(std::string(root) + "libnccl.so.2");
+    Api a;
+    for (const std::string& path : tried)
+      if ((a.lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+    if (!a.lib) {
+      std::string all;
+      for (const std::string& p : tried) all += (all.empty() ? "" : ", ") + p;
+      fail("summing gradients over GPUs needs NCCL (libnccl.so.2), not found; tried ", all, " (SEAM_NCCL=FILE names it)");
+    }
+    auto sym = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(a.lib, name));
+      if (!f) fail("NCCL: ", name, " is missing from the library loaded");
+    };
+    sym(a.get_unique_id, "ncclGetUniqueId");
+    sym(a.init_rank, "ncclCommInitRank");
+    sym(a.destroy, "ncclCommDestroy");
+    sym(a.abort, "ncclCommAbort");
+    sym(a.async_error, "ncclCommGetAsyncError");
+    sym(a.all_reduce, "ncclAllReduce");
+    sym(a.error_string, "ncclGetErrorString");
+    return a;
+  }();
+  return a;
+}
+
+void check(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return;
+  fail("NCCL: ", what, ": ", api().error_string(r));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    default: fail("NCCL: no sum of ", dtype_name(t), " values");
+  }
+}
+
+}  // namespace
+
+Nccl::Nccl(dist::Comm& host) : host_(host) {
+  const Api& a = api();
+  ncclUniqueId id{};
+  if (host.rank() == 0) check(a.get_unique_id(&id), "ncclGetUniqueId");
+  host.broadcast(&id, sizeof id, 0);
+  ncclComm_t c = nullptr;
+  check(a.init_rank(&c, host.size(), id, host.rank()), "ncclCommInitRank");
+  comm_ = c;
+  watchdog_ = std::thread([this] {
+    while (!stop_.load()) {
+      ncclResult_t e = ncclSuccess;
+      if (api().async_error(static_cast<ncclComm_t>(comm_), &e) == ncclSuccess && e != ncclSuccess && e != ncclInProgress) {
+        std::fprintf(stderr, "seam: error: rank %d of %d: NCCL reports %s; stopping this rank\n", host_.rank(),
+                     host_.size(), api().error_string(e));
+        std::fflush(stderr);
+        api().abort(static_cast<ncclComm_t>(comm_));
+        std::_Exit(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+}
+
+Nccl::~Nccl() {
+  stop_ = true;
+  if (watchdog_.joinable()) watchdog_.join();
+  if (comm_) api().destroy(static_cast<ncclComm_t>(comm_));
+}
+
+void Nccl::all_reduce_mean(void* data, size_t n, DType t, cudaStream_t stream) {
+  check(api().all_reduce(data, data, n, nccl_type(t), ncclAvg, static_cast<ncclComm_t>(comm_), stream), "ncclAllReduce");
+}
+
+int local_device() {
+  int local = 0;
+  const char* from = nullptr;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v); s && *s) {
+      local = std::atoi(s), from = v;
+      break;
+    }
+  int count = 0;
+  SEAM_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (local < 0 || local >= count)
+    fail("local rank ", local, " (", from ? from : "default", ") but this host has ", count,
+         " GPU(s): start at most one rank per GPU");
+  return local;
+}
+
+}  // namespace seam::cuda
