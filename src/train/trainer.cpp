@@ -327,9 +327,6 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
   const int64_t B = spec.batch_size;
   if (B % ranks)
     fail("the batch of ", B, " does not split among ", ranks, " ranks (each rank's step takes the same number of rows)");
-  if (ranks > 1 && dev == Device::cuda)
-    fail("data parallelism runs on the CPU (MPI) so far; the GPU's collectives (NCCL) are not part of this build: "
-         "pass --device cpu");
   data::Dataset data = open_data(spec, o.data_dir,
                                  {.batch = B, .seed = spec.seed, .val_split = spec.val_split, .limit_train = o.limit_train,
                                   .limit_test = o.limit_test,
