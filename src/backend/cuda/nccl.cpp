@@ -1,6 +1,5 @@
 #include "backend/cuda/nccl.h"
 
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dynlib.h"
 #include "dist/comm.h"
 #include "seam/error.h"
 
@@ -36,17 +36,8 @@ const Api& api() {
     tried.push_back("libnccl.so");
     for (const char* root : {"/usr/local/cuda/lib64/", "/usr/local/cuda/lib/"}) tried.push_back(std::string(root) + "libnccl.so.2");
     Api a;
-    for (const std::string& path : tried)
-      if ((a.lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-    if (!a.lib) {
-      std::string all;
-      for (const std::string& p : tried) all += (all.empty() ? "" : ", ") + p;
-      fail("summing gradients over GPUs needs NCCL (libnccl.so.2), not found; tried ", all, " (SEAM_NCCL=FILE names it)");
-    }
-    auto sym = [&](auto& f, const char* name) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(a.lib, name));
-      if (!f) fail("NCCL: ", name, " is missing from the library loaded");
-    };
+    a.lib = open_first(tried, "summing gradients over GPUs needs NCCL (libnccl.so.2)", "SEAM_NCCL");
+    auto sym = [&](auto& f, const char* name) { load_symbol(a.lib, f, name, "NCCL"); };
     sym(a.get_unique_id, "ncclGetUniqueId");
     sym(a.init_rank, "ncclCommInitRank");
     sym(a.destroy, "ncclCommDestroy");

@@ -5,7 +5,6 @@
 
 #include <cupti.h>
 #include <cxxabi.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -13,6 +12,7 @@
 #include <mutex>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dynlib.h"
 #include "seam/error.h"
 
 namespace seam::cuda {
@@ -41,17 +41,8 @@ const Cupti& cupti() {
       for (const char* sub : {"/lib64/", "/lib/", "/extras/CUPTI/lib64/", "/targets/x86_64-linux/lib/"})
         tried.push_back(r + sub + "libcupti.so");
     Cupti c;
-    for (const std::string& path : tried)
-      if ((c.lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-    if (!c.lib) {
-      std::string all;
-      for (const std::string& p : tried) all += (all.empty() ? "" : ", ") + p;
-      fail("tracing needs CUPTI (libcupti.so), not found; tried ", all, " (SEAM_CUPTI=FILE names it)");
-    }
-    auto sym = [&](auto& f, const char* name) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(c.lib, name));
-      if (!f) fail("CUPTI: ", name, " is missing from the library loaded");
-    };
+    c.lib = open_first(tried, "tracing needs CUPTI (libcupti.so)", "SEAM_CUPTI");
+    auto sym = [&](auto& f, const char* name) { load_symbol(c.lib, f, name, "CUPTI"); };
     sym(c.enable, "cuptiActivityEnable");
     sym(c.disable, "cuptiActivityDisable");
     sym(c.register_callbacks, "cuptiActivityRegisterCallbacks");
