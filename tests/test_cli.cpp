@@ -566,7 +566,7 @@ TEST_F(Cli, OneThreadAndThreeGiveTheSameBits) {
 // up to the rounding of another summation order; rank 0 alone reports and writes, and
 // its checkpoint resumes in one process. Bad launches say what is wrong.
 TEST_F(Cli, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
-  if (!seam::dist::have_mpi()) GTEST_SKIP() << "built without MPI";
+  if (!seam::dist::have_mpi()) GTEST_SKIP() << "built without MPI";  // the forked ranks are checked against mpirun's
   // Containers often bar the cross-process memory mapping of OpenMPI's shared-memory transport.
   ::setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
   fs::path data = make_data();
@@ -611,6 +611,14 @@ TEST_F(Cli, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
   auto tz = seam::io::read_safetensors((dir / "zero" / "checkpoint.safetensors").string());
   ASSERT_EQ(tz.tensors.size(), tb.tensors.size());
   for (size_t i = 0; i < tz.tensors.size(); ++i) EXPECT_TRUE(tz.tensors[i].data == tb.tensors[i].data) << tz.tensors[i].name;
+  // Started by seam itself (no mpirun), meeting through files: the same bytes again.
+  ::setenv("SEAM_LAUNCH", "fork", 1);
+  Result forked = run(common + " --nproc 2 --out " + (dir / "forked").string());
+  ::unsetenv("SEAM_LAUNCH");
+  ASSERT_EQ(forked.code, 0) << forked.err;
+  auto tf = seam::io::read_safetensors((dir / "forked" / "checkpoint.safetensors").string());
+  ASSERT_EQ(tf.tensors.size(), tb.tensors.size());
+  for (size_t i = 0; i < tf.tensors.size(); ++i) EXPECT_TRUE(tf.tensors[i].data == tb.tensors[i].data) << tf.tensors[i].name;
   // The two ranks' checkpoint goes on in one process, at the same global batch.
   Result more = run(common + " --out " + (dir / "two").string() + " --resume " +
                     (dir / "two" / "checkpoint.safetensors").string() + " --epochs 3");

@@ -178,10 +178,21 @@ uint64_t rank_seed(uint64_t seed, int rank) {
   return z ^ (z >> 31);
 }
 
+namespace {
+bool world_of_several(const char* var) {
+  const char* s = std::getenv(var);
+  return s && std::atoi(s) > 1;
+}
+}  // namespace
+
 bool launched_as_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* s = std::getenv(v); s && std::atoi(s) > 1) return true;
-  return false;
+  return world_of_several("OMPI_COMM_WORLD_SIZE") || world_of_several("PMI_SIZE") ||
+         world_of_several("SEAM_WORLD_SIZE");
+}
+
+std::unique_ptr<Comm> launched_world() {
+  if (world_of_several("SEAM_WORLD_SIZE")) return file_world();
+  return mpi_world();
 }
 
 bool have_mpi() {

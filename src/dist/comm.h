@@ -44,12 +44,22 @@ std::unique_ptr<Comm> mpi_world();
 // Whether this binary can launch ranks through MPI.
 bool have_mpi();
 
+// The ranks of a `seam train --nproc N` started without MPI (src/dist/launch.h): they meet
+// through files in the folder SEAM_RENDEZVOUS, as rank SEAM_RANK of SEAM_WORLD_SIZE.
+// A collective that waits longer than SEAM_RENDEZVOUS_TIMEOUT seconds (default 600) for
+// a rank fails, naming it.
+std::unique_ptr<Comm> file_world();
+
+// The world a launcher started this process in: MPI's (mpirun), or the rendezvous folder's
+// (--nproc without MPI). Only where launched_as_rank().
+std::unique_ptr<Comm> launched_world();
+
 // Rank r's seed in a run seeded `seed`, for what each rank draws alone (dropout masks of
 // its rows): rank 0 keeps the run's seed, the others get well-mixed seeds of their own.
 uint64_t rank_seed(uint64_t seed, int rank);
 
-// Whether a launcher (mpirun, mpiexec) started this process as one of several ranks: its
-// environment says so (OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH's PMI_SIZE).
+// Whether a launcher started this process as one of several ranks: its environment says
+// so (OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH's PMI_SIZE, seam's own SEAM_WORLD_SIZE).
 bool launched_as_rank();
 
 }  // namespace seam::dist

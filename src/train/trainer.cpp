@@ -484,8 +484,12 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
       pos.batch = b.index + 1;
       pos.epoch_samples += b.rows * ranks;  // the global batch's rows (training batches are whole)
       ++steps_this_run;
-      if (model.state().step % o.log_every == 0 || pos.batch == steps_per_epoch) log_point();
-      if (agree_to_stop(comm.get(), o.max_steps > 0 && steps_this_run >= o.max_steps)) {
+      const bool at_log_point = model.state().step % o.log_every == 0 || pos.batch == steps_per_epoch;
+      if (at_log_point) log_point();
+      // Ranks agree on stopping where they meet anyway (a signal stops a run of several
+      // at the next log point); the step limit is the same on every rank.
+      const bool limit = o.max_steps > 0 && steps_this_run >= o.max_steps;
+      if ((ranks == 1 || at_log_point || limit) && agree_to_stop(comm.get(), limit)) {
         stop = true;
         break;
       }
@@ -591,7 +595,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
 
 int run_train(const TrainOptions& o) {
   if (!dist::launched_as_rank()) return train_on_rank(o, nullptr);
-  std::shared_ptr<dist::Comm> comm = dist::mpi_world();
+  std::shared_ptr<dist::Comm> comm = dist::launched_world();
   try {
     return train_on_rank(o, comm);
   } catch (const std::exception& e) {

@@ -451,7 +451,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*train) {
-      if (nproc > 1) seam::dist::exec_ranks(static_cast<int>(nproc), seam::dist::without_nproc(argc, argv));
+      if (nproc > 1) return seam::dist::run_ranks(static_cast<int>(nproc), seam::dist::without_nproc(argc, argv));
       if (!train_model.empty()) t.model_path = train_model;
       t.output = json ? seam::train::Output::json : quiet ? seam::train::Output::quiet : seam::train::Output::bar;
       t.precision = precision_of(train_precision);

@@ -103,7 +103,7 @@ void Nccl::all_reduce_mean(void* data, size_t n, DType t, cudaStream_t stream) {
 int local_device() {
   int local = 0;
   const char* from = nullptr;
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK", "SLURM_LOCALID"})
+  for (const char* v : {"SEAM_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK", "SLURM_LOCALID"})
     if (const char* s = std::getenv(v); s && *s) {
       local = std::atoi(s), from = v;
       break;

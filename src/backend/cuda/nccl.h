@@ -40,7 +40,8 @@ class Nccl {
 };
 
 // This process's GPU in a run of several per host: the launcher's local rank
-// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, LOCAL_RANK, SLURM_LOCALID), else 0.
+// (SEAM_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, LOCAL_RANK, SLURM_LOCALID),
+// else 0.
 // Fails, naming both, where the host has fewer GPUs than local ranks.
 int local_device();
 
