@@ -118,7 +118,7 @@ class FileRanks : public ::testing::Test {
   // Runs body(comm) in `ranks` forked processes; returns each one's exit status (0: no
   // failure recorded there).
   template <class F>
-  std::vector<int> run(int ranks, F body, int present = -1) {
+  std::vector<int> run(int ranks, F body, int present = -1, const char* timeout_s = "120") {
     std::vector<pid_t> pids;
     for (int r = 0; r < (present < 0 ? ranks : present); ++r) {
       const pid_t pid = fork();
@@ -126,7 +126,7 @@ class FileRanks : public ::testing::Test {
         setenv("SEAM_RANK", std::to_string(r).c_str(), 1);
         setenv("SEAM_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
         setenv("SEAM_RENDEZVOUS", dir.c_str(), 1);
-        setenv("SEAM_RENDEZVOUS_TIMEOUT", "2", 1);
+        setenv("SEAM_RENDEZVOUS_TIMEOUT", timeout_s, 1);
         int code = 0;
         try {
           auto c = launched_world();
@@ -173,7 +173,7 @@ TEST_F(FileRanks, ARankThatAbortsOrNeverComesStopsTheOthers) {
   EXPECT_EQ(aborted, (std::vector<int>{3, 7, 3}));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const auto missing = run(3, [](Comm& c) { c.barrier(); }, 2);
+  const auto missing = run(3, [](Comm& c) { c.barrier(); }, 2, "1");
   EXPECT_EQ(missing, (std::vector<int>{4, 4}));
 }
 

@@ -44,14 +44,14 @@ class FileComm final : public Comm {
     const auto me = static_cast<size_t>(rank_);
     const auto parts = exchange(bytes + split[me], split[me + 1] - split[me]);
     for (size_t r = 0; r < parts.size(); ++r)
-      if (r != me) std::memcpy(bytes + split[r], parts[r].data(), split[r + 1] - split[r]);
+      if (r != me && split[r + 1] > split[r]) std::memcpy(bytes + split[r], parts[r].data(), split[r + 1] - split[r]);
   }
   void broadcast(void* data, size_t bytes, int root) override {
     if (root < 0 || root >= size_) fail("broadcast: root ", root, " in a group of ", size_);
     const auto parts = exchange(rank_ == root ? data : nullptr, rank_ == root ? bytes : 0);
     const std::vector<std::byte>& got = parts[static_cast<size_t>(root)];
     if (got.size() != bytes) fail("broadcast: rank ", root, " sent ", got.size(), " bytes, ", bytes, " expected");
-    std::memcpy(data, got.data(), bytes);
+    if (bytes) std::memcpy(data, got.data(), bytes);
   }
   void barrier() override { exchange(nullptr, 0); }
   [[noreturn]] void abort(int code) override {
