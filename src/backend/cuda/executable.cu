@@ -212,10 +212,10 @@ class CudaExecutable : public Executable {
     upload(in, s, in.pinned[s], cudaMemcpyHostToDevice);
   }
 
-  void run(StepState& state) override {
+  // What the host set since it last synced (reset, resume) goes to the device; the
+  // fields only the device changes (the loss scale, skips) stay equal otherwise.
+  void push_state(const StepState& state) {
     StepState& dev = *r_.synced;
-    // What the host set since it last synced (reset, resume) goes to the device; the
-    // fields only the device changes (the loss scale, skips) stay equal otherwise.
     if (dev.step != state.step || dev.seed != state.seed || dev.loss_scale != state.loss_scale ||
         dev.scale_good != state.scale_good || dev.skipped_steps != state.skipped_steps ||
         dev.skip_streak != state.skip_streak) {
@@ -231,6 +231,11 @@ class CudaExecutable : public Executable {
       SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));  // c lives on this stack frame
       dev = state;
     }
+  }
+
+  void run(StepState& state) override {
+    push_state(state);
+    StepState& dev = *r_.synced;
     const int s = slot_;
     for (auto& in : inputs_) {
       // An input not set for this step keeps its last value: carry it into this slot,
@@ -257,6 +262,10 @@ class CudaExecutable : public Executable {
   }
 
   void sync_state(StepState& state) override {
+    // A state the host set (a checkpoint's step, a reset) that no step has taken to the
+    // device yet goes there first: else the read below would bring the device's stale
+    // counters back and mark them as synced, and the next step would run from them.
+    push_state(state);
     DeviceCounters c{};
     SEAM_CUDA_CHECK(cudaMemcpyAsync(&c, ctx_.counters, sizeof c, cudaMemcpyDeviceToHost, sh_->stream));
     SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
