@@ -85,6 +85,33 @@ TEST(GpuModel, CompilingASecondProgramLeavesTheFirstsGradients) {
   for (const char* p : {"w1", "b1", "w2"}) EXPECT_EQ(first.read_grad(p), before[i++]) << "gradient of " << p;
 }
 
+// A state the host sets (a resumed checkpoint's step, another seed) reaches the device
+// whether or not sync_state is read before the first step: the step counter drives the
+// warmup's learning rate and Adam's bias correction, the seed and step the dropout masks.
+TEST(GpuModel, AStateSetOnTheHostReachesTheDeviceAlsoThroughSyncState) {
+  Graph g;
+  Var x = g.input("x", {16, 32});
+  Var y = g.input("y", {16}, DType::i32);
+  Var loss = cross_entropy(nn::linear(dropout(relu(nn::linear(x, 64, "fc1")), 0.3), 10, "fc2"), y);
+  OptimizerConfig adam = OptimizerConfig::adam(1e-2);
+  adam.schedule.warmup_steps = 100;
+  const auto xs = random_floats(16 * 32, 4);
+  const auto ys = random_labels(16, 10, 5);
+  auto params_after = [&](bool sync_first) {
+    Model m(g, {.seed = 3, .device = Device::cuda});
+    Program p = m.compile({.loss = loss.id(), .optimizer = adam});
+    m.state().step = 40;
+    m.state().seed = 99;
+    if (sync_first) EXPECT_EQ(p.sync_state().step, 40);
+    p.set_input("x", std::span<const float>(xs));
+    p.set_input("y", std::span<const int32_t>(ys));
+    p.run();
+    EXPECT_EQ(p.sync_state().step, 41);
+    return std::pair{m.read_param("fc1.weight"), m.read_param("fc2.bias")};
+  };
+  EXPECT_TRUE(params_after(true) == params_after(false));
+}
+
 TEST(GpuModel, TimingStepsLeavesTheModelBitwiseAsItWas) {
   seam::testing::expect_timing_leaves_the_model_as_it_was(Device::cuda);
   seam::testing::expect_timing_leaves_the_model_as_it_was(Device::cuda, Precision::bf16);
