@@ -86,7 +86,8 @@ std::string Plan::str() const {
       if (b.after != after) continue;
       s << "   +  all-reduce bucket " << k << ": " << bytes_str(b.bytes()) << " in " << b.parts.size()
         << " part(s), the gradients of " << b.params.size() << " parameter(s) from " << b.params.front()
-        << ", summed over " << ranks << " ranks and divided by " << ranks << "\n";
+        << (zero ? ", each rank's shard of it summed over " : ", summed over ") << ranks << " ranks and divided by "
+        << ranks << "\n";
     }
   };
   s << "plan: " << steps.size() << " steps\n";
