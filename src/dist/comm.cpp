@@ -16,10 +16,6 @@ namespace seam::dist {
 
 namespace {
 
-void check_split_of(const std::vector<size_t>& split, int ranks) {
-  if (split.size() != static_cast<size_t>(ranks) + 1 || split.front() != 0 || !std::is_sorted(split.begin(), split.end()))
-    fail("collective: a split of ", split.size(), " ascending offsets from 0 for ", ranks, " ranks, expected ", ranks + 1);
-}
 
 class Single final : public Comm {
  public:
@@ -27,17 +23,14 @@ class Single final : public Comm {
   int size() const override { return 1; }
   void all_reduce_sum(float*, size_t) override {}
   void all_reduce_sum(double*, size_t) override {}
-  void reduce_scatter_sum(float*, const std::vector<size_t>& split) override { check_split(split); }
-  void reduce_scatter_sum(double*, const std::vector<size_t>& split) override { check_split(split); }
-  void all_gather(void*, const std::vector<size_t>& split) override { check_split(split); }
+  void reduce_scatter_sum(float*, const std::vector<size_t>& split) override { check_split(split, 1); }
+  void reduce_scatter_sum(double*, const std::vector<size_t>& split) override { check_split(split, 1); }
+  void all_gather(void*, const std::vector<size_t>& split) override { check_split(split, 1); }
   void broadcast(void*, size_t, int root) override {
     if (root != 0) fail("broadcast: root ", root, " in a group of 1");
   }
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::exit(code); }
-
- private:
-  static void check_split(const std::vector<size_t>& split) { check_split_of(split, 1); }
 };
 
 #ifdef SEAM_HAS_MPI
@@ -82,7 +75,7 @@ class Mpi final : public Comm {
   void reduce_scatter_sum(float* data, const std::vector<size_t>& split) override { scatter_sum(data, split); }
   void reduce_scatter_sum(double* data, const std::vector<size_t>& split) override { scatter_sum(data, split); }
   void all_gather(void* data, const std::vector<size_t>& split) override {
-    check_split_of(split, size_);
+    check_split(split, size_);
     std::vector<int> counts, displs;
     int_counts(split, counts, displs);
     check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, data, counts.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD),
@@ -118,7 +111,7 @@ class Mpi final : public Comm {
   // and adds them in rank order: MPI_Reduce_scatter's order is the library's choice.
   template <class T>
   void scatter_sum(T* data, const std::vector<size_t>& split) {
-    check_split_of(split, size_);
+    check_split(split, size_);
     if (size_ == 1) return;
     const auto p = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
     std::vector<int> counts, displs;
@@ -158,6 +151,11 @@ class Mpi final : public Comm {
 #endif
 
 }  // namespace
+
+void check_split(const std::vector<size_t>& split, int ranks) {
+  if (split.size() != static_cast<size_t>(ranks) + 1 || split.front() != 0 || !std::is_sorted(split.begin(), split.end()))
+    fail("collective: a split of ", split.size(), " ascending offsets from 0 for ", ranks, " ranks, expected ", ranks + 1);
+}
 
 std::unique_ptr<Comm> single_process() { return std::make_unique<Single>(); }
 

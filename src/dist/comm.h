@@ -34,6 +34,10 @@ class Comm {
   [[noreturn]] virtual void abort(int code) = 0;
 };
 
+// Fails unless `split` cuts values among `ranks` ranks: ranks + 1 ascending offsets from 0
+// (Comm::reduce_scatter_sum, Comm::all_gather).
+void check_split(const std::vector<size_t>& split, int ranks);
+
 // One process alone: rank 0 of 1, every collective a no-op.
 std::unique_ptr<Comm> single_process();
 

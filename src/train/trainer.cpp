@@ -532,7 +532,8 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
     if (data.val) val = evaluate(eval, *data.val, spec.classes, comm.get());
     if (data.test) test = evaluate(eval, *data.test, spec.classes, comm.get());
     if (!root) {
-      write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples, {}, false);
+      // Under ZeRO-1 the checkpoint's tensors gather every rank's moments.
+      if (o.zero) write_checkpoint(ckpt_path, model, spec, next, B, data.train_samples, {}, false);
       continue;
     }
     const EvalResult& last = test ? *test : *val;
