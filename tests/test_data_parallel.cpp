@@ -170,5 +170,27 @@ TEST(DataParallel, ZeroOneUpdatesBitwiseAsPlainDataParallelWithAShardOfTheMoment
   EXPECT_TRUE(alone.save_tensors()[0].data == got[0].data);
 }
 
+// What data parallelism refuses, and says so where the model is made or compiled:
+// 16-bit gradients on the CPU (parameters without f32 masters), and ZeRO-1 over such
+// parameters (its shards are of f32 masters).
+TEST(DataParallel, SixteenBitGradientsAreRefusedByName) {
+  auto comm = world();
+  Net net = make_net(kShare);
+  ModelOptions o{.seed = 1, .precision = Precision::bf16, .master_weights = false, .comm = comm};
+  Model m(net.g, o);
+  try {
+    m.compile({.loss = net.loss, .optimizer = OptimizerConfig::sgd(0.1)});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data parallelism on the CPU sums f32 or f64 gradients, not bf16"),
+              std::string::npos)
+        << e.what();
+  }
+  if (comm->size() > 1) {
+    o.zero = 1;
+    EXPECT_THROW(Model(net.g, o), Error);
+  }
+}
+
 }  // namespace
 }  // namespace seam
