@@ -100,14 +100,23 @@ inline Var build_conv(GpuCase& c, const ConvCase& k) {
 
 inline const char* const kConvCacheHeader = "# seam cudnn conv algorithms v1 gpu=";
 
+// An environment variable set while the object lives (the backend's switches).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 // Convolutions on cuDNN's classic API while it lives (SEAM_CUDNN_CONV=classic): for the
 // tests of the classic algorithm cache, which the graph API path never writes.
-class ClassicConvApi {
+class ClassicConvApi : ScopedEnv {
  public:
-  ClassicConvApi() { setenv("SEAM_CUDNN_CONV", "classic", 1); }
-  ~ClassicConvApi() { unsetenv("SEAM_CUDNN_CONV"); }
-  ClassicConvApi(const ClassicConvApi&) = delete;
-  ClassicConvApi& operator=(const ClassicConvApi&) = delete;
+  ClassicConvApi() : ScopedEnv("SEAM_CUDNN_CONV", "classic") {}
 };
 
 // The conv-*.txt files under a cache folder.

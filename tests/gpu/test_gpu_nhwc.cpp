@@ -44,6 +44,7 @@ using seam::gpu_testing::GpuCase;
 using seam::gpu_testing::lines_of;
 using seam::gpu_testing::lines_starting;
 using seam::gpu_testing::PoolCase;
+using seam::gpu_testing::ScopedEnv;
 using seam::gpu_testing::TempCacheDir;
 using seam::gpu_testing::tf32_nhwc;
 using seam::gpu_testing::Tolerance;
@@ -193,6 +194,35 @@ TEST(GpuNhwcConv, SixteenBitOperandsWithoutThePass) {
           },
           low.direct());
     }
+}
+
+// seam's own weight-gradient kernel (src/backend/cuda/conv_wgrad.h), forced wherever it
+// applies (ungrouped, on tensor cores): every case, and layers whose channels fill no
+// whole tile (K 48 of 64 rows, 216 of 256 columns) or take scalar copies (C 3, K 6),
+// against the CPU at TF32, bf16 and f16, and the step says it ran the kernel.
+TEST(GpuNhwcConv, OwnWeightGradientMatchesTheCpu) {
+  ScopedEnv own("SEAM_CONV_WGRAD", "own");
+  std::vector<ConvCase> cases = conv_cases();
+  cases.push_back({{4, 32, 28, 28}, {32, 32, 3, 3}, false, {.padding = {1, 1}}});
+  cases.push_back({{3, 24, 9, 11}, {48, 24, 3, 3}, false, {.stride = {2, 1}, .padding = {1, 1}}});
+  cases.push_back({{2, 3, 10, 9}, {6, 3, 3, 3}, false, {.padding = {1, 1}, .dilation = {2, 1}}});
+  for (const ConvCase& k : cases) {
+    SCOPED_TRACE("TF32 " + trace(k));
+    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, CompareOptions(Precision::tf32, k.tf32()));
+    for (const Low& low : kLows) {
+      SCOPED_TRACE(std::string(low.name) + " " + trace(k));
+      compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, low.options());
+    }
+  }
+  GpuCase c(5);
+  Var y = build_conv_nhwc(c, cases.back());
+  Var loss = sum(mul(y, c.data("r", y.shape())));
+  Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = Precision::tf32});
+  Program p = m.compile({.loss = loss.id(), .gradients = true});
+  int ours = 0;
+  for (auto& [step, what] : p.executable().stats().choices)
+    ours += what.find("seam's kernel (scalar copies") != std::string::npos;
+  EXPECT_EQ(ours, 1);
 }
 
 TEST(GpuNhwcConv, WeightGradientOnlyWhenXIsData) {

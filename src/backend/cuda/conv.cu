@@ -23,6 +23,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/conv_cache.h"
 #include "backend/cuda/conv_engine.h"
+#include "backend/cuda/conv_wgrad.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cudnn_util.h"
 #include "backend/cuda/storage.cuh"
@@ -460,11 +461,55 @@ Launch prepare_conv2d_grad_input(const StepArgs& a) {
   });
 }
 
+// seam's own weight gradient (conv_wgrad.h) for a channels-last, ungrouped convolution on
+// tensor cores, timed; not in deterministic mode, whose picks are fixed rules (cuDNN's).
+struct OwnWgrad {
+  Launch launch;
+  float ms = 0;
+  size_t workspace = 0;
+  std::string chose;
+};
+
+std::optional<OwnWgrad> own_wgrad(const StepArgs& a, const ConvKey& key, void* x, void* dy) {
+  if (!key.nhwc || key.groups != 1 || key.math == Math::fma) return std::nullopt;
+  if (a.ctx.deterministic && wgrad_policy() != WgradPolicy::own) return std::nullopt;
+  WgradGeometry g;
+  g.n = key.x[0], g.c = key.x[1], g.h = key.x[2], g.w = key.x[3];
+  g.k = key.w[0], g.r = key.w[2], g.s = key.w[3];
+  g.oh = key.y[2], g.ow = key.y[3];
+  for (int i = 0; i < 2; ++i) g.stride[i] = key.stride[i], g.pad[i] = key.pad[i], g.dil[i] = key.dil[i];
+  OwnWgrad o;
+  std::string why;
+  std::optional<Launch> l = prepare_own_wgrad(a, g, a.in[0].dtype(), a.out[0].dtype(), x, dy, a.out[0].data, &o.ms,
+                                              &o.workspace, &o.chose, &why);
+  if (!l) {
+    a.ctx.choices.emplace_back(a.index, "conv2d_grad_weight: not seam's kernel (" + why + ")");
+    return std::nullopt;
+  }
+  o.launch = std::move(*l);
+  return o;
+}
+
+// Whether `own` runs rather than cuDNN's pick, timed at cudnn_ms (negative: none timed);
+// says which in the step's choices.
+bool own_wins(const StepArgs& a, const std::optional<OwnWgrad>& own, float cudnn_ms) {
+  if (!own) return false;
+  const bool forced = wgrad_policy() == WgradPolicy::own;
+  const bool wins = forced || cudnn_ms < 0 || own->ms < cudnn_ms;
+  char line[96] = "";
+  if (!forced && cudnn_ms >= 0) std::snprintf(line, sizeof line, " against cuDNN's %.1f us", cudnn_ms * 1e3);
+  a.ctx.choices.emplace_back(a.index, "conv2d_grad_weight: " + own->chose + line +
+                                          (forced ? " (SEAM_CONV_WGRAD=own)" : wins ? ": seam's" : ": cuDNN's"));
+  if (wins) a.ctx.set_workspace_need(own->workspace);
+  return wins;
+}
+
 // inputs: dy, x; attribute shape = w's shape (in the step's layout: KRSC for nhwc). dw
 // may be f32 from 16-bit operands (attribute dtype, folded from its cast): the graph API
 // writing it so directly, or dw in the operands' dtype into a scratch buffer that a cast
 // then widens, whichever is faster (cuDNN offers few, and sometimes slow, engines for the
 // first: measured 4x slower on 28x28 layers); the classic API takes the second way.
+// seam's own kernel competes with all of them where it applies.
 Launch prepare_conv2d_grad_weight(const StepArgs& a) {
   const DType dt = a.in[0].dtype();
   const bool wide = a.out[0].dtype() != dt;
@@ -477,9 +522,12 @@ Launch prepare_conv2d_grad_weight(const StepArgs& a) {
   auto s = setup(narrow, Pass::bwd_filter, a.in[1].shape(), a.out[0].shape(), a.in[0].shape(), key);
   void* dy = a.in[0].data;
   void* x = a.in[1].data;
+  const std::optional<OwnWgrad> own = own_wgrad(a, key, x, dy);
+  if (own && wgrad_policy() == WgradPolicy::own && own_wins(a, own, -1)) return own->launch;
   Launch widen;
   if (!wide) {
-    if (auto l = try_engine(a, key, {x, a.out[0].data, dy})) return *l;
+    float ms = -1;
+    if (auto l = try_engine(a, key, {x, a.out[0].data, dy}, &ms)) return own_wins(a, own, ms) ? own->launch : *l;
   } else {
     float direct_ms = -1, narrow_ms = -1;
     std::optional<Launch> direct = try_engine(a, key, {x, a.out[0].data, dy}, &direct_ms);
@@ -500,17 +548,23 @@ Launch prepare_conv2d_grad_weight(const StepArgs& a) {
       const bool narrow_wins = !direct || direct_ms < 0 ||
                                (!a.ctx.deterministic && narrow_ms >= 0 && narrow_ms + cast_ms < direct_ms);
       a.ctx.choices.emplace_back(a.index, std::string(line) + (narrow_wins ? ": the cast" : ": directly"));
-      if (!narrow_wins) {
-        a.ctx.release(scratch);
-        return *direct;
-      }
+      const float cudnn_ms = narrow_wins ? (narrow_ms < 0 ? -1 : narrow_ms + cast_ms) : direct_ms;
+      const bool ours = own_wins(a, own, cudnn_ms);
+      if (!narrow_wins || ours) a.ctx.release(scratch);
+      if (ours) return own->launch;
+      if (!narrow_wins) return *direct;
       return in_order({*in16, widen});
     }
     if (direct) {
       a.ctx.release(scratch);
-      return *direct;
+      return own_wins(a, own, direct_ms) ? own->launch : *direct;
+    }
+    if (own_wins(a, own, -1)) {
+      a.ctx.release(scratch);
+      return own->launch;
     }
   }
+  if (own_wins(a, own, -1)) return own->launch;
   void* dw = narrow.out[0].data;
   const Chosen ch = choose(narrow, *s, key, x, dw, dy);
   a.ctx.need_workspace(ch.workspace);

@@ -89,6 +89,9 @@ class Context {
   // (choose_variant) can use it; each need is kept for the step being prepared
   // (preparing_step), -1 for work outside the plan's steps.
   void need_workspace(size_t bytes);
+  // The step being prepared needs `bytes` and no more: it asked for more while it timed
+  // candidates that were not chosen.
+  void set_workspace_need(size_t bytes);
   void* workspace() const { return lane_workspace_[static_cast<size_t>(lane_)]; }
   size_t workspace_size() const { return lane_workspace_size_[static_cast<size_t>(lane_)]; }
   void set_preparing_step(int step) { preparing_ = step; }

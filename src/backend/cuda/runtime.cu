@@ -95,6 +95,13 @@ void Context::need_workspace(size_t bytes) {
   if (bytes > lane_workspace_size_[0]) resize_workspace(lane_workspace_[0], lane_workspace_size_[0], bytes, stream);
 }
 
+void Context::set_workspace_need(size_t bytes) {
+  SEAM_ASSERT(preparing_ >= 0 && !lanes_set_);
+  if (step_need_.size() <= static_cast<size_t>(preparing_)) step_need_.resize(static_cast<size_t>(preparing_) + 1, 0);
+  step_need_[static_cast<size_t>(preparing_)] = bytes;
+  need_workspace(bytes);
+}
+
 Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in,
                        std::vector<DeviceTensor> out) {
   PlanStep s{op, std::move(attrs), {}, {}, a.step.name, 0};

@@ -1,0 +1,371 @@
+// seam's weight gradient of a channels-last convolution (conv_wgrad.h says why and how).
+//
+// The GEMM: dw[o][j] = sum_p A[p][o] * B[p][j] with A = dy [P, K] (P = N * OH * OW output
+// pixels) and B the implicit im2col of x, B[p][(r * S + s) * C + c] = x[n, oh * sh - ph +
+// r * dh, ow * sw - pw + s * dw, c] (zero outside the image). A block owns a tile of
+// 32 * WM rows (o) by 32 * WN columns (j) and one chunk of pixels; each warp a 32 x 32
+// part of the tile as 2 x 2 WMMA fragments. Tiles of BK = 32 pixels are staged in shared
+// memory as As[p][o] (the fragments' column-major A) and Bs[p][j] (row-major B), two
+// stages deep: cp.async fills the next while the warps multiply the current. Where C, K
+// and the pointers allow 16-byte copies (kVec) a thread copies 16 bytes of one row;
+// otherwise it loads element by element (a 3-channel stem, say).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/check.h"
+#include "backend/cuda/conv_wgrad.h"
+#include "backend/cuda/storage.cuh"
+
+namespace seam::cuda {
+
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kBK = 32;  // pixels per stage
+
+// The WMMA shapes a storage type multiplies in: TF32 m16n16k8 for f32, m16n16k16 for 16-bit.
+template <class T>
+struct Frags {
+  static constexpr int k = 16;
+  using A = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
+  using B = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
+  using C = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+};
+template <>
+struct Frags<float> {
+  static constexpr int k = 8;
+  using A = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major>;
+  using B = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
+  using C = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+};
+
+struct Params {
+  const void* x;
+  const void* dy;
+  float* partial;  // [chunks][mp][np]
+  int n, h, w, c, k, s, oh, ow;
+  int sh, sw, ph, pw, dh, dw;
+  int pixels, cols;  // P and R * S * C
+  int chunk;         // pixels per chunk, a multiple of kBK
+  int tiles_m;
+  int mp, np;        // the partial tile grid's padded extent
+};
+
+// Row padding of a shared tile: 16 bytes, which keeps WMMA's 32-byte fragment alignment
+// (every fragment starts at a multiple of 8 (TF32) or 16 (16-bit) rows) and staggers the
+// rows over the banks.
+template <class T>
+constexpr int kPad = 16 / static_cast<int>(sizeof(T));
+
+template <class T, int WM, int WN>
+constexpr int smem_bytes() {
+  return 2 * kBK * ((32 * WM + kPad<T>) + (32 * WN + kPad<T>)) * static_cast<int>(sizeof(T));
+}
+
+template <class T, int WM, int WN, bool kVec>
+__global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
+  constexpr int BM = 32 * WM, BN = 32 * WN, kThreads = 32 * WM * WN;
+  constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;  // elements a copy moves
+  constexpr int LDA = BM + kPad<T>, LDB = BN + kPad<T>;
+  // A thread copies one column vector of each tile, in rows spaced kThreads / (width / V)
+  // apart, so its column (and so its tap and channel) is fixed for the whole chunk.
+  constexpr int kStepA = kThreads / (BM / V), kRowsA = kBK / kStepA;
+  constexpr int kStepB = kThreads / (BN / V), kRowsB = kBK / kStepB;
+  static_assert(kThreads % (BM / V) == 0 && kBK % kStepA == 0, "A's copies must tile it");
+  static_assert(kThreads % (BN / V) == 0 && kBK % kStepB == 0, "B's copies must tile it");
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* As = reinterpret_cast<T*>(smem_raw);  // [2][kBK][LDA]
+  T* Bs = As + 2 * kBK * LDA;              // [2][kBK][LDB]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m0 = static_cast<int>(blockIdx.x) % p.tiles_m * BM;
+  const int n0 = static_cast<int>(blockIdx.x) / p.tiles_m * BN;
+  const int first = static_cast<int>(blockIdx.y) * p.chunk;
+  const int last = min(p.pixels, first + p.chunk);
+  const int iters = (last - first + kBK - 1) / kBK;
+  const T* x = static_cast<const T*>(p.x);
+  const T* dy = static_cast<const T*>(p.dy);
+
+  const int a_col = m0 + tid % (BM / V) * V, a_row = tid / (BM / V);
+  const bool a_ok = a_col < p.k;
+  const int b_col = n0 + tid % (BN / V) * V, b_row = tid / (BN / V);
+  const bool b_ok = b_col < p.cols;
+  int b_c = 0, b_h = 0, b_w = 0;  // the column's channel and tap offsets
+  if (b_ok) {
+    b_c = b_col % p.c;
+    const int tap = b_col / p.c;
+    b_h = tap / p.s * p.dh - p.ph;
+    b_w = tap % p.s * p.dw - p.pw;
+  }
+  const int plane = p.oh * p.ow;
+
+  auto load = [&](int stage, int base) {
+    T* as = As + stage * kBK * LDA;
+    T* bs = Bs + stage * kBK * LDB;
+#pragma unroll
+    for (int i = 0; i < kRowsA; ++i) {
+      const int row = a_row + i * kStepA, pix = base + row;
+      const bool ok = a_ok && pix < last;
+      const T* src = dy + (ok ? static_cast<int64_t>(pix) * p.k + a_col : 0);
+      T* dst = as + row * LDA + (a_col - m0);
+      if constexpr (kVec) cp16(dst, src, ok);
+      else *dst = ok ? *src : from_float<T>(0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsB; ++i) {
+      const int row = b_row + i * kStepB, pix = base + row;
+      bool ok = b_ok && pix < last;
+      int64_t at = 0;
+      if (ok) {
+        const int img = pix / plane, rest = pix - img * plane;
+        const int oy = rest / p.ow, ih = oy * p.sh + b_h, iw = (rest - oy * p.ow) * p.sw + b_w;
+        ok = ih >= 0 && ih < p.h && iw >= 0 && iw < p.w;
+        at = ((static_cast<int64_t>(img) * p.h + ih) * p.w + iw) * p.c + b_c;
+      }
+      const T* src = x + (ok ? at : 0);
+      T* dst = bs + row * LDB + (b_col - n0);
+      if constexpr (kVec) cp16(dst, src, ok);
+      else *dst = ok ? *src : from_float<T>(0.f);
+    }
+  };
+
+  using F = Frags<T>;
+  typename F::C acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  const int warp = tid / 32, wm = warp % WM, wn = warp / WM;
+
+  if constexpr (kVec) {
+    if (iters > 0) load(0, first);
+    cp_commit();
+  }
+  for (int it = 0; it < iters; ++it) {
+    const int stage = kVec ? it & 1 : 0;
+    if constexpr (kVec) {
+      if (it + 1 < iters) load(stage ^ 1, first + (it + 1) * kBK);
+      cp_commit();
+      cp_wait<1>();  // this tile's copies are done; the next tile's may still run
+    } else {
+      load(0, first + it * kBK);
+    }
+    __syncthreads();
+    const T* as = As + stage * kBK * LDA + wm * 32;
+    const T* bs = Bs + stage * kBK * LDB + wn * 32;
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += F::k) {
+      typename F::A a[2];
+      typename F::B b[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(a[i], as + kk * LDA + i * 16, LDA);
+        wmma::load_matrix_sync(b[i], bs + kk * LDB + i * 16, LDB);
+        if constexpr (std::is_same_v<T, float>) {
+          for (int e = 0; e < a[i].num_elements; ++e) a[i].x[e] = wmma::__float_to_tf32(a[i].x[e]);
+          for (int e = 0; e < b[i].num_elements; ++e) b[i].x[e] = wmma::__float_to_tf32(b[i].x[e]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();  // the next iteration's copies overwrite the stage just read
+  }
+
+  float* out = p.partial + static_cast<int64_t>(blockIdx.y) * p.mp * p.np;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(out + static_cast<int64_t>(m0 + wm * 32 + i * 16) * p.np + n0 + wn * 32 + j * 16,
+                              acc[i][j], p.np, wmma::mem_row_major);
+}
+
+// dw[o][j] = the chunks' partials added in chunk order, rounded once.
+template <class O>
+__global__ void wgrad_sum_kernel(const float* __restrict__ partial, O* __restrict__ dw, int k, int cols, int mp,
+                                 int np, int chunks) {
+  const int64_t total = static_cast<int64_t>(k) * cols, plane = static_cast<int64_t>(mp) * np;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t o = i / cols, j = i - o * cols;
+    const float* src = partial + o * np + j;
+    float sum = 0.f;
+    for (int c = 0; c < chunks; ++c) sum += src[c * plane];
+    dw[i] = from_float<O>(sum);
+  }
+}
+
+template <class T, int WM, int WN, bool kVec>
+void launch_wgrad(const Params& p, int chunks, cudaStream_t st) {
+  constexpr int bytes = smem_bytes<T, WM, WN>();
+  static const bool attr = [] {  // above 48 KB a kernel must ask for its shared memory
+    SEAM_CUDA_CHECK(cudaFuncSetAttribute(wgrad_kernel<T, WM, WN, kVec>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)attr;
+  const dim3 grid(static_cast<unsigned>(p.tiles_m * (p.np / (32 * WN))), static_cast<unsigned>(chunks));
+  wgrad_kernel<T, WM, WN, kVec><<<grid, 32 * WM * WN, bytes, st>>>(p);
+  SEAM_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void launch_config(const WgradConfig& cfg, bool vec, const Params& p, cudaStream_t st) {
+  auto pick = [&]<int WM, int WN>() {
+    if (vec) launch_wgrad<T, WM, WN, true>(p, static_cast<int>(cfg.chunks), st);
+    else launch_wgrad<T, WM, WN, false>(p, static_cast<int>(cfg.chunks), st);
+  };
+  if (cfg.wm == 1 && cfg.wn == 2) pick.template operator()<1, 2>();
+  else if (cfg.wm == 1 && cfg.wn == 4) pick.template operator()<1, 4>();
+  else if (cfg.wm == 2 && cfg.wn == 2) pick.template operator()<2, 2>();
+  else if (cfg.wm == 2 && cfg.wn == 4) pick.template operator()<2, 4>();
+  else fail("conv2d_grad_weight: no kernel for tiles of ", 32 * cfg.wm, " x ", 32 * cfg.wn);
+}
+
+int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+std::string WgradConfig::str() const {
+  return "tiles " + std::to_string(32 * wm) + "x" + std::to_string(32 * wn) + ", " + std::to_string(chunks) +
+         " chunks";
+}
+
+WgradPolicy wgrad_policy() {
+  const char* v = std::getenv("SEAM_CONV_WGRAD");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "auto") return WgradPolicy::automatic;
+  if (s == "own") return WgradPolicy::own;
+  if (s == "cudnn") return WgradPolicy::cudnn;
+  fail("SEAM_CONV_WGRAD is '", s, "': auto, own or cudnn");
+}
+
+std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& g, DType dt, DType out_dt,
+                                        const void* x, const void* dy, void* dw, float* ms, size_t* workspace,
+                                        std::string* chose, std::string* why) {
+  if (wgrad_policy() == WgradPolicy::cudnn) {
+    *why = "SEAM_CONV_WGRAD=cudnn";
+    return std::nullopt;
+  }
+  if (dt == DType::f32 && !a.ctx.tf32) {
+    *why = "f32 without TF32 (its kernel multiplies on tensor cores)";
+    return std::nullopt;
+  }
+  const int64_t pixels = g.n * g.oh * g.ow, cols = g.r * g.s * g.c;
+  const int64_t x_elems = g.n * g.h * g.w * g.c;
+  if (pixels >= INT32_MAX / 2 || cols >= INT32_MAX / 2 || g.k * cols >= INT32_MAX || x_elems >= (int64_t{1} << 40)) {
+    *why = "the layer is beyond its 32-bit pixel and column indices";
+    return std::nullopt;
+  }
+  const int vec_elems = 16 / static_cast<int>(dtype_size(dt));
+  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool vec = g.c % vec_elems == 0 && g.k % vec_elems == 0 && aligned(x) && aligned(dy);
+
+  Params p{};
+  p.x = x;
+  p.dy = dy;
+  p.n = static_cast<int>(g.n), p.h = static_cast<int>(g.h), p.w = static_cast<int>(g.w);
+  p.c = static_cast<int>(g.c), p.k = static_cast<int>(g.k), p.s = static_cast<int>(g.s);
+  p.oh = static_cast<int>(g.oh), p.ow = static_cast<int>(g.ow);
+  p.sh = static_cast<int>(g.stride[0]), p.sw = static_cast<int>(g.stride[1]);
+  p.ph = static_cast<int>(g.pad[0]), p.pw = static_cast<int>(g.pad[1]);
+  p.dh = static_cast<int>(g.dil[0]), p.dw = static_cast<int>(g.dil[1]);
+  p.pixels = static_cast<int>(pixels);
+  p.cols = static_cast<int>(cols);
+
+  // Candidates: tile shapes that do not waste most of a tile on a small K, and about one,
+  // two or four blocks per multiprocessor.
+  std::vector<WgradConfig> cands;
+  const int64_t sms = std::max(a.ctx.sm_count, 1), tiles_total = ceil_div64(pixels, kBK);
+  for (int wm : {1, 2}) {
+    if (wm == 2 && g.k <= 32) continue;
+    for (int wn : {2, 4}) {
+      if (wn == 4 && cols <= 64) continue;
+      const int64_t tiles = ceil_div64(g.k, 32 * wm) * ceil_div64(cols, 32 * wn);
+      int64_t last = -1;
+      for (int64_t per_sm : {1, 2, 4}) {
+        const int64_t want = std::clamp<int64_t>(ceil_div64(sms * per_sm, tiles), 1, tiles_total);
+        const int64_t chunk = ceil_div64(tiles_total, want) * kBK;
+        const int64_t chunks = ceil_div64(pixels, chunk);
+        if (chunks == last) continue;
+        last = chunks;
+        cands.push_back({wm, wn, chunks});
+      }
+    }
+  }
+  if (a.ctx.deterministic || wgrad_policy() == WgradPolicy::own) cands.resize(1);
+
+  auto params_of = [&](const WgradConfig& cfg, void* partial) {
+    Params q = p;
+    q.tiles_m = static_cast<int>(ceil_div64(g.k, 32 * cfg.wm));
+    q.mp = q.tiles_m * 32 * cfg.wm;
+    q.np = static_cast<int>(ceil_div64(cols, 32 * cfg.wn) * 32 * cfg.wn);
+    q.chunk = static_cast<int>(ceil_div64(pixels, cfg.chunks * kBK) * kBK);
+    q.partial = static_cast<float*>(partial);
+    return q;
+  };
+  auto partial_bytes = [&](const WgradConfig& cfg) {
+    const Params q = params_of(cfg, nullptr);
+    return static_cast<size_t>(cfg.chunks) * q.mp * q.np * sizeof(float);
+  };
+  const int sum_blocks = static_cast<int>(blocks_for(g.k * cols, 256, static_cast<int>(grid_cap(a.ctx))));
+  auto make = [&](const WgradConfig& cfg) -> Launch {
+    Context* ctx = &a.ctx;
+    return [ctx, cfg, vec, dt, out_dt, dw, sum_blocks, q = params_of(cfg, nullptr)](cudaStream_t st) {
+      Params r = q;
+      r.partial = static_cast<float*>(ctx->workspace());
+      dispatch_storage(dt, "conv2d_grad_weight", [&]<class T>() { launch_config<T>(cfg, vec, r, st); });
+      dispatch_storage(out_dt, "conv2d_grad_weight", [&]<class O>() {
+        wgrad_sum_kernel<O><<<sum_blocks, 256, 0, st>>>(r.partial, static_cast<O*>(dw), r.k, r.cols, r.mp, r.np,
+                                                       static_cast<int>(cfg.chunks));
+        SEAM_CUDA_LAUNCH_CHECK();
+      });
+    };
+  };
+
+  size_t best_bytes = 0;
+  float best_ms = -1;
+  WgradConfig best;
+  std::string tried;
+  for (const WgradConfig& cfg : cands) {
+    a.ctx.need_workspace(partial_bytes(cfg));
+    Launch l = make(cfg);
+    const float t = cands.size() == 1 ? 0.f : time_in_graph(
+                                                  [&](cudaStream_t st) {
+                                                    l(st);
+                                                    return true;
+                                                  },
+                                                  a.ctx.stream);
+    char line[96];
+    std::snprintf(line, sizeof line, "%s%s %.1f us", tried.empty() ? "" : ", ", cfg.str().c_str(), t * 1e3);
+    tried += line;
+    if (t >= 0 && (best_ms < 0 || t < best_ms)) {
+      best_ms = t;
+      best = cfg;
+      best_bytes = partial_bytes(cfg);
+    }
+  }
+  if (best_ms < 0) {
+    *why = "no configuration ran";
+    return std::nullopt;
+  }
+  if (ms) *ms = best_ms;
+  *workspace = best_bytes;
+  *chose = "seam's kernel (" + std::string(vec ? "16-byte" : "scalar") + " copies; " + tried + "): " + best.str();
+  return make(best);
+}
+
+}  // namespace seam::cuda

@@ -1,0 +1,53 @@
+// seam's own weight gradient of a channels-last convolution, beside cuDNN's.
+//
+// The weight gradient is a GEMM with a tiny output and a huge sum: dw[o, (r, s, c)] =
+// sum over the output pixels p of dy[p, o] * x[pixel of p under tap (r, s), c]. A 3x3
+// layer of 32 channels at 28x28 and batch 128 has 9216 outputs, each a sum of 100352
+// terms; cuDNN's engines for it run at a tenth of the tensor cores' rate (docs/perf.md).
+// Here the sum is cut into chunks of pixels, one block of warps per (output tile, chunk):
+// each block gathers its x rows (implicit im2col, zeros for padding) and dy rows into
+// shared memory, double-buffered with cp.async, multiplies them on the tensor cores (WMMA:
+// TF32 for f32 data, bf16 / f16 with f32 accumulation), and stores its partial tile; a
+// second kernel adds the chunks' partials in chunk order and rounds once into dw (of the
+// operands' dtype, or f32 from 16-bit operands). No atomics: a step repeats its bits.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "backend/cuda/cuda.h"
+
+namespace seam::cuda {
+
+// One NHWC convolution's weight gradient (groups 1): x [N, H, W, C], dy [N, OH, OW, K],
+// dw [K, R, S, C] (KRSC).
+struct WgradGeometry {
+  int64_t n = 0, h = 0, w = 0, c = 0;
+  int64_t k = 0, r = 0, s = 0;
+  int64_t oh = 0, ow = 0;
+  int64_t stride[2]{1, 1}, pad[2]{}, dil[2]{1, 1};
+};
+
+// How the kernel cuts the GEMM: output tiles of (32 * wm) x (32 * wn) and the pixels in
+// `chunks` chunks.
+struct WgradConfig {
+  int wm = 1, wn = 2;
+  int64_t chunks = 1;
+  std::string str() const;
+};
+
+// SEAM_CONV_WGRAD: "auto" (default: the faster of this kernel and cuDNN's best, as timed),
+// "own" (this kernel wherever it applies; for tests), "cudnn" (never this kernel).
+enum class WgradPolicy { automatic, own, cudnn };
+WgradPolicy wgrad_policy();
+
+// The fastest configuration's launch (timed in a graph on the step's buffers: *ms its time
+// per run, 0 where there was one candidate; *chose what was tried and taken), or nothing
+// where the kernel does not apply (*why says why). Operands: x and dy in `dt` (f32
+// computes in TF32), dw in `dt` or f32. The chunks' partial tiles live in the context's
+// workspace: *workspace bytes of it (already asked for).
+std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& g, DType dt, DType out_dt,
+                                        const void* x, const void* dy, void* dw, float* ms, size_t* workspace,
+                                        std::string* chose, std::string* why);
+
+}  // namespace seam::cuda
