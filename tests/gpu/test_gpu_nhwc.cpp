@@ -214,15 +214,29 @@ TEST(GpuNhwcConv, OwnWeightGradientMatchesTheCpu) {
       compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, low.options());
     }
   }
+}
+
+TEST(GpuNhwcConv, OwnWeightGradientSaysWhichCopiesItTook) {
+  // Two layers at TF32, forced onto seam's kernel: a 3-channel one takes scalar copies, a
+  // 16-channel one 16-byte copies; the step runs (compute-sanitizer's racecheck runs this).
+  ScopedEnv own("SEAM_CONV_WGRAD", "own");
   GpuCase c(5);
-  Var y = build_conv_nhwc(c, cases.back());
+  const ConvCase first{{2, 3, 10, 9}, {16, 3, 3, 3}, false, {.padding = {1, 1}}};
+  const ConvCase second{{2, 16, 10, 9}, {8, 16, 3, 3}, false, {.padding = {1, 1}}};
+  Var y = conv2d_nhwc(build_conv_nhwc(c, first), c.param("w2", nhwc_order(second.w)), std::nullopt, second.o);
   Var loss = sum(mul(y, c.data("r", y.shape())));
   Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = Precision::tf32});
   Program p = m.compile({.loss = loss.id(), .gradients = true});
-  int ours = 0;
-  for (auto& [step, what] : p.executable().stats().choices)
-    ours += what.find("seam's kernel (scalar copies") != std::string::npos;
-  EXPECT_EQ(ours, 1);
+  int scalar = 0, vector = 0;
+  for (auto& [step, what] : p.executable().stats().choices) {
+    scalar += what.find("seam's kernel (scalar copies") != std::string::npos;
+    vector += what.find("seam's kernel (16-byte copies") != std::string::npos;
+  }
+  EXPECT_EQ(scalar, 1);
+  EXPECT_EQ(vector, 1);
+  for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
+  p.run();
+  p.check();
 }
 
 TEST(GpuNhwcConv, WeightGradientOnlyWhenXIsData) {

@@ -5,10 +5,10 @@
 // r * dh, ow * sw - pw + s * dw, c] (zero outside the image). A block owns a tile of
 // 32 * WM rows (o) by 32 * WN columns (j) and one chunk of pixels; each warp a 32 x 32
 // part of the tile as 2 x 2 WMMA fragments. Tiles of BK = 32 pixels are staged in shared
-// memory as As[p][o] (the fragments' column-major A) and Bs[p][j] (row-major B), two
-// stages deep: cp.async fills the next while the warps multiply the current. Where C, K
-// and the pointers allow 16-byte copies (kVec) a thread copies 16 bytes of one row;
-// otherwise it loads element by element (a 3-channel stem, say).
+// memory as As[p][o] (the fragments' column-major A) and Bs[p][j] (row-major B), three
+// stages deep: cp.async fills the next two while the warps multiply the current. Where C,
+// K and the pointers allow 16-byte copies (kVec) a thread copies 16 bytes of one row;
+// otherwise it loads element by element into one stage (a 3-channel stem, say).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -31,7 +31,8 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kBK = 32;  // pixels per stage
+constexpr int kBK = 32;     // pixels per stage
+constexpr int kStages = 3;  // shared-memory stages of the 16-byte copies' pipeline
 
 // The WMMA shapes a storage type multiplies in: TF32 m16n16k8 for f32, m16n16k16 for 16-bit.
 template <class T>
@@ -69,7 +70,7 @@ constexpr int kPad = 16 / static_cast<int>(sizeof(T));
 
 template <class T, int WM, int WN>
 constexpr int smem_bytes() {
-  return 2 * kBK * ((32 * WM + kPad<T>) + (32 * WN + kPad<T>)) * static_cast<int>(sizeof(T));
+  return kStages * kBK * ((32 * WM + kPad<T>) + (32 * WN + kPad<T>)) * static_cast<int>(sizeof(T));
 }
 
 template <class T, int WM, int WN, bool kVec>
@@ -85,8 +86,8 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
   static_assert(kThreads % (BN / V) == 0 && kBK % kStepB == 0, "B's copies must tile it");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* As = reinterpret_cast<T*>(smem_raw);  // [2][kBK][LDA]
-  T* Bs = As + 2 * kBK * LDA;              // [2][kBK][LDB]
+  T* As = reinterpret_cast<T*>(smem_raw);  // [kStages][kBK][LDA]
+  T* Bs = As + kStages * kBK * LDA;        // [kStages][kBK][LDB]
 
   const int tid = static_cast<int>(threadIdx.x);
   const int m0 = static_cast<int>(blockIdx.x) % p.tiles_m * BM;
@@ -110,6 +111,19 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
   }
   const int plane = p.oh * p.ow;
 
+  // With 16-byte copies (a few rows a thread), the output pixel of each of this thread's
+  // B rows in the next tile to load, as (image, row, column): tiles load in order, so it
+  // steps kBK pixels a tile instead of dividing anew (divisions made the kernel issue-bound).
+  constexpr int kTracked = kVec ? kRowsB : 1;
+  int r_img[kTracked], r_oy[kTracked], r_ox[kTracked];
+#pragma unroll
+  for (int i = 0; i < kTracked; ++i) {
+    const int pix = first + b_row + i * kStepB, img = pix / plane, rest = pix - img * plane;
+    r_img[i] = img;
+    r_oy[i] = rest / p.ow;
+    r_ox[i] = rest - r_oy[i] * p.ow;
+  }
+
   auto load = [&](int stage, int base) {
     T* as = As + stage * kBK * LDA;
     T* bs = Bs + stage * kBK * LDB;
@@ -127,9 +141,18 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
       const int row = b_row + i * kStepB, pix = base + row;
       bool ok = b_ok && pix < last;
       int64_t at = 0;
+      int img, oy, ox;
+      if constexpr (kVec) {
+        img = r_img[i], oy = r_oy[i], ox = r_ox[i];
+        for (r_ox[i] += kBK; r_ox[i] >= p.ow; r_ox[i] -= p.ow)
+          if (++r_oy[i] == p.oh) r_oy[i] = 0, ++r_img[i];
+      } else {
+        img = pix / plane;
+        oy = (pix - img * plane) / p.ow;
+        ox = pix - img * plane - oy * p.ow;
+      }
       if (ok) {
-        const int img = pix / plane, rest = pix - img * plane;
-        const int oy = rest / p.ow, ih = oy * p.sh + b_h, iw = (rest - oy * p.ow) * p.sw + b_w;
+        const int ih = oy * p.sh + b_h, iw = ox * p.sw + b_w;
         ok = ih >= 0 && ih < p.h && iw >= 0 && iw < p.w;
         at = ((static_cast<int64_t>(img) * p.h + ih) * p.w + iw) * p.c + b_c;
       }
@@ -148,20 +171,7 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
   const int warp = tid / 32, wm = warp % WM, wn = warp / WM;
 
-  if constexpr (kVec) {
-    if (iters > 0) load(0, first);
-    cp_commit();
-  }
-  for (int it = 0; it < iters; ++it) {
-    const int stage = kVec ? it & 1 : 0;
-    if constexpr (kVec) {
-      if (it + 1 < iters) load(stage ^ 1, first + (it + 1) * kBK);
-      cp_commit();
-      cp_wait<1>();  // this tile's copies are done; the next tile's may still run
-    } else {
-      load(0, first + it * kBK);
-    }
-    __syncthreads();
+  auto multiply = [&](int stage) {
     const T* as = As + stage * kBK * LDA + wm * 32;
     const T* bs = Bs + stage * kBK * LDB + wn * 32;
 #pragma unroll
@@ -182,7 +192,30 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
     }
-    __syncthreads();  // the next iteration's copies overwrite the stage just read
+  };
+
+  if constexpr (kVec) {
+    // kStages - 1 tiles in flight ahead of the one multiplied.
+#pragma unroll
+    for (int t = 0; t < kStages - 1; ++t) {
+      if (t < iters) load(t, first + t * kBK);
+      cp_commit();
+    }
+    for (int it = 0; it < iters; ++it) {
+      cp_wait<kStages - 2>();  // tile `it` has landed
+      __syncthreads();         // for every thread, and every warp is done with tile it - 1
+      const int next = it + kStages - 1;
+      if (next < iters) load(next % kStages, first + next * kBK);  // into tile it - 1's stage
+      cp_commit();
+      multiply(it % kStages);
+    }
+  } else {
+    for (int it = 0; it < iters; ++it) {
+      load(0, first + it * kBK);
+      __syncthreads();
+      multiply(0);
+      __syncthreads();
+    }
   }
 
   float* out = p.partial + static_cast<int64_t>(blockIdx.y) * p.mp * p.np;
@@ -194,17 +227,31 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
                               acc[i][j], p.np, wmma::mem_row_major);
 }
 
-// dw[o][j] = the chunks' partials added in chunk order, rounded once.
+// dw[o][j] = the chunks' partials added in a fixed order, rounded once. A block takes
+// `outs` consecutive outputs (a warp's loads coalesce over them) and cuts the chunks into
+// blockDim.x / outs slices: slice t adds chunks t, t + slices, ... in order, then one
+// thread adds the slices' sums in order. No atomics: the same bits every run.
 template <class O>
 __global__ void wgrad_sum_kernel(const float* __restrict__ partial, O* __restrict__ dw, int k, int cols, int mp,
-                                 int np, int chunks) {
-  const int64_t total = static_cast<int64_t>(k) * cols, plane = static_cast<int64_t>(mp) * np;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t o = i / cols, j = i - o * cols;
-    const float* src = partial + o * np + j;
-    float sum = 0.f;
-    for (int c = 0; c < chunks; ++c) sum += src[c * plane];
-    dw[i] = from_float<O>(sum);
+                                 int np, int chunks, int outs) {
+  __shared__ float sums[256];
+  const int lane = static_cast<int>(threadIdx.x) % outs, slice = static_cast<int>(threadIdx.x) / outs;
+  const int slices = static_cast<int>(blockDim.x) / outs;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * outs + lane, total = static_cast<int64_t>(k) * cols;
+  const int64_t plane = static_cast<int64_t>(mp) * np;
+  float sum = 0.f;
+  if (i < total) {
+    const int64_t o = i / cols;
+    const float* src = partial + o * np + (i - o * cols);
+#pragma unroll 4
+    for (int c = slice; c < chunks; c += slices) sum += src[c * plane];
+  }
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  if (slice == 0 && i < total) {
+    float t = 0.f;
+    for (int s = 0; s < slices; ++s) t += sums[s * outs + lane];
+    dw[i] = from_float<O>(t);
   }
 }
 
@@ -286,18 +333,20 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
   p.pixels = static_cast<int>(pixels);
   p.cols = static_cast<int>(cols);
 
-  // Candidates: tile shapes that do not waste most of a tile on a small K, and about one,
-  // two or four blocks per multiprocessor.
+  // Candidates: tile shapes that do not waste most of a tile on a small K or few columns,
+  // and 2 to 16 blocks per multiprocessor: a block keeps one tile's copies in flight
+  // while it multiplies the previous one, and only many blocks together hide the
+  // memory's latency. A chunk spans at least four tiles of pixels.
   std::vector<WgradConfig> cands;
   const int64_t sms = std::max(a.ctx.sm_count, 1), tiles_total = ceil_div64(pixels, kBK);
   for (int wm : {1, 2}) {
-    if (wm == 2 && g.k <= 32) continue;
+    if (wm == 2 && g.k < 64) continue;
     for (int wn : {2, 4}) {
-      if (wn == 4 && cols <= 64) continue;
+      if (wn == 4 && cols < 128) continue;
       const int64_t tiles = ceil_div64(g.k, 32 * wm) * ceil_div64(cols, 32 * wn);
       int64_t last = -1;
-      for (int64_t per_sm : {1, 2, 4}) {
-        const int64_t want = std::clamp<int64_t>(ceil_div64(sms * per_sm, tiles), 1, tiles_total);
+      for (int64_t per_sm : {2, 4, 8, 16}) {
+        const int64_t want = std::clamp<int64_t>(ceil_div64(sms * per_sm, tiles), 1, std::max<int64_t>(tiles_total / 4, 1));
         const int64_t chunk = ceil_div64(tiles_total, want) * kBK;
         const int64_t chunks = ceil_div64(pixels, chunk);
         if (chunks == last) continue;
@@ -321,16 +370,18 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
     const Params q = params_of(cfg, nullptr);
     return static_cast<size_t>(cfg.chunks) * q.mp * q.np * sizeof(float);
   };
-  const int sum_blocks = static_cast<int>(blocks_for(g.k * cols, 256, static_cast<int>(grid_cap(a.ctx))));
+  const int64_t outputs = g.k * cols;
+  const int sum_outs = ceil_div64(outputs, 32) >= sms ? 32 : 8;
+  const auto sum_blocks = static_cast<unsigned>(ceil_div64(outputs, sum_outs));
   auto make = [&](const WgradConfig& cfg) -> Launch {
     Context* ctx = &a.ctx;
-    return [ctx, cfg, vec, dt, out_dt, dw, sum_blocks, q = params_of(cfg, nullptr)](cudaStream_t st) {
+    return [ctx, cfg, vec, dt, out_dt, dw, sum_blocks, sum_outs, q = params_of(cfg, nullptr)](cudaStream_t st) {
       Params r = q;
       r.partial = static_cast<float*>(ctx->workspace());
       dispatch_storage(dt, "conv2d_grad_weight", [&]<class T>() { launch_config<T>(cfg, vec, r, st); });
       dispatch_storage(out_dt, "conv2d_grad_weight", [&]<class O>() {
         wgrad_sum_kernel<O><<<sum_blocks, 256, 0, st>>>(r.partial, static_cast<O*>(dw), r.k, r.cols, r.mp, r.np,
-                                                       static_cast<int>(cfg.chunks));
+                                                       static_cast<int>(cfg.chunks), sum_outs);
         SEAM_CUDA_LAUNCH_CHECK();
       });
     };

@@ -6,7 +6,7 @@
 // terms; cuDNN's engines for it run at a tenth of the tensor cores' rate (docs/perf.md).
 // Here the sum is cut into chunks of pixels, one block of warps per (output tile, chunk):
 // each block gathers its x rows (implicit im2col, zeros for padding) and dy rows into
-// shared memory, double-buffered with cp.async, multiplies them on the tensor cores (WMMA:
+// shared memory, three tiles deep with cp.async, multiplies them on the tensor cores (WMMA:
 // TF32 for f32 data, bf16 / f16 with f32 accumulation), and stores its partial tile; a
 // second kernel adds the chunks' partials in chunk order and rounds once into dw (of the
 // operands' dtype, or f32 from 16-bit operands). No atomics: a step repeats its bits.
