@@ -480,8 +480,10 @@ std::optional<OwnWgrad> own_wgrad(const StepArgs& a, const ConvKey& key, void* x
   for (int i = 0; i < 2; ++i) g.stride[i] = key.stride[i], g.pad[i] = key.pad[i], g.dil[i] = key.dil[i];
   OwnWgrad o;
   std::string why;
+  const size_t before = a.ctx.workspace_need();
   std::optional<Launch> l = prepare_own_wgrad(a, g, a.in[0].dtype(), a.out[0].dtype(), x, dy, a.out[0].data, &o.ms,
                                               &o.workspace, &o.chose, &why);
+  a.ctx.set_workspace_need(before);  // the candidates' partials; own_wins asks for the pick's
   if (!l) {
     a.ctx.choices.emplace_back(a.index, "conv2d_grad_weight: not seam's kernel (" + why + ")");
     return std::nullopt;

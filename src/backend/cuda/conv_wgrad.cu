@@ -80,9 +80,10 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
   constexpr int LDA = BM + kPad<T>, LDB = BN + kPad<T>;
   // A thread copies one column vector of each tile, in rows spaced kThreads / (width / V)
   // apart, so its column (and so its tap and channel) is fixed for the whole chunk.
-  constexpr int kStepA = kThreads / (BM / V), kRowsA = kBK / kStepA;
+  // (A's tile may have fewer vectors than the block has threads: the rest copy none.)
+  constexpr int kStepA = kThreads / (BM / V), kRowsA = (kBK + kStepA - 1) / kStepA;
   constexpr int kStepB = kThreads / (BN / V), kRowsB = kBK / kStepB;
-  static_assert(kThreads % (BM / V) == 0 && kBK % kStepA == 0, "A's copies must tile it");
+  static_assert(kThreads % (BM / V) == 0, "a thread's A column must stay fixed");
   static_assert(kThreads % (BN / V) == 0 && kBK % kStepB == 0, "B's copies must tile it");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
 #pragma unroll
     for (int i = 0; i < kRowsA; ++i) {
       const int row = a_row + i * kStepA, pix = base + row;
+      if (kBK % kStepA != 0 && row >= kBK) break;
       const bool ok = a_ok && pix < last;
       const T* src = dy + (ok ? static_cast<int64_t>(pix) * p.k + a_col : 0);
       T* dst = as + row * LDA + (a_col - m0);
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
       }
       const T* src = x + (ok ? at : 0);
       T* dst = bs + row * LDB + (b_col - n0);
-      if constexpr (kVec) cp16(dst, src, ok);
+      if constexpr (kVec) cp16_l1(dst, src, ok);
       else *dst = ok ? *src : from_float<T>(0.f);
     }
   };
@@ -277,8 +279,10 @@ void launch_config(const WgradConfig& cfg, bool vec, const Params& p, cudaStream
   };
   if (cfg.wm == 1 && cfg.wn == 2) pick.template operator()<1, 2>();
   else if (cfg.wm == 1 && cfg.wn == 4) pick.template operator()<1, 4>();
+  else if (cfg.wm == 1 && cfg.wn == 9) pick.template operator()<1, 9>();
   else if (cfg.wm == 2 && cfg.wn == 2) pick.template operator()<2, 2>();
   else if (cfg.wm == 2 && cfg.wn == 4) pick.template operator()<2, 4>();
+  else if (cfg.wm == 2 && cfg.wn == 9) pick.template operator()<2, 9>();
   else fail("conv2d_grad_weight: no kernel for tiles of ", 32 * cfg.wm, " x ", 32 * cfg.wn);
 }
 
@@ -334,18 +338,20 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
   p.cols = static_cast<int>(cols);
 
   // Candidates: tile shapes that do not waste most of a tile on a small K or few columns,
-  // and 2 to 16 blocks per multiprocessor: a block keeps one tile's copies in flight
-  // while it multiplies the previous one, and only many blocks together hide the
-  // memory's latency. A chunk spans at least four tiles of pixels.
+  // and 1 to 16 blocks per multiprocessor: a block keeps two tiles' copies in flight while
+  // it multiplies a third, and only many blocks together hide the memory's latency. The
+  // widest tiles (288 columns: the nine taps of 32 channels) read the taps' shifted rows
+  // of x within one block, through L1, where narrower ones read each tap's rows from L2
+  // in blocks of their own. A chunk spans at least four tiles of pixels.
   std::vector<WgradConfig> cands;
   const int64_t sms = std::max(a.ctx.sm_count, 1), tiles_total = ceil_div64(pixels, kBK);
   for (int wm : {1, 2}) {
     if (wm == 2 && g.k < 64) continue;
-    for (int wn : {2, 4}) {
-      if (wn == 4 && cols < 128) continue;
+    for (int wn : {2, 4, 9}) {
+      if ((wn == 4 && cols < 128) || (wn == 9 && cols < 256)) continue;
       const int64_t tiles = ceil_div64(g.k, 32 * wm) * ceil_div64(cols, 32 * wn);
       int64_t last = -1;
-      for (int64_t per_sm : {2, 4, 8, 16}) {
+      for (int64_t per_sm : {1, 2, 4, 8, 16}) {
         const int64_t want = std::clamp<int64_t>(ceil_div64(sms * per_sm, tiles), 1, std::max<int64_t>(tiles_total / 4, 1));
         const int64_t chunk = ceil_div64(tiles_total, want) * kBK;
         const int64_t chunks = ceil_div64(pixels, chunk);
@@ -386,6 +392,14 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
       });
     };
   };
+
+  // Partials that outweigh the operands cost more traffic than the gather they spread.
+  const size_t operand_bytes = static_cast<size_t>(pixels * g.k + x_elems) * dtype_size(dt);
+  std::vector<WgradConfig> light;
+  for (const WgradConfig& cfg : cands)
+    if (partial_bytes(cfg) <= operand_bytes) light.push_back(cfg);
+  if (!light.empty()) cands = std::move(light);
+  else cands.resize(1);
 
   size_t best_bytes = 0;
   float best_ms = -1;

@@ -92,6 +92,7 @@ class Context {
   // The step being prepared needs `bytes` and no more: it asked for more while it timed
   // candidates that were not chosen.
   void set_workspace_need(size_t bytes);
+  size_t workspace_need() const;  // the step being prepared's, so far
   void* workspace() const { return lane_workspace_[static_cast<size_t>(lane_)]; }
   size_t workspace_size() const { return lane_workspace_size_[static_cast<size_t>(lane_)]; }
   void set_preparing_step(int step) { preparing_ = step; }

@@ -102,6 +102,11 @@ void Context::set_workspace_need(size_t bytes) {
   need_workspace(bytes);
 }
 
+size_t Context::workspace_need() const {
+  SEAM_ASSERT(preparing_ >= 0);
+  return static_cast<size_t>(preparing_) < step_need_.size() ? step_need_[static_cast<size_t>(preparing_)] : 0;
+}
+
 Launch prepare_as_step(const StepArgs& a, Op op, Attrs attrs, std::vector<DeviceTensor> in,
                        std::vector<DeviceTensor> out) {
   PlanStep s{op, std::move(attrs), {}, {}, a.step.name, 0};
