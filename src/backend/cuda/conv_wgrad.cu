@@ -361,7 +361,8 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
       }
     }
   }
-  if (a.ctx.deterministic || wgrad_policy() == WgradPolicy::own) cands.resize(1);
+  const bool fixed = a.ctx.deterministic || wgrad_policy() == WgradPolicy::own;  // a rule's pick, not a timing's
+  if (fixed) cands.resize(1);
 
   auto params_of = [&](const WgradConfig& cfg, void* partial) {
     Params q = p;
@@ -408,12 +409,12 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
   for (const WgradConfig& cfg : cands) {
     a.ctx.need_workspace(partial_bytes(cfg));
     Launch l = make(cfg);
-    const float t = cands.size() == 1 ? 0.f : time_in_graph(
-                                                  [&](cudaStream_t st) {
-                                                    l(st);
-                                                    return true;
-                                                  },
-                                                  a.ctx.stream);
+    const float t = fixed ? 0.f : time_in_graph(
+                                      [&](cudaStream_t st) {
+                                        l(st);
+                                        return true;
+                                      },
+                                      a.ctx.stream);
     char line[96];
     std::snprintf(line, sizeof line, "%s%s %.1f us", tried.empty() ? "" : ", ", cfg.str().c_str(), t * 1e3);
     tried += line;

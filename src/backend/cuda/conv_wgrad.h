@@ -42,7 +42,8 @@ enum class WgradPolicy { automatic, own, cudnn };
 WgradPolicy wgrad_policy();
 
 // The fastest configuration's launch (timed in a graph on the step's buffers: *ms its time
-// per run, 0 where there was one candidate; *chose what was tried and taken), or nothing
+// per run; untimed, *ms 0, where the pick is a rule's: deterministic mode or
+// SEAM_CONV_WGRAD=own; *chose what was tried and taken), or nothing
 // where the kernel does not apply (*why says why). Operands: x and dy in `dt` (f32
 // computes in TF32), dw in `dt` or f32. The chunks' partial tiles live in the context's
 // workspace: *workspace bytes of it (already asked for).
