@@ -6,9 +6,10 @@
 // 32 * WM rows (o) by 32 * WN columns (j) and one chunk of pixels; each warp a 32 x 32
 // part of the tile as 2 x 2 WMMA fragments. Tiles of BK = 32 pixels are staged in shared
 // memory as As[p][o] (the fragments' column-major A) and Bs[p][j] (row-major B), three
-// stages deep: cp.async fills the next two while the warps multiply the current. Where C,
-// K and the pointers allow 16-byte copies (kVec) a thread copies 16 bytes of one row;
-// otherwise it loads element by element into one stage (a 3-channel stem, say).
+// stages deep: cp.async fills the next two while the warps multiply the current. Where K
+// and dy's pointer allow (kVecA), dy moves in 16-byte copies, and x too where C and its
+// pointer allow (kVecB); otherwise element by element (a 3-channel stem's x, say), which
+// lands in the stage at once.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -73,22 +74,28 @@ constexpr int smem_bytes() {
   return kStages * kBK * ((32 * WM + kPad<T>) + (32 * WN + kPad<T>)) * static_cast<int>(sizeof(T));
 }
 
-template <class T, int WM, int WN, bool kVec>
+template <class T, int WM, int WN, bool kVecA, bool kVecB>
 __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
   constexpr int BM = 32 * WM, BN = 32 * WN, kThreads = 32 * WM * WN;
-  constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;  // elements a copy moves
+  constexpr int kWide = 16 / static_cast<int>(sizeof(T));
+  constexpr int VA = kVecA ? kWide : 1, VB = kVecB ? kWide : 1;  // elements a copy moves
   constexpr int LDA = BM + kPad<T>, LDB = BN + kPad<T>;
   // A thread copies one column vector of each tile, in rows spaced kThreads / (width / V)
   // apart, so its column (and so its tap and channel) is fixed for the whole chunk.
   // (A's tile may have fewer vectors than the block has threads: the rest copy none.)
-  constexpr int kStepA = kThreads / (BM / V), kRowsA = (kBK + kStepA - 1) / kStepA;
-  constexpr int kStepB = kThreads / (BN / V), kRowsB = kBK / kStepB;
-  static_assert(kThreads % (BM / V) == 0, "a thread's A column must stay fixed");
-  static_assert(kThreads % (BN / V) == 0 && kBK % kStepB == 0, "B's copies must tile it");
+  // B's element-wise copies go the other way: a thread keeps one row (pixel) and walks
+  // the columns, whose taps and channels a table in shared memory holds.
+  constexpr int kStepA = kThreads / (BM / VA), kRowsA = (kBK + kStepA - 1) / kStepA;
+  constexpr int kStepB = kThreads / (BN / VB), kRowsB = kVecB ? kBK / kStepB : 1;
+  constexpr int kColsB = kVecB ? 1 : BN / (kThreads / kBK);
+  static_assert(kThreads % (BM / VA) == 0, "a thread's A column must stay fixed");
+  static_assert(!kVecB || (kThreads % (BN / VB) == 0 && kBK % kStepB == 0), "B's copies must tile it");
+  static_assert(kThreads % kBK == 0 && BN % (kThreads / kBK) == 0, "B's element-wise copies must tile it");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* As = reinterpret_cast<T*>(smem_raw);  // [kStages][kBK][LDA]
   T* Bs = As + kStages * kBK * LDA;        // [kStages][kBK][LDB]
+  __shared__ int col_tab[kVecB ? 1 : 3][kVecB ? 1 : BN];  // channel (-1: no column), tap row, tap column
 
   const int tid = static_cast<int>(threadIdx.x);
   const int m0 = static_cast<int>(blockIdx.x) % p.tiles_m * BM;
@@ -99,26 +106,37 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
   const T* x = static_cast<const T*>(p.x);
   const T* dy = static_cast<const T*>(p.dy);
 
-  const int a_col = m0 + tid % (BM / V) * V, a_row = tid / (BM / V);
+  const int a_col = m0 + tid % (BM / VA) * VA, a_row = tid / (BM / VA);
   const bool a_ok = a_col < p.k;
-  const int b_col = n0 + tid % (BN / V) * V, b_row = tid / (BN / V);
-  const bool b_ok = b_col < p.cols;
-  int b_c = 0, b_h = 0, b_w = 0;  // the column's channel and tap offsets
-  if (b_ok) {
-    b_c = b_col % p.c;
-    const int tap = b_col / p.c;
-    b_h = tap / p.s * p.dh - p.ph;
-    b_w = tap % p.s * p.dw - p.pw;
+  // kVecB: this thread's column; otherwise its row and first column.
+  const int b_col = kVecB ? n0 + tid % (BN / VB) * VB : tid / kBK;
+  const int b_row = kVecB ? tid / (BN / VB) : tid % kBK;
+  auto tap_of = [&](int col, int& c, int& h, int& w) {  // column -> channel, tap offsets
+    c = col % p.c;
+    const int tap = col / p.c;
+    h = tap / p.s * p.dh - p.ph;
+    w = tap % p.s * p.dw - p.pw;
+  };
+  const bool b_ok = !kVecB || b_col < p.cols;
+  int b_c = 0, b_h = 0, b_w = 0;
+  if constexpr (kVecB) {
+    if (b_ok) tap_of(b_col, b_c, b_h, b_w);
+  } else {
+    for (int j = tid; j < BN; j += kThreads) {
+      int c = -1, h = 0, w = 0;
+      if (n0 + j < p.cols) tap_of(n0 + j, c, h, w);
+      col_tab[0][j] = c, col_tab[1][j] = h, col_tab[2][j] = w;
+    }
+    __syncthreads();
   }
   const int plane = p.oh * p.ow;
 
-  // With 16-byte copies (a few rows a thread), the output pixel of each of this thread's
-  // B rows in the next tile to load, as (image, row, column): tiles load in order, so it
-  // steps kBK pixels a tile instead of dividing anew (divisions made the kernel issue-bound).
-  constexpr int kTracked = kVec ? kRowsB : 1;
-  int r_img[kTracked], r_oy[kTracked], r_ox[kTracked];
+  // The output pixel of each of this thread's B rows in the next tile to load, as
+  // (image, row, column): tiles load in order, so it steps kBK pixels a tile instead of
+  // dividing anew (divisions made the kernel issue-bound).
+  int r_img[kRowsB], r_oy[kRowsB], r_ox[kRowsB];
 #pragma unroll
-  for (int i = 0; i < kTracked; ++i) {
+  for (int i = 0; i < kRowsB; ++i) {
     const int pix = first + b_row + i * kStepB, img = pix / plane, rest = pix - img * plane;
     r_img[i] = img;
     r_oy[i] = rest / p.ow;
@@ -135,33 +153,31 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
       const bool ok = a_ok && pix < last;
       const T* src = dy + (ok ? static_cast<int64_t>(pix) * p.k + a_col : 0);
       T* dst = as + row * LDA + (a_col - m0);
-      if constexpr (kVec) cp16(dst, src, ok);
+      if constexpr (kVecA) cp16(dst, src, ok);
       else *dst = ok ? *src : from_float<T>(0.f);
     }
 #pragma unroll
     for (int i = 0; i < kRowsB; ++i) {
       const int row = b_row + i * kStepB, pix = base + row;
-      bool ok = b_ok && pix < last;
-      int64_t at = 0;
-      int img, oy, ox;
-      if constexpr (kVec) {
-        img = r_img[i], oy = r_oy[i], ox = r_ox[i];
-        for (r_ox[i] += kBK; r_ox[i] >= p.ow; r_ox[i] -= p.ow)
-          if (++r_oy[i] == p.oh) r_oy[i] = 0, ++r_img[i];
+      const int img = r_img[i], oy = r_oy[i], ox = r_ox[i];
+      for (r_ox[i] += kBK; r_ox[i] >= p.ow; r_ox[i] -= p.ow)
+        if (++r_oy[i] == p.oh) r_oy[i] = 0, ++r_img[i];
+      const int ih0 = oy * p.sh, iw0 = ox * p.sw;
+      const int64_t img_at = static_cast<int64_t>(img) * p.h;
+      if constexpr (kVecB) {
+        const int ih = ih0 + b_h, iw = iw0 + b_w;
+        const bool ok = b_ok && pix < last && ih >= 0 && ih < p.h && iw >= 0 && iw < p.w;
+        const T* src = x + (ok ? ((img_at + ih) * p.w + iw) * p.c + b_c : 0);
+        cp16_l1(bs + row * LDB + (b_col - n0), src, ok);
       } else {
-        img = pix / plane;
-        oy = (pix - img * plane) / p.ow;
-        ox = pix - img * plane - oy * p.ow;
+#pragma unroll 4
+        for (int j = 0; j < kColsB; ++j) {
+          const int col = b_col + j * (kThreads / kBK), c = col_tab[0][col];
+          const int ih = ih0 + col_tab[1][col], iw = iw0 + col_tab[2][col];
+          const bool ok = c >= 0 && pix < last && ih >= 0 && ih < p.h && iw >= 0 && iw < p.w;
+          bs[row * LDB + col] = ok ? x[((img_at + ih) * p.w + iw) * p.c + c] : from_float<T>(0.f);
+        }
       }
-      if (ok) {
-        const int ih = oy * p.sh + b_h, iw = ox * p.sw + b_w;
-        ok = ih >= 0 && ih < p.h && iw >= 0 && iw < p.w;
-        at = ((static_cast<int64_t>(img) * p.h + ih) * p.w + iw) * p.c + b_c;
-      }
-      const T* src = x + (ok ? at : 0);
-      T* dst = bs + row * LDB + (b_col - n0);
-      if constexpr (kVec) cp16_l1(dst, src, ok);
-      else *dst = ok ? *src : from_float<T>(0.f);
     }
   };
 
@@ -196,8 +212,9 @@ __global__ void __launch_bounds__(32 * WM * WN) wgrad_kernel(Params p) {
     }
   };
 
-  if constexpr (kVec) {
-    // kStages - 1 tiles in flight ahead of the one multiplied.
+  if constexpr (kVecA || kVecB) {
+    // kStages - 1 tiles in flight ahead of the one multiplied (element-wise copies land
+    // at once, into a stage no warp reads until the barrier that follows them).
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
       if (t < iters) load(t, first + t * kBK);
@@ -257,25 +274,28 @@ __global__ void wgrad_sum_kernel(const float* __restrict__ partial, O* __restric
   }
 }
 
-template <class T, int WM, int WN, bool kVec>
+template <class T, int WM, int WN, bool kVecA, bool kVecB>
 void launch_wgrad(const Params& p, int chunks, cudaStream_t st) {
   constexpr int bytes = smem_bytes<T, WM, WN>();
   static const bool attr = [] {  // above 48 KB a kernel must ask for its shared memory
-    SEAM_CUDA_CHECK(cudaFuncSetAttribute(wgrad_kernel<T, WM, WN, kVec>,
+    SEAM_CUDA_CHECK(cudaFuncSetAttribute(wgrad_kernel<T, WM, WN, kVecA, kVecB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return true;
   }();
   (void)attr;
   const dim3 grid(static_cast<unsigned>(p.tiles_m * (p.np / (32 * WN))), static_cast<unsigned>(chunks));
-  wgrad_kernel<T, WM, WN, kVec><<<grid, 32 * WM * WN, bytes, st>>>(p);
+  wgrad_kernel<T, WM, WN, kVecA, kVecB><<<grid, 32 * WM * WN, bytes, st>>>(p);
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
+// vec_a: dy in 16-byte copies; vec_b: x too (only with vec_a: the other mix is rare).
 template <class T>
-void launch_config(const WgradConfig& cfg, bool vec, const Params& p, cudaStream_t st) {
+void launch_config(const WgradConfig& cfg, bool vec_a, bool vec_b, const Params& p, cudaStream_t st) {
   auto pick = [&]<int WM, int WN>() {
-    if (vec) launch_wgrad<T, WM, WN, true>(p, static_cast<int>(cfg.chunks), st);
-    else launch_wgrad<T, WM, WN, false>(p, static_cast<int>(cfg.chunks), st);
+    const int chunks = static_cast<int>(cfg.chunks);
+    if (vec_a && vec_b) launch_wgrad<T, WM, WN, true, true>(p, chunks, st);
+    else if (vec_a) launch_wgrad<T, WM, WN, true, false>(p, chunks, st);
+    else launch_wgrad<T, WM, WN, false, false>(p, chunks, st);
   };
   if (cfg.wm == 1 && cfg.wn == 2) pick.template operator()<1, 2>();
   else if (cfg.wm == 1 && cfg.wn == 4) pick.template operator()<1, 4>();
@@ -323,7 +343,8 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
   }
   const int vec_elems = 16 / static_cast<int>(dtype_size(dt));
   auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const bool vec = g.c % vec_elems == 0 && g.k % vec_elems == 0 && aligned(x) && aligned(dy);
+  const bool vec_a = g.k % vec_elems == 0 && aligned(dy);
+  const bool vec_b = vec_a && g.c % vec_elems == 0 && aligned(x);
 
   Params p{};
   p.x = x;
@@ -382,10 +403,10 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
   const auto sum_blocks = static_cast<unsigned>(ceil_div64(outputs, sum_outs));
   auto make = [&](const WgradConfig& cfg) -> Launch {
     Context* ctx = &a.ctx;
-    return [ctx, cfg, vec, dt, out_dt, dw, sum_blocks, sum_outs, q = params_of(cfg, nullptr)](cudaStream_t st) {
+    return [ctx, cfg, vec_a, vec_b, dt, out_dt, dw, sum_blocks, sum_outs, q = params_of(cfg, nullptr)](cudaStream_t st) {
       Params r = q;
       r.partial = static_cast<float*>(ctx->workspace());
-      dispatch_storage(dt, "conv2d_grad_weight", [&]<class T>() { launch_config<T>(cfg, vec, r, st); });
+      dispatch_storage(dt, "conv2d_grad_weight", [&]<class T>() { launch_config<T>(cfg, vec_a, vec_b, r, st); });
       dispatch_storage(out_dt, "conv2d_grad_weight", [&]<class O>() {
         wgrad_sum_kernel<O><<<sum_blocks, 256, 0, st>>>(r.partial, static_cast<O*>(dw), r.k, r.cols, r.mp, r.np,
                                                        static_cast<int>(cfg.chunks), sum_outs);
@@ -430,7 +451,8 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
   }
   if (ms) *ms = best_ms;
   *workspace = best_bytes;
-  *chose = "seam's kernel (" + std::string(vec ? "16-byte" : "scalar") + " copies; " + tried + "): " + best.str();
+  const char* copies = vec_b ? "16-byte copies" : vec_a ? "16-byte copies of dy, scalar of x" : "scalar copies";
+  *chose = "seam's kernel (" + std::string(copies) + "; " + tried + "): " + best.str();
   return make(best);
 }
 
