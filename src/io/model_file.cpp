@@ -43,18 +43,28 @@ void check_keys(const json& obj, const std::vector<std::string>& allowed, const 
     if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) unknown(where, "key", k, allowed);
 }
 
-// An integer setting must be written as one: the JSON library would truncate 1.5 to 1,
-// turn -1 into 2^64 - 1 for an unsigned one, and convert 1e55 with undefined behaviour.
+// An integer setting (or list of them) must be written as integers: the JSON library
+// would truncate 1.5 to 1, turn -1 into 2^64 - 1 for an unsigned one, and convert 1e55
+// with undefined behaviour.
 template <class T>
-T get(const json& obj, const std::string& key, T def, const std::string& where) {
-  if (!obj.contains(key)) return def;
-  const json& v = obj.at(key);
+void expect_integers(const json& v, const std::string& key, const std::string& where) {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     const bool fits = std::is_unsigned_v<T> ? v.is_number_unsigned() : v.is_number_integer();
     if (!fits)
       fail(where, ": '", key, "' must be ", std::is_unsigned_v<T> ? "a non-negative integer" : "an integer", ", got ",
            v.dump());
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    if (!v.is_array()) fail(where, ": '", key, "' must be a list of integers, got ", v.dump());
+    for (const json& e : v)
+      if (!e.is_number_integer()) fail(where, ": '", key, "' must be a list of integers, got ", v.dump());
   }
+}
+
+template <class T>
+T get(const json& obj, const std::string& key, T def, const std::string& where) {
+  if (!obj.contains(key)) return def;
+  const json& v = obj.at(key);
+  expect_integers<T>(v, key, where);
   try {
     return v.get<T>();
   } catch (const json::exception&) {
