@@ -590,6 +590,7 @@ void split_op(NodeCtx& c) {
   std::vector<int64_t> sizes = c.opset() >= 13 ? (c.has(1) ? c.const_in(1, "split").ints() : std::vector<int64_t>{})
                                                : c.ints("split");
   const auto parts = static_cast<int64_t>(c.outputs());
+  if (parts < 1) c.fail("no outputs to split into");
   if (sizes.empty()) {
     if (c.opset() >= 18 && c.has_attr("num_outputs")) {  // parts of ceil(n / parts), the last the rest
       if (c.i("num_outputs", 0) != parts) c.fail("num_outputs ", c.i("num_outputs", 0), " for ", parts, " outputs");
