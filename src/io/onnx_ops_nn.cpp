@@ -73,6 +73,7 @@ Var per_channel(NodeCtx& c, Var v, int64_t x_rank) {
 
 // Running statistics are state values: frozen whatever OnnxOptions::freeze says.
 Var running_stat(NodeCtx& c, size_t i) {
+  if (!c.has(i)) c.fail("input ", i, " (a running statistic) is missing");
   const std::string& name = c.node.input(static_cast<int>(i));
   if (!c.imp.vars.count(name)) c.imp.initializers.erase(name);
   return c.in(i);
