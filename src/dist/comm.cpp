@@ -16,7 +16,6 @@ namespace seam::dist {
 
 namespace {
 
-
 class Single final : public Comm {
  public:
   int rank() const override { return 0; }
