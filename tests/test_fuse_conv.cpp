@@ -1,6 +1,6 @@
-// Convolution + ReLU fusion (src/passes/fuse_conv.cpp): conv2d with activation relu and
-// conv2d_grad_input masked by relu's output, against finite differences and against the
-// unfused plan, in both layouts.
+// Convolution + ReLU fusion (src/passes/fuse_conv.cpp): conv2d with activation relu,
+// conv2d_grad_input masked by relu's output or adding a value's other gradient, against
+// finite differences and against the unfused plan, in both layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,6 +70,80 @@ TEST(FuseConv, TheMaskNeedsReluAndRsShape) {
             std::string::npos);
   EXPECT_NE(error_of({dy.id(), w.id()}, "gelu").find("activation must be \"none\" or \"relu\""), std::string::npos);
   EXPECT_EQ(error_of({dy.id(), w.id(), g.input("r", {2, 3, 5, 4}).id()}, "relu"), "no error");
+}
+
+// The input gradient with residual 1 is the plain one plus z, bit for bit.
+TEST(FuseConv, InputGradientWithAResidualIsThePlainOnePlusZ) {
+  for (bool pointwise : {false, true}) {
+    SCOPED_TRACE(pointwise ? "1x1" : "3x3");
+    Graph g;
+    Var dy = g.input("dy", {2, 4, 5, 4});
+    Var w = g.input("w", pointwise ? Shape{4, 3, 1, 1} : Shape{4, 3, 3, 3});
+    Var z = g.input("z", {2, 3, 5, 4});
+    const Attrs geometry{{"padding", std::vector<int64_t>{pointwise ? 0 : 1, pointwise ? 0 : 1}},
+                         {"shape", std::vector<int64_t>{2, 3, 5, 4}}};
+    Attrs summed_attrs = geometry;
+    summed_attrs.set("residual", int64_t{1});
+    Var plain = add(g.add1(Op::conv2d_grad_input, {dy.id(), w.id()}, geometry), z);
+    Var summed = g.add1(Op::conv2d_grad_input, {dy.id(), w.id(), z.id()}, summed_attrs);
+    Model m(g, {.seed = 1});
+    Program p = m.compile({.mode = Mode::eval, .outputs = {plain.id(), summed.id()}, .fuse = false});
+    p.set_input("dy", std::span<const float>(random_floats(2 * 4 * 5 * 4, 1)));
+    p.set_input("w", std::span<const float>(random_floats(static_cast<size_t>(numel(w.shape())), 2)));
+    p.set_input("z", std::span<const float>(random_floats(2 * 3 * 5 * 4, 3)));
+    p.run();
+    EXPECT_EQ(p.read_as<float>(plain.name()), p.read_as<float>(summed.name()));
+  }
+}
+
+TEST(FuseConv, AResidualNeedsZOfXsShapeAndNoMask) {
+  Graph g;
+  Var dy = g.input("dy", {2, 4, 5, 4});
+  Var w = g.input("w", {4, 3, 3, 3});
+  Var z = g.input("z", {2, 3, 5, 4});
+  auto error_of = [&](std::vector<ValueId> in, const std::string& act, int64_t residual) {
+    try {
+      g.add(Op::conv2d_grad_input, in,
+            {{"padding", std::vector<int64_t>{1, 1}},
+             {"shape", std::vector<int64_t>{2, 3, 5, 4}},
+             {"activation", act},
+             {"residual", residual}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({dy.id(), w.id()}, "none", 1).find("z is given with residual 1, and only then"),
+            std::string::npos);
+  EXPECT_NE(error_of({dy.id(), w.id(), z.id()}, "none", 0).find("r is given with activation relu, and only then"),
+            std::string::npos);
+  EXPECT_NE(error_of({dy.id(), w.id(), z.id()}, "relu", 1).find("relu's mask and a residual z are not taken together"),
+            std::string::npos);
+  EXPECT_NE(error_of({dy.id(), w.id(), g.input("small", {2, 3, 5, 3}).id()}, "none", 1).find("z has shape [2,3,5,3]"),
+            std::string::npos);
+  EXPECT_NE(error_of({dy.id(), w.id(), z.id()}, "none", 2).find("residual must be 0 or 1, got 2"), std::string::npos);
+  EXPECT_EQ(error_of({dy.id(), w.id(), z.id()}, "none", 1), "no error");
+}
+
+// LayoutNet's max pool output is read by a convolution and a residual block's shortcut,
+// and its first block's output by two convolutions (a 3x3 and a 1x1 shortcut, both of
+// stride 2): each of the two gradient sums is one input gradient with residual 1, and
+// the plan trains as the unfused one.
+TEST(FuseConv, AValuesTwoGradientsAreSummedByTheInputGradient) {
+  for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc}) {
+    SCOPED_TRACE(layout == LayoutPolicy::nhwc ? "nhwc" : "nchw");
+    LayoutNet net;
+    FusedAndPlain m(net.g, net.loss, 4, layout, /*fuse_elementwise=*/false);
+    int summed = 0;
+    for (const PlanStep& st : m.fused.plan().steps)
+      summed += st.op == Op::conv2d_grad_input && st.attrs.i("residual") == 1;
+    EXPECT_EQ(summed, 2);
+    const std::string text = explain_plan(m.fused.plan(), m.fused.plan(), DeviceModel{}, false);
+    EXPECT_NE(text.find("fused: the value's other gradient added to the input gradient before it is stored"),
+              std::string::npos)
+        << text;
+    m.train(net);
+  }
 }
 
 // conv -> relu -> conv -> relu -> pool -> linear, no batch norm: both convolutions take

@@ -2,6 +2,8 @@
 // gradients are separate ops so that a first layer's input gradient is never computed.
 // `activation` relu (fuse_conv_activations): conv2d applies relu to its result, and
 // conv2d_grad_input masks its result by r > 0 (r, the relu output the convolution read).
+// conv2d_grad_input with `residual` 1 adds z, another gradient of the same x, to its
+// result: the sum of x's gradients when x is read twice (a residual block's input).
 #include "ops/geometry.h"
 #include "ops/layout.h"
 #include "ops/registry.h"
@@ -108,7 +110,7 @@ void register_conv(OpTable& t) {
     d.name = op_name(op);
     bool input = op == Op::conv2d_grad_input;
     d.inputs = {"dy", input ? "w" : "x"};
-    if (input) d.inputs.push_back("r?");
+    if (input) d.inputs.push_back("r_or_z?");  // r with activation relu, z with residual 1
     d.outputs = {input ? "dx" : "dw"};
     d.attrs = conv_attrs();
     d.attrs.push_back({"shape", std::vector<int64_t>{}, true});
@@ -116,15 +118,25 @@ void register_conv(OpTable& t) {
     // master weight's gradient without a cast kernel).
     if (!input) d.attrs.push_back({"dtype", std::string()});
     // The input gradient may absorb relu's derivative: dx masked by r > 0.
+    // Or take z, another gradient of x, into its sum (not both: the fusion pass makes one).
     if (input) d.attrs.push_back({"activation", std::string("none")});
+    if (input) d.attrs.push_back({"residual", int64_t{0}});
     d.doc = input ? "gradient of conv2d with respect to x; activation relu: masked by r > 0, the gradient of the "
-                    "pre-activation whose relu r is x"
+                    "pre-activation whose relu r is x; residual 1: plus z (x's other gradient)"
                   : "gradient of conv2d with respect to w, in `dtype` (\"\": x's; f32 for 16-bit x)";
     d.infer = [input](const InferCtx& c) {
       c.expect_same_dtype();
       const Shape& s = c.attrs.ints("shape");
-      if (input && expect_activation(c) != (c.n() == 3)) c.fail("r is given with activation relu, and only then");
-      if (input && c.n() == 3 && c.shape(2) != s) c.fail("r has shape ", shape_str(c.shape(2)), ", x ", shape_str(s));
+      if (input) {
+        const bool relu = expect_activation(c);
+        const int64_t residual = c.attrs.i("residual");
+        if (residual != 0 && residual != 1) c.fail("residual must be 0 or 1, got ", residual);
+        if (relu && residual) c.fail("relu's mask and a residual z are not taken together");
+        if (relu != (c.n() == 3 && !residual)) c.fail("r is given with activation relu, and only then");
+        if (residual && c.n() != 3) c.fail("z is given with residual 1, and only then");
+        if (c.n() == 3 && c.shape(2) != s)
+          c.fail(relu ? "r" : "z", " has shape ", shape_str(c.shape(2)), ", x ", shape_str(s));
+      }
       Shape y = input ? conv_out_shape(c, s, c.shape(1)) : conv_out_shape(c, c.shape(1), s);
       if (y != c.shape(0)) c.fail("dy has shape ", shape_str(c.shape(0)), ", the convolution gives ", shape_str(y));
       return std::vector<TensorType>{{input ? c.type(0).dtype : c.result_dtype(c.type(0).dtype), s}};
@@ -137,13 +149,13 @@ void register_conv(OpTable& t) {
     // w's conv2d_grad_weight(dy, g).
     if (input)
       d.grad = [](GradCtx& c) {
-        if (c.attrs().s("activation") != "none")
-          fail("conv2d_grad_input node '", c.node.name, "' with relu's mask is not differentiated (it is made by a "
-               "fusion pass, after the gradients)");
+        if (c.attrs().s("activation") != "none" || c.attrs().i("residual") != 0)
+          fail("conv2d_grad_input node '", c.node.name, "' with relu's mask or a residual is not differentiated (it is "
+               "made by a fusion pass, after the gradients)");
         Var g = c.dy(), dy = c.x(0), w = c.x(1);
         Attrs geometry;
         for (const auto& [name, value] : c.attrs().items())
-          if (name != "shape" && name != "activation") geometry.set(name, value);
+          if (name != "shape" && name != "activation" && name != "residual") geometry.set(name, value);
         if (c.needs(0)) c.set(0, c.g.add1(Op::conv2d, {g.id(), w.id()}, geometry));
         if (c.needs(1)) {
           Attrs a = geometry;

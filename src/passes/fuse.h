@@ -72,9 +72,13 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
 // result only a relu reads becomes conv2d with activation relu, writing relu's value (and
 // name); relu_grad(dr, r) whose dr is a conv2d_grad_input that nothing else reads becomes
 // that conv2d_grad_input with activation relu and input r, its result masked by r > 0 as
-// it is stored. On CUDA, cuDNN's graph API runs each as one graph (the convolution and a
-// pointwise relu forward or backward); the CPU applies relu's value or mask to each
-// image's result. (src/passes/fuse_conv.cpp)
+// it is stored. add(a, b), two gradients of one value, where a side is a
+// conv2d_grad_input that nothing else reads, becomes that conv2d_grad_input with residual
+// 1 and the other side as input z, added as it is stored (a residual block's input
+// gradient, without an add kernel reading and writing it again). On CUDA, cuDNN's graph
+// API runs each as one graph (the convolution and a pointwise relu forward or backward,
+// or add); the CPU applies relu's value or mask, or z, to each image's result.
+// (src/passes/fuse_conv.cpp)
 FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& keep);
 
 // Elementwise fusion: chains of elementwise ops (ops.def's unary and binary ops and their

@@ -1,4 +1,5 @@
-// Convolution + ReLU fusion (src/passes/fuse.h).
+// Convolution + ReLU fusion, and input gradients that take a second gradient into their sum
+// (src/passes/fuse.h).
 #include <set>
 #include <vector>
 
@@ -17,6 +18,7 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
   std::vector<int> relu_of(static_cast<size_t>(nn), -1);   // conv2d -> the relu it absorbs
   std::vector<int> conv_of(static_cast<size_t>(nn), -1);   // evaluation batch norm -> the conv2d it absorbs
   std::vector<int> dgrad_of(static_cast<size_t>(nn), -1);  // relu_grad -> the conv2d_grad_input it becomes
+  std::vector<int> summed_by(static_cast<size_t>(nn), -1);  // add -> the conv2d_grad_input that takes the other side
   std::vector<bool> absorbed(static_cast<size_t>(nn), false);
   for (int k = 0; k < nn; ++k) {
     const Node& n = nodes[static_cast<size_t>(k)];
@@ -44,10 +46,32 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
       if (p < 0 || only_user(n.in[0]) != k) continue;
       const Node& d = nodes[static_cast<size_t>(p)];
       const Value& r = g.value(n.in[1]);
-      if (d.op == Op::conv2d_grad_input && without_activation(d) && r.type.shape == g.value(n.in[0]).type.shape &&
+      if (d.op == Op::conv2d_grad_input && d.in.size() == 2 && without_activation(d) &&
+          r.type.shape == g.value(n.in[0]).type.shape &&
           r.type.dtype == g.value(n.in[0]).type.dtype) {
         dgrad_of[static_cast<size_t>(k)] = p;
         absorbed[static_cast<size_t>(p)] = true;
+      }
+    }
+    // add(a, b), a value's two gradients (a residual block's input, read by a convolution
+    // and by the shortcut), where a side is an input gradient nothing else reads: that
+    // gradient adds the other side as it is stored. Of two such sides, the later one
+    // takes the earlier, which is then ready when it runs.
+    if (n.op == Op::add && n.in.size() == 2 && n.in[0] != n.in[1]) {
+      const TensorType& t = g.value(n.out[0]).type;
+      auto same = [&](ValueId v) { return g.value(v).type.shape == t.shape && g.value(v).type.dtype == t.dtype; };
+      int best = -1;
+      for (ValueId side : n.in) {
+        const int p = g.value(side).node;
+        if (p < 0 || only_user(side) != k) continue;
+        const Node& d = nodes[static_cast<size_t>(p)];
+        if (d.op == Op::conv2d_grad_input && d.in.size() == 2 && without_activation(d) &&
+            same(n.in[0]) && same(n.in[1]) && p > best)
+          best = p;
+      }
+      if (best >= 0) {
+        summed_by[static_cast<size_t>(k)] = best;
+        absorbed[static_cast<size_t>(best)] = true;
       }
     }
   }
@@ -62,6 +86,17 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
       Attrs attrs = d.attrs;
       attrs.set("activation", std::string("relu"));
       const std::vector<ValueId> fused_in{mapped(r, d.in[0]), mapped(r, d.in[1]), mapped(r, n.in[1])};
+      r.map[static_cast<size_t>(n.out[0])] =
+          ng.add_named(d.op, fused_in, attrs, std::vector<std::string>{g.value(n.out[0]).name})[0];
+      ++r.backward;
+      continue;
+    }
+    if (const int p = summed_by[static_cast<size_t>(k)]; p >= 0) {
+      const Node& d = nodes[static_cast<size_t>(p)];
+      Attrs attrs = d.attrs;
+      attrs.set("residual", int64_t{1});
+      const ValueId z = n.in[0] == d.out[0] ? n.in[1] : n.in[0];
+      const std::vector<ValueId> fused_in{mapped(r, d.in[0]), mapped(r, d.in[1]), mapped(r, z)};
       r.map[static_cast<size_t>(n.out[0])] =
           ng.add_named(d.op, fused_in, attrs, std::vector<std::string>{g.value(n.out[0]).name})[0];
       ++r.backward;

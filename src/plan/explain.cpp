@@ -91,6 +91,8 @@ std::string why(const PlanStep& s) {
                                    (s.attrs.s("activation") == "relu" ? " and relu" : "") +
                                    " applied to the convolution's result before it is stored";
     case Op::conv2d: case Op::conv2d_grad_input:
+      if (s.op == Op::conv2d_grad_input && s.attrs.has("residual") && s.attrs.i("residual") == 1)
+        return "fused: the value's other gradient added to the input gradient before it is stored";
       if (s.attrs.s("activation") == "relu")
         return s.op == Op::conv2d ? "fused: relu applied to the convolution's result before it is stored"
                                   : "fused: relu's derivative applied to the input gradient before it is stored";

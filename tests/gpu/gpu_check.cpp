@@ -115,7 +115,7 @@ double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const Compare
   const std::string out_name = out.name();
 
   auto run = [&](Device d, std::vector<std::vector<float>>& results) {
-    Model m(c.g, {.seed = 23, .device = d, .precision = o.precision, .epilogue = o.epilogue,
+    Model m(c.g, {.seed = 23, .device = d, .precision = o.precision, .layout = o.layout, .epilogue = o.epilogue,
                   .deterministic = o.deterministic});
     CompileOptions co{.mode = o.mode, .outputs = outputs, .fuse = o.fuse};
     if (o.gradients) co.loss = loss.id(), co.gradients = true;

@@ -78,6 +78,7 @@ struct CompareOptions {
   bool fuse = true;       // epilogue fusion on both sides
   EpiloguePolicy epilogue = EpiloguePolicy::fastest;  // how the GPU runs fused epilogues
   bool deterministic = false;                         // ModelOptions::deterministic on the GPU
+  LayoutPolicy layout = LayoutPolicy::automatic;      // of both models (the CPU's follows the same policy)
   // The output is a scalar loss whose own gradients are compared (seed 1), rather than
   // those of sum(out * random weights): the shape loss fusion needs.
   bool output_is_loss = false;

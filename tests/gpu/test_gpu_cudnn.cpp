@@ -194,6 +194,48 @@ TEST(GpuConvEngine, ReluFusesIntoTheConvolutionGraphs) {
   compare_with_cpu(build, gpu_testing::bf16());
 }
 
+TEST(GpuConvEngine, AnInputGradientAddsTheValuesOtherGradient) {
+  // x read by a 3x3 and a 1x1 convolution of stride 2 (a downsampling block), h by a
+  // convolution and the shortcut (a residual block): each of x's and h's gradient sums is
+  // one conv2d_grad_input with residual 1, on cuDNN's graph the data gradient then a
+  // pointwise add of z (or the plain graph and the add kernel), in either layout. Then the
+  // same on the classic API: the data gradient, then the add kernel.
+  auto build = [](GpuCase& c) {
+    // Filters of 0.2 at most keep the sums near 1, where 16-bit rounding of the gradients
+    // (which cancel in x's) stays under the elementwise floor.
+    Var x = c.param("x", {4, 8, 10, 10});
+    Var h = add(conv2d(x, c.param("w1", {16, 8, 3, 3}, -0.2, 0.2), std::nullopt, {.stride = {2, 2}, .padding = {1, 1}}),
+                conv2d(x, c.param("w2", {16, 8, 1, 1}, -0.2, 0.2), std::nullopt, {.stride = {2, 2}}));
+    return add(conv2d(h, c.param("w3", {16, 16, 3, 3}, -0.2, 0.2), std::nullopt, {.padding = {1, 1}}), h);
+  };
+  const CompareOptions f32_conv(Precision::f32, Tolerance(1e-5, 1e-4, 1e-5));
+  for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc})
+    for (const CompareOptions& o : {f32_conv, gpu_testing::tf32_nhwc(), gpu_testing::bf16(), gpu_testing::f16()}) {
+      SCOPED_TRACE(std::string(precision_name(o.precision)) + (layout == LayoutPolicy::nhwc ? " nhwc" : " nchw"));
+      CompareOptions lo = o;
+      lo.layout = layout;
+      compare_with_cpu(build, lo);
+      GpuCase c(3);
+      Var loss = sum(build(c));
+      Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = o.precision, .layout = layout});
+      Program p = m.compile({.loss = loss.id(), .gradients = true});
+      int summed = 0;
+      for (const PlanStep& st : p.plan().steps) summed += st.op == Op::conv2d_grad_input && st.attrs.i("residual") == 1;
+      EXPECT_EQ(summed, 2);
+      int fused = 0;
+      std::string all;
+      for (auto& [step, what] : p.executable().stats().choices) {
+        fused += what.rfind("conv2d_grad_input ", 0) == 0 && what.find("with the residual") != std::string::npos;
+        all += "step " + std::to_string(step) + ": " + what + "\n";
+      }
+      std::cout << all;
+      EXPECT_EQ(all.find("classic API"), std::string::npos) << all;
+    }
+  gpu_testing::ClassicConvApi classic;
+  compare_with_cpu(build, gpu_testing::tf32_nhwc());
+  compare_with_cpu(build, gpu_testing::bf16());
+}
+
 TEST(GpuConvEngine, EvaluationBatchNormFoldsIntoTheConvolution) {
   // In evaluation, conv -> batch norm -> relu and conv -> batch norm -> + h -> relu are
   // conv2d_bn steps: one cuDNN graph each (convolution, scale, shift, residual, relu),

@@ -168,10 +168,12 @@ void conv2d_bn(const KernelArgs& a) {
 }
 
 // inputs: dy, w, and with activation relu r (each image's dx masked by r > 0, as
-// relu_grad); attribute shape = x's shape.
+// relu_grad) or with residual 1 z (added to each image's dx, as the add op adds);
+// attribute shape = x's shape.
 void conv2d_grad_input(const KernelArgs& a) {
   const ConvGeom g = conv_geom(a.attrs(), a.out[0].shape(), a.in[1].shape(), a.in[0].shape());
   const bool relu = a.attrs().s("activation") == "relu";
+  const bool residual = a.attrs().has("residual") && a.attrs().i("residual") == 1;
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* dy = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
@@ -193,6 +195,10 @@ void conv2d_grad_input(const KernelArgs& a) {
         if (relu) {
           const T* rn = a.in[2].as<T>() + n * g.c * g.h * g.w;
           for (int64_t i = 0; i < g.c * g.h * g.w; ++i) dxn[i] = rn[i] > T(0) ? dxn[i] : T(0);
+        }
+        if (residual) {
+          const T* zn = a.in[2].as<T>() + n * g.c * g.h * g.w;
+          for (int64_t i = 0; i < g.c * g.h * g.w; ++i) dxn[i] = dxn[i] + zn[i];
         }
       }
     });

@@ -363,13 +363,6 @@ __global__ void fill_bias_kernel(const T* __restrict__ b, T* __restrict__ y, int
 
 bool relu_of(const StepArgs& a) { return a.step.attrs.s("activation") == "relu"; }
 
-// The classic API's data gradient `l`, then relu's mask (dx by r, in place) with the
-// elementwise kernel, where the step fuses relu.
-Launch with_relu_mask(const StepArgs& a, Launch l) {
-  if (!relu_of(a)) return l;
-  return in_order({std::move(l), prepare_as_step(a, Op::relu_grad, Attrs{}, {a.out[0], a.in[2]}, {a.out[0]})});
-}
-
 // inputs: x, w, b?; activation relu: relu of the result.
 Launch prepare_conv2d(const StepArgs& a) {
   EngineBuffers buf{a.in[0].data, a.in[1].data, a.out[0].data};
@@ -425,19 +418,22 @@ Launch prepare_conv_forward(const StepArgs& a, const EngineBuffers& buf, Launch 
 
 namespace {
 
-// inputs: dy, w, and with activation relu r (dx masked by r > 0); attribute shape = x's
-// shape (in the step's layout, as every operand).
+// inputs: dy, w, and with activation relu r (dx masked by r > 0) or with residual 1 z
+// (added to dx); attribute shape = x's shape (in the step's layout, as every operand).
 Launch prepare_conv2d_grad_input(const StepArgs& a) {
-  if (relu_of(a) != (a.in.size() == 3))
-    fail("conv2d_grad_input '", a.step.name, "': r is given with activation relu, and only then");
+  const bool residual = a.step.attrs.has("residual") && a.step.attrs.i("residual") == 1;
+  if (relu_of(a) && residual)
+    fail("conv2d_grad_input '", a.step.name, "': relu's mask and a residual z are not taken together");
+  if ((relu_of(a) || residual) != (a.in.size() == 3))
+    fail("conv2d_grad_input '", a.step.name, "': r is given with activation relu, z with residual 1, and only then");
   ConvKey key;
   StepArgs conv = a;  // the convolution's operands: dy, w
   conv.in.resize(2);
   auto s = setup(conv, Pass::bwd_data, a.out[0].shape(), a.in[1].shape(), a.in[0].shape(), key);
-  if (relu_of(a)) {
+  if (a.in.size() == 3) {
     expect_dtype(a, a.in[2], {a.out[0].dtype()});
     if (a.in[2].shape() != a.out[0].shape())
-      fail("conv2d_grad_input '", a.step.name, "': r ", shape_str(a.in[2].shape()), " and dx ",
+      fail("conv2d_grad_input '", a.step.name, "': ", residual ? "z " : "r ", shape_str(a.in[2].shape()), " and dx ",
            shape_str(a.out[0].shape()), " differ");
   }
   void* dy = a.in[0].data;
@@ -445,15 +441,22 @@ Launch prepare_conv2d_grad_input(const StepArgs& a) {
   void* dx = a.out[0].data;
   EngineBuffers buf{dx, w, dy};
   if (relu_of(a)) buf.r = a.in[2].data;
+  if (residual) buf.z = a.in[2].data;
+  // Where no fused graph runs: the plain gradient, then relu's mask or z's add in place,
+  // with the elementwise kernels.
+  Launch epilogue;
+  if (relu_of(a)) epilogue = prepare_as_step(a, Op::relu_grad, Attrs{}, {a.out[0], a.in[2]}, {a.out[0]});
+  if (residual) epilogue = prepare_as_step(a, Op::add, Attrs{}, {a.out[0], a.in[2]}, {a.out[0]});
+  auto then_epilogue = [&](Launch l) { return epilogue ? in_order({std::move(l), epilogue}) : l; };
   bool fused = true;
-  if (auto l = try_engine(a, key, buf, nullptr, &fused)) return fused ? *l : with_relu_mask(a, *l);
+  if (auto l = try_engine(a, key, buf, nullptr, &fused)) return fused ? *l : then_epilogue(*l);
   const Chosen ch = choose(a, *s, key, dx, w, dy);
   a.ctx.need_workspace(ch.workspace);
   Context* ctx = &a.ctx;
   cudnnHandle_t h = cudnn_of(a.ctx);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(ch.algo);
   const size_t ws = ch.workspace;
-  return with_relu_mask(a, [s, ctx, h, algo, ws, dy, w, dx](cudaStream_t stream) {
+  return then_epilogue([s, ctx, h, algo, ws, dy, w, dx](cudaStream_t stream) {
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
     void* work = ws ? ctx->workspace() : nullptr;
     SEAM_CUDNN_CHECK(
@@ -472,7 +475,7 @@ struct OwnWgrad {
 
 std::optional<OwnWgrad> own_wgrad(const StepArgs& a, const ConvKey& key, void* x, void* dy) {
   if (!key.nhwc || key.groups != 1 || key.math == Math::fma) return std::nullopt;
-  if (a.ctx.deterministic && wgrad_policy() != WgradPolicy::own) return std::nullopt;
+  if (a.ctx.deterministic && !wgrad_forced()) return std::nullopt;
   WgradGeometry g;
   g.n = key.x[0], g.c = key.x[1], g.h = key.x[2], g.w = key.x[3];
   g.k = key.w[0], g.r = key.w[2], g.s = key.w[3];
@@ -496,12 +499,13 @@ std::optional<OwnWgrad> own_wgrad(const StepArgs& a, const ConvKey& key, void* x
 // says which in the step's choices.
 bool own_wins(const StepArgs& a, const std::optional<OwnWgrad>& own, float cudnn_ms) {
   if (!own) return false;
-  const bool forced = wgrad_policy() == WgradPolicy::own;
+  const bool forced = wgrad_forced();
   const bool wins = forced || cudnn_ms < 0 || own->ms < cudnn_ms;
   char line[96] = "";
   if (!forced && cudnn_ms >= 0) std::snprintf(line, sizeof line, " against cuDNN's %.1f us", cudnn_ms * 1e3);
   a.ctx.choices.emplace_back(a.index, "conv2d_grad_weight: " + own->chose + line +
-                                          (forced ? " (SEAM_CONV_WGRAD=own)" : wins ? ": seam's" : ": cuDNN's"));
+                                          (forced ? wgrad_policy() == WgradPolicy::band ? " (SEAM_CONV_WGRAD=band)" : " (SEAM_CONV_WGRAD=own)"
+                                                 : wins ? ": seam's" : ": cuDNN's"));
   if (wins) a.ctx.set_workspace_need(own->workspace);
   return wins;
 }
@@ -525,7 +529,7 @@ Launch prepare_conv2d_grad_weight(const StepArgs& a) {
   void* dy = a.in[0].data;
   void* x = a.in[1].data;
   const std::optional<OwnWgrad> own = own_wgrad(a, key, x, dy);
-  if (own && wgrad_policy() == WgradPolicy::own && own_wins(a, own, -1)) return own->launch;
+  if (own && wgrad_forced() && own_wins(a, own, -1)) return own->launch;
   Launch widen;
   if (!wide) {
     float ms = -1;

@@ -83,10 +83,11 @@ std::shared_ptr<fe::graph::Graph> make_graph(const EngineConv& c) {
     case 1:
       out = g->conv_dgrad(tensor("dy", c.y, kY), tensor("w", c.w, kW),
                           fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dil));
-      if (c.relu) {  // RELU_BWD: IN_0 the gradient, IN_1 the value whose sign masks it
-        out->set_dim(dims(c.x)).set_stride(strides(c.x, c.nhwc));  // a dgrad infers none of its own
-        out = pointwise(out, fe::PointwiseMode_t::RELU_BWD, tensor("r", c.x, kR));
-      }
+      if (c.relu || c.residual)  // a dgrad infers no dims of its own for what follows
+        out->set_dim(dims(c.x)).set_stride(strides(c.x, c.nhwc));
+      // RELU_BWD: IN_0 the gradient, IN_1 the value whose sign masks it.
+      if (c.relu) out = pointwise(out, fe::PointwiseMode_t::RELU_BWD, tensor("r", c.x, kR));
+      if (c.residual) out = pointwise(out, fe::PointwiseMode_t::ADD, tensor("z", c.x, kZ));
       out_uid = kX;
       out_dims = &c.x;
       break;
@@ -349,7 +350,7 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
     // for a fused epilogue, whose caller has kernels of its own for it: compiling a fused
     // graph at run time took seconds a shape, every time a process prepares it.
     Built b = build(h, c, nullptr, false);
-    if (!b.error.empty() && !fused) b = build(h, c, nullptr, true);
+    if (!b.error.empty() && (!fused || (c.pass == 1 && c.residual))) b = build(h, c, nullptr, true);
     if (!b.error.empty()) {
       *why = b.error;
       return std::nullopt;

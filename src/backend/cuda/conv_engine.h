@@ -37,7 +37,8 @@ struct EngineConv {
   // The forward's epilogue, in f32 before y is rounded once: y = conv(x, w) + b[c], or
   // (affine, conv2d_bn) conv(x, w) * scale[c] + shift[c] with f32 scale and shift; then + z
   // (residual, of y's type and shape); then relu. The data gradient's: dx masked by r > 0
-  // (relu: cuDNN's pointwise RELU_BWD on the gradient before it is stored).
+  // (relu: cuDNN's pointwise RELU_BWD on the gradient before it is stored), or dx + z
+  // (residual, z of x's type and shape: another gradient of x).
   bool bias = false;
   bool affine = false;
   bool residual = false;
@@ -54,7 +55,7 @@ struct EngineBuffers {
   void* r = nullptr;  // the data gradient's relu mask source, x-shaped
   void* scale = nullptr;  // affine: f32 per output channel
   void* shift = nullptr;
-  void* z = nullptr;  // residual, y-shaped
+  void* z = nullptr;  // residual: y-shaped for the forward, x-shaped for the data gradient
 };
 
 // The fastest engine's launch, or nothing (with *why) where the graph API builds and runs
