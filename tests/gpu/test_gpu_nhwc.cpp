@@ -217,6 +217,40 @@ TEST(GpuNhwcConv, OwnWeightGradientMatchesTheCpu) {
   }
 }
 
+// The band kernel (src/backend/cuda/conv_wgrad_band.cu), forced where it applies: stride
+// 1, the output of the input's size, channels in whole tiles of 32. Layers of one and two
+// tiles each way, a dilated 3x3, a 1x3, and pixel counts that end stages and chunks
+// part-way, against the CPU at TF32, bf16 and f16; each step says it ran the band.
+TEST(GpuNhwcConv, BandWeightGradientMatchesTheCpu) {
+  ScopedEnv band("SEAM_CONV_WGRAD", "band");
+  const std::vector<ConvCase> cases{
+      {{4, 32, 28, 28}, {32, 32, 3, 3}, false, {.padding = {1, 1}}},
+      {{3, 64, 7, 7}, {64, 64, 3, 3}, false, {.padding = {1, 1}}},
+      {{2, 32, 9, 11}, {32, 32, 3, 3}, true, {.padding = {2, 2}, .dilation = {2, 2}}},
+      {{2, 32, 6, 10}, {64, 32, 1, 3}, false, {.padding = {0, 1}}},
+  };
+  for (const ConvCase& k : cases) {
+    SCOPED_TRACE("TF32 " + trace(k));
+    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, CompareOptions(Precision::tf32, k.tf32()));
+    for (const Low& low : kLows) {
+      SCOPED_TRACE(std::string(low.name) + " " + trace(k));
+      compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, low.options());
+    }
+    GpuCase c(7);
+    Var y = build_conv_nhwc(c, k);
+    Var loss = sum(mul(y, c.data("r", y.shape())));
+    Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = Precision::tf32});
+    Program p = m.compile({.loss = loss.id(), .gradients = true});
+    int bands = 0;
+    std::string all;
+    for (auto& [step, what] : p.executable().stats().choices) {
+      bands += what.find("conv2d_grad_weight: seam's kernel") == 0 && what.find("): band, ") != std::string::npos;
+      all += what + "\n";
+    }
+    EXPECT_EQ(bands, 1) << all;
+  }
+}
+
 TEST(GpuNhwcConv, OwnWeightGradientSaysWhichCopiesItTook) {
   // Three layers at TF32, forced onto seam's kernel: 16 filters over 3 channels copy dy
   // 16 bytes at a time and x element by element, 8 over 16 channels both 16 bytes at a

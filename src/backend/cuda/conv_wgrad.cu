@@ -311,6 +311,7 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 std::string WgradConfig::str() const {
+  if (band) return "band, " + std::to_string(chunks) + " chunks";
   return "tiles " + std::to_string(32 * wm) + "x" + std::to_string(32 * wn) + ", " + std::to_string(chunks) +
          " chunks";
 }
@@ -320,8 +321,14 @@ WgradPolicy wgrad_policy() {
   const std::string s = v ? v : "";
   if (s.empty() || s == "auto") return WgradPolicy::automatic;
   if (s == "own") return WgradPolicy::own;
+  if (s == "band") return WgradPolicy::band;
   if (s == "cudnn") return WgradPolicy::cudnn;
-  fail("SEAM_CONV_WGRAD is '", s, "': auto, own or cudnn");
+  fail("SEAM_CONV_WGRAD is '", s, "': auto, own, band or cudnn");
+}
+
+bool wgrad_forced() {
+  const WgradPolicy p = wgrad_policy();
+  return p == WgradPolicy::own || p == WgradPolicy::band;
 }
 
 std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& g, DType dt, DType out_dt,
@@ -382,7 +389,27 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
       }
     }
   }
-  const bool fixed = a.ctx.deterministic || wgrad_policy() == WgradPolicy::own;  // a rule's pick, not a timing's
+  // The band kernel where the layer keeps its size under stride 1 and its channels fill
+  // whole tiles: first, so that SEAM_CONV_WGRAD=band's rule takes it.
+  const int64_t taps = g.r * g.s, halo = (g.r - 1) * g.dil[0] * g.w + (g.s - 1) * g.dil[1];
+  const bool band = vec_b && g.stride[0] == 1 && g.stride[1] == 1 && g.oh == g.h && g.ow == g.w && taps >= 2 &&
+                    taps <= kBandMaxTaps && g.c % 32 == 0 && g.k % 32 == 0 &&
+                    band_smem_bytes(dt, static_cast<int>(std::min<int64_t>(halo, INT32_MAX / 2))) <= kBandMaxSmem;
+  if (band) {
+    const int64_t tiles = (g.k / 32) * (g.c / 32), stages = ceil_div64(pixels, kBandBK);
+    std::vector<WgradConfig> bands;
+    int64_t last = -1;
+    for (int64_t per_sm : {1, 2, 4}) {
+      const int64_t want = std::clamp<int64_t>(ceil_div64(sms * per_sm, tiles), 1, std::max<int64_t>(stages / 2, 1));
+      const int64_t chunks = ceil_div64(pixels, ceil_div64(stages, want) * kBandBK);
+      if (chunks == last) continue;
+      last = chunks;
+      bands.push_back({1, 1, chunks, true});
+    }
+    if (wgrad_policy() == WgradPolicy::band) cands.clear();
+    cands.insert(cands.begin(), bands.begin(), bands.end());
+  }
+  const bool fixed = a.ctx.deterministic || wgrad_forced();  // a rule's pick, not a timing's
   if (fixed) cands.resize(1);
 
   auto params_of = [&](const WgradConfig& cfg, void* partial) {
@@ -395,18 +422,38 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
     return q;
   };
   auto partial_bytes = [&](const WgradConfig& cfg) {
+    if (cfg.band) return static_cast<size_t>(cfg.chunks * g.k * cols) * sizeof(float);
     const Params q = params_of(cfg, nullptr);
     return static_cast<size_t>(cfg.chunks) * q.mp * q.np * sizeof(float);
   };
+  BandParams bp{};
+  if (band) {
+    bp.x = x, bp.dy = dy;
+    bp.n = p.n, bp.h = p.h, bp.w = p.w, bp.c = p.c, bp.k = p.k, bp.r = static_cast<int>(g.r), bp.s = p.s;
+    bp.ph = p.ph, bp.pw = p.pw, bp.dh = p.dh, bp.dw = p.dw;
+    bp.halo = static_cast<int>(halo);
+    bp.pixels = p.pixels;
+    bp.np = p.cols;
+  }
   const int64_t outputs = g.k * cols;
   const int sum_outs = ceil_div64(outputs, 32) >= sms ? 32 : 8;
   const auto sum_blocks = static_cast<unsigned>(ceil_div64(outputs, sum_outs));
   auto make = [&](const WgradConfig& cfg) -> Launch {
     Context* ctx = &a.ctx;
-    return [ctx, cfg, vec_a, vec_b, dt, out_dt, dw, sum_blocks, sum_outs, q = params_of(cfg, nullptr)](cudaStream_t st) {
+    BandParams b = bp;
+    b.chunk = static_cast<int>(ceil_div64(pixels, cfg.chunks * kBandBK) * kBandBK);
+    return [ctx, cfg, vec_a, vec_b, dt, out_dt, dw, sum_blocks, sum_outs, q = params_of(cfg, nullptr),
+            b](cudaStream_t st) {
       Params r = q;
       r.partial = static_cast<float*>(ctx->workspace());
-      dispatch_storage(dt, "conv2d_grad_weight", [&]<class T>() { launch_config<T>(cfg, vec_a, vec_b, r, st); });
+      if (cfg.band) {
+        BandParams rb = b;
+        rb.partial = r.partial;
+        launch_wgrad_band(dt, rb, cfg.chunks, st);
+        r.mp = r.k, r.np = r.cols;  // the band's partials: [chunks][k][cols]
+      } else {
+        dispatch_storage(dt, "conv2d_grad_weight", [&]<class T>() { launch_config<T>(cfg, vec_a, vec_b, r, st); });
+      }
       dispatch_storage(out_dt, "conv2d_grad_weight", [&]<class O>() {
         wgrad_sum_kernel<O><<<sum_blocks, 256, 0, st>>>(r.partial, static_cast<O*>(dw), r.k, r.cols, r.mp, r.np,
                                                        static_cast<int>(cfg.chunks), sum_outs);

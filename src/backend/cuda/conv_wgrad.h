@@ -29,17 +29,41 @@ struct WgradGeometry {
 };
 
 // How the kernel cuts the GEMM: output tiles of (32 * wm) x (32 * wn) and the pixels in
-// `chunks` chunks.
+// `chunks` chunks; or (band) the band kernel's tiles of 32 output channels by 32 input
+// channels of every tap (conv_wgrad_band.cu).
 struct WgradConfig {
   int wm = 1, wn = 2;
   int64_t chunks = 1;
+  bool band = false;
   std::string str() const;
 };
 
-// SEAM_CONV_WGRAD: "auto" (default: the faster of this kernel and cuDNN's best, as timed),
-// "own" (this kernel wherever it applies; for tests), "cudnn" (never this kernel).
-enum class WgradPolicy { automatic, own, cudnn };
+// SEAM_CONV_WGRAD: "auto" (default: the faster of these kernels and cuDNN's best, as
+// timed), "own" (the gather kernel wherever it applies; for tests), "band" (the band
+// kernel where it applies, else as "own"), "cudnn" (never these kernels).
+enum class WgradPolicy { automatic, own, band, cudnn };
 WgradPolicy wgrad_policy();
+// Whether the policy forces seam's kernels (own or band) wherever they apply.
+bool wgrad_forced();
+
+// The band kernel (conv_wgrad_band.cu), for stride-1 layers that keep their size: BK
+// pixels a stage, a warp per tap (at most kBandMaxTaps), 32 x 32 channels a block.
+constexpr int kBandBK = 64;
+constexpr int kBandMaxTaps = 9;
+constexpr size_t kBandMaxSmem = 200 * 1024;
+struct BandParams {
+  const void* x;
+  const void* dy;
+  float* partial;  // [chunks][k][np]
+  int n, h, w, c, k, r, s;
+  int ph, pw, dh, dw;
+  int halo;        // (r - 1) * dh * w + (s - 1) * dw band rows beyond a stage's pixels
+  int pixels;      // n * h * w
+  int chunk;       // pixels per chunk, a multiple of kBandBK
+  int np;          // r * s * c
+};
+size_t band_smem_bytes(DType dt, int halo);
+void launch_wgrad_band(DType dt, const BandParams& p, int64_t chunks, cudaStream_t st);
 
 // The fastest configuration's launch (timed in a graph on the step's buffers: *ms its time
 // per run; untimed, *ms 0, where the pick is a rule's: deterministic mode or
