@@ -197,6 +197,21 @@ TEST(GpuNhwcConv, SixteenBitOperandsWithoutThePass) {
     }
 }
 
+namespace {
+
+// Case k channels-last against the CPU at TF32, bf16 and f16 (the precisions seam's own
+// weight-gradient kernels run at).
+void on_tensor_cores_matches_the_cpu(const ConvCase& k) {
+  SCOPED_TRACE("TF32 " + trace(k));
+  compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, CompareOptions(Precision::tf32, k.tf32()));
+  for (const Low& low : kLows) {
+    SCOPED_TRACE(std::string(low.name) + " " + trace(k));
+    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, low.options());
+  }
+}
+
+}  // namespace
+
 // seam's own weight-gradient kernel (src/backend/cuda/conv_wgrad.h), forced wherever it
 // applies (ungrouped, on tensor cores): every case, and layers whose channels fill no
 // whole tile (K 48 of 64 rows, 216 of 256 columns) or take scalar copies (C 3, K 6),
@@ -208,12 +223,7 @@ TEST(GpuNhwcConv, OwnWeightGradientMatchesTheCpu) {
   cases.push_back({{3, 24, 9, 11}, {48, 24, 3, 3}, false, {.stride = {2, 1}, .padding = {1, 1}}});
   cases.push_back({{2, 3, 10, 9}, {6, 3, 3, 3}, false, {.padding = {1, 1}, .dilation = {2, 1}}});
   for (const ConvCase& k : cases) {
-    SCOPED_TRACE("TF32 " + trace(k));
-    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, CompareOptions(Precision::tf32, k.tf32()));
-    for (const Low& low : kLows) {
-      SCOPED_TRACE(std::string(low.name) + " " + trace(k));
-      compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, low.options());
-    }
+    on_tensor_cores_matches_the_cpu(k);
   }
 }
 
@@ -230,12 +240,7 @@ TEST(GpuNhwcConv, BandWeightGradientMatchesTheCpu) {
       {{2, 32, 6, 10}, {64, 32, 1, 3}, false, {.padding = {0, 1}}},
   };
   for (const ConvCase& k : cases) {
-    SCOPED_TRACE("TF32 " + trace(k));
-    compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, CompareOptions(Precision::tf32, k.tf32()));
-    for (const Low& low : kLows) {
-      SCOPED_TRACE(std::string(low.name) + " " + trace(k));
-      compare_nhwc([&](GpuCase& c) { return build_conv_nhwc(c, k); }, low.options());
-    }
+    on_tensor_cores_matches_the_cpu(k);
     GpuCase c(7);
     Var y = build_conv_nhwc(c, k);
     Var loss = sum(mul(y, c.data("r", y.shape())));
