@@ -198,8 +198,17 @@ TEST(GpuConvEngine, AnInputGradientAddsTheValuesOtherGradient) {
   // x read by a 3x3 and a 1x1 convolution of stride 2 (a downsampling block), h by a
   // convolution and the shortcut (a residual block): each of x's and h's gradient sums is
   // one conv2d_grad_input with residual 1, on cuDNN's graph the data gradient then a
-  // pointwise add of z (or the plain graph and the add kernel), in either layout. Then the
-  // same on the classic API: the data gradient, then the add kernel.
+  // pointwise add of z (channels-last: runtime-compiled engines), or where no engine runs
+  // that graph (NCHW) the plain graph and the add kernel. Then the same on the classic
+  // API: the data gradient, then the add kernel. Where the add kernel runs, 16-bit dx is
+  // rounded before z is added, once more than on the CPU and in the fused graph, and
+  // h's gradient carries that rounding into sums that cancel (seen at bf16: 0.275 for
+  // 0.322 in a weight gradient whose terms are near 1): twice the elementwise floors.
+  auto plain_path = [](CompareOptions o) {
+    if (o.precision == Precision::bf16 || o.precision == Precision::f16)
+      o.tol = Tolerance(o.tol.rel * 2, o.tol.elem_rel * 2, o.tol.atol * 2);
+    return o;
+  };
   auto build = [](GpuCase& c) {
     // Filters of 0.2 at most keep the sums near 1, where 16-bit rounding of the gradients
     // (which cancel in x's) stays under the elementwise floor.
@@ -212,7 +221,7 @@ TEST(GpuConvEngine, AnInputGradientAddsTheValuesOtherGradient) {
   for (LayoutPolicy layout : {LayoutPolicy::nchw, LayoutPolicy::nhwc})
     for (const CompareOptions& o : {f32_conv, gpu_testing::tf32_nhwc(), gpu_testing::bf16(), gpu_testing::f16()}) {
       SCOPED_TRACE(std::string(precision_name(o.precision)) + (layout == LayoutPolicy::nhwc ? " nhwc" : " nchw"));
-      CompareOptions lo = o;
+      CompareOptions lo = layout == LayoutPolicy::nchw ? plain_path(o) : o;
       lo.layout = layout;
       compare_with_cpu(build, lo);
       GpuCase c(3);
@@ -230,10 +239,12 @@ TEST(GpuConvEngine, AnInputGradientAddsTheValuesOtherGradient) {
       }
       std::cout << all;
       EXPECT_EQ(all.find("classic API"), std::string::npos) << all;
+      // cuDNN 9.14 on the H200: channels-last tensor-core engines compiled at run time.
+      if (layout == LayoutPolicy::nhwc && o.precision != Precision::f32) EXPECT_EQ(fused, 2) << all;
     }
   gpu_testing::ClassicConvApi classic;
   compare_with_cpu(build, gpu_testing::tf32_nhwc());
-  compare_with_cpu(build, gpu_testing::bf16());
+  compare_with_cpu(build, plain_path(gpu_testing::bf16()));
 }
 
 TEST(GpuConvEngine, EvaluationBatchNormFoldsIntoTheConvolution) {
