@@ -256,6 +256,23 @@ TEST(GpuNhwcConv, BandWeightGradientMatchesTheCpu) {
   }
 }
 
+TEST(GpuNhwcConv, BandKernelRunsInAStep) {
+  // One small 3x3 layer (84 pixels: a stage and part of one) on the band kernel at TF32,
+  // run as a step; small enough for compute-sanitizer's racecheck, which runs this.
+  ScopedEnv band("SEAM_CONV_WGRAD", "band");
+  GpuCase c(9);
+  Var y = build_conv_nhwc(c, {{2, 32, 6, 7}, {32, 32, 3, 3}, false, {.padding = {1, 1}}});
+  Var loss = sum(mul(y, c.data("r", y.shape())));
+  Model m(c.g, {.seed = 1, .device = Device::cuda, .precision = Precision::tf32});
+  Program p = m.compile({.loss = loss.id(), .gradients = true});
+  std::string all;
+  for (auto& [step, what] : p.executable().stats().choices) all += what + "\n";
+  EXPECT_NE(all.find("): band, 1 chunks (SEAM_CONV_WGRAD=band)"), std::string::npos) << all;
+  for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);
+  p.run();
+  p.check();
+}
+
 TEST(GpuNhwcConv, OwnWeightGradientSaysWhichCopiesItTook) {
   // Three layers at TF32, forced onto seam's kernel: 16 filters over 3 channels copy dy
   // 16 bytes at a time and x element by element, 8 over 16 channels both 16 bytes at a
