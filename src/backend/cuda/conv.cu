@@ -503,9 +503,9 @@ bool own_wins(const StepArgs& a, const std::optional<OwnWgrad>& own, float cudnn
   const bool wins = forced || cudnn_ms < 0 || own->ms < cudnn_ms;
   char line[96] = "";
   if (!forced && cudnn_ms >= 0) std::snprintf(line, sizeof line, " against cuDNN's %.1f us", cudnn_ms * 1e3);
-  a.ctx.choices.emplace_back(a.index, "conv2d_grad_weight: " + own->chose + line +
-                                          (forced ? wgrad_policy() == WgradPolicy::band ? " (SEAM_CONV_WGRAD=band)" : " (SEAM_CONV_WGRAD=own)"
-                                                 : wins ? ": seam's" : ": cuDNN's"));
+  std::string pick = wins ? ": seam's" : ": cuDNN's";
+  if (forced) pick = std::string(" (SEAM_CONV_WGRAD=") + (wgrad_policy() == WgradPolicy::band ? "band" : "own") + ")";
+  a.ctx.choices.emplace_back(a.index, "conv2d_grad_weight: " + own->chose + line + pick);
   if (wins) a.ctx.set_workspace_need(own->workspace);
   return wins;
 }

@@ -404,7 +404,7 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
       const int64_t chunks = ceil_div64(pixels, ceil_div64(stages, want) * kBandBK);
       if (chunks == last) continue;
       last = chunks;
-      bands.push_back({1, 1, chunks, true});
+      bands.push_back({1, 1, chunks, true});  // 32 x 32 tiles: its partials [chunks][k][cols], as params_of says
     }
     if (wgrad_policy() == WgradPolicy::band) cands.clear();
     cands.insert(cands.begin(), bands.begin(), bands.end());
@@ -422,7 +422,6 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
     return q;
   };
   auto partial_bytes = [&](const WgradConfig& cfg) {
-    if (cfg.band) return static_cast<size_t>(cfg.chunks * g.k * cols) * sizeof(float);
     const Params q = params_of(cfg, nullptr);
     return static_cast<size_t>(cfg.chunks) * q.mp * q.np * sizeof(float);
   };
@@ -450,7 +449,6 @@ std::optional<Launch> prepare_own_wgrad(const StepArgs& a, const WgradGeometry& 
         BandParams rb = b;
         rb.partial = r.partial;
         launch_wgrad_band(dt, rb, cfg.chunks, st);
-        r.mp = r.k, r.np = r.cols;  // the band's partials: [chunks][k][cols]
       } else {
         dispatch_storage(dt, "conv2d_grad_weight", [&]<class T>() { launch_config<T>(cfg, vec_a, vec_b, r, st); });
       }
