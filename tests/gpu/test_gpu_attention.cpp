@@ -89,13 +89,15 @@ std::vector<Case> fast_cases() {
 // operands; the tensor-core kernels also round P and dS to 16 bits before their products,
 // which the CPU does not, within the precisions' tolerances).
 // cuDNN 9.14 refuses one query with one key ("s_q = s_kv = 1 is not supported"): there the
-// choice falls back to another variant (MatchesTheCpuInBf16's first case).
+// choice falls back to another variant (MatchesTheCpuInBf16's first case). The fused
+// variants' backwards add dq with atomics unless the plan is deterministic: both ways.
 void expect_variant_matches(const std::string& variant) {
   ForcedVariant force(variant);
   for (const Case& k : fast_cases())
     if (variant != "cudnn" || k.tq > 1 || k.tk > 1)
-      for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
-        SCOPED_TRACE(variant + " " + k.str() + (o.precision == Precision::bf16 ? " bf16" : " f16"));
+      for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16(), gpu_testing::bf16().fixed()}) {
+        SCOPED_TRACE(variant + " " + k.str() + (o.precision == Precision::bf16 ? " bf16" : " f16") +
+                     (o.deterministic ? " deterministic" : ""));
         compare_with_cpu([&](GpuCase& c) { return build(c, k); }, o);
       }
 }
@@ -166,8 +168,9 @@ TEST(GpuAttention, DropoutMatchesTheCpu) {
   for (const char* variant : {"flash", "flash,plain", "plain,flash", "gemm", "gemm,flash", "flash,gemm"}) {
     ForcedVariant force(variant);
     for (const Case& k : {Case{2, 2, 130, 130, 64, 64, true}, Case{1, 2, 65, 300, 128, 128, false}})
-      for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
-        SCOPED_TRACE(std::string(variant) + " " + k.str() + (o.precision == Precision::bf16 ? " bf16" : " f16"));
+      for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16(), gpu_testing::bf16().fixed()}) {
+        SCOPED_TRACE(std::string(variant) + " " + k.str() + (o.precision == Precision::bf16 ? " bf16" : " f16") +
+                     (o.deterministic ? " deterministic" : ""));
         compare_with_cpu([&](GpuCase& c) { return dropped_attention(c, k); }, o);
       }
   }

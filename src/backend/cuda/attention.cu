@@ -280,11 +280,20 @@ Variant cudnn_variant(const StepArgs& a, DType t, const AttentionGeom& g, const 
   return v;
 }
 
-// rows: the backward's scratch for rowsum(do * o); null for the forward.
-Variant flash_variant(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows) {
+// rows: the backward's scratch for rowsum(do * o); null for the forward. The backward
+// sums dq in the workspace with atomics unless the plan is deterministic.
+Variant flash_variant(const StepArgs& a, DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows) {
   Variant v{"flash", {}};
   v.why_not = flash_unavailable(t, g, buf);
-  if (v.why_not.empty()) v.launch = rows ? flash_backward(t, g, buf, rows) : flash_forward(t, g, buf);
+  if (!v.why_not.empty()) return v;
+  if (!rows) {
+    v.launch = flash_forward(t, g, buf);
+  } else if (a.ctx.deterministic) {
+    v.launch = flash_backward(t, g, buf, rows, nullptr);
+  } else {
+    a.ctx.need_workspace(flash_dq_sums_bytes(g));
+    v.launch = flash_backward(t, g, buf, rows, &a.ctx);
+  }
   return v;
 }
 
@@ -319,7 +328,7 @@ Launch forward(const StepArgs& a, DType t, const AttentionGeom& ag, const Attent
   });
   std::vector<Variant> variants;
   variants.push_back(cudnn_variant(a, t, ag, buf, false));
-  variants.push_back(flash_variant(t, ag, buf, nullptr));
+  variants.push_back(flash_variant(a, t, ag, buf, nullptr));
   variants.push_back(gemm_variant(a, t, ag, buf, false, variants));
   variants.push_back({"plain", plain});
   return choose_attention(a, false, variant_key("attention", t, ag, packed), std::move(variants));
@@ -344,7 +353,7 @@ Launch backward(const StepArgs& a, DType t, const AttentionGeom& ag, const Atten
   });
   std::vector<Variant> variants;
   variants.push_back(cudnn_variant(a, t, ag, buf, true));
-  variants.push_back(flash_variant(t, ag, buf, rows));  // the plain kernels' row sums' scratch
+  variants.push_back(flash_variant(a, t, ag, buf, rows));  // the plain kernels' row sums' scratch
   variants.push_back(gemm_variant(a, t, ag, buf, true, variants));
   variants.push_back({"plain", plain});
   return choose_attention(a, true, variant_key("attention_grad", t, ag, packed), std::move(variants));

@@ -2,7 +2,8 @@
 // src/ops/attention.cpp); attention.cu times those a step can use and keeps the fastest
 // (choose_variant), per shape and precision:
 //   cudnn - cuDNN's fused flash attention through the graph API (attention_cudnn.cpp);
-//   flash - seam's own tiled kernels on tensor cores, bf16 and f16 (flash_attention.cu);
+//   flash - seam's own tiled kernels on tensor cores, bf16 and f16 (flash_attention.cu),
+//           whose backward adds dq with atomics unless the plan is deterministic;
 //   gemm  - the products on cuBLASLt with the [Tq, Tk] scores stored between them, a
 //           chunk of heads at a time in the workspace (attention_gemm.cu): where neither
 //           fused variant runs (f32 storage, TF32 or not; head sizes the kernels lack);
@@ -52,9 +53,13 @@ struct AttentionBuffers {
 // Empty where the tiled kernels serve this storage type, geometry and buffers, else why not.
 std::string flash_unavailable(DType t, const AttentionGeom& g, const AttentionBuffers& buf);
 // The forward (q, k, v -> out_o, out_lse) or the backward (dout, q, k, v, o, lse -> dq,
-// dk, dv; with f32 scratch of tq * bh floats for rowsum(do * o)).
+// dk, dv; with f32 scratch of tq * bh floats for rowsum(do * o)). sums_in: null for the
+// deterministic backward; else the context whose workspace (flash_dq_sums_bytes, read
+// when the launch runs) takes dq's f32 sums, added with atomics.
 Launch flash_forward(DType t, const AttentionGeom& g, const AttentionBuffers& buf);
-Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows);
+Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows,
+                      const Context* sums_in);
+size_t flash_dq_sums_bytes(const AttentionGeom& g);
 
 // cuDNN's SDPA forward or backward for this step, or nothing (with *why) where cuDNN builds
 // no plan for it. Its workspace is the context's (need_workspace).

@@ -2,7 +2,8 @@
 // backward nodes of the graph API, built by cudnn-frontend. cuDNN's "Stats" output is each
 // query row's log-sum-exp of the scaled scores, which is seam's lse as it stands, so its
 // forward and backward pair with the other variants'. The backward asks for cuDNN's
-// deterministic algorithm (no atomics in dq), so a step repeats its bits.
+// deterministic algorithm (no atomics in dq) where the plan is deterministic; else the
+// atomic one, faster by about a tenth (docs/perf.md).
 #include <cudnn_frontend.h>
 
 #include <memory>
@@ -20,7 +21,7 @@ namespace {
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
 
-std::shared_ptr<fe::graph::Graph> sdpa_graph(DType t, const AttentionGeom& g, bool backward) {
+std::shared_ptr<fe::graph::Graph> sdpa_graph(DType t, const AttentionGeom& g, bool backward, bool deterministic) {
   auto gr = std::make_shared<fe::graph::Graph>();
   gr->set_io_data_type(t == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -54,7 +55,7 @@ std::shared_ptr<fe::graph::Graph> sdpa_graph(DType t, const AttentionGeom& g, bo
     auto attrs = fe::graph::SDPA_backward_attributes()
                      .set_name("attention_grad")
                      .set_attn_scale(g.scale)
-                     .set_deterministic_algorithm(true);
+                     .set_deterministic_algorithm(deterministic);
     if (g.causal) attrs.set_causal_mask(true);
     auto [dq, dk, dv] = gr->sdpa_backward(q, k, v, o, dout, stats, attrs);
     output(dq, kDq, g.tq, g.d, g.q);
@@ -78,7 +79,7 @@ std::optional<Launch> cudnn_attention(const StepArgs& a, DType t, const Attentio
   }
   cudnnHandle_t h = cudnn_of(a.ctx);
   SEAM_CUDNN_CHECK(cudnnSetStream(h, a.ctx.stream));
-  std::shared_ptr<fe::graph::Graph> gr = sdpa_graph(t, g, backward);
+  std::shared_ptr<fe::graph::Graph> gr = sdpa_graph(t, g, backward, a.ctx.deterministic);
   auto ok = [&](fe::error_t e, const char* what) {
     if (e.is_good()) return true;
     *why = std::string("cuDNN ") + what + ": " + e.get_message();

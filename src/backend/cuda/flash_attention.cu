@@ -11,8 +11,12 @@
 //   dq:      a block per 64 queries; S, P from lse, dP = dO V^T, dS = P (dP - rowsum),
 //            dQ += dS K.
 //   dk, dv:  a block per 64 keys; S^T = K Q^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
-// The backward recomputes S in both kernels (seven products instead of five) so that no
-// sum is shared between blocks: no atomics, the same bits every run. Dropout of the
+// Two backwards: the deterministic one (ModelOptions::deterministic) recomputes S in both
+// kernels (seven products instead of five) so that no sum is shared between blocks, and
+// repeats its bits; the default one has the key-block kernel also form dQ's share of its
+// keys, dS K (dS^T through shared memory, read transposed), and add it to f32 sums with
+// atomics: five products, FlashAttention-2's backward, then one pass scales the sums into
+// dq. Dropout of the
 // probabilities draws each (query, key) pair's Philox number as the CPU does: P's row sums
 // stay undropped, the products take P times the factor, and dP is the product's gradient
 // times it.
@@ -117,6 +121,13 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* s, int r0, int
   ldsm4(a, s + (r0 + (lane & 15)) * kStride<D> + c0 + (lane >> 4) * 8);
 }
 
+// ... or from a tile stored [k][m] (dS^T for dQ = dS K), transposed on the way.
+template <int S, class T>
+__device__ __forceinline__ void load_a_km(uint32_t (&a)[4], const T* s, int r0, int c0) {
+  const int lane = threadIdx.x & 31;
+  ldsm4_t(a, s + (c0 + (lane & 7) + ((lane >> 4) & 1) * 8) * kStride<S> + r0 + ((lane >> 3) & 1) * 8);
+}
+
 // B operands of the n8 tiles at n0 and n0 + 8 over k in [k0, k0 + 16): b[0..1] and
 // b[2..3]. From a tile stored [n][k] (the rows are B's columns) ...
 template <int D, class T>
@@ -131,37 +142,101 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* s, int k0, 
   ldsm4_t(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride<D> + n0 + (lane >> 4) * 8);
 }
 
-// acc (16 x N) += rows [r0, r0 + 16) of tile a (16 x D) times tile b (N x D) transposed.
-template <class T, int D, int N>
-__device__ __forceinline__ void mma_abt(float (&acc)[N / 8][4], const T* a, int r0, const T* b) {
+// acc (16 MT x N) += rows [r0, r0 + 16 MT) of tile a (D wide) times tile b (N x D)
+// transposed: each B fragment serves the MT row tiles.
+template <class T, int D, int N, int MT>
+__device__ __forceinline__ void mma_abt(float (&acc)[MT][N / 8][4], const T* a, int r0, const T* b) {
 #pragma unroll
   for (int kk = 0; kk < D; kk += 16) {
-    uint32_t af[4];
-    load_a<D>(af, a, r0, kk);
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) load_a<D>(af[m], a, r0 + 16 * m, kk);
 #pragma unroll
     for (int n = 0; n < N; n += 16) {
       uint32_t bf[4];
       load_b_nk<D>(bf, b, n, kk);
-      mma<T>(acc[n / 8], af, bf[0], bf[1]);
-      mma<T>(acc[n / 8 + 1], af, bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma<T>(acc[m][n / 8], af[m], bf[0], bf[1]);
+        mma<T>(acc[m][n / 8 + 1], af[m], bf[2], bf[3]);
+      }
     }
   }
 }
 
-// acc (16 x D) += p (16 x N, accumulator layout, rounded to T) times tile b (N x D).
-template <class T, int D, int N>
-__device__ __forceinline__ void mma_pb(float (&acc)[D / 8][4], const float (&p)[N / 8][4], const T* b) {
+// The A operand of 16 rows and k in [2 kk 8, 2 kk 8 + 16) from an accumulator tile row
+// (16 x N), rounded to T.
+template <class T, int N>
+__device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&p)[N / 8][4], int kk) {
+  a[0] = pack<T>(p[2 * kk][0], p[2 * kk][1]);
+  a[1] = pack<T>(p[2 * kk][2], p[2 * kk][3]);
+  a[2] = pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+  a[3] = pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+
+// acc (16 MT x D) += p (16 MT x N, accumulator layout, rounded to T) times tile b (N x D).
+template <class T, int D, int N, int MT>
+__device__ __forceinline__ void mma_pb(float (&acc)[MT][D / 8][4], const float (&p)[MT][N / 8][4], const T* b) {
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
-    const uint32_t af[4] = {pack<T>(p[2 * kk][0], p[2 * kk][1]), pack<T>(p[2 * kk][2], p[2 * kk][3]),
-                            pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                            pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc_as_a<T, N>(af[m], p[m], kk);
 #pragma unroll
     for (int n = 0; n < D; n += 16) {
       uint32_t bf[4];
       load_b_kn<D>(bf, b, kk * 16, n);
-      mma<T>(acc[n / 8], af, bf[0], bf[1]);
-      mma<T>(acc[n / 8 + 1], af, bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma<T>(acc[m][n / 8], af[m], bf[0], bf[1]);
+        mma<T>(acc[m][n / 8 + 1], af[m], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
+// Two independent products at once: acc1 += rows [r0, r0 + 16) of a1 times b1 transposed,
+// and acc2 the same of a2 and b2 (the backward's S and dP). Their loads and products
+// interleave, so that one's wait for a result is the other's time to issue.
+template <class T, int D, int N>
+__device__ __forceinline__ void mma_abt2(float (&acc1)[N / 8][4], const T* a1, const T* b1, float (&acc2)[N / 8][4],
+                                         const T* a2, const T* b2, int r0) {
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t af1[4], af2[4];
+    load_a<D>(af1, a1, r0, kk);
+    load_a<D>(af2, a2, r0, kk);
+#pragma unroll
+    for (int n = 0; n < N; n += 16) {
+      uint32_t bf1[4], bf2[4];
+      load_b_nk<D>(bf1, b1, n, kk);
+      load_b_nk<D>(bf2, b2, n, kk);
+      mma<T>(acc1[n / 8], af1, bf1[0], bf1[1]);
+      mma<T>(acc2[n / 8], af2, bf2[0], bf2[1]);
+      mma<T>(acc1[n / 8 + 1], af1, bf1[2], bf1[3]);
+      mma<T>(acc2[n / 8 + 1], af2, bf2[2], bf2[3]);
+    }
+  }
+}
+
+// ... and acc1 += p1 b1, acc2 += p2 b2 (the backward's dV and dK).
+template <class T, int D, int N>
+__device__ __forceinline__ void mma_pb2(float (&acc1)[D / 8][4], const float (&p1)[N / 8][4], const T* b1,
+                                        float (&acc2)[D / 8][4], const float (&p2)[N / 8][4], const T* b2) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    uint32_t af1[4], af2[4];
+    acc_as_a<T, N>(af1, p1, kk);
+    acc_as_a<T, N>(af2, p2, kk);
+#pragma unroll
+    for (int n = 0; n < D; n += 16) {
+      uint32_t bf1[4], bf2[4];
+      load_b_kn<D>(bf1, b1, kk * 16, n);
+      load_b_kn<D>(bf2, b2, kk * 16, n);
+      mma<T>(acc1[n / 8], af1, bf1[0], bf1[1]);
+      mma<T>(acc2[n / 8], af2, bf2[0], bf2[1]);
+      mma<T>(acc1[n / 8 + 1], af1, bf1[2], bf1[3]);
+      mma<T>(acc2[n / 8 + 1], af2, bf2[2], bf2[3]);
     }
   }
 }
@@ -186,6 +261,16 @@ __device__ __forceinline__ void store_rows(T* g, int64_t ld, const float (&acc)[
   }
 }
 
+// 2^x by the special-function unit alone, results below 2^-126 flushed to zero: exp2f
+// spends three more instructions an element on subnormal results, and a probability that
+// small is zero beside its row's largest, which is 1. The element-wise work between the
+// products is what limits these kernels' issue rate.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // Sum and maximum over the four lanes that hold one accumulator row.
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -196,14 +281,16 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// Starts loading the next tiles of two operands into the other stage (where there are
-// more), then waits for the current stage's and makes them visible to the block.
-template <class T, int D, int N>
+// Starts loading the next tiles of two operands (and what also(stage) adds) into the other
+// stage (where there are more), then waits for the current stage's and makes them visible
+// to the block.
+template <class T, int D, int N, class Also = void (*)(int)>
 __device__ __forceinline__ void next_stage(T* a, const T* ga, int64_t lda, T* b, const T* gb, int64_t ldb, int st,
-                                           int next_row, int n, bool more) {
+                                           int next_row, int n, bool more, Also also = [](int) {}) {
   if (more) {
     load_tile<T, D, N>(a + (st ^ 1) * N * kStride<D>, ga, lda, next_row, n);
     load_tile<T, D, N>(b + (st ^ 1) * N * kStride<D>, gb, ldb, next_row, n);
+    also(st ^ 1);
     cp_commit();
     cp_wait<1>();
   } else {
@@ -212,109 +299,168 @@ __device__ __forceinline__ void next_stage(T* a, const T* ga, int64_t lda, T* b,
   __syncthreads();
 }
 
-// Key tiles a block of queries [m0, m0 + kM) needs: all, or those up to its last query.
-template <int N>
+// Key tiles a block of queries [m0, m0 + M) needs: all, or those up to its last query.
+template <int N, int M = kM>
 __device__ __forceinline__ int key_tiles(const FlashGeom& g, int m0) {
   const int all = ceil_div(g.tk, N);
-  return g.causal ? min(all, ceil_div(m0 + kM, N)) : all;
+  return g.causal ? min(all, ceil_div(m0 + M, N)) : all;
 }
 
-template <class T, int D, int N, bool Drop>
+// A warp owns MT tiles of 16 query rows: each K and V fragment it loads serves all of them.
+template <class T, int D, int N, int MT, bool Drop>
 __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, T* __restrict__ o,
                                                       float* __restrict__ lse, FlashGeom g) {
+  constexpr int M = kM * MT;  // rows a block owns
   extern __shared__ __align__(16) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
-  T* ks = qs + kM * kStride<D>;  // two stages each
+  T* ks = qs + M * kStride<D>;  // two stages each
   T* vs = ks + 2 * N * kStride<D>;
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * kM;  // the longest causal rows first
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * M;  // the longest causal rows first
   const int64_t bh = blockIdx.y;
   q += g.q.at(bh, g.h), o += g.o.at(bh, g.h), lse += bh * g.tq;
   k += g.k.at(bh, g.h), v += g.v.at(bh, g.h);
-  const int r0 = (threadIdx.x >> 5) * 16;
-  const int tiles = key_tiles<N>(g, m0);
+  const int r0 = (threadIdx.x >> 5) * 16 * MT;
+  const int tiles = key_tiles<N, M>(g, m0);
   const FlashKeep keep(g);  // reads nothing without dropout
-  load_tile<T, D, kM>(qs, q, g.q.row, m0, g.tq);
+  load_tile<T, D, M>(qs, q, g.q.row, m0, g.tq);
   load_tile<T, D, N>(ks, k, g.k.row, 0, g.tk);
   load_tile<T, D, N>(vs, v, g.v.row, 0, g.tk);
   cp_commit();
-  float acc[D / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float acc[MT][D / 8][4] = {};
+  float m[MT][2], l[MT][2] = {};
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY;
   for (int j = 0; j < tiles; ++j) {
     const int st = j & 1;
     next_stage<T, D, N>(ks, k, g.k.row, vs, v, g.v.row, st, (j + 1) * N, g.tk, j + 1 < tiles);
     const T* kt = ks + st * N * kStride<D>;
     const T* vt = vs + st * N * kStride<D>;
-    float s[N / 8][4] = {};
-    mma_abt<T, D, N>(s, qs, r0, kt);
+    float s[MT][N / 8][4] = {};
+    mma_abt<T, D, N, MT>(s, qs, r0, kt);
     const int n0 = j * N;
     const bool edge = n0 + N > g.tk || (g.causal && n0 + N - 1 > m0);
-    float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int t = 0; t < N / 8; ++t)
+    for (int mt = 0; mt < MT; ++mt) {
+      const int row0 = m0 + r0 + 16 * mt;
+      // The maxima of the raw scores (the scale is positive), then one fused multiply-add
+      // an element scales and shifts them; m is kept scaled, in base 2.
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[t][e] * g.scale2;
-        if (edge) {
-          const int col = n0 + t * 8 + acc_col(e), row = m0 + r0 + acc_row(e);
-          if (col >= g.tk || (g.causal && col > row)) x = -INFINITY;
+      for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (edge) {
+            const int col = n0 + t * 8 + acc_col(e), row = row0 + acc_row(e);
+            if (col >= g.tk || (g.causal && col > row)) s[mt][t][e] = -INFINITY;
+          }
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][t][e]);
         }
-        s[t][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-    float base[2], corr[2];
+      float base[2], corr[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = quad_max(mx[h]);
-      base[h] = mx[h] == -INFINITY ? 0.f : mx[h];  // a row with no key yet stays at zero
-      corr[h] = exp2f(m[h] - base[h]);
-      m[h] = mx[h];
-      l[h] *= corr[h];
+      for (int h = 0; h < 2; ++h) {
+        const float now = fmaxf(m[mt][h], quad_max(mx[h]) * g.scale2);
+        base[h] = now == -INFINITY ? 0.f : now;  // a row with no key yet stays at zero
+        corr[h] = exp2_ftz(m[mt][h] - base[h]);
+        m[mt][h] = now;
+        l[mt][h] *= corr[h];
+      }
+#pragma unroll
+      for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float p = exp2_ftz(fmaf(s[mt][t][e], g.scale2, -base[e >> 1]));
+          l[mt][e >> 1] += p;
+          if constexpr (Drop) p *= keep(g, bh, row0 + acc_row(e), n0 + t * 8 + acc_col(e));
+          s[mt][t][e] = p;
+        }
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][t][e] *= corr[e >> 1];
     }
-#pragma unroll
-    for (int t = 0; t < N / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[t][e] = exp2f(s[t][e] - base[e >> 1]);
-        l[e >> 1] += s[t][e];
-        if constexpr (Drop) s[t][e] *= keep(g, bh, m0 + r0 + acc_row(e), n0 + t * 8 + acc_col(e));
-      }
-#pragma unroll
-    for (int t = 0; t < D / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][e] *= corr[e >> 1];
-    mma_pb<T, D, N>(acc, s, vt);
+    mma_pb<T, D, N, MT>(acc, s, vt);
     __syncthreads();  // the next prefetch overwrites this stage
   }
-  float inv[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] = quad_sum(l[h]);
-    inv[h] = 1.f / l[h];
-  }
-  store_rows<T, D>(o, g.o.row, acc, m0 + r0, g.tq, inv);
-  if ((threadIdx.x & 3) == 0)
+  for (int mt = 0; mt < MT; ++mt) {
+    const int row0 = m0 + r0 + 16 * mt;
+    float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = m0 + r0 + acc_row(2 * h);
-      if (r < g.tq) lse[r] = (m[h] + log2f(l[h])) * kLn2;
+      l[mt][h] = quad_sum(l[mt][h]);
+      inv[h] = 1.f / l[mt][h];
     }
+    store_rows<T, D>(o, g.o.row, acc[mt], row0, g.tq, inv);
+    if ((threadIdx.x & 3) == 0)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + acc_row(2 * h);
+        if (r < g.tq) lse[r] = (m[mt][h] + log2f(l[mt][h])) * kLn2;
+      }
+  }
 }
 
-// rows[r] = sum over d of do[r, d] * o[r, d], one warp a row.
+// Two 16-bit values of one register as floats.
+template <class T>
+__device__ __forceinline__ float2 unpack(uint32_t v) {
+  if constexpr (std::is_same_v<T, bf16_t>) return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+  else return __half22float2(*reinterpret_cast<__half2*>(&v));
+}
+
+// The element kernels around the backward: a block of 256 threads per chunk of rows of
+// one head (blockIdx.y = b * H + h), 8 elements (16 bytes) a thread, so D / 8 threads a
+// row, and the row's base computed once a thread.
+constexpr int kRowThreads = 256;
+
+// rows[r] = sum over d of do[r, d] * o[r, d]; and row r of dq's f32 sums zeroed where the
+// backward adds into them.
 template <class T, int D>
-__global__ void flash_rowdot(const T* __restrict__ dout, const T* __restrict__ o, float* __restrict__ rows,
-                             int64_t n, FlashGeom g) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
-  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; r < n; r += warps) {
-    const int64_t at = g.o.at(r / g.tq, g.h) + r % g.tq * g.o.row;
-    float acc = 0.f;
+__global__ void __launch_bounds__(kRowThreads) flash_rowdot(const T* __restrict__ dout, const T* __restrict__ o,
+                                                            float* __restrict__ rows, float* __restrict__ dq_sums,
+                                                            FlashGeom g) {
+  constexpr int kPer = D / 8;  // threads a row, of one warp
+  const int64_t bh = blockIdx.y;
+  const int r = static_cast<int>((int64_t{blockIdx.x} * kRowThreads + threadIdx.x) / kPer);
+  const int col = static_cast<int>(threadIdx.x % kPer) * 8;
+  const bool valid = r < g.tq;  // whole rows are invalid together: the shuffles below stay in step
+  float acc = 0.f;
+  if (valid) {
+    const int64_t at = g.o.at(bh, g.h) + int64_t{r} * g.o.row + col;
+    const uint4 a = *reinterpret_cast<const uint4*>(dout + at), b = *reinterpret_cast<const uint4*>(o + at);
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int e = lane; e < D; e += 32) acc = fmaf(to_float(dout[at + e]), to_float(o[at + e]), acc);
-    acc = warp_sum(acc);
-    if (lane == 0) rows[r] = acc;
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = unpack<T>(av[e]), y = unpack<T>(bv[e]);
+      acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+    }
   }
+#pragma unroll
+  for (int m = kPer / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  if (!valid) return;
+  const int64_t row = bh * g.tq + r;
+  if (col == 0) rows[row] = acc;
+  if (dq_sums) {
+    float4* z = reinterpret_cast<float4*>(dq_sums + row * D + col);
+    z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// dq = scale * its f32 sums ([B * H, Tq, D], contiguous), through q's strides.
+template <class T, int D>
+__global__ void __launch_bounds__(kRowThreads) flash_dq_store(const float* __restrict__ dq_sums, T* __restrict__ dq,
+                                                              FlashGeom g) {
+  constexpr int kPer = D / 8;
+  const int64_t bh = blockIdx.y;
+  const int r = static_cast<int>((int64_t{blockIdx.x} * kRowThreads + threadIdx.x) / kPer);
+  const int col = static_cast<int>(threadIdx.x % kPer) * 8;
+  if (r >= g.tq) return;
+  const float4* v = reinterpret_cast<const float4*>(dq_sums + (bh * g.tq + r) * D + col);
+  const float4 a = v[0], b = v[1];
+  const float f = g.scale;
+  *reinterpret_cast<uint4*>(dq + g.q.at(bh, g.h) + int64_t{r} * g.q.row + col) =
+      make_uint4(pack<T>(a.x * f, a.y * f), pack<T>(a.z * f, a.w * f), pack<T>(b.x * f, b.y * f),
+                 pack<T>(b.z * f, b.w * f));
 }
 
 template <class T, int D, int N, bool Drop>
@@ -354,83 +500,144 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
     const T* kt = ks + st * N * kStride<D>;
     const T* vt = vs + st * N * kStride<D>;
     float s[N / 8][4] = {}, dp[N / 8][4] = {};
-    mma_abt<T, D, N>(s, qs, r0, kt);
-    mma_abt<T, D, N>(dp, dos, r0, vt);
+    mma_abt2<T, D, N>(s, qs, kt, dp, dos, vt, r0);
     const int n0 = j * N;
     const bool edge = n0 + N > g.tk || (g.causal && n0 + N - 1 > m0);
 #pragma unroll
     for (int t = 0; t < N / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = exp2f(s[t][e] * g.scale2 - lse2[e >> 1]);
+        float p = exp2_ftz(fmaf(s[t][e], g.scale2, -lse2[e >> 1]));
         const int col = n0 + t * 8 + acc_col(e), row = m0 + r0 + acc_row(e);
         if (edge && (col >= g.tk || (g.causal && col > row))) p = 0.f;
         float f = 1.f;
         if constexpr (Drop) f = keep(g, bh, row, col);
         s[t][e] = p * (dp[t][e] * f - dr[e >> 1]);  // dS, unscaled
       }
-    mma_pb<T, D, N>(acc, s, kt);
+    mma_pb<T, D, N, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc), reinterpret_cast<float(&)[1][N / 8][4]>(s), kt);
     __syncthreads();
   }
   const float f[2] = {g.scale, g.scale};
   store_rows<T, D>(dq, g.q.row, acc, m0 + r0, g.tq, f);
 }
 
-template <class T, int D, int N, bool Drop>
+// dq_sums (rows of N queries from q0, D columns) += dS K over the block's keys: dS^T
+// [kM][N] and K [kM][D] in shared memory. The warps split the rows in 16s and D in what
+// remains; each adds its 16 x D / (kWarps * 16 / N) share with f32 pair atomics.
+template <class T, int D, int N>
+__device__ __forceinline__ void add_dq_share(float* dq_sums, const T* dst, const T* ks, int q0, int tq) {
+  constexpr int kRowGroups = N / 16, kCols = D * kRowGroups / kWarps;
+  static_assert(kWarps % kRowGroups == 0 && kCols % 16 == 0, "a warp's share of dQ is whole m16n16 tiles");
+  const int w = threadIdx.x >> 5, r0 = (w % kRowGroups) * 16, c0 = (w / kRowGroups) * kCols;
+  float acc[kCols / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < kM; kk += 16) {
+    uint32_t af[4];
+    load_a_km<N>(af, dst, r0, kk);
+#pragma unroll
+    for (int n = 0; n < kCols; n += 16) {
+      uint32_t bf[4];
+      load_b_kn<D>(bf, ks, kk, c0 + n);
+      mma<T>(acc[n / 8], af, bf[0], bf[1]);
+      mma<T>(acc[n / 8 + 1], af, bf[2], bf[3]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = q0 + r0 + acc_row(2 * h);
+    if (r >= tq) continue;
+#pragma unroll
+    for (int t = 0; t < kCols / 8; ++t)
+      atomicAdd(reinterpret_cast<float2*>(dq_sums + int64_t{r} * D + c0 + t * 8 + acc_col(0)),
+                make_float2(acc[t][2 * h], acc[t][2 * h + 1]));
+  }
+}
+
+// AtomicQ: also dq's f32 sums (flash_rowdot zeroed them), [B * H, Tq, D]; else dq_sums
+// is unused and flash_bwd_dq forms dq.
+template <class T, int D, int N, bool Drop, bool AtomicQ>
 __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ dout, const T* __restrict__ q,
                                                           const T* __restrict__ k, const T* __restrict__ v,
                                                           const float* __restrict__ lse,
                                                           const float* __restrict__ rows, T* __restrict__ dk,
-                                                          T* __restrict__ dv, FlashGeom g) {
+                                                          T* __restrict__ dv, float* __restrict__ dq_sums,
+                                                          FlashGeom g) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kM * kStride<D>;
   T* qs = vs + kM * kStride<D>;  // two stages each
   T* dos = qs + 2 * N * kStride<D>;
+  T* dst = dos + 2 * N * kStride<D>;                                      // AtomicQ: dS^T, [kM][N]
+  float* stats = reinterpret_cast<float*>(dst + (AtomicQ ? kM * kStride<N> : 0));  // lse, rows: two stages
   const int n0 = blockIdx.x * kM;  // causal: the first key blocks see the most queries
   const int64_t bh = blockIdx.y;
   q += g.q.at(bh, g.h), dout += g.o.at(bh, g.h), lse += bh * g.tq, rows += bh * g.tq;
+  if constexpr (AtomicQ) dq_sums += bh * g.tq * D;
   k += g.k.at(bh, g.h), v += g.v.at(bh, g.h), dk += g.k.at(bh, g.h), dv += g.v.at(bh, g.h);
   const int r0 = (threadIdx.x >> 5) * 16;
   const int first = g.causal ? n0 / N : 0, tiles = ceil_div(g.tq, N);
+  // The query tile's lse and rowsum(do * o) staged beside it, an element a copy (a head's
+  // rows of them need not be 16-byte aligned); zeros past the end.
+  auto load_stats = [&](int st, int row0) {
+    for (int c = threadIdx.x; c < 2 * N; c += kThreads) {
+      const int r = c % N;
+      const float* from = c < N ? lse : rows;
+      const bool valid = row0 + r < g.tq;
+      cp4(stats + st * 2 * N + c, valid ? from + row0 + r : from, valid);
+    }
+  };
   load_tile<T, D, kM>(ks, k, g.k.row, n0, g.tk);
   load_tile<T, D, kM>(vs, v, g.v.row, n0, g.tk);
   load_tile<T, D, N>(qs, q, g.q.row, first * N, g.tq);
   load_tile<T, D, N>(dos, dout, g.o.row, first * N, g.tq);
+  load_stats(0, first * N);
   cp_commit();
   const FlashKeep keep(g);  // reads nothing without dropout
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   for (int i = first; i < tiles; ++i) {
     const int st = (i - first) & 1;
-    next_stage<T, D, N>(qs, q, g.q.row, dos, dout, g.o.row, st, (i + 1) * N, g.tq, i + 1 < tiles);
+    next_stage<T, D, N>(qs, q, g.q.row, dos, dout, g.o.row, st, (i + 1) * N, g.tq, i + 1 < tiles,
+                        [&](int next) { load_stats(next, (i + 1) * N); });
     const T* qt = qs + st * N * kStride<D>;
     const T* dot = dos + st * N * kStride<D>;
+    const float* lse_t = stats + st * 2 * N;
+    const float* rows_t = lse_t + N;
     float s[N / 8][4] = {}, dp[N / 8][4] = {};
-    mma_abt<T, D, N>(s, ks, r0, qt);
-    mma_abt<T, D, N>(dp, vs, r0, dot);
+    mma_abt2<T, D, N>(s, ks, qt, dp, vs, dot, r0);
     const int q0 = i * N;
-    const bool edge = q0 + N > g.tq || (g.causal && q0 < n0 + kM - 1);
+    // Keys past the end are zero rows of K and V, but their p = exp(-lse) could still
+    // overflow and make 0 * inf of dS K: masked too.
+    const bool edge = q0 + N > g.tq || (g.causal && q0 < n0 + kM - 1) || n0 + kM > g.tk;
 #pragma unroll
     for (int t = 0; t < N / 8; ++t)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int col = q0 + t * 8 + acc_col(c);  // a query
         const bool in = col < g.tq;
-        const float l2 = in ? lse[col] * kLog2e : 0.f, r = in ? rows[col] : 0.f;
+        const float l2 = lse_t[t * 8 + acc_col(c)] * kLog2e, r = rows_t[t * 8 + acc_col(c)];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int e = 2 * h + c;
           const int key = n0 + r0 + acc_row(e);
-          float p = exp2f(s[t][e] * g.scale2 - l2);
-          if (edge && (!in || (g.causal && col < key))) p = 0.f;
+          float p = exp2_ftz(fmaf(s[t][e], g.scale2, -l2));
+          if (edge && (!in || key >= g.tk || (g.causal && col < key))) p = 0.f;
           float f = 1.f;
           if constexpr (Drop) f = keep(g, bh, col, key);
           s[t][e] = p * f;
           dp[t][e] = p * (dp[t][e] * f - r);  // dS^T, unscaled
         }
       }
-    mma_pb<T, D, N>(dv_acc, s, dot);
-    mma_pb<T, D, N>(dk_acc, dp, qt);
+    mma_pb2<T, D, N>(dv_acc, s, dot, dk_acc, dp, qt);
+    if constexpr (AtomicQ) {
+#pragma unroll
+      for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<uint32_t*>(dst + (r0 + acc_row(2 * h)) * kStride<N> + t * 8 + acc_col(0)) =
+              pack<T>(dp[t][2 * h], dp[t][2 * h + 1]);
+      __syncthreads();
+      add_dq_share<T, D, N>(dq_sums, dst, ks, q0, g.tq);
+    }
     __syncthreads();
   }
   const float one[2] = {1.f, 1.f}, f[2] = {g.scale, g.scale};
@@ -442,6 +649,11 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
 // accumulators would leave too few registers for 64.
 template <int D>
 constexpr int kFwdN = 64;
+// Row tiles a forward warp owns: two at D = 64 without dropout (a block of 128 queries);
+// one at 128, whose accumulators would leave too few registers for two, and with
+// dropout, whose mask arithmetic would spill.
+template <int D, bool Drop>
+constexpr int kFwdMT = D > 64 || Drop ? 1 : 2;
 template <int D>
 constexpr int kKvN = D > 64 ? 32 : 64;
 
@@ -489,41 +701,64 @@ std::string flash_unavailable(DType t, const AttentionGeom& g, const AttentionBu
 
 Launch flash_forward(DType t, const AttentionGeom& g, const AttentionBuffers& buf) {
   const FlashGeom fg = flash_geom(g);
-  const dim3 grid(static_cast<unsigned>(ceil_div(fg.tq, kM)), static_cast<unsigned>(g.bh()));
   Launch launch;
   dispatch_flash(t, g.d, g.dropout > 0, [&]<class T, int D, bool Drop>() {
-    constexpr int N = kFwdN<D>;
-    const size_t smem = size_t{kM + 4 * N} * kStride<D> * sizeof(T);
-    allow_smem(flash_fwd<T, D, N, Drop>, smem);
+    constexpr int N = kFwdN<D>, MT = kFwdMT<D, Drop>;
+    const dim3 grid(static_cast<unsigned>(ceil_div(fg.tq, kM * MT)), static_cast<unsigned>(g.bh()));
+    const size_t smem = size_t{kM * MT + 4 * N} * kStride<D> * sizeof(T);
+    allow_smem(flash_fwd<T, D, N, MT, Drop>, smem);
     launch = [=, q = static_cast<const T*>(buf.q), k = static_cast<const T*>(buf.k), v = static_cast<const T*>(buf.v),
               o = static_cast<T*>(buf.out_o), lse = static_cast<float*>(buf.out_lse)](cudaStream_t s) {
-      flash_fwd<T, D, N, Drop><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, fg);
+      flash_fwd<T, D, N, MT, Drop><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, fg);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
   return launch;
 }
 
-Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows) {
+size_t flash_dq_sums_bytes(const AttentionGeom& g) {
+  return static_cast<size_t>(g.bh() * g.tq * g.d) * sizeof(float);
+}
+
+Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows,
+                      const Context* sums_in) {
   const FlashGeom fg = flash_geom(g);
   const dim3 qgrid(static_cast<unsigned>(ceil_div(fg.tq, kM)), static_cast<unsigned>(g.bh()));
   const dim3 kgrid(static_cast<unsigned>(ceil_div(fg.tk, kM)), static_cast<unsigned>(g.bh()));
-  const int64_t n = g.bh() * g.tq;
-  const unsigned row_blocks = blocks_for((n + 7) / 8, 1);
+  const dim3 row_grid(static_cast<unsigned>((g.tq * (g.d / 8) + kRowThreads - 1) / kRowThreads),
+                      static_cast<unsigned>(g.bh()));
   Launch launch;
   dispatch_flash(t, g.d, g.dropout > 0, [&]<class T, int D, bool Drop>() {
     constexpr int NQ = kFwdN<D>, NK = kKvN<D>;
     const size_t qsmem = size_t{2 * kM + 4 * NQ} * kStride<D> * sizeof(T);
-    const size_t ksmem = size_t{2 * kM + 4 * NK} * kStride<D> * sizeof(T);
+    const size_t ksmem = size_t{2 * kM + 4 * NK} * kStride<D> * sizeof(T) + 4 * NK * sizeof(float);
+    auto in = [&](const void* p) { return static_cast<const T*>(p); };
+    auto out = [&](void* p) { return static_cast<T*>(p); };
+    if (sums_in) {
+      const size_t smem = ksmem + size_t{kM} * kStride<NK> * sizeof(T);  // and dS^T
+      allow_smem(flash_bwd_dkv<T, D, NK, Drop, true>, smem);
+      launch = [=, dout = in(buf.dout), q = in(buf.q), k = in(buf.k), v = in(buf.v), o = in(buf.o),
+                lse = static_cast<const float*>(buf.lse), dq = out(buf.dq), dk = out(buf.dk),
+                dv = out(buf.dv)](cudaStream_t s) {
+        auto* sums = static_cast<float*>(sums_in->workspace());
+        flash_rowdot<T, D><<<row_grid, kRowThreads, 0, s>>>(dout, o, rows, sums, fg);
+        SEAM_CUDA_LAUNCH_CHECK();
+        flash_bwd_dkv<T, D, NK, Drop, true><<<kgrid, kThreads, smem, s>>>(dout, q, k, v, lse, rows, dk, dv, sums, fg);
+        SEAM_CUDA_LAUNCH_CHECK();
+        flash_dq_store<T, D><<<row_grid, kRowThreads, 0, s>>>(sums, dq, fg);
+        SEAM_CUDA_LAUNCH_CHECK();
+      };
+      return;
+    }
     allow_smem(flash_bwd_dq<T, D, NQ, Drop>, qsmem);
-    allow_smem(flash_bwd_dkv<T, D, NK, Drop>, ksmem);
-    launch = [=, dout = static_cast<const T*>(buf.dout), q = static_cast<const T*>(buf.q),
-              k = static_cast<const T*>(buf.k), v = static_cast<const T*>(buf.v), o = static_cast<const T*>(buf.o),
-              lse = static_cast<const float*>(buf.lse), dq = static_cast<T*>(buf.dq), dk = static_cast<T*>(buf.dk),
-              dv = static_cast<T*>(buf.dv)](cudaStream_t s) {
-      flash_rowdot<T, D><<<row_blocks, 256, 0, s>>>(dout, o, rows, n, fg);
+    allow_smem(flash_bwd_dkv<T, D, NK, Drop, false>, ksmem);
+    launch = [=, dout = in(buf.dout), q = in(buf.q), k = in(buf.k), v = in(buf.v), o = in(buf.o),
+              lse = static_cast<const float*>(buf.lse), dq = out(buf.dq), dk = out(buf.dk),
+              dv = out(buf.dv)](cudaStream_t s) {
+      flash_rowdot<T, D><<<row_grid, kRowThreads, 0, s>>>(dout, o, rows, nullptr, fg);
       SEAM_CUDA_LAUNCH_CHECK();
-      flash_bwd_dkv<T, D, NK, Drop><<<kgrid, kThreads, ksmem, s>>>(dout, q, k, v, lse, rows, dk, dv, fg);
+      flash_bwd_dkv<T, D, NK, Drop, false><<<kgrid, kThreads, ksmem, s>>>(dout, q, k, v, lse, rows, dk, dv, nullptr,
+                                                                          fg);
       SEAM_CUDA_LAUNCH_CHECK();
       flash_bwd_dq<T, D, NQ, Drop><<<qgrid, kThreads, qsmem, s>>>(dout, q, k, v, lse, rows, dq, fg);
       SEAM_CUDA_LAUNCH_CHECK();
