@@ -176,6 +176,20 @@ TEST(GpuAttention, DropoutMatchesTheCpu) {
   }
 }
 
+// Every path of the tiled kernels on two small shapes, sized for compute-sanitizer's
+// memcheck and racecheck: the forward with two row tiles a warp (D = 64, a partial block
+// of 128 queries) and with one (D = 128; dropout), the backward with dq's atomic sums and
+// the deterministic one, with and without dropout.
+TEST(GpuAttention, TiledKernelsEveryPathOnSmallShapes) {
+  ForcedVariant force("flash");
+  for (const Case& k : {Case{2, 3, 130, 130, 64, 64, true}, Case{1, 2, 65, 70, 128, 128, false}})
+    for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::bf16().fixed()}) {
+      SCOPED_TRACE(k.str() + (o.deterministic ? " deterministic" : ""));
+      compare_with_cpu([&](GpuCase& c) { return build(c, k); }, o);
+      compare_with_cpu([&](GpuCase& c) { return dropped_attention(c, k); }, o);
+    }
+}
+
 // q, k and v packed token by token as one [B, T, 3, H, D] operand, o [B, T, H, D]: each
 // variant reads and writes them through strides, causal or not, at both tiled head sizes.
 TEST(GpuAttention, PackedMatchesTheCpu) {

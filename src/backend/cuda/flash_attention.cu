@@ -2,12 +2,15 @@
 // cores (mma.sync m16n8k16, bf16 or f16 operands, f32 accumulators), for head sizes 64 and
 // 128 with Dv = D.
 //
-// A block is four warps and owns 64 rows (16 a warp); it walks tiles of N rows of the
-// other operand, staged in shared memory by cp.async two tiles ahead of use (zero-filled
-// past the end). Scores stay in registers: the accumulator layout of two m16n8 tiles is
-// the operand layout of one m16k16 tile, so P (and dS) feed the next product without
-// leaving the thread.
-//   forward: a block per 64 queries; S = Q K^T, the online softmax in base 2, O += P V.
+// A block is four warps; each warp owns 16 rows (two tiles of 16 in the forward at D = 64
+// without dropout) and walks tiles of N rows of the other operand, staged in shared memory
+// by cp.async one tile ahead of use (zero-filled past the end). Scores stay in registers:
+// the accumulator layout of two m16n8 tiles is the operand layout of one m16k16 tile, so P
+// (and dS) feed the next product without leaving the thread. Blocks run in the order of
+// their linear index, heads varying fastest (blockIdx.x), so that under a causal mask
+// every head's longest blocks start first and the shortest fill the end.
+//   forward: a block per 64 or 128 queries; S = Q K^T, the online softmax in base 2,
+//            O += P V.
 //   dq:      a block per 64 queries; S, P from lse, dP = dO V^T, dS = P (dP - rowsum),
 //            dQ += dS K.
 //   dk, dv:  a block per 64 keys; S^T = K Q^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
@@ -16,10 +19,9 @@
 // repeats its bits; the default one has the key-block kernel also form dQ's share of its
 // keys, dS K (dS^T through shared memory, read transposed), and add it to f32 sums with
 // atomics: five products, FlashAttention-2's backward, then one pass scales the sums into
-// dq. Dropout of the
-// probabilities draws each (query, key) pair's Philox number as the CPU does: P's row sums
-// stay undropped, the products take P times the factor, and dP is the product's gradient
-// times it.
+// dq. Dropout of the probabilities draws each (query, key) pair's Philox number as the CPU
+// does: P's row sums stay undropped, the products take P times the factor, and dP is the
+// product's gradient times it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -316,8 +318,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = qs + M * kStride<D>;  // two stages each
   T* vs = ks + 2 * N * kStride<D>;
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * M;  // the longest causal rows first
-  const int64_t bh = blockIdx.y;
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * M;  // the longest causal rows first
+  const int64_t bh = blockIdx.x;
   q += g.q.at(bh, g.h), o += g.o.at(bh, g.h), lse += bh * g.tq;
   k += g.k.at(bh, g.h), v += g.v.at(bh, g.h);
   const int r0 = (threadIdx.x >> 5) * 16 * MT;
@@ -474,8 +476,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
   T* dos = qs + kM * kStride<D>;
   T* ks = dos + kM * kStride<D>;  // two stages each
   T* vs = ks + 2 * N * kStride<D>;
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * kM;
-  const int64_t bh = blockIdx.y;
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * kM;
+  const int64_t bh = blockIdx.x;
   q += g.q.at(bh, g.h), dout += g.o.at(bh, g.h), dq += g.q.at(bh, g.h), lse += bh * g.tq, rows += bh * g.tq;
   k += g.k.at(bh, g.h), v += g.v.at(bh, g.h);
   const int r0 = (threadIdx.x >> 5) * 16;
@@ -569,8 +571,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
   T* dos = qs + 2 * N * kStride<D>;
   T* dst = dos + 2 * N * kStride<D>;                                      // AtomicQ: dS^T, [kM][N]
   float* stats = reinterpret_cast<float*>(dst + (AtomicQ ? kM * kStride<N> : 0));  // lse, rows: two stages
-  const int n0 = blockIdx.x * kM;  // causal: the first key blocks see the most queries
-  const int64_t bh = blockIdx.y;
+  const int n0 = blockIdx.y * kM;  // causal: the first key blocks see the most queries
+  const int64_t bh = blockIdx.x;
   q += g.q.at(bh, g.h), dout += g.o.at(bh, g.h), lse += bh * g.tq, rows += bh * g.tq;
   if constexpr (AtomicQ) dq_sums += bh * g.tq * D;
   k += g.k.at(bh, g.h), v += g.v.at(bh, g.h), dk += g.k.at(bh, g.h), dv += g.v.at(bh, g.h);
@@ -688,8 +690,8 @@ void allow_smem(K kernel, size_t bytes) {
 std::string flash_unavailable(DType t, const AttentionGeom& g, const AttentionBuffers& buf) {
   if (t != DType::bf16 && t != DType::f16) return "the tiled kernels take bf16 or f16 data";
   if (g.d != g.dv || (g.d != 64 && g.d != 128)) return "the tiled kernels take D = Dv = 64 or 128";
-  if (g.bh() > 65535 || g.tq >= (int64_t{1} << 30) || g.tk >= (int64_t{1} << 30))
-    return "B * H beyond 65535 or a length beyond 2^30";
+  if (g.bh() > 65535 || g.tq > 65535 * kM || g.tk > 65535 * kM)
+    return "B * H beyond 65535 or a length beyond 65535 blocks of " + std::to_string(kM);
   for (const void* p : {buf.q, buf.k, buf.v, buf.o, buf.dout, static_cast<const void*>(buf.out_o),
                         static_cast<const void*>(buf.dq), static_cast<const void*>(buf.dk),
                         static_cast<const void*>(buf.dv)})
@@ -704,7 +706,7 @@ Launch flash_forward(DType t, const AttentionGeom& g, const AttentionBuffers& bu
   Launch launch;
   dispatch_flash(t, g.d, g.dropout > 0, [&]<class T, int D, bool Drop>() {
     constexpr int N = kFwdN<D>, MT = kFwdMT<D, Drop>;
-    const dim3 grid(static_cast<unsigned>(ceil_div(fg.tq, kM * MT)), static_cast<unsigned>(g.bh()));
+    const dim3 grid(static_cast<unsigned>(g.bh()), static_cast<unsigned>(ceil_div(fg.tq, kM * MT)));
     const size_t smem = size_t{kM * MT + 4 * N} * kStride<D> * sizeof(T);
     allow_smem(flash_fwd<T, D, N, MT, Drop>, smem);
     launch = [=, q = static_cast<const T*>(buf.q), k = static_cast<const T*>(buf.k), v = static_cast<const T*>(buf.v),
@@ -723,8 +725,8 @@ size_t flash_dq_sums_bytes(const AttentionGeom& g) {
 Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& buf, float* rows,
                       const Context* sums_in) {
   const FlashGeom fg = flash_geom(g);
-  const dim3 qgrid(static_cast<unsigned>(ceil_div(fg.tq, kM)), static_cast<unsigned>(g.bh()));
-  const dim3 kgrid(static_cast<unsigned>(ceil_div(fg.tk, kM)), static_cast<unsigned>(g.bh()));
+  const dim3 qgrid(static_cast<unsigned>(g.bh()), static_cast<unsigned>(ceil_div(fg.tq, kM)));
+  const dim3 kgrid(static_cast<unsigned>(g.bh()), static_cast<unsigned>(ceil_div(fg.tk, kM)));
   const dim3 row_grid(static_cast<unsigned>((g.tq * (g.d / 8) + kRowThreads - 1) / kRowThreads),
                       static_cast<unsigned>(g.bh()));
   Launch launch;
