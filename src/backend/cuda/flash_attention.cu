@@ -197,50 +197,10 @@ __device__ __forceinline__ void mma_pb(float (&acc)[MT][D / 8][4], const float (
   }
 }
 
-// Two independent products at once: acc1 += rows [r0, r0 + 16) of a1 times b1 transposed,
-// and acc2 the same of a2 and b2 (the backward's S and dP). Their loads and products
-// interleave, so that one's wait for a result is the other's time to issue.
-template <class T, int D, int N>
-__device__ __forceinline__ void mma_abt2(float (&acc1)[N / 8][4], const T* a1, const T* b1, float (&acc2)[N / 8][4],
-                                         const T* a2, const T* b2, int r0) {
-#pragma unroll
-  for (int kk = 0; kk < D; kk += 16) {
-    uint32_t af1[4], af2[4];
-    load_a<D>(af1, a1, r0, kk);
-    load_a<D>(af2, a2, r0, kk);
-#pragma unroll
-    for (int n = 0; n < N; n += 16) {
-      uint32_t bf1[4], bf2[4];
-      load_b_nk<D>(bf1, b1, n, kk);
-      load_b_nk<D>(bf2, b2, n, kk);
-      mma<T>(acc1[n / 8], af1, bf1[0], bf1[1]);
-      mma<T>(acc2[n / 8], af2, bf2[0], bf2[1]);
-      mma<T>(acc1[n / 8 + 1], af1, bf1[2], bf1[3]);
-      mma<T>(acc2[n / 8 + 1], af2, bf2[2], bf2[3]);
-    }
-  }
-}
-
-// ... and acc1 += p1 b1, acc2 += p2 b2 (the backward's dV and dK).
-template <class T, int D, int N>
-__device__ __forceinline__ void mma_pb2(float (&acc1)[D / 8][4], const float (&p1)[N / 8][4], const T* b1,
-                                        float (&acc2)[D / 8][4], const float (&p2)[N / 8][4], const T* b2) {
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    uint32_t af1[4], af2[4];
-    acc_as_a<T, N>(af1, p1, kk);
-    acc_as_a<T, N>(af2, p2, kk);
-#pragma unroll
-    for (int n = 0; n < D; n += 16) {
-      uint32_t bf1[4], bf2[4];
-      load_b_kn<D>(bf1, b1, kk * 16, n);
-      load_b_kn<D>(bf2, b2, kk * 16, n);
-      mma<T>(acc1[n / 8], af1, bf1[0], bf1[1]);
-      mma<T>(acc2[n / 8], af2, bf2[0], bf2[1]);
-      mma<T>(acc1[n / 8 + 1], af1, bf1[2], bf1[3]);
-      mma<T>(acc2[n / 8 + 1], af2, bf2[2], bf2[3]);
-    }
-  }
+// A warp's one row tile of accumulators as the products' MT = 1 operand.
+template <int C>
+__device__ __forceinline__ float (&one_tile(float (&a)[C][4]))[1][C][4] {
+  return reinterpret_cast<float(&)[1][C][4]>(a);
 }
 
 // Element e of an accumulator tile: row g (+8 for e >= 2), column 2 * (lane % 4) + e % 2.
@@ -502,7 +462,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
     const T* kt = ks + st * N * kStride<D>;
     const T* vt = vs + st * N * kStride<D>;
     float s[N / 8][4] = {}, dp[N / 8][4] = {};
-    mma_abt2<T, D, N>(s, qs, kt, dp, dos, vt, r0);
+    mma_abt<T, D, N, 1>(one_tile(s), qs, r0, kt);
+    mma_abt<T, D, N, 1>(one_tile(dp), dos, r0, vt);
     const int n0 = j * N;
     const bool edge = n0 + N > g.tk || (g.causal && n0 + N - 1 > m0);
 #pragma unroll
@@ -516,7 +477,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
         if constexpr (Drop) f = keep(g, bh, row, col);
         s[t][e] = p * (dp[t][e] * f - dr[e >> 1]);  // dS, unscaled
       }
-    mma_pb<T, D, N, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc), reinterpret_cast<float(&)[1][N / 8][4]>(s), kt);
+    mma_pb<T, D, N, 1>(one_tile(acc), one_tile(s), kt);
     __syncthreads();
   }
   const float f[2] = {g.scale, g.scale};
@@ -605,7 +566,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
     const float* lse_t = stats + st * 2 * N;
     const float* rows_t = lse_t + N;
     float s[N / 8][4] = {}, dp[N / 8][4] = {};
-    mma_abt2<T, D, N>(s, ks, qt, dp, vs, dot, r0);
+    mma_abt<T, D, N, 1>(one_tile(s), ks, r0, qt);
+    mma_abt<T, D, N, 1>(one_tile(dp), vs, r0, dot);
     const int q0 = i * N;
     // Keys past the end are zero rows of K and V, but their p = exp(-lse) could still
     // overflow and make 0 * inf of dS K: masked too.
@@ -629,7 +591,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
           dp[t][e] = p * (dp[t][e] * f - r);  // dS^T, unscaled
         }
       }
-    mma_pb2<T, D, N>(dv_acc, s, dot, dk_acc, dp, qt);
+    mma_pb<T, D, N, 1>(one_tile(dv_acc), one_tile(s), dot);
+    mma_pb<T, D, N, 1>(one_tile(dk_acc), one_tile(dp), qt);
     if constexpr (AtomicQ) {
 #pragma unroll
       for (int t = 0; t < N / 8; ++t)
