@@ -2,18 +2,20 @@
 // cores (mma.sync m16n8k16, bf16 or f16 operands, f32 accumulators), for head sizes 64 and
 // 128 with Dv = D.
 //
-// A block is four warps; each warp owns 16 rows (two tiles of 16 in the forward at D = 64
-// without dropout) and walks tiles of N rows of the other operand, staged in shared memory
-// by cp.async one tile ahead of use (zero-filled past the end). Scores stay in registers:
+// A block is four warps; each warp owns 16 rows, or two tiles of 16 (kFwdMT, kKvMT), and
+// walks tiles of N rows of the other operand, staged in shared memory by cp.async one tile
+// ahead of use (zero-filled past the end), one barrier a tile. Scores stay in registers:
 // the accumulator layout of two m16n8 tiles is the operand layout of one m16k16 tile, so P
-// (and dS) feed the next product without leaving the thread. Blocks run in the order of
-// their linear index, heads varying fastest (blockIdx.x), so that under a causal mask
-// every head's longest blocks start first and the shortest fill the end.
+// (and dS) feed the next product without leaving the thread. Only tiles that cross the
+// mask's edge run the mask code. Blocks run in the order of their linear index, heads
+// varying fastest (blockIdx.x), so that under a causal mask every head's longest blocks
+// start first and the shortest fill the end.
 //   forward: a block per 64 or 128 queries; S = Q K^T, the online softmax in base 2,
 //            O += P V.
 //   dq:      a block per 64 queries; S, P from lse, dP = dO V^T, dS = P (dP - rowsum),
 //            dQ += dS K.
-//   dk, dv:  a block per 64 keys; S^T = K Q^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
+//   dk, dv:  a block per 64 or 128 keys; S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
+//            dK += dS^T Q.
 // Two backwards: the deterministic one (ModelOptions::deterministic) recomputes S in both
 // kernels (seven products instead of five) so that no sum is shared between blocks, and
 // repeats its bits; the default one has the key-block kernel also form dQ's share of its
@@ -26,6 +28,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <climits>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention.h"
@@ -109,8 +112,10 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
 template <class T, int D, int R>
 __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t ld, int row0, int n) {
   constexpr int kChunks = D / 8;
-  for (int c = threadIdx.x; c < R * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
+  static_assert(R * kChunks % kThreads == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+  for (int i = 0; i < R * kChunks / kThreads; ++i) {
+    const int c = threadIdx.x + i * kThreads, r = c / kChunks, col = (c % kChunks) * 8;
     const bool valid = row0 + r < n;
     cp16(s + r * kStride<D> + col, valid ? g + int64_t{row0 + r} * ld + col : g, valid);
   }
@@ -243,22 +248,38 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// Starts loading the next tiles of two operands (and what also(stage) adds) into the other
-// stage (where there are more), then waits for the current stage's and makes them visible
-// to the block.
+// Scores of a 16-row accumulator tile (rows from row0, columns from col0) outside the
+// mask set to -inf, so that their probabilities are 0. transposed: rows are keys and
+// columns queries (the dk/dv kernel's S^T). Keys past the end are masked too: their rows
+// of K and V are zero, but exp(-lse) could still overflow and make 0 * inf of dS K.
+template <int N>
+__device__ __forceinline__ void mask_scores(float (&s)[N / 8][4], const FlashGeom& g, int row0, int col0,
+                                            bool transposed) {
+#pragma unroll
+  for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = row0 + acc_row(e), col = col0 + t * 8 + acc_col(e);
+      const int query = transposed ? col : row, key = transposed ? row : col;
+      if (query >= (transposed ? g.tq : INT_MAX) || key >= g.tk || (g.causal && key > query)) s[t][e] = -INFINITY;
+    }
+}
+
+// Waits for the current stage's tiles and makes them visible to the block; then, the
+// block having also finished with the other stage (read one tile earlier), starts loading
+// the next tiles of two operands (and what also(stage) adds) into it where there are
+// more. One barrier a tile.
 template <class T, int D, int N, class Also = void (*)(int)>
 __device__ __forceinline__ void next_stage(T* a, const T* ga, int64_t lda, T* b, const T* gb, int64_t ldb, int st,
                                            int next_row, int n, bool more, Also also = [](int) {}) {
+  cp_wait<0>();
+  __syncthreads();
   if (more) {
     load_tile<T, D, N>(a + (st ^ 1) * N * kStride<D>, ga, lda, next_row, n);
     load_tile<T, D, N>(b + (st ^ 1) * N * kStride<D>, gb, ldb, next_row, n);
     also(st ^ 1);
     cp_commit();
-    cp_wait<1>();
-  } else {
-    cp_wait<0>();
   }
-  __syncthreads();
 }
 
 // Key tiles a block of queries [m0, m0 + M) needs: all, or those up to its last query.
@@ -307,17 +328,12 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
       const int row0 = m0 + r0 + 16 * mt;
       // The maxima of the raw scores (the scale is positive), then one fused multiply-add
       // an element scales and shifts them; m is kept scaled, in base 2.
+      if (edge) mask_scores<N>(s[mt], g, row0, n0, false);
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int t = 0; t < N / 8; ++t)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (edge) {
-            const int col = n0 + t * 8 + acc_col(e), row = row0 + acc_row(e);
-            if (col >= g.tk || (g.causal && col > row)) s[mt][t][e] = -INFINITY;
-          }
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][t][e]);
-        }
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][t][e]);
       float base[2], corr[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -342,7 +358,6 @@ __global__ void __launch_bounds__(kThreads) flash_fwd(const T* __restrict__ q, c
         for (int e = 0; e < 4; ++e) acc[mt][t][e] *= corr[e >> 1];
     }
     mma_pb<T, D, N, MT>(acc, s, vt);
-    __syncthreads();  // the next prefetch overwrites this stage
   }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -465,20 +480,18 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
     mma_abt<T, D, N, 1>(one_tile(s), qs, r0, kt);
     mma_abt<T, D, N, 1>(one_tile(dp), dos, r0, vt);
     const int n0 = j * N;
-    const bool edge = n0 + N > g.tk || (g.causal && n0 + N - 1 > m0);
+    if (n0 + N > g.tk || (g.causal && n0 + N - 1 > m0)) mask_scores<N>(s, g, m0 + r0, n0, false);
 #pragma unroll
     for (int t = 0; t < N / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = exp2_ftz(fmaf(s[t][e], g.scale2, -lse2[e >> 1]));
+        const float p = exp2_ftz(fmaf(s[t][e], g.scale2, -lse2[e >> 1]));
         const int col = n0 + t * 8 + acc_col(e), row = m0 + r0 + acc_row(e);
-        if (edge && (col >= g.tk || (g.causal && col > row))) p = 0.f;
         float f = 1.f;
         if constexpr (Drop) f = keep(g, bh, row, col);
         s[t][e] = p * (dp[t][e] * f - dr[e >> 1]);  // dS, unscaled
       }
     mma_pb<T, D, N, 1>(one_tile(acc), one_tile(s), kt);
-    __syncthreads();
   }
   const float f[2] = {g.scale, g.scale};
   store_rows<T, D>(dq, g.q.row, acc, m0 + r0, g.tq, f);
@@ -487,14 +500,14 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq(const T* __restrict__ d
 // dq_sums (rows of N queries from q0, D columns) += dS K over the block's keys: dS^T
 // [kM][N] and K [kM][D] in shared memory. The warps split the rows in 16s and D in what
 // remains; each adds its 16 x D / (kWarps * 16 / N) share with f32 pair atomics.
-template <class T, int D, int N>
+template <class T, int D, int N, int KB>
 __device__ __forceinline__ void add_dq_share(float* dq_sums, const T* dst, const T* ks, int q0, int tq) {
   constexpr int kRowGroups = N / 16, kCols = D * kRowGroups / kWarps;
   static_assert(kWarps % kRowGroups == 0 && kCols % 16 == 0, "a warp's share of dQ is whole m16n16 tiles");
   const int w = threadIdx.x >> 5, r0 = (w % kRowGroups) * 16, c0 = (w / kRowGroups) * kCols;
   float acc[kCols / 8][4] = {};
 #pragma unroll
-  for (int kk = 0; kk < kM; kk += 16) {
+  for (int kk = 0; kk < KB; kk += 16) {
     uint32_t af[4];
     load_a_km<N>(af, dst, r0, kk);
 #pragma unroll
@@ -518,30 +531,32 @@ __device__ __forceinline__ void add_dq_share(float* dq_sums, const T* dst, const
 
 // AtomicQ: also dq's f32 sums (flash_rowdot zeroed them), [B * H, Tq, D]; else dq_sums
 // is unused and flash_bwd_dq forms dq.
-template <class T, int D, int N, bool Drop, bool AtomicQ>
+template <class T, int D, int N, int MT, bool Drop, bool AtomicQ>
 __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ dout, const T* __restrict__ q,
                                                           const T* __restrict__ k, const T* __restrict__ v,
                                                           const float* __restrict__ lse,
                                                           const float* __restrict__ rows, T* __restrict__ dk,
                                                           T* __restrict__ dv, float* __restrict__ dq_sums,
                                                           FlashGeom g) {
+  constexpr int KB = kM * MT;  // keys a block owns, 16 MT a warp
   extern __shared__ __align__(16) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
-  T* vs = ks + kM * kStride<D>;
-  T* qs = vs + kM * kStride<D>;  // two stages each
+  T* vs = ks + KB * kStride<D>;
+  T* qs = vs + KB * kStride<D>;  // two stages each
   T* dos = qs + 2 * N * kStride<D>;
-  T* dst = dos + 2 * N * kStride<D>;                                      // AtomicQ: dS^T, [kM][N]
-  float* stats = reinterpret_cast<float*>(dst + (AtomicQ ? kM * kStride<N> : 0));  // lse, rows: two stages
-  const int n0 = blockIdx.y * kM;  // causal: the first key blocks see the most queries
+  T* dst = dos + 2 * N * kStride<D>;  // AtomicQ: dS^T, [KB][N], two stages
+  float* stats = reinterpret_cast<float*>(dst + (AtomicQ ? 2 * KB * kStride<N> : 0));  // lse, rows: two stages
+  const int n0 = blockIdx.y * KB;  // causal: the first key blocks see the most queries
   const int64_t bh = blockIdx.x;
   q += g.q.at(bh, g.h), dout += g.o.at(bh, g.h), lse += bh * g.tq, rows += bh * g.tq;
   if constexpr (AtomicQ) dq_sums += bh * g.tq * D;
   k += g.k.at(bh, g.h), v += g.v.at(bh, g.h), dk += g.k.at(bh, g.h), dv += g.v.at(bh, g.h);
-  const int r0 = (threadIdx.x >> 5) * 16;
+  const int r0 = (threadIdx.x >> 5) * 16 * MT;
   const int first = g.causal ? n0 / N : 0, tiles = ceil_div(g.tq, N);
   // The query tile's lse and rowsum(do * o) staged beside it, an element a copy (a head's
   // rows of them need not be 16-byte aligned); zeros past the end.
   auto load_stats = [&](int st, int row0) {
+#pragma unroll
     for (int c = threadIdx.x; c < 2 * N; c += kThreads) {
       const int r = c % N;
       const float* from = c < N ? lse : rows;
@@ -549,78 +564,97 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkv(const T* __restrict__ 
       cp4(stats + st * 2 * N + c, valid ? from + row0 + r : from, valid);
     }
   };
-  load_tile<T, D, kM>(ks, k, g.k.row, n0, g.tk);
-  load_tile<T, D, kM>(vs, v, g.v.row, n0, g.tk);
+  load_tile<T, D, KB>(ks, k, g.k.row, n0, g.tk);
+  load_tile<T, D, KB>(vs, v, g.v.row, n0, g.tk);
   load_tile<T, D, N>(qs, q, g.q.row, first * N, g.tq);
   load_tile<T, D, N>(dos, dout, g.o.row, first * N, g.tq);
   load_stats(0, first * N);
   cp_commit();
   const FlashKeep keep(g);  // reads nothing without dropout
-  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  float dk_acc[MT][D / 8][4] = {}, dv_acc[MT][D / 8][4] = {};
   for (int i = first; i < tiles; ++i) {
     const int st = (i - first) & 1;
     next_stage<T, D, N>(qs, q, g.q.row, dos, dout, g.o.row, st, (i + 1) * N, g.tq, i + 1 < tiles,
                         [&](int next) { load_stats(next, (i + 1) * N); });
+    // The previous tile's share of dq, now that its dS^T is visible to the block: no
+    // barrier of its own, and its atomics drain while this tile's products run.
+    if constexpr (AtomicQ)
+      if (i > first) add_dq_share<T, D, N, KB>(dq_sums, dst + (st ^ 1) * KB * kStride<N>, ks, (i - 1) * N, g.tq);
     const T* qt = qs + st * N * kStride<D>;
     const T* dot = dos + st * N * kStride<D>;
     const float* lse_t = stats + st * 2 * N;
     const float* rows_t = lse_t + N;
-    float s[N / 8][4] = {}, dp[N / 8][4] = {};
-    mma_abt<T, D, N, 1>(one_tile(s), ks, r0, qt);
-    mma_abt<T, D, N, 1>(one_tile(dp), vs, r0, dot);
+    float s[MT][N / 8][4] = {}, dp[MT][N / 8][4] = {};
     const int q0 = i * N;
-    // Keys past the end are zero rows of K and V, but their p = exp(-lse) could still
-    // overflow and make 0 * inf of dS K: masked too.
-    const bool edge = q0 + N > g.tq || (g.causal && q0 < n0 + kM - 1) || n0 + kM > g.tk;
+    // Under a causal mask a warp whose keys all follow the tile's queries has P = dS = 0.
+    if (!(g.causal && q0 + N <= n0 + r0)) {
+      mma_abt<T, D, N, MT>(s, ks, r0, qt);
+      mma_abt<T, D, N, MT>(dp, vs, r0, dot);
+      if (q0 + N > g.tq || (g.causal && q0 < n0 + r0 + 16 * MT - 1) || n0 + r0 + 16 * MT > g.tk)
 #pragma unroll
-    for (int t = 0; t < N / 8; ++t)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = q0 + t * 8 + acc_col(c);  // a query
-        const bool in = col < g.tq;
-        const float l2 = lse_t[t * 8 + acc_col(c)] * kLog2e, r = rows_t[t * 8 + acc_col(c)];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int e = 2 * h + c;
-          const int key = n0 + r0 + acc_row(e);
-          float p = exp2_ftz(fmaf(s[t][e], g.scale2, -l2));
-          if (edge && (!in || key >= g.tk || (g.causal && col < key))) p = 0.f;
-          float f = 1.f;
-          if constexpr (Drop) f = keep(g, bh, col, key);
-          s[t][e] = p * f;
-          dp[t][e] = p * (dp[t][e] * f - r);  // dS^T, unscaled
-        }
-      }
-    mma_pb<T, D, N, 1>(one_tile(dv_acc), one_tile(s), dot);
-    mma_pb<T, D, N, 1>(one_tile(dk_acc), one_tile(dp), qt);
-    if constexpr (AtomicQ) {
+        for (int m = 0; m < MT; ++m) mask_scores<N>(s[m], g, n0 + r0 + 16 * m, q0, true);
 #pragma unroll
       for (int t = 0; t < N / 8; ++t)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<uint32_t*>(dst + (r0 + acc_row(2 * h)) * kStride<N> + t * 8 + acc_col(0)) =
-              pack<T>(dp[t][2 * h], dp[t][2 * h + 1]);
-      __syncthreads();
-      add_dq_share<T, D, N>(dq_sums, dst, ks, q0, g.tq);
+        for (int c = 0; c < 2; ++c) {
+          const int col = q0 + t * 8 + acc_col(c);  // a query
+          const float l2 = lse_t[t * 8 + acc_col(c)] * kLog2e, r = rows_t[t * 8 + acc_col(c)];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int e = 2 * h + c;
+              const int key = n0 + r0 + 16 * m + acc_row(e);
+              const float p = exp2_ftz(fmaf(s[m][t][e], g.scale2, -l2));
+              float f = 1.f;
+              if constexpr (Drop) f = keep(g, bh, col, key);
+              s[m][t][e] = p * f;
+              dp[m][t][e] = p * (dp[m][t][e] * f - r);  // dS^T, unscaled
+            }
+        }
+      mma_pb<T, D, N, MT>(dv_acc, s, dot);
+      mma_pb<T, D, N, MT>(dk_acc, dp, qt);
     }
+    if constexpr (AtomicQ) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<uint32_t*>(dst + (st * KB + r0 + 16 * m + acc_row(2 * h)) * kStride<N> + t * 8 +
+                                         acc_col(0)) = pack<T>(dp[m][t][2 * h], dp[m][t][2 * h + 1]);
+    }
+  }
+  if (AtomicQ && tiles > first) {
     __syncthreads();
+    add_dq_share<T, D, N, KB>(dq_sums, dst + ((tiles - 1 - first) & 1) * KB * kStride<N>, ks, (tiles - 1) * N, g.tq);
   }
   const float one[2] = {1.f, 1.f}, f[2] = {g.scale, g.scale};
-  store_rows<T, D>(dk, g.k.row, dk_acc, n0 + r0, g.tk, f);
-  store_rows<T, D>(dv, g.v.row, dv_acc, n0 + r0, g.tk, one);
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    store_rows<T, D>(dk, g.k.row, dk_acc[m], n0 + r0 + 16 * m, g.tk, f);
+    store_rows<T, D>(dv, g.v.row, dv_acc[m], n0 + r0 + 16 * m, g.tk, one);
+  }
 }
 
-// Tile widths: 64 rows of the other operand, but 32 where the dk/dv kernel's two D = 128
-// accumulators would leave too few registers for 64.
+// Tile widths and row tiles a warp owns. The forward and dq kernels take tiles of 64
+// keys; a forward warp owns two row tiles at D = 64 without dropout (a block of 128
+// queries), one at 128, whose accumulators would leave too few registers for two, and
+// with dropout, whose mask arithmetic would spill.
 template <int D>
 constexpr int kFwdN = 64;
-// Row tiles a forward warp owns: two at D = 64 without dropout (a block of 128 queries);
-// one at 128, whose accumulators would leave too few registers for two, and with
-// dropout, whose mask arithmetic would spill.
 template <int D, bool Drop>
 constexpr int kFwdMT = D > 64 || Drop ? 1 : 2;
-template <int D>
-constexpr int kKvN = D > 64 ? 32 : 64;
+// The dk/dv kernel at D = 64 without dropout: two row tiles a warp (blocks of 128 keys)
+// over tiles of 32 queries. Against one row tile over 64 queries it halves the atomic dq
+// traffic and the query tiles each key block reads, and each K, V, Q and dO fragment
+// serves two products. Elsewhere one row tile: 64 queries at D = 64 with dropout, 32
+// where the two D = 128 accumulators would leave too few registers for 64.
+template <int D, bool Drop>
+constexpr int kKvMT = D == 64 && !Drop ? 2 : 1;
+template <int D, bool Drop>
+constexpr int kKvN = D == 64 && Drop ? 64 : 32;
 
 // Calls f.template operator()<T, D, Drop>() for the storage types, head sizes and
 // dropout served (the kernels without dropout keep their registers).
@@ -689,43 +723,45 @@ Launch flash_backward(DType t, const AttentionGeom& g, const AttentionBuffers& b
                       const Context* sums_in) {
   const FlashGeom fg = flash_geom(g);
   const dim3 qgrid(static_cast<unsigned>(g.bh()), static_cast<unsigned>(ceil_div(fg.tq, kM)));
-  const dim3 kgrid(static_cast<unsigned>(g.bh()), static_cast<unsigned>(ceil_div(fg.tk, kM)));
   const dim3 row_grid(static_cast<unsigned>((g.tq * (g.d / 8) + kRowThreads - 1) / kRowThreads),
                       static_cast<unsigned>(g.bh()));
   Launch launch;
   dispatch_flash(t, g.d, g.dropout > 0, [&]<class T, int D, bool Drop>() {
-    constexpr int NQ = kFwdN<D>, NK = kKvN<D>;
-    const size_t qsmem = size_t{2 * kM + 4 * NQ} * kStride<D> * sizeof(T);
-    const size_t ksmem = size_t{2 * kM + 4 * NK} * kStride<D> * sizeof(T) + 4 * NK * sizeof(float);
     auto in = [&](const void* p) { return static_cast<const T*>(p); };
     auto out = [&](void* p) { return static_cast<T*>(p); };
+    constexpr int NQ = kFwdN<D>, MT = kKvMT<D, Drop>, NK = kKvN<D, Drop>, KB = kM * MT;
+    const size_t qsmem = size_t{2 * kM + 4 * NQ} * kStride<D> * sizeof(T);
+    const size_t ksmem = size_t{2 * KB + 4 * NK} * kStride<D> * sizeof(T) + 4 * NK * sizeof(float);
+    const dim3 kgrid(static_cast<unsigned>(g.bh()), static_cast<unsigned>(ceil_div(fg.tk, KB)));
     if (sums_in) {
-      const size_t smem = ksmem + size_t{kM} * kStride<NK> * sizeof(T);  // and dS^T
-      allow_smem(flash_bwd_dkv<T, D, NK, Drop, true>, smem);
+      const size_t smem = ksmem + size_t{2 * KB} * kStride<NK> * sizeof(T);  // and dS^T
+      auto* kernel = flash_bwd_dkv<T, D, NK, MT, Drop, true>;
+      allow_smem(kernel, smem);
       launch = [=, dout = in(buf.dout), q = in(buf.q), k = in(buf.k), v = in(buf.v), o = in(buf.o),
                 lse = static_cast<const float*>(buf.lse), dq = out(buf.dq), dk = out(buf.dk),
                 dv = out(buf.dv)](cudaStream_t s) {
         auto* sums = static_cast<float*>(sums_in->workspace());
         flash_rowdot<T, D><<<row_grid, kRowThreads, 0, s>>>(dout, o, rows, sums, fg);
         SEAM_CUDA_LAUNCH_CHECK();
-        flash_bwd_dkv<T, D, NK, Drop, true><<<kgrid, kThreads, smem, s>>>(dout, q, k, v, lse, rows, dk, dv, sums, fg);
+        kernel<<<kgrid, kThreads, smem, s>>>(dout, q, k, v, lse, rows, dk, dv, sums, fg);
         SEAM_CUDA_LAUNCH_CHECK();
         flash_dq_store<T, D><<<row_grid, kRowThreads, 0, s>>>(sums, dq, fg);
         SEAM_CUDA_LAUNCH_CHECK();
       };
       return;
     }
-    allow_smem(flash_bwd_dq<T, D, NQ, Drop>, qsmem);
-    allow_smem(flash_bwd_dkv<T, D, NK, Drop, false>, ksmem);
+    auto* kv_kernel = flash_bwd_dkv<T, D, NK, MT, Drop, false>;
+    auto* q_kernel = flash_bwd_dq<T, D, NQ, Drop>;
+    allow_smem(q_kernel, qsmem);
+    allow_smem(kv_kernel, ksmem);
     launch = [=, dout = in(buf.dout), q = in(buf.q), k = in(buf.k), v = in(buf.v), o = in(buf.o),
               lse = static_cast<const float*>(buf.lse), dq = out(buf.dq), dk = out(buf.dk),
               dv = out(buf.dv)](cudaStream_t s) {
       flash_rowdot<T, D><<<row_grid, kRowThreads, 0, s>>>(dout, o, rows, nullptr, fg);
       SEAM_CUDA_LAUNCH_CHECK();
-      flash_bwd_dkv<T, D, NK, Drop, false><<<kgrid, kThreads, ksmem, s>>>(dout, q, k, v, lse, rows, dk, dv, nullptr,
-                                                                          fg);
+      kv_kernel<<<kgrid, kThreads, ksmem, s>>>(dout, q, k, v, lse, rows, dk, dv, nullptr, fg);
       SEAM_CUDA_LAUNCH_CHECK();
-      flash_bwd_dq<T, D, NQ, Drop><<<qgrid, kThreads, qsmem, s>>>(dout, q, k, v, lse, rows, dq, fg);
+      q_kernel<<<qgrid, kThreads, qsmem, s>>>(dout, q, k, v, lse, rows, dq, fg);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
