@@ -44,11 +44,12 @@ struct Dataset {
   int64_t sample_labels = 1;  // labels a sample carries: 1 (an image) or T (a window)
   bool tokens = false;
   int64_t train_samples = 0;  // what a checkpoint is checked against
-  std::unique_ptr<Split> train, val, test;  // val or test may be absent
-  // The data the splits read.
+  // The data the splits read, declared first so that it outlives them: a split's
+  // destructor joins the thread that may still be reading it.
   std::shared_ptr<ImageData> images;
   std::shared_ptr<TokenFile> train_tokens, val_tokens;
   std::shared_ptr<ArraySet> train_arrays, test_arrays;
+  std::unique_ptr<Split> train, val, test;  // val or test may be absent
 };
 
 struct DataOptions {
