@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "data/dataset.h"
 #include "data/fashion_mnist.h"
 #include "data/shard.h"
 #include "io/model_file.h"
@@ -197,6 +198,38 @@ TEST(Loader, RankShardsTogetherServeTheGlobalBatchesRowForRow) {
                Error);
   EXPECT_THROW(RankShard(std::make_unique<BatchLoader>(set, all(n), BatchLoader::Options{.batch = 8}), 8, 4, 4),
                Error);
+}
+
+// A split may still be reading its data on a thread until its destructor joins it, so a
+// Dataset's data outlives its splits: every split sees its data alive when it is
+// destroyed. With a loader mid-epoch, the sanitized suite also sees no read of freed
+// images.
+TEST(Loader, ADatasetsSplitsGoBeforeTheDataTheyRead) {
+  struct Watch : Split {
+    std::weak_ptr<ImageData> data;
+    bool* alive;
+    Watch(std::weak_ptr<ImageData> d, bool* a) : data(std::move(d)), alive(a) {}
+    ~Watch() override { *alive = !data.expired(); }
+    int64_t batches_per_epoch() const override { return 0; }
+    void start_epoch(int64_t, int64_t) override {}
+    bool next(Batch&) override { return false; }
+  };
+  bool train_alive = false, val_alive = false;
+  {
+    Dataset d;
+    d.images = std::make_shared<ImageData>();
+    d.images->train = distinct_images(2048, 28, 28);
+    BatchLoader::Options o;
+    o.batch = 1024;
+    o.augment.crop_padding = 4, o.augment.horizontal_flip = true;
+    auto loader = std::make_unique<BatchLoader>(d.images->train, all(2048), o);
+    loader->start_epoch(0);  // its thread fills batches while d is destroyed
+    d.test = std::move(loader);
+    d.train = std::make_unique<Watch>(d.images, &train_alive);
+    d.val = std::make_unique<Watch>(d.images, &val_alive);
+  }
+  EXPECT_TRUE(train_alive);
+  EXPECT_TRUE(val_alive);
 }
 
 }  // namespace
