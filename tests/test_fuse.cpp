@@ -250,3 +250,69 @@ TEST(Fuse, TransposesOfTheLastTwoDimsFoldIntoMatmuls) {
   // Both stay: the forward one for exp, and the gradient's, of a sum (not a matmul).
   EXPECT_EQ(count(kept, Op::transpose), 2) << kept.str();
 }
+
+namespace {
+
+struct Counted {
+  std::vector<float> losses;
+  std::vector<int32_t> correct;
+  Plan plan;
+};
+
+// Padded logits (the slice absorbed too), a loss and count_equal(argmax(logits), y), the
+// count read as an output: three Adam steps.
+Counted train_counting(bool fuse, int64_t ignore_index, bool read_predictions) {
+  Graph g;
+  Var x = g.input("x", {4, 6, 12});
+  Var y = g.input("y", {4, 6}, DType::i32);
+  Var logits = slice(nn::linear(x, 16, "head"), 2, 0, 10);
+  Var loss = cross_entropy(logits, y, ignore_index);
+  Var pred = argmax(logits);
+  Var correct = count_equal(pred, y);
+  Model m(g, {.seed = 5});
+  std::vector<ValueId> outputs{correct.id()};
+  if (read_predictions) outputs.push_back(pred.id());
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(5e-2), .outputs = outputs, .fuse = fuse});
+  Counted r;
+  r.plan = p.plan();
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> nd(0, 1);
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> xs(4 * 6 * 12);
+    std::vector<int32_t> ys(4 * 6);
+    for (auto& v : xs) v = nd(rng);
+    for (auto& v : ys) v = static_cast<int32_t>(rng() % 3);  // few classes: many rows right
+    ys[3] = static_cast<int32_t>(ignore_index);
+    p.set_input("x", std::span<const float>(xs));
+    p.set_input("y", std::span<const int32_t>(ys));
+    p.run();
+    r.losses.push_back(p.read_as<float>(loss.name())[0]);
+    r.correct.push_back(p.read_as<int32_t>(correct.name())[0]);
+  }
+  return r;
+}
+
+}  // namespace
+
+// The training accuracy's count folds into the fused loss, which finds each row's argmax
+// in the pass that writes its gradient: no argmax step reads the logits again. Counts and
+// losses as unfused; not where the predictions are asked for, nor where ignored rows'
+// labels could be classes (ignore_index >= 0: count_equal counts those rows, the loss
+// skips them).
+TEST(Fuse, TheLossCountsTheRowsItsArgmaxGetsRight) {
+  const Counted fused = train_counting(true, -100, false), plain = train_counting(false, -100, false);
+  EXPECT_EQ(count(fused.plan, Op::argmax) + count(fused.plan, Op::count_equal), 0) << fused.plan.str();
+  int counting = 0;
+  for (const PlanStep& s : fused.plan.steps)
+    counting += s.op == Op::cross_entropy_with_grad && s.attrs.i("count_correct") == 1 && s.out.size() == 3;
+  EXPECT_EQ(counting, 1) << fused.plan.str();
+  EXPECT_EQ(fused.losses, plain.losses);
+  EXPECT_EQ(fused.correct, plain.correct);
+  EXPECT_GT(fused.correct.back(), 0);
+  for (bool read : {false, true}) {
+    const Counted kept = train_counting(true, read ? -100 : 2, read);
+    EXPECT_EQ(count(kept.plan, Op::argmax), 1) << kept.plan.str();
+    EXPECT_EQ(count(kept.plan, Op::cross_entropy_with_grad), 1);
+    EXPECT_EQ(kept.correct, train_counting(false, read ? -100 : 2, read).correct);
+  }
+}

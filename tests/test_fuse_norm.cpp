@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "grad_check.h"
 #include "layout_case.h"
@@ -180,6 +181,81 @@ TEST(FuseNorm, TheResidualTakesXsDtypeUnderAMixedPolicy) {
       ++fused;
     }
   EXPECT_EQ(fused, 1);
+}
+
+// Pre-norm residual blocks as a transformer has them: h + f(layer_norm(h)), twice, then a
+// final layer norm. Each residual stream value is read by a layer norm and by the next
+// add, so its gradient is an add of two; both fold into the layer norms' gradients.
+Var pre_norm_blocks(Var h, const std::function<Var(Var, const std::string&)>& param) {
+  Var a = layer_norm(h, param(h, "g1"), param(h, "b1"));
+  h = add(h, gelu(a, true));
+  Var b = layer_norm(h, param(h, "g2"), param(h, "b2"));
+  h = add(mul(b, b), h);  // the residual on the other side
+  return layer_norm(h, param(h, "g3"), param(h, "b3"));
+}
+
+TEST(FuseNorm, ResidualGradientsFoldIntoLayerNormGradsAndMatchFiniteDifferences) {
+  for (Shape s : {Shape{3, 7}, Shape{2, 3, 16}}) {
+    SCOPED_TRACE(shape_str(s));
+    check_gradients([&](GradCase& c) {
+      return pre_norm_blocks(c.param("x", s, -2, 2), [&](Var, const std::string& name) {
+        return c.param(name, {s.back()}, 0.5, 1.5);
+      });
+    });
+  }
+}
+
+struct PreNormNet {
+  Graph g;
+  Var loss;
+  PreNormNet() {
+    Var x = g.input("x", {8, 24});
+    Var y = g.input("y", {8}, DType::i32);
+    Var h = nn::linear(x, 32, "in");
+    int n = 0;
+    h = pre_norm_blocks(h, [&](Var v, const std::string& name) {
+      const Init init = name[0] == 'g' ? Init::uniform(0.5, 1.5) : Init::uniform(-0.5, 0.5);
+      return g.param(name + std::to_string(n++), {v.type().shape.back()}, init);
+    });
+    loss = cross_entropy(nn::linear(h, 10, "out"), y);
+  }
+  void feed(Program& p, uint64_t step) const {
+    const auto x = random_floats(8 * 24, 700 + step);
+    const auto y = random_labels(8, 10, 800 + step);
+    p.set_input("x", std::span<const float>(x));
+    p.set_input("y", std::span<const int32_t>(y));
+  }
+};
+
+TEST(FuseNorm, ResidualGradientsFoldIntoLayerNormGradsAndTrainAsUnfused) {
+  PreNormNet net;
+  FusedAndPlain m(net.g, net.loss, 9, LayoutPolicy::nchw, false);
+  int summed = 0;
+  for (const PlanStep& s : m.fused.plan().steps) summed += s.op == Op::layer_norm_grad && s.in.size() == 6;
+  EXPECT_EQ(summed, 2);
+  EXPECT_EQ(count(m.plain.plan(), Op::layer_norm_grad), 3);
+  // The plain backward's adds of two residual gradients are gone; the forward's two stay.
+  EXPECT_EQ(count(m.fused.plan(), Op::add), count(m.plain.plan(), Op::add) - 2);
+  m.train(net);
+}
+
+TEST(FuseNorm, DrMustBeXsTypeAndShape) {
+  Graph g;
+  Var x = g.input("x", {4, 6});
+  Var gamma = g.param("gamma", {6}, Init::ones());
+  auto stats = g.add(Op::layer_norm, {x.id(), gamma.id(), g.param("beta", {6}, Init::zeros()).id()});
+  const std::vector<ValueId> five{x.id(), x.id(), stats[1], stats[2], gamma.id()};
+  auto with = [&](Var dr) {
+    return error_of([&] {
+      std::vector<ValueId> in = five;
+      in.push_back(dr.id());
+      g.add(Op::layer_norm_grad, in);
+    });
+  };
+  EXPECT_NE(with(g.input("short", {4, 5})).find("dr must be x's dtype and shape f32[4,6], got f32[4,5]"),
+            std::string::npos);
+  EXPECT_NE(with(g.input("wide", {4, 6}, DType::f64)).find("dr must be x's dtype and shape"), std::string::npos);
+  EXPECT_EQ(with(g.input("dr", {4, 6})), "");
 }
 
 TEST(FuseNorm, AnUnknownActivationIsAnError) {

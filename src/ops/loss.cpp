@@ -49,13 +49,21 @@ void register_loss(OpTable& t) {
     OpDef& d = def(t, Op::cross_entropy_with_grad);
     d.name = "cross_entropy_with_grad";
     d.inputs = {"logits", "labels", "dy"};
-    d.outputs = {"loss", "dlogits"};
+    d.outputs = {"loss", "dlogits", "correct?"};
     d.attrs = def(t, Op::cross_entropy).attrs;
-    d.doc = "cross_entropy and cross_entropy_grad in one pass over the logits (made by fusion)";
+    d.attrs.push_back({"count_correct", int64_t{0}});
+    d.doc = "cross_entropy and cross_entropy_grad in one pass over the logits (made by fusion); "
+            "count_correct 1: also correct, the number of counted rows whose argmax over the classes (the "
+            "first largest value; NaN never chosen unless it is the first) is the label: "
+            "count_equal(argmax(logits), labels) where ignore_index is negative (fuse_losses)";
     d.infer = [](const InferCtx& c) {
       if (!c.shape(2).empty()) c.fail("dy must be a scalar");
+      const int64_t correct = c.attrs.i("count_correct");
+      if (correct != 0 && correct != 1) c.fail("count_correct must be 0 or 1, got ", correct);
       auto loss = op_def(Op::cross_entropy).infer(c);
-      return std::vector<TensorType>{loss[0], c.type(0)};
+      std::vector<TensorType> out{loss[0], c.type(0)};
+      if (correct) out.push_back({DType::i32, {}});
+      return out;
     };
     d.flops = [](const OpCostCtx& c) { return 8.0 * static_cast<double>(c.in[0].numel()); };
   }

@@ -45,10 +45,11 @@ void register_norm(OpTable& t) {
   {
     OpDef& d = def(t, Op::layer_norm_grad);
     d.name = "layer_norm_grad";
-    d.inputs = {"dy", "x", "mean", "rstd", "gamma"};
+    d.inputs = {"dy", "x", "mean", "rstd", "gamma", "dr?"};
     d.outputs = {"dx", "dgamma", "dbeta"};
     d.attrs = {{"eps", 1e-5}};
-    d.doc = "gradients of layer_norm";
+    d.doc = "gradients of layer_norm; with dr (x's other gradient, of x's dtype and shape: "
+            "sum_into_norm_grads), dx = layer norm's own input gradient + dr, added as dx is stored";
     d.infer = [](const InferCtx& c) {
       c.expect_float(1);
       if (c.type(0).dtype != c.type(1).dtype) c.fail("dy and x must share one dtype");
@@ -56,6 +57,8 @@ void register_norm(OpTable& t) {
       for (size_t i : {2, 3})
         if (c.type(i).dtype != compute_dtype(c.type(1).dtype)) c.fail("mean and rstd must be ", dtype_name(compute_dtype(c.type(1).dtype)));
       if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
+      if (c.in.size() == 6 && c.type(5) != c.type(1))
+        c.fail("dr must be x's dtype and shape ", c.type(1).str(), ", got ", c.type(5).str());
       return std::vector<TensorType>{c.type(1), c.type(4), c.type(4)};
     };
     d.flops = [](const OpCostCtx& c) { return 10.0 * static_cast<double>(c.in[0].numel()); };

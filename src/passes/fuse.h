@@ -68,6 +68,16 @@ FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
 // (src/passes/fuse_norm.cpp)
 FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& keep);
 
+// Residual gradients into layer norm's: add(a, b), a value's two gradients (a residual
+// stream read by a layer norm and by the next residual add), where a side is the dx of a
+// layer_norm_grad that nothing else reads and the other side exists before that gradient
+// runs, becomes that layer_norm_grad with the other side as input dr, added as dx is
+// stored (at the gradient's place, under the add's name): one pass over the residual
+// stream's gradient instead of two, a transformer's backward having one such add a layer
+// norm. The CPU rounds dx and then adds, as the add did; the GPU kernels add in float
+// before rounding to a 16-bit dx once. (src/passes/fuse_norm.cpp)
+FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep);
+
 // Convolution + ReLU fusion, for convolutions that no batch norm follows: a conv2d whose
 // result only a relu reads becomes conv2d with activation relu, writing relu's value (and
 // name); relu_grad(dr, r) whose dr is a conv2d_grad_input that nothing else reads becomes

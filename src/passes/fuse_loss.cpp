@@ -7,15 +7,42 @@
 
 namespace seam {
 
-// Both values of a fused pair survive as outputs of the fused op, so `keep` asks nothing.
-FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& /*keep*/) {
+// Both values of a fused pair survive as outputs of the fused op; `keep` only holds back
+// an argmax whose predictions are asked for.
+FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep_list) {
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
+  const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
   const std::vector<std::vector<int>> users = value_users(g);
+
+  // The count_equal(argmax(logits), labels) that a fused loss of those logits and labels
+  // can count itself, or -1: the argmax along the classes (the loss's), its predictions
+  // read by that count alone, ignored rows' labels negative (never counted either way),
+  // and the count read only after the loss's place.
+  auto counter_of = [&](const Node& ce, int k) {
+    if (ce.attrs.i("ignore_index") >= 0) return -1;
+    for (int u : users[static_cast<size_t>(ce.in[0])]) {
+      const Node& am = nodes[static_cast<size_t>(u)];
+      const size_t rank = g.value(ce.in[0]).type.shape.size();
+      if (am.op != Op::argmax || am.in[0] != ce.in[0] ||
+          normalize_axis(am.attrs.i("axis"), rank) != static_cast<int>(rank) - 1 ||
+          am.attrs.i("classes") != ce.attrs.i("classes") || keep.count(am.out[0]))
+        continue;
+      const int c = only_user(users, keep, am.out[0]);
+      if (c < 0) continue;
+      const Node& eq = nodes[static_cast<size_t>(c)];
+      const bool reads = eq.op == Op::count_equal && ((eq.in[0] == am.out[0] && eq.in[1] == ce.in[1]) ||
+                                                      (eq.in[1] == am.out[0] && eq.in[0] == ce.in[1]));
+      bool later = true;
+      for (int v : users[static_cast<size_t>(eq.out[0])]) later = later && v > k;
+      if (reads && later) return c;
+    }
+    return -1;
+  };
 
   // partner[k]: for a cross_entropy node, its gradient node; early[p]: a node with no
   // inputs (the loss's gradient seed) that the fused op needs before its own position.
-  std::vector<int> partner(static_cast<size_t>(nn), -1);
+  std::vector<int> partner(static_cast<size_t>(nn), -1), counter(static_cast<size_t>(nn), -1);
   std::vector<bool> absorbed(static_cast<size_t>(nn), false), early(static_cast<size_t>(nn), false);
   for (int k = 0; k < nn; ++k) {
     const Node& ce = nodes[static_cast<size_t>(k)];
@@ -34,6 +61,12 @@ FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& /*keep*/) {
     partner[static_cast<size_t>(k)] = grad;
     absorbed[static_cast<size_t>(grad)] = true;
     if (p > k) early[static_cast<size_t>(p)] = true;
+    if (const int c = counter_of(ce, k); c >= 0) {
+      counter[static_cast<size_t>(k)] = c;
+      const Node& eq = nodes[static_cast<size_t>(c)];
+      absorbed[static_cast<size_t>(c)] = true;
+      absorbed[static_cast<size_t>(g.value(eq.in[eq.in[0] == ce.in[1] ? 1 : 0]).node)] = true;  // the argmax
+    }
   }
 
   FuseResult r = start_rebuild(g);
@@ -59,10 +92,21 @@ FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& /*keep*/) {
     const Node& gn = nodes[static_cast<size_t>(grad)];
     const int p = g.value(gn.in[0]).node;
     if (p > k) emit(p);  // the seed, ahead of its turn
-    auto out = ng.add_named(Op::cross_entropy_with_grad, {map(ce.in[0]), map(ce.in[1]), map(gn.in[0])}, ce.attrs,
-                            ce.name);
+    Attrs attrs = ce.attrs;
+    const int c = counter[static_cast<size_t>(k)];
+    if (c >= 0) attrs.set("count_correct", int64_t{1});
+    const std::vector<ValueId> in{map(ce.in[0]), map(ce.in[1]), map(gn.in[0])};
+    // The count keeps count_equal's name, by which it is read.
+    auto out = c < 0 ? ng.add_named(Op::cross_entropy_with_grad, in, attrs, ce.name)
+                     : ng.add_named(Op::cross_entropy_with_grad, in, attrs,
+                                    std::vector<std::string>{g.value(ce.out[0]).name, g.value(gn.out[0]).name,
+                                                             g.value(nodes[static_cast<size_t>(c)].out[0]).name});
     r.map[static_cast<size_t>(ce.out[0])] = out[0];
     r.map[static_cast<size_t>(gn.out[0])] = out[1];
+    if (c >= 0) {
+      r.map[static_cast<size_t>(nodes[static_cast<size_t>(c)].out[0])] = out[2];
+      ++r.forward;
+    }
     done[static_cast<size_t>(k)] = true;
     ++r.backward;
   }

@@ -150,3 +150,65 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
 }
 
 }  // namespace seam
+
+namespace seam {
+
+FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep_list) {
+  const auto& nodes = g.nodes();
+  const int nn = static_cast<int>(nodes.size());
+  const std::set<ValueId> keep(keep_list.begin(), keep_list.end());
+  const std::vector<std::vector<int>> users = value_users(g);
+
+  // layer_norm_grad -> the add whose other side it takes; add -> absorbed.
+  std::vector<int> add_of(static_cast<size_t>(nn), -1);
+  std::vector<bool> absorbed(static_cast<size_t>(nn), false);
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    if (n.op != Op::add || n.in.size() != 2 || n.in[0] == n.in[1]) continue;
+    const TensorType& t = g.value(n.out[0]).type;
+    // Of two sides that are layer norm gradients, the later takes the earlier, which is
+    // then ready when it runs; the other side must exist by the gradient's own place.
+    int best = -1;
+    for (ValueId side : n.in) {
+      const int p = g.value(side).node;
+      if (p < 0 || only_user(users, keep, side) != k || add_of[static_cast<size_t>(p)] >= 0) continue;
+      const Node& d = nodes[static_cast<size_t>(p)];
+      const ValueId other = n.in[0] == side ? n.in[1] : n.in[0];
+      if (d.op == Op::layer_norm_grad && d.in.size() == 5 && d.out[0] == side && g.value(other).type == t &&
+          g.value(side).type == t && g.value(other).node < p && p > best)
+        best = p;
+    }
+    if (best >= 0) {
+      add_of[static_cast<size_t>(best)] = k;
+      absorbed[static_cast<size_t>(k)] = true;
+    }
+  }
+
+  FuseResult r = start_rebuild(g);
+  Graph& ng = r.graph;
+  for (int k = 0; k < nn; ++k) {
+    if (absorbed[static_cast<size_t>(k)]) continue;
+    const Node& n = nodes[static_cast<size_t>(k)];
+    std::vector<ValueId> in;
+    for (ValueId v : n.in) in.push_back(mapped(r, v));
+    std::vector<std::string> names;
+    for (ValueId v : n.out) names.push_back(g.value(v).name);
+    const int add = add_of[static_cast<size_t>(k)];
+    if (add >= 0) {
+      // dx takes the add's value and name; dgamma and dbeta stay as they were.
+      const Node& sum = nodes[static_cast<size_t>(add)];
+      in.push_back(mapped(r, sum.in[0] == n.out[0] ? sum.in[1] : sum.in[0]));
+      names[0] = g.value(sum.out[0]).name;
+      auto out = ng.add_named(n.op, in, n.attrs, names);
+      r.map[static_cast<size_t>(sum.out[0])] = out[0];
+      for (size_t i = 1; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+      ++r.backward;
+      continue;
+    }
+    auto out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
+    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+  }
+  return r;
+}
+
+}  // namespace seam

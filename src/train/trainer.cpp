@@ -661,16 +661,14 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
-                   : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.loss, bg.prediction}});
+                   : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer});
   std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",
               static_cast<long long>(B), device_name(model.device()), precision_name(spec.precision), p.plan().str().c_str());
-  // The same step without fusion, for the before/after totals.
+  // The training plan is the one `seam train` runs (predictions are not read there: the
+  // accuracy's count may come out of the loss). The same step without fusion, for the
+  // before/after totals.
   CompileOptions plain = eval ? CompileOptions{.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}, .fuse = false}
-                              : CompileOptions{.mode = Mode::train,
-                                               .loss = bg.loss,
-                                               .optimizer = spec.optimizer,
-                                               .outputs = {bg.loss, bg.prediction},
-                                               .fuse = false};
+                              : CompileOptions{.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .fuse = false};
   Model cpu_model(bg.graph, {.seed = spec.seed});
   Program unfused = cpu_model.compile(plain);
   std::vector<double> measured;

@@ -306,6 +306,13 @@ TEST(GpuMisc, ArgmaxMatchesTheCpu) {
   compare_with_cpu([](GpuCase& c) { return argmax(relu(c.data("x", {64, 40}, -3, 0.1))); }, no_grad());
   compare_with_cpu([](GpuCase& c) { return argmax(relu(c.data("x", {64, 40}, -3, 0.1)), 0); }, no_grad());
   compare_with_cpu([](GpuCase& c) { return argmax(relu(c.data("x", {16, 300}, -3, 0.01))); }, no_grad());
+  // 16-bit rows in 16-byte packs (padded, and with ties), and ones no multiple of 8.
+  for (DType t : {DType::bf16, DType::f16}) {
+    compare_with_cpu([&](GpuCase& c) { return argmax(slice(c.data("x", {37, 1000}, -1, 1, t), 1, 0, 997)); },
+                     no_grad());
+    compare_with_cpu([&](GpuCase& c) { return argmax(relu(c.data("x", {16, 304}, -3, 0.01, t))); }, no_grad());
+    compare_with_cpu([&](GpuCase& c) { return argmax(c.data("x", {9, 1001}, -1, 1, t)); }, no_grad());
+  }
 }
 
 TEST(GpuMisc, DropoutMasksAreTheCpusBitForBit) {

@@ -137,6 +137,17 @@ void compare_layer_norm_of_input(const Shape& shape) {
   }
 }
 
+// A residual stream read by a layer norm and by the add after it, as in pre-norm blocks:
+// the add of its two gradients folds into the first layer norm's gradient (input dr),
+// whose kernels add it before the one rounding. t: the data's dtype (x a copy of an f32
+// parameter in it).
+Var residual_norms(GpuCase& c, const Shape& shape, DType t) {
+  const Shape dim{shape.back()};
+  Var h = cast(c.param("x", shape, -2, 3), t);
+  h = add(h, layer_norm(h, c.param("g1", dim, 0.5, 1.5), c.param("b1", dim, -0.5, 0.5), 1e-5));
+  return cast(layer_norm(h, c.param("g2", dim, 0.5, 1.5), c.param("b2", dim, -0.5, 0.5), 1e-5), DType::f32);
+}
+
 // Steps of `op` whose operand (input or output `index`) has dtype t.
 int steps_with(const Plan& p, Op op, bool input, size_t index, DType t) {
   int n = 0;
@@ -267,4 +278,77 @@ TEST(GpuPrecisionLayerNorm, OtherBlockPathWidths) {
 
 TEST(GpuPrecisionLayerNorm, SixteenBitInputs) {
   for (int64_t dim : {1024, 768, 4096, 37}) compare_layer_norm_of_input({37, dim});
+}
+
+// Every row path with dr: 16-byte packs (768; 100 at f32), the scalar fallback (37; 100 at
+// 16 bits: no multiple of 8) and the block path (2048; fewer rows there, whose column sums
+// of the first gamma's gradient, taken through the second layer norm's, cancel past the
+// f32 tolerance at a thousand), on each precision; the plans the comparison runs hold the
+// fused gradient.
+TEST(GpuPrecisionLayerNorm, ResidualGradientSummedIntoTheGradient) {
+  std::vector<CompareOptions> all = policies();
+  all.push_back(seam::gpu_testing::f32());
+  for (const CompareOptions& o : all) {
+    SCOPED_TRACE(policy_name(o));
+    const DType t = o.precision == Precision::f32 ? DType::f32 : low(o);
+    for (int64_t dim : {768, 100, 37, 2048})
+      for (int64_t rows : {int64_t{37}, dim == 2048 ? int64_t{129} : int64_t{1001}}) {
+        const Shape shape{rows, dim};
+        SCOPED_TRACE(shape_str(shape));
+        compare_with_cpu([&](GpuCase& c) { return residual_norms(c, shape, t); }, o);
+      }
+    GpuCase c;
+    Var loss = sum(residual_norms(c, {4, 64}, t));
+    Model m(c.g, {.device = Device::cuda, .precision = o.precision});
+    Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {loss.id()}});
+    int summed = 0;
+    for (const PlanStep& s : p.plan().steps) summed += s.op == Op::layer_norm_grad && s.in.size() == 6;
+    EXPECT_EQ(summed, 1) << p.plan().str();
+  }
+}
+
+// The fused loss counting the rows its argmax gets right (what the training accuracy
+// becomes, fuse_losses): the count equals the CPU's exactly, on each row path (warp and
+// block rows, 16-byte packs and single values, one launch or the labels counted first),
+// with many ties (values 0..3: the first largest is the argmax) and ignored rows.
+TEST(GpuPrecisionLoss, TheFusedLossCountsItsArgmaxAsTheCpu) {
+  std::vector<CompareOptions> all = policies();
+  all.push_back(seam::gpu_testing::f32());
+  for (const CompareOptions& o : all) {
+    SCOPED_TRACE(policy_name(o));
+    const DType t = o.precision == Precision::f32 ? DType::f32 : low(o);
+    for (int64_t classes : {10, 1000, 3000, 2501})
+      for (int64_t rows : {37, 3000}) {
+        SCOPED_TRACE(std::to_string(rows) + " rows of " + std::to_string(classes));
+        Graph g;
+        Var x = g.input("x", {rows, classes});
+        Var y = g.input("y", {rows}, DType::i32);
+        Var logits = cast(add(x, g.param("shift", {classes}, Init::zeros())), t);
+        Var loss = cross_entropy(logits, y);
+        Var correct = count_equal(argmax(logits), y);
+        std::mt19937_64 rng(static_cast<uint64_t>(rows * classes));
+        std::vector<float> xs(static_cast<size_t>(rows * classes));
+        for (auto& v : xs) v = static_cast<float>(rng() % 4);
+        std::vector<int32_t> ys(static_cast<size_t>(rows));
+        for (auto& l : ys) l = static_cast<int32_t>(rng() % 6);
+        for (size_t r = 0; r < ys.size(); r += 5) ys[r] = -100;
+        std::vector<int32_t> counts;
+        std::vector<float> losses;
+        for (Device d : {Device::cpu, Device::cuda}) {
+          Model m(g, {.device = d, .precision = o.precision});
+          Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {correct.id()}});
+          int fused = 0;
+          for (const PlanStep& s : p.plan().steps) fused += s.op == Op::cross_entropy_with_grad && s.out.size() == 3;
+          EXPECT_EQ(fused, 1) << p.plan().str();
+          p.set_input("x", std::span<const float>(xs));
+          p.set_input("y", std::span<const int32_t>(ys));
+          p.run();
+          counts.push_back(p.read_as<int32_t>(correct.name())[0]);
+          losses.push_back(p.read_as<float>(loss.name())[0]);
+        }
+        EXPECT_EQ(counts[0], counts[1]);
+        EXPECT_GT(counts[0], 0);
+        EXPECT_NEAR(losses[0], losses[1], 1e-3 * std::abs(losses[0]));
+      }
+  }
 }

@@ -50,7 +50,7 @@ void layer_norm(const KernelArgs& a) {
 }
 
 // With xhat = (x - mean) * rstd and g = dy * gamma, per row:
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma, dbeta sum over rows.
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dr); dgamma, dbeta sum over rows.
 void layer_norm_grad(const KernelArgs& a) {
   const int64_t dim = a.in[1].shape().back();
   const int64_t rows = a.in[2].numel();
@@ -60,6 +60,7 @@ void layer_norm_grad(const KernelArgs& a) {
     const T* mean = a.in[2].as<T>();
     const T* rstd = a.in[3].as<T>();
     const T* gamma = a.in[4].as<T>();
+    const T* dr = a.in.size() == 6 ? a.in[5].as<T>() : nullptr;
     T* dx = a.out[0].as<T>();
     std::vector<double> dgamma(static_cast<size_t>(dim), 0.0), dbeta(static_cast<size_t>(dim), 0.0);
     std::vector<double> xhat(static_cast<size_t>(dim));
@@ -79,7 +80,9 @@ void layer_norm_grad(const KernelArgs& a) {
       const double g_mean = g_sum / static_cast<double>(dim), gx_mean = gx_sum / static_cast<double>(dim);
       for (int64_t j = 0; j < dim; ++j) {
         const double g = static_cast<double>(dy[r * dim + j]) * static_cast<double>(gamma[j]);
-        dx[r * dim + j] = static_cast<T>(s * (g - g_mean - xhat[static_cast<size_t>(j)] * gx_mean));
+        const T own = static_cast<T>(s * (g - g_mean - xhat[static_cast<size_t>(j)] * gx_mean));
+        // With dr, the sum an add step would form: fused and unfused plans agree bit for bit.
+        dx[r * dim + j] = dr ? static_cast<T>(own + dr[r * dim + j]) : own;
       }
     }
     for (int64_t j = 0; j < dim; ++j) {

@@ -58,11 +58,20 @@ Variant split_variant(const StepArgs& a, const std::string& program, const Shape
     const auto t = static_cast<size_t>(prog.outputs[j]);
     if (prog.reduce[j] == EwReduce::none && !temp[t].data && a.out[j].dtype() == td[t]) temp[t] = a.out[j];
   }
+  // An output that is a cast of another value to the dtype that value has (a residual
+  // sum rounded before its layer norm): the value is written into the output itself,
+  // rather than into scratch and copied.
+  for (size_t c = 0; c < prog.code.size(); ++c) {
+    const EwInstr& in = prog.code[c];
+    if (in.op != Op::cast || !temp[c].data || in.args[0] >= 0) continue;
+    const auto u = static_cast<size_t>(-in.args[0] - 1);
+    if (!temp[u].data && td[u] == in.dtype && temp[c].dtype() == in.dtype) temp[u] = temp[c];
+  }
   for (size_t c = 0; c < prog.code.size(); ++c) {
     const EwInstr& in = prog.code[c];
     std::vector<DeviceTensor> operands;
     for (int v : in.args) operands.push_back(v >= 0 ? a.in[static_cast<size_t>(v)] : temp[static_cast<size_t>(-v - 1)]);
-    if (in.op == Op::cast && operands[0].dtype() == in.dtype && !temp[c].data) {
+    if (in.op == Op::cast && operands[0].dtype() == in.dtype && (!temp[c].data || temp[c].data == operands[0].data)) {
       temp[c] = operands[0];
       continue;
     }

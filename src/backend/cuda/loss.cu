@@ -112,6 +112,7 @@ struct WarpGroup {
   __device__ int64_t first() const { return blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); }
   __device__ int64_t stride() const { return int64_t{gridDim.x} * (blockDim.x >> 5); }
   __device__ float sum(float v) const { return warp_sum(v); }
+  __device__ int64_t max(int64_t v) const { return warp_max(v); }
   __device__ void lse(float& m, float& s) const { warp_lse(m, s); }
 };
 
@@ -121,6 +122,7 @@ struct BlockGroup {
   __device__ int64_t first() const { return blockIdx.x; }
   __device__ int64_t stride() const { return gridDim.x; }
   __device__ float sum(float v) const { return block_sum(v); }
+  __device__ int64_t max(int64_t v) const { return block_max(v); }
   __device__ void lse(float& m, float& s) const { block_lse(m, s); }
 };
 
@@ -231,11 +233,15 @@ __device__ double row_loss_of(const G& g, const T* __restrict__ z, int32_t label
 // dlogits of a counting row whose stats are m, s: sc * (softmax(z) - target), target =
 // (1 - eps) * onehot(label) + eps / C, in float as PyTorch computes it (p - target is
 // exact where p is near the target); 0 in the padding columns [classes, stride).
-template <class G, class T>
-__device__ void row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d, int32_t label, int64_t classes,
-                         int64_t stride, double smoothing, double off_target, double sc, bool vec, float m, float s) {
+// Find: also returns the first of this thread's classes whose value is m (the row's
+// largest, NaNs passed over), INT64_MAX if none: the argmax comes with the same read.
+template <class G, class T, bool Find = false>
+__device__ int64_t row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d, int32_t label, int64_t classes,
+                            int64_t stride, double smoothing, double off_target, double sc, bool vec, float m,
+                            float s) {
   const float inv_s = 1.f / s, scf = static_cast<float>(sc), off = static_cast<float>(off_target);
   const float on = static_cast<float>(off_target + (1.0 - smoothing));
+  int64_t first = INT64_MAX;
   if (vec) {
     const auto* zv = reinterpret_cast<const Pack<T>*>(z);
     auto* dv = reinterpret_cast<Pack<T>*>(d);
@@ -245,19 +251,26 @@ __device__ void row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d,
 #pragma unroll
       for (int k = 0; k < kPer<T>; ++k) {
         const int64_t j = kPer<T> * c + k;
-        const float p = expf(to_float(in.v[k]) - m) * inv_s;
+        const float v = to_float(in.v[k]);
+        const float p = expf(v - m) * inv_s;
         out.v[k] = from_float<T>(j < classes ? scf * (p - (j == label ? on : off)) : 0.f);
+        if constexpr (Find)
+          if (v == m && j < classes && j < first) first = j;
       }
       dv[c] = out;
     }
-    return;
+    return first;
   }
 #pragma unroll 4
   for (int64_t c = g.rank(); c < classes; c += g.size()) {
-    const float p = expf(to_float(z[c]) - m) * inv_s;
+    const float v = to_float(z[c]);
+    const float p = expf(v - m) * inv_s;
     d[c] = from_float<T>(scf * (p - (c == label ? on : off)));
+    if constexpr (Find)
+      if (v == m && c < first) first = c;
   }
   for (int64_t c = classes + g.rank(); c < stride; c += g.size()) d[c] = from_float<T>(0.f);
+  return first;
 }
 
 // The gradient row of a row that does not count.
@@ -373,17 +386,20 @@ __global__ void __launch_bounds__(kReduceBlock)
 // group its own rows in order, then the groups in order) into block_loss; the last block
 // to finish adds those in block order and re-arms the arrival counter for the next
 // launch. The grid is fixed when the step is prepared, so the sum is the same every run.
+// With `correct` (count_correct), the rows whose argmax is their label are counted as
+// well: per block into block_correct, then by the last block into correct.
 template <class G, bool Counted, class T>
 __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
                                   int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
                                   Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
-                                  unsigned* arrived, float* __restrict__ loss, T* __restrict__ dz, DeviceError* err,
-                                  int step) {
+                                  int64_t* __restrict__ block_correct, unsigned* arrived, float* __restrict__ loss,
+                                  int32_t* __restrict__ correct, T* __restrict__ dz, DeviceError* err, int step) {
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
   const double off_target = smoothing / static_cast<double>(classes);
   double mine = 0;  // the group's rows, held by its rank 0
+  int64_t right = 0;
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = labels[r];
     T* d = dz + r * stride;
@@ -395,7 +411,19 @@ __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* _
     float m, s;
     const double loss = row_loss_of(g, z, label, classes, smoothing, vec, m, s);
     if (g.rank() == 0) mine += loss;
-    row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
+    if (!correct) {
+      row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
+      continue;
+    }
+    const int64_t first = -g.max(-row_grad<G, T, true>(g, z, d, label, classes, stride, smoothing, off_target, sc,
+                                                        vec, m, s));
+    // argmax's rule: a NaN first is the answer; none equal to m only where all are NaN.
+    const int64_t best = first == INT64_MAX || isnan(to_float(z[0])) ? 0 : first;
+    if (g.rank() == 0) right += best == label;
+  }
+  if (correct) {
+    const int64_t block_right = block_sum(right);
+    if (threadIdx.x == 0) block_correct[blockIdx.x] = block_right;
   }
   const double block_total = block_sum(mine);
   // The last block to arrive sees every block_loss (each block's write is fenced before
@@ -411,8 +439,14 @@ __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* _
   double total = 0;
   for (int64_t i = threadIdx.x; i < gridDim.x; i += blockDim.x) total += __ldcg(block_loss + i);
   total = block_sum(total);
+  int64_t all_right = 0;
+  if (correct) {
+    for (int64_t i = threadIdx.x; i < gridDim.x; i += blockDim.x) all_right += __ldcg(block_correct + i);
+    all_right = block_sum(all_right);
+  }
   if (threadIdx.x == 0) {
     loss[0] = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
+    if (correct) correct[0] = static_cast<int32_t>(all_right);
     *arrived = 0;
   }
 }
@@ -557,6 +591,13 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const int32_t* labels = labels_t.as<int32_t>();
   float* loss = a.out[0].as<float>();
   auto* block_loss = static_cast<double*>(a.ctx.scratch(c.blocks * sizeof(double)));
+  int32_t* correct = nullptr;
+  int64_t* block_correct = nullptr;
+  if (a.out.size() == 3) {
+    expect_dtype(a, a.out[2], {DType::i32});
+    correct = a.out[2].as<int32_t>();
+    block_correct = static_cast<int64_t*>(a.ctx.scratch(c.blocks * sizeof(int64_t)));
+  }
   auto* arrived = static_cast<unsigned*>(a.ctx.scratch(sizeof(unsigned)));
   auto* count = static_cast<int64_t*>(a.ctx.scratch(sizeof(int64_t)));
   DeviceError* err = a.ctx.error;
@@ -576,8 +617,8 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
         SEAM_CUDA_LAUNCH_CHECK();
       }
       rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
-                                                c.smoothing, c.vec, dy, count, block_loss, arrived, loss, dz, err,
-                                                step);
+                                                c.smoothing, c.vec, dy, count, block_loss, block_correct, arrived,
+                                                loss, correct, dz, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });

@@ -254,8 +254,11 @@ __device__ __forceinline__ bool ahead(float v, int64_t j, float bv, int64_t bj) 
   return v > bv || (v == bv && j < bj);
 }
 
-// inner == 1: one warp per row of `len` contiguous values, the first `classes` of them scanned.
-template <class T>
+// inner == 1: one warp per row of `len` contiguous values, the first `classes` of them
+// scanned, V at a time: one value (V = 1), or 16 bytes (4 f32 or 8 16-bit values) where
+// rows are a multiple of that and aligned, so that a warp has 512 bytes of the row in
+// flight rather than 64 (a language model's logits: 100 KB rows, read at bandwidth).
+template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     argmax_rows(const T* x, int32_t* y, int64_t rows, int64_t len, int64_t classes) {
   const int lane = threadIdx.x & 31;
@@ -264,9 +267,20 @@ __global__ void __launch_bounds__(kThreads)
     const T* p = x + o * len;
     float bv = -INFINITY;
     int64_t bj = INT64_MAX;  // none yet; any real element, even -inf, is ahead of it
-    for (int64_t j = lane; j < classes; j += 32) {
-      const float v = to_float(p[j]);
-      if (!isnan(v) && ahead(v, j, bv, bj)) bv = v, bj = j;
+    for (int64_t q = lane; q * V < classes; q += 32) {
+      T e[V];
+      if constexpr (V == 1) {
+        e[0] = p[q];
+      } else {
+        static_assert(V * sizeof(T) == 16);
+        *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(p + q * V);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float v = to_float(e[i]);
+        const int64_t j = q * V + i;
+        if (j < classes && !isnan(v) && ahead(v, j, bv, bj)) bv = v, bj = j;
+      }
     }
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) {
@@ -310,8 +324,11 @@ Launch argmax_as(const StepArgs& a) {
   const unsigned cap = grid_cap(a.ctx);
   if (inner == 1 && classes >= 32) {
     const unsigned blocks = blocks_for(outer * 32, kThreads, static_cast<int>(cap));
+    constexpr int kV = 16 / sizeof(T);
+    const bool vec = len % kV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     return [=](cudaStream_t stream) {
-      argmax_rows<T><<<blocks, kThreads, 0, stream>>>(x, y, outer, len, classes);
+      if (vec) argmax_rows<T, kV><<<blocks, kThreads, 0, stream>>>(x, y, outer, len, classes);
+      else argmax_rows<T, 1><<<blocks, kThreads, 0, stream>>>(x, y, outer, len, classes);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }

@@ -38,39 +38,97 @@ struct alignas(16) Pack8 {
   T v[8];
 };
 
+// Rows in registers: a lane holds N values of its row, N / V packs of V neighbouring
+// values, pack p of lane l at columns (l + 32 p) V ... + V - 1. V = 1 reads one value at
+// a time; V = kVec<T> (4 f32 or 8 16-bit values) reads 16 bytes at a time, where the row
+// length is a multiple of V and every operand is 16-byte aligned: a warp then has a whole
+// row's loads in flight at once instead of 2 bytes a lane.
+template <class T>
+constexpr int kVec = std::is_same_v<T, float> ? 4 : 8;
+
+// V values of a row from p (S: the storage type, or the parameters' f32).
+template <int V, class S>
+__device__ __forceinline__ void load_pack(const S* __restrict__ p, float (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = to_float(p[0]);
+  } else {
+    constexpr int kPer16 = 16 / sizeof(S);
+    static_assert(V % kPer16 == 0);
+#pragma unroll
+    for (int c = 0; c < V / kPer16; ++c) {
+      const uint4 raw = reinterpret_cast<const uint4*>(p)[c];
+      const S* v = reinterpret_cast<const S*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kPer16; ++i) out[c * kPer16 + i] = to_float(v[i]);
+    }
+  }
+}
+
+template <int V, class S>
+__device__ __forceinline__ void store_pack(S* __restrict__ p, const float (&in)[V]) {
+  if constexpr (V == 1) {
+    p[0] = from_float<S>(in[0]);
+  } else {
+    constexpr int kPer16 = 16 / sizeof(S);
+#pragma unroll
+    for (int c = 0; c < V / kPer16; ++c) {
+      uint4 raw;
+      S* v = reinterpret_cast<S*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kPer16; ++i) v[i] = from_float<S>(in[c * kPer16 + i]);
+      reinterpret_cast<uint4*>(p)[c] = raw;
+    }
+  }
+}
+
 // ---- forward ----
 
-template <int N, class T, class P>
+template <int N, int V, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock)
     ln_warp(const T* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, T* __restrict__ y,
             float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int dim, double eps) {
+  static_assert(N % V == 0);
+  constexpr int kPacks = N / V;
   const int lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * (blockDim.x >> 5);
   for (int64_t r = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); r < rows; r += stride) {
     const T* xr = x + r * dim;
-    float v[N];
+    float v[kPacks][V];
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const int j = lane + 32 * k;
-      v[k] = j < dim ? to_float(xr[j]) : 0.f;
-      s += v[k];
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j < dim) load_pack<V>(xr + j, v[p]);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        if (j >= dim) v[p][i] = 0.f;
+        s += v[p][i];
+      }
     }
     const float mean = warp_sum(s) / static_cast<float>(dim);
     float sq = 0.f;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const int j = lane + 32 * k;
-      v[k] = j < dim ? v[k] - mean : 0.f;
-      sq += v[k] * v[k];
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        v[p][i] = j < dim ? v[p][i] - mean : 0.f;
+        sq += v[p][i] * v[p][i];
+      }
     }
     const float var = warp_sum(sq) / static_cast<float>(dim);
     const float rstd = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
     T* yr = y + r * dim;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const int j = lane + 32 * k;
-      if (j < dim) yr[j] = from_float<T>(fmaf(v[k] * rstd, to_float(gamma[j]), to_float(beta[j])));
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j >= dim) continue;
+      float g[V], b[V];
+      load_pack<V>(gamma + j, g);
+      load_pack<V>(beta + j, b);
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[p][i] = fmaf(v[p][i] * rstd, g[i], b[i]);
+      store_pack<V>(yr + j, v[p]);
     }
     if (lane == 0) {
       mean_out[r] = mean;
@@ -123,37 +181,51 @@ __global__ void __launch_bounds__(kRowBlock)
 // over chunks of rows (ln_grad_params), reading dy and x a second time. One kernel doing
 // both kept 2 * N double sums a lane for its columns: 128 registers at D = 1024, which
 // spilled and ran at a tenth of the bandwidth; the second read of dy and x costs less.
-template <int N, class T, class P>
+// With dr (sum_into_norm_grads), dx = that + dr, added in float and stored once.
+template <int N, int V, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock)
     ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-               const float* __restrict__ rstd, const P* __restrict__ gamma, T* __restrict__ dx, int64_t rows,
-               int dim) {
+               const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
+               T* __restrict__ dx, int64_t rows, int dim) {
+  static_assert(N % V == 0);
+  constexpr int kPacks = N / V;
   const int lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * kWarps;
   for (int64_t r = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); r < rows; r += stride) {
     const float m = mean[r], s = rstd[r];
     const T* dyr = dy + r * dim;
     const T* xr = x + r * dim;
-    float g[N], xh[N];
+    float g[kPacks][V], xh[kPacks][V];
     float g_sum = 0.f, gx_sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const int j = lane + 32 * k;
-      g[k] = xh[k] = 0.f;
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
       if (j < dim) {
-        xh[k] = (to_float(xr[j]) - m) * s;
-        g[k] = to_float(dyr[j]) * to_float(gamma[j]);
-        g_sum += g[k];
-        gx_sum += g[k] * xh[k];
+        float gm[V];
+        load_pack<V>(xr + j, xh[p]);
+        load_pack<V>(dyr + j, g[p]);
+        load_pack<V>(gamma + j, gm);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          xh[p][i] = (xh[p][i] - m) * s;
+          g[p][i] *= gm[i];
+          g_sum += g[p][i];
+          gx_sum += g[p][i] * xh[p][i];
+        }
       }
     }
     const float g_mean = warp_sum(g_sum) / static_cast<float>(dim);
     const float gx_mean = warp_sum(gx_sum) / static_cast<float>(dim);
     T* dxr = dx + r * dim;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const int j = lane + 32 * k;
-      if (j < dim) dxr[j] = from_float<T>(s * (g[k] - g_mean - xh[k] * gx_mean));
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j >= dim) continue;
+      float d[V] = {};
+      if (dr) load_pack<V>(dr + r * dim + j, d);
+#pragma unroll
+      for (int i = 0; i < V; ++i) d[i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
+      store_pack<V>(dxr + j, d);
     }
   }
 }
@@ -164,14 +236,12 @@ __global__ void __launch_bounds__(kWarpBlock)
 // row 0 adds the kColRows sums in order into partial[chunk][0][j] (dgamma) and
 // partial[chunk][1][j] (dbeta).
 constexpr int kColRows = 8;
-template <class T>
-constexpr int kColVec = std::is_same_v<T, float> ? 4 : 8;
 template <int V, class T>
 __global__ void __launch_bounds__(32 * kColRows)
     ln_grad_params(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
                    const float* __restrict__ rstd, double* __restrict__ partial, int64_t rows, int64_t dim,
                    int64_t chunk) {
-  static_assert(V == 1 || V == kColVec<T>);
+  static_assert(V == 1 || V == kVec<T>);
   using Vec = std::conditional_t<V == 1, T, std::conditional_t<std::is_same_v<T, float>, float4, Pack8<T>>>;
   __shared__ double sums[2][V][kColRows][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -221,7 +291,8 @@ __global__ void __launch_bounds__(32 * kColRows)
 template <int M, class T, class P>
 __global__ void __launch_bounds__(kRowBlock)
     ln_grad_block(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-                  const float* __restrict__ rstd, const P* __restrict__ gamma, T* __restrict__ dx,
+                  const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
+                  T* __restrict__ dx,
                   double* __restrict__ partial, int64_t rows, int64_t dim) {
   double* pg = partial + blockIdx.x * (2 * dim);
   double* pb = pg + dim;
@@ -266,7 +337,8 @@ __global__ void __launch_bounds__(kRowBlock)
 #pragma unroll 4
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
       const float xh = (to_float(xr[j]) - m) * s;
-      dxr[j] = from_float<T>(s * (to_float(dyr[j]) * to_float(gamma[j]) - g_mean - xh * gx_mean));
+      const float sum = dr ? to_float(dr[r * dim + j]) : 0.f;
+      dxr[j] = from_float<T>(s * (to_float(dyr[j]) * to_float(gamma[j]) - g_mean - xh * gx_mean) + sum);
     }
   }
   if constexpr (M > 0) {
@@ -283,27 +355,6 @@ __global__ void __launch_bounds__(kRowBlock)
 
 // ---- preparers ----
 
-template <int N, class T, class P>
-void launch_ln_warp(cudaStream_t st, unsigned blocks, const T* x, const P* gamma, const P* beta, T* y, float* mean,
-                    float* rstd, int64_t rows, int dim, double eps) {
-  ln_warp<N><<<blocks, kWarpBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
-  SEAM_CUDA_LAUNCH_CHECK();
-}
-
-template <int N, class T, class P>
-void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean,
-                       const float* rstd, const P* gamma, T* dx, int64_t rows, int dim) {
-  ln_grad_dx<N><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, rows, dim);
-  SEAM_CUDA_LAUNCH_CHECK();
-}
-
-template <int M, class T, class P>
-void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean,
-                          const float* rstd, const P* gamma, T* dx, double* partial, int64_t rows, int64_t dim) {
-  ln_grad_block<M><<<blocks, kRowBlock, 0, st>>>(dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-  SEAM_CUDA_LAUNCH_CHECK();
-}
-
 // Calls f(std::integral_constant<int, N>{}) for the register-row width N = lane_groups.
 template <class F>
 void with_lane_groups(int n, F&& f) {
@@ -317,6 +368,50 @@ void with_lane_groups(int n, F&& f) {
     case 24: f(std::integral_constant<int, 24>{}); break;
     default: f(std::integral_constant<int, 32>{}); break;
   }
+}
+
+// The warp kernels at N values a lane (lane_groups), in packs of 16 bytes where `vec`
+// (N then rounded up to a multiple of the pack: 12 -> 16 for 16-bit values), else one
+// value at a time.
+template <class T, class F>
+void with_packs(int n, bool vec, F&& f) {
+  auto go = [&](auto w) {
+    constexpr int kN = decltype(w)::value;
+    if constexpr (kN % kVec<T> == 0) {
+      if (vec) return f(std::integral_constant<int, kN>{}, std::integral_constant<int, kVec<T>>{});
+    }
+    f(std::integral_constant<int, kN>{}, std::integral_constant<int, 1>{});
+  };
+  if (vec && n % kVec<T> != 0) n = n < kVec<T> ? kVec<T> : n + kVec<T> - n % kVec<T>;
+  with_lane_groups(n, go);
+}
+
+template <class T, class P>
+void launch_ln_warp(cudaStream_t st, unsigned blocks, int n, bool vec, const T* x, const P* gamma, const P* beta, T* y,
+                    float* mean, float* rstd, int64_t rows, int dim, double eps) {
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    ln_warp<decltype(nv)::value, decltype(vv)::value>
+        <<<blocks, kWarpBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
+  });
+  SEAM_CUDA_LAUNCH_CHECK();
+}
+
+template <class T, class P>
+void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const T* dy, const T* x, const float* mean,
+                       const float* rstd, const P* gamma, const T* dr, T* dx, int64_t rows, int dim) {
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    ln_grad_dx<decltype(nv)::value, decltype(vv)::value>
+        <<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, rows, dim);
+  });
+  SEAM_CUDA_LAUNCH_CHECK();
+}
+
+template <int M, class T, class P>
+void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean,
+                          const float* rstd, const P* gamma, const T* dr, T* dx, double* partial, int64_t rows,
+                          int64_t dim) {
+  ln_grad_block<M><<<blocks, kRowBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+  SEAM_CUDA_LAUNCH_CHECK();
 }
 
 // The operands of layer_norm(_grad): `data` (x, y, dy, dx) share x's dtype, `params`
@@ -366,10 +461,9 @@ Launch prepare_layer_norm(const StepArgs& a) {
       const unsigned blocks = blocks_for(rows, kWarps, sms * 16);
       const int d = static_cast<int>(dim);
       const int n = lane_groups(dim);
+      const bool vec = dim % kVec<T> == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
       launch = [=](cudaStream_t st) {
-        with_lane_groups(n, [&](auto w) {
-          launch_ln_warp<decltype(w)::value>(st, blocks, x, gamma, beta, y, mean, rstd, rows, d, eps);
-        });
+        launch_ln_warp(st, blocks, n, vec, x, gamma, beta, y, mean, rstd, rows, d, eps);
       };
       return;
     }
@@ -384,6 +478,7 @@ Launch prepare_layer_norm(const StepArgs& a) {
 
 Launch prepare_layer_norm_grad(const StepArgs& a) {
   expect_ln_dtypes(a, {&a.in[1], &a.in[0], &a.out[0]}, {&a.in[4], &a.out[1], &a.out[2]}, {&a.in[2], &a.in[3]});
+  if (a.in.size() == 6) expect_dtype(a, a.in[5], {a.in[1].dtype()});
   const int64_t dim = a.in[1].shape().back();
   const int64_t rows = a.in[2].numel();
   const float* mean = a.in[2].as<float>();
@@ -395,6 +490,7 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const T* dy = a.in[0].as<T>();
     const T* x = a.in[1].as<T>();
     const P* gamma = a.in[4].as<P>();
+    const T* dr = a.in.size() == 6 ? a.in[5].as<T>() : nullptr;
     T* dx = a.out[0].as<T>();
     // Blocks (and so partial slices) fixed here: the summation order is the same every
     // run. With no rows the kernels still run: they write zero partials, so dgamma =
@@ -403,8 +499,8 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     // Warp path: chunks of rows until about eight column blocks an SM, each chunk at
     // least 32 * V rows (4 * V a thread: shorter chunks' partials cost more than their
     // extra blocks gain). Block path: a slice per block, blocks as rows up to 2 an SM.
-    constexpr int kVec = kColVec<T>;
-    const int vec = dim % kVec == 0 && aligned16(dy) && aligned16(x) ? kVec : 1;
+    constexpr int kV = kVec<T>;
+    const int vec = dim % kV == 0 && aligned16(dy) && aligned16(x) ? kV : 1;
     const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
     const int64_t chunks = warp_path ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
                                                            std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
@@ -430,12 +526,11 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
       const int n = lane_groups(dim);
       const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
       const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
+      const bool vec_dx = vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr));
       launch = [=](cudaStream_t st) {
-        with_lane_groups(n, [&](auto w) {
-          launch_ln_grad_dx<decltype(w)::value>(st, dx_blocks, dy, x, mean, rstd, gamma, dx, rows, d);
-        });
+        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, rows, d);
         if (vec > 1)
-          ln_grad_params<kVec><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+          ln_grad_params<kV><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
         else
           ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
         SEAM_CUDA_LAUNCH_CHECK();
@@ -445,10 +540,10 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     }
     const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
     launch = [=](cudaStream_t st) {
-      if (per_thread <= 4) launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-      else if (per_thread <= 8) launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-      else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
-      else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dx, partial, rows, dim);
+      if (per_thread <= 4) launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      else if (per_thread <= 8) launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
       add_partials(sums, st);
     };
   });
