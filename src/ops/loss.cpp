@@ -52,6 +52,7 @@ void register_loss(OpTable& t) {
     d.outputs = {"loss", "dlogits", "correct?"};
     d.attrs = def(t, Op::cross_entropy).attrs;
     d.attrs.push_back({"count_correct", int64_t{0}});
+    d.in_place = {1, 0};  // dlogits over the logits, when nothing reads them later
     d.doc = "cross_entropy and cross_entropy_grad in one pass over the logits (made by fusion); "
             "count_correct 1: also correct, the number of counted rows whose argmax over the classes (the "
             "first largest value; NaN never chosen unless it is the first) is the label: "

@@ -93,6 +93,10 @@ struct OpDef {
   std::function<double(const OpCostCtx&)> flops;
   // >= 0: output 0 is a view of that input's storage (no kernel, no copy).
   int view_of = -1;
+  // {out, in}: output `out` may take input `in`'s buffer where no later step reads that
+  // input (the planner decides): every kernel of the op reads an element of it before it
+  // writes that element, and nothing else of it after. -1: never.
+  std::pair<int, int> in_place{-1, -1};
   // Writes persistent state (input 0) and has no outputs: kept in a plan although no
   // output is read, unless its `training` attribute says the plan's mode skips it.
   bool side_effect = false;

@@ -148,6 +148,25 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     for (ValueId o : g.node(k).out) first[static_cast<size_t>(o)] = -1, use(o, end);
   // Values read by views live as long as the views' readers: handled by root in use().
 
+  // An output written over an input nothing reads later (OpDef::in_place) shares its
+  // root: one buffer where there were two (a language model's logits and their gradient).
+  // Not over inputs (a run may keep them for the next) or values placed elsewhere.
+  if (req.reuse_memory)
+    for (auto& [k, s] : step_values) {
+      const Node& n = g.node(k);
+      const auto [o, i] = op_def(n.op).in_place;
+      if (o < 0) continue;
+      const ValueId out = n.out[static_cast<size_t>(o)];
+      const auto ri = static_cast<size_t>(root[static_cast<size_t>(n.in[static_cast<size_t>(i)])]);
+      const auto ro = static_cast<size_t>(out);
+      if (placed[ri] || placed[ro] || root[ro] != out || g.value(static_cast<ValueId>(ri)).kind != ValueKind::intermediate ||
+          last[ri] != s || g.value(static_cast<ValueId>(ri)).type.bytes() != g.value(out).type.bytes())
+        continue;
+      for (size_t v = 0; v < nv; ++v)
+        if (root[v] == out) root[v] = static_cast<ValueId>(ri);
+      last[ri] = std::max(last[ri], last[ro]);
+    }
+
   // 4. Arena placement.
   std::vector<Lifetime> life;
   std::vector<ValueId> who;

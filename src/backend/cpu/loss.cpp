@@ -98,26 +98,28 @@ void cross_entropy_grad(const KernelArgs& a) {
 
 // The fused op: the same two kernels in turn, so fused and unfused plans agree bitwise;
 // with count_correct, the rows that count whose argmax (argmax's rule: the first largest,
-// a later NaN never ahead) is their label.
+// a later NaN never ahead) is their label. The gradient comes last: it may be written
+// over the logits (OpDef::in_place), each row after that row's sums.
 void cross_entropy_with_grad(const KernelArgs& a) {
   const std::vector<TensorView> fwd_in{a.in[0], a.in[1]}, fwd_out{a.out[0]};
   cross_entropy({a.step, fwd_in, fwd_out, a.state});
+  if (a.out.size() == 3) {
+    const CrossEntropyRows r = rows_of(a, a.in[0], a.in[1]);
+    int64_t correct = 0;
+    dispatch_float(a.in[0].dtype(), [&]<class T>() {
+      for (int64_t i = 0; i < r.rows; ++i) {
+        if (r.labels[i] == r.ignore_index) continue;
+        const T* z = a.in[0].as<T>() + i * r.stride;
+        int64_t best = 0;
+        for (int64_t c = 1; c < r.classes; ++c)
+          if (z[c] > z[best]) best = c;
+        correct += best == r.labels[i];
+      }
+    });
+    a.out[2].as<int32_t>()[0] = static_cast<int32_t>(correct);
+  }
   const std::vector<TensorView> grad_in{a.in[2], a.in[0], a.in[1]}, grad_out{a.out[1]};
   cross_entropy_grad({a.step, grad_in, grad_out, a.state});
-  if (a.out.size() < 3) return;
-  const CrossEntropyRows r = rows_of(a, a.in[0], a.in[1]);
-  int64_t correct = 0;
-  dispatch_float(a.in[0].dtype(), [&]<class T>() {
-    for (int64_t i = 0; i < r.rows; ++i) {
-      if (r.labels[i] == r.ignore_index) continue;
-      const T* z = a.in[0].as<T>() + i * r.stride;
-      int64_t best = 0;
-      for (int64_t c = 1; c < r.classes; ++c)
-        if (z[c] > z[best]) best = c;
-      correct += best == r.labels[i];
-    }
-  });
-  a.out[2].as<int32_t>()[0] = static_cast<int32_t>(correct);
 }
 
 void mse(const KernelArgs& a) {

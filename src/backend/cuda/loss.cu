@@ -218,14 +218,16 @@ __device__ void row_stats(const G& g, const T* __restrict__ z, int64_t classes, 
 
 // A counting row's stats (known to every thread of the group) and its loss:
 // (1 - eps) * -log p[label] + eps * mean_c(-log p[c]), with -log p[c] = m + log(s) - z[c].
+// zl: the label's logit, read by the caller before the group's first barrier (the fused
+// loss may write the gradient over the row right after it).
 template <class G, class T>
-__device__ double row_loss_of(const G& g, const T* __restrict__ z, int32_t label, int64_t classes, double smoothing,
-                              bool vec, float& m, float& s) {
+__device__ double row_loss_of(const G& g, const T* z, float zl, int64_t classes, double smoothing, bool vec, float& m,
+                              float& s) {
   float zsum;
   if (smoothing != 0.0) row_stats<G, true>(g, z, classes, vec, m, s, zsum);
   else row_stats<G, false>(g, z, classes, vec, m, s, zsum);
   const double ls = log(static_cast<double>(s));
-  const double nll = static_cast<double>(m - to_float(z[label])) + ls;
+  const double nll = static_cast<double>(m - zl) + ls;
   const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
   return (1.0 - smoothing) * nll + smoothing * smooth;
 }
@@ -236,7 +238,7 @@ __device__ double row_loss_of(const G& g, const T* __restrict__ z, int32_t label
 // Find: also returns the first of this thread's classes whose value is m (the row's
 // largest, NaNs passed over), INT64_MAX if none: the argmax comes with the same read.
 template <class G, class T, bool Find = false>
-__device__ int64_t row_grad(const G& g, const T* __restrict__ z, T* __restrict__ d, int32_t label, int64_t classes,
+__device__ int64_t row_grad(const G& g, const T* z, T* d, int32_t label, int64_t classes,
                             int64_t stride, double smoothing, double off_target, double sc, bool vec, float m,
                             float s) {
   const float inv_s = 1.f / s, scf = static_cast<float>(sc), off = static_cast<float>(off_target);
@@ -296,7 +298,8 @@ __global__ void ce_rows(const T* __restrict__ logits, const int32_t* __restrict_
       continue;
     }
     float m, s;
-    const double loss = row_loss_of(g, logits + r * stride, label, classes, smoothing, vec, m, s);
+    const T* z = logits + r * stride;
+    const double loss = row_loss_of(g, z, to_float(z[label]), classes, smoothing, vec, m, s);
     if (g.rank() == 0) {
       row_loss[r] = loss;
       row_used[r] = 1;
@@ -386,14 +389,16 @@ __global__ void __launch_bounds__(kReduceBlock)
 // group its own rows in order, then the groups in order) into block_loss; the last block
 // to finish adds those in block order and re-arms the arrival counter for the next
 // launch. The grid is fixed when the step is prepared, so the sum is the same every run.
+// dz may be the logits themselves (OpDef::in_place): a thread writes only elements it has
+// read, and what the row's other threads read late (the label's logit) is read first.
 // With `correct` (count_correct), the rows whose argmax is their label are counted as
 // well: per block into block_correct, then by the last block into correct.
 template <class G, bool Counted, class T>
-__global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* __restrict__ labels, int64_t rows,
+__global__ void ce_with_grad_rows(const T* logits, const int32_t* __restrict__ labels, int64_t rows,
                                   int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
                                   Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
                                   int64_t* __restrict__ block_correct, unsigned* arrived, float* __restrict__ loss,
-                                  int32_t* __restrict__ correct, T* __restrict__ dz, DeviceError* err, int step) {
+                                  int32_t* __restrict__ correct, T* dz, DeviceError* err, int step) {
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
@@ -408,8 +413,9 @@ __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* _
       continue;
     }
     const T* z = logits + r * stride;
+    const float zl = to_float(z[label]), z0 = to_float(z[0]);  // before d (maybe z itself) is written
     float m, s;
-    const double loss = row_loss_of(g, z, label, classes, smoothing, vec, m, s);
+    const double loss = row_loss_of(g, z, zl, classes, smoothing, vec, m, s);
     if (g.rank() == 0) mine += loss;
     if (!correct) {
       row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
@@ -418,7 +424,7 @@ __global__ void ce_with_grad_rows(const T* __restrict__ logits, const int32_t* _
     const int64_t first = -g.max(-row_grad<G, T, true>(g, z, d, label, classes, stride, smoothing, off_target, sc,
                                                         vec, m, s));
     // argmax's rule: a NaN first is the answer; none equal to m only where all are NaN.
-    const int64_t best = first == INT64_MAX || isnan(to_float(z[0])) ? 0 : first;
+    const int64_t best = first == INT64_MAX || isnan(z0) ? 0 : first;
     if (g.rank() == 0) right += best == label;
   }
   if (correct) {
