@@ -334,3 +334,18 @@ TEST(Fuse, TheLossGradientIsWrittenOverLogitsNothingReadsLater) {
     EXPECT_EQ(fused, 1);
   }
 }
+
+// count_correct is a flag: any other value is refused by name, and 1 gives the count.
+TEST(Fuse, CountCorrectIsZeroOrOne) {
+  Graph g;
+  Var z = g.input("z", {4, 10});
+  Var y = g.input("y", {4}, DType::i32);
+  Var dy = g.input("dy", {});
+  auto with = [&](int64_t flag) {
+    return seam::testing::error_of(
+        [&] { g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id()}, {{"count_correct", flag}}); });
+  };
+  EXPECT_NE(with(2).find("count_correct must be 0 or 1, got 2"), std::string::npos) << with(2);
+  EXPECT_EQ(with(1), "");
+  EXPECT_EQ(g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id()}, {{"count_correct", int64_t{1}}}).size(), 3u);
+}

@@ -3,7 +3,8 @@
 // outputs y, mean [rows], rstd [rows].
 //
 //   D <= 1024: one warp per row, the row in registers (N values per lane: ceil(D/32)
-//              rounded up to 1, 2, 4, 8, 12, 16, 24 or 32);
+//              rounded up to 1, 2, 4, 8, 12, 16, 24 or 32), in 16-byte packs where
+//              the row allows (with_packs);
 //   D >  1024: one block per row, passes over the row through L1.
 // The backward computes dx row by row and the column sums dgamma = sum_rows dy * xhat,
 // dbeta = sum_rows dy deterministically: each chunk of rows (D <= 1024: a column kernel
@@ -181,7 +182,8 @@ __global__ void __launch_bounds__(kRowBlock)
 // over chunks of rows (ln_grad_params), reading dy and x a second time. One kernel doing
 // both kept 2 * N double sums a lane for its columns: 128 registers at D = 1024, which
 // spilled and ran at a tenth of the bandwidth; the second read of dy and x costs less.
-// With dr (sum_into_norm_grads), dx = that + dr, added in float and stored once.
+// With dr (sum_into_norm_grads), dx = the layer norm's own input gradient + dr, added in
+// float and stored once.
 template <int N, int V, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock)
     ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
