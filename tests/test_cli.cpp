@@ -541,6 +541,27 @@ TEST_F(Cli, StepWritesTheWeightsTheBatchAndTheResults) {
   EXPECT_NE(missing.err.find("--out"), std::string::npos) << missing.err;
 }
 
+// --steps: more steps on the same batch, each one's loss in step.json; the files are the
+// first step's, as without it.
+TEST_F(Cli, StepWritesTheLossCurveOfMoreSteps) {
+  const std::string args = std::string("step ") + SEAM_EXAMPLES "/fmnist_mlp.json --batch 8 --device cpu --data-seed 1";
+  Result one = run(args + " --out " + (dir / "one").string());
+  ASSERT_EQ(one.code, 0) << one.err;
+  Result six = run(args + " --steps 6 --out " + (dir / "six").string());
+  ASSERT_EQ(six.code, 0) << six.err;
+  const auto a = nlohmann::json::parse(slurp(dir / "one" / "step.json"));
+  const auto b = nlohmann::json::parse(slurp(dir / "six" / "step.json"));
+  ASSERT_EQ(a["losses"].size(), 1u);
+  ASSERT_EQ(b["losses"].size(), 6u);
+  EXPECT_EQ(b["losses"][0], a["loss"]);
+  EXPECT_EQ(slurp(dir / "six" / "after.safetensors"), slurp(dir / "one" / "after.safetensors"));
+  // The model learns its batch (slowly: SGD with dropout on N(0, 1) images).
+  EXPECT_LT(b["losses"][5].get<double>(), b["losses"][0].get<double>() - 0.05) << b.dump();
+  Result none = run(args + " --steps 0 --out " + (dir / "none").string());
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.err.find("--steps"), std::string::npos) << none.err;
+}
+
 // The CPU kernels cut their loops over the cores (src/backend/cpu/parallel.h): the same
 // step on one thread and on three gives the same bits. The MLP's batch of 256 cuts its
 // GEMMs into row blocks; the CNN's images spread over the threads.

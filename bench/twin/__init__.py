@@ -48,7 +48,7 @@ model-file reader), fused (fused_elementwise programs), ops (the forward op of e
 name), model (the Twin module), check (check_step and its judging rules), __main__ (the
 command line). This file re-exports the names callers use, so `import twin` is enough.
 """
-from .check import (ERROR_RATIO, TOLERANCE, CheckResult, Row, check_step, compare, near_ties, rel_l2,
+from .check import (ERROR_RATIO, TOLERANCE, CheckResult, Row, check_step, compare, judge_curve, near_ties, rel_l2,
                     run_seam_step, torch_step, ulps)
 from .model import Twin
 from .ops import OPS, philox_uniform
@@ -59,8 +59,8 @@ from .fused import parse_program, run_program
 from .schema import (DECAY_LAYERS, LAYERS, PRECISIONS, SCHEMAS, UNREACHABLE, ModelFileError, model_file_ops,
                      seam_ops)
 
-__all__ = ["ERROR_RATIO", "TOLERANCE", "CheckResult", "Row", "check_step", "compare", "near_ties", "rel_l2",
-           "run_seam_step", "torch_step", "ulps", "Twin", "OPS", "philox_uniform", "Optimizer", "Schedule",
+__all__ = ["ERROR_RATIO", "TOLERANCE", "CheckResult", "Row", "check_step", "compare", "judge_curve", "near_ties",
+           "rel_l2", "run_seam_step", "torch_step", "ulps", "Twin", "OPS", "philox_uniform", "Optimizer", "Schedule",
            "SeamSchedule", "make_optimizer", "module_param_groups", "param_groups", "split_decay", "uses_f16",
            "ModelFile", "Node", "gpt_nodes", "load_model", "parse_model", "parse_nodes", "parse_program", "run_program",
            "DECAY_LAYERS", "LAYERS", "PRECISIONS", "SCHEMAS", "UNREACHABLE", "ModelFileError", "model_file_ops",

@@ -34,6 +34,8 @@ def main(argv=None):
     p.add_argument("--dropout", choices=["seam", "off"], default="seam",
                    help="seam: the twin draws seam's dropout masks; off: dropout p set to 0 on both sides")
     p.add_argument("--keep", default=None, help="keep seam step's files in this folder")
+    p.add_argument("--steps", type=int, default=1,
+                   help="also compare the loss curve over this many steps on the same batch")
     a = p.parse_args(argv)
     if a.ops:
         for op in sorted(set(SCHEMAS) | set(LAYERS)):
@@ -45,12 +47,14 @@ def main(argv=None):
         p.error("give a model file (or --ops)")
     if a.batch is not None and a.batch < 1:
         p.error("--batch must be >= 1")
+    if a.steps < 1:
+        p.error("--steps must be >= 1")
     seam = a.seam or default_seam()
     ok = True
     for path in a.model:
         try:
             r = check_step(seam, path, a.precision, a.device, a.batch, a.data_seed, a.dropout, a.layout,
-                           keep_dir=a.keep)
+                           keep_dir=a.keep, steps=a.steps)
             ok = ok and r.ok
         except (ModelFileError, RuntimeError) as e:
             print(f"{path}: {e}", file=sys.stderr)

@@ -106,6 +106,7 @@ class CheckResult:
     ref_loss: float = math.nan
     rows: list = dataclasses.field(default_factory=list)
     notes: list = dataclasses.field(default_factory=list)
+    curve: tuple = None  # (seam, twin, f64 reference): each step's loss, with steps > 1
 
     @property
     def ok(self):
@@ -122,6 +123,11 @@ class CheckResult:
             verdict = "info" if r.info else ("ok" if r.ok else "MISMATCH")
             at = f"  ({r.where})" if r.where else ""
             lines.append(f"  {r.what:26s} {r.value:10.3e}  tol {r.tol:7.1e}  {verdict}{at}")
+        if self.curve:
+            seam, twin, ref = self.curve
+            lines.append("  step  seam         torch        f64")
+            shown = sorted({0, len(seam) - 1, *range(4, len(seam), 5)})
+            lines += [f"  {i + 1:4d}  {seam[i]:<11.6g}  {twin[i]:<11.6g}  {ref[i]:.6g}" for i in shown]
         lines += [f"  note: {n}" for n in self.notes]
         lines.append("PASS" if self.ok else "FAIL")
         return "\n".join(lines)
@@ -164,9 +170,10 @@ def _load(path):
 
 
 def run_seam_step(seam_binary, model_path, out_dir, precision=None, device="cpu", batch=None, data_seed=0,
-                  layout=None):
+                  layout=None, steps=1):
     """`seam step` into out_dir; returns its step.json."""
-    cmd = [seam_binary, "step", model_path, "--out", out_dir, "--device", device, "--data-seed", str(data_seed)]
+    cmd = [seam_binary, "step", model_path, "--out", out_dir, "--device", device, "--data-seed", str(data_seed),
+           "--steps", str(steps)]
     if precision:
         cmd += ["--precision", precision]
     if batch:
@@ -249,7 +256,7 @@ def near_ties(twin_probe, ref_probe, factor=TIE_FACTOR):
 
 
 def check_step(seam_binary, model_path, precision=None, device="cpu", batch=None, data_seed=0, dropout="seam",
-               layout=None, verbose=True, keep_dir=None, retries=3):
+               layout=None, verbose=True, keep_dir=None, retries=3, steps=1):
     """Runs `seam step` and the same step on the twin from seam's initial tensors and batch;
     returns a CheckResult (true when every comparison passes).
 
@@ -265,7 +272,10 @@ def check_step(seam_binary, model_path, precision=None, device="cpu", batch=None
 
     dropout: "seam" draws seam's masks in the twin (seam keeps dropout in NCHW order under a
     channels-last layout, src/passes/layout.cpp, so the masks are the same); "off" runs seam
-    step on a copy of the model file with every dropout p set to 0, and the twin without."""
+    step on a copy of the model file with every dropout p set to 0, and the twin without.
+
+    steps > 1: the loss curve too, over that many steps on the same batch (seam step
+    --steps), seam's against the twin's and the reference's (judge_curve)."""
     m = load_model(model_path)
     precision = precision or m.precision
     if precision not in PRECISIONS:
@@ -291,7 +301,7 @@ def check_step(seam_binary, model_path, precision=None, device="cpu", batch=None
         for attempt in range(retries + 1 if retry else 1):
             seed = data_seed + attempt
             res, ties = _check_once(seam_binary, mp, path, tmp, precision, device, batch, seed, layout, dropout,
-                                    want_ties=retry)
+                                    want_ties=retry, steps=steps)
             res.dropout = dropout if has_dropout else "none"
             if res.ok or not ties:
                 break
@@ -308,9 +318,10 @@ def check_step(seam_binary, model_path, precision=None, device="cpu", batch=None
     return res
 
 
-def _check_once(seam_binary, mp, path, tmp, precision, device, batch, seed, layout, dropout, want_ties):
-    """One seam step and its comparison: (CheckResult, {node: near ties} or None)."""
-    info = run_seam_step(seam_binary, path, tmp, precision, device, batch, seed, layout)
+def _check_once(seam_binary, mp, path, tmp, precision, device, batch, seed, layout, dropout, want_ties, steps=1):
+    """One seam step and its comparison: (CheckResult, {node: near ties} or None); with
+    steps > 1, the loss curve as well."""
+    info = run_seam_step(seam_binary, path, tmp, precision, device, batch, seed, layout, steps)
     init, data, after = (_load(os.path.join(tmp, f + ".safetensors")) for f in ("init", "batch", "after"))
     dev = torch.device(device)
     x, y = data["x"].to(dev), data["y"].to(dev)
@@ -376,7 +387,39 @@ def _check_once(seam_binary, mp, path, tmp, precision, device, batch, seed, layo
     if not mp.master_weights and precision in ("bf16", "f16"):
         res.notes.append("16-bit parameters, updated with stochastic rounding: the update from seam's gradients "
                          "is within one 16-bit step")
+    if steps > 1:
+        del logits, grads, ref_logits, ref_grads, now, ref_now
+        twin_curve, ref_curve = [res.torch_loss], [res.ref_loss]
+        for _ in range(steps - 1):
+            twin.seam_step += 1  # the next step's dropout masks
+            ref.seam_step += 1
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+            try:
+                twin_curve.append(torch_step(twin, opt, sched, x, y, scaler)[1].item())
+            finally:
+                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+            ref_curve.append(torch_step(ref, ref_opt, ref_sched, x.double(), y)[1].item())
+        res.curve = (list(info["losses"]), twin_curve, ref_curve)
+        res.rows.append(judge_curve(*res.curve, loss_tol))
     return res, ties
+
+
+def judge_curve(seam, twin, ref, tol):
+    """A row for the loss curves (one loss a step): seam's passes when it is within tol of
+    the twin's at every step (relative), or, over the whole curve, no further from the f64
+    reference's than ERROR_RATIO times the twin's is (root mean square). Two runs at 16 bits
+    drift apart as their roundings compound, so the second rule is the one that tells a
+    mistake (seam's curve leaving the exact one) from drift (both beside it by as much)."""
+    if len(seam) != len(twin):
+        return Row("loss curve", math.inf, tol, f"seam took {len(seam)} steps, the twin {len(twin)}")
+    rel = [abs(s - t) / max(abs(t), 1e-30) for s, t in zip(seam, twin)]
+    worst = max(range(len(rel)), key=lambda i: rel[i])
+    rms = lambda a: math.sqrt(sum((u - r) ** 2 for u, r in zip(a, ref)) / len(ref))
+    es, et = rms(seam), rms(twin)
+    return Row(f"loss curve, {len(seam)} steps", rel[worst], tol,
+               f"worst at step {worst + 1}: seam {seam[worst]:.6g}, torch {twin[worst]:.6g}; rms vs f64 seam "
+               f"{es:.2e}, torch {et:.2e}; last: seam {seam[-1]:.6g}, torch {twin[-1]:.6g}, f64 {ref[-1]:.6g}",
+               passed=rel[worst] <= tol or es <= ERROR_RATIO * et)
 
 
 def _update_from_seam_grads(twin, init, after, batch, device):

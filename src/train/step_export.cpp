@@ -80,6 +80,13 @@ int run_step(const StepOptions& o) {
   after.push_back(host_tensor("logits", {DType::f32, bg.graph.value(bg.logits).type.shape}, p.read(logits)));
   after.push_back(host_tensor("loss", {DType::f32, {}}, bytes_of(std::vector<float>{loss})));
   io::write_safetensors((dir / "after.safetensors").string(), {meta, std::move(after)});
+  // The rest of the curve: the same batch again, so that the loss falls far (the model
+  // learns the batch) and a difference anywhere in the step shows in it.
+  std::vector<float> losses{loss};
+  for (int64_t i = 1; i < o.steps; ++i) {
+    p.run();
+    losses.push_back(p.read_as<float>(bg.graph.value(bg.loss).name).at(0));
+  }
 
   const nlohmann::ordered_json info{{"model", o.model_path},
                                     {"name", spec.name},
@@ -90,11 +97,14 @@ int run_step(const StepOptions& o) {
                                     {"seed", spec.seed},
                                     {"data_seed", o.data_seed},
                                     {"steps_per_epoch", steps_per_epoch},
-                                    {"loss", loss}};
+                                    {"loss", loss},
+                                    {"losses", losses}};
   const std::string text = info.dump(2) + "\n";
   write_file_atomically((dir / "step.json").string(), std::as_bytes(std::span(text)));
-  std::printf("%s: one %s step on %s, batch %lld, loss %.9g -> %s\n", spec.name.c_str(), precision_name(spec.precision),
-              device_name(model.device()), static_cast<long long>(B), loss, o.out_dir.c_str());
+  std::printf("%s: %lld %s step(s) on %s, batch %lld, loss %.9g", spec.name.c_str(), static_cast<long long>(o.steps),
+              precision_name(spec.precision), device_name(model.device()), static_cast<long long>(B), loss);
+  if (o.steps > 1) std::printf(" ... %.9g", losses.back());
+  std::printf(" -> %s\n", o.out_dir.c_str());
   return 0;
 }
 

@@ -102,6 +102,7 @@ struct StepOptions {
   std::optional<Precision> precision;  // overrides the model file's
   std::optional<LayoutPolicy> layout;
   uint64_t data_seed = 0;
+  int64_t steps = 1;  // the first written out; each loss in step.json's "losses"
 };
 
 // One training step of a model file on a random batch, written out for another framework
@@ -109,7 +110,8 @@ struct StepOptions {
 // states before the step, by name), OUT/batch.safetensors (x, y), OUT/after.safetensors
 // (parameters and states after the update, the gradients as "grad/<name>", the logits
 // and the loss) and OUT/step.json (what was run, with the steps an epoch its schedule
-// assumed).
+// assumed). steps > 1: as many steps in all on the same batch, each one's loss in
+// step.json's "losses" (a loss curve for the twin to follow).
 int run_step(const StepOptions& o);
 
 // Prints the compiled step of a model file (training plan, or evaluation with eval).

@@ -332,6 +332,32 @@ def test_compare_torch_gpt_is_seams_gpt(tmp_path):
     assert abs(loss.item() - info["loss"]) <= 1e-6 * abs(info["loss"])
 
 
+@needs_seam
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_loss_curve_follows_the_twin(tmp_path, precision):
+    # Ten steps on one batch: dropout's masks drawn for each step, the warmup and cosine
+    # schedule, AdamW's moments and clipping all carried from step to step on both sides.
+    r = tt.check_step(SEAM, write(tmp_path, OPS_F), precision, "cpu", None, steps=10)
+    assert r.ok, r.report()
+    seam, twin, ref = r.curve
+    assert len(seam) == len(twin) == len(ref) == 10
+    assert seam[-1] < seam[0] - 0.5, "the model learns its batch"
+    if precision == "f32":
+        assert max(abs(s - t) / t for s, t in zip(seam, twin)) <= 1e-5
+
+
+def test_judge_curve_tells_a_mistake_from_drift():
+    ref = [4.0 - 0.3 * i for i in range(10)]
+    twin = [r + 0.02 * (-1) ** i for i, r in enumerate(ref)]
+    drift = [r - 0.02 * (-1) ** i for i, r in enumerate(ref)]   # as far from exact as the twin, on the other side
+    assert tt.judge_curve(drift, twin, ref, 1e-3).ok
+    wrong = [r + 0.1 * i for i, r in enumerate(ref)]             # leaves the exact curve
+    row = tt.judge_curve(wrong, twin, ref, 1e-3)
+    assert not row.ok and "step 10" in row.where
+    assert tt.judge_curve(twin, twin, ref, 0.0).ok
+    assert not tt.judge_curve(twin[:5], twin, ref, 1.0).ok
+
+
 @pytest.mark.parametrize("model, message", [
     ({"n_head": 3}, "n_embd 8 is not divisible by n_head 3"),
     ({"heads": 2}, "unknown key 'heads'"),

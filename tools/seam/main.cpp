@@ -274,6 +274,9 @@ int main(int argc, char** argv) {
   step->add_option("--layout", step_layout, layout_help + " (default: the model file's)")
       ->check(one_of(seam::layout_policy_names()));
   step->add_option("--data-seed", so.data_seed, "seed of the random batch")->transform(whole<uint64_t>(0));
+  step->add_option("--steps", so.steps,
+                   "steps on the same batch (the first written out, every loss in step.json's \"losses\")")
+      ->transform(whole<int64_t>(1));
 
   std::vector<std::string> tokenize_files;
   std::string tokenize_out;

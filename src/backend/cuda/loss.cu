@@ -78,29 +78,43 @@ __device__ inline void lse_merge(float& m, float& s, float m2, float s2) {
   m = nm;
 }
 
-__device__ inline void warp_lse(float& m, float& s) {
+// The argmax carried beside (m, s): i is the first index holding m (INT64_MAX for none);
+// merged before m changes.
+__device__ inline void arg_merge(float m, int64_t& i, float m2, int64_t i2) {
+  if (m2 > m) i = i2;
+  else if (m2 == m) i = min(i, i2);
+}
+
+// Find: also the argmax i of the values merged.
+template <bool Find>
+__device__ inline void warp_lse(float& m, float& s, int64_t& i) {
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
     const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    if constexpr (Find) arg_merge(m, i, m2, __shfl_xor_sync(0xffffffffu, i, o));
     lse_merge(m, s, m2, s2);
   }
 }
 
 // Over a block whose size is a multiple of 32; every thread gets the result.
-__device__ inline void block_lse(float& m, float& s) {
+template <bool Find>
+__device__ inline void block_lse(float& m, float& s, int64_t& i) {
   __shared__ float pm[32], ps[32];
+  __shared__ int64_t pi[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  warp_lse(m, s);
-  __syncthreads();  // pm, ps may still be read by a previous call
+  warp_lse<Find>(m, s, i);
+  __syncthreads();  // pm, ps, pi may still be read by a previous call
   if (lane == 0) {
     pm[warp] = m;
     ps[warp] = s;
+    if constexpr (Find) pi[warp] = i;
   }
   __syncthreads();
   const int warps = (blockDim.x + 31) >> 5;
   m = lane < warps ? pm[lane] : -INFINITY;
   s = lane < warps ? ps[lane] : 0.f;
-  warp_lse(m, s);
+  if constexpr (Find) i = lane < warps ? pi[lane] : INT64_MAX;
+  warp_lse<Find>(m, s, i);
 }
 
 // A group of threads that handles one row at a time: a warp or a whole block. Rows are
@@ -112,8 +126,8 @@ struct WarpGroup {
   __device__ int64_t first() const { return blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); }
   __device__ int64_t stride() const { return int64_t{gridDim.x} * (blockDim.x >> 5); }
   __device__ float sum(float v) const { return warp_sum(v); }
-  __device__ int64_t max(int64_t v) const { return warp_max(v); }
-  __device__ void lse(float& m, float& s) const { warp_lse(m, s); }
+  template <bool Find>
+  __device__ void lse(float& m, float& s, int64_t& i) const { warp_lse<Find>(m, s, i); }
 };
 
 struct BlockGroup {
@@ -122,8 +136,8 @@ struct BlockGroup {
   __device__ int64_t first() const { return blockIdx.x; }
   __device__ int64_t stride() const { return gridDim.x; }
   __device__ float sum(float v) const { return block_sum(v); }
-  __device__ int64_t max(int64_t v) const { return block_max(v); }
-  __device__ void lse(float& m, float& s) const { block_lse(m, s); }
+  template <bool Find>
+  __device__ void lse(float& m, float& s, int64_t& i) const { block_lse<Find>(m, s, i); }
 };
 
 // Whether a row counts; reports (once, from rank 0) a label that is neither a class nor
@@ -139,10 +153,11 @@ __device__ bool row_counts(const G& g, int32_t label, int64_t row, int64_t class
   return true;
 }
 
-// One thread's part of row_stats: classes rank, rank + step, ...
-template <bool WithSum, class T>
+// One thread's part of row_stats: classes rank, rank + step, ... (in increasing order, so
+// a strictly larger value is the only one that moves the first index of the maximum).
+template <bool WithSum, bool Find, class T>
 __device__ void stats_scalar(const T* __restrict__ z, int64_t classes, int64_t rank, int64_t step, float& m, float& s,
-                             float& zsum) {
+                             float& zsum, int64_t& first) {
   // Four loads in flight per thread before their values are used: the sum is a serial
   // chain, and one load at a time would leave the row's read latency-bound.
   int64_t c = rank;
@@ -152,12 +167,16 @@ __device__ void stats_scalar(const T* __restrict__ z, int64_t classes, int64_t r
     for (int k = 0; k < 4; ++k) v[k] = to_float(z[c + k * step]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
+      if constexpr (Find)
+        if (v[k] > m) first = c + k * step;
       lse_add(m, s, v[k]);
       if constexpr (WithSum) zsum += v[k];
     }
   }
   for (; c < classes; c += step) {
     const float v = to_float(z[c]);
+    if constexpr (Find)
+      if (v > m) first = c;
     lse_add(m, s, v);
     if constexpr (WithSum) zsum += v;
   }
@@ -166,12 +185,18 @@ __device__ void stats_scalar(const T* __restrict__ z, int64_t classes, int64_t r
 // A pack of values into (m, s): one rescale to the pack's maximum, then its terms, which
 // do not depend on each other. A value equal to an infinite m counts 1, as lse_add
 // counts a new maximum; fmaxf passes over a NaN, whose term then makes s NaN.
-template <int K>
-__device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K]) {
+// Find: a new maximum's first index (base + k) goes to first.
+template <bool Find, int K>
+__device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int64_t base, int64_t& first) {
   float mx = m;
 #pragma unroll
   for (int k = 0; k < K; ++k) mx = fmaxf(mx, v[k]);
   if (mx > m) {
+    if constexpr (Find) {
+#pragma unroll
+      for (int k = K - 1; k >= 0; --k)
+        if (v[k] == mx) first = base + k;
+    }
     s = __fmul_rn(s, expf(m - mx));  // from m = -inf: s is 0
     m = mx;
   }
@@ -182,15 +207,17 @@ __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K]) {
 }
 
 // The same over packs (z 16-byte aligned, the row's stride a multiple of kPer<T>): packs
-// rank, rank + step, ...; two loads in flight. Padding columns (from `classes` on) in the
-// last pack count as -inf.
-template <bool WithSum, class T>
-__device__ void stats_vec(const T* __restrict__ z, int64_t classes, int64_t rank, int64_t step, float& m, float& s,
-                          float& zsum) {
+// rank, rank + step, ... below `packs`; four loads in flight. Padding columns (from
+// `classes` on) count as -inf. stage (shared memory, or null): where each pack read is
+// kept, so that the gradient reads the row from there instead of from memory again.
+template <bool WithSum, bool Find, class T>
+__device__ void stats_vec(const T* __restrict__ z, int64_t classes, int64_t packs, int64_t rank, int64_t step,
+                          float& m, float& s, float& zsum, int64_t& first, Pack<T>* stage) {
   const auto* zv = reinterpret_cast<const Pack<T>*>(z);
-#pragma unroll 2
-  for (int64_t c = rank; c < (classes + kPer<T> - 1) / kPer<T>; c += step) {
+#pragma unroll 4
+  for (int64_t c = rank; c < packs; c += step) {
     const Pack<T> p = zv[c];
+    if (stage) stage[c] = p;
     float v[kPer<T>];
 #pragma unroll
     for (int k = 0; k < kPer<T>; ++k) {
@@ -198,21 +225,35 @@ __device__ void stats_vec(const T* __restrict__ z, int64_t classes, int64_t rank
       v[k] = in ? to_float(p.v[k]) : -INFINITY;
       if constexpr (WithSum) zsum += in ? v[k] : 0.f;
     }
-    lse_add_pack(m, s, v);
+    lse_add_pack<Find>(m, s, v, c * kPer<T>, first);
   }
 }
 
-// The row's max m and sum(exp(z - m)) (and sum(z) when wanted), known to every thread of
-// the group; one read of the row. vec: read by stats_vec.
-template <class G, bool WithSum, class T>
-__device__ void row_stats(const G& g, const T* __restrict__ z, int64_t classes, bool vec, float& m, float& s,
-                          float& zsum) {
+// Where a row is read from: z (a row of `stride` values, the first `classes` of them
+// counted), in packs or not; a staged row's packs (all stride / kPer<T> of them) are kept
+// in stage, in shared memory.
+template <class T>
+struct RowIn {
+  const T* z;
+  int64_t classes, stride;
+  bool vec;
+  Pack<T>* stage;
+  __device__ int64_t packs() const { return stage ? stride / kPer<T> : (classes + kPer<T> - 1) / kPer<T>; }
+  // What the gradient reads: the staged copy when there is one.
+  __device__ const T* again() const { return stage ? reinterpret_cast<const T*>(stage) : z; }
+};
+
+// The row's max m and sum(exp(z - m)) (and sum(z) when wanted; the first index of m, its
+// argmax, with Find), known to every thread of the group; one read of the row.
+template <class G, bool WithSum, bool Find, class T>
+__device__ void row_stats(const G& g, const RowIn<T>& in, float& m, float& s, float& zsum, int64_t& first) {
   m = -INFINITY;
   s = 0.f;
   zsum = 0.f;
-  if (vec) stats_vec<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
-  else stats_scalar<WithSum>(z, classes, g.rank(), g.size(), m, s, zsum);
-  g.lse(m, s);
+  first = INT64_MAX;
+  if (in.vec) stats_vec<WithSum, Find>(in.z, in.classes, in.packs(), g.rank(), g.size(), m, s, zsum, first, in.stage);
+  else stats_scalar<WithSum, Find>(in.z, in.classes, g.rank(), g.size(), m, s, zsum, first);
+  g.template lse<Find>(m, s, first);
   if constexpr (WithSum) zsum = g.sum(zsum);
 }
 
@@ -220,30 +261,28 @@ __device__ void row_stats(const G& g, const T* __restrict__ z, int64_t classes, 
 // (1 - eps) * -log p[label] + eps * mean_c(-log p[c]), with -log p[c] = m + log(s) - z[c].
 // zl: the label's logit, read by the caller before the group's first barrier (the fused
 // loss may write the gradient over the row right after it).
-template <class G, class T>
-__device__ double row_loss_of(const G& g, const T* z, float zl, int64_t classes, double smoothing, bool vec, float& m,
-                              float& s) {
+template <class G, bool Find, class T>
+__device__ double row_loss_of(const G& g, const RowIn<T>& in, float zl, double smoothing, float& m, float& s,
+                              int64_t& first) {
   float zsum;
-  if (smoothing != 0.0) row_stats<G, true>(g, z, classes, vec, m, s, zsum);
-  else row_stats<G, false>(g, z, classes, vec, m, s, zsum);
+  if (smoothing != 0.0) row_stats<G, true, Find>(g, in, m, s, zsum, first);
+  else row_stats<G, false, Find>(g, in, m, s, zsum, first);
   const double ls = log(static_cast<double>(s));
   const double nll = static_cast<double>(m - zl) + ls;
-  const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(classes) + ls;
+  const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(in.classes) + ls;
   return (1.0 - smoothing) * nll + smoothing * smooth;
 }
 
 // dlogits of a counting row whose stats are m, s: sc * (softmax(z) - target), target =
 // (1 - eps) * onehot(label) + eps / C, in float as PyTorch computes it (p - target is
 // exact where p is near the target); 0 in the padding columns [classes, stride).
-// Find: also returns the first of this thread's classes whose value is m (the row's
-// largest, NaNs passed over), INT64_MAX if none: the argmax comes with the same read.
-template <class G, class T, bool Find = false>
-__device__ int64_t row_grad(const G& g, const T* z, T* d, int32_t label, int64_t classes,
-                            int64_t stride, double smoothing, double off_target, double sc, bool vec, float m,
-                            float s) {
+// A vec row's thread reads the very packs its row_stats read (the same rank, size),
+// so a staged row needs no barrier between the two.
+template <class G, class T>
+__device__ void row_grad(const G& g, const T* z, T* d, int32_t label, int64_t classes, int64_t stride,
+                         double smoothing, double off_target, double sc, bool vec, float m, float s) {
   const float inv_s = 1.f / s, scf = static_cast<float>(sc), off = static_cast<float>(off_target);
   const float on = static_cast<float>(off_target + (1.0 - smoothing));
-  int64_t first = INT64_MAX;
   if (vec) {
     const auto* zv = reinterpret_cast<const Pack<T>*>(z);
     auto* dv = reinterpret_cast<Pack<T>*>(d);
@@ -256,23 +295,18 @@ __device__ int64_t row_grad(const G& g, const T* z, T* d, int32_t label, int64_t
         const float v = to_float(in.v[k]);
         const float p = expf(v - m) * inv_s;
         out.v[k] = from_float<T>(j < classes ? scf * (p - (j == label ? on : off)) : 0.f);
-        if constexpr (Find)
-          if (v == m && j < classes && j < first) first = j;
       }
       dv[c] = out;
     }
-    return first;
+    return;
   }
 #pragma unroll 4
   for (int64_t c = g.rank(); c < classes; c += g.size()) {
     const float v = to_float(z[c]);
     const float p = expf(v - m) * inv_s;
     d[c] = from_float<T>(scf * (p - (c == label ? on : off)));
-    if constexpr (Find)
-      if (v == m && c < first) first = c;
   }
   for (int64_t c = classes + g.rank(); c < stride; c += g.size()) d[c] = from_float<T>(0.f);
-  return first;
 }
 
 // The gradient row of a row that does not count.
@@ -298,8 +332,10 @@ __global__ void ce_rows(const T* __restrict__ logits, const int32_t* __restrict_
       continue;
     }
     float m, s;
+    int64_t unused;
     const T* z = logits + r * stride;
-    const double loss = row_loss_of(g, z, to_float(z[label]), classes, smoothing, vec, m, s);
+    const double loss =
+        row_loss_of<G, false>(g, RowIn<T>{z, classes, stride, vec, nullptr}, to_float(z[label]), smoothing, m, s, unused);
     if (g.rank() == 0) {
       row_loss[r] = loss;
       row_used[r] = 1;
@@ -357,7 +393,8 @@ __global__ void ce_grad_rows(const T* __restrict__ logits, const int32_t* __rest
     }
     const T* z = logits + r * stride;
     float m, s, unused;
-    row_stats<G, false>(g, z, classes, vec, m, s, unused);
+    int64_t none;
+    row_stats<G, false, false>(g, RowIn<T>{z, classes, stride, vec, nullptr}, m, s, unused, none);
     row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
   }
 }
@@ -392,13 +429,19 @@ __global__ void __launch_bounds__(kReduceBlock)
 // dz may be the logits themselves (OpDef::in_place): a thread writes only elements it has
 // read, and what the row's other threads read late (the label's logit) is read first.
 // With `correct` (count_correct), the rows whose argmax is their label are counted as
-// well: per block into block_correct, then by the last block into correct.
+// well (the argmax found in the log-sum-exp's reduction): per block into block_correct,
+// then by the last block into correct.
+// staged (block rows in packs): the row is kept in dynamic shared memory as it is read
+// (stride values), so the gradient does not read it from memory a second time.
 template <class G, bool Counted, class T>
 __global__ void ce_with_grad_rows(const T* logits, const int32_t* __restrict__ labels, int64_t rows,
                                   int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
-                                  Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
-                                  int64_t* __restrict__ block_correct, unsigned* arrived, float* __restrict__ loss,
-                                  int32_t* __restrict__ correct, T* dz, DeviceError* err, int step) {
+                                  bool staged, Scalar dy, const int64_t* __restrict__ counted,
+                                  double* __restrict__ block_loss, int64_t* __restrict__ block_correct,
+                                  unsigned* arrived, float* __restrict__ loss, int32_t* __restrict__ correct, T* dz,
+                                  DeviceError* err, int step) {
+  extern __shared__ uint4 stage_mem[];
+  Pack<T>* stage = staged ? reinterpret_cast<Pack<T>*>(stage_mem) : nullptr;
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
@@ -412,20 +455,19 @@ __global__ void ce_with_grad_rows(const T* logits, const int32_t* __restrict__ l
       zero_row(g, d, stride);
       continue;
     }
-    const T* z = logits + r * stride;
-    const float zl = to_float(z[label]), z0 = to_float(z[0]);  // before d (maybe z itself) is written
+    const RowIn<T> in{logits + r * stride, classes, stride, vec, stage};
+    const float zl = to_float(in.z[label]), z0 = to_float(in.z[0]);  // before d (maybe z itself) is written
     float m, s;
-    const double loss = row_loss_of(g, z, zl, classes, smoothing, vec, m, s);
-    if (g.rank() == 0) mine += loss;
-    if (!correct) {
-      row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
-      continue;
-    }
-    const int64_t first = -g.max(-row_grad<G, T, true>(g, z, d, label, classes, stride, smoothing, off_target, sc,
-                                                        vec, m, s));
-    // argmax's rule: a NaN first is the answer; none equal to m only where all are NaN.
+    int64_t first;
+    const double loss = correct ? row_loss_of<G, true>(g, in, zl, smoothing, m, s, first)
+                                : row_loss_of<G, false>(g, in, zl, smoothing, m, s, first);
+    row_grad(g, in.again(), d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
+    if (g.rank() != 0) continue;
+    mine += loss;
+    // argmax's rule: a NaN first is the answer; none larger than -inf only where all are
+    // -inf or NaN.
     const int64_t best = first == INT64_MAX || isnan(z0) ? 0 : first;
-    if (g.rank() == 0) right += best == label;
+    right += correct && best == label;
   }
   if (correct) {
     const int64_t block_right = block_sum(right);
@@ -587,6 +629,8 @@ Launch prepare_cross_entropy_grad(const StepArgs& a) {
 
 // Up to this many rows, every block counts the labels itself (one launch).
 constexpr int64_t kSelfCountRows = 2048;
+// Shared memory a block keeps for its reductions beside a staged row.
+constexpr size_t kStageReserve = 1024;
 
 Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const DeviceTensor &logits_t = a.in[0], &labels_t = a.in[1], &dy_t = a.in[2];
@@ -596,13 +640,10 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const bool counted = c.rows > kSelfCountRows;
   const int32_t* labels = labels_t.as<int32_t>();
   float* loss = a.out[0].as<float>();
-  auto* block_loss = static_cast<double*>(a.ctx.scratch(c.blocks * sizeof(double)));
   int32_t* correct = nullptr;
-  int64_t* block_correct = nullptr;
   if (a.out.size() == 3) {
     expect_dtype(a, a.out[2], {DType::i32});
     correct = a.out[2].as<int32_t>();
-    block_correct = static_cast<int64_t*>(a.ctx.scratch(c.blocks * sizeof(int64_t)));
   }
   auto* arrived = static_cast<unsigned*>(a.ctx.scratch(sizeof(unsigned)));
   auto* count = static_cast<int64_t*>(a.ctx.scratch(sizeof(int64_t)));
@@ -617,14 +658,34 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
       if (c.warp) return counted ? ce_with_grad_rows<WarpGroup, true, T> : ce_with_grad_rows<WarpGroup, false, T>;
       return counted ? ce_with_grad_rows<BlockGroup, true, T> : ce_with_grad_rows<BlockGroup, false, T>;
     }();
+    // A block row is staged in shared memory when it fits; the grid is then as many blocks
+    // as can be resident (each loops over rows: a second wave would wait for the first's
+    // last rows).
+    const size_t stage_bytes = c.warp || !c.vec ? 0 : static_cast<size_t>(c.stride) * sizeof(T);
+    int device = 0, optin = 0, resident = 0;
+    SEAM_CUDA_CHECK(cudaGetDevice(&device));
+    SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (stage_bytes > 0 && stage_bytes + kStageReserve <= static_cast<size_t>(optin)) {
+      SEAM_CUDA_CHECK(cudaFuncSetAttribute(rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(stage_bytes)));
+      SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rows_kernel, threads, stage_bytes));
+    }
+    const bool staged = resident > 0;
+    const size_t smem = staged ? stage_bytes : 0;
+    const unsigned blocks =
+        staged ? static_cast<unsigned>(std::clamp<int64_t>(c.rows, 1, int64_t{std::max(a.ctx.sm_count, 1)} * resident))
+               : c.blocks;
+    auto* block_loss = static_cast<double*>(a.ctx.scratch(blocks * sizeof(double)));
+    int64_t* block_correct =
+        correct ? static_cast<int64_t*>(a.ctx.scratch(blocks * sizeof(int64_t))) : nullptr;
     launch = [=](cudaStream_t st) {
       if (counted) {
         ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
         SEAM_CUDA_LAUNCH_CHECK();
       }
-      rows_kernel<<<c.blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
-                                                c.smoothing, c.vec, dy, count, block_loss, block_correct, arrived,
-                                                loss, correct, dz, err, step);
+      rows_kernel<<<blocks, threads, smem, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
+                                                 c.smoothing, c.vec, staged, dy, count, block_loss, block_correct,
+                                                 arrived, loss, correct, dz, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });

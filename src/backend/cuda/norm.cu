@@ -177,22 +177,28 @@ __global__ void __launch_bounds__(kRowBlock)
 // (x - mean) * rstd in double and every column sum accumulates in double, as the CPU
 // does; the row sums of dx stay in f32.
 
-// Rows of up to 1024 take two kernels. dx: a warp per row, the row's dy * gamma and xhat
-// held in registers between the row sums and the write. dgamma and dbeta: column sums
-// over chunks of rows (ln_grad_params), reading dy and x a second time. One kernel doing
-// both kept 2 * N double sums a lane for its columns: 128 registers at D = 1024, which
-// spilled and ran at a tenth of the bandwidth; the second read of dy and x costs less.
-// With dr (sum_into_norm_grads), dx = the layer norm's own input gradient + dr, added in
-// float and stored once.
-template <int N, int V, class T, class P>
-__global__ void __launch_bounds__(kWarpBlock)
+// Rows of up to 1024: dx by a warp per row, the row's dy * gamma and xhat held in
+// registers between the row sums and the write. With dr (sum_into_norm_grads), dx = the
+// layer norm's own input gradient + dr, added in float and stored once.
+// Cols (N <= kMaxColsN): the column sums dgamma and dbeta come from the same read: each
+// lane adds its columns' dy * xhat and dy over its warp's rows in float (a few rows a
+// warp: the grid is what stays resident), the block's warps add theirs in turn, in
+// double, into shared memory, and the block writes its slice of partial ([blocks][2][D]).
+// Without Cols (wider rows: 2 * N more registers a lane would spill) ln_grad_params reads
+// dy and x a second time.
+constexpr int kMaxColsN = 24;
+template <int N, int V, bool Cols, class T, class P>
+__global__ void __launch_bounds__(kWarpBlock, Cols ? 2 : 1)  // Cols: two blocks an SM, 16 rows in flight
     ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
                const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
-               T* __restrict__ dx, int64_t rows, int dim) {
+               T* __restrict__ dx, double* __restrict__ partial, int64_t rows, int dim) {
   static_assert(N % V == 0);
+  static_assert(!Cols || N <= kMaxColsN);
   constexpr int kPacks = N / V;
+  constexpr int kColPacks = Cols ? kPacks : 1;
   const int lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * kWarps;
+  float col_g[kColPacks][V] = {}, col_b[kColPacks][V] = {};
   for (int64_t r = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); r < rows; r += stride) {
     const float m = mean[r], s = rstd[r];
     const T* dyr = dy + r * dim;
@@ -210,6 +216,10 @@ __global__ void __launch_bounds__(kWarpBlock)
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           xh[p][i] = (xh[p][i] - m) * s;
+          if constexpr (Cols) {
+            col_g[p][i] = fmaf(g[p][i], xh[p][i], col_g[p][i]);
+            col_b[p][i] += g[p][i];
+          }
           g[p][i] *= gm[i];
           g_sum += g[p][i];
           gx_sum += g[p][i] * xh[p][i];
@@ -228,6 +238,31 @@ __global__ void __launch_bounds__(kWarpBlock)
 #pragma unroll
       for (int i = 0; i < V; ++i) d[i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
       store_pack<V>(dxr + j, d);
+    }
+  }
+  if constexpr (Cols) {
+    __shared__ double cols[2][kMaxWarpDim];
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) cols[0][j] = cols[1][j] = 0.0;
+    const int warp = threadIdx.x >> 5;
+    for (int w = 0; w < kWarps; ++w) {  // in warp order: the same sums every run
+      __syncthreads();
+      if (warp != w) continue;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        const int j = (lane + 32 * p) * V;
+        if (j >= dim) continue;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          cols[0][j + i] += col_g[p][i];
+          cols[1][j + i] += col_b[p][i];
+        }
+      }
+    }
+    __syncthreads();
+    double* out = partial + blockIdx.x * (2 * int64_t{dim});
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+      out[j] = cols[0][j];
+      out[dim + j] = cols[1][j];
     }
   }
 }
@@ -398,12 +433,34 @@ void launch_ln_warp(cudaStream_t st, unsigned blocks, int n, bool vec, const T* 
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
+// Blocks of ln_grad_dx with column sums (Cols) resident on an SM, for n values a lane;
+// 0 where the row is too wide for them.
+template <class T, class P>
+int ln_grad_cols_resident(int n, bool vec) {
+  int resident = 0;
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
+    if constexpr (kN <= kMaxColsN)
+      SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, ln_grad_dx<kN, kV, true, T, P>,
+                                                                    kWarpBlock, 0));
+  });
+  return resident;
+}
+
+// partial: where the column sums go (ln_grad_dx's Cols), or null.
 template <class T, class P>
 void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const T* dy, const T* x, const float* mean,
-                       const float* rstd, const P* gamma, const T* dr, T* dx, int64_t rows, int dim) {
+                       const float* rstd, const P* gamma, const T* dr, T* dx, double* partial, int64_t rows,
+                       int dim) {
   with_packs<T>(n, vec, [&](auto nv, auto vv) {
-    ln_grad_dx<decltype(nv)::value, decltype(vv)::value>
-        <<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, rows, dim);
+    constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
+    if constexpr (kN <= kMaxColsN) {
+      if (partial) {
+        ln_grad_dx<kN, kV, true><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        return;
+      }
+    }
+    ln_grad_dx<kN, kV, false><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, nullptr, rows, dim);
   });
   SEAM_CUDA_LAUNCH_CHECK();
 }
@@ -501,14 +558,22 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     // Warp path: chunks of rows until about eight column blocks an SM, each chunk at
     // least 32 * V rows (4 * V a thread: shorter chunks' partials cost more than their
     // extra blocks gain). Block path: a slice per block, blocks as rows up to 2 an SM.
+    // Column sums in the dx kernel (ln_grad_dx's Cols): one slice a block, as many blocks
+    // as stay resident.
     constexpr int kV = kVec<T>;
     const int vec = dim % kV == 0 && aligned16(dy) && aligned16(x) ? kV : 1;
+    const bool vec_dx = vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr));
+    const int n = warp_path ? lane_groups(dim) : 0;
+    const int cols_resident = warp_path ? ln_grad_cols_resident<T, P>(n, vec_dx) : 0;
     const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
-    const int64_t chunks = warp_path ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
-                                                           std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
-                                     : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
+    const int64_t chunks =
+        cols_resident > 0 ? std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, int64_t{sms} * cols_resident)
+        : warp_path       ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
+                                                std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
+                          : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
     const int64_t chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
-    const int parts = static_cast<int>(warp_path ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
+    const int parts = static_cast<int>(warp_path && cols_resident == 0 ? std::max<int64_t>((rows + chunk - 1) / chunk, 1)
+                                                                       : chunks);
     auto* partial = static_cast<double*>(
         a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
     PartialSums sums;
@@ -523,14 +588,20 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     sums.kept = dim;
     const dim3 col_block(32, kColRows);
     const auto blocks = static_cast<unsigned>(parts);
+    if (warp_path && cols_resident > 0) {
+      const int d = static_cast<int>(dim);
+      launch = [=](cudaStream_t st) {
+        launch_ln_grad_dx(st, blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, partial, rows, d);
+        add_partials(sums, st);
+      };
+      return;
+    }
     if (warp_path) {
       const int d = static_cast<int>(dim);
-      const int n = lane_groups(dim);
       const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
       const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
-      const bool vec_dx = vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr));
       launch = [=](cudaStream_t st) {
-        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, rows, d);
+        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, nullptr, rows, d);
         if (vec > 1)
           ln_grad_params<kV><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
         else
