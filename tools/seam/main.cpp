@@ -264,7 +264,8 @@ int main(int argc, char** argv) {
   seam::train::StepOptions so;
   std::string step_precision, step_layout;
   auto* step = app.add_subcommand(
-      "step", "run one training step of a model file on a random batch and write it out (for bench/torch_twin.py)");
+      "step", "run one training step of a model file on a random batch and write it out (for bench/torch_twin.py); "
+      "--steps: the loss curve of more steps on that batch");
   step->add_option("model", so.model_path, "model file (JSON)")->required();
   step->add_option("--out", so.out_dir, "folder for init/batch/after.safetensors and step.json")->required();
   step->add_option("--batch", so.batch, "batch size (default: the model file's)")->transform(whole<int64_t>(1));

@@ -8,7 +8,8 @@
 //
 // cross_entropy rows: one warp per row when C <= 1024, else one block per row; the row's
 // max and sum of exp come from one pass (online log-sum-exp), the gradient reads it once
-// more to write dlogits.
+// more to write dlogits; the fused loss and gradient holds a block row in registers
+// where it fits (Held, up to 16 packs a thread), so the row is read once.
 // A label outside [0, C) that is not ignore_index is reported with report_error and its
 // row left out; the host turns the report into a seam::Error on its next read.
 //
@@ -33,6 +34,7 @@ namespace {
 
 constexpr int kWarpBlock = 256;   // warp-per-row kernels: 8 rows in flight per block
 constexpr int kRowBlock = 512;    // block-per-row kernels
+constexpr int kHeldBlock = 512;   // block-per-row kernels holding the row in registers
 constexpr int kReduceBlock = 1024;
 constexpr int kThreads = 256;     // elementwise kernels
 constexpr int64_t kMaxWarpClasses = 1024;
@@ -206,53 +208,111 @@ __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int
   s = __fadd_rn(s, t);
 }
 
-// The same over packs (z 16-byte aligned, the row's stride a multiple of kPer<T>): packs
-// rank, rank + step, ... below `packs`; four loads in flight. Padding columns (from
-// `classes` on) count as -inf. stage (shared memory, or null): where each pack read is
-// kept, so that the gradient reads the row from there instead of from memory again.
-template <bool WithSum, bool Find, class T>
-__device__ void stats_vec(const T* __restrict__ z, int64_t classes, int64_t packs, int64_t rank, int64_t step,
-                          float& m, float& s, float& zsum, int64_t& first, Pack<T>* stage) {
-  const auto* zv = reinterpret_cast<const Pack<T>*>(z);
-#pragma unroll 4
-  for (int64_t c = rank; c < packs; c += step) {
-    const Pack<T> p = zv[c];
-    if (stage) stage[c] = p;
-    float v[kPer<T>];
+// A pack's values as floats (padding columns, from `classes` on, as -inf), their sum
+// added to zsum when wanted.
+template <bool WithSum, class T, class I>
+__device__ inline void unpack(const Pack<T>& p, I c, I classes, float (&v)[kPer<T>], float& zsum) {
 #pragma unroll
-    for (int k = 0; k < kPer<T>; ++k) {
-      const bool in = c * kPer<T> + k < classes;
-      v[k] = in ? to_float(p.v[k]) : -INFINITY;
-      if constexpr (WithSum) zsum += in ? v[k] : 0.f;
-    }
-    lse_add_pack<Find>(m, s, v, c * kPer<T>, first);
+  for (int k = 0; k < kPer<T>; ++k) {
+    const bool in = c * kPer<T> + k < classes;
+    v[k] = in ? to_float(p.v[k]) : -INFINITY;
+    if constexpr (WithSum) zsum += in ? v[k] : 0.f;
   }
 }
 
-// Where a row is read from: z (a row of `stride` values, the first `classes` of them
-// counted), in packs or not; a staged row's packs (all stride / kPer<T> of them) are kept
-// in stage, in shared memory.
+// The gradient's constants for a row whose stats are m, s (see row_grad).
+struct GradRow {
+  float m, inv_s, scf, on, off;
+  int32_t label;
+  int64_t classes;
+};
+
+__device__ inline GradRow grad_row(float m, float s, double sc, double smoothing, double off_target, int32_t label,
+                                   int64_t classes) {
+  return {m, 1.f / s, static_cast<float>(sc), static_cast<float>(off_target + (1.0 - smoothing)),
+          static_cast<float>(off_target), label, classes};
+}
+
+// Pack c of the gradient row from pack c of the logits; padding columns 0.
+template <class T, class I>
+__device__ inline Pack<T> grad_pack(const Pack<T>& in, I c, const GradRow& r) {
+  Pack<T> out;
+#pragma unroll
+  for (int k = 0; k < kPer<T>; ++k) {
+    const I j = kPer<T> * c + k;
+    const float p = expf(to_float(in.v[k]) - r.m) * r.inv_s;
+    out.v[k] = from_float<T>(j < r.classes ? r.scf * (p - (j == r.label ? r.on : r.off)) : 0.f);
+  }
+  return out;
+}
+
+// A row read from memory as the stats and the gradient go: z 16-byte aligned with the
+// row's stride a multiple of kPer<T> (vec: packs rank, rank + size, ...; four loads in
+// flight), else one value at a time.
 template <class T>
-struct RowIn {
+struct Streamed {
   const T* z;
-  int64_t classes, stride;
+  int64_t classes;
   bool vec;
-  Pack<T>* stage;
-  __device__ int64_t packs() const { return stage ? stride / kPer<T> : (classes + kPer<T> - 1) / kPer<T>; }
-  // What the gradient reads: the staged copy when there is one.
-  __device__ const T* again() const { return stage ? reinterpret_cast<const T*>(stage) : z; }
+  template <bool WithSum, bool Find>
+  __device__ void stats(int64_t rank, int64_t size, float& m, float& s, float& zsum, int64_t& first) const {
+    if (!vec) return stats_scalar<WithSum, Find>(z, classes, rank, size, m, s, zsum, first);
+    const auto* zv = reinterpret_cast<const Pack<T>*>(z);
+#pragma unroll 4
+    for (int64_t c = rank; c < (classes + kPer<T> - 1) / kPer<T>; c += size) {
+      float v[kPer<T>];
+      unpack<WithSum>(zv[c], c, classes, v, zsum);  // int64_t
+      lse_add_pack<Find>(m, s, v, c * kPer<T>, first);
+    }
+  }
+};
+
+// A row held in registers: a thread's KP packs (rank, rank + size, ... below `packs`,
+// the whole stride) loaded at once, before any is used, so that a block has its whole
+// row in flight; the gradient is computed from them, without reading the row again.
+// Indices within the row are 32-bit (a held row has at most KP * kHeldBlock packs): 64-bit
+// ones took the registers the row needs.
+template <class T, int KP>
+struct Held {
+  Pack<T> h[KP];
+  int classes, packs;
+  __device__ void load(const T* __restrict__ z, int rank, int size) {
+    const auto* zv = reinterpret_cast<const Pack<T>*>(z);
+#pragma unroll
+    for (int k = 0; k < KP; ++k)
+      if (rank + k * size < packs) h[k] = zv[rank + k * size];
+  }
+  template <bool WithSum, bool Find>
+  __device__ void stats(int rank, int size, float& m, float& s, float& zsum, int64_t& first) const {
+#pragma unroll
+    for (int k = 0; k < KP; ++k) {
+      const int c = rank + k * size;
+      if (c >= packs) break;
+      float v[kPer<T>];
+      unpack<WithSum>(h[k], c, classes, v, zsum);
+      lse_add_pack<Find>(m, s, v, int64_t{c} * kPer<T>, first);
+    }
+  }
+  __device__ void grad(T* d, int rank, int size, const GradRow& r) const {
+    auto* dv = reinterpret_cast<Pack<T>*>(d);
+#pragma unroll
+    for (int k = 0; k < KP; ++k) {
+      const int c = rank + k * size;
+      if (c < packs) dv[c] = grad_pack(h[k], c, r);
+    }
+  }
 };
 
 // The row's max m and sum(exp(z - m)) (and sum(z) when wanted; the first index of m, its
-// argmax, with Find), known to every thread of the group; one read of the row.
-template <class G, bool WithSum, bool Find, class T>
-__device__ void row_stats(const G& g, const RowIn<T>& in, float& m, float& s, float& zsum, int64_t& first) {
+// argmax, with Find), known to every thread of the group; one read of the row (src:
+// Streamed or Held).
+template <class G, bool WithSum, bool Find, class Src>
+__device__ void row_stats(const G& g, const Src& src, float& m, float& s, float& zsum, int64_t& first) {
   m = -INFINITY;
   s = 0.f;
   zsum = 0.f;
   first = INT64_MAX;
-  if (in.vec) stats_vec<WithSum, Find>(in.z, in.classes, in.packs(), g.rank(), g.size(), m, s, zsum, first, in.stage);
-  else stats_scalar<WithSum, Find>(in.z, in.classes, g.rank(), g.size(), m, s, zsum, first);
+  src.template stats<WithSum, Find>(g.rank(), g.size(), m, s, zsum, first);
   g.template lse<Find>(m, s, first);
   if constexpr (WithSum) zsum = g.sum(zsum);
 }
@@ -261,52 +321,36 @@ __device__ void row_stats(const G& g, const RowIn<T>& in, float& m, float& s, fl
 // (1 - eps) * -log p[label] + eps * mean_c(-log p[c]), with -log p[c] = m + log(s) - z[c].
 // zl: the label's logit, read by the caller before the group's first barrier (the fused
 // loss may write the gradient over the row right after it).
-template <class G, bool Find, class T>
-__device__ double row_loss_of(const G& g, const RowIn<T>& in, float zl, double smoothing, float& m, float& s,
+template <class G, bool Find, class Src>
+__device__ double row_loss_of(const G& g, const Src& src, float zl, double smoothing, float& m, float& s,
                               int64_t& first) {
   float zsum;
-  if (smoothing != 0.0) row_stats<G, true, Find>(g, in, m, s, zsum, first);
-  else row_stats<G, false, Find>(g, in, m, s, zsum, first);
+  if (smoothing != 0.0) row_stats<G, true, Find>(g, src, m, s, zsum, first);
+  else row_stats<G, false, Find>(g, src, m, s, zsum, first);
   const double ls = log(static_cast<double>(s));
   const double nll = static_cast<double>(m - zl) + ls;
-  const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(in.classes) + ls;
+  const double smooth = static_cast<double>(m) - static_cast<double>(zsum) / static_cast<double>(src.classes) + ls;
   return (1.0 - smoothing) * nll + smoothing * smooth;
 }
 
-// dlogits of a counting row whose stats are m, s: sc * (softmax(z) - target), target =
-// (1 - eps) * onehot(label) + eps / C, in float as PyTorch computes it (p - target is
-// exact where p is near the target); 0 in the padding columns [classes, stride).
-// A vec row's thread reads the very packs its row_stats read (the same rank, size),
-// so a staged row needs no barrier between the two.
+// dlogits of a counting row whose stats are m, s, read from memory again: sc *
+// (softmax(z) - target), target = (1 - eps) * onehot(label) + eps / C, in float as
+// PyTorch computes it (p - target is exact where p is near the target); 0 in the padding
+// columns [classes, stride). A thread writes only elements it reads (in place is safe).
 template <class G, class T>
-__device__ void row_grad(const G& g, const T* z, T* d, int32_t label, int64_t classes, int64_t stride,
-                         double smoothing, double off_target, double sc, bool vec, float m, float s) {
-  const float inv_s = 1.f / s, scf = static_cast<float>(sc), off = static_cast<float>(off_target);
-  const float on = static_cast<float>(off_target + (1.0 - smoothing));
+__device__ void row_grad(const G& g, const T* z, T* d, int64_t stride, bool vec, const GradRow& r) {
   if (vec) {
     const auto* zv = reinterpret_cast<const Pack<T>*>(z);
     auto* dv = reinterpret_cast<Pack<T>*>(d);
-    for (int64_t c = g.rank(); c < stride / kPer<T>; c += g.size()) {
-      const Pack<T> in = zv[c];
-      Pack<T> out;
-#pragma unroll
-      for (int k = 0; k < kPer<T>; ++k) {
-        const int64_t j = kPer<T> * c + k;
-        const float v = to_float(in.v[k]);
-        const float p = expf(v - m) * inv_s;
-        out.v[k] = from_float<T>(j < classes ? scf * (p - (j == label ? on : off)) : 0.f);
-      }
-      dv[c] = out;
-    }
+    for (int64_t c = g.rank(); c < stride / kPer<T>; c += g.size()) dv[c] = grad_pack(zv[c], c, r);
     return;
   }
 #pragma unroll 4
-  for (int64_t c = g.rank(); c < classes; c += g.size()) {
-    const float v = to_float(z[c]);
-    const float p = expf(v - m) * inv_s;
-    d[c] = from_float<T>(scf * (p - (c == label ? on : off)));
+  for (int64_t c = g.rank(); c < r.classes; c += g.size()) {
+    const float p = expf(to_float(z[c]) - r.m) * r.inv_s;
+    d[c] = from_float<T>(r.scf * (p - (c == r.label ? r.on : r.off)));
   }
-  for (int64_t c = classes + g.rank(); c < stride; c += g.size()) d[c] = from_float<T>(0.f);
+  for (int64_t c = r.classes + g.rank(); c < stride; c += g.size()) d[c] = from_float<T>(0.f);
 }
 
 // The gradient row of a row that does not count.
@@ -334,8 +378,7 @@ __global__ void ce_rows(const T* __restrict__ logits, const int32_t* __restrict_
     float m, s;
     int64_t unused;
     const T* z = logits + r * stride;
-    const double loss =
-        row_loss_of<G, false>(g, RowIn<T>{z, classes, stride, vec, nullptr}, to_float(z[label]), smoothing, m, s, unused);
+    const double loss = row_loss_of<G, false>(g, Streamed<T>{z, classes, vec}, to_float(z[label]), smoothing, m, s, unused);
     if (g.rank() == 0) {
       row_loss[r] = loss;
       row_used[r] = 1;
@@ -394,8 +437,8 @@ __global__ void ce_grad_rows(const T* __restrict__ logits, const int32_t* __rest
     const T* z = logits + r * stride;
     float m, s, unused;
     int64_t none;
-    row_stats<G, false, false>(g, RowIn<T>{z, classes, stride, vec, nullptr}, m, s, unused, none);
-    row_grad(g, z, d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
+    row_stats<G, false, false>(g, Streamed<T>{z, classes, vec}, m, s, unused, none);
+    row_grad(g, z, d, stride, vec, grad_row(m, s, sc, smoothing, off_target, label, classes));
   }
 }
 
@@ -431,17 +474,14 @@ __global__ void __launch_bounds__(kReduceBlock)
 // With `correct` (count_correct), the rows whose argmax is their label are counted as
 // well (the argmax found in the log-sum-exp's reduction): per block into block_correct,
 // then by the last block into correct.
-// staged (block rows in packs): the row is kept in dynamic shared memory as it is read
-// (stride values), so the gradient does not read it from memory a second time.
-template <class G, bool Counted, class T>
-__global__ void ce_with_grad_rows(const T* logits, const int32_t* __restrict__ labels, int64_t rows,
+// KP > 0 (block rows in packs, at most KP packs a thread): the row is Held in registers,
+// so it is read once; else Streamed (read twice: for the stats, then for the gradient).
+template <class G, bool Counted, class T, int KP = 0>
+__global__ void __launch_bounds__(KP > 0 ? kHeldBlock : kRowBlock, 1) ce_with_grad_rows(const T* logits, const int32_t* __restrict__ labels, int64_t rows,
                                   int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
-                                  bool staged, Scalar dy, const int64_t* __restrict__ counted,
-                                  double* __restrict__ block_loss, int64_t* __restrict__ block_correct,
-                                  unsigned* arrived, float* __restrict__ loss, int32_t* __restrict__ correct, T* dz,
-                                  DeviceError* err, int step) {
-  extern __shared__ uint4 stage_mem[];
-  Pack<T>* stage = staged ? reinterpret_cast<Pack<T>*>(stage_mem) : nullptr;
+                                  Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
+                                  int64_t* __restrict__ block_correct, unsigned* arrived, float* __restrict__ loss,
+                                  int32_t* __restrict__ correct, T* dz, DeviceError* err, int step) {
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
@@ -455,13 +495,25 @@ __global__ void ce_with_grad_rows(const T* logits, const int32_t* __restrict__ l
       zero_row(g, d, stride);
       continue;
     }
-    const RowIn<T> in{logits + r * stride, classes, stride, vec, stage};
-    const float zl = to_float(in.z[label]), z0 = to_float(in.z[0]);  // before d (maybe z itself) is written
+    const T* z = logits + r * stride;
+    const float zl = to_float(z[label]), z0 = to_float(z[0]);  // before d (maybe z itself) is written
     float m, s;
     int64_t first;
-    const double loss = correct ? row_loss_of<G, true>(g, in, zl, smoothing, m, s, first)
-                                : row_loss_of<G, false>(g, in, zl, smoothing, m, s, first);
-    row_grad(g, in.again(), d, label, classes, stride, smoothing, off_target, sc, vec, m, s);
+    double loss;
+    if constexpr (KP > 0) {
+      Held<T, KP> held;
+      held.classes = static_cast<int>(classes);
+      held.packs = static_cast<int>(stride / kPer<T>);
+      held.load(z, g.rank(), g.size());
+      loss = correct ? row_loss_of<G, true>(g, held, zl, smoothing, m, s, first)
+                     : row_loss_of<G, false>(g, held, zl, smoothing, m, s, first);
+      held.grad(d, g.rank(), g.size(), grad_row(m, s, sc, smoothing, off_target, label, classes));
+    } else {
+      const Streamed<T> in{z, classes, vec};
+      loss = correct ? row_loss_of<G, true>(g, in, zl, smoothing, m, s, first)
+                     : row_loss_of<G, false>(g, in, zl, smoothing, m, s, first);
+      row_grad(g, z, d, stride, vec, grad_row(m, s, sc, smoothing, off_target, label, classes));
+    }
     if (g.rank() != 0) continue;
     mine += loss;
     // argmax's rule: a NaN first is the answer; none larger than -inf only where all are
@@ -629,8 +681,6 @@ Launch prepare_cross_entropy_grad(const StepArgs& a) {
 
 // Up to this many rows, every block counts the labels itself (one launch).
 constexpr int64_t kSelfCountRows = 2048;
-// Shared memory a block keeps for its reductions beside a staged row.
-constexpr size_t kStageReserve = 1024;
 
 Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const DeviceTensor &logits_t = a.in[0], &labels_t = a.in[1], &dy_t = a.in[2];
@@ -649,31 +699,30 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   auto* count = static_cast<int64_t*>(a.ctx.scratch(sizeof(int64_t)));
   DeviceError* err = a.ctx.error;
   const int step = a.index;
-  const int threads = c.warp ? kWarpBlock : kRowBlock;
   Launch launch;
   dispatch_storage(logits_t.dtype(), op_name(a.step.op), [&]<class T>() {
     const T* logits = logits_t.as<T>();
     T* dz = a.out[1].as<T>();
+    // Block rows in packs are held in registers by kHeldBlock threads where KP packs a
+    // thread cover them; the grid is then as many blocks as stay resident (each loops over
+    // rows: a second wave would wait for the first's last rows).
+    const int64_t packs = c.stride / kPer<T>;
+    const int kp = c.warp || !c.vec ? 0 : packs <= 4 * kHeldBlock ? 4 : packs <= 8 * kHeldBlock ? 8
+                                                               : packs <= 16 * kHeldBlock ? 16 : 0;
     auto rows_kernel = [&]() {
       if (c.warp) return counted ? ce_with_grad_rows<WarpGroup, true, T> : ce_with_grad_rows<WarpGroup, false, T>;
+      if (kp == 4) return counted ? ce_with_grad_rows<BlockGroup, true, T, 4> : ce_with_grad_rows<BlockGroup, false, T, 4>;
+      if (kp == 8) return counted ? ce_with_grad_rows<BlockGroup, true, T, 8> : ce_with_grad_rows<BlockGroup, false, T, 8>;
+      if (kp == 16)
+        return counted ? ce_with_grad_rows<BlockGroup, true, T, 16> : ce_with_grad_rows<BlockGroup, false, T, 16>;
       return counted ? ce_with_grad_rows<BlockGroup, true, T> : ce_with_grad_rows<BlockGroup, false, T>;
     }();
-    // A block row is staged in shared memory when it fits; the grid is then as many blocks
-    // as can be resident (each loops over rows: a second wave would wait for the first's
-    // last rows).
-    const size_t stage_bytes = c.warp || !c.vec ? 0 : static_cast<size_t>(c.stride) * sizeof(T);
-    int device = 0, optin = 0, resident = 0;
-    SEAM_CUDA_CHECK(cudaGetDevice(&device));
-    SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (stage_bytes > 0 && stage_bytes + kStageReserve <= static_cast<size_t>(optin)) {
-      SEAM_CUDA_CHECK(cudaFuncSetAttribute(rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(stage_bytes)));
-      SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rows_kernel, threads, stage_bytes));
-    }
-    const bool staged = resident > 0;
-    const size_t smem = staged ? stage_bytes : 0;
+    const int threads = c.warp ? kWarpBlock : kp > 0 ? kHeldBlock : kRowBlock;
+    int resident = 0;
+    if (kp > 0) SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rows_kernel, threads, 0));
     const unsigned blocks =
-        staged ? static_cast<unsigned>(std::clamp<int64_t>(c.rows, 1, int64_t{std::max(a.ctx.sm_count, 1)} * resident))
+        kp > 0 ? static_cast<unsigned>(std::clamp<int64_t>(c.rows, 1, int64_t{std::max(a.ctx.sm_count, 1)} *
+                                                                           std::max(resident, 1)))
                : c.blocks;
     auto* block_loss = static_cast<double*>(a.ctx.scratch(blocks * sizeof(double)));
     int64_t* block_correct =
@@ -683,9 +732,9 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
         ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
         SEAM_CUDA_LAUNCH_CHECK();
       }
-      rows_kernel<<<blocks, threads, smem, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
-                                                 c.smoothing, c.vec, staged, dy, count, block_loss, block_correct,
-                                                 arrived, loss, correct, dz, err, step);
+      rows_kernel<<<blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
+                                              c.smoothing, c.vec, dy, count, block_loss, block_correct, arrived, loss,
+                                              correct, dz, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });
