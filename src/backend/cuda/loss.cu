@@ -184,9 +184,22 @@ __device__ void stats_scalar(const T* __restrict__ z, int64_t classes, int64_t r
   }
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x by the special function unit (about 2 ulp; 2^-inf = 0). The packed rows' terms
+// exp(v - m) are 2^(v log2 e - m log2 e), one FMA and this: expf's accurate sequence took
+// most of the loss kernel's instructions. The error of m log2 e is common to a row's
+// terms, so it cancels in softmax = term / sum; in the loss it is m log2 e's rounding
+// (a few ulp of m).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // A pack of values into (m, s): one rescale to the pack's maximum, then its terms, which
-// do not depend on each other. A value equal to an infinite m counts 1, as lse_add
-// counts a new maximum; fmaxf passes over a NaN, whose term then makes s NaN.
+// do not depend on each other (added pairwise). A value equal to an infinite m counts 1,
+// as lse_add counts a new maximum; fmaxf passes over a NaN, whose term then makes s NaN.
 // Find: a new maximum's first index (base + k) goes to first.
 template <bool Find, int K>
 __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int64_t base, int64_t& first) {
@@ -202,45 +215,67 @@ __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int
     s = __fmul_rn(s, expf(m - mx));  // from m = -inf: s is 0
     m = mx;
   }
-  float t = 0.f;
+  float e[K];
+  if (isfinite(m)) {
+    const float ml = m * kLog2e;
 #pragma unroll
-  for (int k = 0; k < K; ++k) t = __fadd_rn(t, v[k] == -INFINITY ? 0.f : v[k] == m ? 1.f : expf(v[k] - m));
-  s = __fadd_rn(s, t);
+    for (int k = 0; k < K; ++k) e[k] = fast_exp2(fmaf(v[k], kLog2e, -ml));  // -inf: 0
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) e[k] = v[k] == -INFINITY ? 0.f : v[k] == m ? 1.f : expf(v[k] - m);
+  }
+#pragma unroll
+  for (int w = 1; w < K; w *= 2)
+#pragma unroll
+    for (int k = 0; k + w < K; k += 2 * w) e[k] = __fadd_rn(e[k], e[k + w]);
+  s = __fadd_rn(s, e[0]);
 }
 
 // A pack's values as floats (padding columns, from `classes` on, as -inf), their sum
 // added to zsum when wanted.
 template <bool WithSum, class T, class I>
 __device__ inline void unpack(const Pack<T>& p, I c, I classes, float (&v)[kPer<T>], float& zsum) {
+  const bool whole = (c + 1) * kPer<T> <= classes;  // no padding column in the pack
 #pragma unroll
   for (int k = 0; k < kPer<T>; ++k) {
-    const bool in = c * kPer<T> + k < classes;
+    const bool in = whole || c * kPer<T> + k < classes;
     v[k] = in ? to_float(p.v[k]) : -INFINITY;
     if constexpr (WithSum) zsum += in ? v[k] : 0.f;
   }
 }
 
-// The gradient's constants for a row whose stats are m, s (see row_grad).
+// The gradient's constants for a row whose stats are m, s (see row_grad). A finite m's
+// terms come from fast_exp2 as in lse_add_pack.
 struct GradRow {
-  float m, inv_s, scf, on, off;
+  float m, ml, inv_s, scf, on, off, a, b;  // a = scf / s, b = scf * off
+  bool fast;                               // m finite
   int32_t label;
   int64_t classes;
+  __device__ float term(float v) const { return fast ? fast_exp2(fmaf(v, kLog2e, -ml)) : expf(v - m); }
 };
 
 __device__ inline GradRow grad_row(float m, float s, double sc, double smoothing, double off_target, int32_t label,
                                    int64_t classes) {
-  return {m, 1.f / s, static_cast<float>(sc), static_cast<float>(off_target + (1.0 - smoothing)),
-          static_cast<float>(off_target), label, classes};
+  const float inv_s = 1.f / s, scf = static_cast<float>(sc), off = static_cast<float>(off_target);
+  return {m, m * kLog2e, inv_s, scf, static_cast<float>(off_target + (1.0 - smoothing)), off, scf * inv_s, scf * off,
+          static_cast<bool>(isfinite(m)), label, classes};
 }
 
-// Pack c of the gradient row from pack c of the logits; padding columns 0.
+// Pack c of the gradient row from pack c of the logits; padding columns 0. A pack with
+// neither the label nor padding takes one FMA a value past its term.
 template <class T, class I>
 __device__ inline Pack<T> grad_pack(const Pack<T>& in, I c, const GradRow& r) {
   Pack<T> out;
+  const I j0 = kPer<T> * c;
+  if (r.fast && (j0 + kPer<T> <= r.classes) && (r.label < j0 || r.label >= j0 + kPer<T>)) {
+#pragma unroll
+    for (int k = 0; k < kPer<T>; ++k) out.v[k] = from_float<T>(fmaf(r.term(to_float(in.v[k])), r.a, -r.b));
+    return out;
+  }
 #pragma unroll
   for (int k = 0; k < kPer<T>; ++k) {
-    const I j = kPer<T> * c + k;
-    const float p = expf(to_float(in.v[k]) - r.m) * r.inv_s;
+    const I j = j0 + k;
+    const float p = r.term(to_float(in.v[k])) * r.inv_s;
     out.v[k] = from_float<T>(j < r.classes ? r.scf * (p - (j == r.label ? r.on : r.off)) : 0.f);
   }
   return out;
@@ -347,7 +382,7 @@ __device__ void row_grad(const G& g, const T* z, T* d, int64_t stride, bool vec,
   }
 #pragma unroll 4
   for (int64_t c = g.rank(); c < r.classes; c += g.size()) {
-    const float p = expf(to_float(z[c]) - r.m) * r.inv_s;
+    const float p = r.term(to_float(z[c])) * r.inv_s;
     d[c] = from_float<T>(r.scf * (p - (c == r.label ? r.on : r.off)));
   }
   for (int64_t c = r.classes + g.rank(); c < stride; c += g.size()) d[c] = from_float<T>(0.f);
@@ -476,9 +511,11 @@ __global__ void __launch_bounds__(kReduceBlock)
 // then by the last block into correct.
 // KP > 0 (block rows in packs, at most KP packs a thread): the row is Held in registers,
 // so it is read once; else Streamed (read twice: for the stats, then for the gradient).
+// The next row's label is read a row ahead, and a held row's loads go out before its
+// label is looked at: neither waits for the other.
 template <class G, bool Counted, class T, int KP = 0>
-__global__ void __launch_bounds__(KP > 0 ? kHeldBlock : kRowBlock, 1) ce_with_grad_rows(const T* logits, const int32_t* __restrict__ labels, int64_t rows,
-                                  int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
+__global__ void __launch_bounds__(KP > 0 ? kHeldBlock : kRowBlock, 1)
+    ce_with_grad_rows(const T* logits, const int32_t* __restrict__ labels, int64_t rows, int64_t classes, int64_t stride, int64_t ignore_index, double smoothing, bool vec,
                                   Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
                                   int64_t* __restrict__ block_correct, unsigned* arrived, float* __restrict__ loss,
                                   int32_t* __restrict__ correct, T* dz, DeviceError* err, int step) {
@@ -488,23 +525,27 @@ __global__ void __launch_bounds__(KP > 0 ? kHeldBlock : kRowBlock, 1) ce_with_gr
   const double off_target = smoothing / static_cast<double>(classes);
   double mine = 0;  // the group's rows, held by its rank 0
   int64_t right = 0;
+  int32_t next_label = g.first() < rows ? labels[g.first()] : 0;
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
-    const int32_t label = labels[r];
+    const int32_t label = next_label;
+    if (r + g.stride() < rows) next_label = labels[r + g.stride()];
     T* d = dz + r * stride;
+    const T* z = logits + r * stride;
+    Held<T, (KP > 0 ? KP : 1)> held;
+    if constexpr (KP > 0) {
+      held.classes = static_cast<int>(classes);
+      held.packs = static_cast<int>(stride / kPer<T>);
+      held.load(z, g.rank(), g.size());
+    }
     if (!row_counts(g, label, r, classes, ignore_index, err, step)) {
       zero_row(g, d, stride);
       continue;
     }
-    const T* z = logits + r * stride;
     const float zl = to_float(z[label]), z0 = to_float(z[0]);  // before d (maybe z itself) is written
     float m, s;
     int64_t first;
     double loss;
     if constexpr (KP > 0) {
-      Held<T, KP> held;
-      held.classes = static_cast<int>(classes);
-      held.packs = static_cast<int>(stride / kPer<T>);
-      held.load(z, g.rank(), g.size());
       loss = correct ? row_loss_of<G, true>(g, held, zl, smoothing, m, s, first)
                      : row_loss_of<G, false>(g, held, zl, smoothing, m, s, first);
       held.grad(d, g.rank(), g.size(), grad_row(m, s, sc, smoothing, off_target, label, classes));
