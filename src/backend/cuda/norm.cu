@@ -7,10 +7,11 @@
 //              the row allows (with_packs);
 //   D >  1024: one block per row, passes over the row through L1.
 // The backward computes dx row by row and the column sums dgamma = sum_rows dy * xhat,
-// dbeta = sum_rows dy deterministically: each chunk of rows (D <= 1024: a column kernel
-// over a fixed chunk; else the rows of one block) is added in a fixed order into its own
-// slice of scratch ([chunks][2][D], double), then a last kernel sums the slices in chunk
-// order. No atomics.
+// dbeta = sum_rows dy deterministically: each chunk of rows (D <= 1024: the rows of one
+// block of the dx kernel where a lane holds at most kMaxColsN values, else a column kernel
+// over a fixed chunk; D > 1024: the rows of one block) is added in a fixed order into its
+// own slice of scratch ([chunks][2][D], double), then a last kernel sums the slices in
+// chunk order. No atomics.
 //
 // x, y, dy and dx are stored as T (f32, bf16 or f16), gamma, beta, dgamma and dbeta as P
 // (f32, or T), mean and rstd as f32; everything computes in float (the column sums in
