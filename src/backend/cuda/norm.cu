@@ -15,7 +15,8 @@
 //
 // x, y, dy and dx are stored as T (f32, bf16 or f16), gamma, beta, dgamma and dbeta as P
 // (f32, or T), mean and rstd as f32; everything computes in float (the column sums in
-// double), one template for every storage type.
+// double, past each lane's float sum of its few rows in the dx kernel), one template for
+// every storage type.
 #include <cmath>
 
 #include <type_traits>
@@ -187,9 +188,10 @@ __global__ void __launch_bounds__(kRowBlock)
 // double, into shared memory, and the block writes its slice of partial ([blocks][2][D]).
 // Without Cols (wider rows: 2 * N more registers a lane would spill) ln_grad_params reads
 // dy and x a second time.
+// Cols asks for two blocks an SM (16 rows in flight), which caps the registers at 128.
 constexpr int kMaxColsN = 24;
 template <int N, int V, bool Cols, class T, class P>
-__global__ void __launch_bounds__(kWarpBlock, Cols ? 2 : 1)  // Cols: two blocks an SM, 16 rows in flight
+__global__ void __launch_bounds__(kWarpBlock, Cols ? 2 : 1)
     ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
                const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
                T* __restrict__ dx, double* __restrict__ partial, int64_t rows, int dim) {
@@ -573,8 +575,8 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
                                                 std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
                           : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
     const int64_t chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
-    const int parts = static_cast<int>(warp_path && cols_resident == 0 ? std::max<int64_t>((rows + chunk - 1) / chunk, 1)
-                                                                       : chunks);
+    const bool col_kernel = warp_path && cols_resident == 0;  // ln_grad_params' chunks
+    const int parts = static_cast<int>(col_kernel ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
     auto* partial = static_cast<double*>(
         a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
     PartialSums sums;
