@@ -32,7 +32,8 @@ safetensors) and the same step on the twin from seam's initial tensors and batch
 compares the loss, the logits, every gradient, the batch-norm running statistics after
 the step, and seam's update (the torch optimizer, in double, from seam's own gradients,
 against seam's updated parameters, in units of their last place), with a tolerance by
-precision (TOLERANCE). The twin in float64 is the reference that tells rounding apart from
+precision (TOLERANCE); with steps=N (`seam step --steps N`) it also follows the loss curve
+of N steps on that batch (judge_curve). The twin in float64 is the reference that tells rounding apart from
 a difference in what is computed: past the tolerance, a tensor still passes when seam is
 no further from it than ERROR_RATIO times the twin is (deep batch-norm networks at 16 bits
 are that far from exact on both sides). As a program:

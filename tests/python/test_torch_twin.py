@@ -1,5 +1,6 @@
 """bench/twin/ against `seam step` on the CPU: the PyTorch twin of a model file
-computes seam's first training step (loss, logits, gradients, running statistics, update).
+computes seam's first training step (loss, logits, gradients, running statistics, update)
+and follows its loss curve over more steps.
 
 Needs torch and safetensors (skipped without them) and the seam binary in $SEAM_BIN
 (skipped without it). Not part of ctest: run `SEAM_BIN=build/seam pytest tests/python`.
