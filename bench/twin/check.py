@@ -412,7 +412,9 @@ def judge_curve(seam, twin, ref, tol):
     mistake (seam's curve leaving the exact one) from drift (both beside it by as much)."""
     if len(seam) != len(twin):
         return Row("loss curve", math.inf, tol, f"seam took {len(seam)} steps, the twin {len(twin)}")
+    # A non-finite loss on either side counts as infinitely far (max() would pass over a NaN).
     rel = [abs(s - t) / max(abs(t), 1e-30) for s, t in zip(seam, twin)]
+    rel = [r if math.isfinite(r) else math.inf for r in rel]
     worst = max(range(len(rel)), key=lambda i: rel[i])
     rms = lambda a: math.sqrt(sum((u - r) ** 2 for u, r in zip(a, ref)) / len(ref))
     es, et = rms(seam), rms(twin)

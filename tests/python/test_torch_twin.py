@@ -357,6 +357,8 @@ def test_judge_curve_tells_a_mistake_from_drift():
     assert not row.ok and "step 10" in row.where
     assert tt.judge_curve(twin, twin, ref, 0.0).ok
     assert not tt.judge_curve(twin[:5], twin, ref, 1.0).ok
+    diverged = twin[:7] + [float("nan")] + twin[8:]                # one step's loss not finite
+    assert not tt.judge_curve(diverged, twin, ref, 1.0).ok
 
 
 @pytest.mark.parametrize("model, message", [
