@@ -239,6 +239,87 @@ TEST(FuseNorm, ResidualGradientsFoldIntoLayerNormGradsAndTrainAsUnfused) {
   m.train(net);
 }
 
+// Residual projections as a pre-norm transformer has them: h + linear(layer_norm(h)), the
+// sum read by the next layer norm, whose gradient's dx is the projection's output
+// gradient: the projection's bias gradient is that dx's column sums.
+Var projected_blocks(Var h, const std::function<Var(const std::string&, Shape)>& param) {
+  const int64_t d = h.type().shape.back();
+  for (int k = 0; k < 2; ++k) {
+    const std::string i = std::to_string(k);
+    Var a = layer_norm(h, param("g" + i, {d}), param("b" + i, {d}));
+    h = add(h, h.graph().add1(Op::linear, {a.id(), param("w" + i, {d, d}).id(), param("c" + i, {d}).id()}));
+  }
+  return layer_norm(h, param("g2", {d}), param("b2", {d}));
+}
+
+int count_dx_sums(const Plan& p) {
+  int n = 0;
+  for (const PlanStep& s : p.steps) n += s.op == Op::layer_norm_grad && s.out.size() == 4;
+  return n;
+}
+
+TEST(FuseNorm, BiasGradientsFromLayerNormGradsMatchFiniteDifferences) {
+  for (Shape s : {Shape{5, 6}, Shape{2, 3, 8}}) {
+    SCOPED_TRACE(shape_str(s));
+    check_gradients([&](GradCase& c) {
+      return projected_blocks(c.param("x", s, -2, 2), [&](const std::string& name, Shape shape) {
+        return name[0] == 'g' ? c.param(name, shape, 0.5, 1.5) : c.param(name, shape, -0.5, 0.5);
+      });
+    });
+  }
+}
+
+TEST(FuseNorm, BiasGradientsFromLayerNormGradsTrainAsUnfused) {
+  struct Net {
+    Graph g;
+    Var loss;
+    Net() {
+      Var x = g.input("x", {8, 24});
+      Var y = g.input("y", {8}, DType::i32);
+      Var h = projected_blocks(nn::linear(x, 32, "in"), [&](const std::string& name, Shape shape) {
+        const Init init = name[0] == 'g' ? Init::uniform(0.5, 1.5) : Init::uniform(-0.5, 0.5);
+        return g.param(name, shape, init);
+      });
+      loss = cross_entropy(nn::linear(h, 10, "out"), y);
+    }
+    void feed(Program& p, uint64_t step) const {
+      const auto x = random_floats(8 * 24, 900 + step);
+      const auto y = random_labels(8, 10, 1000 + step);
+      p.set_input("x", std::span<const float>(x));
+      p.set_input("y", std::span<const int32_t>(y));
+    }
+  } net;
+  FusedAndPlain m(net.g, net.loss, 11, LayoutPolicy::nchw, false);
+  // Both projections' bias gradients come from the layer norm gradients after them, and
+  // the input layer's too (its output's two gradients, the first layer norm's and the
+  // residual's, are summed there by sum_into_norm_grads); the output layer's, whose dy is
+  // the loss's gradient, stays with its weight gradient.
+  EXPECT_EQ(count_dx_sums(m.fused.plan()), 3);
+  EXPECT_EQ(count(m.fused.plan(), Op::linear_grad_weight_bias), 1);
+  EXPECT_EQ(count(m.plain.plan(), Op::linear_grad_weight_bias), 4);
+  m.train(net);
+  // In bf16 with f32 master weights too: db is f32 there once its cast folds into the
+  // weight gradient, as gamma's gradient is.
+  Model low(net.g, {.seed = 11, .precision = Precision::bf16});
+  EXPECT_EQ(count_dx_sums(low.compile({.loss = net.loss.id(), .optimizer = FusedAndPlain::kSgd}).plan()), 3);
+}
+
+// dx_sums takes 0 or 1, and with 1 the step has a fourth output in gamma's dtype.
+TEST(FuseNorm, DxSumsIsAFlag) {
+  Graph g;
+  Var x = g.input("x", {4, 6});
+  Var gamma = g.param("gamma", {6}, Init::ones());
+  auto stats = g.add(Op::layer_norm, {x.id(), gamma.id(), g.param("beta", {6}, Init::zeros()).id()});
+  const std::vector<ValueId> in{x.id(), x.id(), stats[1], stats[2], gamma.id()};
+  auto out = g.add(Op::layer_norm_grad, in, {{"dx_sums", int64_t{1}}});
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(g.value(out[3]).type, (TensorType{DType::f32, {6}}));
+  EXPECT_EQ(g.add(Op::layer_norm_grad, in).size(), 3u);
+  EXPECT_NE(error_of([&] { g.add(Op::layer_norm_grad, in, {{"dx_sums", int64_t{2}}}); })
+                .find("dx_sums must be 0 or 1, got 2"),
+            std::string::npos);
+}
+
 TEST(FuseNorm, DrMustBeXsTypeAndShape) {
   Graph g;
   Var x = g.input("x", {4, 6});

@@ -46,10 +46,12 @@ void register_norm(OpTable& t) {
     OpDef& d = def(t, Op::layer_norm_grad);
     d.name = "layer_norm_grad";
     d.inputs = {"dy", "x", "mean", "rstd", "gamma", "dr?"};
-    d.outputs = {"dx", "dgamma", "dbeta"};
-    d.attrs = {{"eps", 1e-5}};
+    d.outputs = {"dx", "dgamma", "dbeta", "dx_sums?"};
+    d.attrs = {{"eps", 1e-5}, {"dx_sums", int64_t{0}}};
     d.doc = "gradients of layer_norm; with dr (x's other gradient, of x's dtype and shape: "
-            "sum_into_norm_grads), dx = layer norm's own input gradient + dr, added as dx is stored";
+            "sum_into_norm_grads), dx = layer norm's own input gradient + dr, added as dx is stored; "
+            "dx_sums 1: also dx's column sums (of dx as stored, in gamma's dtype: the bias gradient of "
+            "a linear layer whose output gradient dx is, bias_grads_into_norm_grads)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(1);
       if (c.type(0).dtype != c.type(1).dtype) c.fail("dy and x must share one dtype");
@@ -59,7 +61,11 @@ void register_norm(OpTable& t) {
       if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
       if (c.in.size() == 6 && c.type(5) != c.type(1))
         c.fail("dr must be x's dtype and shape ", c.type(1).str(), ", got ", c.type(5).str());
-      return std::vector<TensorType>{c.type(1), c.type(4), c.type(4)};
+      const int64_t sums = c.attrs.i("dx_sums");
+      if (sums != 0 && sums != 1) c.fail("dx_sums must be 0 or 1, got ", sums);
+      std::vector<TensorType> out{c.type(1), c.type(4), c.type(4)};
+      if (sums) out.push_back(c.type(4));
+      return out;
     };
     d.flops = [](const OpCostCtx& c) { return 10.0 * static_cast<double>(c.in[0].numel()); };
   }

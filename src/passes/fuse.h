@@ -78,6 +78,15 @@ FuseResult fuse_norm_activations(const Graph& g, const std::vector<ValueId>& kee
 // before rounding to a 16-bit dx once. (src/passes/fuse_norm.cpp)
 FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep);
 
+// Bias gradients from layer norm's: linear_grad_weight_bias(dy, x) whose dy is the dx of a
+// layer_norm_grad (or dx with its rows folded by a reshape), db in gamma's dtype, becomes
+// a matmul for dw alone while that layer_norm_grad, with dx_sums 1, writes db as the
+// column sums of the dx it stores. In a pre-norm transformer every residual projection's
+// output gradient is such a dx (the residual stream's gradient out of the next layer
+// norm's backward): its bias gradient costs no second read of the stream's gradient.
+// (src/passes/fuse_norm.cpp)
+FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep);
+
 // Convolution + ReLU fusion, for convolutions that no batch norm follows: a conv2d whose
 // result only a relu reads becomes conv2d with activation relu, writing relu's value (and
 // name); relu_grad(dr, r) whose dr is a conv2d_grad_input that nothing else reads becomes

@@ -212,3 +212,67 @@ FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep_
 }
 
 }  // namespace seam
+
+namespace seam {
+
+FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep_list) {
+  (void)keep_list;  // no value disappears: db is written by the layer norm's gradient instead
+  const auto& nodes = g.nodes();
+  const int nn = static_cast<int>(nodes.size());
+
+  // layer_norm_grad -> the linear_grad_weight_bias whose dy is its dx (or dx reshaped).
+  std::vector<int> bias_of(static_cast<size_t>(nn), -1);
+  std::vector<bool> weight_only(static_cast<size_t>(nn), false);
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    if (n.op != Op::linear_grad_weight_bias) continue;
+    ValueId dx = n.in[0];
+    int p = g.value(dx).node;
+    if (p >= 0 && nodes[static_cast<size_t>(p)].op == Op::reshape) {
+      dx = nodes[static_cast<size_t>(p)].in[0];
+      p = g.value(dx).node;
+    }
+    if (p < 0 || bias_of[static_cast<size_t>(p)] >= 0) continue;
+    const Node& d = nodes[static_cast<size_t>(p)];
+    // dx's columns are dy's (a reshape only folds rows), and db takes gamma's dtype.
+    if (d.op != Op::layer_norm_grad || d.out[0] != dx || d.attrs.i("dx_sums") != 0 ||
+        g.value(dx).type.shape.back() != g.value(n.in[0]).type.shape.back() ||
+        g.value(n.out[1]).type.dtype != g.value(d.out[1]).type.dtype)
+      continue;
+    bias_of[static_cast<size_t>(p)] = k;
+    weight_only[static_cast<size_t>(k)] = true;
+  }
+
+  FuseResult r = start_rebuild(g);
+  Graph& ng = r.graph;
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    std::vector<ValueId> in;
+    for (ValueId v : n.in) in.push_back(mapped(r, v));
+    std::vector<std::string> names;
+    for (ValueId v : n.out) names.push_back(g.value(v).name);
+    std::vector<ValueId> out;
+    if (const int lin = bias_of[static_cast<size_t>(k)]; lin >= 0) {
+      // The layer norm's gradient also writes db (under its name); dw's GEMM follows.
+      const Node& l = nodes[static_cast<size_t>(lin)];
+      Attrs attrs = n.attrs;
+      attrs.set("dx_sums", int64_t{1});
+      names.push_back(g.value(l.out[1]).name);
+      out = ng.add_named(n.op, in, attrs, names);
+      r.map[static_cast<size_t>(l.out[1])] = out[3];
+      out.resize(3);
+      ++r.backward;
+    } else if (weight_only[static_cast<size_t>(k)]) {
+      // dw = dy^T x alone, in the dtype linear_grad_weight_bias wrote it in.
+      out = ng.add_named(Op::matmul, in,
+                         {{"transpose_a", int64_t{1}}, {"transpose_b", int64_t{0}}, {"dtype", n.attrs.s("dtype")}},
+                         std::vector<std::string>{names[0]});  // db: mapped at the layer norm's gradient
+    } else {
+      out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
+    }
+    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+  }
+  return r;
+}
+
+}  // namespace seam

@@ -62,7 +62,9 @@ void layer_norm_grad(const KernelArgs& a) {
     const T* gamma = a.in[4].as<T>();
     const T* dr = a.in.size() == 6 ? a.in[5].as<T>() : nullptr;
     T* dx = a.out[0].as<T>();
-    std::vector<double> dgamma(static_cast<size_t>(dim), 0.0), dbeta(static_cast<size_t>(dim), 0.0);
+    const bool sums = a.out.size() == 4;  // dx_sums: of dx as stored, as a sum step reading it would add
+    std::vector<double> dgamma(static_cast<size_t>(dim), 0.0), dbeta(static_cast<size_t>(dim), 0.0),
+        dx_sum(sums ? static_cast<size_t>(dim) : 0, 0.0);
     std::vector<double> xhat(static_cast<size_t>(dim));
     for (int64_t r = 0; r < rows; ++r) {
       const double m = static_cast<double>(mean[r]), s = static_cast<double>(rstd[r]);
@@ -83,11 +85,13 @@ void layer_norm_grad(const KernelArgs& a) {
         const T own = static_cast<T>(s * (g - g_mean - xhat[static_cast<size_t>(j)] * gx_mean));
         // With dr, the sum an add step would form: fused and unfused plans agree bit for bit.
         dx[r * dim + j] = dr ? static_cast<T>(own + dr[r * dim + j]) : own;
+        if (sums) dx_sum[static_cast<size_t>(j)] += static_cast<double>(dx[r * dim + j]);
       }
     }
     for (int64_t j = 0; j < dim; ++j) {
       a.out[1].as<T>()[j] = static_cast<T>(dgamma[static_cast<size_t>(j)]);
       a.out[2].as<T>()[j] = static_cast<T>(dbeta[static_cast<size_t>(j)]);
+      if (sums) a.out[3].as<T>()[j] = static_cast<T>(dx_sum[static_cast<size_t>(j)]);
     }
   });
 }

@@ -181,52 +181,67 @@ __global__ void __launch_bounds__(kRowBlock)
 
 // Rows of up to 1024: dx by a warp per row, the row's dy * gamma and xhat held in
 // registers between the row sums and the write. With dr (sum_into_norm_grads), dx = the
-// layer norm's own input gradient + dr, added in float and stored once.
-// Cols (N <= kMaxColsN): the column sums dgamma and dbeta come from the same read: each
-// lane adds its columns' dy * xhat and dy over its warp's rows in float (a few rows a
-// warp: the grid is what stays resident), the block's warps add theirs in turn, in
-// double, into shared memory, and the block writes its slice of partial ([blocks][2][D]).
-// Without Cols (wider rows: 2 * N more registers a lane would spill) ln_grad_params reads
-// dy and x a second time.
-// Cols asks for two blocks an SM (16 rows in flight), which caps the registers at 128.
+// layer norm's own input gradient + dr, added in float and stored once; dr is loaded with
+// x and dy, so that a row waits on memory once.
+// S > 0 (N <= kMaxColsN): S column sums come from the same read: dgamma (dy * xhat),
+// dbeta (dy) and, with S = 3, dx as stored (dx_sums: a linear layer's bias gradient).
+// Each warp adds its rows' terms in float into its own slice of shared memory ([warp][S]
+// [N][32], value i of pack p of lane l at [p V + i][l]: a warp's 32 accesses fall in 32
+// banks; a column only ever touched by the lane that owns it: no barrier until the end),
+// then the block adds its warps' slices in warp order, in double, into its slice of
+// partial ([blocks][S][D]). Without column sums (wider rows) ln_grad_params reads dy and x
+// a second time. S > 0 asks for two blocks an SM (16 rows in flight).
 constexpr int kMaxColsN = 24;
-template <int N, int V, bool Cols, class T, class P>
-__global__ void __launch_bounds__(kWarpBlock, Cols ? 2 : 1)
+template <int N, int V, int S, class T, class P>
+__global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
     ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
                const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
                T* __restrict__ dx, double* __restrict__ partial, int64_t rows, int dim) {
   static_assert(N % V == 0);
-  static_assert(!Cols || N <= kMaxColsN);
+  static_assert(S == 0 || (S >= 2 && S <= 3 && N <= kMaxColsN));
   constexpr int kPacks = N / V;
-  constexpr int kColPacks = Cols ? kPacks : 1;
-  const int lane = threadIdx.x & 31;
+  extern __shared__ float cols[];  // S > 0: [kWarps][S][N][32]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* mine = cols + warp * (S * N * 32) + lane;  // mine[(s N + p V + i) 32]: sum s of value i of pack p
+  if constexpr (S > 0)
+    for (int k = 0; k < S * N; ++k) mine[k * 32] = 0.f;
   const int64_t stride = int64_t{gridDim.x} * kWarps;
-  float col_g[kColPacks][V] = {}, col_b[kColPacks][V] = {};
-  for (int64_t r = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); r < rows; r += stride) {
+  for (int64_t r = blockIdx.x * int64_t{kWarps} + warp; r < rows; r += stride) {
     const float m = mean[r], s = rstd[r];
     const T* dyr = dy + r * dim;
     const T* xr = x + r * dim;
-    float g[kPacks][V], xh[kPacks][V];
+    float g[kPacks][V], xh[kPacks][V], d[kPacks][V];
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j >= dim) continue;
+      load_pack<V>(xr + j, xh[p]);
+      load_pack<V>(dyr + j, g[p]);
+      if (dr) {
+        load_pack<V>(dr + r * dim + j, d[p]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) d[p][i] = 0.f;
+      }
+    }
     float g_sum = 0.f, gx_sum = 0.f;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
       const int j = (lane + 32 * p) * V;
-      if (j < dim) {
-        float gm[V];
-        load_pack<V>(xr + j, xh[p]);
-        load_pack<V>(dyr + j, g[p]);
-        load_pack<V>(gamma + j, gm);
+      if (j >= dim) continue;
+      float gm[V];
+      load_pack<V>(gamma + j, gm);
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          xh[p][i] = (xh[p][i] - m) * s;
-          if constexpr (Cols) {
-            col_g[p][i] = fmaf(g[p][i], xh[p][i], col_g[p][i]);
-            col_b[p][i] += g[p][i];
-          }
-          g[p][i] *= gm[i];
-          g_sum += g[p][i];
-          gx_sum += g[p][i] * xh[p][i];
+      for (int i = 0; i < V; ++i) {
+        xh[p][i] = (xh[p][i] - m) * s;
+        if constexpr (S > 0) {
+          float* c = mine + (p * V + i) * 32;
+          c[0] = fmaf(g[p][i], xh[p][i], c[0]);
+          c[N * 32] += g[p][i];
         }
+        g[p][i] *= gm[i];
+        g_sum += g[p][i];
+        gx_sum += g[p][i] * xh[p][i];
       }
     }
     const float g_mean = warp_sum(g_sum) / static_cast<float>(dim);
@@ -236,39 +251,33 @@ __global__ void __launch_bounds__(kWarpBlock, Cols ? 2 : 1)
     for (int p = 0; p < kPacks; ++p) {
       const int j = (lane + 32 * p) * V;
       if (j >= dim) continue;
-      float d[V] = {};
-      if (dr) load_pack<V>(dr + r * dim + j, d);
 #pragma unroll
-      for (int i = 0; i < V; ++i) d[i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
-      store_pack<V>(dxr + j, d);
-    }
-  }
-  if constexpr (Cols) {
-    __shared__ double cols[2][kMaxWarpDim];
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) cols[0][j] = cols[1][j] = 0.0;
-    const int warp = threadIdx.x >> 5;
-    for (int w = 0; w < kWarps; ++w) {  // in warp order: the same sums every run
-      __syncthreads();
-      if (warp != w) continue;
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) {
-        const int j = (lane + 32 * p) * V;
-        if (j >= dim) continue;
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          cols[0][j + i] += col_g[p][i];
-          cols[1][j + i] += col_b[p][i];
+      for (int i = 0; i < V; ++i) {
+        d[p][i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
+        if constexpr (S == 3) {
+          d[p][i] = to_float(from_float<T>(d[p][i]));  // the value stored, which the sum adds
+          mine[(2 * N + p * V + i) * 32] += d[p][i];
         }
       }
+      store_pack<V>(dxr + j, d[p]);
     }
+  }
+  if constexpr (S > 0) {
     __syncthreads();
-    double* out = partial + blockIdx.x * (2 * int64_t{dim});
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-      out[j] = cols[0][j];
-      out[dim + j] = cols[1][j];
+    double* out = partial + blockIdx.x * (S * int64_t{dim});
+    for (int k = threadIdx.x; k < S * N * 32; k += blockDim.x) {
+      const int sum_of = k / (N * 32), e = k / 32 % N, l = k % 32;
+      const int j = (l + 32 * (e / V)) * V + e % V;
+      if (j >= dim) continue;
+      double sum = 0.0;
+      for (int w = 0; w < kWarps; ++w) sum += cols[w * (S * N * 32) + k];  // in warp order: the same sums every run
+      out[sum_of * dim + j] = sum;
     }
   }
 }
+
+// Shared memory of ln_grad_dx with s column sums, n values a lane.
+size_t ln_grad_cols_bytes(int s, int n) { return static_cast<size_t>(kWarps) * s * n * 32 * sizeof(float); }
 
 // The chunk blockIdx.y of rows (`chunk` rows each) for 32 * V columns, V neighbouring
 // columns a thread (V > 1: 16-byte loads, where D is a multiple of V: 4 f32 values or 8
@@ -436,34 +445,45 @@ void launch_ln_warp(cudaStream_t st, unsigned blocks, int n, bool vec, const T* 
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
-// Blocks of ln_grad_dx with column sums (Cols) resident on an SM, for n values a lane;
-// 0 where the row is too wide for them.
+// Blocks of ln_grad_dx with S column sums resident on an SM, for n values a lane (their
+// shared memory allowed first); 0 where the row is too wide for them.
 template <class T, class P>
-int ln_grad_cols_resident(int n, bool vec) {
+int ln_grad_cols_resident(int n, bool vec, int s) {
   int resident = 0;
   with_packs<T>(n, vec, [&](auto nv, auto vv) {
     constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
-    if constexpr (kN <= kMaxColsN)
-      SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, ln_grad_dx<kN, kV, true, T, P>,
-                                                                    kWarpBlock, 0));
+    if constexpr (kN <= kMaxColsN) {
+      auto occupancy = [&](auto kernel) {
+        const size_t bytes = ln_grad_cols_bytes(s, kN);
+        SEAM_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+        SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWarpBlock, bytes));
+      };
+      if (s == 3) occupancy(ln_grad_dx<kN, kV, 3, T, P>);
+      else occupancy(ln_grad_dx<kN, kV, 2, T, P>);
+    }
   });
   return resident;
 }
 
-// partial: where the column sums go (ln_grad_dx's Cols), or null.
+// sums: the column sums ln_grad_dx adds into partial (2, 3 with dx's), or 0.
 template <class T, class P>
 void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const T* dy, const T* x, const float* mean,
-                       const float* rstd, const P* gamma, const T* dr, T* dx, double* partial, int64_t rows,
-                       int dim) {
+                       const float* rstd, const P* gamma, const T* dr, T* dx, double* partial, int sums,
+                       int64_t rows, int dim) {
   with_packs<T>(n, vec, [&](auto nv, auto vv) {
     constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
     if constexpr (kN <= kMaxColsN) {
-      if (partial) {
-        ln_grad_dx<kN, kV, true><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      if (sums > 0) {
+        const size_t bytes = ln_grad_cols_bytes(sums, kN);
+        if (sums == 3)
+          ln_grad_dx<kN, kV, 3><<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        else
+          ln_grad_dx<kN, kV, 2><<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
         return;
       }
     }
-    ln_grad_dx<kN, kV, false><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, nullptr, rows, dim);
+    ln_grad_dx<kN, kV, 0><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, nullptr, rows, dim);
   });
   SEAM_CUDA_LAUNCH_CHECK();
 }
@@ -541,6 +561,8 @@ Launch prepare_layer_norm(const StepArgs& a) {
 Launch prepare_layer_norm_grad(const StepArgs& a) {
   expect_ln_dtypes(a, {&a.in[1], &a.in[0], &a.out[0]}, {&a.in[4], &a.out[1], &a.out[2]}, {&a.in[2], &a.in[3]});
   if (a.in.size() == 6) expect_dtype(a, a.in[5], {a.in[1].dtype()});
+  const bool dx_sums = a.out.size() == 4;  // also dx's column sums (bias_grads_into_norm_grads)
+  if (dx_sums) expect_dtype(a, a.out[3], {a.in[4].dtype()});
   const int64_t dim = a.in[1].shape().back();
   const int64_t rows = a.in[2].numel();
   const float* mean = a.in[2].as<float>();
@@ -561,13 +583,14 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     // Warp path: chunks of rows until about eight column blocks an SM, each chunk at
     // least 32 * V rows (4 * V a thread: shorter chunks' partials cost more than their
     // extra blocks gain). Block path: a slice per block, blocks as rows up to 2 an SM.
-    // Column sums in the dx kernel (ln_grad_dx's Cols): one slice a block, as many blocks
-    // as stay resident.
+    // Column sums in the dx kernel (ln_grad_dx's S): one slice a block, as many blocks
+    // as stay resident; elsewhere dx's sums are a sum step's over the dx written.
     constexpr int kV = kVec<T>;
     const int vec = dim % kV == 0 && aligned16(dy) && aligned16(x) ? kV : 1;
     const bool vec_dx = vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr));
     const int n = warp_path ? lane_groups(dim) : 0;
-    const int cols_resident = warp_path ? ln_grad_cols_resident<T, P>(n, vec_dx) : 0;
+    const int cols_resident = warp_path ? ln_grad_cols_resident<T, P>(n, vec_dx, dx_sums ? 3 : 2) : 0;
+    const int in_kernel = cols_resident > 0 ? (dx_sums ? 3 : 2) : 2;  // column sums in partial's slices
     const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
     const int64_t chunks =
         cols_resident > 0 ? std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, int64_t{sms} * cols_resident)
@@ -578,23 +601,28 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const bool col_kernel = warp_path && cols_resident == 0;  // ln_grad_params' chunks
     const int parts = static_cast<int>(col_kernel ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
     auto* partial = static_cast<double*>(
-        a.ctx.scratch(static_cast<size_t>(parts) * 2 * static_cast<size_t>(dim) * sizeof(double)));
+        a.ctx.scratch(static_cast<size_t>(parts) * in_kernel * static_cast<size_t>(dim) * sizeof(double)));
     PartialSums sums;
     sums.partial = partial;
-    for (int i = 0; i < 2; ++i) {  // dgamma, dbeta
+    for (int i = 0; i < in_kernel; ++i) {  // dgamma, dbeta (, dx's sums)
       sums.out[i] = a.out[1 + i].data;
       sums.dtype[i] = a.out[1 + i].dtype();
+      sums.scale[i] = 1.0;
     }
-    sums.scale[0] = sums.scale[1] = 1.0;
-    sums.outputs = 2;
+    sums.outputs = in_kernel;
     sums.chunks = parts;
     sums.kept = dim;
     const dim3 col_block(32, kColRows);
     const auto blocks = static_cast<unsigned>(parts);
+    // dx's sums where the kernel adds none: the sum step's reduction over dx as written.
+    Launch dx_sum = dx_sums && in_kernel == 2
+                        ? prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
+                                          {DeviceTensor{a.out[0].data, TensorType{a.out[0].dtype(), {rows, dim}}}}, {a.out[3]})
+                        : Launch([](cudaStream_t) {});
     if (warp_path && cols_resident > 0) {
       const int d = static_cast<int>(dim);
       launch = [=](cudaStream_t st) {
-        launch_ln_grad_dx(st, blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, partial, rows, d);
+        launch_ln_grad_dx(st, blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, partial, in_kernel, rows, d);
         add_partials(sums, st);
       };
       return;
@@ -604,7 +632,8 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
       const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
       const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
       launch = [=](cudaStream_t st) {
-        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, nullptr, rows, d);
+        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, nullptr, 0, rows, d);
+        dx_sum(st);
         if (vec > 1)
           ln_grad_params<kV><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
         else
@@ -621,6 +650,7 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
       else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
       else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
       add_partials(sums, st);
+      dx_sum(st);
     };
   });
   return launch;
