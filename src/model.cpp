@@ -519,9 +519,17 @@ Program Model::compile(const CompileOptions& o) {
       req.grads.emplace_back(gv, i);
     }
   }
+  ValueId loss_now = loss;
+  std::vector<ValueId> keep = req.outputs;
+  for (auto& [v, slot] : req.grads) keep.push_back(v);
+  auto apply = [&](FuseResult f) {
+    g = std::move(f.graph);
+    for (ValueId& v : req.outputs) v = f.map[static_cast<size_t>(v)];
+    for (auto& [v, slot] : req.grads) v = f.map[static_cast<size_t>(v)];
+    for (ValueId& v : keep) v = f.map[static_cast<size_t>(v)];
+    if (loss_now >= 0) loss_now = f.map[static_cast<size_t>(loss_now)];
+  };
   if (o.fuse) {
-    std::vector<ValueId> keep = req.outputs;
-    for (auto& [v, slot] : req.grads) keep.push_back(v);
     // Casts fold into GEMMs and reductions before elementwise groups form, which absorb
     // the casts left next to them.
     std::vector<FuseResult (*)(const Graph&, const std::vector<ValueId>&)> passes = {
@@ -529,14 +537,10 @@ Program Model::compile(const CompileOptions& o) {
         sum_into_norm_grads, absorb_class_slices,    fuse_losses,           fold_casts,
         bias_grads_into_norm_grads};  // after fold_casts: db in the dtype gamma's gradient has
     if (o.fuse_elementwise) passes.push_back(fuse_elementwise);
-    for (auto pass : passes) {
-      FuseResult f = pass(g, keep);
-      g = std::move(f.graph);
-      for (ValueId& v : req.outputs) v = f.map[static_cast<size_t>(v)];
-      for (auto& [v, slot] : req.grads) v = f.map[static_cast<size_t>(v)];
-      for (ValueId& v : keep) v = f.map[static_cast<size_t>(v)];
-    }
+    for (auto pass : passes) apply(pass(g, keep));
   }
+  // After the fusions: the GELU to recompute is the epilogue's, its source the record.
+  if (!o.recompute.empty()) apply(recompute_activations(g, loss_now, o.recompute));
   if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
   Plan plan = lower(g, c.layout, req);
   plan.loss = loss_name;

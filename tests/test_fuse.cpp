@@ -21,9 +21,11 @@ struct Trained {
 };
 
 // Three Adam steps on random data; returns losses and parameters.
-Trained train(const Graph& g, Var loss, bool fuse, int64_t rows, int64_t dim) {
+Trained train(const Graph& g, Var loss, bool fuse, int64_t rows, int64_t dim,
+              std::vector<std::string> recompute = {}) {
   Model m(g, {.seed = 3});
-  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .fuse = fuse});
+  Program p = m.compile(
+      {.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .fuse = fuse, .recompute = std::move(recompute)});
   Trained r;
   r.plan = p.plan();
   std::mt19937_64 rng(1);
@@ -64,6 +66,36 @@ TEST(Fuse, MlpFusesEveryLayerAndChangesNoBit) {
   EXPECT_LT(fused.plan.steps.size(), plain.plan.steps.size());
   EXPECT_EQ(fused.losses, plain.losses);
   EXPECT_EQ(fused.params, plain.params);
+}
+
+// GELU recomputed in the backward (CompileOptions::recompute): the same bits as kept, fused
+// (from the epilogue's record) or not (from the op's input), and less arena: the GELU
+// outputs no longer live from the forward to the backward.
+TEST(Fuse, RecomputedGeluChangesNoBitAndShrinksTheArena) {
+  Graph g;
+  Var x = g.input("x", {32, 20});
+  Var y = g.input("y", {32}, DType::i32);
+  Var h = gelu(nn::linear(x, 64, "fc1"), /*tanh_approximation=*/true);
+  h = gelu(nn::linear(h, 96, "fc2"), /*tanh_approximation=*/true);
+  Var loss = cross_entropy(nn::linear(h, 10, "fc3"), y);
+  for (bool fuse : {true, false}) {
+    SCOPED_TRACE(fuse ? "fused" : "unfused");
+    Trained kept = train(g, loss, fuse, 32, 20), again = train(g, loss, fuse, 32, 20, {"gelu"});
+    int recomputed = 0;
+    for (const PlanStep& st : again.plan.steps) recomputed += st.name.find("/recompute") != std::string::npos;
+    EXPECT_EQ(recomputed, 2) << again.plan.str();  // each GELU output, for its weight gradient
+    EXPECT_LT(again.plan.arena_bytes, kept.plan.arena_bytes);
+    EXPECT_EQ(again.losses, kept.losses);
+    EXPECT_EQ(again.params, kept.params);
+  }
+  Model m(g, {.seed = 3});
+  try {
+    m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .recompute = {"softmax"}});
+    ADD_FAILURE() << "no seam::Error thrown";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("recompute: unknown activation 'softmax' (known: gelu)"), std::string::npos)
+        << e.what();
+  }
 }
 
 // The fused loss keeps ignore_index and label smoothing, and is made only where the

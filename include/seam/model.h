@@ -62,6 +62,9 @@ struct CompileOptions {
   // fuse_elementwise, chains of elementwise ops (ending in sums) as generated kernels.
   bool fuse = true;
   bool fuse_elementwise = true;
+  // Activations the backward recomputes instead of keeping them from the forward, for
+  // memory: "gelu" (a GELU's output that a weight gradient reads; src/passes/fuse.h).
+  std::vector<std::string> recompute;
   // Steps between a buffer's last read and the reuse of its space (LowerRequest); -1:
   // the backend's choice (1 where it runs independent steps concurrently, else 0).
   int reuse_gap = -1;

@@ -30,6 +30,7 @@ struct Workload {
   Precision precision = Precision::tf32;      // the built-in workloads: fp32 values, TF32 GEMMs
   std::function<io::BuiltGraph()> file = {};  // a model file's graph instead of net
   LayoutPolicy layout = LayoutPolicy::automatic;
+  std::vector<std::string> recompute = {};  // a model file's own
 };
 
 // A model file as a workload: its graph, batch size and optimizer.
@@ -39,6 +40,7 @@ Workload spec_workload(io::ModelSpec spec, std::string name, std::string descrip
              nullptr, spec.optimizer, spec.precision};
   w.file = [spec] { return io::build_graph(spec, spec.batch_size); };
   w.layout = spec.layout;
+  w.recompute = spec.recompute;
   return w;
 }
 
@@ -174,7 +176,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   Program p = m.compile({.loss = loss.id(),
                          .optimizer = w.opt,
                          .fuse = o.fusion != "none",
-                         .fuse_elementwise = o.fusion == "all"});
+                         .fuse_elementwise = o.fusion == "all",
+                         .recompute = o.recompute.value_or(w.recompute)});
 
   // Two random batches (io::random_batch) in the shapes the graph takes.
   const TensorType xt = g.value(*g.find("x")).type, yt = g.value(*g.find("y")).type;

@@ -34,6 +34,9 @@ struct BenchOptions {
   bool one_rank = false;
   std::optional<LayoutPolicy> layout;  // overrides each workload's (a model file's own, else automatic)
   std::string csv;                     // also write the results here
+  // Activations recomputed in the backward (CompileOptions::recompute); unset: a model
+  // file's own "recompute", else none.
+  std::optional<std::vector<std::string>> recompute;
 };
 
 int run_bench(const BenchOptions& o);

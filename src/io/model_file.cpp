@@ -1,6 +1,7 @@
 // Model files: parsing, checking, and building the graph.
 #include "io/model_file.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -8,6 +9,7 @@
 
 #include "common/strings.h"
 #include "ops/registry.h"
+#include "passes/fuse.h"
 #include "passes/precision.h"
 #include "seam/nn.h"
 #include "seam/ops.h"
@@ -20,7 +22,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "model", "output", "loss",
                                             "optimizer", "batch_size", "epochs", "seed", "device", "precision", "master_weights", "layout",
-                                            "deterministic", "data", "description"};
+                                            "deterministic", "recompute", "data", "description"};
 // Layers that create their own parameters, with the settings each accepts.
 const std::map<std::string, std::vector<std::string>> kLayers = {
     {"linear", {"out", "bias", "tie"}},
@@ -317,6 +319,17 @@ ModelSpec spec_of(json root, const std::string& source, const std::filesystem::p
   const std::string layout = get<std::string>(j, "layout", "auto", source);
   if (auto l = parse_layout_policy(layout)) s.layout = *l;
   else unknown(source, "layout", layout, layout_policy_names());
+  if (j.contains("recompute")) {
+    const json& r = j["recompute"];
+    if (!r.is_array()) fail(source, ": recompute must be a list of activations, e.g. [\"gelu\"]");
+    for (const json& a : r) {
+      if (!a.is_string()) fail(source, ": recompute lists activations by name, got ", a.dump());
+      const std::string name = a.get<std::string>();
+      const auto known = recompute_names();
+      if (std::find(known.begin(), known.end(), name) == known.end()) unknown(source, "recompute activation", name, known);
+      s.recompute.push_back(name);
+    }
+  }
   if (s.batch_size < 1) fail(source, ": batch_size must be >= 1");
   if (s.epochs < 1) fail(source, ": epochs must be >= 1");
   if (j.contains("loss")) {

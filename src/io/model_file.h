@@ -54,6 +54,7 @@ struct ModelSpec {
   bool master_weights = true;            // false: 16-bit parameters (ModelOptions::master_weights)
   bool deterministic = false;            // bitwise repeatable GPU steps (ModelOptions::deterministic)
   LayoutPolicy layout = LayoutPolicy::automatic;  // where convolutions run channels-last
+  std::vector<std::string> recompute;    // activations the backward recomputes (CompileOptions::recompute)
   OptimizerConfig optimizer;
   bool cosine_total_from_run = false;  // schedule.total_steps was left to the run length
   // Sets a cosine schedule's total_steps from the run's length when the file left it

@@ -87,6 +87,16 @@ FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep)
 // (src/passes/fuse_norm.cpp)
 FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep);
 
+// Activation recomputation, for memory: a GELU's output that the backward reads (a weight
+// gradient's input) is not kept from the forward; just before each backward reader (a
+// node after the loss's), the GELU runs again from the pre-activation the backward keeps
+// anyway (linear_act_aux's record, or the unfused op's input), and the copy lives until
+// that reader. `what` names the activations: "gelu". A transformer's MLP keeps its
+// 4x-wide GELU output (a third of a GPT-2 layer's activations) no longer; each layer's
+// backward pays one elementwise pass over it. (src/passes/recompute.cpp)
+FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector<std::string>& what);
+std::vector<std::string> recompute_names();
+
 // Convolution + ReLU fusion, for convolutions that no batch norm follows: a conv2d whose
 // result only a relu reads becomes conv2d with activation relu, writing relu's value (and
 // name); relu_grad(dr, r) whose dr is a conv2d_grad_input that nothing else reads becomes

@@ -51,7 +51,7 @@ int run_step(const StepOptions& o) {
                          .master_weights = spec.master_weights,
                          .layout = spec.layout});
   io::load_initial(model, bg);
-  Program p = model.compile({.loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.logits}});
+  Program p = model.compile({.loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.logits}, .recompute = spec.recompute});
 
   // Inputs drawn N(0, 1) (token ids uniform over the vocabulary), labels uniform over the
   // classes, from the data seed.

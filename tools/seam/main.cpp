@@ -371,6 +371,12 @@ int main(int argc, char** argv) {
       ->check(one_of({"all", "epilogues", "none"}));
   bench->add_option("--streams", bo.streams, "CUDA streams independent steps may run on side by side (1: one)")
       ->transform(whole<int>(1, 16));
+  std::vector<std::string> bench_recompute;
+  auto* recompute_opt =
+      bench->add_option("--recompute", bench_recompute,
+                        "activations the backward recomputes instead of keeping them, for memory: gelu, or none "
+                        "(default: a model file's own \"recompute\")")
+          ->check(one_of({"gelu", "none"}));
 
   seam::bench::NumericsOptions no;
   std::vector<std::string> numerics_precisions;
@@ -521,6 +527,11 @@ int main(int argc, char** argv) {
       bo.precision = precision_of(bench_precision);
       bo.layout = layout_of(bench_layout);
       bo.master_weights = !no_masters;
+      if (recompute_opt->count() > 0) {
+        bo.recompute.emplace();
+        for (const std::string& r : bench_recompute)
+          if (r != "none") bo.recompute->push_back(r);
+      }
       return seam::bench::run_bench(bo);
     }
     if (*numerics) {
