@@ -205,30 +205,39 @@ TEST(FuseNorm, ResidualGradientsFoldIntoLayerNormGradsAndMatchFiniteDifferences)
   }
 }
 
-struct PreNormNet {
+// A classifier around `blocks` (8 x 24 inputs to 32 wide, 10 classes), its parameters
+// made by blocks' own param(name, shape) with gammas near 1.
+struct NormNet {
+  using Param = std::function<Var(const std::string&, Shape)>;
   Graph g;
   Var loss;
-  PreNormNet() {
+  uint64_t seed;
+  NormNet(const std::function<Var(Var, const Param&)>& blocks, uint64_t data_seed) : seed(data_seed) {
     Var x = g.input("x", {8, 24});
     Var y = g.input("y", {8}, DType::i32);
-    Var h = nn::linear(x, 32, "in");
-    int n = 0;
-    h = pre_norm_blocks(h, [&](Var v, const std::string& name) {
+    Var h = blocks(nn::linear(x, 32, "in"), [&](const std::string& name, Shape shape) {
       const Init init = name[0] == 'g' ? Init::uniform(0.5, 1.5) : Init::uniform(-0.5, 0.5);
-      return g.param(name + std::to_string(n++), {v.type().shape.back()}, init);
+      return g.param(name, shape, init);
     });
     loss = cross_entropy(nn::linear(h, 10, "out"), y);
   }
   void feed(Program& p, uint64_t step) const {
-    const auto x = random_floats(8 * 24, 700 + step);
-    const auto y = random_labels(8, 10, 800 + step);
+    const auto x = random_floats(8 * 24, seed + step);
+    const auto y = random_labels(8, 10, seed + 100 + step);
     p.set_input("x", std::span<const float>(x));
     p.set_input("y", std::span<const int32_t>(y));
   }
 };
 
 TEST(FuseNorm, ResidualGradientsFoldIntoLayerNormGradsAndTrainAsUnfused) {
-  PreNormNet net;
+  int n = 0;
+  NormNet net(
+      [&](Var h, const NormNet::Param& param) {
+        return pre_norm_blocks(h, [&](Var v, const std::string& name) {
+          return param(name + std::to_string(n++), {v.type().shape.back()});
+        });
+      },
+      700);
   FusedAndPlain m(net.g, net.loss, 9, LayoutPolicy::nchw, false);
   int summed = 0;
   for (const PlanStep& s : m.fused.plan().steps) summed += s.op == Op::layer_norm_grad && s.in.size() == 6;
@@ -270,25 +279,7 @@ TEST(FuseNorm, BiasGradientsFromLayerNormGradsMatchFiniteDifferences) {
 }
 
 TEST(FuseNorm, BiasGradientsFromLayerNormGradsTrainAsUnfused) {
-  struct Net {
-    Graph g;
-    Var loss;
-    Net() {
-      Var x = g.input("x", {8, 24});
-      Var y = g.input("y", {8}, DType::i32);
-      Var h = projected_blocks(nn::linear(x, 32, "in"), [&](const std::string& name, Shape shape) {
-        const Init init = name[0] == 'g' ? Init::uniform(0.5, 1.5) : Init::uniform(-0.5, 0.5);
-        return g.param(name, shape, init);
-      });
-      loss = cross_entropy(nn::linear(h, 10, "out"), y);
-    }
-    void feed(Program& p, uint64_t step) const {
-      const auto x = random_floats(8 * 24, 900 + step);
-      const auto y = random_labels(8, 10, 1000 + step);
-      p.set_input("x", std::span<const float>(x));
-      p.set_input("y", std::span<const int32_t>(y));
-    }
-  } net;
+  NormNet net(projected_blocks, 900);
   FusedAndPlain m(net.g, net.loss, 11, LayoutPolicy::nchw, false);
   // Both projections' bias gradients come from the layer norm gradients after them, and
   // the input layer's too (its output's two gradients, the first layer norm's and the

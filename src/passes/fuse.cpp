@@ -39,6 +39,15 @@ FuseResult start_rebuild(const Graph& g) {
   return r;
 }
 
+std::vector<ValueId> copy_node(FuseResult& r, const Graph& g, const Node& n, const std::vector<ValueId>& in) {
+  std::vector<std::string> names;  // as they are: a fused step's outputs may carry absorbed steps' names
+  for (ValueId v : n.out) names.push_back(g.value(v).name);
+  Graph& ng = r.graph;
+  auto out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
+  for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+  return out;
+}
+
 std::vector<std::vector<int>> value_users(const Graph& g) {
   std::vector<std::vector<int>> users(g.values().size());
   for (size_t k = 0; k < g.nodes().size(); ++k)

@@ -23,6 +23,9 @@ struct FuseResult {
 FuseResult start_rebuild(const Graph& g);
 // The new id of an old value that has one by now.
 ValueId mapped(const FuseResult& r, ValueId old);
+// Node n of g as it is, reading `in` (its inputs' new ids), its outputs under their names
+// and mapped; returns the new output ids.
+std::vector<ValueId> copy_node(FuseResult& r, const Graph& g, const Node& n, const std::vector<ValueId>& in);
 // For each value of g, the nodes that read it, in node order.
 std::vector<std::vector<int>> value_users(const Graph& g);
 // The one node that reads v, or -1 where none, several, or the caller (v is kept) do.

@@ -127,10 +127,7 @@ FuseResult fuse_conv_activations(const Graph& g, const std::vector<ValueId>& kee
       ++r.forward;
       continue;
     }
-    std::vector<std::string> names;
-    for (ValueId v : n.out) names.push_back(g.value(v).name);
-    auto out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
-    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+    copy_node(r, g, n, in);
   }
   return r;
 }

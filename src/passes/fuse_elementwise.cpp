@@ -217,10 +217,7 @@ FuseResult fuse_elementwise(const Graph& g, const std::vector<ValueId>& keep_lis
     const Node& n = nodes[static_cast<size_t>(k)];
     std::vector<ValueId> in;
     for (ValueId v : n.in) in.push_back(mapped(r, v));
-    std::vector<std::string> names;  // as they are: a fused step's outputs may carry absorbed steps' names
-    for (ValueId v : n.out) names.push_back(g.value(v).name);
-    auto out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
-    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+    copy_node(r, g, n, in);
     done[static_cast<size_t>(k)] = true;
   };
   auto emit_group = [&](int gid) {

@@ -205,8 +205,7 @@ FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep_
       ++r.backward;
       continue;
     }
-    auto out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
-    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+    copy_node(r, g, n, in);
   }
   return r;
 }
@@ -249,28 +248,28 @@ FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>
     const Node& n = nodes[static_cast<size_t>(k)];
     std::vector<ValueId> in;
     for (ValueId v : n.in) in.push_back(mapped(r, v));
-    std::vector<std::string> names;
-    for (ValueId v : n.out) names.push_back(g.value(v).name);
-    std::vector<ValueId> out;
     if (const int lin = bias_of[static_cast<size_t>(k)]; lin >= 0) {
       // The layer norm's gradient also writes db (under its name); dw's GEMM follows.
       const Node& l = nodes[static_cast<size_t>(lin)];
       Attrs attrs = n.attrs;
       attrs.set("dx_sums", int64_t{1});
+      std::vector<std::string> names;
+      for (ValueId v : n.out) names.push_back(g.value(v).name);
       names.push_back(g.value(l.out[1]).name);
-      out = ng.add_named(n.op, in, attrs, names);
+      auto out = ng.add_named(n.op, in, attrs, names);
+      for (size_t i = 0; i < 3; ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
       r.map[static_cast<size_t>(l.out[1])] = out[3];
-      out.resize(3);
       ++r.backward;
     } else if (weight_only[static_cast<size_t>(k)]) {
-      // dw = dy^T x alone, in the dtype linear_grad_weight_bias wrote it in.
-      out = ng.add_named(Op::matmul, in,
-                         {{"transpose_a", int64_t{1}}, {"transpose_b", int64_t{0}}, {"dtype", n.attrs.s("dtype")}},
-                         std::vector<std::string>{names[0]});  // db: mapped at the layer norm's gradient
+      // dw = dy^T x alone, in the dtype linear_grad_weight_bias wrote it in (db: mapped at
+      // the layer norm's gradient, which came first).
+      r.map[static_cast<size_t>(n.out[0])] =
+          ng.add_named(Op::matmul, in,
+                       {{"transpose_a", int64_t{1}}, {"transpose_b", int64_t{0}}, {"dtype", n.attrs.s("dtype")}},
+                       std::vector<std::string>{g.value(n.out[0]).name})[0];
     } else {
-      out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
+      copy_node(r, g, n, in);
     }
-    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
   }
   return r;
 }

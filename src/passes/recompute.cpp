@@ -60,7 +60,9 @@ FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector
       const Value& yv = g.value(y);
       ValueId from = mapped(r, s.from);
       const int c = copies[y]++;
-      const std::string name = yv.name + "/recompute" + (c > 0 ? "_" + std::to_string(c) : std::string());
+      std::string name = yv.name;
+      name.append("/recompute");
+      if (c > 0) name.append("_").append(std::to_string(c));
       if (ng.value(from).type.shape != yv.type.shape)
         from = ng.add_named(Op::reshape, {from}, {{"shape", yv.type.shape}}, name + "_shape")[0];
       const ValueId again = ng.add_named(s.op, {from}, {}, name)[0];
@@ -68,10 +70,7 @@ FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector
         if (n.in[i] == y) in[i] = again;
       ++r.backward;
     }
-    std::vector<std::string> names;
-    for (ValueId v : n.out) names.push_back(g.value(v).name);
-    auto out = names.empty() ? ng.add_named(n.op, in, n.attrs, n.name) : ng.add_named(n.op, in, n.attrs, names);
-    for (size_t i = 0; i < out.size(); ++i) r.map[static_cast<size_t>(n.out[i])] = out[i];
+    copy_node(r, g, n, in);
   }
   return r;
 }
