@@ -467,14 +467,17 @@ TEST_F(Cli, BenchReportsATableAndCsv) {
   std::string text = slurp(csv);
   EXPECT_EQ(text.rfind("framework,workload,variant", 0), 0u) << text;
   EXPECT_NE(text.find("seam,W1,eager,cpu,"), std::string::npos) << text;
-  EXPECT_NE(text.find(",gemm_ms,precision,memory_mib\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(",gemm_ms,precision,memory_mib,device_memory_mib\n"), std::string::npos) << text;
   EXPECT_NE(text.find(",tf32,"), std::string::npos) << text;  // W1 says what it means: TF32 GEMMs
   // The memory it holds: W1's 784-1024-1024-10 MLP has 1.9 M parameters, 7.4 MiB in f32;
   // parameters, gradients, two moments and the arena hold more than three times that.
-  const std::string row = text.substr(text.find("seam,W1,"));
-  const double mib = std::stod(row.substr(row.rfind(',', row.find('\n')) + 1));
+  // The last two columns: that, and the driver's count of device memory (none on the CPU).
+  const std::string row = text.substr(text.find("seam,W1,"), text.find('\n', text.find("seam,W1,")) - text.find("seam,W1,"));
+  const size_t last = row.rfind(','), before = row.rfind(',', last - 1);
+  const double mib = std::stod(row.substr(before + 1, last - before - 1));
   EXPECT_GT(mib, 3 * 7.4) << row;
   EXPECT_LT(mib, 1024) << row;
+  EXPECT_EQ(row.substr(last + 1), "-1") << row;
   Result f32 = run("bench W1 --device cpu --steps 1 --repeats 1 --warmup 0 --precision f32 --csv " + csv.string());
   ASSERT_EQ(f32.code, 0) << f32.err;
   EXPECT_NE(slurp(csv).find(",f32,"), std::string::npos) << slurp(csv);

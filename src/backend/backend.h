@@ -99,5 +99,8 @@ std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep& ste
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions options = {});
 // Whether make_cuda_backend would find a GPU (cheap: creates no context or handles).
 bool cuda_available(std::string* why = nullptr);
+// The current GPU's memory in use by every process, as the driver counts it
+// (cudaMemGetInfo's total - free); nullopt without a CUDA build or GPU.
+std::optional<size_t> cuda_device_used_bytes();
 
 }  // namespace seam

@@ -140,6 +140,9 @@ struct Result {
   double ms, ms_min, ms_max, host_us, tflops, gbps, gemm_ms = -1;
   int kernels;
   double memory_mib = 0;  // the model's buffers, the arena and the steps' workspaces and scratch
+  // The GPU's memory in use after the timed steps less before the model was made, as the
+  // driver counts it (libraries' handles and the allocator's pool included); -1 on the CPU.
+  double device_mib = -1;
 };
 
 Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
@@ -157,6 +160,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
     loss_id = cross_entropy(w.net(g, x), y).id();
   }
   const Var loss = g.var(loss_id);
+  const std::optional<size_t> used_before = dev == Device::cuda ? cuda_device_used_bytes() : std::nullopt;
   const EpiloguePolicy epilogue = o.epilogue == "fused"     ? EpiloguePolicy::fused
                                   : o.epilogue == "split"   ? EpiloguePolicy::split
                                   : o.epilogue == "split_t" ? EpiloguePolicy::split_t
@@ -219,6 +223,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
              sorted.back(), host[host.size() / 2], 0, 0, -1, p.executable().stats().kernels};
   res.memory_mib = static_cast<double>(m.device_bytes() + p.plan().arena_bytes + p.executable().stats().device_bytes) /
                    1048576.0;
+  if (const std::optional<size_t> used = used_before ? cuda_device_used_bytes() : std::nullopt)
+    res.device_mib = (static_cast<double>(*used) - static_cast<double>(*used_before)) / 1048576.0;
   res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
   res.gbps = step_bytes(p.plan()) / (res.ms * 1e-3) / 1e9;
   if (o.breakdown) {
@@ -288,17 +294,23 @@ int run_bench(const BenchOptions& o) {
     std::fflush(stdout);
     results.push_back(bench_one(w, o, dev));
   }
-  std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s %9s\n", "name", "dev", "graph", "ms/step",
-              "(min-max)", "samples/s", "kernels", "host us", "TFLOP/s", "GB/s", "MiB");
-  for (auto& r : results)
-    std::printf("%-4s %-5s %-6s %10.4f %4.3f-%-5.3f %14.0f %9d %10.1f %9.2f %9.1f %9.1f\n", r.name.c_str(),
+  // MiB: what seam accounts for (its buffers, arena, workspaces); device MiB: what the
+  // driver saw the process take meanwhile.
+  std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s %9s %10s\n", "name", "dev", "graph", "ms/step",
+              "(min-max)", "samples/s", "kernels", "host us", "TFLOP/s", "GB/s", "MiB", "device MiB");
+  for (auto& r : results) {
+    char device_mib[32] = "-";
+    if (r.device_mib >= 0) std::snprintf(device_mib, sizeof device_mib, "%.1f", r.device_mib);
+    std::printf("%-4s %-5s %-6s %10.4f %4.3f-%-5.3f %14.0f %9d %10.1f %9.2f %9.1f %9.1f %10s\n", r.name.c_str(),
                 r.device.c_str(), r.graph ? "yes" : "no", r.ms, r.ms_min, r.ms_max,
-                static_cast<double>(r.batch) / (r.ms * 1e-3), r.kernels, r.host_us, r.tflops, r.gbps, r.memory_mib);
+                static_cast<double>(r.batch) / (r.ms * 1e-3), r.kernels, r.host_us, r.tflops, r.gbps, r.memory_mib,
+                device_mib);
+  }
   if (!o.csv.empty()) {
     std::ofstream f(o.csv);
     if (!f) fail(o.csv, ": cannot write");
     f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
-         "tflops,gbps,gemm_ms,precision,memory_mib\n";
+         "tflops,gbps,gemm_ms,precision,memory_mib,device_memory_mib\n";
     for (auto& r : results)
       f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
         << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
@@ -308,7 +320,7 @@ int run_bench(const BenchOptions& o) {
         << (o.deterministic ? std::string("+deterministic") : std::string()) << "," << r.device << ","
         << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << ","
-        << r.memory_mib << "\n";
+        << r.memory_mib << "," << r.device_mib << "\n";
   }
   return 0;
 }

@@ -298,6 +298,13 @@ bool cuda_available(std::string* why) {
   return false;
 }
 
+std::optional<size_t> cuda_device_used_bytes() {
+  if (!cuda_available()) return std::nullopt;
+  size_t free = 0, total = 0;
+  SEAM_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return total - free;
+}
+
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions options) {
   std::string why;
   if (!cuda_available(&why)) fail("no usable GPU: ", why);
