@@ -179,6 +179,7 @@ class CudaExecutable : public Executable {
     for (auto& l : once) l(sh_->stream);
     SEAM_CUDA_LAUNCH_CHECK();
     SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
+    sh_->gemm_cache->release_tuning_workspace();  // every GEMM is timed by now
   }
 
   ~CudaExecutable() override {

@@ -211,6 +211,12 @@ struct GemmCache::Impl {
   }
 };
 
+void GemmCache::release_tuning_workspace() {
+  if (!impl_->workspace) return;
+  SEAM_CUDA_CHECK(cudaFree(impl_->workspace));  // waits for the trial runs that used it
+  impl_->workspace = nullptr;
+}
+
 GemmCache::GemmCache() : impl_(new Impl) {
   try {
     DeviceId d = current_device();

@@ -43,6 +43,9 @@ class GemmCache {
   GemmCache& operator=(const GemmCache&) = delete;
   struct Impl;
   Impl& impl() { return *impl_; }
+  // Frees the workspace that timing GEMMs at prepare time takes (32 MiB, made again when a
+  // later prepare times another): a prepared step runs in the context's own workspace.
+  void release_tuning_workspace();
 
  private:
   Impl* impl_;
