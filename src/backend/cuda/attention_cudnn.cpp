@@ -3,7 +3,8 @@
 // query row's log-sum-exp of the scaled scores, which is seam's lse as it stands, so its
 // forward and backward pair with the other variants'. The backward asks for cuDNN's
 // deterministic algorithm (no atomics in dq) where the plan is deterministic; else the
-// atomic one, faster by about a tenth (docs/perf.md).
+// atomic one, faster by about a tenth (docs/perf.md). Every plan cuDNN's heuristics build
+// is timed once a shape (pick_plan), unless the plan is deterministic.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
@@ -84,8 +85,10 @@ struct Picked {
 // The pick of each graph already timed in this process (its key: the graph's every input
 // to cuDNN), so that a model's twelve layers of one shape time their plans once.
 std::string plan_key(DType t, const AttentionGeom& g, bool backward) {
+  int device = 0;
+  SEAM_CUDA_CHECK(cudaGetDevice(&device));
   std::ostringstream k;
-  k << static_cast<int>(t) << (backward ? " b" : " f") << (g.causal ? " c" : " n");
+  k << device << ' ' << static_cast<int>(t) << (backward ? " b" : " f") << (g.causal ? " c" : " n");
   for (int64_t v : {g.b, g.h, g.tq, g.tk, g.d, g.dv}) k << ' ' << v;
   for (const Rows& r : {g.q, g.k, g.v, g.o}) k << ' ' << r.batch << ',' << r.head << ',' << r.row;
   k << ' ' << std::hexfloat << g.scale;

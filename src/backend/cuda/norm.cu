@@ -11,11 +11,13 @@
 // block of the dx kernel where a lane holds at most kMaxColsN values, else a column kernel
 // over a fixed chunk; D > 1024: the rows of one block) is added in a fixed order into its
 // own slice of scratch ([chunks][2][D], double), then a last kernel sums the slices in
-// chunk order. No atomics.
+// chunk order. No atomics. With dx_sums (bias_grads_into_norm_grads) the column sums of dx
+// as stored are a third: in the dx kernel's slices ([chunks][3][D]) where it sums, else
+// a sum step over dx.
 //
 // x, y, dy and dx are stored as T (f32, bf16 or f16), gamma, beta, dgamma and dbeta as P
 // (f32, or T), mean and rstd as f32; everything computes in float (the column sums in
-// double, past each lane's float sum of its few rows in the dx kernel), one template for
+// double, past each warp's float sum of its few rows in the dx kernel), one template for
 // every storage type.
 #include <cmath>
 
