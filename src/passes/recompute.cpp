@@ -10,11 +10,13 @@ namespace seam {
 std::vector<std::string> recompute_names() { return {"gelu"}; }
 
 FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector<std::string>& what) {
-  for (const std::string& w : what) {
-    const auto names = recompute_names();
-    if (std::find(names.begin(), names.end(), w) == names.end())
-      fail("compile: recompute: unknown activation '", w, "' (known: gelu)");
-  }
+  const std::vector<std::string> names = recompute_names();
+  for (const std::string& w : what)
+    if (std::find(names.begin(), names.end(), w) == names.end()) {
+      std::string known;
+      for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+      fail("compile: recompute: unknown activation '", w, "' (known: ", known, ")");
+    }
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
   const bool gelu = std::find(what.begin(), what.end(), "gelu") != what.end();
@@ -38,8 +40,8 @@ FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector
     if (s.from < 0) continue;
     const ValueId y = n.out[0];
     bool any = false;
-    for (int u : users[static_cast<size_t>(y)])
-      if (u > last_forward) {
+    for (int u : users[static_cast<size_t>(y)])  // a node reading y twice is listed twice
+      if (u > last_forward && (late[static_cast<size_t>(u)].empty() || late[static_cast<size_t>(u)].back() != y)) {
         late[static_cast<size_t>(u)].push_back(y);
         any = true;
       }

@@ -20,6 +20,7 @@
 #include "data/tokens.h"
 #include "dist/launch.h"
 #include "ops/registry.h"
+#include "passes/fuse.h"
 #include "seam/seam.h"
 #include "train/trainer.h"
 #ifdef SEAM_HAS_ONNX
@@ -376,7 +377,11 @@ int main(int argc, char** argv) {
       bench->add_option("--recompute", bench_recompute,
                         "activations the backward recomputes instead of keeping them, for memory: gelu, or none "
                         "(default: a model file's own \"recompute\")")
-          ->check(one_of({"gelu", "none"}));
+          ->check(one_of([] {
+            std::vector<std::string> names = seam::recompute_names();
+            names.push_back("none");
+            return names;
+          }()));
 
   seam::bench::NumericsOptions no;
   std::vector<std::string> numerics_precisions;
