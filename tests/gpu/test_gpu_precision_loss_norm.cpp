@@ -238,9 +238,11 @@ TEST(GpuPrecisionLoss, CrossEntropyOnEachRowPath) {
   compare_cross_entropy({.shape = {16, 3000}});
   compare_cross_entropy({.shape = {9, 2501}});
   compare_cross_entropy({.shape = {1, 1}});
-  // Rows held in registers at 4, 8 and 16 packs a thread (a GPT-2 vocabulary).
+  // Rows staged in shared memory (a GPT-2 vocabulary: two 16-bit rows a block); with
+  // more rows than blocks each block's two buffers take turns, past ignored rows too.
   compare_cross_entropy({.shape = {7, 20000}, .smoothing = 0.1});
   compare_cross_entropy({.shape = {6, 50257}, .smoothing = 0.1, .ignored = {2}, .padding = 47});
+  compare_cross_entropy({.shape = {300, 50304}, .smoothing = 0.1, .ignored = {3, 200, 201}});
 }
 
 TEST(GpuPrecisionLoss, CrossEntropyWithSmoothingAndIgnoredRows) {
@@ -389,8 +391,10 @@ TEST(GpuPrecisionLoss, TheFusedLossCountsItsArgmaxAsTheCpu) {
   for (const CompareOptions& o : all) {
     SCOPED_TRACE(policy_name(o));
     const DType t = o.precision == Precision::f32 ? DType::f32 : low(o);
-    for (int64_t classes : {10, 1000, 3000, 2501, 20000, 50304})
-      for (int64_t rows : {int64_t{37}, classes > 3000 ? 0 : int64_t{3000}}) {
+    // 50304 and 60000 classes: staged in two buffers, or one (16-bit 60000, f32 50304),
+    // or streamed (f32 60000); 300 rows: more than one a block.
+    for (int64_t classes : {10, 1000, 3000, 2501, 20000, 50304, 60000})
+      for (int64_t rows : {int64_t{37}, classes > 3000 ? int64_t{300} : int64_t{3000}}) {
         if (rows == 0) continue;
         SCOPED_TRACE(std::to_string(rows) + " rows of " + std::to_string(classes));
         Graph g;

@@ -1,7 +1,7 @@
 // One row of cross_entropy on the GPU, for the kernels of src/backend/cuda/loss.cu (its
 // only includer): the row's log-sum-exp in one pass (with its argmax where wanted), its
-// loss, and its gradient, the row read from memory as they go (Streamed) or held in
-// registers once read (Held); reduced over a warp or a block (WarpGroup, BlockGroup).
+// loss, and its gradient, the row read from memory as they go (Streamed) or staged in
+// shared memory once read (Staged); reduced over a warp or a block (WarpGroup, BlockGroup).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -261,45 +261,35 @@ struct Streamed {
   }
 };
 
-// A row held in registers: a thread's KP packs (rank, rank + size, ... below `packs`,
-// the whole stride) loaded at once, before any is used, so that a block has its whole
-// row in flight; the gradient is computed from them, without reading the row again.
-// Indices within the row are 32-bit (a held row is a block's KP packs a thread): 64-bit
-// ones took the registers the row needs.
-template <class T, int KP>
-struct Held {
-  Pack<T> h[KP];
+// A row staged in shared memory (16-byte packs, `packs` of them, the whole stride) by
+// the block before it is used: the stats and the gradient read it there, so the row is
+// read from memory once, and the next row's copy runs while this one is computed.
+template <class T>
+struct Staged {
+  const Pack<T>* s;
   int classes, packs;
-  __device__ void load(const T* __restrict__ z, int rank, int size) {
-    const auto* zv = reinterpret_cast<const Pack<T>*>(z);
-#pragma unroll
-    for (int k = 0; k < KP; ++k)
-      if (rank + k * size < packs) h[k] = zv[rank + k * size];
-  }
   template <bool WithSum, bool Find>
-  __device__ void stats(int rank, int size, float& m, float& s, float& zsum, int64_t& first) const {
-#pragma unroll
-    for (int k = 0; k < KP; ++k) {
-      const int c = rank + k * size;
-      if (c >= packs) break;
+  __device__ void stats(int rank, int size, float& m, float& sum, float& zsum, int64_t& first) const {
+    for (int c = rank; c < packs; c += size) {
+      const Pack<T> p = s[c];  // one 16-byte load (through a reference: a load per value)
       float v[kPer<T>];
-      unpack<WithSum>(h[k], c, classes, v, zsum);
-      lse_add_pack<Find>(m, s, v, int64_t{c} * kPer<T>, first);
+      unpack<WithSum>(p, c, classes, v, zsum);
+      lse_add_pack<Find>(m, sum, v, int64_t{c} * kPer<T>, first);
     }
   }
   __device__ void grad(T* d, int rank, int size, const GradRow& r) const {
     auto* dv = reinterpret_cast<Pack<T>*>(d);
-#pragma unroll
-    for (int k = 0; k < KP; ++k) {
-      const int c = rank + k * size;
-      if (c < packs) dv[c] = grad_pack(h[k], c, r);
+    for (int c = rank; c < packs; c += size) {
+      const Pack<T> p = s[c];
+      dv[c] = grad_pack(p, c, r);
     }
   }
+  __device__ float at(int j) const { return to_float(reinterpret_cast<const T*>(s)[j]); }
 };
 
 // The row's max m and sum(exp(z - m)) (and sum(z) when wanted; the first index of m, its
 // argmax, with Find), known to every thread of the group; one read of the row (src:
-// Streamed or Held).
+// Streamed or Staged).
 template <class G, bool WithSum, bool Find, class Src>
 __device__ void row_stats(const G& g, const Src& src, float& m, float& s, float& zsum, int64_t& first) {
   m = -INFINITY;

@@ -8,8 +8,8 @@
 //
 // cross_entropy rows: one warp per row when C <= 1024, else one block per row; the row's
 // max and sum of exp come from one pass (online log-sum-exp), the gradient reads it once
-// more to write dlogits; the fused loss and gradient holds a block row in registers
-// where it fits (Held, up to 16 packs a thread), so the row is read once.
+// more to write dlogits; the fused loss and gradient stages a block row in shared memory
+// where it fits (Staged, two rows a block where two fit), so the row is read once.
 // A label outside [0, C) that is not ignore_index is reported with report_error and its
 // row left out; the host turns the report into a seam::Error on its next read.
 //
@@ -24,6 +24,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/ce_row.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_util.cuh"
@@ -37,7 +38,7 @@ using namespace ce;  // the row: ce_row.cuh
 
 constexpr int kWarpBlock = 256;   // warp-per-row kernels: 8 rows in flight per block
 constexpr int kRowBlock = 512;    // block-per-row kernels
-constexpr int kHeldBlock = 512;   // block-per-row kernels holding the row in registers
+constexpr int kStagedBlock = 1024;  // block-per-row kernels staging the row in shared memory
 constexpr int kReduceBlock = 1024;
 constexpr int kThreads = 256;     // elementwise kernels
 constexpr int64_t kMaxWarpClasses = 1024;
@@ -172,14 +173,15 @@ __global__ void __launch_bounds__(kReduceBlock)
 // With `correct` (count_correct), the rows whose argmax is their label are counted as
 // well (the argmax found in the log-sum-exp's reduction): per block into block_correct,
 // then by the last block into correct.
-// KP > 0 (block rows in packs, at most KP packs a thread): the row is Held in registers,
-// so it is read once; else Streamed (read twice: for the stats, then for the gradient).
-// The next row's label is read a row ahead, and a held row's loads go out before its
-// label is looked at: neither waits for the other.
-template <class G, bool Counted, class T, int KP = 0>
-__global__ void __launch_bounds__(KP > 0 ? kHeldBlock : kRowBlock, 1)
+// Staged (block rows in packs): the row is copied into shared memory (cp.async) and read
+// there, so it is read from memory once; with `buffers` = 2 the next row's copy is issued
+// before this row is computed, and the block's one row at a time still keeps the memory
+// busy. Else Streamed (read twice: for the stats, then for the gradient).
+// The next row's label is read a row ahead.
+template <class G, bool Counted, class T, bool Stage>
+__global__ void __launch_bounds__(Stage ? kStagedBlock : kRowBlock, 1)
     ce_with_grad_rows(const T* logits, const int32_t* __restrict__ labels, int64_t rows, int64_t classes,
-                      int64_t stride, int64_t ignore_index, double smoothing, bool vec,
+                      int64_t stride, int64_t ignore_index, double smoothing, bool vec, int buffers,
                                   Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
                                   int64_t* __restrict__ block_correct, unsigned* arrived, float* __restrict__ loss,
                                   int32_t* __restrict__ correct, T* dz, DeviceError* err, int step) {
@@ -187,29 +189,51 @@ __global__ void __launch_bounds__(KP > 0 ? kHeldBlock : kRowBlock, 1)
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
   const double off_target = smoothing / static_cast<double>(classes);
+  extern __shared__ __align__(16) unsigned char staged_bytes[];
+  auto* staged = reinterpret_cast<Pack<T>*>(staged_bytes);  // [buffers][packs]
+  const int packs = static_cast<int>(stride / kPer<T>);
+  auto stage = [&](int64_t r, int b) {
+    const auto* src = reinterpret_cast<const Pack<T>*>(logits + r * stride);
+    for (int c = threadIdx.x; c < packs; c += blockDim.x) cp16(staged + b * packs + c, src + c, true);
+  };
   double mine = 0;  // the group's rows, held by its rank 0
   int64_t right = 0;
   int32_t next_label = g.first() < rows ? labels[g.first()] : 0;
+  if (Stage && buffers == 2 && g.first() < rows) {
+    stage(g.first(), 0);
+    cp_commit();
+  }
+  int b = 0;  // this row's buffer
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const int32_t label = next_label;
     if (r + g.stride() < rows) next_label = labels[r + g.stride()];
     T* d = dz + r * stride;
     const T* z = logits + r * stride;
-    Held<T, (KP > 0 ? KP : 1)> held;
-    if constexpr (KP > 0) {
-      held.classes = static_cast<int>(classes);
-      held.packs = static_cast<int>(stride / kPer<T>);
-      held.load(z, g.rank(), g.size());
+    if constexpr (Stage) {
+      __syncthreads();  // the buffer about to be filled was the last row's, read by then
+      if (buffers == 2) {
+        if (r + g.stride() < rows) stage(r + g.stride(), b ^ 1);
+        cp_commit();
+        cp_wait<1>();  // this row's copy (the one before the group just committed)
+      } else {
+        stage(r, 0);
+        cp_commit();
+        cp_wait<0>();
+      }
+      __syncthreads();
     }
+    const Staged<T> held{staged + b * packs, static_cast<int>(classes), packs};
+    if (Stage && buffers == 2) b ^= 1;
     if (!row_counts(g, label, r, classes, ignore_index, err, step)) {
       zero_row(g, d, stride);
       continue;
     }
-    const float zl = to_float(z[label]), z0 = to_float(z[0]);  // before d (maybe z itself) is written
+    // Before d (maybe z itself) is written.
+    const float zl = Stage ? held.at(label) : to_float(z[label]), z0 = Stage ? held.at(0) : to_float(z[0]);
     float m, s;
     int64_t first;
     double loss;
-    if constexpr (KP > 0) {
+    if constexpr (Stage) {
       loss = correct ? row_loss_of<G, true>(g, held, zl, smoothing, m, s, first)
                      : row_loss_of<G, false>(g, held, zl, smoothing, m, s, first);
       held.grad(d, g.rank(), g.size(), grad_row(m, s, sc, smoothing, off_target, label, classes));
@@ -288,6 +312,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- preparers ----
+
+// The most shared memory a block of this device may ask for.
+int smem_optin() {
+  int device = 0, bytes = 0;
+  SEAM_CUDA_CHECK(cudaGetDevice(&device));
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -408,29 +440,30 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   dispatch_storage(logits_t.dtype(), op_name(a.step.op), [&]<class T>() {
     const T* logits = logits_t.as<T>();
     T* dz = a.out[1].as<T>();
-    // Block rows in packs are held in registers by kHeldBlock threads where KP packs a
-    // thread cover them; the grid is then as many blocks as stay resident (each loops over
-    // rows: a second wave would wait for the first's last rows).
-    const int64_t packs = c.stride / kPer<T>;
-    const int kp = c.warp || !c.vec ? 0 : packs <= 4 * kHeldBlock ? 4 : packs <= 8 * kHeldBlock ? 8
-                                                               : packs <= 16 * kHeldBlock ? 16 : 0;
-    auto block_kernel = [&]<int KP>() {
-      return counted ? ce_with_grad_rows<BlockGroup, true, T, KP> : ce_with_grad_rows<BlockGroup, false, T, KP>;
-    };
+    // Block rows in packs are staged in shared memory, two rows a block where two fit
+    // (the next one copied while this one is computed), else one; the grid is then as
+    // many blocks as stay resident (each loops over rows: a second wave would wait for
+    // the first's last rows).
+    const size_t row_bytes = static_cast<size_t>(c.stride) * sizeof(T);
+    const size_t optin = static_cast<size_t>(smem_optin());
+    const int buffers = c.warp || !c.vec ? 0 : 2 * row_bytes <= optin ? 2 : row_bytes <= optin ? 1 : 0;
     auto rows_kernel = [&]() {
-      if (c.warp) return counted ? ce_with_grad_rows<WarpGroup, true, T> : ce_with_grad_rows<WarpGroup, false, T>;
-      if (kp == 4) return block_kernel.template operator()<4>();
-      if (kp == 8) return block_kernel.template operator()<8>();
-      if (kp == 16) return block_kernel.template operator()<16>();
-      return block_kernel.template operator()<0>();
+      if (c.warp) return counted ? ce_with_grad_rows<WarpGroup, true, T, false> : ce_with_grad_rows<WarpGroup, false, T, false>;
+      if (buffers > 0)
+        return counted ? ce_with_grad_rows<BlockGroup, true, T, true> : ce_with_grad_rows<BlockGroup, false, T, true>;
+      return counted ? ce_with_grad_rows<BlockGroup, true, T, false> : ce_with_grad_rows<BlockGroup, false, T, false>;
     }();
-    const int threads = c.warp ? kWarpBlock : kp > 0 ? kHeldBlock : kRowBlock;
+    const int threads = c.warp ? kWarpBlock : buffers > 0 ? kStagedBlock : kRowBlock;
+    const size_t smem = buffers * row_bytes;
     int resident = 0;
-    if (kp > 0) SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rows_kernel, threads, 0));
+    if (buffers > 0) {
+      SEAM_CUDA_CHECK(cudaFuncSetAttribute(rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rows_kernel, threads, smem));
+    }
     const unsigned blocks =
-        kp > 0 ? static_cast<unsigned>(std::clamp<int64_t>(c.rows, 1, int64_t{std::max(a.ctx.sm_count, 1)} *
-                                                                           std::max(resident, 1)))
-               : c.blocks;
+        buffers > 0 ? static_cast<unsigned>(std::clamp<int64_t>(c.rows, 1, int64_t{std::max(a.ctx.sm_count, 1)} *
+                                                                               std::max(resident, 1)))
+                    : c.blocks;
     auto* block_loss = static_cast<double*>(a.ctx.scratch(blocks * sizeof(double)));
     int64_t* block_correct =
         correct ? static_cast<int64_t*>(a.ctx.scratch(blocks * sizeof(int64_t))) : nullptr;
@@ -439,8 +472,8 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
         ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
         SEAM_CUDA_LAUNCH_CHECK();
       }
-      rows_kernel<<<blocks, threads, 0, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
-                                              c.smoothing, c.vec, dy, count, block_loss, block_correct, arrived, loss,
+      rows_kernel<<<blocks, threads, smem, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
+                                                 c.smoothing, c.vec, buffers, dy, count, block_loss, block_correct, arrived, loss,
                                               correct, dz, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
     };
