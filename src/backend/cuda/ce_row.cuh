@@ -191,13 +191,21 @@ __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int
 }
 
 // A pack's values as floats (padding columns, from `classes` on, as -inf), their sum
-// added to zsum when wanted.
+// added to zsum when wanted. A pack without padding (all but a row's last) converts its
+// values with no test each.
 template <bool WithSum, class T, class I>
 __device__ inline void unpack(const Pack<T>& p, I c, I classes, float (&v)[kPer<T>], float& zsum) {
-  const bool whole = (c + 1) * kPer<T> <= classes;  // no padding column in the pack
+  if ((c + 1) * kPer<T> <= classes) {
+#pragma unroll
+    for (int k = 0; k < kPer<T>; ++k) v[k] = to_float(p.v[k]);
+    if constexpr (WithSum)
+#pragma unroll
+      for (int k = 0; k < kPer<T>; ++k) zsum += v[k];
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < kPer<T>; ++k) {
-    const bool in = whole || c * kPer<T> + k < classes;
+    const bool in = c * kPer<T> + k < classes;
     v[k] = in ? to_float(p.v[k]) : -INFINITY;
     if constexpr (WithSum) zsum += in ? v[k] : 0.f;
   }
@@ -228,7 +236,8 @@ __device__ inline Pack<T> grad_pack(const Pack<T>& in, I c, const GradRow& r) {
   const I j0 = kPer<T> * c;
   if (r.fast && (j0 + kPer<T> <= r.classes) && (r.label < j0 || r.label >= j0 + kPer<T>)) {
 #pragma unroll
-    for (int k = 0; k < kPer<T>; ++k) out.v[k] = from_float<T>(fmaf(r.term(to_float(in.v[k])), r.a, -r.b));
+    for (int k = 0; k < kPer<T>; ++k)
+      out.v[k] = from_float<T>(fmaf(fast_exp2(fmaf(to_float(in.v[k]), kLog2e, -r.ml)), r.a, -r.b));
     return out;
   }
 #pragma unroll
