@@ -381,3 +381,46 @@ TEST(Fuse, CountCorrectIsZeroOrOne) {
   EXPECT_EQ(with(1), "");
   EXPECT_EQ(g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id()}, {{"count_correct", int64_t{1}}}).size(), 3u);
 }
+
+// Residual adds into the GEMMs that make one of their operands (linear_add): either
+// order, through a reshape of the GEMM's output, with and without a bias; not where
+// another node reads the GEMM's output, nor where the add broadcasts. The same bits
+// (values, gradients, training) as unfused at f32; with bf16 storage within a rounding
+// (the sum is rounded once, where unfused the GEMM's output was rounded before the add).
+TEST(Fuse, ResidualAddsIntoLinearsChangeNoBit) {
+  Graph g;
+  Var x = g.input("x", {4, 6, 12});
+  Var y = g.input("y", {24}, DType::i32);
+  Var h = tanh(nn::linear(x, 16, "in"));
+  h = add(h, nn::linear(h, 16, "a"));  // [4, 6, 16], the residual first
+  Var flat = reshape(h, {24, 16});
+  h = add(reshape(nn::linear(flat, 16, "b", /*bias=*/false), {4, 6, 16}), h);  // through a view, no bias
+  Var c = nn::linear(h, 16, "c");
+  Var twice = add(h, c);  // c is also read below: stays a linear and an add
+  Var wide = add(nn::linear(twice, 16, "d"), g.param("shift", {16}, Init::zeros()));  // broadcast: not fused
+  Var out = add(wide, tanh(c));
+  for (Precision p : {Precision::f32, Precision::bf16}) {
+    SCOPED_TRACE(p == Precision::f32 ? "f32" : "bf16");
+    Graph h2 = g;
+    Var l2 = sum(mul(h2.var(out.id()), h2.input("r", {4, 6, 16})));
+    const Plan plan =
+        expect_same_bits(h2, l2, {h2.var(twice.id())}, "residual adds", p, p == Precision::f32 ? 0.0 : 6e-2);
+    EXPECT_EQ(count(plan, Op::linear_add), 2) << plan.str();
+    EXPECT_EQ(count(plan, Op::linear), 3) << plan.str();  // in, c, d
+  }
+  Var loss = cross_entropy(reshape(out, {24, 16}), y);
+  Trained fused = train(g, loss, true, 24, 12), plain = train(g, loss, false, 24, 12);
+  EXPECT_EQ(fused.losses, plain.losses);
+  EXPECT_EQ(fused.params, plain.params);
+}
+
+TEST(Fuse, LinearAddChecksItsResidual) {
+  Graph g;
+  Var x = g.input("x", {5, 4});
+  Var w = g.param("w", {3, 4}, Init::zeros());
+  EXPECT_EQ(g.value(g.add(Op::linear_add, {x.id(), w.id(), g.input("r", {5, 3}).id()})[0]).type,
+            (TensorType{DType::f32, {5, 3}}));
+  const std::string e =
+      seam::testing::error_of([&] { g.add(Op::linear_add, {x.id(), w.id(), g.input("r2", {5, 4}).id()}); });
+  EXPECT_NE(e.find("r must have y's shape [5,3], got [5,4]"), std::string::npos) << e;
+}

@@ -117,7 +117,7 @@ std::vector<Workload> workloads() {
 }
 
 bool is_gemm(Op op) {
-  return op == Op::linear || op == Op::linear_act || op == Op::linear_act_aux || op == Op::matmul ||
+  return op == Op::linear || op == Op::linear_act || op == Op::linear_act_aux || op == Op::linear_add || op == Op::matmul ||
          op == Op::matmul_act_grad || op == Op::linear_grad_weight_bias;
 }
 

@@ -180,6 +180,29 @@ void register_fused_matmul(OpTable& t) {
     d.flops = def(t, Op::linear).flops;
   }
   {
+    OpDef& d = def(t, Op::linear_add);
+    d.name = "linear_add";
+    d.inputs = {"x", "w", "r", "b?"};
+    d.outputs = {"y"};
+    d.doc = "y = x w^T + b + r, r of y's type: a residual added by the GEMM as it stores y (made by fusion)";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_same_dtype();
+      if (c.shape(0).empty()) c.fail("x needs rank >= 1");
+      c.expect_rank(1, 2);
+      const int64_t in = c.shape(0).back(), out = c.shape(1)[0];
+      if (c.shape(1)[1] != in)
+        c.fail("x has ", in, " features but w is ", shape_str(c.shape(1)), " ([out, in] expected)");
+      if (c.n() == 4 && c.shape(3) != Shape{out})
+        c.fail("b must have shape [", out, "], got ", shape_str(c.shape(3)));
+      Shape s = c.shape(0);
+      s.back() = out;
+      if (c.shape(2) != s) c.fail("r must have y's shape ", shape_str(s), ", got ", shape_str(c.shape(2)));
+      return std::vector<TensorType>{{c.type(0).dtype, s}};
+    };
+    d.flops = def(t, Op::linear).flops;
+  }
+  {
     OpDef& d = def(t, Op::matmul_act_grad);
     d.name = "matmul_act_grad";
     d.inputs = {"dy", "w", "aux"};

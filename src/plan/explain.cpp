@@ -17,7 +17,8 @@ namespace {
 
 bool is_library(Op op) {
   switch (op) {
-    case Op::matmul: case Op::linear: case Op::linear_act: case Op::linear_act_aux: case Op::matmul_act_grad:
+    case Op::matmul: case Op::linear: case Op::linear_act: case Op::linear_act_aux: case Op::linear_add:
+    case Op::matmul_act_grad:
     case Op::linear_grad_weight_bias: case Op::conv2d: case Op::conv2d_grad_input: case Op::conv2d_grad_weight:
     case Op::conv2d_bn: case Op::batch_norm: case Op::batch_norm_grad:
       return true;
@@ -48,6 +49,7 @@ std::string covers(const PlanStep& s) {
       return c;
     }
     case Op::linear_act: case Op::linear_act_aux: return "linear+" + act;
+    case Op::linear_add: return "linear+add";
     case Op::matmul_act_grad: return "matmul+" + act + "_grad";
     case Op::linear_grad_weight_bias: return "weight_grad+bias_grad";
     case Op::cross_entropy_with_grad: return "cross_entropy+cross_entropy_grad";
@@ -81,6 +83,8 @@ std::string why(const PlanStep& s) {
     }
     case Op::linear_act: case Op::linear_act_aux:
       return "fused: bias and activation on the GEMM's output before it is stored (epilogue, or split if faster)";
+    case Op::linear_add:
+      return "fused: the residual read by the GEMM (beta = 1) and added to its output before it is stored";
     case Op::matmul_act_grad: return "fused: the activation's derivative applied to the GEMM's output before it is stored";
     case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";

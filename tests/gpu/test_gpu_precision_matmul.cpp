@@ -156,6 +156,42 @@ TEST(GpuPrecisionMatmul, LinearWithAndWithoutBiasMatchesTheCpu) {
       }
 }
 
+// A residual added by the GEMM (linear_add: cuBLASLt's C with beta = 1, with and without
+// BIAS; and the split variant, GEMM then add), at f32, bf16 and f16, on the shapes above
+// and through a reshape of the GEMM's output: values and the gradients of x, w, b and the
+// residual.
+TEST(GpuPrecisionMatmul, ResidualAddedByTheGemmMatchesTheCpu) {
+  struct Case {
+    Shape x;
+    int64_t out;
+    bool view;  // the add reads the linear's output reshaped to [x's rows..., out]
+  };
+  const std::vector<Case> cases = {
+      {{kOdd.m, kOdd.k}, kOdd.n, false}, {{kLarge.m, kLarge.k}, kLarge.n, false}, {{4, 5, 8}, 8, true}};
+  for (CompareOptions base : {gpu_testing::f32(), gpu_testing::bf16(), gpu_testing::f16()})
+    for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split})
+      for (const Case& t : cases)
+        for (bool bias : {false, true}) {
+          SCOPED_TRACE(std::string(precision_name(base.precision)) + " " + shape_str(t.x) + " -> " +
+                       std::to_string(t.out) + (bias ? " with bias" : " without bias") +
+                       (e == EpiloguePolicy::fused ? ", fused" : ", split") + (t.view ? ", through a view" : ""));
+          CompareOptions o = base;
+          o.epilogue = e;
+          compare_with_cpu(
+              [&](GpuCase& c) {
+                Var x = c.param("x", t.x);
+                Var w = c.param("w", {t.out, t.x.back()});
+                Shape ys = t.x;
+                ys.back() = t.out;
+                Var r = c.param("r", ys);
+                if (!t.view) return add(r, bias ? linear(x, w, c.param("b", {t.out})) : linear(x, w));
+                Var flat = reshape(x, {numel(t.x) / t.x.back(), t.x.back()});
+                return add(reshape(bias ? linear(flat, w, c.param("b", {t.out})) : linear(flat, w), ys), r);
+              },
+              o);
+        }
+}
+
 namespace {
 
 const std::vector<Mlp>& mlps() {

@@ -35,19 +35,27 @@ void matmul(const KernelArgs& x) {
   });
 }
 
-void linear(const KernelArgs& x) {
+// y = x w^T (+ b) (+ r): linear's inputs x, w, b?; linear_add's x, w, r, b?.
+void linear_rows(const KernelArgs& x, const TensorView* b, const TensorView* r) {
   int64_t in = x.in[1].shape()[1], out = x.in[1].shape()[0];
   int64_t rows = x.in[0].numel() / in;
   dispatch_float(x.in[0].dtype(), [&]<class T>() {
     T* y = x.out[0].as<T>();
     gemm(false, true, rows, out, in, x.in[0].as<T>(), x.in[1].as<T>(), T(0), y);
-    if (x.in.size() == 3) {
-      const T* b = x.in[2].as<T>();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < out; ++j) y[r * out + j] += b[j];
+    if (b) {
+      const T* bv = b->as<T>();
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < out; ++j) y[i * out + j] += bv[j];
+    }
+    if (r) {
+      const T* rv = r->as<T>();
+      for (int64_t i = 0; i < rows * out; ++i) y[i] += rv[i];
     }
   });
 }
+
+void linear(const KernelArgs& x) { linear_rows(x, x.in.size() == 3 ? &x.in[2] : nullptr, nullptr); }
+void linear_add(const KernelArgs& x) { linear_rows(x, x.in.size() == 4 ? &x.in[3] : nullptr, &x.in[2]); }
 
 // dw = dy^T x, db = column sums of dy (double accumulation).
 void linear_grad_weight_bias(const KernelArgs& a) {
@@ -114,6 +122,7 @@ void register_matmul(KernelTable& t) {
   set(t, Op::matmul, matmul);
   set(t, Op::linear, linear);
   set(t, Op::linear_grad_weight_bias, linear_grad_weight_bias);
+  set(t, Op::linear_add, linear_add);
 }
 
 }  // namespace seam::cpu

@@ -87,7 +87,8 @@ struct GemmPlan {
   cublasStatus_t run(const cublasLtMatmulAlgo_t& al, void* ws, size_t ws_bytes, cudaStream_t s) const {
     static const float one = 1.0f, zero = 0.0f;
     for (const GemmOperands& c : calls) {
-      cublasStatus_t st = cublasLtMatmul(lt, desc, &one, c.a, a, c.b, b, &zero, c.d, d, c.d, d, &al, ws, ws_bytes, s);
+      cublasStatus_t st = cublasLtMatmul(lt, desc, &one, c.a, a, c.b, b, c.c ? &one : &zero, c.c ? c.c : c.d, d, c.d,
+                                         d, &al, ws, ws_bytes, s);
       if (st != CUBLAS_STATUS_SUCCESS) return st;
     }
     return CUBLAS_STATUS_SUCCESS;
@@ -193,7 +194,7 @@ std::string describe(const GemmShape& g, bool tf32, const std::string& what) {
     << " op(B)=" << (g.trans_b ? "T" : "N") << " lda=" << g.lda << " ldb=" << g.ldb << " ldc=" << g.ldc;
   if (g.batch > 1) s << " batch=" << g.batch << " strides=" << g.stride_a << "," << g.stride_b << "," << g.stride_c;
   s << " epilogue=" << epilogue_name(g.epilogue) << " A/B " << dtype_name(g.ab_type) << " D " << dtype_name(g.d_type)
-    << (tf32 ? " (TF32)" : " (FP32 accumulate)");
+    << (tf32 ? " (TF32)" : " (FP32 accumulate)") << (g.accumulate ? " beta=1" : "");
   return s.str();
 }
 
@@ -258,6 +259,7 @@ std::shared_ptr<GemmPlan> plan_gemm(Context& ctx, const GemmShape& g, std::vecto
   SEAM_ASSERT(uses_aux(g.epilogue) == (epi.aux != nullptr) && uses_bias(g.epilogue) == (epi.bias != nullptr));
   SEAM_ASSERT(g.batch == 1 || g.epilogue == CUBLASLT_EPILOGUE_DEFAULT);
   SEAM_ASSERT(g.d_type == g.ab_type || g.d_type == DType::f32);
+  for (const GemmOperands& c : calls) SEAM_ASSERT(g.accumulate == (c.c != nullptr) && c.c != c.d);
   // TF32 is a rounding of f32 inputs: 16-bit ones reach the tensor cores as they are.
   const bool tf32 = ctx.tf32 && g.ab_type == DType::f32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -313,7 +315,7 @@ std::shared_ptr<GemmPlan> plan_gemm(Context& ctx, const GemmShape& g, std::vecto
   for (const GemmOperands& c : p->calls) {
     bits_a |= reinterpret_cast<uintptr_t>(c.a);
     bits_b |= reinterpret_cast<uintptr_t>(c.b);
-    bits_d |= reinterpret_cast<uintptr_t>(c.d);
+    bits_d |= reinterpret_cast<uintptr_t>(c.d) | reinterpret_cast<uintptr_t>(c.c);  // C shares D's alignment
   }
   if (g.batch > 1) {
     bits_a |= static_cast<uint64_t>(g.stride_a) * ab_size;
@@ -328,7 +330,7 @@ std::shared_ptr<GemmPlan> plan_gemm(Context& ctx, const GemmShape& g, std::vecto
   const KeyValues kv = {g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b,
                         g.stride_c, static_cast<int64_t>(type), static_cast<int64_t>(d_type),
                         static_cast<int64_t>(compute), static_cast<int64_t>(epilogue), epi.aux ? g.aux_ld : 0,
-                        epi.bias != nullptr, align_a, align_b, align_d, align_bias, align_aux};
+                        epi.bias != nullptr, align_a, align_b, align_d, align_bias, align_aux, g.accumulate};
   const std::string key = key_text(kv);
 
   GemmCache::Impl& cache = ctx.gemm_cache->impl();
@@ -461,6 +463,7 @@ Launch try_prepare_gemm(Context& ctx, const GemmShape& g, std::vector<GemmOperan
 }
 
 GemmRun prepare_gemm_run(Context& ctx, const GemmShape& g, std::vector<GemmOperands> calls, const std::string& what) {
+  SEAM_ASSERT(!g.accumulate);
   std::shared_ptr<const GemmPlan> plan = plan_gemm(ctx, g, std::move(calls), {}, what, nullptr);
   Context* c = &ctx;
   return [plan, c](const GemmOperands& o, cudaStream_t s) {

@@ -63,7 +63,10 @@ inline constexpr int kGemmCandidates = 16;
 // A + i * stride_a, B + i * stride_b and writes D + i * stride_c (elements; a stride of 0
 // broadcasts that operand). A and B are stored as ab_type (f32, bf16 or f16), D as d_type
 // (ab_type, or f32 from 16-bit A and B); products accumulate in fp32 (TF32 tensor cores
-// only for f32 A and B under ctx.tf32). C is D with beta = 0. An epilogue's bias (read
+// only for f32 A and B under ctx.tf32). C is D with beta = 0, or with `accumulate` a
+// matrix of its own laid out like D (GemmOperands::c) with beta = 1: D = C + the product,
+// before the epilogue's activation (a residual added by the GEMM that reads it anyway).
+// An epilogue's bias (read
 // or written) and gelu aux have D's type: cuBLASLt's default for these types, and the
 // only one it takes (an f32 bias with a bf16 D is INVALID_VALUE), so a preparer whose
 // bias has another type adds it with a kernel of its own.
@@ -81,6 +84,7 @@ struct GemmShape {
   // Leading dimension of the epilogue's auxiliary matrix (laid out like D): bits for the
   // relu mask (a multiple of 128), elements for gelu's pre-activation (a multiple of 8).
   int64_t aux_ld = 0;
+  bool accumulate = false;  // beta = 1 with GemmOperands::c
 };
 
 // The buffers of one run of the GEMM.
@@ -88,6 +92,7 @@ struct GemmOperands {
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;
+  const void* c = nullptr;  // GemmShape::accumulate: D's addend (D's layout and type; not D)
 };
 
 // The epilogue's vectors, fixed in the descriptor: bias (BIAS*: read, length m; BGRADB:

@@ -21,9 +21,9 @@ namespace seam::cuda {
 // prefix on disk. type and dtype: the cudaDataType_t of A/B and of C/D (a bias or gelu aux
 // has D's type, see gemm.h).
 
-constexpr std::array<const char*, 23> kKeyNames = {
+constexpr std::array<const char*, 24> kKeyNames = {
     "ta",   "tb",    "m",       "n",   "k",     "lda",  "ldb", "ldc", "batch", "sa",    "sb",  "sc",
-    "type", "dtype", "compute", "epi", "auxld", "bias", "aa",  "ab",  "ad",    "abias", "aaux"};
+    "type", "dtype", "compute", "epi", "auxld", "bias", "aa",  "ab",  "ad",    "abias", "aaux", "beta"};
 constexpr size_t kKeyFields = kKeyNames.size();
 using KeyValues = std::array<int64_t, kKeyFields>;
 
