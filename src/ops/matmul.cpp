@@ -29,6 +29,21 @@ MatmulDims matmul_dims(const InferCtx& c) {
   return {*batch, m, n, ka};
 }
 
+// y's type for x [..., in] and w [out, in] (inputs 0 and 1), with b [out] at input `bias`
+// where the node has one: linear's and linear_add's.
+TensorType linear_y(const InferCtx& c, size_t bias) {
+  c.expect_float(0);
+  c.expect_same_dtype();
+  if (c.shape(0).empty()) c.fail("x needs rank >= 1");
+  c.expect_rank(1, 2);
+  const int64_t in = c.shape(0).back(), out = c.shape(1)[0];
+  if (c.shape(1)[1] != in) c.fail("x has ", in, " features but w is ", shape_str(c.shape(1)), " ([out, in] expected)");
+  if (c.n() > bias && c.shape(bias) != Shape{out}) c.fail("b must have shape [", out, "], got ", shape_str(c.shape(bias)));
+  Shape s = c.shape(0);
+  s.back() = out;
+  return {c.type(0).dtype, s};
+}
+
 }  // namespace
 
 void register_fused_matmul(OpTable& t);
@@ -84,20 +99,7 @@ void register_matmul(OpTable& t) {
     d.inputs = {"x", "w", "b?"};
     d.outputs = {"y"};
     d.doc = "y = x w^T + b, w [out, in]";
-    d.infer = [](const InferCtx& c) {
-      c.expect_float(0);
-      c.expect_same_dtype();
-      if (c.shape(0).empty()) c.fail("x needs rank >= 1");
-      c.expect_rank(1, 2);
-      int64_t in = c.shape(0).back(), out = c.shape(1)[0];
-      if (c.shape(1)[1] != in)
-        c.fail("x has ", in, " features but w is ", shape_str(c.shape(1)), " ([out, in] expected)");
-      if (c.n() == 3 && c.shape(2) != Shape{out})
-        c.fail("b must have shape [", out, "], got ", shape_str(c.shape(2)));
-      Shape s = c.shape(0);
-      s.back() = out;
-      return std::vector<TensorType>{{c.type(0).dtype, s}};
-    };
+    d.infer = [](const InferCtx& c) { return std::vector<TensorType>{linear_y(c, 2)}; };
     d.flops = [](const OpCostCtx& c) {
       return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(c.in[1].shape[1]);
     };
@@ -186,19 +188,9 @@ void register_fused_matmul(OpTable& t) {
     d.outputs = {"y"};
     d.doc = "y = x w^T + b + r, r of y's type: a residual added by the GEMM as it stores y (made by fusion)";
     d.infer = [](const InferCtx& c) {
-      c.expect_float(0);
-      c.expect_same_dtype();
-      if (c.shape(0).empty()) c.fail("x needs rank >= 1");
-      c.expect_rank(1, 2);
-      const int64_t in = c.shape(0).back(), out = c.shape(1)[0];
-      if (c.shape(1)[1] != in)
-        c.fail("x has ", in, " features but w is ", shape_str(c.shape(1)), " ([out, in] expected)");
-      if (c.n() == 4 && c.shape(3) != Shape{out})
-        c.fail("b must have shape [", out, "], got ", shape_str(c.shape(3)));
-      Shape s = c.shape(0);
-      s.back() = out;
-      if (c.shape(2) != s) c.fail("r must have y's shape ", shape_str(s), ", got ", shape_str(c.shape(2)));
-      return std::vector<TensorType>{{c.type(0).dtype, s}};
+      const TensorType y = linear_y(c, 3);
+      if (c.shape(2) != y.shape) c.fail("r must have y's shape ", shape_str(y.shape), ", got ", shape_str(c.shape(2)));
+      return std::vector<TensorType>{y};
     };
     d.flops = def(t, Op::linear).flops;
   }
