@@ -156,10 +156,10 @@ TEST(GpuPrecisionMatmul, LinearWithAndWithoutBiasMatchesTheCpu) {
       }
 }
 
-// A residual added by the GEMM (linear_add: cuBLASLt's C with beta = 1, with and without
-// BIAS; and the split variant, GEMM then add), at f32, bf16 and f16, on the shapes above
-// and through a reshape of the GEMM's output: values and the gradients of x, w, b and the
-// residual. Not f32 at the large shape: its K = 512 dot products cancel to within f32's
+// A residual added by the GEMM (linear_add: cuBLASLt's C with beta = 1, and the split
+// variant, GEMM then add), at f32, bf16 and f16, on the shapes above and through a reshape
+// of the GEMM's output: values and the gradients of x, w and the residual; with a bias the
+// linear and the add stay apart (residual_adds_into_linears), compared as such. Not f32 at the large shape: its K = 512 dot products cancel to within f32's
 // absolute tolerance of 0 in places, in the plain GEMMs of the gradients as well.
 TEST(GpuPrecisionMatmul, ResidualAddedByTheGemmMatchesTheCpu) {
   struct Case {
