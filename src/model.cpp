@@ -108,6 +108,31 @@ std::optional<LayoutPolicy> parse_layout_policy(std::string_view name) {
   return std::nullopt;
 }
 
+const char* epilogue_policy_name(EpiloguePolicy p) {
+  switch (p) {
+    case EpiloguePolicy::fastest: return "fastest";
+    case EpiloguePolicy::fused: return "fused";
+    case EpiloguePolicy::split: return "split";
+    case EpiloguePolicy::split_t: return "split_t";
+  }
+  return "?";
+}
+
+constexpr EpiloguePolicy kEpiloguePolicies[] = {EpiloguePolicy::fastest, EpiloguePolicy::fused,
+                                                EpiloguePolicy::split, EpiloguePolicy::split_t};
+
+std::optional<EpiloguePolicy> parse_epilogue_policy(std::string_view name) {
+  for (EpiloguePolicy p : kEpiloguePolicies)
+    if (name == epilogue_policy_name(p)) return p;
+  return std::nullopt;
+}
+
+std::vector<std::string> epilogue_policy_names() {
+  std::vector<std::string> names;
+  for (EpiloguePolicy p : kEpiloguePolicies) names.emplace_back(epilogue_policy_name(p));
+  return names;
+}
+
 std::vector<std::string> layout_policy_names() {
   std::vector<std::string> names;
   for (LayoutPolicy p : {LayoutPolicy::automatic, LayoutPolicy::nchw, LayoutPolicy::nhwc})

@@ -107,6 +107,9 @@ Device default_device();
 // ("split"). Or whichever is fastest for its shape, timed once and cached (CUDA).
 // Forcing split_t gives split where a step has no such variant.
 enum class EpiloguePolicy { fastest, fused, split, split_t };
+const char* epilogue_policy_name(EpiloguePolicy p);
+std::optional<EpiloguePolicy> parse_epilogue_policy(std::string_view name);  // "fastest", "fused", ...
+std::vector<std::string> epilogue_policy_names();  // for messages and flag checks
 
 // Where convolutions run channels-last (the layout pass, src/passes/layout.h). automatic:
 // nhwc on CUDA at tf32, bf16 and f16, where cuDNN's implicit-GEMM kernels on tensor cores

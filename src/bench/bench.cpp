@@ -161,10 +161,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
   }
   const Var loss = g.var(loss_id);
   const std::optional<size_t> used_before = dev == Device::cuda ? cuda_device_used_bytes() : std::nullopt;
-  const EpiloguePolicy epilogue = o.epilogue == "fused"     ? EpiloguePolicy::fused
-                                  : o.epilogue == "split"   ? EpiloguePolicy::split
-                                  : o.epilogue == "split_t" ? EpiloguePolicy::split_t
-                                                            : EpiloguePolicy::fastest;
+  const EpiloguePolicy epilogue = parse_epilogue_policy(o.epilogue).value_or(EpiloguePolicy::fastest);
   const Precision precision = o.precision.value_or(w.precision);
   Model m(g, {.seed = 1,
               .device = dev,

@@ -184,11 +184,11 @@ void register_fused_matmul(OpTable& t) {
   {
     OpDef& d = def(t, Op::linear_add);
     d.name = "linear_add";
-    d.inputs = {"x", "w", "r"};
+    d.inputs = {"x", "w", "r", "b?"};
     d.outputs = {"y"};
-    d.doc = "y = x w^T + r, r of y's type: a residual added by the GEMM as it stores y (made by fusion)";
+    d.doc = "y = x w^T + b + r, r of y's type: a residual added by the GEMM as it stores y (made by fusion)";
     d.infer = [](const InferCtx& c) {
-      const TensorType y = linear_y(c, 3);  // no bias
+      const TensorType y = linear_y(c, 3);
       if (c.shape(2) != y.shape) c.fail("r must have y's shape ", shape_str(y.shape), ", got ", shape_str(c.shape(2)));
       return std::vector<TensorType>{y};
     };

@@ -36,10 +36,10 @@ bool without_activation(const Node& n);
 // `keep`: values that must survive as they are (requested outputs, pinned gradients).
 FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 
-// Residual adds into GEMMs: add(r, y) where y = linear(x, w) (no bias) is read
-// by nothing else (directly or through one reshape) and r has the sum's type becomes
-// linear_add(x, w, r): the GEMM reads r as its C (beta = 1) and stores the sum, the add's
-// kernel and its pass over three tensors gone. (src/passes/fuse_residual.cpp)
+// Residual adds into GEMMs: add(r, y) where y = linear(x, w, b) is read by nothing else
+// (directly or through one reshape) and r has the sum's type becomes linear_add(x, w, r,
+// b): the GEMM reads r as its C (beta = 1) and stores the sum, the add's kernel and its
+// pass over three tensors gone. (src/passes/fuse_residual.cpp)
 FuseResult residual_adds_into_linears(const Graph& g, const std::vector<ValueId>& keep);
 
 // Transposes into GEMMs: a matmul operand made by a transpose of its last two dims (and

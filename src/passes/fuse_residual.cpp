@@ -10,7 +10,7 @@ namespace seam {
 namespace {
 
 struct ResidualFusion {
-  int linear = -1;  // y = linear(x, w)
+  int linear = -1;  // y = linear(x, w, b?)
   int view = -1;    // a reshape of y between the linear and the add, if any
   ValueId r = -1;   // the add's other operand
 };
@@ -45,10 +45,7 @@ FuseResult residual_adds_into_linears(const Graph& g, const std::vector<ValueId>
         p = node_of(y);
         if (p < 0 || only_user(users, keep, y) != f.view || gone[static_cast<size_t>(p)]) continue;
       }
-      // Not with a bias: W6's parity check drifted from the float64 curve (twice as far as
-      // PyTorch's) with its biased projections fused (BIAS with beta = 1), whose biases are
-      // 0 at the first step, where everything agreed (docs/perf.md, 2026-12-04).
-      if (nodes[static_cast<size_t>(p)].op != Op::linear || nodes[static_cast<size_t>(p)].in.size() != 2) continue;
+      if (nodes[static_cast<size_t>(p)].op != Op::linear) continue;
       f.linear = p;
       f.r = a.in[static_cast<size_t>(1 - side)];
       gone[static_cast<size_t>(p)] = true;
@@ -77,6 +74,7 @@ FuseResult residual_adds_into_linears(const Graph& g, const std::vector<ValueId>
     ValueId addend = mapped(r, f.r);
     if (f.view >= 0) addend = ng.add(Op::reshape, {addend}, {{"shape", shape}})[0];
     in = {mapped(r, lin.in[0]), mapped(r, lin.in[1]), addend};
+    if (lin.in.size() == 3) in.push_back(mapped(r, lin.in[2]));
     const ValueId sum = ng.add_named(Op::linear_add, in, {}, g.value(f.view >= 0 ? y : n.out[0]).name)[0];
     r.map[static_cast<size_t>(y)] = sum;
     if (f.view >= 0) {

@@ -49,7 +49,8 @@ int run_step(const StepOptions& o) {
                          .precision = spec.precision,
                          .precision_overrides = bg.overrides,
                          .master_weights = spec.master_weights,
-                         .layout = spec.layout});
+                         .layout = spec.layout,
+                         .epilogue = o.epilogue});
   io::load_initial(model, bg);
   Program p = model.compile({.loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.logits}, .recompute = spec.recompute});
 
@@ -94,6 +95,7 @@ int run_step(const StepOptions& o) {
                                     {"device", device_name(model.device())},
                                     {"precision", precision_name(spec.precision)},
                                     {"layout", layout_policy_name(spec.layout)},
+                                    {"epilogue", epilogue_policy_name(o.epilogue)},
                                     {"seed", spec.seed},
                                     {"data_seed", o.data_seed},
                                     {"steps_per_epoch", steps_per_epoch},

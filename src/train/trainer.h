@@ -101,6 +101,7 @@ struct StepOptions {
   std::string device = "auto";
   std::optional<Precision> precision;  // overrides the model file's
   std::optional<LayoutPolicy> layout;
+  EpiloguePolicy epilogue = EpiloguePolicy::fastest;
   uint64_t data_seed = 0;
   int64_t steps = 1;  // the first written out; each loss in step.json's "losses"
 };

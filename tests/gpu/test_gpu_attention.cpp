@@ -242,5 +242,17 @@ TEST(GpuGpt, OneStepMatchesTheCpuInBf16) {
   compare_with_cpu(tiny_gpt, CompareOptions(Precision::bf16, {1e-2, 1e9, 1e9}));
 }
 
+// Each forced epilogue policy: the GEMMs' fused or split variants (the residual
+// projections' linear_add among them), and attention's kernels, which are no epilogue's
+// and stay chosen by time.
+TEST(GpuGpt, OneStepMatchesTheCpuUnderEachEpiloguePolicy) {
+  for (EpiloguePolicy e : {EpiloguePolicy::fused, EpiloguePolicy::split, EpiloguePolicy::split_t}) {
+    SCOPED_TRACE(epilogue_policy_name(e));
+    CompareOptions o(Precision::bf16, {1e-2, 1e9, 1e9});
+    o.epilogue = e;
+    compare_with_cpu(tiny_gpt, o);
+  }
+}
+
 }  // namespace
 }  // namespace seam::gpu_testing

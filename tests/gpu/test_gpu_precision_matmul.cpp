@@ -156,10 +156,10 @@ TEST(GpuPrecisionMatmul, LinearWithAndWithoutBiasMatchesTheCpu) {
       }
 }
 
-// A residual added by the GEMM (linear_add: cuBLASLt's C with beta = 1, and the split
-// variant, GEMM then add), at f32, bf16 and f16, on the shapes above and through a reshape
-// of the GEMM's output: values and the gradients of x, w and the residual; with a bias the
-// linear and the add stay apart (residual_adds_into_linears), compared as such. Not f32 at the large shape: its K = 512 dot products cancel to within f32's
+// A residual added by the GEMM (linear_add: cuBLASLt's C with beta = 1, with and without
+// BIAS; and the split variant, GEMM then add), at f32, bf16 and f16, on the shapes above
+// and through a reshape of the GEMM's output: values and the gradients of x, w, b and the
+// residual. Not f32 at the large shape: its K = 512 dot products cancel to within f32's
 // absolute tolerance of 0 in places, in the plain GEMMs of the gradients as well.
 TEST(GpuPrecisionMatmul, ResidualAddedByTheGemmMatchesTheCpu) {
   struct Case {
@@ -501,4 +501,47 @@ TEST(GpuPrecisionGemmCache, SixteenBitGemmsAreChosenApartFromF32) {
   EXPECT_EQ(f16, f32);
   EXPECT_EQ(bf16_picks, 1);
   EXPECT_EQ(f16_picks, 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// A residual and a bias added by one GEMM at a language model's shapes
+
+// linear_add with a bias (cuBLASLt's BIAS epilogue with beta = 1) on GPT-2 124M's residual
+// projections, 16384 tokens of 768 and of 3072 features into 768: the shapes at which
+// cuBLASLt picks its own kernels, not the small ones above. A CPU model of this size takes
+// minutes, so every 61st row is checked on the host, in double, from the same bf16 inputs.
+TEST(GpuPrecisionMatmul, BiasAndResidualAddedByTheGemmAtLanguageModelShapes) {
+  constexpr int64_t kRows = 16384, kOut = 768, kStride = 61;
+  for (int64_t in : {int64_t{768}, int64_t{3072}})
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::to_string(kRows) + " x " + std::to_string(in) + " -> " + std::to_string(kOut) +
+                   (with_bias ? " with bias" : " without bias"));
+      Direct d(DType::bf16);
+      Var x = d.input("x", {kRows, in}), w = d.input("w", {kOut, in}), r = d.input("r", {kRows, kOut});
+      d.out(with_bias ? d.op(Op::linear_add, {x, w, r, d.input("b", {kOut})})[0] : d.op(Op::linear_add, {x, w, r})[0]);
+      const DirectRun gpu = run_direct(d, Device::cuda, EpiloguePolicy::fused);
+      for (auto& [op, what] : gpu.choices) {
+        if (op == Op::linear_add) {
+          EXPECT_EQ(what, "fused (forced)");
+        }
+      }
+      auto fed = [&](const char* name) {
+        for (auto& [n, bytes] : d.feeds)
+          if (n == name) return floats_of(bytes, DType::bf16);
+        ADD_FAILURE() << name;
+        return std::vector<float>{};
+      };
+      const std::vector<float> xs = fed("x"), ws = fed("w"), rs = fed("r");
+      const std::vector<float> bs = with_bias ? fed("b") : std::vector<float>(kOut, 0.0f);
+      std::vector<float> got, want;
+      for (int64_t i = 0; i < kRows; i += kStride)
+        for (int64_t j = 0; j < kOut; ++j) {
+          double s = double{rs[static_cast<size_t>(i * kOut + j)]} + bs[static_cast<size_t>(j)];
+          for (int64_t k = 0; k < in; ++k)
+            s += double{xs[static_cast<size_t>(i * in + k)]} * ws[static_cast<size_t>(j * in + k)];
+          want.push_back(static_cast<float>(s));
+          got.push_back(gpu.values[0][static_cast<size_t>(i * kOut + j)]);
+        }
+      seam::gpu_testing::expect_close(got, want, Tolerance::bf16(), "sampled rows of y");
+    }
 }

@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
   train->add_flag("--json", json, "print JSON lines (one per step and per epoch) instead of text");
 
   seam::train::StepOptions so;
-  std::string step_precision, step_layout;
+  std::string step_precision, step_layout, step_epilogue = "fastest";
   auto* step = app.add_subcommand(
       "step", "run one training step of a model file on a random batch and write it out (for bench/torch_twin.py); "
       "--steps: the loss curve of more steps on that batch");
@@ -275,6 +275,10 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::precision_names()));
   step->add_option("--layout", step_layout, layout_help + " (default: the model file's)")
       ->check(one_of(seam::layout_policy_names()));
+  step->add_option("--epilogue", step_epilogue,
+                   "GEMMs with a fused bias/activation/residual: the faster of epilogue and separate kernels per "
+                   "shape (fastest), or always one of them (to check one against the other)")
+      ->check(one_of(seam::epilogue_policy_names()));
   step->add_option("--data-seed", so.data_seed, "seed of the random batch")->transform(whole<uint64_t>(0));
   step->add_option("--steps", so.steps,
                    "steps on the same batch (the first written out, every loss in step.json's \"losses\")")
@@ -366,7 +370,7 @@ int main(int argc, char** argv) {
   bench->add_option("--epilogue", bo.epilogue,
                     "GEMMs with a fused bias/activation: the faster of epilogue and separate kernels per shape "
                     "(fastest), or always one of them")
-      ->check(one_of({"fastest", "fused", "split", "split_t"}));
+      ->check(one_of(seam::epilogue_policy_names()));
   bench->add_option("--fusion", bo.fusion,
                     "which fusions run: all, epilogues (GEMM epilogues and the loss, no elementwise groups) or none")
       ->check(one_of({"all", "epilogues", "none"}));
@@ -484,6 +488,7 @@ int main(int argc, char** argv) {
     if (*step) {
       so.precision = precision_of(step_precision);
       so.layout = layout_of(step_layout);
+      so.epilogue = *seam::parse_epilogue_policy(step_epilogue);
       return seam::train::run_step(so);
     }
     if (*tokenize) {

@@ -35,7 +35,7 @@ void matmul(const KernelArgs& x) {
   });
 }
 
-// y = x w^T (+ b) (+ r): linear's inputs x, w, b?; linear_add's x, w, r.
+// y = x w^T (+ b) (+ r): linear's inputs x, w, b?; linear_add's x, w, r, b?.
 void linear_rows(const KernelArgs& x, const TensorView* b, const TensorView* r) {
   int64_t in = x.in[1].shape()[1], out = x.in[1].shape()[0];
   int64_t rows = x.in[0].numel() / in;
@@ -55,7 +55,7 @@ void linear_rows(const KernelArgs& x, const TensorView* b, const TensorView* r) 
 }
 
 void linear(const KernelArgs& x) { linear_rows(x, x.in.size() == 3 ? &x.in[2] : nullptr, nullptr); }
-void linear_add(const KernelArgs& x) { linear_rows(x, nullptr, &x.in[2]); }
+void linear_add(const KernelArgs& x) { linear_rows(x, x.in.size() == 4 ? &x.in[3] : nullptr, &x.in[2]); }
 
 // dw = dy^T x, db = column sums of dy (double accumulation).
 void linear_grad_weight_bias(const KernelArgs& a) {

@@ -527,9 +527,11 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
     const Variant* v = named(ctx.epilogue == EpiloguePolicy::fused ? "fused" : "split");
     if (ctx.epilogue == EpiloguePolicy::split_t && named("split_t")) v = named("split_t");
     if (!v) v = named("split");
-    SEAM_ASSERT(v != nullptr);
-    ctx.choices.emplace_back(step, v->name + " (forced" + note_missing + ")");
-    return keep(v);
+    if (v) {
+      ctx.choices.emplace_back(step, v->name + " (forced" + note_missing + ")");
+      return keep(v);
+    }
+    // Variants that are not an epilogue's (attention's kernels): chosen as under fastest.
   }
   if (variants.size() == 1) {  // nothing to time, and no pick to keep
     ctx.choices.emplace_back(step, variants[0].name + " (only one" + note_missing + ")");

@@ -349,21 +349,36 @@ Launch linear(const StepArgs& a) {
   return linear_gemm(a, linear_shape(rows, in, out, t), bias ? &a.in[2] : nullptr, a.out[0]);
 }
 
-// linear_add: y = x w^T + r. Fused: the GEMM reads r as its C with beta = 1, so r is added
-// as y is stored; split: the GEMM, then y += r by the add kernel (a third pass over y).
+// linear_add: y = x w^T + b + r. Fused: the GEMM reads r as its C with beta = 1 (with
+// BIAS where cuBLASLt takes the bias), so r is added as y is stored; split: linear's
+// GEMM, then y += r by the add kernel (a third pass over y).
 Launch linear_add(const StepArgs& a) {
   const DeviceTensor &y = a.out[0], &r = a.in[2];
-  const Types t = gemm_types(a, {&a.in[0], &a.in[1], &r}, {&y});
+  const DeviceTensor* b = a.in.size() == 4 ? &a.in[3] : nullptr;
+  const Types t = gemm_types(a, {&a.in[0], &a.in[1], &r}, {&y}, b);
   const int64_t out = a.in[1].shape()[0], in = a.in[1].shape()[1];
   const int64_t rows = in ? a.in[0].numel() / in : 0;
   if (y.numel() == 0) return nothing();
   if (in == 0) fail(what_of(a), ": the CUDA backend does not handle in_features = 0");
-  GemmShape g = linear_shape(rows, in, out, t);
-  Launch split = in_order({linear_gemm(a, g, nullptr, y), prepare_as_step(a, Op::add, {}, {y, r}, {y})});
-  g.accumulate = true;
+  const GemmShape g = linear_shape(rows, in, out, t);
+  Launch split = in_order({linear_gemm(a, g, b, y), prepare_as_step(a, Op::add, {}, {y, r}, {y})});
+  GemmShape ga = g;
+  ga.accumulate = true;
+  GemmEpilogueData e;
+  Launch fused;
   std::string why;
-  Launch fused = try_prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(y), r.data}}, {}, what_of(a), &why);
-  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out}, t), {{"fused", fused, {}, why}, {"split", split}});
+  if (b && b->dtype() != y.dtype()) {
+    why = std::string("the epilogue takes no ") + dtype_name(b->dtype()) + " bias with " + dtype_name(y.dtype()) +
+          " output";
+  } else {
+    if (b) {
+      ga.epilogue = CUBLASLT_EPILOGUE_BIAS;
+      e.bias = b->data;
+    }
+    fused = try_prepare_gemm(a.ctx, ga, {{at(a.in[1]), at(a.in[0]), at(y), r.data}}, e, what_of(a), &why);
+  }
+  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, b != nullptr}, t),
+                        {{"fused", fused, {}, why}, {"split", split}});
 }
 
 // linear_act: RELU_BIAS / GELU_BIAS (RELU / GELU without a bias). linear_act_aux: the
