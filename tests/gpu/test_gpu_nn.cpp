@@ -133,7 +133,9 @@ TEST(GpuLoss, CrossEntropyOnRowsOfTenAndAThousandClasses) {
 TEST(GpuLoss, CrossEntropyOnPaddedRows) {
   compare_cross_entropy({.shape = {32, 997}, .padding = 3});
   compare_cross_entropy({.shape = {8, 50257}, .smoothing = 0.1, .ignored = {2}, .padding = 47});
-  compare_cross_entropy({.shape = {7, 20000}, .ignored = {3}});  // held in registers, 16 packs a thread
+  compare_cross_entropy({.shape = {7, 20000}, .ignored = {3}});  // two f32 rows staged a block
+  compare_cross_entropy({.shape = {5, 50304}, .ignored = {2}});  // one f32 row staged (one buffer)
+  compare_cross_entropy({.shape = {3, 60000}, .ignored = {0}});  // a row past the shared memory: streamed
   compare_cross_entropy({.shape = {2, 5, 10}, .padding = 3});
 }
 

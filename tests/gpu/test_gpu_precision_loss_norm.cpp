@@ -243,6 +243,8 @@ TEST(GpuPrecisionLoss, CrossEntropyOnEachRowPath) {
   compare_cross_entropy({.shape = {7, 20000}, .smoothing = 0.1});
   compare_cross_entropy({.shape = {6, 50257}, .smoothing = 0.1, .ignored = {2}, .padding = 47});
   compare_cross_entropy({.shape = {300, 50304}, .smoothing = 0.1, .ignored = {3, 200, 201}});
+  // 60000 classes: one 16-bit row fits the shared memory, two do not (one buffer).
+  compare_cross_entropy({.shape = {5, 60000}, .smoothing = 0.1, .ignored = {1}});
 }
 
 TEST(GpuPrecisionLoss, CrossEntropyWithSmoothingAndIgnoredRows) {
