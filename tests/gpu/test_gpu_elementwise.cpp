@@ -1,8 +1,9 @@
 // The elementwise, reduction, shape and small ops on the GPU against the CPU: outputs and
 // the gradients of every parameter, on shapes that take each kernel path (float4 with and
-// without a scalar tail, collapsed broadcasts, warp/block/column reductions with and
-// without a second pass, tiled and strided transposes, widened copies), plus a bad
-// embedding id reported by the device and thrown on the host's next read.
+// without a scalar tail, collapsed broadcasts, row broadcasts in packs, warp/block/column
+// reductions with and without a second pass, tiled and strided transposes, widened
+// copies), plus a bad embedding id reported by the device and thrown on the host's next
+// read.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -83,7 +84,7 @@ TEST(GpuElementwise, EveryBinaryOpBroadcastsAndMatchesTheCpu) {
       {{1}, {1}},           {{3}, {3}},           {{3, 7}, {3, 7}},         {{3, 7}, {7}},
       {{3, 1}, {1, 7}},     {{1}, {2, 3, 7}},     {{2, 1, 3}, {7, 1}},      {{129}, {1}},
       {{1, 7}, {7}},        {{5, 1, 129}, {4, 1}}, {{1000, 1027}, {1000, 1027}}, {{999, 1027}, {999, 1027}},
-      {{512, 1024}, {1024}}, {{1000, 1}, {1000, 1027}},
+      {{512, 1024}, {1024}}, {{1000, 1}, {1000, 1027}}, {{1024}, {4, 3, 1024}}, {{6, 5, 12}, {5, 12}},
   };
   for (auto& [name, f] : ops)
     for (auto& [sa, sb] : pairs) {

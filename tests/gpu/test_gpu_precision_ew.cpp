@@ -167,6 +167,9 @@ TEST(GpuPrecisionEw, EveryBinaryOpBroadcastsAndMatchesTheCpu) {
       {{512, 1024}, {1024}},
       {{1000, 1}, {1000, 1027}},
       {{33, 17}, {1, 17}},
+      {{1024}, {4, 3, 1024}},  // rows, the repeated one first
+      {{6, 5, 24}, {5, 24}},   // rows of 120: 15 packs
+      {{6, 5, 12}, {5, 12}},   // rows of 60: not whole packs, strided
   };
   for (const Low& l : kLows)
     for (auto& [name, f] : binary_ops())

@@ -183,6 +183,33 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A row broadcast (a bias, positions over a batch): the output is rows of `inner` values,
+// and each operand either has all of them or one row that repeats (bit k of `repeats`).
+// Packs as ew_contiguous, inner a multiple of the pack: one division a pack where the
+// strided kernel takes one a dim per element.
+template <class G, class T>
+__global__ void __launch_bounds__(kThreads)
+    ew_rows(G g, Ptrs<G::kIn, T> in, T* out, int64_t nvec, int64_t inner_vec, unsigned repeats) {
+  constexpr int N = G::kIn;
+  constexpr int V = Pack<T>::kN;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+    const int64_t col = i % inner_vec;
+    Pack<T> v[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = reinterpret_cast<const Pack<T>*>(in.p[k])[repeats >> k & 1u ? col : i];
+    Pack<T> r;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      float a[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) a[k] = to_float(v[k].v[e]);
+      r.v[e] = from_float<T>(g(a));
+    }
+    reinterpret_cast<Pack<T>*>(out)[i] = r;
+  }
+}
+
 // Broadcasting operands: each output element finds its operands' offsets from its index.
 template <class G, class T, class I>
 __global__ void __launch_bounds__(kThreads)
@@ -266,6 +293,23 @@ Launch prepare_ew_as(const StepArgs& a, G g) {
       ew_contiguous<G, T><<<blocks, kThreads, 0, stream>>>(g, in, out, n, nvec);
       SEAM_CUDA_LAUNCH_CHECK();
     };
+  }
+  // Two dims, every operand walking the inner one: rows, each operand whole or repeated.
+  if (s.rank == 2 && s.size[0] % V == 0 && aligned16(out)) {
+    bool rows = true;
+    unsigned repeats = 0;
+    for (int k = 0; k < N; ++k) {
+      rows = rows && s.st[k][0] == 1 && (s.st[k][1] == s.size[0] || s.st[k][1] == 0) && aligned16(in.p[k]);
+      if (s.st[k][1] == 0) repeats |= 1u << k;
+    }
+    if (rows) {
+      const int64_t nvec = n / V, inner_vec = s.size[0] / V;
+      const unsigned blocks = blocks_for(nvec, kThreads, static_cast<int>(cap));
+      return [=](cudaStream_t stream) {
+        ew_rows<G, T><<<blocks, kThreads, 0, stream>>>(g, in, out, nvec, inner_vec, repeats);
+        SEAM_CUDA_LAUNCH_CHECK();
+      };
+    }
   }
   // 32-bit index arithmetic when every offset fits (the divisions are most of the cost).
   bool small = n < (int64_t{1} << 31);
