@@ -43,6 +43,8 @@ TOLERANCE = {
 # network with batch norms at 16 bits (or at a small batch) is that far from exact on
 # either side, and "as close to exact as PyTorch" is the claim that matters.
 ERROR_RATIO = 2.0
+# The loss curve's first steps, whose distance from float64 each side's is reported apart.
+EARLY_STEPS = 10
 # The update from seam's own gradients, in units of the last place of the larger of the
 # parameter's old and new value: seam's CPU computes it in double and rounds once (at most
 # 1/2 ulp of the result); its GPU kernel computes it in f32, as PyTorch's fused optimizers
@@ -418,9 +420,15 @@ def judge_curve(seam, twin, ref, tol):
     worst = max(range(len(rel)), key=lambda i: rel[i])
     rms = lambda a: math.sqrt(sum((u - r) ** 2 for u, r in zip(a, ref)) / len(ref))
     es, et = rms(seam), rms(twin)
+    # Reported, not judged: the first EARLY_STEPS, before 16-bit runs on one batch turn
+    # chaotic (W6's do by step 12, docs/perf.md), where run-to-run noise is small and an
+    # offset common to every run of one side shows.
+    early = min(EARLY_STEPS, len(ref))
+    far = lambda a: max((abs(u - r) for u, r in zip(a[:early], ref[:early])), default=0.0)
     return Row(f"loss curve, {len(seam)} steps", rel[worst], tol,
                f"worst at step {worst + 1}: seam {seam[worst]:.6g}, torch {twin[worst]:.6g}; rms vs f64 seam "
-               f"{es:.2e}, torch {et:.2e}; last: seam {seam[-1]:.6g}, torch {twin[-1]:.6g}, f64 {ref[-1]:.6g}",
+               f"{es:.2e}, torch {et:.2e}; first {early} steps' largest distance from f64 seam {far(seam):.2e}, "
+               f"torch {far(twin):.2e}; last: seam {seam[-1]:.6g}, torch {twin[-1]:.6g}, f64 {ref[-1]:.6g}",
                passed=rel[worst] <= tol or es <= ERROR_RATIO * et)
 
 

@@ -355,6 +355,7 @@ def test_judge_curve_tells_a_mistake_from_drift():
     wrong = [r + 0.1 * i for i, r in enumerate(ref)]             # leaves the exact curve
     row = tt.judge_curve(wrong, twin, ref, 1e-3)
     assert not row.ok and "step 10" in row.where
+    assert "largest distance from f64 seam 9.00e-01, torch 2.00e-02" in row.where
     assert tt.judge_curve(twin, twin, ref, 0.0).ok
     assert not tt.judge_curve(twin[:5], twin, ref, 1.0).ok
     diverged = twin[:7] + [float("nan")] + twin[8:]                # one step's loss not finite
