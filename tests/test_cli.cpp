@@ -539,6 +539,17 @@ TEST_F(Cli, StepWritesTheWeightsTheBatchAndTheResults) {
                      (dir / "again").string());
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(slurp(dir / "again" / "after.safetensors"), slurp(out / "after.safetensors"));
+  // --epilogue: how the GPU runs fused GEMM epilogues, recorded; the CPU's step is the same.
+  EXPECT_EQ(info["epilogue"], "fastest");
+  Result split = run(std::string("step ") + SEAM_EXAMPLES "/fmnist_cnn.json --batch 4 --device cpu --data-seed 3 " +
+                     "--epilogue split --out " + (dir / "split").string());
+  ASSERT_EQ(split.code, 0) << split.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir / "split" / "step.json"))["epilogue"], "split");
+  EXPECT_EQ(slurp(dir / "split" / "after.safetensors"), slurp(out / "after.safetensors"));
+  Result bad = run(std::string("step ") + SEAM_EXAMPLES "/fmnist_cnn.json --epilogue sometimes --out " +
+                   (dir / "bad").string());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--epilogue"), std::string::npos) << bad.err;
   Result missing = run(std::string("step ") + SEAM_EXAMPLES "/fmnist_cnn.json");
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.err.find("--out"), std::string::npos) << missing.err;
