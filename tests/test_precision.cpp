@@ -12,15 +12,11 @@
 #include "common/stochastic.h"
 #include "model_checks.h"
 #include "seam/seam.h"
+#include "ops/registry.h"
 #include "test_util.h"
 
 namespace seam::testing {
 namespace {
-
-bool is_gemm(Op op) {
-  return op == Op::linear || op == Op::linear_act || op == Op::linear_act_aux || op == Op::matmul ||
-         op == Op::matmul_act_grad || op == Op::linear_grad_weight_bias;
-}
 
 
 // A classifier MLP whose layers are scopes "fc1", "fc2", ... (what overrides name).

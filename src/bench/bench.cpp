@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "ops/registry.h"
 #include "dist/comm.h"
 #include "bench/workload_models.h"
 #include "train/trainer.h"
@@ -114,11 +115,6 @@ std::vector<Workload> workloads() {
        },
        OptimizerConfig::adamw(1e-3, 0.01)},
   };
-}
-
-bool is_gemm(Op op) {
-  return op == Op::linear || op == Op::linear_act || op == Op::linear_act_aux || op == Op::linear_add || op == Op::matmul ||
-         op == Op::matmul_act_grad || op == Op::linear_grad_weight_bias;
 }
 
 // Bytes each step reads and writes once, plus the optimizer's pass (p, g, m, v read;

@@ -133,6 +133,16 @@ bool is_gradient_op(Op op) {
   return false;
 }
 
+bool is_gemm(Op op) {
+  switch (op) {
+    case Op::matmul: case Op::linear: case Op::linear_act: case Op::linear_act_aux: case Op::linear_add:
+    case Op::matmul_act_grad: case Op::linear_grad_weight_bias:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool InferCtx::nhwc() const {
   const std::string& l = attrs.s("layout");
   if (l != "nchw" && l != "nhwc") fail("layout must be \"nchw\" or \"nhwc\", got \"", l, "\"");

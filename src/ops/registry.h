@@ -112,6 +112,8 @@ const OpDef& op_def(Op op);
 // An op the backward pass emits (relu_grad, conv2d_grad_input, cross_entropy_with_grad):
 // "_grad" as a word of its name. stop_gradient is a forward op.
 bool is_gradient_op(Op op);
+// A GEMM through the library (cuBLASLt on the GPU), fused epilogues included.
+bool is_gemm(Op op);
 
 // Family registration, one per src/ops/<family>.cpp.
 using OpTable = std::vector<OpDef>;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "ops/registry.h"
 #include "ops/elementwise.h"
 #include "ops/fused_ew.h"
 
@@ -17,13 +18,11 @@ namespace {
 
 bool is_library(Op op) {
   switch (op) {
-    case Op::matmul: case Op::linear: case Op::linear_act: case Op::linear_act_aux: case Op::linear_add:
-    case Op::matmul_act_grad:
-    case Op::linear_grad_weight_bias: case Op::conv2d: case Op::conv2d_grad_input: case Op::conv2d_grad_weight:
-    case Op::conv2d_bn: case Op::batch_norm: case Op::batch_norm_grad:
+    case Op::conv2d: case Op::conv2d_grad_input: case Op::conv2d_grad_weight: case Op::conv2d_bn:
+    case Op::batch_norm: case Op::batch_norm_grad:
       return true;
     default:
-      return false;
+      return is_gemm(op);
   }
 }
 

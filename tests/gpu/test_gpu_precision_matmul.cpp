@@ -24,6 +24,7 @@
 
 #include "../test_util.h"
 #include "backend/backend.h"
+#include "ops/registry.h"
 #include "backend/cuda/gemm.h"
 #include "common/half.h"
 #include "gpu_check.h"
@@ -74,11 +75,6 @@ constexpr Way kWays[] = {{false, EpiloguePolicy::fastest, "unfused"},
                          {true, EpiloguePolicy::fused, "fused, epilogues"},
                          {true, EpiloguePolicy::split, "fused, split"},
                          {true, EpiloguePolicy::split_t, "fused, split, dy transposed"}};
-
-bool is_gemm(Op op) {
-  return op == Op::matmul || op == Op::linear || op == Op::linear_act || op == Op::linear_act_aux ||
-         op == Op::matmul_act_grad || op == Op::linear_grad_weight_bias;
-}
 
 Shape dims2(bool transposed, int64_t rows, int64_t cols) {
   return transposed ? Shape{cols, rows} : Shape{rows, cols};

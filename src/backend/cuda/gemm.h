@@ -66,10 +66,10 @@ inline constexpr int kGemmCandidates = 16;
 // only for f32 A and B under ctx.tf32). C is D with beta = 0, or with `accumulate` a
 // matrix of its own laid out like D (GemmOperands::c) with beta = 1: D = C + the product,
 // before the epilogue's activation (a residual added by the GEMM that reads it anyway).
-// An epilogue's bias (read
-// or written) and gelu aux have D's type: cuBLASLt's default for these types, and the
-// only one it takes (an f32 bias with a bf16 D is INVALID_VALUE), so a preparer whose
-// bias has another type adds it with a kernel of its own.
+// An epilogue's bias (read or written) and gelu aux have D's type: cuBLASLt's default
+// for these types, and the only one it takes (an f32 bias with a bf16 D is
+// INVALID_VALUE), so a preparer whose bias has another type adds it with a kernel of
+// its own.
 //
 // A row-major buffer X[r, c] read column-major is X^T [c, r] with ld c: the preparers in
 // matmul.cu derive each op's mapping from that.
