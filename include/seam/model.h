@@ -35,6 +35,16 @@ struct HostTensor {
   std::vector<std::byte> data;
 };
 
+// A value in the memory of the program's GPU, handed to other libraries without a host
+// round trip (DLPack): `data` is device memory the array owns (freed, after the device
+// has finished with it, when the last owner lets go), `type` is what Program::read
+// would return (the graph's dtype, NCHW order), `device` the GPU's index.
+struct DeviceArray {
+  std::shared_ptr<std::byte> data;
+  TensorType type;
+  int device = 0;
+};
+
 // Everything the step reads that changes from step to step.
 struct StepState {
   int64_t step = 0;      // optimizer updates done; also the dropout RNG offset
@@ -216,6 +226,15 @@ class Program {
   void set_input(const std::string& name, std::span<const T> data) {
     set_input(name, std::as_bytes(data));
   }
+  // An input from the memory of the program's GPU (a CUDA tensor through DLPack), copied
+  // on the device. The producer's work must be ordered before input_stream() (DLPack's
+  // `stream` argument does that); `owner` keeps the memory alive until the copy is done.
+  // Fails on the CPU, for memory of another GPU, or for a size that is not the input's.
+  void set_input_device(const std::string& name, const void* data, size_t bytes, std::shared_ptr<const void> owner);
+  // The stream device inputs are copied on (a cudaStream_t); nullptr on the CPU.
+  void* input_stream() const;
+  // The GPU the program runs on; -1 on the CPU.
+  int device_index() const;
   // Runs the step once; a plan with an optimizer advances the step counter. On a GPU it
   // returns as soon as the work is queued.
   void run();
@@ -232,7 +251,14 @@ class Program {
   // is bitwise as it was.
   std::vector<double> time_steps(int reps);
   std::vector<std::byte> read(const std::string& output) const;
+  // The type read() returns for an output: the graph's dtype and NCHW order, whatever
+  // the precision and layout passes stored.
+  TensorType output_type(const std::string& output) const;
   std::vector<std::byte> read_grad(const std::string& param) const;
+  // An output or a gradient as read() and read_grad() give it, in fresh device memory,
+  // the work queued so far done. Fails on the CPU.
+  DeviceArray read_device(const std::string& output) const;
+  DeviceArray read_grad_device(const std::string& param) const;
   template <class T>
   std::vector<T> read_as(const std::string& output) const {
     return cast_bytes<T>(read(output));
@@ -252,6 +278,9 @@ class Program {
  private:
   friend class Model;
   Program(std::shared_ptr<Model::Core> core, Plan plan);
+  // An input's binding in the plan; nullptr for an input of the model this plan does not
+  // read; fails naming the model's inputs for any other name.
+  const Binding* input_binding(const std::string& name) const;
   std::shared_ptr<Model::Core> core_;
   std::unique_ptr<Plan> plan_;  // stable address: the executable refers to it
   std::byte* arena_ = nullptr;

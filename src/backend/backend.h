@@ -46,6 +46,11 @@ class Executable {
   // Sets the plan's input `index` (Plan::inputs order) for the next run; on a GPU the
   // copy overlaps the step in flight.
   virtual void set_input(size_t index, std::span<const std::byte> data) = 0;
+  // The same from this backend's own memory (Program::set_input_device); `owner` is held
+  // until the copy has run. Backends whose memory is the host's have no such inputs.
+  virtual void set_input_device(size_t index, const void* data, std::shared_ptr<const void> owner);
+  // The stream set_input_device copies on (Program::input_stream); nullptr without one.
+  virtual void* input_stream() { return nullptr; }
   // Runs every step, then the optimizer update if the plan has one. May return before
   // the work is done; reading results waits for it.
   virtual void run(StepState& state) = 0;
@@ -71,6 +76,16 @@ class Backend {
   virtual void upload(std::byte* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const std::byte* src, size_t bytes) = 0;
   virtual void fill_zero(std::byte* dst, size_t bytes) = 0;
+  // The GPU this backend runs on; -1 for the host.
+  virtual int device_index() const { return -1; }
+  // For Program::read_device: `bytes` of this backend's memory outside every arena, owned
+  // by the pointer (freed once the device is done with it), and a copy into it of n
+  // values from src (dtype `from`) to dtype `to`, reordered from channels-last to NCHW
+  // order when `nhwc` (then `nchw_shape` is 4-d), finished before the call returns.
+  // Backends whose memory is the host's have neither.
+  virtual std::shared_ptr<std::byte> alloc_exported(size_t bytes);
+  virtual void copy_converted(std::byte* dst, DType to, const std::byte* src, DType from, const Shape& nchw_shape,
+                              bool nhwc);
   // dst[i] = src[i] rounded to nearest even in `to` (bf16 or f16), for n f32 values in
   // this backend's memory: the parameters' working copies.
   virtual void round_f32(std::byte* dst, DType to, const std::byte* src, size_t n) = 0;

@@ -1,9 +1,11 @@
 // seam's Python module (_seam): the C++ API as it is, through nanobind. Graphs, the op
 // builders and layers, models and programs; arrays in and out as numpy arrays (and any
-// buffer or DLPack producer nanobind accepts); seam::Error as seam.Error.
+// buffer or DLPack producer nanobind accepts), GPU arrays through DLPack without a host
+// round trip; seam::Error as seam.Error.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -54,6 +56,14 @@ nb::dlpack::dtype numpy_dtype(DType d) {
   }
 }
 
+// The exact DLPack dtype of a seam dtype, for arrays that can hold it (GPU arrays, torch):
+// bf16 as bfloat16, f16 as float16.
+nb::dlpack::dtype dlpack_dtype(DType d) {
+  if (d == DType::bf16) return {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+  if (d == DType::f16) return {static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+  return numpy_dtype(d);
+}
+
 using Array = nb::ndarray<nb::numpy>;
 
 // A host array holding `bytes` with `shape`, owned by Python.
@@ -64,9 +74,10 @@ Array to_numpy(std::vector<std::byte> bytes, const TensorType& t) {
   return Array(owner->data(), shape.size(), shape.data(), free, nullptr, numpy_dtype(t.dtype));
 }
 
-// An input's bytes in any array nanobind takes (numpy, DLPack), checked against the
-// plan's type of that input: ValueError naming the input, what it takes and what came.
-std::span<const std::byte> input_bytes(const Program& p, const std::string& name, nb::ndarray<nb::c_contig> a) {
+// Checks an array against the plan's type of an input: ValueError naming the input, what
+// it takes and what came. nullptr for an input of the model this plan does not read.
+template <class... Ts>
+const Binding* checked_input(const Program& p, const std::string& name, const nb::ndarray<Ts...>& a) {
   const Binding* b = p.plan().input(name);
   if (!b) {
     std::string known;
@@ -76,14 +87,67 @@ std::span<const std::byte> input_bytes(const Program& p, const std::string& name
   const TensorType& t = b->ref.type;
   std::vector<int64_t> shape(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) shape[i] = static_cast<int64_t>(a.shape(i));
-  const bool same_dtype = a.dtype() == numpy_dtype(t.dtype);
+  const bool same_dtype = a.dtype() == numpy_dtype(t.dtype) || a.dtype() == dlpack_dtype(t.dtype);
   if (!same_dtype || shape != t.shape)
     throw nb::value_error(("input '" + name + "' takes " + t.str() + ", got an array of shape " + shape_str(shape) +
                            (same_dtype ? "" : " and another dtype"))
                               .c_str());
-  if (a.device_type() != nb::device::cpu::value)
-    throw nb::value_error(("input '" + name + "': a host array is needed").c_str());
-  return {static_cast<const std::byte*>(a.data()), a.nbytes()};  // set_input copies them
+  return b;
+}
+
+// An array in the memory of a GPU, through DLPack: its producer makes the program's
+// input stream wait for the work that writes it, and the program holds the array until
+// its device copy has run. It must be in C order (a device array cannot be made so here).
+void set_gpu_input(Program& p, const std::string& name, nb::handle a) {
+  void* stream = p.input_stream();
+  if (!stream)
+    throw nb::value_error(("input '" + name + "': a GPU array, but this program runs on the CPU").c_str());
+  nb::object capsule = a.attr("__dlpack__")("stream"_a = reinterpret_cast<uintptr_t>(stream));
+  auto arr = nb::cast<nb::ndarray<>>(capsule);
+  checked_input(p, name, arr);
+  int64_t expect = 1;
+  for (size_t i = arr.ndim(); i-- > 0;) {
+    if (arr.shape(i) != 1 && arr.stride(i) != expect)
+      throw nb::value_error(("input '" + name + "': a GPU array must be contiguous in C order (call .contiguous())").c_str());
+    expect *= static_cast<int64_t>(arr.shape(i));
+  }
+  // Dropped when the slot is next written or the program goes, from C++: take the GIL.
+  std::shared_ptr<const void> owner(new nb::ndarray<>(arr), [](const void* q) {
+    nb::gil_scoped_acquire gil;
+    delete static_cast<const nb::ndarray<>*>(q);
+  });
+  p.set_input_device(name, arr.data(), arr.nbytes(), std::move(owner));
+}
+
+void set_input(Program& p, const std::string& name, nb::handle a) {
+  if (nb::hasattr(a, "__dlpack_device__")) {
+    auto [type, id] = nb::cast<std::pair<int, int>>(a.attr("__dlpack_device__")());
+    (void)id;
+    if (type == nb::device::cuda::value || type == nb::device::cuda_managed::value) return set_gpu_input(p, name, a);
+  }
+  nb::ndarray<nb::c_contig> host;
+  if (!nb::try_cast(a, host))
+    throw nb::type_error(("input '" + name + "': expected an array (numpy, or anything with DLPack or the buffer protocol)").c_str());
+  if (host.device_type() != nb::device::cpu::value)
+    throw nb::value_error(("input '" + name + "': an array on a device seam cannot read").c_str());
+  if (!checked_input(p, name, host)) return;
+  p.set_input(name, {static_cast<const std::byte*>(host.data()), host.nbytes()});  // set_input copies them
+}
+
+// A value read on the GPU as an array exporting DLPack (torch.from_dlpack takes it),
+// owning its device memory.
+nb::ndarray<> to_gpu_array(DeviceArray a) {
+  auto* owner = new std::shared_ptr<std::byte>(std::move(a.data));
+  nb::capsule free(owner, [](void* q) noexcept { delete static_cast<std::shared_ptr<std::byte>*>(q); });
+  std::vector<size_t> shape(a.type.shape.begin(), a.type.shape.end());
+  return nb::ndarray<>(owner->get(), shape.size(), shape.data(), free, nullptr, dlpack_dtype(a.type.dtype),
+                       nb::device::cuda::value, a.device);
+}
+
+bool on_gpu(const std::string& device) {
+  if (device == "cuda") return true;
+  if (device == "cpu") return false;
+  throw nb::value_error(("device is 'cpu' (a numpy array) or 'cuda' (a GPU array through DLPack), got '" + device + "'").c_str());
 }
 
 }  // namespace
@@ -205,12 +269,10 @@ NB_MODULE(_seam, m) {
   }, "lr"_a = 1e-3, "weight_decay"_a = 0.01, "betas"_a = std::vector<double>{0.9, 0.999}, "clip_norm"_a = 0.0);
 
   nb::class_<Program>(m, "Program", "A compiled step: set its inputs, run it, read its outputs")
-      .def(
-          "set_input",
-          [](Program& p, const std::string& name, nb::ndarray<nb::c_contig> a) {
-            p.set_input(name, input_bytes(p, name, a));
-          },
-          "name"_a, "array"_a, "Copies an array into an input; ValueError if its dtype or shape is not the input's")
+      .def("set_input", &set_input, "name"_a, "array"_a,
+           "Copies an array into an input: numpy or any host array, or a GPU array through DLPack (a torch CUDA "
+           "tensor), copied on the device after the work its producer queued. ValueError if its dtype or shape "
+           "is not the input's")
       .def("run", &Program::run, nb::call_guard<nb::gil_scoped_release>(), "Runs the step once")
       .def("check", &Program::check, nb::call_guard<nb::gil_scoped_release>(),
            "Waits for the work queued so far and raises the first bad-input error a kernel reported")
@@ -227,21 +289,24 @@ NB_MODULE(_seam, m) {
           "baseline against which bench/python_overhead.py measures the binding's cost per run")
       .def(
           "read",
-          [](const Program& p, const std::string& name) {
-            const Binding* b = p.plan().output(name);
+          [](const Program& p, const std::string& name, const std::string& device) -> nb::object {
+            if (on_gpu(device)) return nb::cast(to_gpu_array(p.read_device(name)));
             std::vector<std::byte> bytes = p.read(name);  // names the outputs when there is no such one
-            return to_numpy(std::move(bytes), b->ref.type);
+            return nb::cast(to_numpy(std::move(bytes), p.output_type(name)));
           },
-          "name"_a, "An output as a new numpy array")
+          "name"_a, "device"_a = "cpu",
+          "An output as a new numpy array, or with device='cuda' a new GPU array (DLPack: torch.from_dlpack takes "
+          "it) copied on the device")
       .def(
           "read_grad",
-          [](const Program& p, const std::string& name) {
+          [](const Program& p, const std::string& name, const std::string& device) -> nb::object {
+            if (on_gpu(device)) return nb::cast(to_gpu_array(p.read_grad_device(name)));
             std::vector<std::byte> bytes = p.read_grad(name);  // fails naming it when there is no such gradient
             const Slot* s = p.plan().layout.param(name);
             const TensorType& g = p.plan().grad(name)->ref.type;
-            return to_numpy(std::move(bytes), TensorType{g.dtype, s ? s->user_type().shape : g.shape});
+            return nb::cast(to_numpy(std::move(bytes), TensorType{g.dtype, s ? s->user_type().shape : g.shape}));
           },
-          "param"_a, "A parameter's gradient from the last run")
+          "param"_a, "device"_a = "cpu", "A parameter's gradient from the last run (device as for read)")
       .def_prop_ro("plan", [](const Program& p) { return p.plan().str(); }, "The plan, as `seam plan` prints it")
       .def_prop_ro("inputs", [](const Program& p) {
         std::vector<std::string> r;
@@ -367,6 +432,8 @@ NB_MODULE(_seam, m) {
       "Trains a model file as `seam train` does (progress, metrics.csv, checkpoints in out, default "
       "runs/<name>); returns the exit status (0, or 130 / 143 when stopped by SIGINT / SIGTERM). progress(epoch, epochs, done, total, "
       "loss, accuracy), if given, replaces the terminal bar");
+  m.def("cuda_available", [] { return default_device() == Device::cuda; },
+        "Whether this build has the CUDA backend and a GPU it can use (device='auto' picks it)");
   m.def("gemm_library", &cpu::gemm_library, "What runs the CPU's GEMMs (as `seam --version` says)");
   m.def(
       "_blas_core_override",

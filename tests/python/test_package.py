@@ -47,6 +47,22 @@ def test_a_graph_trains_and_reads_back_as_numpy():
     assert "linear" in step.plan and "arena peak" in step.plan
 
 
+def test_outputs_read_back_in_the_graphs_dtype_whatever_was_stored():
+    # Under bf16 the logits are stored in 16 bits; read() gives them as the graph made
+    # them (f32), as many values as the shape says.
+    g, x, y, logits, loss = mlp()
+    xs, ys = np.random.default_rng(2).standard_normal((8, 12)).astype(np.float32), np.arange(8, dtype=np.int32) % 3
+    out = {}
+    for precision in ("f32", "bf16"):
+        step = seam.Model(g, seed=1, device="cpu", precision=precision).compile(outputs=[logits], mode="eval")
+        assert (f"bf16[8,3]" in step.plan) == (precision == "bf16")
+        step.set_input("x", xs)
+        step.run()
+        out[precision] = step.read(logits.name)
+        assert out[precision].dtype == np.float32 and out[precision].shape == (8, 3)
+    np.testing.assert_allclose(out["bf16"], out["f32"], rtol=2e-2, atol=2e-2)
+
+
 def test_deterministic_is_an_option_and_the_cpu_repeats_either_way():
     g, x, y, logits, loss = mlp()
     rng = np.random.default_rng(4)

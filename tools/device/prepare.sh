@@ -4,9 +4,21 @@
 # machine has none; the CPU reference kernels then use their plain GEMM), and copies the
 # binaries and the Fashion-MNIST files into .deps/, an ignored folder that travels with
 # the source tree (`carry: [".deps"]`). Then tools/device/run.sh runs there.
+#
+#   tools/device/prepare.sh           the binaries, the data
+#   tools/device/prepare.sh python    also the Python package's wheel with its CUDA backend,
+#                                     for the GPU machine's Python ($SEAM_DEVICE_PYTHON, a
+#                                     3.12 interpreter here: gpu-facts.md) -> .deps/py/
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/setup.sh
+if [ "${1:-}" = python ]; then
+  py=${SEAM_DEVICE_PYTHON:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3)}
+  rm -rf .deps/py && mkdir -p .deps/py
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip wheel . --no-deps -w .deps/py -C cmake.define.SEAM_BLAS=OFF \
+    -C build-dir=build-py/cuda312
+  du -sh .deps/py/*
+fi
 build=build-gpu
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEAM_CUDA=ON -DSEAM_BLAS=OFF >/dev/null
 cmake --build "$build" --target seam seam_gpu_tests seam_tests

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [crash] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models] ...
+#   tools/device/run.sh [tests] [sanitize] [train] [crash] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models]
+#                       [python] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
@@ -71,6 +72,28 @@ for step in "${steps[@]}"; do
       SEAM_BIN=$PWD/$bin/seam SEAM_CRASH_DEVICE=cuda SEAM_CRASH_DATA=$PWD/$data \
         "$py" -m pytest -q -p no:cacheprovider tests/python/test_crash.py > "$out/crash.log" 2>&1
       note "crash tests on cuda: rc=$?, $(tail -1 "$out/crash.log")"
+      ;;
+    python)
+      # The Python package with its CUDA backend (the wheel prepare.sh python built for
+      # this machine's Python), unpacked beside the tree: its tests on the GPU (DLPack with
+      # torch CUDA tensors, W1 against PyTorch: tests/python/test_gpu.py; the CPU ones too)
+      # and the cost of program.run() from Python over C++ (bench/python_overhead.py).
+      py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
+      [ -x "$py" ] || py=python3
+      site=$(mktemp -d)
+      if ! "$py" -m zipfile -e .deps/py/seam-*.whl "$site" 2>/dev/null; then
+        note "python: no wheel in .deps/py (run tools/device/prepare.sh python)"
+        continue
+      fi
+      PYTHONPATH=$site SEAM_BIN=$PWD/$bin/seam "$py" -m pytest -q -p no:cacheprovider \
+        tests/python/test_gpu.py tests/python/test_package.py > "$out/python.log" 2>&1
+      note "python tests: rc=$?, $(tail -1 "$out/python.log")"
+      for w in "tiny --runs 5000" "W1 --runs 2000"; do
+        read -r -a args <<< "$w"
+        PYTHONPATH=$site "$py" bench/python_overhead.py --device cuda --workload "${args[@]}" >> "$out/python.log" 2>&1
+        note "python overhead ${args[0]} on cuda: $(grep 'overhead' "$out/python.log" | tail -1)"
+      done
+      rm -rf "$site"
       ;;
     plan)
       # Each example's plan with every kernel's measured time beside its estimate.

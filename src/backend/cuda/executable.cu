@@ -95,6 +95,7 @@ struct StagedInput {
   void* pinned[2] = {};            // host, page-locked
   cudaEvent_t uploaded[2] = {};    // copy stream: landing[s] holds the data
   bool written[2] = {false, false};
+  std::shared_ptr<const void> owner[2];  // what an upload from device memory reads, held until it ran
   int last = -1;                   // slot written most recently
   // Which set_input each landing buffer holds (the count of calls so far), so that an
   // input set once is carried into the other slot once, not on every step.
@@ -208,10 +209,33 @@ class CudaExecutable : public Executable {
     const int s = slot_;
     // The pinned buffer may still feed the upload of two steps ago.
     if (in.written[s]) SEAM_CUDA_CHECK(cudaEventSynchronize(in.uploaded[s]));
+    in.owner[s].reset();
     std::memcpy(in.pinned[s], data.data(), data.size());
     ++in.version;
     upload(in, s, in.pinned[s], cudaMemcpyHostToDevice);
   }
+
+  // The producer made copy_stream wait for its work (DLPack's stream argument), so the
+  // copy on it reads finished data; `owner` keeps that memory until the copy has run.
+  void set_input_device(size_t index, const void* data, std::shared_ptr<const void> owner) override {
+    StagedInput& in = inputs_.at(index);
+    const std::string& name = plan_.inputs.at(index).name;
+    cudaPointerAttributes at{};
+    if (cudaPointerGetAttributes(&at, data) != cudaSuccess) {
+      cudaGetLastError();
+      at.type = cudaMemoryTypeUnregistered;
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+      fail("input '", name, "': the array is said to be in GPU memory, but its address is not");
+    if (at.device != sh_->device)
+      fail("input '", name, "': the array is on GPU ", at.device, ", the program runs on GPU ", sh_->device);
+    const int s = slot_;
+    if (in.written[s]) SEAM_CUDA_CHECK(cudaEventSynchronize(in.uploaded[s]));
+    in.owner[s] = std::move(owner);  // the slot's last copy has run: its owner may go
+    ++in.version;
+    upload(in, s, data, cudaMemcpyDeviceToDevice);
+  }
+  void* input_stream() override { return sh_->copy_stream; }
 
   // What the host set since it last synced (reset, resume) goes to the device; the
   // fields only the device changes (the loss scale, skips) stay equal otherwise.

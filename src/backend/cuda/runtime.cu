@@ -198,6 +198,16 @@ __global__ void round_kernel(T* __restrict__ dst, const float* __restrict__ src,
     dst[i] = from_float<T>(src[i]);
 }
 
+// dst[i] = src[i] in T, where i runs over NCHW order and src holds the value channels-last
+// when c > 1 (c channels, hw pixels an image); c = hw = 1 for a plain conversion.
+template <class F, class T>
+__global__ void convert_kernel(T* __restrict__ dst, const F* __restrict__ src, int64_t n, int64_t c, int64_t hw) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t p = i % hw, ch = i / hw % c, img = i / (hw * c);
+    dst[i] = from_float<T>(to_float(src[(img * hw + p) * c + ch]));
+  }
+}
+
 class CudaBackend : public Backend {
  public:
   explicit CudaBackend(CudaOptions o) : sh_(std::make_shared<Shared>()) {
@@ -206,6 +216,7 @@ class CudaBackend : public Backend {
     sh_->epilogue = o.epilogue;
     sh_->deterministic = o.deterministic;
     const int device = local_device();  // one GPU a rank where a launcher started several
+    sh_->device = device;
     SEAM_CUDA_CHECK(cudaSetDevice(device));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->stream, cudaStreamNonBlocking));
     SEAM_CUDA_CHECK(cudaStreamCreateWithFlags(&sh_->copy_stream, cudaStreamNonBlocking));
@@ -253,6 +264,39 @@ class CudaBackend : public Backend {
   }
   void fill_zero(std::byte* dst, size_t bytes) override {
     SEAM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, sh_->stream));
+  }
+  int device_index() const override { return sh_->device; }
+  std::shared_ptr<std::byte> alloc_exported(size_t bytes) override {
+    void* p = nullptr;
+    // cudaMalloc, not the stream-ordered pool: another library's streams use it, and
+    // cudaFree waits for the device, so work they queued on it finishes first.
+    cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      fail("out of GPU memory: asked for ", bytes, " bytes for a value read on the device");
+    }
+    SEAM_CUDA_CHECK(e);
+    return {static_cast<std::byte*>(p), [](std::byte* q) { cudaFree(q); }};
+  }
+  void copy_converted(std::byte* dst, DType to, const std::byte* src, DType from, const Shape& shape,
+                      bool nhwc) override {
+    const int64_t n = numel(shape);
+    if (to == from && !nhwc) {
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(to), cudaMemcpyDeviceToDevice,
+                                      sh_->stream));
+    } else {
+      SEAM_ASSERT(!nhwc || shape.size() == 4);
+      const int64_t c = nhwc ? shape[1] : 1, hw = nhwc ? shape[2] * shape[3] : 1;
+      const unsigned blocks = blocks_for(n, 256, 65535);
+      dispatch_storage(from, "reading a value on the device", [&]<class F>() {
+        dispatch_storage(to, "reading a value on the device", [&]<class T>() {
+          convert_kernel<F, T><<<blocks, 256, 0, sh_->stream>>>(reinterpret_cast<T*>(dst),
+                                                                 reinterpret_cast<const F*>(src), n, c, hw);
+        });
+      });
+      SEAM_CUDA_LAUNCH_CHECK();
+    }
+    SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
   }
   void round_f32(std::byte* dst, DType to, const std::byte* src, size_t n) override {
     const auto* f = reinterpret_cast<const float*>(src);

@@ -19,10 +19,11 @@ struct Shared {
   bool deterministic = false;
   cudaStream_t stream = nullptr;       // compute
   std::vector<cudaStream_t> lanes;     // compute: lanes[0] = stream, then the side lanes
-  cudaStream_t copy_stream = nullptr;  // host-to-device input uploads
+  cudaStream_t copy_stream = nullptr;  // input uploads (from the host or another library's memory)
   cublasLtHandle_t lt = nullptr;
   cudnnHandle_t dnn = nullptr;
   int sm_count = 0;
+  int device = 0;  // the GPU's index
   std::unique_ptr<GemmCache> gemm_cache;
   // Data-parallel plans: the GPUs' communicator (made by the first such plan) and the
   // stream its gradient sums run on beside the backward pass.
