@@ -43,12 +43,12 @@ def _choose_blas_kernels():
 _choose_blas_kernels()
 
 from ._seam import (Adam, AdamW, BuiltModel, Error, Graph, Init, Model, ModelFile, Optimizer, Program, SGD, Var,
-                    add, argmax, attention, attention_qkv, cuda_available, gemm_library, cross_entropy, div, dropout, exp, flatten, gelu, linear, load_model_file,
+                    abs, add, argmax, attention, attention_qkv, cuda_available, gemm_library, cross_entropy, div, dropout, erf, exp, flatten, gelu, linear, load_model_file,
                     log, log_softmax, matmul, mean, mse, mul, nn, permute, relu, reshape, sigmoid, silu, softmax, sqrt,
                     sub, sum, tanh, _train)
 
 __all__ = ["Adam", "AdamW", "BuiltModel", "Error", "Graph", "Init", "Model", "ModelFile", "Optimizer", "Program", "SGD",
-           "Var", "add", "argmax", "attention", "attention_qkv", "cuda_available", "gemm_library", "cross_entropy", "div", "dropout", "exp", "flatten", "gelu", "linear",
+           "Var", "abs", "add", "argmax", "attention", "attention_qkv", "cuda_available", "gemm_library", "cross_entropy", "div", "dropout", "erf", "exp", "flatten", "gelu", "linear",
            "load_model_file", "log", "log_softmax", "matmul", "mean", "mse", "mul", "nn", "permute", "relu", "reshape",
            "sigmoid", "silu", "softmax", "sqrt", "sub", "sum", "tanh", "train"]
 

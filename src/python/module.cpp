@@ -156,15 +156,17 @@ bool on_gpu(const std::string& device) {
 NB_MODULE(_seam, m) {
   using namespace seam;
   m.doc() = "seam: compiles a network's whole training step into one plan and runs it";
-  nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+  nb::exception<Error>(m, "Error", PyExc_RuntimeError).attr("__doc__") =
+      "A seam error (bad input, a model file, a shape, a device failure) with seam's message naming the place";
 
   nb::class_<Init>(m, "Init", "How a parameter or state is initialized")
-      .def_static("zeros", &Init::zeros)
-      .def_static("ones", &Init::ones)
-      .def_static("constant", &Init::constant, "value"_a)
-      .def_static("uniform", &Init::uniform, "lo"_a, "hi"_a)
-      .def_static("normal", &Init::normal, "mean"_a, "stddev"_a)
-      .def_static("fan_in_uniform", &Init::fan_in_uniform, "fan_in"_a)
+      .def_static("zeros", &Init::zeros, "All zeros")
+      .def_static("ones", &Init::ones, "All ones")
+      .def_static("constant", &Init::constant, "value"_a, "Every element `value`")
+      .def_static("uniform", &Init::uniform, "lo"_a, "hi"_a, "Uniform in [lo, hi), drawn from the model's seed")
+      .def_static("normal", &Init::normal, "mean"_a, "stddev"_a, "Normal(mean, stddev), drawn from the model's seed")
+      .def_static("fan_in_uniform", &Init::fan_in_uniform, "fan_in"_a,
+                   "Uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in)), PyTorch's default for linear and conv layers")
       .def("__repr__", &Init::str);
 
   nb::class_<Var>(m, "Var", "A value of a graph: what the op builders take and return")
@@ -200,44 +202,63 @@ NB_MODULE(_seam, m) {
 
   // The op builders (seam/ops.h), each returning a Var of the operands' graph.
   auto ops = nb::keep_alive<0, 1>();
-  m.def("relu", &relu, "x"_a, ops);
-  m.def("gelu", &gelu, "x"_a, "tanh_approximation"_a = false, ops);
-  m.def("sigmoid", &sigmoid, "x"_a, ops);
-  m.def("tanh", &seam::tanh, "x"_a, ops);
-  m.def("silu", &silu, "x"_a, ops);
-  m.def("exp", &seam::exp, "x"_a, ops);
-  m.def("log", &seam::log, "x"_a, ops);
-  m.def("sqrt", &seam::sqrt, "x"_a, ops);
-  m.def("abs", &seam::abs, "x"_a, ops);
-  m.def("erf", &seam::erf, "x"_a, ops);
-  m.def("add", &add, "a"_a, "b"_a, ops);
-  m.def("sub", &sub, "a"_a, "b"_a, ops);
-  m.def("mul", &mul, "a"_a, "b"_a, ops);
-  m.def("div", &seam::div, "a"_a, "b"_a, ops);
-  m.def("matmul", &matmul, "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false, ops);
-  m.def("linear", &seam::linear, "x"_a, "w"_a, "b"_a = nb::none(), ops);
-  m.def("sum", &seam::sum, "x"_a, "axes"_a = std::vector<int64_t>{}, "keepdims"_a = false, ops);
-  m.def("mean", &seam::mean, "x"_a, "axes"_a = std::vector<int64_t>{}, "keepdims"_a = false, ops);
-  m.def("reshape", &reshape, "x"_a, "shape"_a, ops);
-  m.def("flatten", &flatten, "x"_a, "start_dim"_a = 1, "end_dim"_a = -1, ops);
-  m.def("permute", &permute, "x"_a, "perm"_a, ops);
-  m.def("softmax", &softmax, "x"_a, "axis"_a = -1, ops);
-  m.def("log_softmax", &log_softmax, "x"_a, "axis"_a = -1, ops);
+  m.def("relu", &relu, "x"_a, ops, "max(x, 0)");
+  m.def("gelu", &gelu, "x"_a, "tanh_approximation"_a = false, ops, "x * Phi(x), or its tanh approximation");
+  m.def("sigmoid", &sigmoid, "x"_a, ops, "1 / (1 + exp(-x))");
+  m.def("tanh", &seam::tanh, "x"_a, ops, "tanh(x)");
+  m.def("silu", &silu, "x"_a, ops, "x * sigmoid(x)");
+  m.def("exp", &seam::exp, "x"_a, ops, "e^x");
+  m.def("log", &seam::log, "x"_a, ops, "The natural logarithm");
+  m.def("sqrt", &seam::sqrt, "x"_a, ops, "The square root");
+  m.def("abs", &seam::abs, "x"_a, ops, "|x| (gradient 0 at 0)");
+  m.def("erf", &seam::erf, "x"_a, ops, "The error function");
+  m.def("add", &add, "a"_a, "b"_a, ops, "a + b, broadcasting as numpy");
+  m.def("sub", &sub, "a"_a, "b"_a, ops, "a - b, broadcasting as numpy");
+  m.def("mul", &mul, "a"_a, "b"_a, ops, "a * b, broadcasting as numpy");
+  m.def("div", &seam::div, "a"_a, "b"_a, ops, "a / b, broadcasting as numpy");
+  m.def("matmul", &matmul, "a"_a, "b"_a, "transpose_a"_a = false, "transpose_b"_a = false, ops,
+        "a @ b over the last two dims (either transposed), batched over the leading ones");
+  m.def("linear", &seam::linear, "x"_a, "w"_a, "b"_a = nb::none(), ops,
+        "x @ w^T + b with w [out, in] (PyTorch's layout); seam.nn.linear makes the parameters");
+  m.def("sum", &seam::sum, "x"_a, "axes"_a = std::vector<int64_t>{}, "keepdims"_a = false, ops,
+        "The sum over axes (every axis when none are given)");
+  m.def("mean", &seam::mean, "x"_a, "axes"_a = std::vector<int64_t>{}, "keepdims"_a = false, ops,
+        "The mean over axes (every axis when none are given)");
+  m.def("reshape", &reshape, "x"_a, "shape"_a, ops, "The same values in another shape (one dim may be -1)");
+  m.def("flatten", &flatten, "x"_a, "start_dim"_a = 1, "end_dim"_a = -1, ops, "Dims start_dim..end_dim merged into one");
+  m.def("permute", &permute, "x"_a, "perm"_a, ops, "The dims reordered: output dim i is input dim perm[i]");
+  m.def("softmax", &softmax, "x"_a, "axis"_a = -1, ops, "exp(x) / sum(exp(x)) along axis");
+  m.def("log_softmax", &log_softmax, "x"_a, "axis"_a = -1, ops, "x - log(sum(exp(x))) along axis");
   m.def("cross_entropy", &cross_entropy, "logits"_a, "labels"_a, "ignore_index"_a = -100, "label_smoothing"_a = 0.0,
-        ops);
-  m.def("mse", &mse, "prediction"_a, "target"_a, ops);
-  m.def("dropout", &dropout, "x"_a, "p"_a, ops);
+        ops,
+        "The mean cross-entropy of logits [..., classes] against i32 labels [...], over the labels that are not "
+        "ignore_index, as torch.nn.functional.cross_entropy");
+  m.def("mse", &mse, "prediction"_a, "target"_a, ops, "The mean of (prediction - target)^2");
+  m.def("dropout", &dropout, "x"_a, "p"_a, ops,
+        "In training, each element zeroed with probability p and the rest scaled by 1 / (1 - p); the identity "
+        "when evaluating");
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "causal"_a = false, "scale"_a = nb::none(), "dropout"_a = 0.0,
-        ops);
-  m.def("attention_qkv", &attention_qkv, "qkv"_a, "causal"_a = false, "scale"_a = nb::none(), "dropout"_a = 0.0, ops);
-  m.def("argmax", &argmax, "x"_a, "axis"_a = -1, ops);
+        ops,
+        "softmax(q k^T * scale [+ causal mask]) v over [batch, heads, time, head_dim] (scale 1/sqrt(head_dim) by "
+        "default), as torch's scaled_dot_product_attention");
+  m.def("attention_qkv", &attention_qkv, "qkv"_a, "causal"_a = false, "scale"_a = nb::none(), "dropout"_a = 0.0, ops,
+        "attention of q, k and v packed as one projection writes them, qkv [batch, time, 3, heads, head_dim]; the "
+        "output is [batch, time, heads, head_dim], as the output projection reads it");
+  m.def("argmax", &argmax, "x"_a, "axis"_a = -1, ops, "The index (i32) of the maximum along axis; no gradient");
 
   nb::module_ nnm = m.def_submodule("nn", "Layers: builders that create their parameters");
-  nnm.def("linear", &nn::linear, "x"_a, "out_features"_a, "name"_a, "bias"_a = true, ops);
-  nnm.def("layer_norm", &nn::layer_norm, "x"_a, "name"_a, "eps"_a = 1e-5, ops);
-  nnm.def("batch_norm", &nn::batch_norm, "x"_a, "name"_a, "momentum"_a = 0.1, "eps"_a = 1e-5, ops);
-  nnm.def("embedding", &nn::embedding, "ids"_a, "num"_a, "dim"_a, "name"_a, ops);
-  nnm.def("position_embedding", &nn::position_embedding, "x"_a, "num"_a, "name"_a, ops);
+  nnm.def("linear", &nn::linear, "x"_a, "out_features"_a, "name"_a, "bias"_a = true, ops,
+          "A linear layer: parameters name.weight [out, in] and name.bias, PyTorch's initialization");
+  nnm.def("layer_norm", &nn::layer_norm, "x"_a, "name"_a, "eps"_a = 1e-5, ops,
+          "Layer norm over the last dim: parameters name.weight (ones) and name.bias (zeros)");
+  nnm.def("batch_norm", &nn::batch_norm, "x"_a, "name"_a, "momentum"_a = 0.1, "eps"_a = 1e-5, ops,
+          "Batch norm over dim 1: the batch's statistics in training, the running ones (states name.running_mean, "
+          "name.running_var) when evaluating");
+  nnm.def("embedding", &nn::embedding, "ids"_a, "num"_a, "dim"_a, "name"_a, ops,
+          "Rows of the table name.weight [num, dim] (N(0, 1), as torch.nn.Embedding) at i32 ids; an id outside [0, num) "
+          "is an error");
+  nnm.def("position_embedding", &nn::position_embedding, "x"_a, "num"_a, "name"_a, ops,
+          "x [batch, time, dim] plus a learned row per position: rows 0..time-1 of name.weight [num, dim], N(0, 0.02)");
   nnm.def(
       "conv2d",
       [](Var x, int64_t out, int64_t kernel, const std::string& name, std::vector<int64_t> stride,
@@ -247,7 +268,8 @@ NB_MODULE(_seam, m) {
         return nn::conv2d(x, out, kernel, name, o, bias);
       },
       "x"_a, "out_channels"_a, "kernel"_a, "name"_a, "stride"_a = std::vector<int64_t>{1, 1},
-      "padding"_a = std::vector<int64_t>{0, 0}, "bias"_a = true, ops);
+      "padding"_a = std::vector<int64_t>{0, 0}, "bias"_a = true, ops,
+      "A 2-d convolution over NCHW: parameters name.weight [out, in, k, k] and name.bias, PyTorch's initialization");
 
   nb::class_<OptimizerConfig>(m, "Optimizer", "An optimizer and its settings (seam.SGD, seam.Adam, seam.AdamW)")
       .def_rw("lr", &OptimizerConfig::lr)
@@ -258,15 +280,17 @@ NB_MODULE(_seam, m) {
     OptimizerConfig c = OptimizerConfig::sgd(lr, momentum, nesterov);
     c.weight_decay = weight_decay;
     return c;
-  }, "lr"_a, "momentum"_a = 0.0, "nesterov"_a = false, "weight_decay"_a = 0.0);
+  }, "lr"_a, "momentum"_a = 0.0, "nesterov"_a = false, "weight_decay"_a = 0.0,
+    "SGD with optional (Nesterov) momentum and L2 weight decay, as torch.optim.SGD");
   m.def("Adam", [](double lr, std::vector<double> betas, double eps) {
     return OptimizerConfig::adam(lr, betas.at(0), betas.at(1), eps);
-  }, "lr"_a = 1e-3, "betas"_a = std::vector<double>{0.9, 0.999}, "eps"_a = 1e-8);
+  }, "lr"_a = 1e-3, "betas"_a = std::vector<double>{0.9, 0.999}, "eps"_a = 1e-8, "Adam, as torch.optim.Adam");
   m.def("AdamW", [](double lr, double weight_decay, std::vector<double> betas, double clip_norm) {
     OptimizerConfig c = OptimizerConfig::adamw(lr, weight_decay);
     c.beta1 = betas.at(0), c.beta2 = betas.at(1), c.clip_norm = clip_norm;
     return c;
-  }, "lr"_a = 1e-3, "weight_decay"_a = 0.01, "betas"_a = std::vector<double>{0.9, 0.999}, "clip_norm"_a = 0.0);
+  }, "lr"_a = 1e-3, "weight_decay"_a = 0.01, "betas"_a = std::vector<double>{0.9, 0.999}, "clip_norm"_a = 0.0,
+    "AdamW (decoupled weight decay, as torch.optim.AdamW); clip_norm > 0 clips the global gradient norm first");
 
   nb::class_<Program>(m, "Program", "A compiled step: set its inputs, run it, read its outputs")
       .def("set_input", &set_input, "name"_a, "array"_a,
@@ -401,7 +425,7 @@ NB_MODULE(_seam, m) {
       .def_ro("optimizer", &io::ModelSpec::optimizer)
       .def("build", [](const io::ModelSpec& s, std::optional<int64_t> batch) {
         return io::build_graph(s, batch.value_or(s.batch_size));
-      }, "batch"_a = nb::none());
+      }, "batch"_a = nb::none(), "The model's graph (x, y, logits, loss) at a batch size, the file's by default");
   m.def("load_model_file", &io::parse_model_file, "path"_a, "Parses and checks a model file; raises seam.Error");
   m.def(
       "_train",

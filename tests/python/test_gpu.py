@@ -79,18 +79,25 @@ def test_outputs_and_gradients_read_on_the_gpu_equal_the_host_reads():
         assert torch.equal(t, before)
 
 
-def test_bf16_inputs_take_torch_bfloat16():
+def test_bf16_values_travel_as_torch_bfloat16():
     g = seam.Graph()
-    x = g.input("x", [4, 8], "bf16")
-    out = seam.nn.linear(x, 5, "fc")
+    x, z = g.input("x", [4, 8], "bf16"), g.input("z", [4, 8], "bf16")
+    out = seam.relu(x * z)
     step = seam.Model(g, seed=1, device="cuda").compile(outputs=[out], mode="eval")
     xt = torch.randn(4, 8, device="cuda").to(torch.bfloat16)
+    zt = torch.randn(4, 8, device="cuda").to(torch.bfloat16)
     step.set_input("x", xt)
+    step.set_input("z", zt)
     step.run()
-    a = step.read(out.name)
-    step.set_input("x", xt.cpu().view(torch.int16).numpy().view(np.uint16))  # numpy has no bf16: its bits
+    on_gpu = torch.from_dlpack(step.read(out.name, device="cuda"))
+    assert on_gpu.dtype == torch.bfloat16
+    assert torch.equal(on_gpu, torch.relu(xt * zt))  # one product, rounded once, either side
+    bits = lambda t: t.cpu().view(torch.int16).numpy().view(np.uint16)  # numpy has no bf16: its bits
+    assert np.array_equal(step.read(out.name), bits(on_gpu))
+    step.set_input("x", bits(xt))
+    step.set_input("z", bits(zt))
     step.run()
-    assert np.array_equal(a, step.read(out.name))
+    assert np.array_equal(step.read(out.name), bits(on_gpu))
 
 
 def test_wrong_gpu_inputs_raise_value_error_naming_them():

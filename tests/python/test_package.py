@@ -156,6 +156,26 @@ def test_one_step_is_the_cli_step_bit_for_bit(tmp_path):
         assert np.array_equal(step.read_grad(name), after["grad/" + name]), name
 
 
+def test_every_public_function_and_class_has_a_docstring():
+    import inspect
+
+    def documented(obj):
+        doc = (getattr(obj, "__doc__", None) or "").strip()
+        if isinstance(obj, property) or inspect.isclass(obj) or inspect.ismodule(obj):
+            return bool(doc)
+        # nanobind's docstrings open with the signature; the text follows it.
+        return len([line for line in doc.splitlines() if line.strip()]) >= 2
+
+    missing = []
+    for name in seam.__all__:
+        obj = getattr(seam, name)
+        members = vars(obj).items() if inspect.isclass(obj) else []
+        missing += [name] if not documented(obj) else []
+        missing += [f"{name}.{m}" for m, v in members if not m.startswith("_") and not documented(v)]
+    missing += [f"nn.{m}" for m in dir(seam.nn) if not m.startswith("_") and not documented(getattr(seam.nn, m))]
+    assert not missing, missing
+
+
 def test_python_m_seam_runs_the_command_line():
     import sys
 
