@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ew_cases.h"
 #include "gpu_check.h"
 
 using namespace seam;
@@ -18,6 +19,8 @@ using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::f32;
 using seam::gpu_testing::GpuCase;
 using seam::gpu_testing::Tolerance;
+using seam::gpu_testing::binary_ops;
+using seam::gpu_testing::unary_cases;
 
 namespace {
 
@@ -37,36 +40,10 @@ CompareOptions transcendental() { return {Precision::f32, {3e-5, 3e-4, 1e-6}}; }
 // scalar tail: 999 * 1027), and numel % 4 == 0 (float4 only).
 const std::vector<Shape> kShapes = {{1}, {3}, {7}, {129}, {3, 7, 129}, {1000, 1027}, {999, 1027}, {512, 1024}};
 
-struct UnaryCase {
-  std::string name;
-  std::function<Var(Var)> f;
-  double lo, hi;
-  bool transcendental;
-};
-
 }  // namespace
 
 TEST(GpuElementwise, EveryUnaryOpAndItsGradientMatchTheCpu) {
-  const std::vector<UnaryCase> cases = {
-      {"relu", [](Var x) { return relu(x); }, -1, 1, false},
-      {"leaky_relu", [](Var x) { return leaky_relu(x); }, -1, 1, false},
-      {"leaky_relu(0.3)", [](Var x) { return leaky_relu(x, 0.3); }, -1, 1, false},
-      {"sigmoid", [](Var x) { return sigmoid(x); }, -4, 4, true},
-      {"tanh", [](Var x) { return tanh(x); }, -3, 3, true},
-      {"gelu", [](Var x) { return gelu(x); }, -3, 3, true},
-      {"gelu_tanh", [](Var x) { return gelu(x, true); }, -3, 3, true},
-      {"silu", [](Var x) { return silu(x); }, -4, 4, true},
-      {"exp", [](Var x) { return exp(x); }, -3, 3, true},
-      {"log", [](Var x) { return log(x); }, 0.2, 3, true},
-      {"sqrt", [](Var x) { return sqrt(x); }, 0.2, 3, true},
-      {"pow(2.5)", [](Var x) { return pow(x, 2.5); }, 0.2, 3, true},
-      {"pow(-1.5)", [](Var x) { return pow(x, -1.5); }, 0.2, 3, true},
-      {"scale", [](Var x) { return scale(x, 0.37); }, -1, 1, false},
-      {"neg", [](Var x) { return neg(x); }, -1, 1, false},
-      {"abs", [](Var x) { return seam::abs(x); }, -1, 1, false},
-      {"erf", [](Var x) { return seam::erf(x); }, -3, 3, true},
-  };
-  for (auto& u : cases)
+  for (auto& u : unary_cases())
     for (auto& s : kShapes) {
       SCOPED_TRACE(u.name + " of " + shape_str(s));
       compare_with_cpu([&](GpuCase& c) { return u.f(c.param("x", s, u.lo, u.hi)); },
@@ -75,18 +52,13 @@ TEST(GpuElementwise, EveryUnaryOpAndItsGradientMatchTheCpu) {
 }
 
 TEST(GpuElementwise, EveryBinaryOpBroadcastsAndMatchesTheCpu) {
-  const std::vector<std::pair<std::string, std::function<Var(Var, Var)>>> ops = {
-      {"add", [](Var a, Var b) { return add(a, b); }},         {"sub", [](Var a, Var b) { return sub(a, b); }},
-      {"mul", [](Var a, Var b) { return mul(a, b); }},         {"div", [](Var a, Var b) { return div(a, b); }},
-      {"maximum", [](Var a, Var b) { return maximum(a, b); }}, {"minimum", [](Var a, Var b) { return minimum(a, b); }},
-  };
   const std::vector<std::pair<Shape, Shape>> pairs = {
       {{1}, {1}},           {{3}, {3}},           {{3, 7}, {3, 7}},         {{3, 7}, {7}},
       {{3, 1}, {1, 7}},     {{1}, {2, 3, 7}},     {{2, 1, 3}, {7, 1}},      {{129}, {1}},
       {{1, 7}, {7}},        {{5, 1, 129}, {4, 1}}, {{1000, 1027}, {1000, 1027}}, {{999, 1027}, {999, 1027}},
       {{512, 1024}, {1024}}, {{1000, 1}, {1000, 1027}}, {{1024}, {4, 3, 1024}}, {{6, 5, 12}, {5, 12}},
   };
-  for (auto& [name, f] : ops)
+  for (auto& [name, f] : binary_ops())
     for (auto& [sa, sb] : pairs) {
       SCOPED_TRACE(name + " of " + shape_str(sa) + " and " + shape_str(sb));
       // b stays away from 0 so that div and its gradient are tame.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "ew_cases.h"
 #include "gpu_check.h"
 
 using namespace seam;
@@ -33,6 +34,8 @@ using seam::gpu_testing::compare_with_cpu;
 using seam::gpu_testing::CompareOptions;
 using seam::gpu_testing::GpuCase;
 using seam::gpu_testing::Tolerance;
+using seam::gpu_testing::binary_ops;
+using seam::gpu_testing::unary_cases;
 
 namespace {
 
@@ -94,45 +97,6 @@ Var reduce(Var x, bool is_mean, const std::vector<int64_t>& axes, bool keepdims,
 // Elementwise shapes: tiny ones, odd ones, numel % 8 != 0 (8-value vectors plus a scalar
 // tail: 999 * 1027 and 3 * 7 * 129), numel % 8 == 0 (vectors only).
 const std::vector<Shape> kShapes = {{1}, {3}, {7}, {129}, {3, 7, 129}, {999, 1027}, {512, 1024}};
-
-struct UnaryCase {
-  std::string name;
-  std::function<Var(Var)> f;
-  double lo, hi;
-};
-
-const std::vector<UnaryCase>& unary_cases() {
-  static const std::vector<UnaryCase> v = {
-      {"relu", [](Var x) { return relu(x); }, -1, 1},
-      {"leaky_relu", [](Var x) { return leaky_relu(x); }, -1, 1},
-      {"leaky_relu(0.3)", [](Var x) { return leaky_relu(x, 0.3); }, -1, 1},
-      {"sigmoid", [](Var x) { return sigmoid(x); }, -4, 4},
-      {"tanh", [](Var x) { return tanh(x); }, -3, 3},
-      {"gelu", [](Var x) { return gelu(x); }, -3, 3},
-      {"gelu_tanh", [](Var x) { return gelu(x, true); }, -3, 3},
-      {"silu", [](Var x) { return silu(x); }, -4, 4},
-      {"exp", [](Var x) { return exp(x); }, -3, 3},
-      {"log", [](Var x) { return log(x); }, 0.2, 3},
-      {"sqrt", [](Var x) { return sqrt(x); }, 0.2, 3},
-      {"pow(2.5)", [](Var x) { return pow(x, 2.5); }, 0.2, 3},
-      {"pow(-1.5)", [](Var x) { return pow(x, -1.5); }, 0.2, 3},
-      {"scale", [](Var x) { return scale(x, 0.37); }, -1, 1},
-      {"neg", [](Var x) { return neg(x); }, -1, 1},
-      {"abs", [](Var x) { return seam::abs(x); }, -1, 1},
-      {"erf", [](Var x) { return seam::erf(x); }, -3, 3},
-  };
-  return v;
-}
-
-using BinaryFn = std::function<Var(Var, Var)>;
-const std::vector<std::pair<std::string, BinaryFn>>& binary_ops() {
-  static const std::vector<std::pair<std::string, BinaryFn>> v = {
-      {"add", [](Var a, Var b) { return add(a, b); }},         {"sub", [](Var a, Var b) { return sub(a, b); }},
-      {"mul", [](Var a, Var b) { return mul(a, b); }},         {"div", [](Var a, Var b) { return div(a, b); }},
-      {"maximum", [](Var a, Var b) { return maximum(a, b); }}, {"minimum", [](Var a, Var b) { return minimum(a, b); }},
-  };
-  return v;
-}
 
 }  // namespace
 

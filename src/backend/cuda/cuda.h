@@ -213,9 +213,11 @@ void expect_f32(const StepArgs& a, std::initializer_list<IntOperand> integers = 
 void expect_dtype(const StepArgs& a, const DeviceTensor& t, std::initializer_list<DType> allowed);
 // f32, bf16 or f16: the storage types the kernels template on (storage.cuh).
 inline constexpr std::initializer_list<DType> kStored = {DType::f32, DType::bf16, DType::f16};
-// Throws unless every input and output of the step has one dtype, a storage type; returns
-// it. For the kernels whose operands all share one dtype.
-DType expect_one_stored_dtype(const StepArgs& a);
+// With f64: the kernels that compute in compute_t (storage.cuh).
+inline constexpr std::initializer_list<DType> kValues = {DType::f32, DType::bf16, DType::f16, DType::f64};
+// Throws unless every input and output of the step has one dtype, one of `allowed`;
+// returns it. For the kernels whose operands all share one dtype.
+DType expect_one_stored_dtype(const StepArgs& a, std::initializer_list<DType> allowed = kStored);
 
 // The most blocks a grid-stride kernel needs to fill the GPU: a few per multiprocessor.
 inline unsigned grid_cap(const Context& ctx) { return static_cast<unsigned>(std::max(ctx.sm_count, 1) * 8); }

@@ -35,6 +35,8 @@ inline cudnnHandle_t cudnn_of(const Context& ctx) { return static_cast<cudnnHand
 // bf16 and f16 data alike: cuDNN takes float blend factors for every type but double.
 inline const float kOne = 1.0f;
 inline const float kZero = 0.0f;
+inline const double kOneF64 = 1.0;
+inline const double kZeroF64 = 0.0;
 
 // One cuDNN descriptor, destroyed with its owner; not copyable (launches share it).
 template <class T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
@@ -86,8 +88,9 @@ inline cudnnDataType_t cudnn_type(const StepArgs& a, DType t) {
     case DType::f32: return CUDNN_DATA_FLOAT;
     case DType::bf16: return CUDNN_DATA_BFLOAT16;
     case DType::f16: return CUDNN_DATA_HALF;
+    case DType::f64: return CUDNN_DATA_DOUBLE;  // pooling only: the other steps take kStored
     default:
-      fail(op_name(a.step.op), " '", a.step.name, "': cuDNN is given f32, bf16 or f16 data, got ", dtype_name(t));
+      fail(op_name(a.step.op), " '", a.step.name, "': cuDNN is given f32, bf16, f16 or f64 data, got ", dtype_name(t));
   }
 }
 

@@ -1,7 +1,7 @@
 // CUDA kernels of the elementwise ops, generated from the expressions in seam/ops.def
 // exactly as the CPU reference (src/backend/cpu/elementwise.cpp) generates its loops.
-// Every operand has one storage type T (f32, bf16 or f16, storage.cuh); values are
-// computed in float and rounded once, when stored.
+// Every operand has one storage type T (f32, bf16, f16 or f64, storage.cuh); values are
+// computed in compute_t<T> (float, or double for f64) and rounded once, when stored.
 //
 // Same-shape operands take a contiguous path with 16-byte loads and stores (4 floats or
 // 8 16-bit values) when every pointer is 16-byte aligned, plus a scalar tail;
@@ -78,35 +78,44 @@ using std::tanh;
 }  // namespace fn
 
 // What one output element is, given its kIn operand values v[0..kIn) in the order of the
-// step's inputs.
+// step's inputs, in the compute type C. The op's scalar attribute is kept in double and
+// taken in C (as the CPU reference does at either precision).
 template <class F>
 struct UnaryFwd {  // (x)
   static constexpr int kIn = 1;
-  float p;
-  __device__ float operator()(const float* v) const { return F::fwd(v[0], p); }
+  double p;
+  template <class C>
+  __device__ C operator()(const C* v) const {
+    return F::fwd(v[0], static_cast<C>(p));
+  }
 };
 
 template <class F>
 struct UnaryBwd {  // (dy) or (dy, x) or (dy, y), as the op's `uses` says
   static constexpr int kIn = F::kUses == Uses::N ? 1 : 2;
-  float p;
-  __device__ float operator()(const float* v) const {
-    if constexpr (F::kUses == Uses::X) return F::bwd(v[1], 0.0f, v[0], p);
-    else if constexpr (F::kUses == Uses::Y) return F::bwd(0.0f, v[1], v[0], p);
-    else return F::bwd(0.0f, 0.0f, v[0], p);
+  double p;
+  template <class C>
+  __device__ C operator()(const C* v) const {
+    if constexpr (F::kUses == Uses::X) return F::bwd(v[1], C(0), v[0], static_cast<C>(p));
+    else if constexpr (F::kUses == Uses::Y) return F::bwd(C(0), v[1], v[0], static_cast<C>(p));
+    else return F::bwd(C(0), C(0), v[0], static_cast<C>(p));
   }
 };
 
 template <class F>
 struct BinaryFwd {  // (a, b)
   static constexpr int kIn = 2;
-  __device__ float operator()(const float* v) const { return F::fwd(v[0], v[1]); }
+  template <class C>
+  __device__ C operator()(const C* v) const {
+    return F::fwd(v[0], v[1]);
+  }
 };
 
 template <class F, int Side>
 struct BinaryBwd {  // (dy, a, b)
   static constexpr int kIn = 3;
-  __device__ float operator()(const float* v) const {
+  template <class C>
+  __device__ C operator()(const C* v) const {
     if constexpr (Side == 0) return F::grad_a(v[1], v[2], v[0]);
     else return F::grad_b(v[1], v[2], v[0]);
   }
@@ -168,18 +177,18 @@ __global__ void __launch_bounds__(kThreads)
     Pack<T> r;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      float a[N];
+      compute_t<T> a[N];
 #pragma unroll
-      for (int k = 0; k < N; ++k) a[k] = to_float(v[k].v[e]);
-      r.v[e] = from_float<T>(g(a));
+      for (int k = 0; k < N; ++k) a[k] = to_compute(v[k].v[e]);
+      r.v[e] = from_compute<T>(g(a));
     }
     reinterpret_cast<Pack<T>*>(out)[i] = r;
   }
   for (int64_t i = nvec * V + first; i < n; i += stride) {
-    float a[N];
+    compute_t<T> a[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = to_float(in.p[k][i]);
-    out[i] = from_float<T>(g(a));
+    for (int k = 0; k < N; ++k) a[k] = to_compute(in.p[k][i]);
+    out[i] = from_compute<T>(g(a));
   }
 }
 
@@ -201,10 +210,10 @@ __global__ void __launch_bounds__(kThreads)
     Pack<T> r;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      float a[N];
+      compute_t<T> a[N];
 #pragma unroll
-      for (int k = 0; k < N; ++k) a[k] = to_float(v[k].v[e]);
-      r.v[e] = from_float<T>(g(a));
+      for (int k = 0; k < N; ++k) a[k] = to_compute(v[k].v[e]);
+      r.v[e] = from_compute<T>(g(a));
     }
     reinterpret_cast<Pack<T>*>(out)[i] = r;
   }
@@ -219,10 +228,10 @@ __global__ void __launch_bounds__(kThreads)
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     I off[N];
     offsets_of<N, I>(s, i, off);
-    float a[N];
+    compute_t<T> a[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) a[k] = to_float(in.p[k][off[k]]);
-    out[i] = from_float<T>(g(a));
+    for (int k = 0; k < N; ++k) a[k] = to_compute(in.p[k][off[k]]);
+    out[i] = from_compute<T>(g(a));
   }
 }
 
@@ -332,16 +341,14 @@ Launch prepare_ew(const StepArgs& a, G g) {
   constexpr int N = G::kIn;
   if (a.in.size() != static_cast<size_t>(N) || a.out.size() != 1)
     fail(op_name(a.step.op), " '", a.step.name, "': expected ", N, " inputs, got ", a.in.size());
-  const DType t = expect_one_stored_dtype(a);
+  const DType t = expect_one_stored_dtype(a, kValues);
   Launch l;
-  dispatch_storage(t, op_name(a.step.op), [&]<class T>() { l = prepare_ew_as<G, T>(a, g); });
+  dispatch_value(t, op_name(a.step.op), [&]<class T>() { l = prepare_ew_as<G, T>(a, g); });
   return l;
 }
 
 // The op's scalar attribute, read once here (0 for ops without one).
-float scalar_attr(const StepArgs& a, const char* attr) {
-  return *attr ? static_cast<float>(a.step.attrs.f(attr)) : 0.0f;
-}
+double scalar_attr(const StepArgs& a, const char* attr) { return *attr ? a.step.attrs.f(attr) : 0.0; }
 
 template <class F>
 Launch unary_fwd(const StepArgs& a) {

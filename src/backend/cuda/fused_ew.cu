@@ -223,8 +223,12 @@ static_assert(offsetof(DeviceCounters, step) == 0 && offsetof(DeviceCounters, se
               "generated kernels read the step and the seed as the counters' first two words");
 
 Launch prepare_fused_elementwise(const StepArgs& a) {
+  bool f64 = false;
   for (auto* ts : {&a.in, &a.out})
-    for (const DeviceTensor& t : *ts) expect_dtype(a, t, kStored);
+    for (const DeviceTensor& t : *ts) {
+      expect_dtype(a, t, kValues);
+      f64 = f64 || t.dtype() == DType::f64;
+    }
   const EwProgram& prog = EwProgram::cached(a.step.attrs.s("program"));
   std::vector<Shape> in_shapes;
   for (auto& t : a.in) in_shapes.push_back(t.shape());
@@ -233,6 +237,12 @@ Launch prepare_fused_elementwise(const StepArgs& a) {
   const Shape& os = w.shape;
   const int64_t n = numel(os);
   if (n == 0 && !prog.reduces() && !prog.normalizes()) return [](cudaStream_t) {};
+  // The generated kernels compute in float; the op kernels compute f64 in double. A group
+  // with f64 values (all of it f64: the fusion pass keeps f64 among f64) runs op by op.
+  if (f64) {
+    a.ctx.choices.emplace_back(a.index, "split: f64 values, which the generated kernels do not compute in double");
+    return split_variant(a, a.step.attrs.s("program"), os).launch;
+  }
   // Past the generated kernel's limits (or with nothing to walk), the group runs as one
   // kernel per op.
   if (a.in.size() > static_cast<size_t>(kEwMaxInputs) || a.out.size() > static_cast<size_t>(kEwMaxOutputs) ||

@@ -1,9 +1,10 @@
-// Pooling on the GPU (f32, bf16 or f16, one dtype for every operand of a step), NCHW or,
+// Pooling on the GPU (f32, bf16, f16 or f64, one dtype for every operand of a step), NCHW or,
 // with layout nhwc (src/ops/layout.h), channels-last with every 4-d shape written in
 // memory order ([N, H, W, C]): max and average pooling forward on cuDNN; both gradients
 // and the global average as small kernels here (cuDNN's max-pooling backward took 93 us
 // on ResNet-18's f32 [256, 64, 16, 16] for 40 MB of traffic), templated on the storage
-// type (and the layout) and computing in float (the global sums in double). cuDNN's descriptors and every geometry check take the
+// type (and the layout) and computing in compute_t (float, double for f64; the global
+// sums in double). cuDNN's descriptors and every geometry check take the
 // logical NCHW dims. Semantics as the CPU reference (src/backend/cpu/pool.cpp): floor
 // mode, so windows never pass the padding; count_include_pad chooses the divisor.
 #include <algorithm>
@@ -75,16 +76,19 @@ std::shared_ptr<PoolSetup> pool_setup(const StepArgs& a, const Shape& xs, const 
 }
 
 Launch prepare_pool_forward(const StepArgs& a, cudnnPoolingMode_t mode) {
-  expect_one_stored_dtype(a);
+  expect_one_stored_dtype(a, kValues);
   const bool nhwc = step_nhwc(a);
   const PoolGeom g = pool_geom(a, a.in[0].shape(), a.out[0].shape(), nhwc);
   auto s = pool_setup(a, a.in[0].shape(), a.out[0].shape(), g, mode, nhwc);
   cudnnHandle_t h = cudnn_of(a.ctx);
   const void* x = a.in[0].data;
   void* y = a.out[0].data;
-  return [s, h, x, y](cudaStream_t stream) {
+  const bool f64 = a.in[0].dtype() == DType::f64;
+  const void* one = f64 ? static_cast<const void*>(&kOneF64) : &kOne;
+  const void* zero = f64 ? static_cast<const void*>(&kZeroF64) : &kZero;
+  return [s, h, x, y, one, zero](cudaStream_t stream) {
     SEAM_CUDNN_CHECK(cudnnSetStream(h, stream));
-    SEAM_CUDNN_CHECK(cudnnPoolingForward(h, s->pool, &kOne, s->x, x, &kZero, s->y, y));
+    SEAM_CUDNN_CHECK(cudnnPoolingForward(h, s->pool, one, s->x, x, zero, s->y, y));
   };
 }
 
@@ -230,9 +234,9 @@ __global__ void max_pool_argmax_kernel(const T* __restrict__ x, int32_t* __restr
     window_at<Nhwc, V>(i, g, x_base, step, y0, x0);
     const I ya = max(y0, I{0}), yb = min(y0 + g.kh, g.h), xa = max(x0, I{0}), xb = min(x0 + g.kw, g.w);
     Pack<int32_t, V> best;
-    float b[V];
+    compute_t<T> b[V];
 #pragma unroll
-    for (int k = 0; k < V; ++k) best.v[k] = -1, b[k] = 0.f;
+    for (int k = 0; k < V; ++k) best.v[k] = -1, b[k] = 0;
     for (I jy = ya; jy < yb; ++jy)
 #pragma unroll 3
       for (I jx = xa; jx < xb; ++jx) {
@@ -240,7 +244,7 @@ __global__ void max_pool_argmax_kernel(const T* __restrict__ x, int32_t* __restr
         const auto at = static_cast<int32_t>((jy - y0) * g.kw + (jx - x0));
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const float v = to_float(p.v[k]);
+          const compute_t<T> v = to_compute(p.v[k]);
           if (best.v[k] < 0 || (!(v <= b[k]) && b[k] == b[k])) best.v[k] = at, b[k] = v;
         }
       }
@@ -259,7 +263,7 @@ __global__ void max_pool_grad_kernel(const T* __restrict__ dy, const int32_t* __
     I oy0, oy1, ox0, ox1;
     covering(at.iy, g.ph, g.kh, g.by_sh, g.oh, oy0, oy1);
     covering(at.ix, g.pw, g.kw, g.by_sw, g.ow, ox0, ox1);
-    float s[V] = {};
+    compute_t<T> s[V] = {};
     for (I oy = oy0; oy <= oy1; ++oy)
       for (I ox = ox0; ox <= ox1; ++ox) {
         const I o = at.y_base + (oy * g.ow + ox) * at.step;
@@ -268,11 +272,11 @@ __global__ void max_pool_grad_kernel(const T* __restrict__ dy, const int32_t* __
         const Pack<T, V> d = load<V>(dy + o);
 #pragma unroll
         for (int k = 0; k < V; ++k)
-          if (w.v[k] == here) s[k] += to_float(d.v[k]);
+          if (w.v[k] == here) s[k] += to_compute(d.v[k]);
       }
     Pack<T, V> out;
 #pragma unroll
-    for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(s[k]);
+    for (int k = 0; k < V; ++k) out.v[k] = from_compute<T>(s[k]);
     *reinterpret_cast<Pack<T, V>*>(dx + i * V) = out;
   });
 }
@@ -318,7 +322,7 @@ struct MaxPoolGrad {
 // inputs: dy, x, y (the forward output; the gradient finds each window's maximum in x
 // itself, so y is not read).
 Launch prepare_max_pool2d_grad(const StepArgs& a) {
-  expect_one_stored_dtype(a);
+  expect_one_stored_dtype(a, kValues);
   const Shape& xs = a.in[1].shape();
   const Shape& ys = a.in[0].shape();
   if (a.in[2].shape() != ys || a.out[0].shape() != xs)
@@ -328,7 +332,7 @@ Launch prepare_max_pool2d_grad(const StepArgs& a) {
   const PoolGeom g = pool_geom(a, xs, ys, nhwc);
   auto* arg = static_cast<int32_t*>(a.ctx.scratch(static_cast<size_t>(g.planes * g.oh * g.ow) * sizeof(int32_t)));
   Launch launch;
-  dispatch_storage(a.in[0].dtype(), "max_pool2d_grad", [&]<class T>() {
+  dispatch_value(a.in[0].dtype(), "max_pool2d_grad", [&]<class T>() {
     const T *dy = a.in[0].as<const T>(), *x = a.in[1].as<const T>();
     T* dx = a.out[0].as<T>();
     const int vec = vec_of<T>(g, nhwc, {dy, x, dx, arg});
@@ -352,7 +356,7 @@ __global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ d
     I oy0, oy1, ox0, ox1;
     covering(at.iy, g.ph, g.kh, g.by_sh, g.oh, oy0, oy1);
     covering(at.ix, g.pw, g.kw, g.by_sw, g.ow, ox0, ox1);
-    float s[V] = {};
+    compute_t<T> s[V] = {};
     for (I oy = oy0; oy <= oy1; ++oy) {
       const I ys = oy * g.sh - g.ph;
       const I rows = min(ys + g.kh, g.h) - max(ys, I{0});
@@ -364,12 +368,12 @@ __global__ void avg_pool_grad_kernel(const T* __restrict__ dy, T* __restrict__ d
         }
         const Pack<T, V> p = load<V>(d + (oy * g.ow + ox) * at.step);
 #pragma unroll
-        for (int k = 0; k < V; ++k) s[k] += to_float(p.v[k]) / static_cast<float>(div);
+        for (int k = 0; k < V; ++k) s[k] += to_compute(p.v[k]) / static_cast<compute_t<T>>(div);
       }
     }
     Pack<T, V> out;
 #pragma unroll
-    for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(s[k]);
+    for (int k = 0; k < V; ++k) out.v[k] = from_compute<T>(s[k]);
     *reinterpret_cast<Pack<T, V>*>(dx + i * V) = out;
   });
 }
@@ -383,11 +387,11 @@ struct AvgPoolGrad {
 
 // inputs: dy; attribute shape = x's shape (in the step's layout).
 Launch prepare_avg_pool2d_grad(const StepArgs& a) {
-  expect_one_stored_dtype(a);
+  expect_one_stored_dtype(a, kValues);
   const bool nhwc = step_nhwc(a);
   const PoolGeom g = pool_geom(a, a.out[0].shape(), a.in[0].shape(), nhwc);
   Launch launch;
-  dispatch_storage(a.in[0].dtype(), "avg_pool2d_grad", [&]<class T>() {
+  dispatch_value(a.in[0].dtype(), "avg_pool2d_grad", [&]<class T>() {
     const T* dy = a.in[0].as<const T>();
     T* dx = a.out[0].as<T>();
     const int vec = vec_of<T>(g, nhwc, {dy, dx});
@@ -407,9 +411,9 @@ __global__ void global_avg_warp_kernel(const T* __restrict__ x, T* __restrict__ 
   for (int64_t p = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; p < planes; p += warps) {
     const T* xp = x + p * hw;
     double s = 0;
-    for (int64_t i = lane; i < hw; i += 32) s += to_float(xp[i]);
+    for (int64_t i = lane; i < hw; i += 32) s += to_compute(xp[i]);
     s = warp_sum(s);
-    if (lane == 0) y[p] = from_float<T>(static_cast<float>(s / static_cast<double>(hw)));
+    if (lane == 0) y[p] = from_compute<T>(static_cast<compute_t<T>>(s / static_cast<double>(hw)));
   }
 }
 
@@ -419,9 +423,9 @@ __global__ void global_avg_block_kernel(const T* __restrict__ x, T* __restrict__
   for (int64_t p = blockIdx.x; p < planes; p += gridDim.x) {
     const T* xp = x + p * hw;
     double s = 0;
-    for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) s += to_float(xp[i]);
+    for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) s += to_compute(xp[i]);
     s = block_sum(s);
-    if (threadIdx.x == 0) y[p] = from_float<T>(static_cast<float>(s / static_cast<double>(hw)));
+    if (threadIdx.x == 0) y[p] = from_compute<T>(static_cast<compute_t<T>>(s / static_cast<double>(hw)));
   }
 }
 
@@ -441,13 +445,13 @@ __global__ void global_avg_nhwc_kernel(const T* __restrict__ x, T* __restrict__ 
     const int64_t n = job / chunks, c = (job - n * chunks) * 32 + threadIdx.x;
     double s = 0;
     if (c < channels)
-      for (int64_t i = threadIdx.y; i < hw; i += kRows) s += to_float(x[(n * hw + i) * channels + c]);
+      for (int64_t i = threadIdx.y; i < hw; i += kRows) s += to_compute(x[(n * hw + i) * channels + c]);
     part[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && c < channels) {
       double t = 0;
       for (int r = 0; r < kRows; ++r) t += part[r][threadIdx.x];
-      y[n * channels + c] = from_float<T>(static_cast<float>(t / static_cast<double>(hw)));
+      y[n * channels + c] = from_compute<T>(static_cast<compute_t<T>>(t / static_cast<double>(hw)));
     }
     __syncthreads();  // part is written again by the next job
   }
@@ -483,7 +487,7 @@ Launch global_avg_pool_as(const StepArgs& a, bool nhwc) {
 }
 
 Launch prepare_global_avg_pool(const StepArgs& a) {
-  expect_one_stored_dtype(a);
+  expect_one_stored_dtype(a, kValues);
   const bool nhwc = step_nhwc(a);
   const Shape& s = a.in[0].shape();
   if (s.size() != 4)
@@ -494,7 +498,7 @@ Launch prepare_global_avg_pool(const StepArgs& a) {
     fail("global_avg_pool '", a.step.name, "': y ", shape_str(a.out[0].shape()), " does not fit x ", shape_str(s),
          " (want ", shape_str(want), ")");
   Launch launch;
-  dispatch_storage(a.in[0].dtype(), "global_avg_pool", [&]<class T>() { launch = global_avg_pool_as<T>(a, nhwc); });
+  dispatch_value(a.in[0].dtype(), "global_avg_pool", [&]<class T>() { launch = global_avg_pool_as<T>(a, nhwc); });
   return launch;
 }
 

@@ -3,7 +3,7 @@
 // so double adds cost nothing on the GPUs we target) and is deterministic: a fixed
 // partition of the work and fixed-order combines, no atomics. The input is stored as
 // TI and the output as TO (f32, bf16 or f16 each: a sum of bf16 values may be written
-// in f32), and the result is rounded once, when stored.
+// in f32; or both f64), and the result is rounded once, when stored.
 //
 // The input's dims are first collapsed into alternating kept/reduced groups (size-1
 // dims dropped, neighbours of the same kind merged). Then:
@@ -64,11 +64,11 @@ __device__ __forceinline__ int64_t offset_of(const Dims& m, int64_t i) {
 
 template <class T>
 __device__ __forceinline__ double load_d(const T* p, int64_t i) {
-  return static_cast<double>(to_float(p[i]));
+  return static_cast<double>(to_compute(p[i]));
 }
 template <class T>
 __device__ __forceinline__ void store_d(T* p, int64_t i, double v) {
-  p[i] = from_float<T>(static_cast<float>(v));
+  p[i] = from_compute<T>(static_cast<compute_t<T>>(v));
 }
 
 // One thread per output element.
@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(32 * kPartRows) add_partials_kernel(const Part
       switch (p.dtype[r]) {  // block-uniform
         case DType::bf16: store_d(static_cast<bf16_t*>(p.out[r]), o, v); break;
         case DType::f16: store_d(static_cast<f16_t*>(p.out[r]), o, v); break;
+        case DType::f64: store_d(static_cast<double*>(p.out[r]), o, v); break;
         default: store_d(static_cast<float*>(p.out[r]), o, v); break;
       }
     }
@@ -301,12 +302,16 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
   };
 }
 
-// The input and the output may each be stored as f32, bf16 or f16.
+// The input and the output may each be stored as f32, bf16 or f16, or both as f64.
 Launch prepare_reduce(const StepArgs& a, bool mean) {
-  expect_dtype(a, a.in[0], kStored);
-  expect_dtype(a, a.out[0], kStored);
   const char* what = op_name(a.step.op);
   Launch l;
+  if (a.in[0].dtype() == DType::f64 || a.out[0].dtype() == DType::f64) {
+    expect_one_stored_dtype(a, {DType::f64});
+    return prepare_reduce_as<double, double>(a, mean);
+  }
+  expect_dtype(a, a.in[0], kStored);
+  expect_dtype(a, a.out[0], kStored);
   dispatch_storage(a.in[0].dtype(), what, [&]<class TI>() {
     dispatch_storage(a.out[0].dtype(), what, [&]<class TO>() { l = prepare_reduce_as<TI, TO>(a, mean); });
   });

@@ -182,9 +182,9 @@ void expect_dtype(const StepArgs& a, const DeviceTensor& t, std::initializer_lis
        index, ", got ", t.type.str());
 }
 
-DType expect_one_stored_dtype(const StepArgs& a) {
+DType expect_one_stored_dtype(const StepArgs& a, std::initializer_list<DType> allowed) {
   const DeviceTensor& first = a.in.empty() ? a.out.at(0) : a.in[0];
-  expect_dtype(a, first, kStored);
+  expect_dtype(a, first, allowed);
   for (auto* list : {&a.in, &a.out})
     for (const DeviceTensor& t : *list) expect_dtype(a, t, {first.dtype()});
   return first.dtype();

@@ -1,7 +1,9 @@
-// Storage types of the CUDA kernels. Values are stored as f32, bf16 or f16 and always
-// computed in float: a kernel templated on its storage type T loads with to_float and
-// stores with from_float (round to nearest even), so one implementation serves every
-// precision.
+// Storage types of the CUDA kernels. Values are stored as f32, bf16 or f16 and computed
+// in float: a kernel templated on its storage type T loads with to_float and stores with
+// from_float (round to nearest even), so one implementation serves every precision.
+// Kernels that also take f64 (elementwise, reductions, pooling, casts: what an f64
+// network that is not trained on tensor cores needs) compute in compute_t<T>, which is
+// double for it, through to_compute and from_compute, and dispatch with dispatch_value.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -39,10 +41,33 @@ void dispatch_storage(DType t, const char* what, F&& f) {
   }
 }
 
+// What a kernel computes in for storage type T: double for f64, float otherwise.
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+__device__ __forceinline__ compute_t<T> to_compute(T v) {
+  if constexpr (std::is_same_v<T, double>) return v;
+  else return to_float(v);
+}
+template <class T>
+__device__ __forceinline__ T from_compute(compute_t<T> v) {
+  if constexpr (std::is_same_v<T, double>) return v;
+  else return from_float<T>(v);
+}
+
+// dispatch_storage with f64 (double) as well, for the kernels that compute in compute_t.
+template <class F>
+void dispatch_value(DType t, const char* what, F&& f) {
+  if (t == DType::f64) f.template operator()<double>();
+  else dispatch_storage(t, what, f);
+}
+
 // The storage type of a DType, for checks (dtype_of<float>() == DType::f32).
 template <class T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, double>) return DType::f64;
   else if constexpr (std::is_same_v<T, bf16_t>) return DType::bf16;
   else return DType::f16;
 }
