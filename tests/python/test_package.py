@@ -114,6 +114,13 @@ def test_wrong_inputs_raise_value_error_naming_them():
         step.read_grad("nope")
     with pytest.raises(seam.Error, match="no output named 'nope'"):
         step.read("nope")
+    # GPU reads (device="cuda") need a program on the GPU.
+    with pytest.raises(seam.Error, match="runs on the CPU"):
+        step.read(loss.name, device="cuda")
+    with pytest.raises(seam.Error, match="runs on the CPU"):
+        step.read_grad("fc1.weight", device="cuda")
+    with pytest.raises(ValueError, match="device is 'cpu'.*got 'gpu'"):
+        step.read(loss.name, device="gpu")
 
 
 def test_seam_errors_are_seam_error(tmp_path):
