@@ -75,9 +75,9 @@ Array to_numpy(std::vector<std::byte> bytes, const TensorType& t) {
 }
 
 // Checks an array against the plan's type of an input: ValueError naming the input, what
-// it takes and what came. nullptr for an input of the model this plan does not read.
+// it takes and what came (or the program's inputs, for a name it does not read).
 template <class... Ts>
-const Binding* checked_input(const Program& p, const std::string& name, const nb::ndarray<Ts...>& a) {
+void checked_input(const Program& p, const std::string& name, const nb::ndarray<Ts...>& a) {
   const Binding* b = p.plan().input(name);
   if (!b) {
     std::string known;
@@ -92,7 +92,6 @@ const Binding* checked_input(const Program& p, const std::string& name, const nb
     throw nb::value_error(("input '" + name + "' takes " + t.str() + ", got an array of shape " + shape_str(shape) +
                            (same_dtype ? "" : " and another dtype"))
                               .c_str());
-  return b;
 }
 
 // An array in the memory of a GPU, through DLPack: its producer makes the program's
@@ -121,8 +120,7 @@ void set_gpu_input(Program& p, const std::string& name, nb::handle a) {
 
 void set_input(Program& p, const std::string& name, nb::handle a) {
   if (nb::hasattr(a, "__dlpack_device__")) {
-    auto [type, id] = nb::cast<std::pair<int, int>>(a.attr("__dlpack_device__")());
-    (void)id;
+    const int type = nb::cast<std::pair<int, int>>(a.attr("__dlpack_device__")()).first;
     if (type == nb::device::cuda::value || type == nb::device::cuda_managed::value) return set_gpu_input(p, name, a);
   }
   nb::ndarray<nb::c_contig> host;
@@ -130,7 +128,7 @@ void set_input(Program& p, const std::string& name, nb::handle a) {
     throw nb::type_error(("input '" + name + "': expected an array (numpy, or anything with DLPack or the buffer protocol)").c_str());
   if (host.device_type() != nb::device::cpu::value)
     throw nb::value_error(("input '" + name + "': an array on a device seam cannot read").c_str());
-  if (!checked_input(p, name, host)) return;
+  checked_input(p, name, host);
   p.set_input(name, {static_cast<const std::byte*>(host.data()), host.nbytes()});  // set_input copies them
 }
 

@@ -198,8 +198,8 @@ __global__ void round_kernel(T* __restrict__ dst, const float* __restrict__ src,
     dst[i] = from_float<T>(src[i]);
 }
 
-// dst[i] = src[i] in T, where i runs over NCHW order and src holds the value channels-last
-// when c > 1 (c channels, hw pixels an image); c = hw = 1 for a plain conversion.
+// dst[i] = src[i] in T, i running over NCHW order, src holding the value channels-last (c
+// channels, hw pixels an image); with c = hw = 1 both orders are one.
 template <class F, class T>
 __global__ void convert_kernel(T* __restrict__ dst, const F* __restrict__ src, int64_t n, int64_t c, int64_t hw) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
