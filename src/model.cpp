@@ -19,51 +19,10 @@
 #include "passes/layout.h"
 #include "passes/precision.h"
 #include "passes/passes.h"
+#include "model_core.h"
 #include "plan/lower.h"
 
 namespace seam {
-
-struct Model::Core {
-  Graph graph;
-  Layout layout;
-  StepState state;
-  Device device = Device::cpu;
-  Precision precision = Precision::f32;
-  std::vector<PrecisionOverride> overrides;
-  std::optional<DType> stored;  // the 16-bit parameter dtype without masters (master_weights false)
-  std::vector<LayoutRegion> layout_regions;  // ModelOptions::layout, resolved per region
-  std::set<std::string> nhwc_convs;          // the convolutions they put channels-last
-  int reuse_gap = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
-  std::shared_ptr<Backend> backend;
-  std::byte* params = nullptr;
-  std::byte* grads = nullptr;
-  std::byte* state_buf = nullptr;
-  std::byte* opt = nullptr;
-  int opt_slots = 0;  // moments a parameter that `opt` holds: the first optimizer's (or a checkpoint's)
-  std::byte* counters = nullptr;  // the backend's copy of step and seed, if it keeps one
-  // The parameters' 16-bit working copies (Plan::working), made from the masters where
-  // they are stale: after anything but an update that writes them changed the masters.
-  std::byte* working = nullptr;
-  bool working_valid = false;
-  std::shared_ptr<dist::Comm> comm;  // ModelOptions::comm
-  size_t bucket_bytes = 0;
-  // The parameter values whose moments `opt` holds (as elements): all of them, or this
-  // rank's ZeRO-1 shard.
-  size_t shard_lo = 0, shard_hi = 0;
-  bool sharded() const { return shard_hi - shard_lo != layout.param_bytes / dtype_size(layout.param_dtype); }
-  size_t moment_bytes() const { return (shard_hi - shard_lo) * dtype_size(layout.moment_dtype()); }
-  StepState synced{-1, 0, 0, 0};  // what `counters` holds (step -1: nothing yet)
-  ~Core() {
-    for (std::byte* p : {params, grads, state_buf, opt, counters, working})
-      if (p) backend->release(p);
-  }
-  void refresh_working(DType t) {
-    if (working_valid) return;
-    backend->round_f32(working, t, params, layout.param_bytes / sizeof(float));
-    working_valid = true;
-  }
-  Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced, working, comm.get()}; }
-};
 
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
@@ -180,6 +139,16 @@ std::vector<double> init_values(const Init& init, int64_t n, uint64_t seed, uint
   return v;
 }
 
+const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, const char* what) {
+  for (auto& s : slots)
+    if (s.name == name) return s;
+  std::string known;
+  for (auto& s : slots) known += (known.empty() ? "" : ", ") + s.name;
+  fail("no ", what, " named '", name, "' (the model has: ", known.empty() ? "none" : known, ")");
+}
+
+}  // namespace
+
 std::vector<std::byte> encode(const std::vector<double>& v, DType t) {
   std::vector<std::byte> out(v.size() * dtype_size(t));
   for (size_t i = 0; i < v.size(); ++i) {
@@ -196,23 +165,12 @@ std::vector<std::byte> encode(const std::vector<double>& v, DType t) {
   return out;
 }
 
-// Bytes between a slot's stored order and its users' (NCHW) order; a copy where they agree.
 std::vector<std::byte> reordered(const TensorType& stored, std::span<const std::byte> data, DType element,
                                  bool to_user) {
   std::vector<std::byte> out(data.begin(), data.end());
   if (stored.layout == DataLayout::nhwc) reorder_nhwc(data.data(), out.data(), stored.shape, dtype_size(element), to_user);
   return out;
 }
-
-const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, const char* what) {
-  for (auto& s : slots)
-    if (s.name == name) return s;
-  std::string known;
-  for (auto& s : slots) known += (known.empty() ? "" : ", ") + s.name;
-  fail("no ", what, " named '", name, "' (the model has: ", known.empty() ? "none" : known, ")");
-}
-
-}  // namespace
 
 Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()) {
   // Checked on every device, so that a bad option fails where it is written.
@@ -647,25 +605,6 @@ Program::~Program() {
   if (arena_) core_->backend->release(arena_);
 }
 
-const Binding* Program::input_binding(const std::string& name) const {
-  const Binding* b = plan_->input(name);
-  if (b) return b;
-  const Graph& g = core_->graph;
-  auto id = g.find(name);
-  if (id && g.value(*id).kind == ValueKind::input) return nullptr;  // not needed by this plan
-  std::string known;
-  for (ValueId i : g.inputs()) known += (known.empty() ? "" : ", ") + g.value(i).name;
-  fail("no input named '", name, "' (the model's inputs: ", known, ")");
-}
-
-void Program::set_input(const std::string& name, std::span<const std::byte> data) {
-  const Binding* b = input_binding(name);
-  if (!b) return;
-  if (data.size() != b->ref.bytes())
-    fail("input '", name, "' is ", b->ref.type.str(), " (", b->ref.bytes(), " bytes), got ", data.size(), " bytes");
-  exe_->set_input(static_cast<size_t>(b - plan_->inputs.data()), data);
-}
-
 void Program::run() {
   Model::Core& c = *core_;
   if (plan_->working) c.refresh_working(*plan_->working);
@@ -716,131 +655,6 @@ std::vector<double> Program::time_steps(int reps) {
   }
   restore();
   return ms;
-}
-
-namespace {
-std::vector<std::byte> read_ref(Backend& be, const Regions& r, const BufferRef& ref) {
-  std::vector<std::byte> out(ref.bytes());
-  be.download(out.data(), r.base(ref.region) + ref.offset, out.size());
-  return out;
-}
-
-// What read() makes of an output: where it is stored, and the type it reads back as (a
-// value the layout pass stored channels-last in the graph's NCHW order, unless the graph
-// made it channels-last itself; one the precision pass stored in 16 bits in the graph's
-// dtype).
-struct Readout {
-  const BufferRef* ref = nullptr;
-  TensorType type;
-  bool nhwc = false;
-};
-
-Readout readout(const Plan& plan, const Graph& g, const std::string& output) {
-  const Binding* b = plan.output(output);
-  if (!b) {
-    std::string known;
-    for (auto& o : plan.outputs) known += (known.empty() ? "" : ", ") + o.name;
-    fail("no output named '", output, "' (this program's outputs: ", known, ")");
-  }
-  Readout r{&b->ref, b->ref.type, false};
-  auto id = g.find(output);
-  if (b->ref.type.layout == DataLayout::nhwc && !(id && g.value(*id).type.layout == DataLayout::nhwc)) {
-    if (!id || nhwc_order(g.value(*id).type.shape) != b->ref.type.shape)
-      fail("internal error: output '", output, "' is stored as ", b->ref.type.str(), ", not the channels-last order of ",
-           id ? g.value(*id).type.str() : std::string("a value of the graph"));
-    r.nhwc = true;
-    r.type = TensorType{b->ref.type.dtype, g.value(*id).type.shape};
-  }
-  const DType want = id ? g.value(*id).type.dtype : b->ref.type.dtype;
-  if (want != b->ref.type.dtype && is_half(b->ref.type.dtype) && is_float(want)) r.type.dtype = want;
-  return r;
-}
-
-}  // namespace
-
-TensorType Program::output_type(const std::string& output) const { return readout(*plan_, core_->graph, output).type; }
-
-std::vector<std::byte> Program::read(const std::string& output) const {
-  const Readout r = readout(*plan_, core_->graph, output);
-  auto out = read_ref(*core_->backend, core_->regions(arena_), *r.ref);
-  exe_->check();
-  if (r.nhwc) {
-    std::vector<std::byte> nchw(out.size());
-    reorder_nhwc(out.data(), nchw.data(), r.ref->type.shape, dtype_size(r.ref->type.dtype), true);
-    out = std::move(nchw);
-  }
-  if (r.type.dtype != r.ref->type.dtype) {
-    std::vector<double> v(static_cast<size_t>(r.type.numel()));
-    for (size_t i = 0; i < v.size(); ++i) {
-      uint16_t h;
-      std::memcpy(&h, out.data() + 2 * i, 2);
-      v[i] = half_to_float(h, r.ref->type.dtype);
-    }
-    return encode(v, r.type.dtype);
-  }
-  return out;
-}
-
-namespace {
-
-// A stored value in fresh device memory, as the user reads it.
-DeviceArray export_value(Backend& be, const std::byte* src, const TensorType& stored, const TensorType& user, bool nhwc) {
-  DeviceArray a{be.alloc_exported(user.bytes()), user, be.device_index()};
-  be.copy_converted(a.data.get(), user.dtype, src, stored.dtype, user.shape, nhwc);
-  return a;
-}
-
-}  // namespace
-
-DeviceArray Program::read_device(const std::string& output) const {
-  const Readout r = readout(*plan_, core_->graph, output);
-  Backend& be = *core_->backend;
-  DeviceArray a = export_value(be, core_->regions(arena_).base(r.ref->region) + r.ref->offset, r.ref->type, r.type, r.nhwc);
-  exe_->check();
-  return a;
-}
-
-DeviceArray Program::read_grad_device(const std::string& param) const {
-  const Binding* b = plan_->grad(param);
-  if (!b) fail("this program computes no gradient for '", param, "'");
-  const Slot* s = core_->layout.param(param);
-  const bool nhwc = s && s->type.layout == DataLayout::nhwc;
-  const TensorType user{b->ref.type.dtype, nhwc ? s->user_type().shape : b->ref.type.shape};
-  DeviceArray a = export_value(*core_->backend, core_->regions(arena_).base(b->ref.region) + b->ref.offset, b->ref.type,
-                               user, nhwc);
-  exe_->check();
-  return a;
-}
-
-void Program::set_input_device(const std::string& name, const void* data, size_t bytes,
-                               std::shared_ptr<const void> owner) {
-  const Binding* b = input_binding(name);
-  if (!b) return;
-  if (bytes != b->ref.bytes())
-    fail("input '", name, "' is ", b->ref.type.str(), " (", b->ref.bytes(), " bytes), got ", bytes, " bytes");
-  exe_->set_input_device(static_cast<size_t>(b - plan_->inputs.data()), data, std::move(owner));
-}
-
-void* Program::input_stream() const { return exe_->input_stream(); }
-int Program::device_index() const { return core_->backend->device_index(); }
-
-void Executable::set_input_device(size_t, const void*, std::shared_ptr<const void>) {
-  fail("an input in GPU memory, but the program runs on the CPU: pass a host array");
-}
-std::shared_ptr<std::byte> Backend::alloc_exported(size_t) {
-  fail("the program runs on the CPU: its values are read into host memory (read, read_grad)");
-}
-void Backend::copy_converted(std::byte*, DType, const std::byte*, DType, const Shape&, bool) {
-  fail("the program runs on the CPU: its values are read into host memory (read, read_grad)");
-}
-
-std::vector<std::byte> Program::read_grad(const std::string& param) const {
-  const Binding* b = plan_->grad(param);
-  if (!b) fail("this program computes no gradient for '", param, "'");
-  auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
-  exe_->check();
-  const Slot* s = core_->layout.param(param);  // a channels-last filter's reads in NCHW order
-  return s ? reordered(s->type, out, b->ref.type.dtype, true) : out;
 }
 
 TensorType Slot::user_type() const {
