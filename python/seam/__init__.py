@@ -42,6 +42,7 @@ def _choose_blas_kernels():
 
 _choose_blas_kernels()
 
+from ._seam import __version__  # noqa: F401 (the build's version, as `seam --version`)
 from ._seam import (Adam, AdamW, BuiltModel, Error, Graph, Init, Model, ModelFile, Optimizer, Program, SGD, Var,
                     abs, add, argmax, attention, attention_qkv, cuda_available, gemm_library, cross_entropy, div, dropout, erf, exp, flatten, gelu, linear, load_model_file,
                     log, log_softmax, matmul, mean, mse, mul, nn, permute, relu, reshape, sigmoid, silu, softmax, sqrt,

@@ -154,6 +154,7 @@ bool on_gpu(const std::string& device) {
 NB_MODULE(_seam, m) {
   using namespace seam;
   m.doc() = "seam: compiles a network's whole training step into one plan and runs it";
+  m.attr("__version__") = SEAM_VERSION;  // the project's, as `seam --version` prints it
   nb::exception<Error>(m, "Error", PyExc_RuntimeError).attr("__doc__") =
       "A seam error (bad input, a model file, a shape, a device failure) with seam's message naming the place";
 

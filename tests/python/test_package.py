@@ -25,6 +25,18 @@ def mlp(batch=8):
     return g, x, y, logits, seam.cross_entropy(logits, y)
 
 
+def test_the_version_is_the_packages_and_the_command_lines():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        assert seam.__version__ == version("seam")
+    except PackageNotFoundError:  # the module on PYTHONPATH, not installed
+        pass
+    if SEAM:
+        out = subprocess.run([SEAM, "--version"], capture_output=True, text=True).stdout
+        assert out.splitlines()[0] == "seam " + seam.__version__
+
+
 def test_a_graph_trains_and_reads_back_as_numpy():
     g, x, y, logits, loss = mlp()
     assert x.shape == [8, 12] and y.dtype == "i32" and logits.shape == [8, 3]
