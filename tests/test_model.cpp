@@ -58,3 +58,35 @@ TEST(Program, AnArenaThatDoesNotFitNamesItsLargestBuffers) {
   p.run();
   EXPECT_EQ(p.read_as<float>(fine.name()).size(), 12u);
 }
+
+// What read() returns is output_type(): a value the precision pass stored in bf16 reads
+// as the graph's f32. Memory of a GPU goes in and out only of a program on one: on the
+// CPU each way is an error that says so.
+TEST(Program, OutputsReadInTheGraphsTypeAndDeviceIoNeedsAGpu) {
+  using namespace seam;
+  Graph g;
+  Var x = g.input("x", {4, 8});
+  Var y = nn::linear(x, 3, "fc");
+  Model m(g, {.seed = 1, .precision = Precision::bf16});
+  Program p = m.compile({.mode = Mode::eval, .outputs = {y.id()}});
+  ASSERT_EQ(p.plan().output(y.name())->ref.type.dtype, DType::bf16);
+  EXPECT_EQ(p.output_type(y.name()), (TensorType{DType::f32, {4, 3}}));
+  const auto xs = seam::testing::random_floats(4 * 8, 7);
+  p.set_input("x", std::span<const float>(xs));
+  p.run();
+  EXPECT_EQ(p.read(y.name()).size(), 4u * 3 * sizeof(float));
+  EXPECT_EQ(p.input_stream(), nullptr);
+  EXPECT_EQ(p.device_index(), -1);
+  auto expect_error = [](auto&& f, const std::string& part) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { p.set_input_device("x", xs.data(), xs.size() * sizeof(float), nullptr); }, "runs on the CPU");
+  expect_error([&] { p.set_input_device("x", xs.data(), 4, nullptr); }, "input 'x' is f32[4,8] (128 bytes), got 4");
+  expect_error([&] { (void)p.read_device(y.name()); }, "runs on the CPU");
+  expect_error([&] { (void)p.read_device("nope"); }, "no output named 'nope'");
+}

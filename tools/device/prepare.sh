@@ -13,7 +13,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools/setup.sh
 if [ "${1:-}" = python ]; then
-  py=${SEAM_DEVICE_PYTHON:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3)}
+  py=${SEAM_DEVICE_PYTHON:-}
+  if [ -z "$py" ]; then  # a 3.12 that runs (a pyenv shim may name one it cannot run)
+    for c in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3; do
+      if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then py=$c; break; fi
+    done
+  fi
+  [ -n "$py" ] || { echo "prepare: no Python 3.12 here to build the GPU machine's wheel (set SEAM_DEVICE_PYTHON)"; exit 1; }
   rm -rf .deps/py && mkdir -p .deps/py
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip wheel . --no-deps -w .deps/py -C cmake.define.SEAM_BLAS=OFF \
     -C build-dir=build-py/cuda312
