@@ -79,6 +79,28 @@ def test_outputs_and_gradients_read_on_the_gpu_equal_the_host_reads():
         assert torch.equal(t, before)
 
 
+def test_conv_outputs_and_filter_gradients_read_on_the_gpu_in_nchw_order():
+    # A convolution's output and filter gradient, which the layout pass may keep
+    # channels-last at 16 bits: read on the GPU, they come back in NCHW order and the
+    # graph's dtype, as the host reads them.
+    g = seam.Graph()
+    x, y = g.input("x", [4, 3, 8, 8]), g.input("y", [4], "i32")
+    feat = seam.relu(seam.nn.conv2d(x, 16, 3, "conv", padding=[1, 1]))
+    loss = seam.cross_entropy(seam.nn.linear(seam.flatten(feat), 5, "fc"), y)
+    step = seam.Model(g, seed=2, device="cuda", precision="bf16").compile(
+        loss=loss, optimizer=seam.SGD(lr=0.1), outputs=[feat])
+    rng = np.random.default_rng(3)
+    step.set_input("x", rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
+    step.set_input("y", rng.integers(0, 5, 4).astype(np.int32))
+    step.run()
+    on_gpu = torch.from_dlpack(step.read(feat.name, device="cuda"))
+    assert tuple(on_gpu.shape) == (4, 16, 8, 8) and on_gpu.dtype == torch.float32
+    assert np.array_equal(on_gpu.cpu().numpy(), step.read(feat.name))
+    grad = torch.from_dlpack(step.read_grad("conv.weight", device="cuda"))
+    assert tuple(grad.shape) == (16, 3, 3, 3)
+    assert np.array_equal(grad.cpu().numpy(), step.read_grad("conv.weight"))
+
+
 def test_bf16_values_travel_as_torch_bfloat16():
     g = seam.Graph()
     x, z = g.input("x", [4, 8], "bf16"), g.input("z", [4, 8], "bf16")
