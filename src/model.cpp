@@ -215,8 +215,10 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
   const size_t values = c.layout.param_bytes / dtype_size(c.layout.param_dtype);
   std::tie(c.shard_lo, c.shard_hi) = options.zero && c.comm ? zero_shard(values, c.comm->rank(), c.comm->size())
                                                             : std::pair<size_t, size_t>{0, values};
-  if (c.sharded() && (c.device != Device::cpu || c.stored))
-    fail("ZeRO-1 runs on the CPU with f32 masters so far (ModelOptions::zero)");
+  c.zero = options.zero == 1 && c.comm;
+  if (c.zero && c.device == Device::cpu && c.stored)
+    fail("ZeRO-1 on the CPU shards f32 or f64 parameters; 16-bit ones (ModelOptions::master_weights false) need the "
+         "GPU");
   c.params = c.backend->alloc(c.layout.param_bytes);
   c.grads = c.backend->alloc(c.layout.param_bytes);
   c.state_buf = c.backend->alloc(c.layout.state_bytes);
@@ -530,7 +532,7 @@ Program Model::compile(const CompileOptions& o) {
   plan.loss = loss_name;
   if (req.optimizer && c.comm) {
     plan_gradient_buckets(plan, c.comm->size(), c.bucket_bytes);
-    plan.zero = c.sharded();
+    plan.zero = c.zero;
   }
   return Program(core_, std::move(plan));
 }

@@ -37,6 +37,7 @@ struct Model::Core {
   bool working_valid = false;
   std::shared_ptr<dist::Comm> comm;  // ModelOptions::comm
   size_t bucket_bytes = 0;
+  bool zero = false;  // ZeRO-1 among comm's ranks (a group of one takes its path too)
   // The parameter values whose moments `opt` holds (as elements): all of them, or this
   // rank's ZeRO-1 shard.
   size_t shard_lo = 0, shard_hi = 0;

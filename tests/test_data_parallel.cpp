@@ -130,21 +130,28 @@ TEST(DataParallel, EveryRankHoldsTheParametersOfOneProcessTrainingOnTheWholeBatc
 // ZeRO-1 (ModelOptions::zero): each rank keeps a shard of the moments and updates its
 // shard of the parameters from the reduce-scattered gradients; the result is plain data
 // parallelism's to the bit, parameters and moments, and its checkpoint tensors (gathered
-// from every rank) load into a model of any world size.
-TEST(DataParallel, ZeroOneUpdatesBitwiseAsPlainDataParallelWithAShardOfTheMoments) {
+// from every rank) load into a model of any world size. In bf16 the shards are of the f32
+// masters, and every rank's working copies are the gathered masters rounded.
+void expect_zero_one_is_plain_data_parallel(Precision precision) {
   auto comm = world();
   const int ranks = comm->size(), rank = comm->rank();
+  const std::string where = std::string(precision_name(precision)) + ", rank " + std::to_string(rank) + " of " +
+                            std::to_string(ranks);
   Net net = make_net(kShare);
   OptimizerConfig adamw = OptimizerConfig::adamw(1e-2, 0.01);
   adamw.clip_norm = 0.5;  // the norm of the ranks' shards together
-  Model plain(net.g, {.seed = 5, .comm = comm, .grad_bucket_bytes = 512});
-  Model zero(net.g, {.seed = 5, .comm = comm, .grad_bucket_bytes = 512, .zero = 1});
+  Model plain(net.g, {.seed = 5, .precision = precision, .comm = comm, .grad_bucket_bytes = 512});
+  Model zero(net.g, {.seed = 5, .precision = precision, .comm = comm, .grad_bucket_bytes = 512, .zero = 1});
   Program a = plain.compile({.loss = net.loss, .optimizer = adamw});
   Program b = zero.compile({.loss = net.loss, .optimizer = adamw});
-  EXPECT_EQ(b.plan().zero, ranks > 1);
+  EXPECT_TRUE(b.plan().zero);  // a group of one takes the same path
+  std::vector<std::byte> loss[2];
   for (int s = 0; s < 5; ++s) {
     const Batch batch = global_batch(ranks, s);
     for (Program* p : {&a, &b}) feed(*p, batch, rank * kShare, kShare), p->run();
+    // The forward pass reads the working copies: the same bits, so the same loss.
+    loss[0] = a.read(plain.graph().value(net.loss).name), loss[1] = b.read(zero.graph().value(net.loss).name);
+    EXPECT_EQ(loss[0], loss[1]) << "step " << s << ", " << where;
   }
   // Two moments a value: all of them in plain data parallelism, the shard's under ZeRO-1.
   const size_t values = plain.layout().param_bytes / sizeof(float);
@@ -152,11 +159,10 @@ TEST(DataParallel, ZeroOneUpdatesBitwiseAsPlainDataParallelWithAShardOfTheMoment
   EXPECT_EQ(plain.device_bytes() - zero.device_bytes(), 2 * (values - (hi - lo)) * sizeof(float));
   const auto want = plain.save_tensors(), got = zero.save_tensors();
   ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_TRUE(want[i].data == got[i].data) << want[i].name << " on rank " << rank << " of " << ranks;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(want[i].data == got[i].data) << want[i].name << ", " << where;
 
   // The gathered tensors resume in a ZeRO-1 model and in one process alike.
-  Model again(net.g, {.seed = 9, .comm = comm, .zero = 1});
+  Model again(net.g, {.seed = 9, .precision = precision, .comm = comm, .zero = 1});
   again.load_tensors(got);
   again.state() = zero.state();
   Program c = again.compile({.loss = net.loss, .optimizer = adamw});
@@ -164,10 +170,18 @@ TEST(DataParallel, ZeroOneUpdatesBitwiseAsPlainDataParallelWithAShardOfTheMoment
   for (Program* p : {&a, &c}) feed(*p, next, rank * kShare, kShare), p->run();
   const auto after = plain.save_tensors(), resumed = again.save_tensors();
   for (size_t i = 0; i < after.size(); ++i)
-    EXPECT_TRUE(after[i].data == resumed[i].data) << after[i].name << " after resuming";
+    EXPECT_TRUE(after[i].data == resumed[i].data) << after[i].name << " after resuming, " << where;
   Model alone(net.g, {.seed = 1});
   alone.load_tensors(got);
   EXPECT_TRUE(alone.save_tensors()[0].data == got[0].data);
+}
+
+TEST(DataParallel, ZeroOneUpdatesBitwiseAsPlainDataParallelWithAShardOfTheMoments) {
+  expect_zero_one_is_plain_data_parallel(Precision::f32);
+}
+
+TEST(DataParallel, ZeroOneInBf16ShardsTheMastersAndGathersThemForTheWorkingCopies) {
+  expect_zero_one_is_plain_data_parallel(Precision::bf16);
 }
 
 // What data parallelism refuses, and says so where the model is made or compiled:
@@ -186,9 +200,13 @@ TEST(DataParallel, SixteenBitGradientsAreRefusedByName) {
               std::string::npos)
         << e.what();
   }
-  if (comm->size() > 1) {
-    o.zero = 1;
-    EXPECT_THROW(Model(net.g, o), Error);
+  o.zero = 1;
+  try {
+    Model sharded(net.g, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ZeRO-1 on the CPU shards f32 or f64 parameters"), std::string::npos)
+        << e.what();
   }
 }
 

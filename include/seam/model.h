@@ -160,7 +160,8 @@ struct ModelOptions {
   std::shared_ptr<dist::Comm> comm;
   size_t grad_bucket_bytes = kGradBucketBytes;  // about how much one all-reduce carries
   // 1: ZeRO-1 over `comm`'s ranks (Plan::zero): each keeps 1/ranks of the optimizer
-  // moments. save_tensors and load_tensors then take every rank's part (collectives).
+  // moments and updates that shard of the parameters (a group of one takes the same path).
+  // save_tensors and load_tensors then take every rank's part (collectives).
   int zero = 0;
 };
 

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/optim.h"
 #include "backend/cuda/shared.h"
+#include "dist/comm.h"
 
 namespace seam::cuda {
 
@@ -145,7 +146,14 @@ class CudaExecutable : public Executable {
       if (loss && loss->ref.type.dtype != DType::f32)
         fail("the CUDA optimizer checks an f32 loss, '", plan.loss, "' is ", loss->ref.type.str());
       const float* lp = loss ? reinterpret_cast<const float*>(r.base(loss->ref.region) + loss->ref.offset) : nullptr;
-      launches_.push_back(prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_, lp, plan.working));
+      OptimizerShard shard;
+      if (plan.zero) {
+        if (!sh_->nccl || !r.comm) fail("a ZeRO-1 plan runs among ranks, and this one has none");
+        const auto [lo, hi] = zero_shard(values(), r.comm->rank(), r.comm->size());
+        shard = {static_cast<int64_t>(lo), static_cast<int64_t>(hi), sh_->nccl.get()};
+      }
+      launches_.push_back(
+          prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_, lp, plan.working, plan.zero ? &shard : nullptr));
     }
     sched_ = schedule_lanes(step_dependencies(plan), static_cast<int>(sh_->lanes.size()));
     ctx_.set_lanes(sched_.lane, sched_.lanes_used);
@@ -444,10 +452,23 @@ class CudaExecutable : public Executable {
       if (b.after != after) continue;
       SEAM_CUDA_CHECK(cudaEventRecord(bucket_ready_[k], from));
       SEAM_CUDA_CHECK(cudaStreamWaitEvent(sh_->comm_stream, bucket_ready_[k], 0));
-      for (const BufferRef& p : b.parts)
-        sh_->nccl->all_reduce_mean(r_.grads + p.offset, static_cast<size_t>(p.type.numel()), p.type.dtype, sh_->comm_stream);
+      for (const BufferRef& p : b.parts) {
+        const auto n = static_cast<size_t>(p.type.numel());
+        if (!plan_.zero) {
+          sh_->nccl->all_reduce_mean(r_.grads + p.offset, n, p.type.dtype, sh_->comm_stream);
+          continue;
+        }
+        // ZeRO-1: each rank receives the mean of the part's values its shard covers.
+        const size_t first = p.offset / dtype_size(p.type.dtype);
+        std::vector<size_t> split = zero_split(values(), plan_.ranks);
+        for (size_t& v : split) v = std::clamp(v, first, first + n) - first;
+        sh_->nccl->reduce_scatter_mean(r_.grads + p.offset, split, p.type.dtype, sh_->comm_stream);
+      }
     }
   }
+
+  // The flat parameters' values (ZeRO-1 shards them).
+  size_t values() const { return plan_.layout.param_bytes / dtype_size(plan_.layout.param_dtype); }
 
   void capture(int s) {
     SEAM_CUDA_CHECK(cudaStreamBeginCapture(sh_->stream, cudaStreamCaptureModeThreadLocal));

@@ -25,6 +25,10 @@ struct Api {
   ncclResult_t (*abort)(ncclComm_t) = nullptr;
   ncclResult_t (*async_error)(ncclComm_t, ncclResult_t*) = nullptr;
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*group_start)() = nullptr;
+  ncclResult_t (*group_end)() = nullptr;
   const char* (*error_string)(ncclResult_t) = nullptr;
 };
 
@@ -44,6 +48,10 @@ const Api& api() {
     sym(a.abort, "ncclCommAbort");
     sym(a.async_error, "ncclCommGetAsyncError");
     sym(a.all_reduce, "ncclAllReduce");
+    sym(a.reduce, "ncclReduce");
+    sym(a.broadcast, "ncclBroadcast");
+    sym(a.group_start, "ncclGroupStart");
+    sym(a.group_end, "ncclGroupEnd");
     sym(a.error_string, "ncclGetErrorString");
     return a;
   }();
@@ -98,6 +106,46 @@ Nccl::~Nccl() {
 
 void Nccl::all_reduce_mean(void* data, size_t n, DType t, cudaStream_t stream) {
   check(api().all_reduce(data, data, n, nccl_type(t), ncclAvg, static_cast<ncclComm_t>(comm_), stream), "ncclAllReduce");
+}
+
+void Nccl::all_reduce_sum(void* data, size_t n, DType t, cudaStream_t stream) {
+  check(api().all_reduce(data, data, n, nccl_type(t), ncclSum, static_cast<ncclComm_t>(comm_), stream), "ncclAllReduce");
+}
+
+void Nccl::reduce_scatter_mean(void* data, const std::vector<size_t>& split, DType t, cudaStream_t stream) {
+  dist::check_split(split, host_.size());
+  const Api& a = api();
+  auto* bytes = static_cast<std::byte*>(data);
+  const size_t size = dtype_size(t);
+  check(a.group_start(), "ncclGroupStart");
+  for (int r = 0; r < host_.size(); ++r) {
+    const size_t lo = split[static_cast<size_t>(r)], n = split[static_cast<size_t>(r) + 1] - lo;
+    if (n == 0) continue;  // every rank skips the same pieces
+    void* at = bytes + lo * size;
+    const ncclResult_t e = a.reduce(at, at, n, nccl_type(t), ncclAvg, r, static_cast<ncclComm_t>(comm_), stream);
+    if (e != ncclSuccess) {
+      a.group_end();
+      check(e, "ncclReduce");
+    }
+  }
+  check(a.group_end(), "ncclGroupEnd (ncclReduce to each shard's owner)");
+}
+
+void Nccl::all_gather(void* data, const std::vector<size_t>& split, cudaStream_t stream) {
+  dist::check_split(split, host_.size());
+  const Api& a = api();
+  auto* bytes = static_cast<std::byte*>(data);
+  check(a.group_start(), "ncclGroupStart");
+  for (int r = 0; r < host_.size(); ++r) {
+    const size_t lo = split[static_cast<size_t>(r)], n = split[static_cast<size_t>(r) + 1] - lo;
+    if (n == 0) continue;
+    const ncclResult_t e = a.broadcast(bytes + lo, bytes + lo, n, ncclUint8, r, static_cast<ncclComm_t>(comm_), stream);
+    if (e != ncclSuccess) {
+      a.group_end();
+      check(e, "ncclBroadcast");
+    }
+  }
+  check(a.group_end(), "ncclGroupEnd (ncclBroadcast from each shard's owner)");
 }
 
 int local_device() {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "seam/dtype.h"
 
@@ -28,6 +29,16 @@ class Nccl {
   // In place, on `stream`: the ranks' mean of n values of type t (NCCL's ncclAvg). May be
   // captured into a CUDA Graph.
   void all_reduce_mean(void* data, size_t n, DType t, cudaStream_t stream);
+  // In place, on `stream`: the ranks' sum of n values of type t.
+  void all_reduce_sum(void* data, size_t n, DType t, cudaStream_t stream);
+  // ZeRO-1's reduce-scatter, in place: rank r's piece [split[r], split[r + 1]) of the
+  // values (type t) becomes the ranks' mean there; elsewhere `data` is left as it is.
+  // The pieces need not be equal (ncclReduceScatter's must), so each piece is one
+  // ncclReduce to its owner, all of them in one NCCL group.
+  void reduce_scatter_mean(void* data, const std::vector<size_t>& split, DType t, cudaStream_t stream);
+  // In place: each rank's piece [split[r], split[r + 1]) of `data` (in bytes) to every
+  // rank, as one group of ncclBroadcast from each owner (pieces of any size).
+  void all_gather(void* data, const std::vector<size_t>& split, cudaStream_t stream);
 
  private:
   dist::Comm& host_;

@@ -8,10 +8,12 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/nccl.h"
 #include "backend/cuda/optim.h"
 #include "backend/cuda/storage.cuh"
 #include "common/philox.h"
 #include "common/stochastic.h"
+#include "dist/comm.h"
 
 namespace seam::cuda {
 
@@ -95,18 +97,40 @@ __global__ void sumsq_partial(const G* __restrict__ g, int64_t n, float* __restr
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// The norm of the unscaled gradients, and whether the step may update: a NaN or Inf
-// anywhere in the gradients makes the sum of squares (and so the norm) non-finite.
+// The norm of the unscaled gradients from their sum of squares, and whether the step may
+// update: a NaN or Inf anywhere in the gradients makes the sum (and so the norm) non-finite.
+__device__ void finish_norm(double sumsq, const Hyper& h, const float* loss, DeviceCounters* c, int* ok) {
+  const float norm = static_cast<float>(sqrt(sumsq) / step_scale(h, c));
+  c->grad_norm = norm;
+  const bool finite = isfinite(norm) && (loss == nullptr || isfinite(*loss));
+  *ok = finite || !(h.skip_nonfinite || h.scaled);
+}
+
+// The partials added up: the norm, or (`total` not null) this rank's sum of squares,
+// which the ranks add up before norm_of_total (ZeRO-1: each holds a shard).
 __global__ void sumsq_final(const float* __restrict__ partial, int blocks, Hyper h, const float* loss,
-                            DeviceCounters* c, int* ok) {
+                            DeviceCounters* c, int* ok, double* total) {
   double s = 0;
   for (int i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
   s = block_sum(s);
   if (threadIdx.x == 0) {
-    const float norm = static_cast<float>(sqrt(s) / step_scale(h, c));
-    c->grad_norm = norm;
-    const bool finite = isfinite(norm) && (loss == nullptr || isfinite(*loss));
-    *ok = finite || !(h.skip_nonfinite || h.scaled);
+    if (total) *total = s;
+    else finish_norm(s, h, loss, c, ok);
+  }
+}
+
+__global__ void norm_of_total(const double* total, Hyper h, const float* loss, DeviceCounters* c, int* ok) {
+  finish_norm(*total, h, loss, c, ok);
+}
+
+// The working copies of the values outside this rank's shard [lo, lo + k), from the
+// masters the ranks gathered (the update wrote the shard's): rounded as the update rounds.
+template <class W>
+__global__ void round_outside(W* __restrict__ working, const float* __restrict__ p, int64_t lo, int64_t k, int64_t n) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n - k; j += stride) {
+    const int64_t i = j < lo ? j : j + k;
+    working[i] = from_float<W>(p[i]);
   }
 }
 
@@ -179,10 +203,12 @@ struct alignas(4 * sizeof(T)) Pack4 {
 // masters (void: none). vec4: every buffer is read and written four values at a time
 // (n % 4 == 0, so v = m + n stays 16-byte aligned), and 16-bit parameters draw the four
 // roundings from one Philox call (elements 4j .. 4j + 3 are the words of block j).
+// The buffers start at value `base` of the flat parameters (a ZeRO-1 shard; a multiple of
+// 4 where vec4), whose index keys the rounding draws.
 template <class P, class W>
 __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                        W* __restrict__ working, int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok,
-                       unsigned* done, bool vec4) {
+                       unsigned* done, bool vec4, int64_t base) {
   const int64_t step = c->step;
   const bool go = ok == nullptr || *ok;
   // Updates done so far (Adam's bias correction, SGD's first momentum step): skipped
@@ -216,7 +242,8 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
 #pragma unroll
       for (int e = 0; e < 4; ++e) po.v[e] = pe[e];
     } else {
-      const Philox4 r = dropout_words(c->seed, static_cast<uint64_t>(step), kRoundingStream, static_cast<uint64_t>(j));
+      const Philox4 r =
+          dropout_words(c->seed, static_cast<uint64_t>(step), kRoundingStream, static_cast<uint64_t>(base / 4 + j));
 #pragma unroll
       for (int e = 0; e < 4; ++e) po.v[e] = rounded_param<P>(pe[e], philox_uniform(r.v[e]));
     }
@@ -240,7 +267,7 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
     const float clipped = to_float(g[i]) * k.scale;
     float pi = to_float(p[i]), mi = has_m ? m[i] : 0.f, vi = has_v ? v[i] : 0.f;
     update_one(h, k, i < n_decay ? h.weight_decay : 0.f, pi, clipped, mi, vi);
-    p[i] = store_param<P>(pi, c, step, i);
+    p[i] = store_param<P>(pi, c, step, base + i);
     if (has_m) m[i] = mi;
     if (has_v) v[i] = vi;
     if constexpr (!std::is_void_v<W>) working[i] = from_float<W>(pi);
@@ -273,10 +300,9 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 }  // namespace
 
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
-                         const float* loss, std::optional<DType> working) {
+                         const float* loss, std::optional<DType> working, const OptimizerShard* shard) {
   if (working && (*working != DType::bf16 && *working != DType::f16))
     fail("the CUDA optimizer writes bf16 or f16 working copies, not ", dtype_name(*working));
-  void* w = working ? r.working : nullptr;
   const DType pt = layout.param_dtype;
   if (pt != DType::f32 && !is_half(pt))
     fail("the CUDA optimizer updates f32, bf16 or f16 parameters, the model's are ", dtype_name(pt));
@@ -291,46 +317,77 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
           static_cast<float>(c.loss_scaling.backoff), static_cast<int32_t>(std::min<int64_t>(c.loss_scaling.interval, INT32_MAX))};
   const auto n = static_cast<int64_t>(layout.param_bytes / dtype_size(pt));
   const auto n_decay = static_cast<int64_t>(layout.decay_bytes / dtype_size(pt));
-  void* p = r.params;
-  void* g = r.grads;
-  // Only the moments the optimizer has: momentum SGD one, Adam two.
+  // This rank's values [lo, lo + k): all of them, or its ZeRO-1 shard.
+  const int64_t lo = shard ? shard->lo : 0, k = shard ? shard->hi - shard->lo : n;
+  if (lo < 0 || k < 0 || lo + k > n) fail("the optimizer's shard [", lo, ", ", lo + k, ") is not within the ", n, " values");
+  Nccl* nccl = shard ? shard->nccl : nullptr;
+  if (shard && !nccl) fail("a sharded update needs the ranks' NCCL communicator");
+  std::vector<size_t> gathered;  // the ranks' shards, in bytes
+  if (shard) {
+    gathered = zero_split(static_cast<size_t>(n), nccl->host().size());
+    for (size_t& b : gathered) b *= dtype_size(pt);
+  }
+  std::byte* p = r.params + lo * dtype_size(pt);
+  std::byte* g = r.grads + lo * dtype_size(pt);
+  // Only the moments the optimizer has: momentum SGD one, Adam two; of this rank's values.
   float* m = c.state_slots() > 0 ? reinterpret_cast<float*>(r.opt) : nullptr;
-  float* v = m && c.state_slots() > 1 ? m + n : nullptr;
-  // cudaMalloc'd buffers and an arena region: then every one is aligned as vec4 needs.
-  const bool vec4 = n % 4 == 0 && aligned(p, 4 * dtype_size(pt)) && aligned(g, 4 * dtype_size(pt)) &&
+  float* v = m && c.state_slots() > 1 ? m + k : nullptr;
+  void* w = working ? r.working + lo * dtype_size(*working) : nullptr;
+  // cudaMalloc'd buffers and an arena region: then every one is aligned as vec4 needs
+  // when the shard starts at a multiple of 4 values.
+  const bool vec4 = k % 4 == 0 && lo % 4 == 0 && aligned(p, 4 * dtype_size(pt)) && aligned(g, 4 * dtype_size(pt)) &&
                     aligned(r.opt, 16) && aligned(w, 8);
-  if (!aligned(g, 16)) fail("the gradient buffer is not 16-byte aligned");
+  if (!aligned(r.grads, 16)) fail("the gradient buffer is not 16-byte aligned");
+  const int64_t k_decay = std::clamp<int64_t>(n_decay - lo, 0, k);
   DeviceCounters* counters = ctx.counters;
-  const unsigned blocks = blocks_for(n, kThreads, ctx.sm_count * 8);
+  const int cap = ctx.sm_count * 8;
+  const unsigned blocks = blocks_for(k, kThreads, cap);
   // The norm pass runs where something reads it: clipping, the guard, the loss scale.
   const bool norm = c.clip_norm > 0 || h.skip_nonfinite || h.scaled;
   float* partial = norm ? static_cast<float*>(ctx.scratch(blocks * sizeof(float))) : nullptr;
   int* ok = norm ? static_cast<int*>(ctx.scratch(sizeof(int))) : nullptr;
+  auto* total = norm && shard ? static_cast<double*>(ctx.scratch(sizeof(double))) : nullptr;
   auto* done = static_cast<unsigned*>(ctx.scratch(sizeof(unsigned)));
+  std::byte* params = r.params;
+  std::byte* working_all = working ? r.working : nullptr;
   Launch launch;
   dispatch_storage(pt, "optimizer", [&]<class P>() {
-    auto* pp = static_cast<P*>(p);
-    auto* gp = static_cast<P*>(g);
+    auto* pp = reinterpret_cast<P*>(p);
+    auto* gp = reinterpret_cast<P*>(g);
     launch = [=](cudaStream_t s) {
       if (partial) {
-        sumsq_partial<P><<<blocks, kThreads, 0, s>>>(gp, n, partial);
+        sumsq_partial<P><<<blocks, kThreads, 0, s>>>(gp, k, partial);
         SEAM_CUDA_LAUNCH_CHECK();
-        sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), h, loss, counters, ok);
+        sumsq_final<<<1, 1024, 0, s>>>(partial, static_cast<int>(blocks), h, loss, counters, ok, total);
         SEAM_CUDA_LAUNCH_CHECK();
+        if (total) {
+          nccl->all_reduce_sum(total, 1, DType::f64, s);
+          norm_of_total<<<1, 1, 0, s>>>(total, h, loss, counters, ok);
+          SEAM_CUDA_LAUNCH_CHECK();
+        }
       }
+      auto run = [&]<class W>(W* wp) {
+        update<P, W><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, wp, k, k_decay, h, counters, ok, done, vec4, lo);
+        SEAM_CUDA_LAUNCH_CHECK();
+        if (!nccl) return;
+        // Every rank's new shard to every rank (a skipped step sends the values unchanged),
+        // then the working copies of the others' shards.
+        nccl->all_gather(params, gathered, s);
+        if constexpr (!std::is_void_v<W>) {
+          if (n > k) {
+            round_outside<W><<<blocks_for(n - k, kThreads, cap), kThreads, 0, s>>>(
+                reinterpret_cast<W*>(working_all), reinterpret_cast<const float*>(params), lo, k, n);
+            SEAM_CUDA_LAUNCH_CHECK();
+          }
+        }
+      };
       if constexpr (std::is_same_v<P, float>) {
-        if (working && *working == DType::bf16)
-          update<P, bf16_t><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, static_cast<bf16_t*>(w), n, n_decay, h, counters,
-                                                        ok, done, vec4);
-        else if (working)
-          update<P, f16_t><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, static_cast<f16_t*>(w), n, n_decay, h, counters, ok,
-                                                       done, vec4);
-        else
-          update<P, void><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, nullptr, n, n_decay, h, counters, ok, done, vec4);
+        if (working && *working == DType::bf16) run(static_cast<bf16_t*>(w));
+        else if (working) run(static_cast<f16_t*>(w));
+        else run(static_cast<void*>(nullptr));
       } else {
-        update<P, void><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, nullptr, n, n_decay, h, counters, ok, done, vec4);
+        run(static_cast<void*>(nullptr));
       }
-      SEAM_CUDA_LAUNCH_CHECK();
     };
   });
   return launch;

@@ -7,9 +7,19 @@
 
 namespace seam::cuda {
 
+class Nccl;
+
+// ZeRO-1 (Plan::zero): this rank updates values [lo, hi) of the flat parameters, whose
+// moments are all `opt` holds; the gradient norm is the ranks' together, and after the
+// update the ranks gather each other's shards (`nccl`).
+struct OptimizerShard {
+  int64_t lo = 0, hi = 0;
+  Nccl* nccl = nullptr;
+};
+
 // `loss`: the plan's f32 loss for the finiteness check (null: none to check).
 // `working`: the dtype of the parameters' working copies to write (Regions::working).
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
-                         const float* loss, std::optional<DType> working);
+                         const float* loss, std::optional<DType> working, const OptimizerShard* shard = nullptr);
 
 }  // namespace seam::cuda
