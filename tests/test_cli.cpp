@@ -668,3 +668,33 @@ TEST_F(Cli, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
   EXPECT_NE(many.err.find("--nproc 4096: this process may run on"), std::string::npos) << many.err;
   EXPECT_FALSE(fs::exists(dir / "odd" / "checkpoint.safetensors"));
 }
+
+// `seam bench --nproc 2`: two ranks (started by seam, meeting through files) each time the
+// data-parallel step on a batch of the workload's size; rank 0 alone reports, with the
+// ranks' throughput together.
+TEST_F(Cli, BenchOverTwoRanksReportsTheirThroughputTogether) {
+  ::setenv("SEAM_LAUNCH", "fork", 1);
+  const fs::path csv = dir / "bench.csv";
+  Result r = run("bench W1 --device cpu --nproc 2 --zero 1 --steps 2 --repeats 1 --warmup 1 --csv " + csv.string());
+  Result alone = run("bench W1 --device cpu --nproc 2 --breakdown --steps 1 --repeats 1 --warmup 0");
+  ::unsetenv("SEAM_LAUNCH");
+  ASSERT_EQ(r.code, 0) << r.err;
+  size_t said = 0;
+  for (size_t at = r.out.find("each of 2 ranks on its own batch, ZeRO-1"); at != std::string::npos;
+       at = r.out.find("each of 2 ranks on its own batch, ZeRO-1", at + 1))
+    ++said;
+  EXPECT_EQ(said, 1u) << "rank 0 alone reports: " << r.out;
+  std::istringstream lines(slurp(csv));
+  std::string header, row, extra;
+  std::getline(lines, header), std::getline(lines, row);
+  EXPECT_FALSE(std::getline(lines, extra)) << "one row, rank 0's";
+  std::vector<std::string> cells;
+  for (std::istringstream in(row); std::getline(in, extra, ',');) cells.push_back(extra);
+  ASSERT_GE(cells.size(), 8u) << row;
+  EXPECT_EQ(cells[2], "eager+ranks2+zero1");
+  const double ms = std::stod(cells[4]), samples = std::stod(cells[7]);
+  EXPECT_NEAR(samples, 2 * 128 / (ms * 1e-3), 1e-3 * samples) << "the two ranks' rows a second";
+  EXPECT_EQ(alone.code, 1);
+  EXPECT_NE(alone.err.find("--breakdown, --explain and --trace time steps on one rank alone"), std::string::npos)
+      << alone.err;
+}

@@ -141,7 +141,9 @@ struct Result {
   double device_mib = -1;
 };
 
-Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
+// `comm`: the ranks this process benches with (each on its own batch share and GPU), or
+// null for one process alone.
+Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std::shared_ptr<dist::Comm>& comm) {
   Graph g;
   ValueId loss_id = -1;
   std::vector<PrecisionOverride> overrides;
@@ -169,7 +171,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
               .epilogue = epilogue,
               .cuda_streams = o.streams,
               .deterministic = o.deterministic,
-              .comm = o.one_rank ? std::shared_ptr<dist::Comm>(dist::single_process()) : nullptr});
+              .comm = comm ? comm : o.one_rank ? std::shared_ptr<dist::Comm>(dist::single_process()) : nullptr,
+              .zero = o.zero});
   Program p = m.compile({.loss = loss.id(),
                          .optimizer = w.opt,
                          .fuse = o.fusion != "none",
@@ -178,7 +181,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
 
   // Two random batches (io::random_batch) in the shapes the graph takes.
   const TensorType xt = g.value(*g.find("x")).type, yt = g.value(*g.find("y")).type;
-  std::mt19937_64 rng(7);
+  std::mt19937_64 rng(7 + static_cast<uint64_t>(comm ? comm->rank() : 0));  // each rank its own rows
   const io::RandomBatch batches[2] = {io::random_batch(xt, yt, w.classes, rng), io::random_batch(xt, yt, w.classes, rng)};
   const std::vector<std::byte> xs[2] = {batches[0].x_bytes(), batches[1].x_bytes()};
   auto feed = [&](int k) {
@@ -267,7 +270,15 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev) {
 io::ModelSpec resnet18_spec() { return io::parse_model_json(kResnet18Json, kResnet18Name); }
 io::ModelSpec gpt2_spec() { return io::parse_model_json(kGpt2Json, kGpt2Name); }
 
-int run_bench(const BenchOptions& o) {
+namespace {
+
+int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm) {
+  const int ranks = comm ? comm->size() : 1;
+  const bool report = !comm || comm->rank() == 0;  // every rank times its steps; rank 0 speaks
+  if (o.zero && !comm && !o.one_rank) fail("--zero 1 shards the optimizer over ranks: give --nproc N or --one-rank");
+  if (ranks > 1 && (o.breakdown || o.explain || o.trace > 0))
+    fail("--breakdown, --explain and --trace time steps on one rank alone, which a step summed over ", ranks,
+         " ranks cannot do: run them without --nproc");
   Device dev = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : default_device();
   std::vector<Result> results;
   std::vector<Workload> chosen;
@@ -281,12 +292,16 @@ int run_bench(const BenchOptions& o) {
     else fail("no workload named ", name, " (known: W1, W2, W3, W4, W5, W6, or a model file)");
   }
   if (o.workloads.empty()) chosen = workloads();  // W1-W4: W5 (ResNet-18) and W6 (GPT-2) are asked for by name
+  const std::string over = ranks > 1 ? ", each of " + std::to_string(ranks) + " ranks on its own batch" : "";
   for (const Workload& w : chosen) {
-    std::printf("%s: %s, %s\n", w.name.c_str(), w.description.c_str(),
-                precision_name(o.precision.value_or(w.precision)));
-    std::fflush(stdout);
-    results.push_back(bench_one(w, o, dev));
+    if (report) {
+      std::printf("%s: %s, %s%s%s\n", w.name.c_str(), w.description.c_str(),
+                  precision_name(o.precision.value_or(w.precision)), over.c_str(), o.zero ? ", ZeRO-1" : "");
+      std::fflush(stdout);
+    }
+    results.push_back(bench_one(w, o, dev, comm));
   }
+  if (!report) return 0;
   // MiB: what seam accounts for (its buffers, arena, workspaces); device MiB: what the
   // driver saw the process take meanwhile.
   std::printf("\n%-4s %-5s %-6s %10s %10s %14s %9s %10s %9s %9s %9s %10s\n", "name", "dev", "graph", "ms/step",
@@ -296,7 +311,7 @@ int run_bench(const BenchOptions& o) {
     if (r.device_mib >= 0) std::snprintf(device_mib, sizeof device_mib, "%.1f", r.device_mib);
     std::printf("%-4s %-5s %-6s %10.4f %4.3f-%-5.3f %14.0f %9d %10.1f %9.2f %9.1f %9.1f %10s\n", r.name.c_str(),
                 r.device.c_str(), r.graph ? "yes" : "no", r.ms, r.ms_min, r.ms_max,
-                static_cast<double>(r.batch) / (r.ms * 1e-3), r.kernels, r.host_us, r.tflops, r.gbps, r.memory_mib,
+                static_cast<double>(r.batch * ranks) / (r.ms * 1e-3), r.kernels, r.host_us, r.tflops, r.gbps, r.memory_mib,
                 device_mib);
   }
   if (!o.csv.empty()) {
@@ -310,12 +325,29 @@ int run_bench(const BenchOptions& o) {
         << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
         << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string())
         << (o.master_weights ? std::string() : std::string("+no-masters"))
-        << (o.deterministic ? std::string("+deterministic") : std::string()) << "," << r.device << ","
-        << r.ms << "," << r.ms_min << "," << r.ms_max << "," << static_cast<double>(r.batch) / (r.ms * 1e-3) << "," << r.kernels
+        << (o.deterministic ? std::string("+deterministic") : std::string())
+        << (ranks > 1 ? "+ranks" + std::to_string(ranks) : o.one_rank ? std::string("+one-rank") : std::string())
+        << (o.zero ? std::string("+zero1") : std::string()) << "," << r.device << "," << r.ms << "," << r.ms_min << ","
+        << r.ms_max << "," << static_cast<double>(r.batch * ranks) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << ","
         << r.memory_mib << "," << r.device_mib << "\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  if (!dist::launched_as_rank()) return bench_on_rank(o, nullptr);
+  std::shared_ptr<dist::Comm> comm = dist::launched_world();
+  try {
+    return bench_on_rank(o, comm);
+  } catch (const std::exception& e) {
+    // The other ranks would wait for this one in the next sum: all of them stop.
+    std::fprintf(stderr, "seam: error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
+    std::fflush(stderr);
+    comm->abort(1);
+  }
 }
 
 }  // namespace seam::bench

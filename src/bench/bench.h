@@ -32,6 +32,9 @@ struct BenchOptions {
   // The data-parallel step over a group of one: gradient buckets summed (NCCL on the GPU)
   // beside the backward pass, to measure what the sums cost where nothing travels.
   bool one_rank = false;
+  // 1: ZeRO-1 over the ranks (ModelOptions::zero), with --one-rank or as one of several
+  // ranks (`seam bench --nproc N`: every rank times its steps, rank 0 reports).
+  int zero = 0;
   std::optional<LayoutPolicy> layout;  // overrides each workload's (a model file's own, else automatic)
   std::string csv;                     // also write the results here
   // Activations recomputed in the backward (CompileOptions::recompute); unset: a model

@@ -253,8 +253,9 @@ int main(int argc, char** argv) {
   train->add_flag("--quiet", quiet, "print only errors");
   int64_t nproc = 0;
   train->add_option("--nproc", nproc,
-                    "train as N processes on this host through mpirun (data parallel, on the CPU): each takes 1/N of "
-                    "every batch; or launch `mpirun -np N seam train ...` yourself")
+                    "train as N processes on this host (data parallel: one GPU each with --device cuda, else on the "
+                    "CPU), through mpirun where there is one: each takes 1/N of every batch; or launch `mpirun -np N "
+                    "seam train ...` yourself")
       ->transform(whole<int64_t>(1));
   train->add_option("--zero", t.zero,
                     "1: ZeRO-1 across the ranks: each keeps the optimizer moments of 1/N of the parameters and "
@@ -365,6 +366,12 @@ int main(int argc, char** argv) {
   bench->add_flag("--one-rank", bo.one_rank,
                   "the data-parallel step over a group of one: gradient buckets summed (NCCL on the GPU) beside the "
                   "backward pass (to measure their cost)");
+  int64_t bench_nproc = 0;
+  bench->add_option("--nproc", bench_nproc,
+                    "bench data-parallel steps as N processes on this host, one GPU each, every rank on a batch of "
+                    "the workload's size (the throughput is the ranks' together)")
+      ->transform(whole<int64_t>(1));
+  bench->add_option("--zero", bo.zero, "1: ZeRO-1 across the ranks (with --nproc or --one-rank)")->check(one_of({"0", "1"}));
   bench->add_flag("--no-master-weights", no_masters,
                   "with bf16 or f16: parameters stored in 16 bits, updated with stochastic rounding");
   bench->add_option("--epilogue", bo.epilogue,
@@ -533,6 +540,7 @@ int main(int argc, char** argv) {
       return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
                                    precision_of(plan_precision), layout_of(plan_layout));
     if (*bench) {
+      if (bench_nproc > 1) return seam::dist::run_ranks(static_cast<int>(bench_nproc), seam::dist::without_nproc(argc, argv));
       bo.graph = !no_graph;
       bo.precision = precision_of(bench_precision);
       bo.layout = layout_of(bench_layout);
