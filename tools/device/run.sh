@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
 #   tools/device/run.sh [tests] [sanitize] [train] [crash] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models]
-#                       [python] ...
+#                       [python] [scale] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
@@ -11,6 +11,8 @@ out=${OUT:-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/.cache}
+# NCCL (gradient sums over GPUs) from PyTorch's wheel where CUDA's folder has none.
+[ -z "${SEAM_NCCL:-}" ] && export SEAM_NCCL=$(find /opt/torch -name 'libnccl.so.2' 2>/dev/null | head -1)
 bin=.deps/bin
 [ -f .deps/bin.tar.xz ] && tar -C .deps -xJf .deps/bin.tar.xz  # packed by prepare.sh
 data=.deps/fashion-mnist
@@ -177,6 +179,41 @@ for step in "${steps[@]}"; do
       note "onnx models: rc=$?"
       rm -rf "$work"
       cat "$out/onnx_models.md" 2>/dev/null || tail -20 "$out/onnx_models.log"
+      ;;
+    scale)
+      # Data parallelism over this host's GPUs: seam bench --nproc N, plain and --zero 1,
+      # beside PyTorch's DDP (bench/ddp_torch.py) at each N, every rank on the workload's
+      # batch. SEAM_SCALE_WORK (default W6), SEAM_SCALE_RANKS (default 1 2 4 8; those above
+      # the GPUs here are left out), SEAM_SCALE_STEPS timed steps (default 50, 3 repeats),
+      # SEAM_SCALE_TORCH (DDP variants; default eager fused and compiled).
+      py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
+      [ -x "$py" ] || py=python3
+      gpus=$(nvidia-smi -L | wc -l)
+      read -r -a work <<< "${SEAM_SCALE_WORK:-W6}"
+      read -r -a ranks <<< "${SEAM_SCALE_RANKS:-1 2 4 8}"
+      read -r -a variants <<< "${SEAM_SCALE_TORCH:-ddp_eager_fused ddp_compile_default}"
+      timing=(--steps "${SEAM_SCALE_STEPS:-50}" --repeats 3)
+      csv=$(mktemp -d)
+      {
+        for n in "${ranks[@]}"; do
+          [ "$n" -gt "$gpus" ] && { echo "--nproc $n: $gpus GPU(s) here, left out"; continue; }
+          for w in "${work[@]}"; do
+            # One GPU: the plain step, and the data-parallel paths through NCCL over a group of one.
+            extra=()
+            [ "$n" -eq 1 ] && extra=(--one-rank)
+            "$bin/seam" bench "$w" --device cuda --nproc "$n" "${timing[@]}" --csv "$csv/seam_${w}_$n.csv"
+            "$bin/seam" bench "$w" --device cuda --nproc "$n" "${extra[@]}" --zero 1 "${timing[@]}" \
+              --csv "$csv/seam_${w}_${n}_zero.csv"
+            [ "$n" -eq 1 ] && "$bin/seam" bench "$w" --device cuda --one-rank "${timing[@]}" \
+              --csv "$csv/seam_${w}_1_one_rank.csv"
+          done
+          "$py" bench/ddp_torch.py "${work[@]}" --nproc "$n" --variants "${variants[@]}" "${timing[@]}" \
+            --csv "$csv/torch_$n.csv"
+        done
+        for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done
+      } > "$out/scale.log" 2>&1
+      note "scale: rc=$?"
+      grep -E '^(W[0-9]|name|seam,|torch,)' "$out/scale.log" | grep -v '^framework' | tail -40
       ;;
     *)
       note "unknown step '$step'"
