@@ -72,16 +72,20 @@ __device__ __forceinline__ float sumsq_of(const G (&v)[K]) {
 }
 
 // Squared norm of the gradients: per-block partial sums, then one block adds them up,
-// in a fixed order so the result is the same on every run. g is 16-byte aligned; each
-// thread keeps two 16-byte loads in flight (one scalar load at a time would leave the
-// read latency-bound at about half the memory's bandwidth), the rest is read one by one.
+// in a fixed order so the result is the same on every run. Each thread keeps two 16-byte
+// loads in flight (one scalar load at a time would leave the read latency-bound at about
+// half the memory's bandwidth); the values before g's first 16-byte boundary (a ZeRO-1
+// shard starts anywhere) and after its last whole pack are read one by one.
 template <class G>
 __global__ void sumsq_partial(const G* __restrict__ g, int64_t n, float* __restrict__ partial) {
   constexpr int64_t kPer = 16 / sizeof(G);
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const auto head = min(n, static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(g) % 16) % 16 / sizeof(G)));
+  float s0 = 0.f, s1 = 0.f;
+  if (first < head) s0 = to_float(g[first]) * to_float(g[first]);
+  g += head, n -= head;
   const auto* gv = reinterpret_cast<const Vec16<G>*>(g);
   const int64_t packs = n / kPer;
-  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  float s0 = 0.f, s1 = 0.f;
   int64_t j = first;
   for (; j + stride < packs; j += 2 * stride) {
     const Vec16<G> a = gv[j], b = gv[j + stride];
