@@ -338,16 +338,7 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
-  if (!dist::launched_as_rank()) return bench_on_rank(o, nullptr);
-  std::shared_ptr<dist::Comm> comm = dist::launched_world();
-  try {
-    return bench_on_rank(o, comm);
-  } catch (const std::exception& e) {
-    // The other ranks would wait for this one in the next sum: all of them stop.
-    std::fprintf(stderr, "seam: error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
-    std::fflush(stderr);
-    comm->abort(1);
-  }
+  return dist::run_on_ranks([&](const std::shared_ptr<dist::Comm>& comm) { return bench_on_rank(o, comm); });
 }
 
 }  // namespace seam::bench

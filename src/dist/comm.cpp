@@ -1,7 +1,9 @@
 #include "dist/comm.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <limits>
 #include <string>
 #include <vector>
@@ -190,6 +192,20 @@ bool launched_as_rank() {
 std::unique_ptr<Comm> launched_world() {
   if (world_of_several("SEAM_WORLD_SIZE")) return file_world();
   return mpi_world();
+}
+
+int run_on_ranks(const std::function<int(const std::shared_ptr<Comm>&)>& body) {
+  if (!launched_as_rank()) return body(nullptr);
+  std::shared_ptr<Comm> comm = launched_world();
+  try {
+    return body(comm);
+  } catch (const std::exception& e) {
+    // The other ranks would wait for this one in the next collective: all of them stop.
+    std::fprintf(stderr, "seam: error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
+    std::fflush(stderr);
+    comm->abort(1);
+  }
+  return 1;  // the compiler does not take abort's [[noreturn]] through the virtual call
 }
 
 bool have_mpi() {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -57,6 +58,11 @@ std::unique_ptr<Comm> file_world();
 // The world a launcher started this process in: MPI's (mpirun), or the rendezvous folder's
 // (--nproc without MPI). Only where launched_as_rank().
 std::unique_ptr<Comm> launched_world();
+
+// `body` with the world a launcher started this process in (launched_world), or with null
+// where none did. An error on a rank is printed, naming the rank, and ends every rank
+// (Comm::abort): the others would wait for it in their next collective.
+int run_on_ranks(const std::function<int(const std::shared_ptr<Comm>&)>& body);
 
 // Rank r's seed in a run seeded `seed`, for what each rank draws alone (dropout masks of
 // its rows): rank 0 keeps the run's seed, the others get well-mixed seeds of their own.

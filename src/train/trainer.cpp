@@ -595,16 +595,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
 }  // namespace
 
 int run_train(const TrainOptions& o) {
-  if (!dist::launched_as_rank()) return train_on_rank(o, nullptr);
-  std::shared_ptr<dist::Comm> comm = dist::launched_world();
-  try {
-    return train_on_rank(o, comm);
-  } catch (const std::exception& e) {
-    // The other ranks would wait for this one in the next sum: the whole run stops.
-    std::fprintf(stderr, "seam: error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
-    std::fflush(stderr);
-    comm->abort(1);
-  }
+  return dist::run_on_ranks([&](const std::shared_ptr<dist::Comm>& comm) { return train_on_rank(o, comm); });
 }
 
 int run_eval(const EvalOptions& o) {

@@ -2,6 +2,8 @@
 #include "../test_util.h"
 #include "gpu_check.h"
 
+#include "io/model_file.h"
+
 #include <algorithm>
 #include <gtest/gtest.h>
 
@@ -145,6 +147,39 @@ double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const Compare
   double worst = 0;
   for (size_t i = 0; i < cpu.size(); ++i) worst = std::max(worst, expect_close(gpu[i], cpu[i], o.tol, names[i]));
   return worst;
+}
+
+std::vector<HostTensor> train_example(const std::string& example, const ExampleRun& r) {
+  const TempCacheDir cache;
+  const io::ModelSpec spec = io::parse_model_file(std::string(SEAM_EXAMPLES "/") + example + ".json");
+  const io::BuiltGraph bg = io::build_graph(spec, r.batch);
+  Model m(bg.graph, {.seed = 5,
+                     .device = Device::cuda,
+                     .precision = spec.precision,
+                     .master_weights = spec.master_weights,
+                     .cuda_graph = r.graph,
+                     .deterministic = true,
+                     .comm = r.ranks,
+                     .grad_bucket_bytes = 64 << 10,
+                     .zero = r.zero});
+  Program p = m.compile({.loss = bg.loss, .optimizer = spec.optimizer});
+  if (r.ranks) {
+    EXPECT_GT(p.plan().buckets.size(), 1u) << example;
+  }
+  EXPECT_EQ(p.plan().zero, r.ranks && r.zero == 1) << example;
+  std::mt19937_64 rng(9);
+  const TensorType &xt = bg.graph.value(bg.x).type, &yt = bg.graph.value(bg.y).type;
+  std::vector<io::RandomBatch> batches;
+  for (int i = 0; i < 4; ++i) batches.push_back(io::random_batch(xt, yt, spec.classes, rng));
+  for (int s = 0; s < r.steps; ++s) {
+    const io::RandomBatch& b = batches[static_cast<size_t>(s) % batches.size()];
+    const std::vector<std::byte> x = b.x_bytes();
+    p.set_input("x", std::span<const std::byte>(x));
+    p.set_input("y", std::span<const int32_t>(b.y));
+    p.run();
+  }
+  p.check();
+  return m.save_tensors();
 }
 
 }  // namespace seam::gpu_testing

@@ -3,10 +3,12 @@
 // chosen by precision. Inputs are fresh random values, never zeros.
 #pragma once
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "dist/comm.h"
 #include "seam/seam.h"
 
 namespace seam::gpu_testing {
@@ -106,6 +108,18 @@ class TempCacheDir {
   std::string dir_, old_;
   bool had_old_ = false;
 };
+
+// An example model file trained on the GPU with ModelOptions::deterministic and fresh
+// caches (no pick carried over from an earlier run), on four random batches in turn.
+struct ExampleRun {
+  int64_t batch = 16;
+  int steps = 12;
+  bool graph = true;
+  std::shared_ptr<dist::Comm> ranks;  // the gradients summed over them (NCCL), in 64 KiB buckets
+  int zero = 0;                       // ModelOptions::zero
+};
+// Its tensors (parameters, states, moments) after the run.
+std::vector<HostTensor> train_example(const std::string& example, const ExampleRun& r);
 
 // Adds a gtest failure per mismatching tensor; returns the largest relative error seen.
 double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const CompareOptions& o);

@@ -4,11 +4,8 @@
 // whose gradients go through NCCL's mean over a group of one (the data-parallel path).
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "dist/comm.h"
 #include "gpu_check.h"
-#include "io/model_file.h"
 
 using namespace seam;
 using namespace seam::gpu_testing;
@@ -25,36 +22,9 @@ TEST(GpuDeterminism, TheSortedEmbeddingGradientMatchesTheCpu) {
   }
 }
 
-// The parameters after `steps` steps of the example at `batch`, as bytes. `ranks`: the
-// gradients summed over that group (NCCL), in buckets of 64 KiB.
 std::vector<HostTensor> train(const std::string& example, int64_t batch, int steps, bool graph,
                               std::shared_ptr<dist::Comm> ranks = nullptr) {
-  const TempCacheDir cache;  // no GEMM, convolution or variant pick from an earlier run
-  const io::ModelSpec spec = io::parse_model_file(std::string(SEAM_EXAMPLES "/") + example + ".json");
-  const io::BuiltGraph bg = io::build_graph(spec, batch);
-  Model m(bg.graph, {.seed = 5,
-                     .device = Device::cuda,
-                     .precision = spec.precision,
-                     .master_weights = spec.master_weights,
-                     .cuda_graph = graph,
-                     .deterministic = true,
-                     .comm = ranks,
-                     .grad_bucket_bytes = 64 << 10});
-  Program p = m.compile({.loss = bg.loss, .optimizer = spec.optimizer});
-  if (ranks) EXPECT_GT(p.plan().buckets.size(), 1u) << example;
-  std::mt19937_64 rng(9);
-  const TensorType &xt = bg.graph.value(bg.x).type, &yt = bg.graph.value(bg.y).type;
-  std::vector<io::RandomBatch> batches;
-  for (int i = 0; i < 4; ++i) batches.push_back(io::random_batch(xt, yt, spec.classes, rng));
-  for (int s = 0; s < steps; ++s) {
-    const io::RandomBatch& b = batches[static_cast<size_t>(s) % batches.size()];
-    const std::vector<std::byte> x = b.x_bytes();
-    p.set_input("x", std::span<const std::byte>(x));
-    p.set_input("y", std::span<const int32_t>(b.y));
-    p.run();
-  }
-  p.check();
-  return m.save_tensors();
+  return train_example(example, {.batch = batch, .steps = steps, .graph = graph, .ranks = std::move(ranks)});
 }
 
 void expect_same_bits(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b, const char* what) {

@@ -15,7 +15,6 @@
 #include "common/half.h"
 #include "dist/comm.h"
 #include "gpu_check.h"
-#include "io/model_file.h"
 
 using namespace seam;
 using namespace seam::gpu_testing;
@@ -241,45 +240,15 @@ TEST(GpuZero, AShardOfBf16ParametersRoundsWithTheWholeModelsDraws) {
   }
 }
 
-// The parameters after `steps` steps of the example, through NCCL over a group of one,
-// ZeRO-1 or plain.
-std::vector<HostTensor> train(const std::string& example, int steps, bool graph, int zero) {
-  const TempCacheDir cache;
-  const io::ModelSpec spec = io::parse_model_file(std::string(SEAM_EXAMPLES "/") + example + ".json");
-  const io::BuiltGraph bg = io::build_graph(spec, 16);
-  Model m(bg.graph, {.seed = 5,
-                     .device = Device::cuda,
-                     .precision = spec.precision,
-                     .master_weights = spec.master_weights,
-                     .cuda_graph = graph,
-                     .deterministic = true,
-                     .comm = dist::single_process(),
-                     .grad_bucket_bytes = 64 << 10,
-                     .zero = zero});
-  Program p = m.compile({.loss = bg.loss, .optimizer = spec.optimizer});
-  EXPECT_EQ(p.plan().zero, zero == 1);
-  std::mt19937_64 rng(9);
-  const TensorType &xt = bg.graph.value(bg.x).type, &yt = bg.graph.value(bg.y).type;
-  std::vector<io::RandomBatch> batches;
-  for (int i = 0; i < 4; ++i) batches.push_back(io::random_batch(xt, yt, spec.classes, rng));
-  for (int s = 0; s < steps; ++s) {
-    const io::RandomBatch& b = batches[static_cast<size_t>(s) % batches.size()];
-    const std::vector<std::byte> x = b.x_bytes();
-    p.set_input("x", std::span<const std::byte>(x));
-    p.set_input("y", std::span<const int32_t>(b.y));
-    p.run();
-  }
-  p.check();
-  return m.save_tensors();
-}
-
 // The reduce-scatter (a grouped ncclReduce), the norm summed over the ranks and the
 // gather (a grouped ncclBroadcast), captured into the step's CUDA Graph or not.
 TEST(GpuZero, ZeroOneOverAGroupOfOneGivesThePlainStepsBits) {
   for (const char* example : {"fmnist_cnn", "gpt_fortunes"})
     for (bool graph : {true, false}) {
       SCOPED_TRACE(std::string(example) + (graph ? " in a CUDA Graph" : " launched op by op"));
-      const auto plain = train(example, 12, graph, 0), zero = train(example, 12, graph, 1);
+      const std::shared_ptr<dist::Comm> one = dist::single_process();
+      const auto plain = train_example(example, {.graph = graph, .ranks = one});
+      const auto zero = train_example(example, {.graph = graph, .ranks = one, .zero = 1});
       ASSERT_EQ(plain.size(), zero.size());
       for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(plain[i].data == zero[i].data) << plain[i].name;
     }
