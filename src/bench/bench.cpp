@@ -158,7 +158,10 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
     loss_id = cross_entropy(w.net(g, x), y).id();
   }
   const Var loss = g.var(loss_id);
-  const std::optional<size_t> used_before = dev == Device::cuda ? cuda_device_used_bytes() : std::nullopt;
+  // Rank 0 alone reads the driver's count: it runs on GPU 0, the device a process that has
+  // not chosen one yet asks (and would make a context on); the others stay off it.
+  const std::optional<size_t> used_before =
+      dev == Device::cuda && (!comm || comm->rank() == 0) ? cuda_device_used_bytes() : std::nullopt;
   const EpiloguePolicy epilogue = parse_epilogue_policy(o.epilogue).value_or(EpiloguePolicy::fastest);
   const Precision precision = o.precision.value_or(w.precision);
   Model m(g, {.seed = 1,
