@@ -341,8 +341,10 @@ int main(int argc, char** argv) {
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
-  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1 to W5, or model files): ms/step, kernels, TFLOP/s");
-  bench->add_option("workloads", bo.workloads, "W1, W2, W3, W4, W5 (ResNet-18, examples/resnet18_cifar.json) or MODEL.json files (default: W1 to W4)");
+  auto* bench = app.add_subcommand("bench", "time training steps of named workloads (W1 to W6, or model files): ms/step, kernels, TFLOP/s");
+  bench->add_option("workloads", bo.workloads,
+                    "W1, W2, W3, W4, W5 (ResNet-18, examples/resnet18_cifar.json), W6 (GPT-2 124M, "
+                    "examples/gpt2_124m.json) or MODEL.json files (default: W1 to W4)");
   bench->add_option("--steps", bo.steps, "timed steps per repetition")->transform(whole<int>(1));
   bench->add_option("--repeats", bo.repeats, "repetitions; the median is reported")->transform(whole<int>(1));
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->transform(whole<int>(0));
