@@ -213,9 +213,9 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
                                        options.cuda_streams, options.deterministic})
                   : make_cpu_backend();
   const size_t values = c.layout.param_bytes / dtype_size(c.layout.param_dtype);
-  std::tie(c.shard_lo, c.shard_hi) = options.zero && c.comm ? zero_shard(values, c.comm->rank(), c.comm->size())
-                                                            : std::pair<size_t, size_t>{0, values};
   c.zero = options.zero == 1 && c.comm;
+  std::tie(c.shard_lo, c.shard_hi) =
+      c.zero ? zero_shard(values, c.comm->rank(), c.comm->size()) : std::pair<size_t, size_t>{0, values};
   if (c.zero && c.device == Device::cpu && c.stored)
     fail("ZeRO-1 on the CPU shards f32 or f64 parameters; 16-bit ones (ModelOptions::master_weights false) need the "
          "GPU");

@@ -112,40 +112,40 @@ void Nccl::all_reduce_sum(void* data, size_t n, DType t, cudaStream_t stream) {
   check(api().all_reduce(data, data, n, nccl_type(t), ncclSum, static_cast<ncclComm_t>(comm_), stream), "ncclAllReduce");
 }
 
-void Nccl::reduce_scatter_mean(void* data, const std::vector<size_t>& split, DType t, cudaStream_t stream) {
-  dist::check_split(split, host_.size());
-  const Api& a = api();
-  auto* bytes = static_cast<std::byte*>(data);
-  const size_t size = dtype_size(t);
-  check(a.group_start(), "ncclGroupStart");
-  for (int r = 0; r < host_.size(); ++r) {
+namespace {
+
+// `call(r, lo, n)` for each rank r's nonempty piece [lo, lo + n) of `split`, in one NCCL
+// group (NCCL then runs them as one operation: ranks may own pieces of any size).
+template <class Call>
+void grouped(const std::vector<size_t>& split, int ranks, const char* what, Call call) {
+  dist::check_split(split, ranks);
+  check(api().group_start(), "ncclGroupStart");
+  for (int r = 0; r < ranks; ++r) {
     const size_t lo = split[static_cast<size_t>(r)], n = split[static_cast<size_t>(r) + 1] - lo;
     if (n == 0) continue;  // every rank skips the same pieces
-    void* at = bytes + lo * size;
-    const ncclResult_t e = a.reduce(at, at, n, nccl_type(t), ncclAvg, r, static_cast<ncclComm_t>(comm_), stream);
-    if (e != ncclSuccess) {
-      a.group_end();
-      check(e, "ncclReduce");
+    if (const ncclResult_t e = call(r, lo, n); e != ncclSuccess) {
+      api().group_end();
+      check(e, what);
     }
   }
-  check(a.group_end(), "ncclGroupEnd (ncclReduce to each shard's owner)");
+  check(api().group_end(), what);
+}
+
+}  // namespace
+
+void Nccl::reduce_scatter_mean(void* data, const std::vector<size_t>& split, DType t, cudaStream_t stream) {
+  auto* bytes = static_cast<std::byte*>(data);
+  grouped(split, host_.size(), "ncclReduce to each shard's owner", [&](int r, size_t lo, size_t n) {
+    void* at = bytes + lo * dtype_size(t);
+    return api().reduce(at, at, n, nccl_type(t), ncclAvg, r, static_cast<ncclComm_t>(comm_), stream);
+  });
 }
 
 void Nccl::all_gather(void* data, const std::vector<size_t>& split, cudaStream_t stream) {
-  dist::check_split(split, host_.size());
-  const Api& a = api();
   auto* bytes = static_cast<std::byte*>(data);
-  check(a.group_start(), "ncclGroupStart");
-  for (int r = 0; r < host_.size(); ++r) {
-    const size_t lo = split[static_cast<size_t>(r)], n = split[static_cast<size_t>(r) + 1] - lo;
-    if (n == 0) continue;
-    const ncclResult_t e = a.broadcast(bytes + lo, bytes + lo, n, ncclUint8, r, static_cast<ncclComm_t>(comm_), stream);
-    if (e != ncclSuccess) {
-      a.group_end();
-      check(e, "ncclBroadcast");
-    }
-  }
-  check(a.group_end(), "ncclGroupEnd (ncclBroadcast from each shard's owner)");
+  grouped(split, host_.size(), "ncclBroadcast from each shard's owner", [&](int r, size_t lo, size_t n) {
+    return api().broadcast(bytes + lo, bytes + lo, n, ncclUint8, r, static_cast<ncclComm_t>(comm_), stream);
+  });
 }
 
 int local_device() {
