@@ -15,6 +15,8 @@
 #include "common/half.h"
 #include "dist/comm.h"
 #include "gpu_check.h"
+#include "model_core.h"
+#include "test_util.h"
 
 using namespace seam;
 using namespace seam::gpu_testing;
@@ -35,31 +37,9 @@ struct Update {
   int64_t n = 0, n_decay = 0;
 };
 
+// Values stored as t (16-bit ones rounded to nearest even), as a model holds them.
 std::vector<std::byte> as_stored(const std::vector<float>& v, DType t) {
-  std::vector<std::byte> out(v.size() * dtype_size(t));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (t == DType::f32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-    } else {
-      const uint16_t h = float_to_half(v[i], t);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
-}
-
-std::vector<float> widened(const std::vector<std::byte>& b, DType t) {
-  std::vector<float> out(b.size() / dtype_size(t));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t == DType::f32) {
-      std::memcpy(&out[i], b.data() + 4 * i, 4);
-    } else {
-      uint16_t h = 0;
-      std::memcpy(&h, b.data() + 2 * i, 2);
-      out[i] = half_to_float(h, t);
-    }
-  }
-  return out;
+  return encode(std::vector<double>(v.begin(), v.end()), t);
 }
 
 // One update on the GPU of parameters p with gradients g and moments `opt` (slot after
@@ -110,9 +90,9 @@ After run_update(const Update& u, const std::vector<float>& p, const std::vector
     SEAM_CUDA_CHECK(cudaFree(d));
     return h;
   };
-  out.p = widened(down(r.params, pb.size()), u.param);
-  out.g = widened(down(r.grads, gb.size()), u.param);
-  out.opt = widened(down(r.opt, opt.size() * sizeof(float)), DType::f32);
+  out.p = seam::testing::as_floats(down(r.params, pb.size()), u.param);
+  out.g = seam::testing::as_floats(down(r.grads, gb.size()), u.param);
+  out.opt = seam::testing::as_floats(down(r.opt, opt.size() * sizeof(float)), DType::f32);
   if (u.working) {
     const auto w = down(r.working, stale.size() * 2);
     out.working.resize(stale.size());
