@@ -102,6 +102,8 @@ TEST(GpuReduce, LargeAndLopsidedReductions) {
   };
   const std::vector<Case> cases = {
       {{4099, 257}, {0}},      // columns, split into chunks plus a second pass
+      {{4099, 264}, {0}},      // columns in 16-byte packs, a tile partly past the width
+      {{16, 64, 768}, {0}},    // few rows of many packed columns: one chunk
       {{4099, 257}, {1}},      // warp per row
       {{4099, 257}, {}},       // everything: block per chunk plus a second pass
       {{1000, 1027}, {}},      //

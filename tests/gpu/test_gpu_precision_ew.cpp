@@ -201,6 +201,9 @@ TEST(GpuPrecisionReduce, LargeAndLopsidedReductions) {
   };
   const std::vector<Case> cases = {
       {{4099, 257}, {0}},          // columns, in chunks plus the second pass (add_partials)
+      {{4099, 264}, {0}},          // columns in 16-byte packs, a tile partly past the width
+      {{16, 64, 768}, {0}},        // few rows of many packed columns: one chunk
+      {{2048, 2304}, {0}},         // a bias gradient's column sums (linear_grad_weight_bias split)
       {{4099, 257}, {1}},          // warp per row
       {{4099, 257}, {}},           // everything: block per chunk plus the second pass
       {{2, 40000}, {1}},           // few long rows: blocks in chunks
