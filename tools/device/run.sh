@@ -204,8 +204,10 @@ for step in "${steps[@]}"; do
             "$bin/seam" bench "$w" --device cuda --nproc "$n" "${timing[@]}" --csv "$csv/seam_${w}_$n.csv"
             "$bin/seam" bench "$w" --device cuda --nproc "$n" "${extra[@]}" --zero 1 "${timing[@]}" \
               --csv "$csv/seam_${w}_${n}_zero.csv"
-            [ "$n" -eq 1 ] && "$bin/seam" bench "$w" --device cuda --one-rank "${timing[@]}" \
-              --csv "$csv/seam_${w}_1_one_rank.csv"
+            if [ "$n" -eq 1 ]; then  # and the step without data parallelism, the figure to match
+              "$bin/seam" bench "$w" --device cuda --one-rank "${timing[@]}" --csv "$csv/seam_${w}_1_one_rank.csv"
+              "$bin/seam" bench "$w" --device cuda "${timing[@]}" --csv "$csv/seam_${w}_1_plain.csv"
+            fi
           done
           "$py" bench/ddp_torch.py "${work[@]}" --nproc "$n" --variants "${variants[@]}" "${timing[@]}" \
             --csv "$csv/torch_$n.csv"
