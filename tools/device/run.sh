@@ -83,7 +83,10 @@ for step in "${steps[@]}"; do
       py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
       [ -x "$py" ] || py=python3
       site=$(mktemp -d)
-      if ! "$py" -m zipfile -e .deps/py/seam-*.whl "$site" 2>/dev/null; then
+      # Installed by pip (offline, into a folder), which keeps the bundled CLI executable;
+      # where there is no pip, unzipped, and the CLI's mode bits (which unzipping drops) set.
+      if ! "$py" -m pip install -q --no-deps --no-index --target "$site" .deps/py/seam-*.whl > /dev/null 2>&1 &&
+         ! { "$py" -m zipfile -e .deps/py/seam-*.whl "$site" 2>/dev/null && chmod +x "$site"/seam/bin/*; }; then
         note "python: no wheel in .deps/py (run tools/device/prepare.sh python)"
         continue
       fi

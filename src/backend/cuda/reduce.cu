@@ -454,7 +454,8 @@ Launch broadcast_to(const StepArgs& a) {
 void add_partials(const PartialSums& p, cudaStream_t st) {
   SEAM_ASSERT(p.outputs >= 1 && p.outputs <= PartialSums::kMaxOutputs && p.chunks >= 1);
   for (int r = 0; r < p.outputs; ++r)
-    SEAM_ASSERT(p.dtype[r] == DType::f32 || p.dtype[r] == DType::bf16 || p.dtype[r] == DType::f16);
+    SEAM_ASSERT(p.dtype[r] == DType::f32 || p.dtype[r] == DType::bf16 || p.dtype[r] == DType::f16 ||
+                p.dtype[r] == DType::f64);
   const dim3 grid(blocks_for(p.kept, 32, 1 << 20), static_cast<unsigned>(p.outputs));
   add_partials_kernel<<<grid, dim3(32, kPartRows), 0, st>>>(p);
   SEAM_CUDA_LAUNCH_CHECK();
