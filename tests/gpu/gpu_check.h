@@ -14,12 +14,15 @@
 namespace seam::gpu_testing {
 
 // How two results may differ: the relative L2 error ||gpu - cpu|| / ||cpu|| at most `rel`,
-// and every element within atol + elem_rel * |cpu|.
+// and every element within atol + rms_atol * rms(cpu) + elem_rel * |cpu|.
 struct Tolerance {
   Tolerance(double rel_l2, double element_rel, double abs) : rel(rel_l2), elem_rel(element_rel), atol(abs) {}
   double rel;
   double elem_rel;
   double atol;
+  // An element floor in units of the tensor's RMS, for sums whose small elements are the
+  // cancellation of large terms: their rounding error is the terms' size, not theirs.
+  double rms_atol = 0;
   static Tolerance f32() { return {1e-5, 1e-4, 1e-6}; }
   static Tolerance tf32() { return {2e-3, 2e-2, 1e-3}; }
   // cuDNN's channels-last tensor-core convolutions at TF32: as tf32() over the tensor, but

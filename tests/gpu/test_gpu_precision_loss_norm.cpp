@@ -333,9 +333,14 @@ TEST(GpuPrecisionLayerNorm, ResidualGradientSummedIntoTheGradient) {
 // TF32 the linear's dot products, rounded in another order on the CPU, feed gradient sums
 // that cancel to a thousandth of their terms: measured on the H200, elements of w's and
 // the gammas' gradients 1e-3 (f32) to 1e-1 (TF32) apart while the bias gradient agreed;
-// the kernels' f32 paths are compared directly below.)
+// the kernels' f32 paths are compared directly below.) The same cancellation holds at 16
+// bits over 1001 rows: the CPU's own bf16 gradients against its f32 ones, on this model at
+// [1001, 100], differ by up to 0.36 in w's (RMS 58; 97 of its 10000 elements, those that
+// cancel to about 0.1, past the bf16 element tolerance) and by up to 2% of the RMS in g1's,
+// so the element floor is 3% of each tensor's RMS (f16: an eighth of it, 3 bits more).
 TEST(GpuPrecisionLayerNorm, BiasGradientFromTheLayerNormGradient) {
-  for (const CompareOptions& o : policies()) {
+  for (CompareOptions o : policies()) {
+    o.tol.rms_atol = o.precision == Precision::bf16 ? 3e-2 : 3e-2 / 8;
     SCOPED_TRACE(policy_name(o));
     const DType t = low(o);
     for (int64_t dim : {768, 100, 37, 2048})
