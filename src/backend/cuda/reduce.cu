@@ -121,48 +121,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The innermost kept group (k, `width` wide, stride 1) in tiles of 32, by 8 threads down
-// a chunk of `rows` reduced elements. Block (32, 8); grid.x = (outer kept index, tile of
-// k), grid.y = chunks.
-template <class TI, class TO>
+// The innermost kept group (k, `width` wide, stride 1) in tiles of 32 P columns, by 8
+// threads down a chunk of `rows` reduced elements; each thread adds P neighbouring
+// columns. P = 1 reads one value a lane; where the width is a whole number of 16-byte
+// packs, P = 16 / sizeof(TI) reads one pack a lane, so a warp reads 512 bytes of a row at
+// once instead of 32 to 128 (a 16-bit column sum ran at about 2 TB/s one value a lane).
+// Block (32, 8); grid.x = (outer kept index, tile of k), grid.y = chunks. The tile's 8
+// thread rows are added in order.
+template <class TI, class TO, int P>
 __global__ void __launch_bounds__(kThreads)
     reduce_columns(const TI* x, TO* y, double* partial, Dims outer, int64_t width, int64_t tiles, Dims red,
                    int64_t outputs, int64_t len, int64_t rows, double scale) {
-  __shared__ double sum[8][32];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t oo = blockIdx.x / tiles;
-  const int64_t k = (blockIdx.x % tiles) * 32 + tx;
-  const int64_t c = blockIdx.y;
-  const int64_t j0 = c * rows;
-  const int64_t j1 = min(len, j0 + rows);
-  double acc = 0;
-  if (k < width) {
-    const TI* p = x + offset_of(outer, oo) + k;
-#pragma unroll 4
-    for (int64_t j = j0 + ty; j < j1; j += 8) acc += load_d(p, offset_of(red, j));
-  }
-  sum[ty][tx] = acc;
-  __syncthreads();
-  if (ty == 0 && k < width) {
-    double s = 0;
-#pragma unroll
-    for (int t = 0; t < 8; ++t) s += sum[t][tx];
-    const int64_t o = oo * width + k;
-    if (gridDim.y == 1) store_d(y, o, s * scale);
-    else partial[c * outputs + o] = s;
-  }
-}
-
-// reduce_columns in 16-byte packs, when the kept width is a whole number of packs: a
-// thread adds P = 16 / sizeof(TI) neighbouring columns, so a warp reads 512 bytes of a
-// row in one load a lane instead of 32 to 128 bytes (a 16-bit column sum ran at about
-// 2 TB/s one value a lane). Block (32, 8) over a tile of 32 P columns; the tile's 8
-// thread rows are added in order, as above.
-template <class TI, class TO>
-__global__ void __launch_bounds__(kThreads)
-    reduce_columns_packed(const TI* x, TO* y, double* partial, Dims outer, int64_t width, int64_t tiles, Dims red,
-                          int64_t outputs, int64_t len, int64_t rows, double scale) {
-  constexpr int P = 16 / static_cast<int>(sizeof(TI));
   __shared__ double sum[8][32 * P];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t oo = blockIdx.x / tiles;
@@ -176,10 +145,14 @@ __global__ void __launch_bounds__(kThreads)
     const TI* p = x + offset_of(outer, oo) + k;
 #pragma unroll 4
     for (int64_t j = j0 + ty; j < j1; j += 8) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p + offset_of(red, j)));
-      const TI* v = reinterpret_cast<const TI*>(&raw);
+      if constexpr (P == 1) {
+        acc[0] += load_d(p, offset_of(red, j));
+      } else {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p + offset_of(red, j)));
+        const TI* v = reinterpret_cast<const TI*>(&raw);
 #pragma unroll
-      for (int q = 0; q < P; ++q) acc[q] += static_cast<double>(to_compute(v[q]));
+        for (int q = 0; q < P; ++q) acc[q] += static_cast<double>(to_compute(v[q]));
+      }
     }
   }
 #pragma unroll
@@ -300,7 +273,7 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
     Dims outer;
     for (int d = 1; d < kept.n; ++d) outer.push(kept.size[d], kept.st[d]);
     // Whole packs: every stride is a multiple of the width (the kept group is innermost).
-    constexpr int64_t pack = 16 / sizeof(TI);
+    constexpr int pack = 16 / static_cast<int>(sizeof(TI));
     const bool packed = width % pack == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     const int64_t tiles = ceil_div(width, packed ? 32 * pack : 32);
     const int64_t blocks_x = tiles * outer.count();
@@ -315,11 +288,11 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
     const PartialSums fin = partial_sums(partial, y, scale, chunks, outputs);
     return [=](cudaStream_t stream) {
       if (packed)
-        reduce_columns_packed<TI, TO><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced,
-                                                                       outputs, len, rows, scale);
+        reduce_columns<TI, TO, pack><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced,
+                                                                      outputs, len, rows, scale);
       else
-        reduce_columns<TI, TO><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced, outputs,
-                                                                len, rows, scale);
+        reduce_columns<TI, TO, 1><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced,
+                                                                   outputs, len, rows, scale);
       SEAM_CUDA_LAUNCH_CHECK();
       if (chunks > 1) add_partials(fin, stream);
     };
