@@ -519,7 +519,8 @@ Program Model::compile(const CompileOptions& o) {
     // the casts left next to them.
     std::vector<FuseResult (*)(const Graph&, const std::vector<ValueId>&)> passes = {
         fuse_epilogues,       fold_matmul_transposes, fuse_norm_activations, fuse_conv_activations,
-        sum_into_norm_grads, absorb_class_slices,    fuse_losses,           fold_casts,
+        sum_into_norm_grads, absorb_class_slices,    fuse_losses,           sums_into_embedding_grads,
+        fold_casts,
         bias_grads_into_norm_grads,  // after fold_casts: db in the dtype gamma's gradient has
         residual_adds_into_linears};
     if (o.fuse_elementwise) passes.push_back(fuse_elementwise);

@@ -7,6 +7,7 @@
 
 #include "common/half.h"
 #include "seam/seam.h"
+#include "test_util.h"
 
 using namespace seam;
 
@@ -241,6 +242,36 @@ TEST(MiscForward, EmbeddingLooksUpRowsAndRejectsBadIds) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("id 4 at position 1"), std::string::npos) << e.what();
   }
+}
+
+// embedding_grad's addend (a tied weight's other gradient): the rows added into it, in
+// its dtype; a wrong shape or dtype is refused by name.
+TEST(MiscForward, EmbeddingGradientAddsItsRowsIntoAnAddend) {
+  Graph g;
+  Var dy = g.input("dy", {3, 2});
+  Var ids = g.input("ids", {3}, DType::i32);
+  Var acc = g.input("acc", {4, 2});
+  Var dw = g.var(g.add1(Op::embedding_grad, {dy.id(), ids.id(), acc.id()}, {{"num", int64_t{4}}}).id());
+  Model m(g);
+  Program p = m.compile({.mode = Mode::eval, .outputs = {dw.id()}});
+  const std::vector<float> d{1, 2, 3, 4, 5, 6}, a{10, 20, 30, 40, 50, 60, 70, 80};
+  const std::vector<int32_t> rows{3, 0, 3};
+  p.set_input("dy", std::span<const float>(d));
+  p.set_input("ids", std::span<const int32_t>(rows));
+  p.set_input("acc", std::span<const float>(a));
+  p.run();
+  EXPECT_EQ(p.read_as<float>(dw.name()), (std::vector<float>{13, 24, 30, 40, 50, 60, 76, 88}));
+  auto error_of = [&](Shape shape, DType t) {
+    return seam::testing::error_of([&] {
+      g.add(Op::embedding_grad, {dy.id(), ids.id(), g.input("a" + std::to_string(g.values().size()), shape, t).id()},
+            {{"num", int64_t{4}}});
+    });
+  };
+  EXPECT_NE(error_of({5, 2}, DType::f32).find("acc must have dweight's shape [4,2], got [5,2]"), std::string::npos)
+      << error_of({5, 2}, DType::f32);
+  EXPECT_NE(error_of({4, 2}, DType::bf16).find("acc must have dy's dtype or the one it computes in (f32), got bf16"),
+            std::string::npos)
+      << error_of({4, 2}, DType::bf16);
 }
 
 TEST(Dropout, DropsAboutPScalesTheRestAndIsReproducible) {

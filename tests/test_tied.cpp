@@ -2,7 +2,9 @@
 // model's output projection), in C++ (nn::linear_tied) and in model files ("tie").
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 
 #include "grad_check.h"
@@ -23,6 +25,64 @@ TEST(Tied, TheSharedWeightsGradientSumsBothUses) {
       Var h = tanh(embedding(c.labels("ids", {3, 4}, 7), w));
       return nn::linear_tied(h, w, "head", bias);
     });
+  }
+}
+
+// The shared weight's two gradients: the GEMM's written into the gradient buffer, the
+// embedding's rows added there (sums_into_embedding_grads), no add and no arena copy. At
+// f32 the same bits as the unfused plan (its rows summed first, then one add); under
+// bf16 the GEMM writes f32 and the rows meet it in f32, within bf16's rounding of the
+// unfused plan's sum. Also without arena reuse, where the rows go into a copy.
+TEST(Tied, TheEmbeddingsRowsAreAddedIntoTheProjectionsGradient) {
+  constexpr int64_t V = 11, C = 8, B = 4, T = 6;
+  Graph g;
+  Var ids = g.input("ids", {B, T}, DType::i32);
+  Var y = g.input("y", {B * T}, DType::i32);
+  Var w = g.param("w", {V, C}, Init::normal(0, 0.5));
+  Var h = tanh(embedding(ids, w));
+  Var loss = cross_entropy(reshape(nn::linear_tied(h, w, "head", true), {B * T, V}), y);
+  std::mt19937 rng(7);
+  std::vector<int32_t> id(static_cast<size_t>(B * T)), label(static_cast<size_t>(B * T));
+  for (auto& v : id) v = static_cast<int32_t>(rng() % 5);  // rows 5..10 never named: the GEMM's part alone
+  for (auto& v : label) v = static_cast<int32_t>(rng() % V);
+  for (Precision p : {Precision::f32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(p));
+    std::vector<float> grads[3];
+    for (int variant = 0; variant < 3; ++variant) {
+      Model m(g, {.seed = 2, .precision = p});
+      Program prog = m.compile({.loss = loss.id(), .gradients = true, .reuse_memory = variant != 2, .fuse = variant > 0});
+      prog.set_input("ids", std::span<const int32_t>(id));
+      prog.set_input("y", std::span<const int32_t>(label));
+      prog.run();
+      grads[variant] = Program::cast_bytes<float>(prog.read_grad("w"));
+      int embedding_grads = 0;
+      for (const PlanStep& s : prog.plan().steps) {
+        if (s.op != Op::embedding_grad) continue;
+        ++embedding_grads;
+        ASSERT_EQ(s.in.size(), variant > 0 ? 3u : 2u) << prog.plan().str();
+        if (variant == 0) continue;
+        EXPECT_EQ(s.out[0].region, Region::grads);
+        EXPECT_EQ(s.out[0].type.dtype, DType::f32);
+        EXPECT_EQ(s.in[2].region == Region::grads && s.in[2].offset == s.out[0].offset, variant == 1);
+      }
+      EXPECT_EQ(embedding_grads, 1);
+      if (variant == 1) {
+        EXPECT_EQ(testing::count(prog.plan(), Op::add), 0) << prog.plan().str();
+        int gemm_into_grads = 0;  // the projection's weight gradient, in f32 at either policy
+        for (const PlanStep& s : prog.plan().steps)
+          gemm_into_grads += (s.op == Op::matmul || s.op == Op::linear_grad_weight_bias) && s.out[0].region == Region::grads &&
+                             s.out[0].offset == 0 && s.out[0].type == TensorType{DType::f32, {V, C}};
+        EXPECT_EQ(gemm_into_grads, 1) << prog.plan().str();
+      }
+    }
+    EXPECT_EQ(grads[1], grads[2]);
+    const double tol = p == Precision::f32 ? 0.0 : 1e-2;
+    double scale = 0;
+    for (float v : grads[0]) scale = std::max(scale, std::abs(static_cast<double>(v)));
+    ASSERT_GT(scale, 0.0);
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      if (tol == 0) EXPECT_EQ(grads[1][i], grads[0][i]) << i;
+      else EXPECT_NEAR(grads[1][i], grads[0][i], tol * scale) << i;
   }
 }
 

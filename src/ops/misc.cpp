@@ -166,16 +166,26 @@ void register_misc(OpTable& t) {
   {
     OpDef& d = def(t, Op::embedding_grad);
     d.name = "embedding_grad";
-    d.inputs = {"dy", "ids"};
+    d.inputs = {"dy", "ids", "acc?"};
     d.outputs = {"dweight"};
     d.attrs = {{"num", int64_t{0}, true}};
-    d.doc = "dweight[ids[...], :] += dy[..., :]";
+    // acc: another gradient of the same weight (a tied output projection's), which the
+    // rows are added into (sums_into_embedding_grads), in its own dtype.
+    d.in_place = {0, 2};
+    d.doc = "dweight = acc (or zeros) + the sum of dy[i, :] over the positions i whose id names each row";
     d.infer = [](const InferCtx& c) {
       c.expect_dtype(1, DType::i32);
       Shape s = c.shape(1);
       s.push_back(c.shape(0).back());
       if (s != c.shape(0)) c.fail("dy must have shape ids + [dim]");
-      return std::vector<TensorType>{{c.type(0).dtype, {c.attrs.i("num"), c.shape(0).back()}}};
+      const Shape out{c.attrs.i("num"), c.shape(0).back()};
+      if (c.n() < 3) return std::vector<TensorType>{{c.type(0).dtype, out}};
+      const DType a = c.type(2).dtype, dy = c.type(0).dtype;
+      if (c.shape(2) != out) c.fail("acc must have dweight's shape ", shape_str(out), ", got ", shape_str(c.shape(2)));
+      if (a != dy && a != compute_dtype(dy))
+        c.fail("acc must have dy's dtype or the one it computes in (", dtype_name(compute_dtype(dy)), "), got ",
+               dtype_name(a));
+      return std::vector<TensorType>{{a, out}};
     };
   }
 }

@@ -42,6 +42,17 @@ FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep);
 // pass over three tensors gone. (src/passes/fuse_residual.cpp)
 FuseResult residual_adds_into_linears(const Graph& g, const std::vector<ValueId>& keep);
 
+// A tied weight's gradients summed by the embedding's: add(a, e), the two gradients of a
+// weight read by an embedding and by a GEMM (a language model's tied output projection),
+// e = embedding_grad(dy, ids) read by the add alone, becomes embedding_grad(dy, ids, a):
+// the rows are added into a, in place, in a's dtype. Under a mixed policy, where a cast
+// rounds the 16-bit sum to the f32 master's gradient, a is cast to f32 instead (a cast
+// fold_casts takes into the GEMM that makes it) and the rows go into that in f32. No add
+// pass, no 16-bit [vocabulary, width] copy of either gradient, no rounding of the
+// embedding's sums before they meet the GEMM's. Runs before fold_casts.
+// (src/passes/fuse_embedding.cpp)
+FuseResult sums_into_embedding_grads(const Graph& g, const std::vector<ValueId>& keep);
+
 // Transposes into GEMMs: a matmul operand made by a transpose of its last two dims (and
 // no other dim moved) is read in place with the matmul's transpose flag flipped, and a
 // transpose no other step reads is gone: one copy of the operand less each time.

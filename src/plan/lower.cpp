@@ -150,21 +150,26 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
 
   // An output written over an input nothing reads later (OpDef::in_place) shares its
   // root: one buffer where there were two (a language model's logits and their gradient).
-  // Not over inputs (a run may keep them for the next) or values placed elsewhere.
+  // Not over inputs (a run may keep them for the next) or values placed elsewhere. An
+  // output in a gradient buffer takes the input into that buffer instead (a tied weight's
+  // gradient, its GEMM's part written there first and the embedding's rows added).
   if (req.reuse_memory)
     for (auto& [k, s] : step_values) {
       const Node& n = g.node(k);
       const auto [o, i] = op_def(n.op).in_place;
-      if (o < 0) continue;
+      if (o < 0 || static_cast<size_t>(i) >= n.in.size()) continue;
       const ValueId out = n.out[static_cast<size_t>(o)];
       const auto ri = static_cast<size_t>(root[static_cast<size_t>(n.in[static_cast<size_t>(i)])]);
       const auto ro = static_cast<size_t>(out);
-      if (placed[ri] || placed[ro] || root[ro] != out || g.value(static_cast<ValueId>(ri)).kind != ValueKind::intermediate ||
-          last[ri] != s || g.value(static_cast<ValueId>(ri)).type.bytes() != g.value(out).type.bytes())
+      const bool into_grads = placed[ro] && place[ro].region == Region::grads;
+      if (placed[ri] || (placed[ro] && !into_grads) || root[ro] != out ||
+          g.value(static_cast<ValueId>(ri)).kind != ValueKind::intermediate || last[ri] != s ||
+          g.value(static_cast<ValueId>(ri)).type.bytes() != g.value(out).type.bytes())
         continue;
+      const auto to = static_cast<ValueId>(into_grads ? ro : ri), from = into_grads ? static_cast<ValueId>(ri) : out;
       for (size_t v = 0; v < nv; ++v)
-        if (root[v] == out) root[v] = static_cast<ValueId>(ri);
-      last[ri] = std::max(last[ri], last[ro]);
+        if (root[v] == from) root[v] = to;
+      if (!into_grads) last[ri] = std::max(last[ri], last[ro]);
     }
 
   // 4. Arena placement.

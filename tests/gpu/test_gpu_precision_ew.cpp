@@ -445,6 +445,26 @@ TEST(GpuPrecisionMisc, AccumulateAndCountEqualTake16BitScalars) {
   }
 }
 
+// A weight read by an embedding and by a projection (a language model's tied output
+// layer): the projection's weight gradient written into the gradient buffer (in f32 under
+// a 16-bit policy, from the GEMM) and the embedding's rows added into it
+// (sums_into_embedding_grads), with atomics and sorted; rows 40 to 49 of the 50 are named
+// by no id and keep the GEMM's part alone.
+TEST(GpuPrecisionMisc, ATiedWeightsEmbeddingRowsAreAddedIntoItsProjectionsGradient) {
+  std::vector<CompareOptions> options = {gpu_testing::f32(), gpu_testing::f32().fixed()};
+  for (const Low& l : kLows) options.push_back(l.options()), options.push_back(l.options().fixed());
+  for (const CompareOptions& o : options) {
+    SCOPED_TRACE(std::string(precision_name(o.precision)) + (o.deterministic ? " sorted" : " atomics"));
+    compare_with_cpu(
+        [](GpuCase& c) {
+          Var w = c.param("w", {50, 64});
+          Var h = embedding(c.labels("ids", {4, 33}, 40), w);
+          return nn::linear_tied(tanh(h), w, "head", false);
+        },
+        o);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Through the precision pass alone: plain f32 graphs of parameters, whose working copies
 // the pass makes 16-bit (its outputs are its business, and compare_with_cpu's).

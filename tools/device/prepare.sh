@@ -35,6 +35,10 @@ strip .deps/bin/*
 # sixfold: the binaries travel packed, within the carry limit, and run.sh unpacks them.
 tar -C .deps -cJf .deps/bin.tar.xz bin && rm -rf .deps/bin
 cp /usr/share/datasets/fashion-mnist/*.gz .deps/fashion-mnist/
+# The language models' corpus (run.sh lm): Debian's fortunes as byte tokens (5 MB).
+rm -rf .deps/fortunes
+"$build/seam" tokenize $(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort) \
+  --out .deps/fortunes >/dev/null
 # The ONNX backend node tests (27 MB, 4 MB packed; run.sh's onnx step unpacks them).
 tar -czf .deps/onnx-node.tgz -C /usr/share/libonnx-testdata/data node
 git rev-parse --short HEAD > .deps/commit

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [crash] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models]
+#   tools/device/run.sh [tests] [sanitize] [train] [lm] [crash] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models]
 #                       [python] [scale] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
@@ -64,6 +64,25 @@ for step in "${steps[@]}"; do
         cat "$run_dir/stderr" >> "$out/train.log"
         note "train $model: rc=$rc $(grep '"event":"done"' "$out/train.log" | tail -1)"
         [ "$rc" -ne 0 ] && tail -5 "$run_dir/stderr"
+        rm -rf "$run_dir"
+      done
+      ;;
+    lm)
+      # Language models on real text: the byte tokens of Debian's fortunes (prepare.sh
+      # tokenizes them into .deps/fortunes), SEAM_LM_MODELS for their files' epochs or
+      # SEAM_LM_EPOCHS; epoch lines go to lm.log, then a sample of each model's text.
+      epochs=()
+      [ -n "${SEAM_LM_EPOCHS:-}" ] && epochs=(--epochs "$SEAM_LM_EPOCHS")
+      for model in ${SEAM_LM_MODELS:-gpt2_124m}; do
+        run_dir=$(mktemp -d)
+        echo "### $model ${SEAM_LM_EPOCHS:+$SEAM_LM_EPOCHS epochs}" >> "$out/lm.log"
+        "$bin/seam" train "examples/$model.json" --device cuda --data .deps/fortunes --out "$run_dir" --json "${epochs[@]}" \
+          2> "$run_dir/stderr" | grep -v '"event":"step"' >> "$out/lm.log"
+        rc=${PIPESTATUS[0]}
+        cat "$run_dir/stderr" >> "$out/lm.log"
+        note "lm $model: rc=$rc $(grep '"event":"done"' "$out/lm.log" | tail -1)"
+        [ "$rc" -eq 0 ] && "$bin/seam" sample "$run_dir/checkpoint.safetensors" --prompt "The " --tokens 300 \
+          --temperature 0.8 --top-k 40 --seed 1 >> "$out/lm.log" 2>&1
         rm -rf "$run_dir"
       done
       ;;

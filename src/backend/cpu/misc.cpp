@@ -1,6 +1,8 @@
 // CPU kernels of the small ops: full, cast, copy, argmax, dropout, embedding.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu.h"
 #include "common/half.h"
@@ -127,17 +129,26 @@ void embedding(const KernelArgs& a) {
     std::memcpy(a.out[0].data + static_cast<size_t>(i) * row, a.in[1].data + static_cast<size_t>(ids[i]) * row, row);
 }
 
+// With acc (a tied weight's other gradient): the rows' sums first, then acc + sum, one
+// rounding as the add this replaces had. acc may be dweight's own buffer.
 void embedding_grad(const KernelArgs& a) {
   const int32_t* ids = a.in[1].as<int32_t>();
   const int64_t num = a.out[0].shape()[0], dim = a.out[0].shape()[1], n = a.in[1].numel();
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= num)
+      fail("embedding_grad '", a.step.name, "': id ", ids[i], " at position ", i, " is outside [0, ", num, ")");
   dispatch_float(a.out[0].dtype(), [&]<class T>() {
     const T* dy = a.in[0].as<T>();
     T* dw = a.out[0].as<T>();
-    std::fill(dw, dw + num * dim, T(0));
-    for (int64_t i = 0; i < n; ++i) {
-      if (ids[i] < 0 || ids[i] >= num)
-        fail("embedding_grad '", a.step.name, "': id ", ids[i], " at position ", i, " is outside [0, ", num, ")");
-      for (int64_t j = 0; j < dim; ++j) dw[ids[i] * dim + j] += dy[i * dim + j];
+    std::vector<T> sums;
+    T* into = dw;
+    if (a.in.size() > 2) sums.assign(static_cast<size_t>(num * dim), T(0)), into = sums.data();
+    else std::fill(dw, dw + num * dim, T(0));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < dim; ++j) into[ids[i] * dim + j] += dy[i * dim + j];
+    if (a.in.size() > 2) {
+      const T* acc = a.in[2].as<T>();
+      for (int64_t e = 0; e < num * dim; ++e) dw[e] = acc[e] + sums[static_cast<size_t>(e)];
     }
   });
 }

@@ -481,10 +481,12 @@ Launch embedding(const StepArgs& a) {
   return embedding_launch<float>(a, dim);
 }
 
-// dweight zeroed, then dweight[ids[i], :] += dy[i, :] with atomics (the order of adds to
-// a repeated id's row varies from run to run, within float rounding). The sums are f32:
-// with 16-bit dy they go to an f32 buffer in the workspace, rounded into dweight once
-// all are in, rather than rounding every add of a repeated id.
+// dweight zeroed (or acc, a tied weight's other gradient), then dweight[ids[i], :] +=
+// dy[i, :] with atomics (the order of adds to a repeated id's row varies from run to run,
+// within float rounding). The sums are f32: an f32 dweight takes them where it is (acc
+// copied in first unless it is dweight's own buffer); a 16-bit one goes through an f32
+// buffer in the workspace, rounded into dweight once all are in, rather than rounding
+// every add of a repeated id.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     embedding_grad_kernel(const T* dy, const int32_t* ids, float* dw, int64_t n, int64_t rows, int64_t dim,
@@ -501,36 +503,45 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class T>
+template <class T, class TO>
 Launch embedding_grad_as(const StepArgs& a) {
   const T* dy = a.in[0].as<const T>();
   const int32_t* ids = a.in[1].as<const int32_t>();
-  const int64_t rows = a.out[0].shape()[0], dim = a.out[0].shape()[1], n = a.in[1].numel();
+  const TO* acc = a.in.size() > 2 ? a.in[2].as<const TO>() : nullptr;
+  TO* dw = a.out[0].as<TO>();
+  const int64_t rows = a.out[0].shape()[0], dim = a.out[0].shape()[1], n = a.in[1].numel(), total = rows * dim;
+  if (total == 0) return [](cudaStream_t) {};
   DeviceError* err = a.ctx.error;
   const int index = a.index;
-  const unsigned blocks = blocks_for(n * dim, kThreads, static_cast<int>(grid_cap(a.ctx)));
-  const auto sum_bytes = static_cast<size_t>(rows * dim) * sizeof(float);
-  if constexpr (std::is_same_v<T, float>) {
-    float* dw = a.out[0].as<float>();
+  const unsigned blocks = n > 0 ? blocks_for(n * dim, kThreads, static_cast<int>(grid_cap(a.ctx))) : 0;
+  const auto sum_bytes = static_cast<size_t>(total) * sizeof(float);
+  if constexpr (std::is_same_v<TO, float>) {
     return [=](cudaStream_t stream) {
-      SEAM_CUDA_CHECK(cudaMemsetAsync(dw, 0, sum_bytes, stream));
+      if (!acc) SEAM_CUDA_CHECK(cudaMemsetAsync(dw, 0, sum_bytes, stream));
+      else if (acc != dw) SEAM_CUDA_CHECK(cudaMemcpyAsync(dw, acc, sum_bytes, cudaMemcpyDeviceToDevice, stream));
+      if (blocks == 0) return;
       embedding_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, ids, dw, n, rows, dim, err, index);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   } else {
-    const int64_t total = rows * dim;
-    if (total == 0) return [](cudaStream_t) {};
     a.ctx.need_workspace(sum_bytes);
     const Context* ctx = &a.ctx;
-    T* dw = a.out[0].as<T>();
     const unsigned cast_blocks = blocks_for(total, kThreads, static_cast<int>(grid_cap(a.ctx)));
     return [=](cudaStream_t stream) {
       auto* sums = static_cast<float*>(ctx->workspace());  // the lane's, read when the step runs
-      SEAM_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes, stream));
-      embedding_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, ids, sums, n, rows, dim, err, index);
-      SEAM_CUDA_LAUNCH_CHECK();
+      if (acc) {
+        cast_stored<TO, float><<<cast_blocks, kThreads, 0, stream>>>(acc, sums, total,
+                                                                     aligned16(acc) && aligned16(sums) ? total / 8 : 0);
+        SEAM_CUDA_LAUNCH_CHECK();
+      } else {
+        SEAM_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes, stream));
+      }
+      if (blocks > 0) {
+        embedding_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, ids, sums, n, rows, dim, err, index);
+        SEAM_CUDA_LAUNCH_CHECK();
+      }
       const int64_t nvec = aligned16(sums) && aligned16(dw) ? total / 8 : 0;
-      cast_stored<float, T><<<cast_blocks, kThreads, 0, stream>>>(sums, dw, total, nvec);
+      cast_stored<float, TO><<<cast_blocks, kThreads, 0, stream>>>(sums, dw, total, nvec);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
@@ -539,7 +550,8 @@ Launch embedding_grad_as(const StepArgs& a) {
 // The deterministic embedding gradient (ModelOptions::deterministic): the positions sorted
 // by id (a stable radix sort, so each id's positions stay in order), each id's segment of
 // the sorted list found, then every dweight element the sum over its row's segment in that
-// order, in f32, stored once. Rows no id names get zeros; nothing is added atomically.
+// order, in f32, added to acc (where given) and stored once. Rows no id names get zeros
+// (or acc); nothing is added atomically.
 __global__ void iota_kernel(int32_t* v, int64_t n) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     v[i] = static_cast<int32_t>(i);
@@ -558,24 +570,25 @@ __global__ void segment_kernel(const int32_t* keys, const int32_t* pos, int64_t 
   }
 }
 
-template <class T>
+template <class T, class TO>
 __global__ void __launch_bounds__(kThreads)
-    segment_sum_kernel(const T* dy, const int32_t* pos, const int32_t* begin, const int32_t* end, T* dw, int64_t rows,
-                       int64_t dim) {
+    segment_sum_kernel(const T* dy, const int32_t* pos, const int32_t* begin, const int32_t* end, const TO* acc,
+                       TO* dw, int64_t rows, int64_t dim) {
   const int64_t total = rows * dim;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / dim, c = e - r * dim;
     float sum = 0.0f;
     for (int32_t t = begin[r]; t < end[r]; ++t) sum += to_float(dy[int64_t{pos[t]} * dim + c]);
-    dw[e] = from_float<T>(sum);
+    dw[e] = from_float<TO>(acc ? to_float(acc[e]) + sum : sum);
   }
 }
 
-template <class T>
+template <class T, class TO>
 Launch embedding_grad_sorted(const StepArgs& a) {
   const T* dy = a.in[0].as<const T>();
   const int32_t* ids = a.in[1].as<const int32_t>();
-  T* dw = a.out[0].as<T>();
+  const TO* acc = a.in.size() > 2 ? a.in[2].as<const TO>() : nullptr;
+  TO* dw = a.out[0].as<TO>();
   const int64_t rows = a.out[0].shape()[0], dim = a.out[0].shape()[1], n = a.in[1].numel();
   if (n > std::numeric_limits<int32_t>::max() || rows > std::numeric_limits<int32_t>::max())
     fail("embedding_grad '", a.step.name, "': ", n, " ids into ", rows, " rows exceed the sort's 32-bit positions");
@@ -607,21 +620,28 @@ Launch embedding_grad_sorted(const StepArgs& a) {
     SEAM_CUDA_CHECK(cudaMemsetAsync(begin, 0, 2 * segs, stream));
     segment_kernel<<<id_blocks, kThreads, 0, stream>>>(keys, pos, n, rows, begin, end, err, index);
     SEAM_CUDA_LAUNCH_CHECK();
-    segment_sum_kernel<T><<<row_blocks, kThreads, 0, stream>>>(dy, pos, begin, end, dw, rows, dim);
+    segment_sum_kernel<T, TO><<<row_blocks, kThreads, 0, stream>>>(dy, pos, begin, end, acc, dw, rows, dim);
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 
-// dweight has dy's dtype.
+// dweight has dy's dtype, or acc's: dy's or f32 (a 16-bit dy's rows summed in f32 into
+// the f32 gradient of a tied weight).
 Launch embedding_grad(const StepArgs& a) {
   expect_dtype(a, a.in[0], kStored);
   expect_dtype(a, a.in[1], {DType::i32});
-  if (a.out[0].dtype() != a.in[0].dtype())
-    fail("embedding_grad '", a.step.name, "': dweight ", a.out[0].type.str(), " and dy ", a.in[0].type.str(),
-         " differ in dtype");
+  const DType dy = a.in[0].dtype(), to = a.out[0].dtype();
+  const bool acc = a.in.size() > 2;
+  if (acc ? a.in[2].dtype() != to || (to != dy && to != DType::f32) : to != dy)
+    fail("embedding_grad '", a.step.name, "': dweight ", a.out[0].type.str(), " with dy ", a.in[0].type.str(),
+         acc ? " and acc " + a.in[2].type.str() : std::string(), ": dweight takes dy's dtype",
+         acc ? " or f32, and acc dweight's" : "");
   Launch l;
-  dispatch_storage(a.in[0].dtype(), "embedding_grad", [&]<class T>() {
-    l = a.ctx.deterministic ? embedding_grad_sorted<T>(a) : embedding_grad_as<T>(a);
+  dispatch_storage(dy, "embedding_grad", [&]<class T>() {
+    if (to == dtype_of<T>())
+      l = a.ctx.deterministic ? embedding_grad_sorted<T, T>(a) : embedding_grad_as<T, T>(a);
+    else if constexpr (!std::is_same_v<T, float>)
+      l = a.ctx.deterministic ? embedding_grad_sorted<T, float>(a) : embedding_grad_as<T, float>(a);
   });
   return l;
 }
