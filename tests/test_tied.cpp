@@ -9,6 +9,7 @@
 
 #include "grad_check.h"
 #include "io/model_file.h"
+#include "plan/explain.h"
 #include "seam/seam.h"
 #include "test_util.h"
 
@@ -73,6 +74,8 @@ TEST(Tied, TheEmbeddingsRowsAreAddedIntoTheProjectionsGradient) {
           gemm_into_grads += (s.op == Op::matmul || s.op == Op::linear_grad_weight_bias) && s.out[0].region == Region::grads &&
                              s.out[0].offset == 0 && s.out[0].type == TensorType{DType::f32, {V, C}};
         EXPECT_EQ(gemm_into_grads, 1) << prog.plan().str();
+        const std::string text = explain_plan(prog.plan(), prog.plan(), DeviceModel{}, false);
+        EXPECT_NE(text.find("embedding_grad+add"), std::string::npos) << text;
       }
     }
     EXPECT_EQ(grads[1], grads[2]);

@@ -52,6 +52,7 @@ std::string covers(const PlanStep& s) {
     case Op::matmul_act_grad: return "matmul+" + act + "_grad";
     case Op::linear_grad_weight_bias: return "weight_grad+bias_grad";
     case Op::cross_entropy_with_grad: return "cross_entropy+cross_entropy_grad";
+    case Op::embedding_grad: return s.in.size() > 2 ? "embedding_grad+add" : "embedding_grad";
     default: return op_name(s.op);
   }
 }
@@ -87,6 +88,9 @@ std::string why(const PlanStep& s) {
     case Op::matmul_act_grad: return "fused: the activation's derivative applied to the GEMM's output before it is stored";
     case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
+    case Op::embedding_grad:
+      if (s.in.size() > 2) return "fused: the rows added into the tied weight's other gradient where it lies (no add pass)";
+      break;
     case Op::conv2d_bn:
       return s.in.size() > 6 ? "fused: batch norm (running statistics), residual add and relu applied to the "
                                "convolution's result before it is stored"
