@@ -527,9 +527,34 @@ Program Model::compile(const CompileOptions& o) {
     for (auto pass : passes) apply(pass(g, keep));
   }
   // After the fusions: the GELU to recompute is the epilogue's, its source the record.
-  if (!o.recompute.empty()) apply(recompute_activations(g, loss_now, o.recompute));
   if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
+  std::string budget_note;
+  if (o.memory_budget > 0) {
+    // The model's buffers once this program holds what it needs (its moments, working copies).
+    const int slots = req.optimizer ? req.optimizer->state_slots() : 0;
+    const size_t own = device_bytes() + static_cast<size_t>(std::max(0, slots - c.opt_slots)) * c.moment_bytes() +
+                       (req.working && !c.working ? c.layout.param_bytes / 2 : 0);
+    if (own >= o.memory_budget)
+      fail("compile: memory budget of ", bytes_str(o.memory_budget), ": the model's own buffers (parameters, their "
+           "gradients, working copies and optimizer state) take ", bytes_str(own));
+    auto bytes_of = [&](const FuseResult& f) {
+      LowerRequest r = req;
+      for (ValueId& v : r.outputs) v = f.map[static_cast<size_t>(v)];
+      for (auto& [v, slot] : r.grads) v = f.map[static_cast<size_t>(v)];
+      return own + lower(f.graph, c.layout, r).arena_bytes;
+    };
+    RecomputeChoice ch = recompute_within(g, loss_now, o.recompute, o.memory_budget, bytes_of);
+    std::map<std::string, int> added;
+    for (const std::string& k : ch.added) ++added[k];
+    for (auto& [k, n] : added) budget_note += (budget_note.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    budget_note = "memory budget " + bytes_str(o.memory_budget) + ": the model's buffers and the arena take " +
+                  bytes_str(ch.bytes) + (added.empty() ? "" : ", recomputing " + budget_note + " outputs more");
+    apply(std::move(ch.result));
+  } else if (!o.recompute.empty()) {
+    apply(recompute_activations(g, loss_now, o.recompute));
+  }
   Plan plan = lower(g, c.layout, req);
+  plan.budget_note = budget_note;
   plan.loss = loss_name;
   if (req.optimizer && c.comm) {
     plan_gradient_buckets(plan, c.comm->size(), c.bucket_bytes);

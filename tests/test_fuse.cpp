@@ -22,10 +22,10 @@ struct Trained {
 
 // Three Adam steps on random data; returns losses and parameters.
 Trained train(const Graph& g, Var loss, bool fuse, int64_t rows, int64_t dim,
-              std::vector<std::string> recompute = {}) {
+              std::vector<std::string> recompute = {}, size_t memory_budget = 0) {
   Model m(g, {.seed = 3});
-  Program p = m.compile(
-      {.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .fuse = fuse, .recompute = std::move(recompute)});
+  Program p = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .fuse = fuse,
+                         .recompute = std::move(recompute), .memory_budget = memory_budget});
   Trained r;
   r.plan = p.plan();
   std::mt19937_64 rng(1);
@@ -93,8 +93,99 @@ TEST(Fuse, RecomputedGeluChangesNoBitAndShrinksTheArena) {
     m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .recompute = {"softmax"}});
     ADD_FAILURE() << "no seam::Error thrown";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("recompute: unknown activation 'softmax' (known: gelu)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("recompute: unknown activation 'softmax' (known: gelu, layer_norm)"), std::string::npos)
         << e.what();
+  }
+}
+
+// Pre-norm residual blocks (layer norm, a GELU MLP, a residual add): the layer norms'
+// outputs feed weight gradients, so the backward may recompute them as well as the GELUs'.
+struct NormBlocks {
+  Graph g;
+  Var loss;
+  NormBlocks() {
+    Var x = g.input("x", {32, 20});
+    Var y = g.input("y", {32}, DType::i32);
+    Var h = nn::linear(x, 48, "in");
+    for (int b = 0; b < 3; ++b) {
+      const std::string n = "b" + std::to_string(b);
+      Var u = gelu(nn::linear(nn::layer_norm(h, n + ".ln"), 96, n + ".fc"), /*tanh_approximation=*/true);
+      h = add(h, nn::linear(u, 48, n + ".proj"));
+    }
+    loss = cross_entropy(nn::linear(nn::layer_norm(h, "ln_f"), 10, "head"), y);
+  }
+};
+
+TEST(Fuse, RecomputedLayerNormsChangeNoBitAndShrinkTheArena) {
+  NormBlocks m;
+  for (bool fuse : {true, false}) {
+    SCOPED_TRACE(fuse ? "fused" : "unfused");
+    Trained kept = train(m.g, m.loss, fuse, 32, 20), again = train(m.g, m.loss, fuse, 32, 20, {"layer_norm"});
+    int recomputed = 0;
+    for (const PlanStep& st : again.plan.steps)
+      recomputed += st.op == Op::layer_norm && st.name.find("/recompute") != std::string::npos;
+    EXPECT_EQ(recomputed, 4) << again.plan.str();  // three blocks' and the final one, for their weight gradients
+    EXPECT_LT(again.plan.arena_bytes, kept.plan.arena_bytes);
+    EXPECT_EQ(again.losses, kept.losses);
+    EXPECT_EQ(again.params, kept.params);
+  }
+}
+
+// A memory budget: nothing recomputed where the step fits; where it does not, GELU
+// outputs and then layer norm outputs recomputed, the fewest that fit, and the same bits;
+// an error that names the step's least where nothing fits.
+TEST(Fuse, AMemoryBudgetRecomputesTheFewestOutputsThatFit) {
+  NormBlocks m;
+  Model model(m.g, {.seed = 3});
+  auto compile = [&](size_t budget) {
+    return model.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2), .memory_budget = budget});
+  };
+  const Plan plain = compile(0).plan();
+  const size_t own = model.device_bytes();  // with the moments the first program made
+  const Plan all = compile(own + 100000000).plan();
+  EXPECT_EQ(all.arena_bytes, plain.arena_bytes);
+  EXPECT_NE(all.budget_note.find("the model's buffers and the arena take"), std::string::npos) << all.budget_note;
+  EXPECT_EQ(all.budget_note.find("recomputing"), std::string::npos) << all.budget_note;
+  const size_t least = compile(own + plain.arena_bytes).plan().arena_bytes;
+  EXPECT_EQ(least, plain.arena_bytes);
+  // A model's first program counts the moments and working copies it is about to make.
+  for (size_t less : {size_t{0}, size_t{1}}) {
+    Model fresh(m.g, {.seed = 3, .precision = Precision::bf16});
+    Model sized(m.g, {.seed = 3, .precision = Precision::bf16});
+    const size_t arena =
+        sized.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2)}).plan().arena_bytes;
+    const Plan p = fresh.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2),
+                                  .memory_budget = sized.device_bytes() + arena - less}).plan();
+    EXPECT_EQ(p.budget_note.find("recomputing") != std::string::npos, less == 1) << p.budget_note;
+  }
+  // Every candidate recomputed: the smallest arena there is.
+  const Plan most = model.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2),
+                                   .recompute = {"gelu", "layer_norm"}}).plan();
+  ASSERT_LT(most.arena_bytes, plain.arena_bytes);
+  int fitted = 0;
+  for (size_t arena = most.arena_bytes; arena < plain.arena_bytes; arena += (plain.arena_bytes - most.arena_bytes) / 5) {
+    SCOPED_TRACE("budget: the model's own bytes + " + std::to_string(arena));
+    const Plan p = compile(own + arena).plan();
+    EXPECT_LE(p.arena_bytes, arena) << p.budget_note;
+    EXPECT_NE(p.budget_note.find("recomputing"), std::string::npos) << p.budget_note;
+    ++fitted;
+  }
+  EXPECT_GE(fitted, 5);
+  // A budget between: GELUs go first; the bits are the plain step's.
+  const size_t mid = own + (most.arena_bytes + plain.arena_bytes) / 2;
+  const Plan p = compile(mid).plan();
+  EXPECT_NE(p.budget_note.find(" gelu"), std::string::npos) << p.budget_note;
+  EXPECT_LE(own + p.arena_bytes, mid);
+  const Trained kept = train(m.g, m.loss, true, 32, 20), within = train(m.g, m.loss, true, 32, 20, {}, mid);
+  EXPECT_EQ(within.plan.arena_bytes, p.arena_bytes);
+  EXPECT_EQ(within.losses, kept.losses);
+  EXPECT_EQ(within.params, kept.params);
+  for (size_t budget : {own + most.arena_bytes - 1, own / 2}) {
+    const std::string e = seam::testing::error_of([&] { compile(budget); });
+    EXPECT_NE(e.find("compile: memory budget of "), std::string::npos) << e;
+    EXPECT_TRUE(e.find("even with every GELU and layer norm output the backward reads recomputed") != std::string::npos ||
+                e.find("the model's own buffers") != std::string::npos)
+        << e;
   }
 }
 

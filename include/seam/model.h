@@ -73,8 +73,15 @@ struct CompileOptions {
   bool fuse = true;
   bool fuse_elementwise = true;
   // Activations the backward recomputes instead of keeping them from the forward, for
-  // memory: "gelu" (a GELU's output that a weight gradient reads; src/passes/fuse.h).
+  // memory: "gelu" (a GELU's output that a weight gradient reads), "layer_norm" (a layer
+  // norm's; src/passes/fuse.h).
   std::vector<std::string> recompute;
+  // Bytes the model's buffers (parameters, gradients, working copies, optimizer state) and
+  // the step's arena may take together (library workspaces aside); 0: no limit. Where the
+  // step needs more, more GELU and then layer norm outputs are recomputed (after those
+  // `recompute` names), the fewest that fit; Plan::budget_note says which. An error where
+  // even all of them do not fit.
+  size_t memory_budget = 0;
   // Steps between a buffer's last read and the reuse of its space (LowerRequest); -1:
   // the backend's choice (1 where it runs independent steps concurrently, else 0).
   int reuse_gap = -1;

@@ -97,12 +97,16 @@ struct Plan {
   size_t arena_bytes = 0;  // peak of the memory plan
   size_t naive_bytes = 0;  // what the arena would need without reuse
   size_t live_bytes = 0;   // bytes live at the busiest step: the best any placement can do
+  std::string budget_note;  // what CompileOptions::memory_budget made the compiler recompute
   double flops() const;
   const Binding* input(const std::string& name) const;
   const Binding* output(const std::string& name) const;
   const Binding* grad(const std::string& name) const;
   std::string str() const;  // every step with shapes and offsets, then a summary
 };
+
+// A byte count as people read it: "6264.25 MiB", "2.75 KiB", "12 B".
+std::string bytes_str(size_t bytes);
 
 // For each step, the earlier steps it must run after: those that write what it reads or
 // writes, and those that read what it writes (the arena reuses memory, so a later step

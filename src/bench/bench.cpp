@@ -32,6 +32,7 @@ struct Workload {
   std::function<io::BuiltGraph()> file = {};  // a model file's graph instead of net
   LayoutPolicy layout = LayoutPolicy::automatic;
   std::vector<std::string> recompute = {};  // a model file's own
+  size_t memory_budget = 0;                 // a model file's own
 };
 
 // A model file as a workload: its graph, batch size and optimizer.
@@ -42,6 +43,7 @@ Workload spec_workload(io::ModelSpec spec, std::string name, std::string descrip
   w.file = [spec] { return io::build_graph(spec, spec.batch_size); };
   w.layout = spec.layout;
   w.recompute = spec.recompute;
+  w.memory_budget = spec.memory_budget;
   return w;
 }
 
@@ -136,6 +138,7 @@ struct Result {
   double ms, ms_min, ms_max, host_us, tflops, gbps, gemm_ms = -1;
   int kernels;
   double memory_mib = 0;  // the model's buffers, the arena and the steps' workspaces and scratch
+  std::string budget_note;  // Plan::budget_note
   // The GPU's memory in use after the timed steps less before the model was made, as the
   // driver counts it (libraries' handles and the allocator's pool included); -1 on the CPU.
   double device_mib = -1;
@@ -180,7 +183,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
                          .optimizer = w.opt,
                          .fuse = o.fusion != "none",
                          .fuse_elementwise = o.fusion == "all",
-                         .recompute = o.recompute.value_or(w.recompute)});
+                         .recompute = o.recompute.value_or(w.recompute),
+                         .memory_budget = o.memory_budget.value_or(w.memory_budget)});
 
   // Two random batches (io::random_batch) in the shapes the graph takes.
   const TensorType xt = g.value(*g.find("x")).type, yt = g.value(*g.find("y")).type;
@@ -222,6 +226,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
              sorted.back(), host[host.size() / 2], 0, 0, -1, p.executable().stats().kernels};
   res.memory_mib = static_cast<double>(m.device_bytes() + p.plan().arena_bytes + p.executable().stats().device_bytes) /
                    1048576.0;
+  res.budget_note = p.plan().budget_note;
   if (const std::optional<size_t> used = used_before ? cuda_device_used_bytes() : std::nullopt)
     res.device_mib = (static_cast<double>(*used) - static_cast<double>(*used_before)) / 1048576.0;
   res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
@@ -303,6 +308,7 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
       std::fflush(stdout);
     }
     results.push_back(bench_one(w, o, dev, comm));
+    if (report && !results.back().budget_note.empty()) std::printf("  %s\n", results.back().budget_note.c_str());
   }
   if (!report) return 0;
   // MiB: what seam accounts for (its buffers, arena, workspaces); device MiB: what the

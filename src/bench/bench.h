@@ -40,6 +40,8 @@ struct BenchOptions {
   // Activations recomputed in the backward (CompileOptions::recompute); unset: a model
   // file's own "recompute", else none.
   std::optional<std::vector<std::string>> recompute;
+  // CompileOptions::memory_budget in bytes; unset: a model file's own "memory_budget_gib".
+  std::optional<size_t> memory_budget;
 };
 
 int run_bench(const BenchOptions& o);

@@ -22,7 +22,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "model", "output", "loss",
                                             "optimizer", "batch_size", "epochs", "seed", "device", "precision", "master_weights", "layout",
-                                            "deterministic", "recompute", "data", "description"};
+                                            "deterministic", "recompute", "memory_budget_gib", "data", "description"};
 // Layers that create their own parameters, with the settings each accepts.
 const std::map<std::string, std::vector<std::string>> kLayers = {
     {"linear", {"out", "bias", "tie"}},
@@ -329,6 +329,12 @@ ModelSpec spec_of(json root, const std::string& source, const std::filesystem::p
       if (std::find(known.begin(), known.end(), name) == known.end()) unknown(source, "recompute activation", name, known);
       s.recompute.push_back(name);
     }
+  }
+  if (j.contains("memory_budget_gib")) {
+    const json& b = j["memory_budget_gib"];
+    if (!b.is_number() || !(b.get<double>() > 0) || b.get<double>() > 1e6)
+      fail(source, ": memory_budget_gib must be a positive number of GiB (2^30 bytes), e.g. 7.5, got ", b.dump());
+    s.memory_budget = static_cast<size_t>(b.get<double>() * 1073741824.0);
   }
   if (s.batch_size < 1) fail(source, ": batch_size must be >= 1");
   if (s.epochs < 1) fail(source, ": epochs must be >= 1");

@@ -5,7 +5,9 @@
 // the weight-gradient GEMM (linear_grad_weight_bias). The pass only rewrites the graph;
 // every backend runs the fused ops, so fused and unfused plans can be compared anywhere.
 #pragma once
+#include <functional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "seam/graph.h"
@@ -107,15 +109,30 @@ FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep)
 // (src/passes/fuse_norm.cpp)
 FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep);
 
-// Activation recomputation, for memory: a GELU's output that the backward reads (a weight
-// gradient's input) is not kept from the forward; just before each backward reader (a
-// node after the loss's), the GELU runs again from the pre-activation the backward keeps
-// anyway (linear_act_aux's record, or the unfused op's input), and the copy lives until
-// that reader. `what` names the activations: "gelu". A transformer's MLP keeps its
-// 4x-wide GELU output (a third of a GPT-2 layer's activations) no longer; each layer's
-// backward pays one elementwise pass over it. (src/passes/recompute.cpp)
+// Activation recomputation, for memory: a GELU's or a layer norm's output that the
+// backward reads (a weight gradient's input) is not kept from the forward; just before
+// each backward reader (a node after the loss's), it is computed again from what the
+// backward keeps anyway (the GELU from linear_act_aux's record or the unfused op's input;
+// the layer norm from its input, gamma and beta), and the copy lives until that reader.
+// `what` names the kinds: "gelu", "layer_norm". A transformer's MLP keeps its 4x-wide GELU
+// output (a third of a GPT-2 layer's activations) no longer, and neither of its two norms'
+// outputs; each costs one elementwise pass of two bytes moved for each byte not kept.
+// (src/passes/recompute.cpp)
 FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector<std::string>& what);
 std::vector<std::string> recompute_names();
+
+// Recomputation chosen for a memory budget: what `what` names, then as many more of the
+// candidates (GELU outputs, then layer norm outputs, each in forward order) as the step
+// needs to fit `budget` bytes as bytes_of measures a rewritten graph (the model's buffers
+// and the arena); the fewest that fit, found by bisection. Fails, naming what the step
+// needs with everything recomputed, where nothing fits.
+struct RecomputeChoice {
+  FuseResult result;
+  size_t bytes = 0;                // bytes_of(result)
+  std::vector<std::string> added;  // the kind of each value recomputed beyond `what`
+};
+RecomputeChoice recompute_within(const Graph& g, ValueId loss, const std::vector<std::string>& what, size_t budget,
+                                 const std::function<size_t(const FuseResult&)>& bytes_of);
 
 // Convolution + ReLU fusion, for convolutions that no batch norm follows: a conv2d whose
 // result only a relu reads becomes conv2d with activation relu, writing relu's value (and

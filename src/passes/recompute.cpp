@@ -4,12 +4,27 @@
 
 #include "passes/fuse.h"
 #include "seam/error.h"
+#include "seam/plan.h"
 
 namespace seam {
 
-std::vector<std::string> recompute_names() { return {"gelu"}; }
+namespace {
 
-FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector<std::string>& what) {
+// Where a value is computed again from: inputs the backward keeps anyway, one op, and the
+// output of that op that is the value.
+struct Source {
+  std::vector<ValueId> from;
+  Op op;
+  Attrs attrs;
+};
+
+struct Candidates {
+  std::vector<ValueId> order;         // recomputable values, in the order a budget takes them
+  std::map<ValueId, Source> sources;  // each one's source
+  std::map<ValueId, std::string> kind;
+};
+
+void check_kinds(const std::vector<std::string>& what) {
   const std::vector<std::string> names = recompute_names();
   for (const std::string& w : what)
     if (std::find(names.begin(), names.end(), w) == names.end()) {
@@ -17,36 +32,52 @@ FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector
       for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
       fail("compile: recompute: unknown activation '", w, "' (known: ", known, ")");
     }
+}
+
+// A forward node's output that a node after the loss's reads, and what it comes from:
+// a GELU's output from the pre-activation (the GEMM epilogue's record, or the unfused op's
+// input); a layer norm's output from its input, gamma and beta (the input is kept for the
+// norm's gradient). Both cost two bytes moved for each byte no longer kept.
+Candidates find_candidates(const Graph& g, ValueId loss, const std::vector<std::string>& kinds) {
+  check_kinds(kinds);
+  auto wants = [&](const char* k) { return std::find(kinds.begin(), kinds.end(), k) != kinds.end(); };
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
-  const bool gelu = std::find(what.begin(), what.end(), "gelu") != what.end();
   // The backward starts after the loss's node (the fused loss writes its gradient there).
   const int last_forward = loss >= 0 ? g.value(loss).node : nn;
   const std::vector<std::vector<int>> users = value_users(g);
-
-  // A GELU's output y -> where it is recomputed from: the pre-activation the backward
-  // keeps anyway (the GEMM epilogue's record, or the unfused op's input).
-  struct Source {
-    ValueId from;
-    Op op;
-  };
-  std::map<ValueId, Source> sources;
-  std::vector<std::vector<ValueId>> late(static_cast<size_t>(nn));  // node -> its recomputed inputs
-  for (int k = 0; gelu && k <= last_forward && k < nn; ++k) {
+  Candidates c;
+  std::vector<ValueId> gelus, norms;
+  for (int k = 0; k <= last_forward && k < nn; ++k) {
     const Node& n = nodes[static_cast<size_t>(k)];
-    Source s{-1, Op::gelu_tanh};
-    if (n.op == Op::linear_act_aux && n.attrs.s("act") == "gelu_tanh") s.from = n.out[1];
-    else if (n.op == Op::gelu || n.op == Op::gelu_tanh) s = {n.in[0], n.op};
-    if (s.from < 0) continue;
+    Source s{{}, n.op, {}};
+    if (wants("gelu") && n.op == Op::linear_act_aux && n.attrs.s("act") == "gelu_tanh") s = {{n.out[1]}, Op::gelu_tanh, {}};
+    else if (wants("gelu") && (n.op == Op::gelu || n.op == Op::gelu_tanh)) s.from = {n.in[0]};
+    else if (wants("layer_norm") && n.op == Op::layer_norm) s = {n.in, Op::layer_norm, n.attrs};
+    if (s.from.empty()) continue;
     const ValueId y = n.out[0];
-    bool any = false;
-    for (int u : users[static_cast<size_t>(y)])  // a node reading y twice is listed twice
-      if (u > last_forward && (late[static_cast<size_t>(u)].empty() || late[static_cast<size_t>(u)].back() != y)) {
-        late[static_cast<size_t>(u)].push_back(y);
-        any = true;
-      }
-    if (any) sources[y] = s;
+    const auto& u = users[static_cast<size_t>(y)];
+    if (std::none_of(u.begin(), u.end(), [&](int r) { return r > last_forward; })) continue;
+    c.sources[y] = s;
+    c.kind[y] = n.op == Op::layer_norm ? "layer_norm" : "gelu";
+    (n.op == Op::layer_norm ? norms : gelus).push_back(y);
   }
+  // GELUs first: the same two bytes a byte, in a quarter of the kernels.
+  c.order = gelus;
+  c.order.insert(c.order.end(), norms.begin(), norms.end());
+  return c;
+}
+
+FuseResult rewrite(const Graph& g, ValueId loss, const Candidates& c, const std::vector<ValueId>& ys) {
+  const auto& nodes = g.nodes();
+  const int nn = static_cast<int>(nodes.size());
+  const int last_forward = loss >= 0 ? g.value(loss).node : nn;
+  const std::vector<std::vector<int>> users = value_users(g);
+  std::vector<std::vector<ValueId>> late(static_cast<size_t>(nn));  // node -> its recomputed inputs
+  for (ValueId y : ys)
+    for (int u : users[static_cast<size_t>(y)])  // a node reading y twice is listed twice
+      if (u > last_forward && (late[static_cast<size_t>(u)].empty() || late[static_cast<size_t>(u)].back() != y))
+        late[static_cast<size_t>(u)].push_back(y);
 
   FuseResult r = start_rebuild(g);
   Graph& ng = r.graph;
@@ -58,16 +89,19 @@ FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector
     for (ValueId y : late[static_cast<size_t>(k)]) {
       // y again, from its source, just before this backward reader: y itself is then
       // dead after its forward readers, and the copy lives only until this node.
-      const Source& s = sources.at(y);
+      const Source& s = c.sources.at(y);
       const Value& yv = g.value(y);
-      ValueId from = mapped(r, s.from);
-      const int c = copies[y]++;
+      std::vector<ValueId> from;
+      for (ValueId v : s.from) from.push_back(mapped(r, v));
+      const int copy = copies[y]++;
       std::string name = yv.name;
       name.append("/recompute");
-      if (c > 0) name.append("_").append(std::to_string(c));
-      if (ng.value(from).type.shape != yv.type.shape)
-        from = ng.add_named(Op::reshape, {from}, {{"shape", yv.type.shape}}, name + "_shape")[0];
-      const ValueId again = ng.add_named(s.op, {from}, {}, name)[0];
+      if (copy > 0) name.append("_").append(std::to_string(copy));
+      if (s.op != Op::layer_norm && ng.value(from[0]).type.shape != yv.type.shape)
+        from[0] = ng.add_named(Op::reshape, {from[0]}, {{"shape", yv.type.shape}}, name + "_shape")[0];
+      std::vector<std::string> names{name};
+      if (s.op == Op::layer_norm) names = {name, name + "_mean", name + "_rstd"};
+      const ValueId again = ng.add_named(s.op, from, s.attrs, names)[0];
       for (size_t i = 0; i < n.in.size(); ++i)
         if (n.in[i] == y) in[i] = again;
       ++r.backward;
@@ -75,6 +109,47 @@ FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector
     copy_node(r, g, n, in);
   }
   return r;
+}
+
+}  // namespace
+
+std::vector<std::string> recompute_names() { return {"gelu", "layer_norm"}; }
+
+FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector<std::string>& what) {
+  const Candidates c = find_candidates(g, loss, what);
+  return rewrite(g, loss, c, c.order);
+}
+
+RecomputeChoice recompute_within(const Graph& g, ValueId loss, const std::vector<std::string>& what, size_t budget,
+                                 const std::function<size_t(const FuseResult&)>& bytes_of) {
+  const Candidates asked = find_candidates(g, loss, what);
+  const Candidates all = find_candidates(g, loss, recompute_names());
+  std::vector<ValueId> order = asked.order;  // what was asked for, then the rest in the budget's order
+  for (ValueId y : all.order)
+    if (!asked.sources.count(y)) order.push_back(y);
+  auto attempt = [&](size_t n) {
+    RecomputeChoice ch{rewrite(g, loss, all, {order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n)}), 0, {}};
+    ch.bytes = bytes_of(ch.result);
+    for (size_t i = asked.order.size(); i < n; ++i) ch.added.push_back(all.kind.at(order[i]));
+    return ch;
+  };
+  RecomputeChoice best = attempt(asked.order.size());
+  if (best.bytes <= budget) return best;
+  RecomputeChoice most = attempt(order.size());
+  if (most.bytes > budget)
+    fail("compile: memory budget of ", bytes_str(budget), ": the step needs ", bytes_str(most.bytes),
+         " even with every GELU and layer norm output the backward reads recomputed (", order.size(), " values)");
+  // The fewest extra values, in order, that fit (by bisection: a plan's peak falls as
+  // values go, give or take the placement's slack).
+  size_t lo = asked.order.size(), hi = order.size();
+  best = std::move(most);
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    RecomputeChoice ch = attempt(mid);
+    if (ch.bytes <= budget) hi = mid, best = std::move(ch);
+    else lo = mid;
+  }
+  return best;
 }
 
 }  // namespace seam

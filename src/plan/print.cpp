@@ -6,6 +6,15 @@
 
 namespace seam {
 
+std::string bytes_str(size_t b) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(2);
+  if (b >= (1u << 20)) s << static_cast<double>(b) / (1 << 20) << " MiB";
+  else if (b >= 1024) s << static_cast<double>(b) / 1024 << " KiB";
+  else s << b << " B";
+  return s.str();
+}
+
 const char* region_name(Region r) {
   switch (r) {
     case Region::arena: return "arena";
@@ -46,15 +55,6 @@ const Binding* find(const std::vector<Binding>& v, const std::string& name) {
   for (auto& b : v)
     if (b.name == name) return &b;
   return nullptr;
-}
-
-std::string bytes_str(size_t b) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(2);
-  if (b >= (1u << 20)) s << static_cast<double>(b) / (1 << 20) << " MiB";
-  else if (b >= 1024) s << static_cast<double>(b) / 1024 << " KiB";
-  else s << b << " B";
-  return s.str();
 }
 
 std::string ref_str(const BufferRef& r) {
@@ -104,6 +104,7 @@ std::string Plan::str() const {
   s << ", state: " << bytes_str(layout.state_bytes) << "\n"
     << "arena peak: " << bytes_str(arena_bytes) << " (busiest step: " << bytes_str(live_bytes)
     << ", without reuse: " << bytes_str(naive_bytes) << ")\n"
+    << (budget_note.empty() ? "" : budget_note + "\n")
     << "flops per step: " << flops() << "\n";
   return s.str();
 }

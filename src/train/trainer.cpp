@@ -343,7 +343,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
   io::BuiltGraph bg = io::build_graph(spec, B / ranks);
   Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic, .comm = comm, .zero = o.zero});
   io::load_initial(model, bg);
-  Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .recompute = spec.recompute});
+  Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .recompute = spec.recompute, .memory_budget = spec.memory_budget});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   double step_flops = 0;
   for (const PlanStep& st : train.plan().steps) step_flops += st.flops;
@@ -643,16 +643,18 @@ int run_eval(const EvalOptions& o) {
 }
 
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
-             bool measure, std::optional<Precision> precision, std::optional<LayoutPolicy> layout) {
+             bool measure, std::optional<Precision> precision, std::optional<LayoutPolicy> layout,
+             std::optional<size_t> memory_budget) {
   io::ModelSpec spec = io::parse_model_file(model_path);
   if (precision) spec.precision = *precision;
   if (layout) spec.layout = *layout;
+  if (memory_budget) spec.memory_budget = *memory_budget;
   const int64_t B = batch.value_or(spec.batch_size);
   spec.fix_schedule_length(data_steps_per_epoch(spec, B));
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
   Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
-                   : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .recompute = spec.recompute});
+                   : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .recompute = spec.recompute, .memory_budget = spec.memory_budget});
   std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",
               static_cast<long long>(B), device_name(model.device()), precision_name(spec.precision), p.plan().str().c_str());
   // The training plan is the one `seam train` runs (predictions are not read there: the

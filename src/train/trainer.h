@@ -122,6 +122,6 @@ int run_step(const StepOptions& o);
 // precision: overrides the model file's.
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
              bool measure = false, std::optional<Precision> precision = std::nullopt,
-             std::optional<LayoutPolicy> layout = std::nullopt);
+             std::optional<LayoutPolicy> layout = std::nullopt, std::optional<size_t> memory_budget = std::nullopt);
 
 }  // namespace seam::train

@@ -87,6 +87,7 @@ struct CompareOptions {
   // The output is a scalar loss whose own gradients are compared (seed 1), rather than
   // those of sum(out * random weights): the shape loss fusion needs.
   bool output_is_loss = false;
+  std::vector<std::string> recompute;  // CompileOptions::recompute on both sides
 };
 
 // An f32 comparison with gradients, and a TF32 one.

@@ -242,6 +242,17 @@ TEST(GpuGpt, OneStepMatchesTheCpuInBf16) {
   compare_with_cpu(tiny_gpt, CompareOptions(Precision::bf16, {1e-2, 1e9, 1e9}));
 }
 
+// GELU and layer norm outputs recomputed in the backward (the GELU from the epilogue's
+// record, the norms by their forward kernel again), on both sides.
+TEST(GpuGpt, OneStepMatchesTheCpuRecomputingGelusAndLayerNorms) {
+  CompareOptions f32(Precision::f32, {1e-4, 1e-2, 1e-4}), bf16(Precision::bf16, {1e-2, 1e9, 1e9});
+  for (CompareOptions o : {f32, bf16}) {
+    SCOPED_TRACE(precision_name(o.precision));
+    o.recompute = {"gelu", "layer_norm"};
+    compare_with_cpu(tiny_gpt, o);
+  }
+}
+
 // Each forced epilogue policy: the GEMMs' fused or split variants (the residual
 // projections' linear_add among them), and attention's kernels, which are no epilogue's
 // and stay chosen by time.

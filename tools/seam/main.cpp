@@ -210,6 +210,14 @@ int main(int argc, char** argv) {
       "auto (each convolution region costed both ways: nhwc on CUDA's tensor cores, else nchw), nchw or nhwc: the "
       "layout of convolution regions";
   std::string train_layout, plan_layout, bench_layout;
+  // --memory-budget for plan and bench (CompileOptions::memory_budget), in GiB.
+  const std::string budget_help =
+      "GiB that the model's buffers and the step's arena may take: more GELU and layer norm outputs are recomputed "
+      "in the backward until the step fits (default: the model file's memory_budget_gib, else no limit)";
+  auto gib_bytes = [](double gib) -> std::optional<size_t> {
+    if (gib <= 0) return std::nullopt;
+    return static_cast<size_t>(gib * 1073741824.0);
+  };
   auto layout_of = [](const std::string& s) -> std::optional<seam::LayoutPolicy> {
     if (s.empty()) return std::nullopt;
     return seam::parse_layout_policy(s);
@@ -338,6 +346,8 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::precision_names()));
   plan->add_option("--layout", plan_layout, layout_help + " (default: the model file's)")
       ->check(one_of(seam::layout_policy_names()));
+  double plan_budget = 0;
+  plan->add_option("--memory-budget", plan_budget, budget_help)->check(number(0, false));
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
@@ -388,13 +398,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> bench_recompute;
   auto* recompute_opt =
       bench->add_option("--recompute", bench_recompute,
-                        "activations the backward recomputes instead of keeping them, for memory: gelu, or none "
-                        "(default: a model file's own \"recompute\")")
+                        "activations the backward recomputes instead of keeping them, for memory: gelu, layer_norm, "
+                        "or none (default: a model file's own \"recompute\")")
           ->check(one_of([] {
             std::vector<std::string> names = seam::recompute_names();
             names.push_back("none");
             return names;
           }()));
+
+  double bench_budget = 0;
+  bench->add_option("--memory-budget", bench_budget, budget_help)->check(number(0, false));
 
   seam::bench::NumericsOptions no;
   std::vector<std::string> numerics_precisions;
@@ -540,13 +553,14 @@ int main(int argc, char** argv) {
     if (!plan_input_shapes.empty()) throw seam::Error("--input-shape is for ONNX files");
     if (*plan)
       return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
-                                   precision_of(plan_precision), layout_of(plan_layout));
+                                   precision_of(plan_precision), layout_of(plan_layout), gib_bytes(plan_budget));
     if (*bench) {
       if (bench_nproc > 1) return seam::dist::run_ranks(static_cast<int>(bench_nproc), seam::dist::without_nproc(argc, argv));
       bo.graph = !no_graph;
       bo.precision = precision_of(bench_precision);
       bo.layout = layout_of(bench_layout);
       bo.master_weights = !no_masters;
+      bo.memory_budget = gib_bytes(bench_budget);
       if (recompute_opt->count() > 0) {
         bo.recompute.emplace();
         for (const std::string& r : bench_recompute)
