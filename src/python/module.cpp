@@ -357,8 +357,11 @@ NB_MODULE(_seam, m) {
       .def(
           "compile",
           [](Model& m, std::optional<Var> loss, std::optional<OptimizerConfig> optimizer, std::vector<Var> outputs,
-             const std::string& mode, bool fuse) {
+             const std::string& mode, bool fuse, std::vector<std::string> recompute,
+             std::optional<double> memory_budget_gib) {
             CompileOptions o;
+            if (memory_budget_gib && !(*memory_budget_gib > 0))
+              throw nb::value_error("memory_budget_gib must be a positive number of GiB");
             if (mode != "train" && mode != "eval") throw nb::value_error("mode is 'train' or 'eval'");
             o.mode = mode == "eval" ? Mode::eval : Mode::train;
             if (loss) o.loss = loss->id();
@@ -368,10 +371,16 @@ NB_MODULE(_seam, m) {
             o.gradients = loss.has_value() && !optimizer.has_value();
             for (Var v : outputs) o.outputs.push_back(v.id());
             o.fuse = fuse;
+            o.recompute = std::move(recompute);
+            if (memory_budget_gib) o.memory_budget = static_cast<size_t>(*memory_budget_gib * 1073741824.0);
             return m.compile(o);
           },
           "loss"_a = nb::none(), "optimizer"_a = nb::none(), "outputs"_a = std::vector<Var>{}, "mode"_a = "train",
-          "fuse"_a = true, nb::keep_alive<0, 1>(), "A program: the step that trains on loss, or evaluates outputs")
+          "fuse"_a = true, "recompute"_a = std::vector<std::string>{}, "memory_budget_gib"_a = nb::none(),
+          nb::keep_alive<0, 1>(),
+          "A program: the step that trains on loss, or evaluates outputs. recompute: activations the backward "
+          "computes again instead of keeping ('gelu', 'layer_norm'); memory_budget_gib: the GiB the model's buffers "
+          "and the step's arena may take, the compiler recomputing the fewest outputs that fit (Program.plan says which)")
       .def(
           "read_param",
           [](const Model& m, const std::string& name) {

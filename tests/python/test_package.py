@@ -59,6 +59,27 @@ def test_a_graph_trains_and_reads_back_as_numpy():
     assert "linear" in step.plan and "arena peak" in step.plan
 
 
+def test_recomputation_and_a_memory_budget_are_compile_options():
+    g = seam.Graph()
+    x, y = g.input("x", [16, 12]), g.input("y", [16], "i32")
+    h = seam.nn.linear(x, 24, "in")
+    u = seam.gelu(seam.nn.linear(seam.nn.layer_norm(h, "ln"), 64, "fc"), tanh_approximation=True)
+    loss = seam.cross_entropy(seam.nn.linear(seam.add(h, seam.nn.linear(u, 24, "proj")), 3, "head"), y)
+    model = seam.Model(g, seed=1, device="cpu")
+    kept = model.compile(loss=loss, optimizer=seam.AdamW(lr=0.05))
+    again = model.compile(loss=loss, optimizer=seam.AdamW(lr=0.05), recompute=["gelu", "layer_norm"])
+    recomputed = [line.split()[1] for line in again.plan.splitlines() if line.endswith("/recompute")]
+    assert "/recompute" not in kept.plan and sorted(recomputed) == ["gelu_tanh", "layer_norm"], again.plan
+    roomy = model.compile(loss=loss, optimizer=seam.AdamW(lr=0.05), memory_budget_gib=1.0)
+    assert "memory budget 1024.00 MiB" in roomy.plan and "recomputing" not in roomy.plan
+    with pytest.raises(seam.Error, match="memory budget of .* the model's own buffers"):
+        model.compile(loss=loss, optimizer=seam.AdamW(lr=0.05), memory_budget_gib=1e-6)
+    with pytest.raises(ValueError, match="memory_budget_gib must be a positive number"):
+        model.compile(loss=loss, memory_budget_gib=0.0)
+    with pytest.raises(seam.Error, match="unknown activation 'relu'"):
+        model.compile(loss=loss, recompute=["relu"])
+
+
 def test_outputs_read_back_in_the_graphs_dtype_whatever_was_stored():
     # Under bf16 the logits are stored in 16 bits; read() gives them as the graph made
     # them (f32), as many values as the shape says.
