@@ -131,6 +131,47 @@ TEST(Precision, ConvolutionWeightGradientsAreWrittenInF32WithoutACast) {
   }
 }
 
+// A parameter broadcast over the batch (a position table): its gradient is dy summed over
+// the batch, which sum_to writes as a sum keeping the axis and a reshape dropping it. The
+// cast to the f32 gradient folds into the sum, which drops the axis itself: the sum is
+// written in f32 straight into the gradient buffer, not rounded to 16 bits first, and no
+// cast kernel runs.
+TEST(Precision, ABroadcastParametersGradientIsSummedIntoF32) {
+  Graph g;
+  Var x = g.input("x", {4, 6, 8});
+  Var h = add(tanh(nn::linear(x, 8, "fc")), g.param("pos", {6, 8}, Init::normal(0, 0.1)));
+  Var loss = cross_entropy(reshape(nn::linear(h, 5, "head"), {24, 5}), g.input("y", {24}, DType::i32));
+  for (Precision p : {Precision::bf16, Precision::f16}) {
+    SCOPED_TRACE(precision_name(p));
+    Model m(g, {.seed = 2, .precision = p});
+    Program prog = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1)});
+    const Binding* pos = prog.plan().grad("pos");
+    ASSERT_NE(pos, nullptr);
+    int sums = 0;
+    for (const PlanStep& s : prog.plan().steps) {
+      if (s.op == Op::cast) EXPECT_NE(s.out[0].region, Region::grads) << prog.plan().str();  // the input's cast stays
+      if (s.op != Op::sum || s.out[0].region != Region::grads || s.out[0].offset != pos->ref.offset) continue;
+      ++sums;
+      EXPECT_EQ(s.out[0].type, (TensorType{DType::f32, {6, 8}}));
+      EXPECT_EQ(s.attrs.i("keepdims"), 0);
+    }
+    EXPECT_EQ(sums, 1) << prog.plan().str();
+    Model u(g, {.seed = 2, .precision = p});
+    Program unfused = u.compile({.loss = loss.id(), .optimizer = OptimizerConfig::sgd(0.1), .fuse = false});
+    const auto xs = random_floats(4 * 6 * 8, 5);
+    std::vector<int32_t> ys(24);
+    for (size_t i = 0; i < ys.size(); ++i) ys[i] = static_cast<int32_t>(i * 7 % 5);
+    for (Program* q : {&prog, &unfused}) {
+      q->set_input("x", std::span<const float>(xs));
+      q->set_input("y", std::span<const int32_t>(ys));
+      q->run();
+    }
+    // Unfused, the sum is rounded to 16 bits before its cast back: within that rounding.
+    const auto a = as_floats(m.read_param("pos"), DType::f32), b = as_floats(u.read_param("pos"), DType::f32);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-3 * (1 + std::abs(b[i]))) << i;
+  }
+}
+
 TEST(Precision, StoredValuesAre16BitValuesAndReadBackInTheGraphsDtype) {
   Graph g;
   Var x = g.input("x", {8, 24});

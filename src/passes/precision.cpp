@@ -1,6 +1,7 @@
 // The precision pass and the folding of its casts (src/passes/precision.h).
 #include "passes/precision.h"
 
+#include <algorithm>
 #include <map>
 
 #include "ops/registry.h"
@@ -200,6 +201,29 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
   std::vector<std::optional<DType>> folded(nodes.size());
   std::vector<bool> absorbed(nodes.size(), false);
   std::map<ValueId, std::string> renamed;
+  // squeezed[k]: a sum or mean kept its reduced axes only for a reshape that drops them
+  // and feeds the cast (a broadcast bias's gradient, sum_to): it drops them itself.
+  std::vector<bool> squeezed(nodes.size(), false);
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const Node& n = nodes[k];
+    if (n.op != Op::sum && n.op != Op::mean) continue;
+    const ValueId v = n.out[0];
+    const auto& u = users[static_cast<size_t>(v)];
+    if (n.attrs.i("keepdims") == 0 || kept[static_cast<size_t>(v)] || u.size() != 1) continue;
+    const Node& re = nodes[static_cast<size_t>(u[0])];
+    const ValueId w = re.out.empty() ? -1 : re.out[0];
+    if (re.op != Op::reshape || kept[static_cast<size_t>(w)] || users[static_cast<size_t>(w)].size() != 1 ||
+        nodes[static_cast<size_t>(users[static_cast<size_t>(w)][0])].op != Op::cast)
+      continue;
+    Shape dropped;
+    const Shape& in = g.value(n.in[0]).type.shape;
+    const auto& axes = n.attrs.ints("axes");
+    for (size_t d = 0; d < in.size(); ++d)
+      if (std::find_if(axes.begin(), axes.end(), [&](int64_t a) { return (a < 0 ? a + static_cast<int64_t>(in.size()) : a) == static_cast<int64_t>(d); }) == axes.end())
+        dropped.push_back(in[d]);
+    if (axes.empty()) dropped.clear();
+    if (g.value(w).type.shape == dropped) squeezed[k] = true;
+  }
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
     if (n.op != Op::matmul && n.op != Op::linear_grad_weight_bias && n.op != Op::conv2d_grad_weight &&
@@ -208,6 +232,17 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
     std::optional<DType> to;
     std::vector<int> casts;
     bool ok = true;
+    if (squeezed[k]) {
+      const int re = users[static_cast<size_t>(n.out[0])][0];
+      const int c = users[static_cast<size_t>(nodes[static_cast<size_t>(re)].out[0])][0];
+      const auto t = parse_dtype(nodes[static_cast<size_t>(c)].attrs.s("dtype"));
+      const DType in = g.value(n.in[0]).type.dtype;
+      if (!t || *t == in || *t != compute_dtype(in)) continue;
+      folded[k] = *t;
+      absorbed[static_cast<size_t>(re)] = absorbed[static_cast<size_t>(c)] = true;
+      renamed[n.out[0]] = g.value(nodes[static_cast<size_t>(c)].out[0]).name;
+      continue;
+    }
     for (ValueId v : n.out) {
       ok = ok && !kept[static_cast<size_t>(v)] && !users[static_cast<size_t>(v)].empty();
       for (int u : users[static_cast<size_t>(v)]) {
@@ -240,6 +275,7 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
     std::vector<ValueId> out;
     if (folded[k]) {
       attrs.set("dtype", std::string(dtype_name(*folded[k])));
+      if (squeezed[k]) attrs.set("keepdims", int64_t{0});
       ++r.backward;
       std::vector<std::string> names;
       for (ValueId v : n.out) names.push_back(renamed.at(v));
