@@ -421,7 +421,9 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   }
 }
 
-Program Model::compile(const CompileOptions& o) {
+Program Model::compile(const CompileOptions& o) { return Program(core_, plan(o)); }
+
+Plan Model::plan(const CompileOptions& o) const {
   const Core& c = *core_;
   Graph g = c.graph;
   const auto nv = static_cast<ValueId>(c.graph.values().size());
@@ -560,7 +562,7 @@ Program Model::compile(const CompileOptions& o) {
     plan_gradient_buckets(plan, c.comm->size(), c.bucket_bytes);
     plan.zero = c.zero;
   }
-  return Program(core_, std::move(plan));
+  return plan;
 }
 
 namespace {

@@ -59,6 +59,26 @@ TEST(Program, AnArenaThatDoesNotFitNamesItsLargestBuffers) {
   EXPECT_EQ(p.read_as<float>(fine.name()).size(), 12u);
 }
 
+// Model::plan is compile's plan without the program: the step whose arena no host could
+// hold still plans (what `seam plan` prints for a model too large for the machine).
+TEST(Program, APlanAloneAllocatesNothing) {
+  using namespace seam;
+  Graph g;
+  Var huge = g.input("huge", {int64_t{1} << 45, 4});
+  Var wide = nn::linear(huge, 4, "wide");
+  Model m(g, {.seed = 1});
+  const CompileOptions o{.mode = Mode::eval, .outputs = {wide.id()}};
+  const Plan p = m.plan(o);
+  EXPECT_EQ(p.steps.size(), 1u);
+  EXPECT_GE(p.arena_bytes, size_t{1} << 50);
+  EXPECT_NE(seam::testing::error_of([&] { m.compile(o); }).find("cannot allocate the arena of"), std::string::npos);
+  Var small = g.input("small", {4, 8});
+  Var loss = sum(relu(nn::linear(small, 3, "fine")));
+  Model n(g, {.seed = 1});
+  const CompileOptions f{.mode = Mode::train, .loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)};
+  EXPECT_EQ(n.plan(f).str(), n.compile(f).plan().str());
+}
+
 // What read() returns is output_type(): a value the precision pass stored in bf16 reads
 // as the graph's f32. Memory of a GPU goes in and out only of a program on one: on the
 // CPU each way is an error that says so.

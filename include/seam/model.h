@@ -195,6 +195,9 @@ class Model {
   Device device() const;
 
   class Program compile(const CompileOptions& options);
+  // The plan compile() would run, without the program: no arena, no kernels prepared,
+  // nothing allocated (`seam plan` of a model larger than the host's memory).
+  Plan plan(const CompileOptions& options) const;
 
   // Host copies of parameters and state tensors, by name, in their dtype.
   std::vector<std::byte> read_param(const std::string& name) const;

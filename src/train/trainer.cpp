@@ -653,20 +653,26 @@ int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool e
   spec.fix_schedule_length(data_steps_per_epoch(spec, B));
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
-  Program p = eval ? model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}})
-                   : model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .recompute = spec.recompute, .memory_budget = spec.memory_budget});
+  const CompileOptions o = eval ? CompileOptions{.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}}
+                                : CompileOptions{.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer,
+                                                 .recompute = spec.recompute, .memory_budget = spec.memory_budget};
+  // Only --measure runs the step: the plan alone allocates nothing, so a model larger
+  // than this host's memory still prints.
+  std::optional<Program> p;
+  if (measure) p.emplace(model.compile(o));
+  const Plan fused = p ? p->plan() : model.plan(o);
   std::printf("%s (%s step, batch %lld, %s, %s)\n%s", spec.name.c_str(), eval ? "evaluation" : "training",
-              static_cast<long long>(B), device_name(model.device()), precision_name(spec.precision), p.plan().str().c_str());
+              static_cast<long long>(B), device_name(model.device()), precision_name(spec.precision), fused.str().c_str());
   // The training plan is the one `seam train` runs (predictions are not read there: the
   // accuracy's count may come out of the loss). The same step without fusion, for the
   // before/after totals.
   CompileOptions plain = eval ? CompileOptions{.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}, .fuse = false}
                               : CompileOptions{.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .fuse = false};
   Model cpu_model(bg.graph, {.seed = spec.seed});
-  Program unfused = cpu_model.compile(plain);
+  const Plan unfused = cpu_model.plan(plain);
   std::vector<double> measured;
-  if (measure) measured = p.time_steps(20);
-  std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
+  if (p) measured = p->time_steps(20);
+  std::printf("\n%s", explain_plan(fused, unfused, DeviceModel{}, true, measured).c_str());
   for (const std::string& line : model.layout_choices()) std::printf("%s\n", line.c_str());
   return 0;
 }
