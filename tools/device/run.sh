@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
-#   tools/device/run.sh [tests] [sanitize] [train] [lm] [crash] [plan] [bench] [bench16] [numerics] [onnx] [onnx_models]
-#                       [python] [scale] ...
+#   tools/device/run.sh [tests] [sanitize] [train] [lm] [crash] [plan] [bench] [bench16] [w6] [numerics] [onnx]
+#                       [onnx_models] [python] [scale] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
@@ -179,6 +179,26 @@ for step in "${steps[@]}"; do
       } > "$out/bench_$prec.log" 2>&1
       note "bench $prec: rc=$?"
       sed -n '/seam best/,$p' "$out/bench_$prec.log"
+      ;;
+    w6)
+      # Issue 16's table in one window: W6 on one stream with its kernel table and the
+      # variants chosen, then under a memory budget (SEAM_W6_BUDGET GiB, default 7.3: the
+      # fewest GELU and layer norm outputs recomputed that fit), beside PyTorch's
+      # SEAM_TORCH_VARIANTS (default torch.compile's).
+      py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
+      [ -x "$py" ] || py=python3
+      csv=$(mktemp -d)
+      read -r -a variants <<< "${SEAM_TORCH_VARIANTS:-compile_default}"
+      {
+        "$bin/seam" bench W6 --device cuda --streams 1 --csv "$csv/seam_graph_1stream.csv" --breakdown --explain
+        "$bin/seam" bench W6 --device cuda --streams 1 --memory-budget "${SEAM_W6_BUDGET:-7.3}" \
+          --csv "$csv/seam_graph_budget.csv"
+        "$py" bench/compare_torch.py W6 --variants "${variants[@]}" --csv "$csv/torch.csv"
+        "$py" bench/report.py "$csv"/seam_*.csv "$csv/torch.csv"
+        for f in "$csv"/*.csv; do echo "### $(basename "$f")"; cat "$f"; done
+      } > "$out/w6.log" 2>&1
+      note "w6: rc=$?"
+      sed -n '/seam best/,$p' "$out/w6.log"
       ;;
     onnx)
       # The ONNX backend node tests through the importer on the GPU (docs/onnx.md); the
