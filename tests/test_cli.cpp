@@ -184,6 +184,21 @@ TEST_F(Cli, DeterministicRunsGiveTheCpusSameBits) {
   EXPECT_NE(bad.err.find("deterministic"), std::string::npos) << bad.err;
 }
 
+// --memory-budget: the budget the step was planned to and what it takes are printed at
+// the start; a budget below the model's own buffers stops the run before any step.
+TEST_F(Cli, AMemoryBudgetIsReportedAndOneTooSmallRefused) {
+  fs::path data = make_data();
+  fs::path model = write("model.json", kSmallMlp);
+  const std::string common = " --data " + data.string() + " --max-steps 2 --device cpu --out " + (dir / "b").string();
+  Result roomy = run("train " + model.string() + common + " --memory-budget 1");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  EXPECT_NE(roomy.out.find("seam: memory budget 1024.00 MiB: the model's buffers and the arena take "), std::string::npos)
+      << roomy.out;
+  Result tight = run("train " + model.string() + common + " --memory-budget 0.000001");
+  EXPECT_EQ(tight.code, 1);
+  EXPECT_NE(tight.err.find("compile: memory budget of 1.05 KiB: the model's own buffers"), std::string::npos) << tight.err;
+}
+
 // `seam --version` names what runs the CPU GEMMs. OpenBLAS's generic SSE3 kernels
 // ("Prescott", its fallback for a CPU model it does not know) never run on a CPU with
 // AVX2 and FMA: seam restarts itself with the kernels the CPU supports.

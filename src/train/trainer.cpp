@@ -313,6 +313,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
   if (o.device) spec.device = *o.device;
   if (o.precision) spec.precision = *o.precision;
   if (o.layout) spec.layout = *o.layout;
+  if (o.memory_budget) spec.memory_budget = *o.memory_budget;
   if (o.deterministic) spec.deterministic = true;
   if (o.val_split) spec.val_split = *o.val_split;
   if (spec.epochs < 1 || spec.batch_size < 1) fail("epochs and batch size must be >= 1");
@@ -422,13 +423,16 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
                 static_cast<long long>(layout.param_count()), static_cast<long long>(B),
                 ranks > 1 ? (" (" + std::to_string(B / ranks) + " on each of " + std::to_string(ranks) + " ranks)").c_str() : "",
                 static_cast<long long>(steps_per_epoch), static_cast<long long>(spec.epochs), spec.optimizer.str().c_str());
-  if (json)
-    std::cout << nlohmann::json{{"event", "start"}, {"model", spec.name}, {"device", device},
-                                {"precision", precision_name(spec.precision)}, {"parameters", layout.param_count()},
-                                {"batch", B}, {"ranks", ranks}, {"steps_per_epoch", steps_per_epoch}, {"epochs", spec.epochs},
-                                {"resumed_at_step", model.state().step}}
-                     .dump()
-              << std::endl;
+  const std::string& budget = train.plan().budget_note;
+  if (!json && output != Output::quiet && !budget.empty()) std::printf("seam: %s\n", budget.c_str());
+  if (json) {
+    nlohmann::json start{{"event", "start"}, {"model", spec.name}, {"device", device},
+                         {"precision", precision_name(spec.precision)}, {"parameters", layout.param_count()},
+                         {"batch", B}, {"ranks", ranks}, {"steps_per_epoch", steps_per_epoch}, {"epochs", spec.epochs},
+                         {"resumed_at_step", model.state().step}};
+    if (!budget.empty()) start["memory_budget"] = budget;
+    std::cout << start.dump() << std::endl;
+  }
 
   g_interrupted = 0;
   const StopSignals stop_signals;

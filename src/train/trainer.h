@@ -32,6 +32,7 @@ struct TrainOptions {
   std::optional<std::string> device;
   std::optional<Precision> precision;     // overrides the model file's
   std::optional<LayoutPolicy> layout;     // overrides the model file's
+  std::optional<size_t> memory_budget;    // bytes; overrides the model file's memory_budget_gib
   bool deterministic = false;             // --deterministic: on even where the model file leaves it off
   int zero = 0;                           // --zero 1: ZeRO-1 across the ranks (ModelOptions::zero)
   std::optional<double> val_split;

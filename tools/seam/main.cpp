@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
       "auto (each convolution region costed both ways: nhwc on CUDA's tensor cores, else nchw), nchw or nhwc: the "
       "layout of convolution regions";
   std::string train_layout, plan_layout, bench_layout;
-  // --memory-budget for plan and bench (CompileOptions::memory_budget), in GiB.
+  // --memory-budget for train, plan and bench (CompileOptions::memory_budget), in GiB.
   const std::string budget_help =
       "GiB that the model's buffers and the step's arena may take: more GELU and layer norm outputs are recomputed "
       "in the backward until the step fits (default: the model file's memory_budget_gib, else no limit)";
@@ -244,6 +244,8 @@ int main(int argc, char** argv) {
                   "bitwise repeatable GPU runs: fixed algorithm picks, no atomics (the CPU's runs repeat anyway)");
   train->add_option("--layout", train_layout, layout_help + " (default: the model file's)")
       ->check(one_of(seam::layout_policy_names()));
+  double train_budget = 0;
+  train->add_option("--memory-budget", train_budget, budget_help)->check(number(0, false));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
   train->add_option("--data", t.data_dir,
@@ -497,6 +499,7 @@ int main(int argc, char** argv) {
       t.output = json ? seam::train::Output::json : quiet ? seam::train::Output::quiet : seam::train::Output::bar;
       t.precision = precision_of(train_precision);
       t.layout = layout_of(train_layout);
+      t.memory_budget = gib_bytes(train_budget);
       return seam::train::run_train(t);
     }
     if (*sample) {
