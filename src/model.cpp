@@ -546,11 +546,12 @@ Plan Model::plan(const CompileOptions& o) const {
       return own + lower(f.graph, c.layout, r).arena_bytes;
     };
     RecomputeChoice ch = recompute_within(g, loss_now, o.recompute, o.memory_budget, bytes_of);
-    std::map<std::string, int> added;
+    std::map<std::string, int> added;  // kind -> count
     for (const std::string& k : ch.added) ++added[k];
-    for (auto& [k, n] : added) budget_note += (budget_note.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    std::string extra;
+    for (auto& [k, n] : added) extra += (extra.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     budget_note = "memory budget " + bytes_str(o.memory_budget) + ": the model's buffers and the arena take " +
-                  bytes_str(ch.bytes) + (added.empty() ? "" : ", recomputing " + budget_note + " outputs more");
+                  bytes_str(ch.bytes) + (extra.empty() ? "" : ", recomputing " + extra + " outputs more");
     apply(std::move(ch.result));
   } else if (!o.recompute.empty()) {
     apply(recompute_activations(g, loss_now, o.recompute));

@@ -1,10 +1,10 @@
 // The precision pass and the folding of its casts (src/passes/precision.h).
 #include "passes/precision.h"
 
-#include <algorithm>
 #include <map>
 
 #include "ops/registry.h"
+#include "ops/shapes.h"
 
 namespace seam {
 
@@ -215,14 +215,8 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
     if (re.op != Op::reshape || kept[static_cast<size_t>(w)] || users[static_cast<size_t>(w)].size() != 1 ||
         nodes[static_cast<size_t>(users[static_cast<size_t>(w)][0])].op != Op::cast)
       continue;
-    Shape dropped;
     const Shape& in = g.value(n.in[0]).type.shape;
-    const auto& axes = n.attrs.ints("axes");
-    for (size_t d = 0; d < in.size(); ++d)
-      if (std::find_if(axes.begin(), axes.end(), [&](int64_t a) { return (a < 0 ? a + static_cast<int64_t>(in.size()) : a) == static_cast<int64_t>(d); }) == axes.end())
-        dropped.push_back(in[d]);
-    if (axes.empty()) dropped.clear();
-    if (g.value(w).type.shape == dropped) squeezed[k] = true;
+    squeezed[k] = g.value(w).type.shape == reduced_shape(in, reduce_axes(n.attrs.ints("axes"), in.size(), nullptr), false);
   }
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
