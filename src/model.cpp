@@ -110,6 +110,9 @@ Device default_device() { return cuda_available() ? Device::cuda : Device::cpu; 
 namespace {
 
 constexpr int kOptSlots = 2;  // the most any optimizer keeps per parameter
+// The most chunks a memory budget splits the output layer into: each doubling halves the
+// logits and adds passes over the weight's gradient (f32, read and written once more).
+constexpr int kBudgetChunks = 4;
 constexpr size_t kCounterBytes = 64;  // Regions::counters, whatever the backend keeps there
 
 // Host values of an initializer; element j of tensor `index` is drawn from Philox with
@@ -528,6 +531,7 @@ Plan Model::plan(const CompileOptions& o) const {
     if (o.fuse_elementwise) passes.push_back(fuse_elementwise);
     for (auto pass : passes) apply(pass(g, keep));
   }
+  if (o.output_chunks < 1) fail("compile: output_chunks must be at least 1, got ", o.output_chunks);
   // After the fusions: the GELU to recompute is the epilogue's, its source the record.
   if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
   std::string budget_note;
@@ -545,16 +549,32 @@ Plan Model::plan(const CompileOptions& o) const {
       for (auto& [v, slot] : r.grads) v = f.map[static_cast<size_t>(v)];
       return own + lower(f.graph, c.layout, r).arena_bytes;
     };
+    // The output layer in more chunks first (a few more passes over its weight's gradient
+    // each), while they make the step smaller; then recomputation.
+    int chunks = o.output_chunks;
+    if (o.fuse) {
+      size_t have = bytes_of(chunk_output_layer(g, keep, chunks));
+      while (have > o.memory_budget && 2 * chunks <= std::max(chunks, kBudgetChunks)) {
+        FuseResult f = chunk_output_layer(g, keep, 2 * chunks);
+        const size_t more = f.backward > 0 ? bytes_of(f) : have;
+        if (more >= have) break;  // no output layer, or its logits are not what the peak holds
+        chunks *= 2;
+        have = more;
+      }
+    }
+    if (o.fuse && chunks > 1) apply(chunk_output_layer(g, keep, chunks));
     RecomputeChoice ch = recompute_within(g, loss_now, o.recompute, o.memory_budget, bytes_of);
     std::map<std::string, int> added;  // kind -> count
     for (const std::string& k : ch.added) ++added[k];
     std::string extra;
     for (auto& [k, n] : added) extra += (extra.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     budget_note = "memory budget " + bytes_str(o.memory_budget) + ": the model's buffers and the arena take " +
-                  bytes_str(ch.bytes) + (extra.empty() ? "" : ", recomputing " + extra + " outputs more");
+                  bytes_str(ch.bytes) + (chunks > 1 ? ", the output layer in " + std::to_string(chunks) + " chunks" : "") +
+                  (extra.empty() ? "" : ", recomputing " + extra + " outputs more");
     apply(std::move(ch.result));
-  } else if (!o.recompute.empty()) {
-    apply(recompute_activations(g, loss_now, o.recompute));
+  } else {
+    if (o.fuse && o.output_chunks > 1) apply(chunk_output_layer(g, keep, o.output_chunks));
+    if (!o.recompute.empty()) apply(recompute_activations(g, loss_now, o.recompute));
   }
   Plan plan = lower(g, c.layout, req);
   plan.budget_note = budget_note;

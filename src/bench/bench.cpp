@@ -33,6 +33,7 @@ struct Workload {
   LayoutPolicy layout = LayoutPolicy::automatic;
   std::vector<std::string> recompute = {};  // a model file's own
   size_t memory_budget = 0;                 // a model file's own
+  int output_chunks = 1;                    // a model file's own
 };
 
 // A model file as a workload: its graph, batch size and optimizer.
@@ -44,6 +45,7 @@ Workload spec_workload(io::ModelSpec spec, std::string name, std::string descrip
   w.layout = spec.layout;
   w.recompute = spec.recompute;
   w.memory_budget = spec.memory_budget;
+  w.output_chunks = spec.output_chunks;
   return w;
 }
 
@@ -184,6 +186,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
                          .fuse = o.fusion != "none",
                          .fuse_elementwise = o.fusion == "all",
                          .recompute = o.recompute.value_or(w.recompute),
+                         .output_chunks = o.output_chunks.value_or(w.output_chunks),
                          .memory_budget = o.memory_budget.value_or(w.memory_budget)});
 
   // Two random batches (io::random_batch) in the shapes the graph takes.

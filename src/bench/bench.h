@@ -42,6 +42,8 @@ struct BenchOptions {
   std::optional<std::vector<std::string>> recompute;
   // CompileOptions::memory_budget in bytes; unset: a model file's own "memory_budget_gib".
   std::optional<size_t> memory_budget;
+  // CompileOptions::output_chunks; unset: a model file's own "output_chunks".
+  std::optional<int> output_chunks;
 };
 
 int run_bench(const BenchOptions& o);

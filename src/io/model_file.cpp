@@ -22,7 +22,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"name", "input", "classes", "layers", "nodes", "model", "output", "loss",
                                             "optimizer", "batch_size", "epochs", "seed", "device", "precision", "master_weights", "layout",
-                                            "deterministic", "recompute", "memory_budget_gib", "data", "description"};
+                                            "deterministic", "recompute", "output_chunks", "memory_budget_gib", "data", "description"};
 // Layers that create their own parameters, with the settings each accepts.
 const std::map<std::string, std::vector<std::string>> kLayers = {
     {"linear", {"out", "bias", "tie"}},
@@ -329,6 +329,12 @@ ModelSpec spec_of(json root, const std::string& source, const std::filesystem::p
       if (std::find(known.begin(), known.end(), name) == known.end()) unknown(source, "recompute activation", name, known);
       s.recompute.push_back(name);
     }
+  }
+  if (j.contains("output_chunks")) {
+    const json& c = j["output_chunks"];
+    if (!c.is_number_integer() || c.get<int64_t>() < 1 || c.get<int64_t>() > 1024)
+      fail(source, ": output_chunks must be a whole number from 1 to 1024 (the output layer's row chunks), got ", c.dump());
+    s.output_chunks = static_cast<int>(c.get<int64_t>());
   }
   if (j.contains("memory_budget_gib")) {
     const json& b = j["memory_budget_gib"];

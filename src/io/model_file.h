@@ -55,6 +55,7 @@ struct ModelSpec {
   bool deterministic = false;            // bitwise repeatable GPU steps (ModelOptions::deterministic)
   LayoutPolicy layout = LayoutPolicy::automatic;  // where convolutions run channels-last
   std::vector<std::string> recompute;    // activations the backward recomputes (CompileOptions::recompute)
+  int output_chunks = 1;                 // CompileOptions::output_chunks
   size_t memory_budget = 0;              // "memory_budget_gib" in bytes (CompileOptions::memory_budget)
   OptimizerConfig optimizer;
   bool cosine_total_from_run = false;  // schedule.total_steps was left to the run length

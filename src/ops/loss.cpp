@@ -48,20 +48,44 @@ void register_loss(OpTable& t) {
   {
     OpDef& d = def(t, Op::cross_entropy_with_grad);
     d.name = "cross_entropy_with_grad";
-    d.inputs = {"logits", "labels", "dy"};
+    d.inputs = {"logits", "labels", "dy", "loss_acc?", "correct_acc?"};
     d.outputs = {"loss", "dlogits", "correct?"};
     d.attrs = def(t, Op::cross_entropy).attrs;
     d.attrs.push_back({"count_correct", int64_t{0}});
+    d.attrs.push_back({"row_offset", int64_t{-1}});
     d.in_place = {1, 0};  // dlogits over the logits, when nothing reads them later
     d.doc = "cross_entropy and cross_entropy_grad in one pass over the logits (made by fusion); "
             "count_correct 1: also correct, the number of counted rows whose argmax over the classes (the "
             "first largest value; NaN never chosen unless it is the first) is the label: "
-            "count_equal(argmax(logits), labels) where ignore_index is negative (fuse_losses)";
+            "count_equal(argmax(logits), labels) where ignore_index is negative (fuse_losses). "
+            "row_offset >= 0: the logits are a chunk, the labels' rows [row_offset, row_offset + rows) "
+            "(chunk_output_layer): the mean and the gradient divide by the rows of every label that count, "
+            "and loss_acc and correct_acc (the chunks' before) are added to the loss and the count";
     d.infer = [](const InferCtx& c) {
       if (!c.shape(2).empty()) c.fail("dy must be a scalar");
       const int64_t correct = c.attrs.i("count_correct");
       if (correct != 0 && correct != 1) c.fail("count_correct must be 0 or 1, got ", correct);
-      auto loss = op_def(Op::cross_entropy).infer(c);
+      const int64_t offset = c.attrs.i("row_offset");
+      std::vector<TensorType> loss;
+      if (offset < 0) {
+        loss = op_def(Op::cross_entropy).infer(c);
+      } else {
+        c.expect_float(0);
+        c.expect_dtype(1, DType::i32);
+        if (c.shape(0).empty()) c.fail("logits need a class dim");
+        const int64_t rows = c.type(0).numel() / std::max<int64_t>(c.shape(0).back(), 1);
+        if (offset + rows > c.type(1).numel())
+          c.fail("a chunk of ", rows, " rows from row ", offset, " needs that many labels; there are ",
+                 c.type(1).numel());
+        const int64_t classes = c.attrs.i("classes");
+        if (classes < 0 || classes > c.shape(0).back())
+          c.fail("classes must be 0 (every column) or in [1, ", c.shape(0).back(), "], got ", classes);
+        loss.push_back({compute_dtype(c.type(0).dtype), {}});
+      }
+      if (c.n() > 3 && (offset < 0 || c.type(3) != loss[0]))
+        c.fail("loss_acc needs row_offset >= 0 and the loss's type ", loss[0].str());
+      if (c.n() > 4 && (!correct || c.type(4) != TensorType{DType::i32, {}}))
+        c.fail("correct_acc needs count_correct and an i32 scalar");
       std::vector<TensorType> out{loss[0], c.type(0)};
       if (correct) out.push_back({DType::i32, {}});
       return out;

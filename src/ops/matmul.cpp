@@ -52,19 +52,23 @@ void register_matmul(OpTable& t) {
   {
     OpDef& d = def(t, Op::matmul);
     d.name = "matmul";
-    d.inputs = {"a", "b"};
+    d.inputs = {"a", "b", "c?"};
     d.outputs = {"y"};
     d.attrs = {{"transpose_a", int64_t{0}}, {"transpose_b", int64_t{0}}, {"dtype", std::string()}};
-    d.doc = "y = op(a) op(b) over the last two dims, batch dims broadcast; y in `dtype` (\"\": a's; "
-            "f32 from 16-bit inputs)";
+    d.in_place = {0, 2};  // y over its addend: a sum of products built up in one buffer
+    d.doc = "y = op(a) op(b) (+ c) over the last two dims, batch dims broadcast; y in `dtype` (\"\": a's; "
+            "f32 from 16-bit inputs); c, of y's type, is added as y is stored";
     d.infer = [](const InferCtx& c) {
       c.expect_float(0);
-      c.expect_same_dtype();
+      if (c.type(0).dtype != c.type(1).dtype)
+        c.fail("a and b differ in dtype: ", dtype_name(c.type(0).dtype), " and ", dtype_name(c.type(1).dtype));
       MatmulDims md = matmul_dims(c);
       Shape s = md.batch;
       s.push_back(md.m);
       s.push_back(md.n);
-      return std::vector<TensorType>{{c.result_dtype(c.type(0).dtype), s}};
+      const TensorType y{c.result_dtype(c.type(0).dtype), s};
+      if (c.n() > 2 && c.type(2) != y) c.fail("c must be y's ", y.str(), ", got ", c.type(2).str());
+      return std::vector<TensorType>{y};
     };
     d.flops = [](const OpCostCtx& c) {
       const Shape& a = c.in[0].shape;
@@ -74,6 +78,7 @@ void register_matmul(OpTable& t) {
     d.grad = [](GradCtx& c) {
       Var a = c.x(0), b = c.x(1), dy = c.dy();
       bool ta = c.attrs().i("transpose_a") != 0, tb = c.attrs().i("transpose_b") != 0;
+      if (c.needs(2)) c.set(2, dy);
       // A weight shared over a's leading dims: fold them into M for both gradients.
       bool fold = b.rank() == 2 && a.rank() > 2 && !ta;
       if (c.needs(0)) {

@@ -34,7 +34,8 @@ FuseResult fold_matmul_transposes(const Graph& g, const std::vector<ValueId>& ke
   // its operands swapped.
   std::vector<bool> absorbed(nodes.size(), false);
   for (size_t k = 0; k < nodes.size(); ++k)
-    if (nodes[k].op == Op::matmul) absorbed[k] = swap_node(only_user(users, keep, nodes[k].out[0]));
+    if (nodes[k].op == Op::matmul && nodes[k].in.size() == 2)  // (a b + c)^T is no swap of a and b
+      absorbed[k] = swap_node(only_user(users, keep, nodes[k].out[0]));
   // A transpose every reader of which folds it (and that no one keeps) is dropped.
   std::vector<size_t> folded_reads(nodes.size(), 0);
   for (size_t k = 0; k < nodes.size(); ++k)
@@ -79,6 +80,7 @@ FuseResult fold_matmul_transposes(const Graph& g, const std::vector<ValueId>& ke
       continue;  // its readers read its input instead
     } else if (n.op == Op::matmul) {
       operands(n, in, attrs);
+      for (size_t i = 2; i < n.in.size(); ++i) in.push_back(mapped(r, n.in[i]));  // the addend
     } else {
       for (ValueId v : n.in) in.push_back(mapped(r, v));
     }

@@ -126,7 +126,7 @@ FuseResult fuse_epilogues(const Graph& g, const std::vector<ValueId>& keep_list)
       bool fuse = p >= 0 && only_user(d, b.reshape >= 0 ? b.reshape : gk);
       if (fuse) {
         const Node& mm = nodes[static_cast<size_t>(p)];
-        fuse = mm.op == Op::matmul && mm.attrs.i("transpose_a") == 0 && mm.attrs.i("transpose_b") == 0 &&
+        fuse = mm.op == Op::matmul && mm.in.size() == 2 && mm.attrs.i("transpose_a") == 0 && mm.attrs.i("transpose_b") == 0 &&
                g.value(mm.in[0]).type.shape.size() == 2 && g.value(mm.in[1]).type.shape.size() == 2 &&
                g.value(d).type.numel() == g.value(gn.out[0]).type.numel();
       }

@@ -76,6 +76,16 @@ FuseResult absorb_class_slices(const Graph& g, const std::vector<ValueId>& keep)
 // instead of four on the GPU. (src/passes/fuse_loss.cpp)
 FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
 
+// The output layer in chunks of rows: linear(x, w) -> logits read by a fused loss alone,
+// whose gradient only GEMMs read (dx = dlogits w, dw = dlogits^T x, maybe through
+// reshapes), becomes, for each of `chunks` row ranges, a slice of x, its logits, the loss
+// over them (row_offset: divided by every row's count, the chunks before added) and the
+// GEMMs of its gradient: dx's rows joined by a concat, dw summed in place (matmul's
+// addend). Only one chunk's logits exist at a time: a language model's [tokens,
+// vocabulary] logits, its largest buffer, shrink by the chunk count. Runs after the other
+// fusions. (src/passes/chunk_loss.cpp)
+FuseResult chunk_output_layer(const Graph& g, const std::vector<ValueId>& keep, int chunks);
+
 // Batch norm + ReLU fusion: a batch_norm whose normalized value only a relu reads
 // becomes batch_norm with activation relu, which writes relu's output (and name); its
 // gradient, where relu_grad(dr, r) feeds only the batch norm's gradient, becomes one

@@ -223,6 +223,7 @@ FuseResult fold_casts(const Graph& g, const std::vector<ValueId>& keep) {
     if (n.op != Op::matmul && n.op != Op::linear_grad_weight_bias && n.op != Op::conv2d_grad_weight &&
         n.op != Op::sum && n.op != Op::mean)
       continue;
+    if (n.op == Op::matmul && n.in.size() > 2) continue;  // its addend has its output's dtype
     std::optional<DType> to;
     std::vector<int> casts;
     bool ok = true;

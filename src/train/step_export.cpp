@@ -52,7 +52,7 @@ int run_step(const StepOptions& o) {
                          .layout = spec.layout,
                          .epilogue = o.epilogue});
   io::load_initial(model, bg);
-  Program p = model.compile({.loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.logits}, .recompute = spec.recompute, .memory_budget = spec.memory_budget});
+  Program p = model.compile({.loss = bg.loss, .optimizer = spec.optimizer, .outputs = {bg.logits}, .recompute = spec.recompute, .output_chunks = spec.output_chunks, .memory_budget = spec.memory_budget});
 
   // Inputs drawn N(0, 1) (token ids uniform over the vocabulary), labels uniform over the
   // classes, from the data seed.

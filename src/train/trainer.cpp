@@ -314,6 +314,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
   if (o.precision) spec.precision = *o.precision;
   if (o.layout) spec.layout = *o.layout;
   if (o.memory_budget) spec.memory_budget = *o.memory_budget;
+  if (o.output_chunks) spec.output_chunks = *o.output_chunks;
   if (o.deterministic) spec.deterministic = true;
   if (o.val_split) spec.val_split = *o.val_split;
   if (spec.epochs < 1 || spec.batch_size < 1) fail("epochs and batch size must be >= 1");
@@ -344,7 +345,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
   io::BuiltGraph bg = io::build_graph(spec, B / ranks);
   Model model(bg.graph, {.seed = spec.seed, .device = dev, .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic, .comm = comm, .zero = o.zero});
   io::load_initial(model, bg);
-  Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .recompute = spec.recompute, .memory_budget = spec.memory_budget});
+  Program train = model.compile({.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer, .recompute = spec.recompute, .output_chunks = spec.output_chunks, .memory_budget = spec.memory_budget});
   Program eval = model.compile({.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}});
   double step_flops = 0;
   for (const PlanStep& st : train.plan().steps) step_flops += st.flops;
@@ -648,18 +649,20 @@ int run_eval(const EvalOptions& o) {
 
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
              bool measure, std::optional<Precision> precision, std::optional<LayoutPolicy> layout,
-             std::optional<size_t> memory_budget) {
+             std::optional<size_t> memory_budget, std::optional<int> output_chunks) {
   io::ModelSpec spec = io::parse_model_file(model_path);
   if (precision) spec.precision = *precision;
   if (layout) spec.layout = *layout;
   if (memory_budget) spec.memory_budget = *memory_budget;
+  if (output_chunks) spec.output_chunks = *output_chunks;
   const int64_t B = batch.value_or(spec.batch_size);
   spec.fix_schedule_length(data_steps_per_epoch(spec, B));
   io::BuiltGraph bg = io::build_graph(spec, B);
   Model model(bg.graph, {.seed = spec.seed, .device = resolve_device(device), .precision = spec.precision, .precision_overrides = bg.overrides, .master_weights = spec.master_weights, .layout = spec.layout, .deterministic = spec.deterministic});
   const CompileOptions o = eval ? CompileOptions{.mode = Mode::eval, .outputs = {bg.loss, bg.prediction}}
                                 : CompileOptions{.mode = Mode::train, .loss = bg.loss, .optimizer = spec.optimizer,
-                                                 .recompute = spec.recompute, .memory_budget = spec.memory_budget};
+                                                 .recompute = spec.recompute, .output_chunks = spec.output_chunks,
+                                                 .memory_budget = spec.memory_budget};
   // Only --measure runs the step: the plan alone allocates nothing, so a model larger
   // than this host's memory still prints.
   std::optional<Program> p;

@@ -33,6 +33,7 @@ struct TrainOptions {
   std::optional<Precision> precision;     // overrides the model file's
   std::optional<LayoutPolicy> layout;     // overrides the model file's
   std::optional<size_t> memory_budget;    // bytes; overrides the model file's memory_budget_gib
+  std::optional<int> output_chunks;       // overrides the model file's output_chunks
   bool deterministic = false;             // --deterministic: on even where the model file leaves it off
   int zero = 0;                           // --zero 1: ZeRO-1 across the ranks (ModelOptions::zero)
   std::optional<double> val_split;
@@ -123,6 +124,7 @@ int run_step(const StepOptions& o);
 // precision: overrides the model file's.
 int run_plan(const std::string& model_path, std::optional<int64_t> batch, bool eval, const std::string& device,
              bool measure = false, std::optional<Precision> precision = std::nullopt,
-             std::optional<LayoutPolicy> layout = std::nullopt, std::optional<size_t> memory_budget = std::nullopt);
+             std::optional<LayoutPolicy> layout = std::nullopt, std::optional<size_t> memory_budget = std::nullopt,
+             std::optional<int> output_chunks = std::nullopt);
 
 }  // namespace seam::train

@@ -120,7 +120,8 @@ double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const Compare
   auto run = [&](Device d, std::vector<std::vector<float>>& results) {
     Model m(c.g, {.seed = 23, .device = d, .precision = o.precision, .layout = o.layout, .epilogue = o.epilogue,
                   .deterministic = o.deterministic});
-    CompileOptions co{.mode = o.mode, .outputs = outputs, .fuse = o.fuse, .recompute = o.recompute};
+    CompileOptions co{.mode = o.mode, .outputs = outputs, .fuse = o.fuse, .recompute = o.recompute,
+                      .output_chunks = o.output_chunks};
     if (o.gradients) co.loss = loss.id(), co.gradients = true;
     Program p = m.compile(co);
     for (int k = 0; k < o.runs; ++k) {

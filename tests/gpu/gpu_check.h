@@ -88,6 +88,7 @@ struct CompareOptions {
   // those of sum(out * random weights): the shape loss fusion needs.
   bool output_is_loss = false;
   std::vector<std::string> recompute;  // CompileOptions::recompute on both sides
+  int output_chunks = 1;               // CompileOptions::output_chunks on both sides
 };
 
 // An f32 comparison with gradients, and a TF32 one.

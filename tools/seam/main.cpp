@@ -214,6 +214,14 @@ int main(int argc, char** argv) {
   const std::string budget_help =
       "GiB that the model's buffers and the step's arena may take: more GELU and layer norm outputs are recomputed "
       "in the backward until the step fits (default: the model file's memory_budget_gib, else no limit)";
+  // --output-chunks for train, plan and bench (CompileOptions::output_chunks).
+  const std::string chunks_help =
+      "row chunks of the output layer (logits, loss and their gradient GEMMs a chunk at a time: a language model's "
+      "logits shrink by that factor; default: the model file's output_chunks, else 1)";
+  auto chunks_of = [](int64_t n) -> std::optional<int> {
+    if (n <= 0) return std::nullopt;
+    return static_cast<int>(n);
+  };
   auto gib_bytes = [](double gib) -> std::optional<size_t> {
     if (gib <= 0) return std::nullopt;
     return static_cast<size_t>(gib * 1073741824.0);
@@ -246,6 +254,8 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::layout_policy_names()));
   double train_budget = 0;
   train->add_option("--memory-budget", train_budget, budget_help)->check(number(0, false));
+  int64_t train_chunks = 0;
+  train->add_option("--output-chunks", train_chunks, chunks_help)->transform(whole<int64_t>(1));
   train->add_option("--out", t.out_dir, "output folder for metrics.csv and checkpoint.safetensors (default runs/<name>)");
   train->add_option("--resume", t.resume, "continue from a checkpoint exactly where it stopped");
   train->add_option("--data", t.data_dir,
@@ -350,6 +360,8 @@ int main(int argc, char** argv) {
       ->check(one_of(seam::layout_policy_names()));
   double plan_budget = 0;
   plan->add_option("--memory-budget", plan_budget, budget_help)->check(number(0, false));
+  int64_t plan_chunks = 0;
+  plan->add_option("--output-chunks", plan_chunks, chunks_help)->transform(whole<int64_t>(1));
 
   seam::bench::BenchOptions bo;
   bool no_graph = false;
@@ -410,6 +422,8 @@ int main(int argc, char** argv) {
 
   double bench_budget = 0;
   bench->add_option("--memory-budget", bench_budget, budget_help)->check(number(0, false));
+  int64_t bench_chunks = 0;
+  bench->add_option("--output-chunks", bench_chunks, chunks_help)->transform(whole<int64_t>(1));
 
   seam::bench::NumericsOptions no;
   std::vector<std::string> numerics_precisions;
@@ -500,6 +514,7 @@ int main(int argc, char** argv) {
       t.precision = precision_of(train_precision);
       t.layout = layout_of(train_layout);
       t.memory_budget = gib_bytes(train_budget);
+      t.output_chunks = chunks_of(train_chunks);
       return seam::train::run_train(t);
     }
     if (*sample) {
@@ -556,7 +571,8 @@ int main(int argc, char** argv) {
     if (!plan_input_shapes.empty()) throw seam::Error("--input-shape is for ONNX files");
     if (*plan)
       return seam::train::run_plan(plan_model, plan_batch, plan_eval, plan_device, plan_measure,
-                                   precision_of(plan_precision), layout_of(plan_layout), gib_bytes(plan_budget));
+                                   precision_of(plan_precision), layout_of(plan_layout), gib_bytes(plan_budget),
+                                   chunks_of(plan_chunks));
     if (*bench) {
       if (bench_nproc > 1) return seam::dist::run_ranks(static_cast<int>(bench_nproc), seam::dist::without_nproc(argc, argv));
       bo.graph = !no_graph;
@@ -564,6 +580,7 @@ int main(int argc, char** argv) {
       bo.layout = layout_of(bench_layout);
       bo.master_weights = !no_masters;
       bo.memory_budget = gib_bytes(bench_budget);
+      bo.output_chunks = chunks_of(bench_chunks);
       if (recompute_opt->count() > 0) {
         bo.recompute.emplace();
         for (const std::string& r : bench_recompute)

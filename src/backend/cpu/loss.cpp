@@ -10,20 +10,24 @@ namespace seam::cpu {
 namespace {
 
 // The rows of logits [..., C] and their labels, with the attributes of the op: the first
-// `classes` columns of each row of `stride` are classes, the rest padding.
+// `classes` columns of each row of `stride` are classes, the rest padding. A chunk of the
+// rows (row_offset >= 0) reads its labels from row_offset on, and its mean's divisor
+// counts the rows of every label.
 struct CrossEntropyRows {
   int64_t rows, classes, stride;
-  const int32_t* labels;
+  const int32_t* labels;  // the logits' rows' labels
   int64_t ignore_index;
   double smoothing;
+  const int32_t* all_labels;  // the rows the divisor counts
+  int64_t all_rows;
 };
 
 // Validates every label before any work so that a bad batch fails the same way in the
 // forward and the backward; returns the number of rows that count.
 int64_t count_rows(const CrossEntropyRows& r) {
   int64_t count = 0;
-  for (int64_t i = 0; i < r.rows; ++i) {
-    const int32_t l = r.labels[i];
+  for (int64_t i = 0; i < r.all_rows; ++i) {
+    const int32_t l = r.all_labels[i];
     if (l == r.ignore_index) continue;
     if (l < 0 || l >= r.classes)
       fail("label ", l, " of row ", i, " is outside [0, ", r.classes, ") and is not ignore_index (",
@@ -35,8 +39,11 @@ int64_t count_rows(const CrossEntropyRows& r) {
 
 CrossEntropyRows rows_of(const KernelArgs& a, const TensorView& logits, const TensorView& labels) {
   const int64_t stride = logits.shape().back(), classes = a.attrs().i("classes");
-  return {labels.numel(), classes > 0 ? classes : stride, stride, labels.as<int32_t>(), a.attrs().i("ignore_index"),
-          a.attrs().f("label_smoothing")};
+  const int64_t offset = a.attrs().has("row_offset") ? a.attrs().i("row_offset") : -1;
+  const int32_t* all = labels.as<int32_t>();
+  return {stride ? logits.numel() / stride : labels.numel(), classes > 0 ? classes : stride, stride,
+          all + std::max<int64_t>(offset, 0), a.attrs().i("ignore_index"), a.attrs().f("label_smoothing"), all,
+          labels.numel()};
 }
 
 // Returns log(sum(exp(z))) of one row, shifted by its max for stability.
@@ -100,9 +107,12 @@ void cross_entropy_grad(const KernelArgs& a) {
 // with count_correct, the rows that count whose argmax (argmax's rule: the first largest,
 // a later NaN never ahead) is their label. The gradient comes last: it may be written
 // over the logits (OpDef::in_place), each row after that row's sums.
+// A chunk's addends (loss_acc, correct_acc) are added to its loss and count last.
 void cross_entropy_with_grad(const KernelArgs& a) {
   const std::vector<TensorView> fwd_in{a.in[0], a.in[1]}, fwd_out{a.out[0]};
   cross_entropy({a.step, fwd_in, fwd_out, a.state});
+  if (a.in.size() > 3)
+    dispatch_float(a.out[0].dtype(), [&]<class T>() { a.out[0].as<T>()[0] += a.in[3].as<T>()[0]; });
   if (a.out.size() == 3) {
     const CrossEntropyRows r = rows_of(a, a.in[0], a.in[1]);
     int64_t correct = 0;
@@ -116,7 +126,7 @@ void cross_entropy_with_grad(const KernelArgs& a) {
         correct += best == r.labels[i];
       }
     });
-    a.out[2].as<int32_t>()[0] = static_cast<int32_t>(correct);
+    a.out[2].as<int32_t>()[0] = static_cast<int32_t>(correct) + (a.in.size() > 4 ? a.in[4].as<int32_t>()[0] : 0);
   }
   const std::vector<TensorView> grad_in{a.in[2], a.in[0], a.in[1]}, grad_out{a.out[1]};
   cross_entropy_grad({a.step, grad_in, grad_out, a.state});

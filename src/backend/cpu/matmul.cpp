@@ -24,13 +24,20 @@ void matmul(const KernelArgs& x) {
     const T* a = x.in[0].as<T>();
     const T* b = x.in[1].as<T>();
     T* y = x.out[0].as<T>();
+    // An addend is y's starting value (in place or copied there), then beta = 1.
+    T beta = T(0);
+    if (x.in.size() == 3) {
+      const T* c = x.in[2].as<T>();
+      if (c != y) std::memcpy(y, c, static_cast<size_t>(x.out[0].numel()) * sizeof(T));
+      beta = T(1);
+    }
     if (bs.size() == 2 && !ta) {  // a's batch dims fold into M: one GEMM
-      gemm(false, tb, x.in[0].numel() / k, n, k, a, b, T(0), y);
+      gemm(false, tb, x.in[0].numel() / k, n, k, a, b, beta, y);
       return;
     }
     Shape batch(ys.begin(), ys.end() - 2), ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
     for_each_broadcast<2>(batch, {&ab, &bb}, [&](int64_t i, const std::array<int64_t, 2>& o) {
-      gemm(ta, tb, m, n, k, a + o[0] * m * k, b + o[1] * k * n, T(0), y + i * m * n);
+      gemm(ta, tb, m, n, k, a + o[0] * m * k, b + o[1] * k * n, beta, y + i * m * n);
     });
   });
 }

@@ -259,7 +259,7 @@ std::shared_ptr<GemmPlan> plan_gemm(Context& ctx, const GemmShape& g, std::vecto
   SEAM_ASSERT(uses_aux(g.epilogue) == (epi.aux != nullptr) && uses_bias(g.epilogue) == (epi.bias != nullptr));
   SEAM_ASSERT(g.batch == 1 || g.epilogue == CUBLASLT_EPILOGUE_DEFAULT);
   SEAM_ASSERT(g.d_type == g.ab_type || g.d_type == DType::f32);
-  for (const GemmOperands& c : calls) SEAM_ASSERT(g.accumulate == (c.c != nullptr) && c.c != c.d);
+  for (const GemmOperands& c : calls) SEAM_ASSERT(g.accumulate == (c.c != nullptr));  // C may be D (in place)
   // TF32 is a rounding of f32 inputs: 16-bit ones reach the tensor cores as they are.
   const bool tf32 = ctx.tf32 && g.ab_type == DType::f32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;

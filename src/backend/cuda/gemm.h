@@ -92,7 +92,7 @@ struct GemmOperands {
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;
-  const void* c = nullptr;  // GemmShape::accumulate: D's addend (D's layout and type; not D)
+  const void* c = nullptr;  // GemmShape::accumulate: D's addend (D's layout and type; D itself in place)
 };
 
 // The epilogue's vectors, fixed in the descriptor: bias (BIAS*: read, length m; BGRADB:

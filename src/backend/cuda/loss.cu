@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(Stage ? kStagedBlock : kRowBlock, 1)
                       int64_t stride, int64_t ignore_index, double smoothing, bool vec, int buffers,
                                   Scalar dy, const int64_t* __restrict__ counted, double* __restrict__ block_loss,
                                   int64_t* __restrict__ block_correct, unsigned* arrived, float* __restrict__ loss,
-                                  int32_t* __restrict__ correct, T* dz, DeviceError* err, int step) {
+                                  int32_t* __restrict__ correct, const float* __restrict__ loss_acc,
+                                  const int32_t* __restrict__ correct_acc, T* dz, DeviceError* err, int step) {
   const G g{};
   const int64_t count = Counted ? counted[0] : block_count_rows(labels, rows, classes, ignore_index);
   const double sc = count > 0 ? load(dy) / static_cast<double>(count) : 0.0;
@@ -277,8 +278,9 @@ __global__ void __launch_bounds__(Stage ? kStagedBlock : kRowBlock, 1)
     all_right = block_sum(all_right);
   }
   if (threadIdx.x == 0) {
-    loss[0] = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
-    if (correct) correct[0] = static_cast<int32_t>(all_right);
+    const float part = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
+    loss[0] = loss_acc ? loss_acc[0] + part : part;
+    if (correct) correct[0] = static_cast<int32_t>(all_right) + (correct_acc ? correct_acc[0] : 0);
     *arrived = 0;
   }
 }
@@ -337,6 +339,8 @@ Scalar upstream(const StepArgs& a, const DeviceTensor& dy, DType data) {
 // dlogits the gradient's output where there is one (in the logits' dtype).
 struct CeShape {
   int64_t rows, classes, stride, ignore_index;  // classes of each row of stride (the rest padding)
+  int64_t offset;    // a chunk's first row among the labels (row_offset), else 0
+  int64_t all_rows;  // the labels' rows, which the mean's divisor counts
   double smoothing;
   bool warp;          // one warp per row, else one block per row
   bool vec;           // rows read and written in 16-byte packs
@@ -349,8 +353,10 @@ CeShape ce_shape(const StepArgs& a, const DeviceTensor& logits, const DeviceTens
   expect_dtype(a, labels, {DType::i32});
   if (dlogits) expect_dtype(a, *dlogits, {logits.dtype()});
   CeShape c{};
-  c.rows = labels.numel();
   c.stride = logits.shape().back();
+  c.all_rows = labels.numel();
+  c.offset = a.step.attrs.has("row_offset") ? std::max<int64_t>(a.step.attrs.i("row_offset"), 0) : 0;
+  c.rows = c.stride ? logits.numel() / c.stride : c.all_rows;
   c.classes = a.step.attrs.i("classes") > 0 ? a.step.attrs.i("classes") : c.stride;
   c.ignore_index = a.step.attrs.i("ignore_index");
   c.smoothing = a.step.attrs.f("label_smoothing");
@@ -427,8 +433,20 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
   const CeShape c = ce_shape(a, logits_t, labels_t, &a.out[1]);
   expect_dtype(a, a.out[0], {DType::f32});
   const Scalar dy = upstream(a, dy_t, logits_t.dtype());
-  const bool counted = c.rows > kSelfCountRows;
-  const int32_t* labels = labels_t.as<int32_t>();
+  // A chunk's divisor counts labels outside its rows: counted first, whatever its size.
+  const bool counted = c.rows > kSelfCountRows || c.rows != c.all_rows;
+  const int32_t* all_labels = labels_t.as<int32_t>();
+  const int32_t* labels = all_labels + c.offset;
+  const float* loss_acc = nullptr;
+  const int32_t* correct_acc = nullptr;
+  if (a.in.size() > 3) {
+    expect_dtype(a, a.in[3], {DType::f32});
+    loss_acc = a.in[3].as<float>();
+  }
+  if (a.in.size() > 4) {
+    expect_dtype(a, a.in[4], {DType::i32});
+    correct_acc = a.in[4].as<int32_t>();
+  }
   float* loss = a.out[0].as<float>();
   int32_t* correct = nullptr;
   if (a.out.size() == 3) {
@@ -472,12 +490,12 @@ Launch prepare_cross_entropy_with_grad(const StepArgs& a) {
         correct ? static_cast<int64_t*>(a.ctx.scratch(blocks * sizeof(int64_t))) : nullptr;
     launch = [=](cudaStream_t st) {
       if (counted) {
-        ce_count<<<1, kReduceBlock, 0, st>>>(labels, c.rows, c.classes, c.ignore_index, count);
+        ce_count<<<1, kReduceBlock, 0, st>>>(all_labels, c.all_rows, c.classes, c.ignore_index, count);
         SEAM_CUDA_LAUNCH_CHECK();
       }
       rows_kernel<<<blocks, threads, smem, st>>>(logits, labels, c.rows, c.classes, c.stride, c.ignore_index,
                                                  c.smoothing, c.vec, buffers, dy, count, block_loss, block_correct, arrived, loss,
-                                              correct, dz, err, step);
+                                                 correct, loss_acc, correct_acc, dz, err, step);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   });

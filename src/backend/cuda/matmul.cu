@@ -208,17 +208,23 @@ std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims, 
 // That is one strided batch when, over the batch dims of size > 1, each operand is
 // either everywhere present or everywhere broadcast; else the longest suffix of batch
 // dims with that property is the strided batch and the dims before it are separate runs.
+// An addend c (y's type and layout) makes it beta = 1 with C = c, in place or not.
 Launch matmul(const StepArgs& a) {
-  const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]});
+  const DeviceTensor* c = a.in.size() == 3 ? &a.in[2] : nullptr;
+  const Types t = c ? gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0], c}) : gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]});
   const Shape& as = a.in[0].shape();
   const Shape& bs = a.in[1].shape();
   const Shape& ys = a.out[0].shape();
   const bool ta = a.step.attrs.i("transpose_a") != 0, tb = a.step.attrs.i("transpose_b") != 0;
   const int64_t m = ys[ys.size() - 2], n = ys.back(), k = as[as.size() - (ta ? 2 : 1)];
   if (a.out[0].numel() == 0) return nothing();
-  if (k == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
+  if (k == 0) {
+    if (c) fail(what_of(a), ": the CUDA backend does not handle K = 0 with an addend");
+    return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
+  }
 
   GemmShape g = typed({}, t);
+  g.accumulate = c != nullptr;
   g.trans_a = tb;
   g.trans_b = ta;
   g.m = n;
@@ -228,7 +234,7 @@ Launch matmul(const StepArgs& a) {
   g.ldc = n;
   if (bs.size() == 2 && !ta) {
     g.n = a.in[0].numel() / k;
-    return prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, {}, what_of(a));
+    return prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0]), c ? c->data : nullptr}}, {}, what_of(a));
   }
   g.n = m;
 
@@ -282,7 +288,7 @@ Launch matmul(const StepArgs& a) {
       ob += id * sb[d];
       oy += id * sy[d];
     }
-    calls.push_back({at(a.in[1], ob), at(a.in[0], oa), at(a.out[0], oy)});
+    calls.push_back({at(a.in[1], ob), at(a.in[0], oa), at(a.out[0], oy), c ? at(*c, oy) : nullptr});
   }
   return prepare_gemm(a.ctx, g, std::move(calls), {}, what_of(a));
 }

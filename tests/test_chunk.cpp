@@ -1,0 +1,175 @@
+// The output layer in row chunks (chunk_output_layer): the same loss, count and gradients
+// as the whole layer, within the rounding of the chunks' sums, in less arena; the ops it
+// is built from (matmul's addend, the loss over a chunk of the labels).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "seam/seam.h"
+#include "test_util.h"
+
+namespace seam::testing {
+namespace {
+
+// A GPT over a padded vocabulary large beside its width, so that the logits are the
+// arena's peak, with its tied output projection; the loss and the count of right guesses.
+struct LanguageModel {
+  static constexpr int64_t B = 2, T = 11, V = 200;
+  Graph g;
+  Var loss, correct;
+  LanguageModel() {
+    nn::GptConfig cfg;
+    cfg.n_layer = 1, cfg.n_head = 2, cfg.n_embd = 16, cfg.vocab = V, cfg.padded_vocab = 256, cfg.block_size = T;
+    Var logits = nn::gpt(g.input("tokens", {B, T}, DType::i32), cfg);
+    Var y = g.input("y", {B, T}, DType::i32);
+    loss = cross_entropy(logits, y);
+    correct = count_equal(argmax(logits), y);
+  }
+};
+
+struct Trained {
+  std::vector<float> losses;
+  std::vector<int32_t> counts;
+  std::vector<std::vector<float>> params;
+  Plan plan;
+};
+
+// Three AdamW steps on random tokens, a few labels ignored (-100).
+Trained train(const LanguageModel& m, int chunks, Precision precision = Precision::f32, size_t budget = 0) {
+  Model model(m.g, {.seed = 5, .precision = precision});
+  Program p = model.compile({.loss = m.loss.id(),
+                             .optimizer = OptimizerConfig::adamw(1e-2, 0.1),
+                             .outputs = {m.correct.id()},
+                             .output_chunks = chunks,
+                             .memory_budget = budget});
+  Trained r;
+  r.plan = p.plan();
+  std::mt19937 rng(3);
+  for (int s = 0; s < 3; ++s) {
+    std::vector<int32_t> tokens(LanguageModel::B * LanguageModel::T), y(tokens.size());
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % LanguageModel::V);
+    for (auto& t : y) t = rng() % 7 == 0 ? -100 : static_cast<int32_t>(rng() % LanguageModel::V);
+    p.set_input("tokens", std::span<const int32_t>(tokens));
+    p.set_input("y", std::span<const int32_t>(y));
+    p.run();
+    r.losses.push_back(p.read_as<float>(m.loss.name())[0]);
+    r.counts.push_back(p.read_as<int32_t>(m.correct.name())[0]);
+  }
+  for (ValueId id : m.g.params()) r.params.push_back(Program::cast_bytes<float>(model.read_param(m.g.value(id).name)));
+  return r;
+}
+
+TEST(Chunk, TheOutputLayerInChunksMatchesItWhole) {
+  const LanguageModel m;
+  const Trained whole = train(m, 1);
+  EXPECT_EQ(count(whole.plan, Op::cross_entropy_with_grad), 1) << whole.plan.str();
+  // 22 rows: even chunks, uneven ones (7, 7, 8), and more chunks than divide evenly.
+  size_t arena = whole.plan.arena_bytes;
+  for (int chunks : {2, 3, 5}) {
+    SCOPED_TRACE(std::to_string(chunks) + " chunks");
+    const Trained part = train(m, chunks);
+    EXPECT_EQ(count(part.plan, Op::cross_entropy_with_grad), chunks) << part.plan.str();
+    EXPECT_EQ(count(part.plan, Op::concat), 1);
+    int summed = 0;  // the tied weight's gradient: every chunk's GEMM into the gradient buffer
+    for (const PlanStep& s : part.plan.steps)
+      summed += s.op == Op::matmul && s.in.size() == 3 && s.in[2].region == Region::grads &&
+                s.out[0].region == Region::grads && s.out[0].offset == s.in[2].offset;
+    EXPECT_EQ(summed, chunks - 1) << part.plan.str();
+    EXPECT_LT(part.plan.arena_bytes, arena);
+    arena = part.plan.arena_bytes;
+    EXPECT_EQ(part.counts, whole.counts);
+    for (size_t s = 0; s < whole.losses.size(); ++s) EXPECT_NEAR(part.losses[s], whole.losses[s], 1e-5 * whole.losses[s]);
+    // By each tensor's relative L2 error: Adam's step turns a gradient of rounding noise
+    // (a bias whose gradient is near 0) into a full step either way.
+    for (size_t i = 0; i < whole.params.size(); ++i) {
+      double num = 0, den = 0;
+      for (size_t j = 0; j < whole.params[i].size(); ++j) {
+        const double d = static_cast<double>(part.params[i][j]) - whole.params[i][j];
+        num += d * d;
+        den += static_cast<double>(whole.params[i][j]) * whole.params[i][j];
+      }
+      EXPECT_LT(std::sqrt(num / den), 1e-4) << "parameter " << m.g.value(m.g.params()[i]).name;
+    }
+  }
+  // Under bf16 (the GEMMs' f32 sums into the master's gradient), within bf16's rounding.
+  const Trained half = train(m, 1, Precision::bf16), half4 = train(m, 4, Precision::bf16);
+  EXPECT_EQ(count(half4.plan, Op::cross_entropy_with_grad), 4);
+  for (size_t s = 0; s < half.losses.size(); ++s) EXPECT_NEAR(half4.losses[s], half.losses[s], 1e-2 * half.losses[s]);
+}
+
+// A memory budget splits the output layer before it recomputes anything: the fewest
+// chunks that fit, and no chunks where the logits are not what the peak holds.
+TEST(Chunk, AMemoryBudgetChunksTheOutputLayerFirst) {
+  const LanguageModel m;
+  Model model(m.g, {.seed = 5});
+  auto plan = [&](size_t budget, int chunks = 1) {
+    return model.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adamw(1e-2, 0.1), .output_chunks = chunks,
+                          .memory_budget = budget}).plan();
+  };
+  const Plan whole = plan(0), two = plan(0, 2), four = plan(0, 4);
+  ASSERT_LT(four.arena_bytes, two.arena_bytes);
+  const size_t own = model.device_bytes();
+  const Plan p2 = plan(own + two.arena_bytes);
+  EXPECT_EQ(count(p2, Op::cross_entropy_with_grad), 2) << p2.budget_note;
+  EXPECT_NE(p2.budget_note.find("the output layer in 2 chunks"), std::string::npos) << p2.budget_note;
+  EXPECT_EQ(p2.budget_note.find("recomputing"), std::string::npos) << p2.budget_note;
+  const Plan p4 = plan(own + two.arena_bytes - 1);
+  EXPECT_EQ(count(p4, Op::cross_entropy_with_grad), 4) << p4.budget_note;
+  const Plan fits = plan(own + whole.arena_bytes);
+  EXPECT_EQ(count(fits, Op::cross_entropy_with_grad), 1) << fits.budget_note;
+  // Below four chunks' arena: four chunks and recomputation.
+  const Plan less = plan(own + four.arena_bytes - 1);
+  EXPECT_EQ(count(less, Op::cross_entropy_with_grad), 4) << less.budget_note;
+  EXPECT_NE(less.budget_note.find("recomputing"), std::string::npos) << less.budget_note;
+  EXPECT_THROW(plan(0, 0), Error);
+}
+
+// matmul's addend: y = a b + c, in place where the planner puts y over c; its gradient dy.
+TEST(Chunk, MatmulAddsItsAddend) {
+  Graph g;
+  Var a = g.input("a", {5, 7}), b = g.input("b", {7, 3}), c = g.input("c", {5, 3});
+  Var y = g.var(g.add(Op::matmul, {a.id(), b.id(), c.id()})[0]);
+  Var z = matmul(a, b);
+  Model model(g, {});
+  Program p = model.compile({.mode = Mode::eval, .outputs = {y.id(), z.id()}});
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> av(35), bv(21), cv(15);
+  for (auto* v : {&av, &bv, &cv})
+    for (auto& e : *v) e = nd(rng);
+  p.set_input("a", std::span<const float>(av));
+  p.set_input("b", std::span<const float>(bv));
+  p.set_input("c", std::span<const float>(cv));
+  p.run();
+  const auto ys = p.read_as<float>(y.name()), zs = p.read_as<float>(z.name());
+  for (size_t i = 0; i < ys.size(); ++i) EXPECT_NEAR(ys[i], zs[i] + cv[i], 1e-5) << i;
+  const std::string e = error_of([&] {
+    Graph h;
+    Var x = h.input("a", {5, 7}), w = h.input("b", {7, 3}), bad = h.input("c", {3, 5});
+    h.add(Op::matmul, {x.id(), w.id(), bad.id()});
+  });
+  EXPECT_NE(e.find("c must be y's f32[5,3], got f32[3,5]"), std::string::npos) << e;
+}
+
+// The loss over chunks of the rows: each divides by the count of every label's rows, adds
+// the chunks' losses and counts before it, and reads its labels from row_offset on.
+TEST(Chunk, TheLossOverAChunkDividesByEveryRow) {
+  const std::string e = error_of([] {
+    Graph g;
+    Var z = g.input("z", {4, 6}), y = g.input("y", {5}, DType::i32);
+    Var dy = full(g, {}, 1.0, DType::f32);
+    g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id()}, {{"row_offset", int64_t{2}}});
+  });
+  EXPECT_NE(e.find("a chunk of 4 rows from row 2 needs that many labels; there are 5"), std::string::npos) << e;
+  const std::string acc = error_of([] {
+    Graph g;
+    Var z = g.input("z", {4, 6}), y = g.input("y", {4}, DType::i32);
+    Var dy = full(g, {}, 1.0, DType::f32);
+    g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id(), dy.id()});
+  });
+  EXPECT_NE(acc.find("loss_acc needs row_offset >= 0"), std::string::npos) << acc;
+}
+
+}  // namespace
+}  // namespace seam::testing
