@@ -95,7 +95,7 @@ LAYERS = {"linear": ["out", "bias", "tie"], "conv2d": ["out", "kernel", "stride"
 DECAY_LAYERS = {"linear", "conv2d", "embedding", "position_embedding"}
 NODE_KEYS = ["op", "name", "inputs", "input", "precision"]
 TOP_KEYS = ["name", "input", "classes", "layers", "nodes", "model", "output", "loss", "optimizer", "batch_size", "epochs",
-            "seed", "device", "precision", "master_weights", "layout", "deterministic", "recompute", "memory_budget_gib",
+            "seed", "device", "precision", "master_weights", "layout", "deterministic", "recompute", "output_chunks", "memory_budget_gib",
             "data", "description"]
 # Ops of `seam ops` that no model file can use, and why (seam refuses them the same way).
 UNREACHABLE = {

@@ -358,8 +358,10 @@ NB_MODULE(_seam, m) {
           "compile",
           [](Model& m, std::optional<Var> loss, std::optional<OptimizerConfig> optimizer, std::vector<Var> outputs,
              const std::string& mode, bool fuse, std::vector<std::string> recompute,
-             std::optional<double> memory_budget_gib) {
+             std::optional<double> memory_budget_gib, int output_chunks) {
             CompileOptions o;
+            if (output_chunks < 1) throw nb::value_error("output_chunks must be at least 1");
+            o.output_chunks = output_chunks;
             if (memory_budget_gib && !(*memory_budget_gib > 0))
               throw nb::value_error("memory_budget_gib must be a positive number of GiB");
             if (mode != "train" && mode != "eval") throw nb::value_error("mode is 'train' or 'eval'");
@@ -377,10 +379,12 @@ NB_MODULE(_seam, m) {
           },
           "loss"_a = nb::none(), "optimizer"_a = nb::none(), "outputs"_a = std::vector<Var>{}, "mode"_a = "train",
           "fuse"_a = true, "recompute"_a = std::vector<std::string>{}, "memory_budget_gib"_a = nb::none(),
-          nb::keep_alive<0, 1>(),
+          "output_chunks"_a = 1, nb::keep_alive<0, 1>(),
           "A program: the step that trains on loss, or evaluates outputs. recompute: activations the backward "
           "computes again instead of keeping ('gelu', 'layer_norm'); memory_budget_gib: the GiB the model's buffers "
-          "and the step's arena may take, the compiler recomputing the fewest outputs that fit (Program.plan says which)")
+          "and the step's arena may take, the compiler splitting the output layer, then recomputing the fewest outputs "
+          "that fit (Program.plan says which); output_chunks: the output layer (logits, loss, their gradient) in that "
+          "many chunks of rows")
       .def(
           "read_param",
           [](const Model& m, const std::string& name) {
