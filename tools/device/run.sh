@@ -183,7 +183,8 @@ for step in "${steps[@]}"; do
     w6)
       # Issue 16's table in one window: W6 on one stream with its kernel table and the
       # variants chosen, then under a memory budget (SEAM_W6_BUDGET GiB, default 7.3: the
-      # fewest GELU and layer norm outputs recomputed that fit), beside PyTorch's
+      # output layer in chunks, then the fewest GELU and layer norm outputs recomputed that
+      # fit), beside PyTorch's
       # SEAM_TORCH_VARIANTS (default torch.compile's).
       py=${SEAM_PYTHON:-/opt/torch/.venv/bin/python3}
       [ -x "$py" ] || py=python3
