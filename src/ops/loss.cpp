@@ -73,6 +73,8 @@ void register_loss(OpTable& t) {
         c.expect_float(0);
         c.expect_dtype(1, DType::i32);
         if (c.shape(0).empty()) c.fail("logits need a class dim");
+        const double ls = c.attrs.f("label_smoothing");
+        if (ls < 0 || ls > 1) c.fail("label_smoothing must be in [0, 1], got ", ls);
         const int64_t rows = c.type(0).numel() / std::max<int64_t>(c.shape(0).back(), 1);
         if (offset + rows > c.type(1).numel())
           c.fail("a chunk of ", rows, " rows from row ", offset, " needs that many labels; there are ",

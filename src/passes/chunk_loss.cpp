@@ -1,5 +1,6 @@
 // The output layer in row chunks: the logits, their loss and their gradient GEMMs one
 // chunk of rows at a time, so that only one chunk's logits exist at once.
+#include <algorithm>
 #include <set>
 
 #include "passes/fuse.h"
