@@ -13,12 +13,13 @@ namespace {
 // The rows of a value read as a matrix of `cols` columns.
 int64_t rows_of(const TensorType& t, int64_t cols) { return cols > 0 ? t.numel() / cols : 0; }
 
-// v itself, or what a reshape or flatten made v from: the same bytes.
+// v itself, or what a view (a reshape) made v from: the same bytes.
 ValueId source_of(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
   if (val.kind != ValueKind::intermediate) return v;
   const Node& n = g.node(val.node);
-  return n.op == Op::reshape || n.op == Op::flatten ? n.in[0] : v;
+  const int view = op_def(n.op).view_of;
+  return view >= 0 ? n.in[static_cast<size_t>(view)] : v;
 }
 
 // One output layer: the GEMM that makes the logits, the fused loss that reads them, and
@@ -65,7 +66,7 @@ FuseResult chunk_output_layer(const Graph& g, const std::vector<ValueId>& keep_l
     for (size_t i = 0; i < grads.size() && ok; ++i)
       for (int u : users[static_cast<size_t>(grads[i])]) {
         const Node& n = nodes[static_cast<size_t>(u)];
-        if ((n.op == Op::reshape || n.op == Op::flatten) && !keep.count(n.out[0]) &&
+        if (op_def(n.op).view_of == 0 && !keep.count(n.out[0]) &&
             g.value(n.out[0]).type.shape == Shape{rows, classes}) {
           o.views.push_back(u);
           grads.push_back(n.out[0]);

@@ -76,7 +76,8 @@ FuseResult absorb_class_slices(const Graph& g, const std::vector<ValueId>& keep)
 // instead of four on the GPU. (src/passes/fuse_loss.cpp)
 FuseResult fuse_losses(const Graph& g, const std::vector<ValueId>& keep);
 
-// The output layer in chunks of rows: linear(x, w) -> logits read by a fused loss alone,
+// The output layer in chunks of rows: linear(x, w) (a language model's head, bias-free:
+// a bias's gradient would be one more sum over the chunks) -> logits read by a fused loss alone,
 // whose gradient only GEMMs read (dx = dlogits w, dw = dlogits^T x, maybe through
 // reshapes), becomes, for each of `chunks` row ranges, a slice of x, its logits, the loss
 // over them (row_offset: divided by every row's count, the chunks before added) and the

@@ -78,6 +78,24 @@ def test_recomputation_and_a_memory_budget_are_compile_options():
         model.compile(loss=loss, memory_budget_gib=0.0)
     with pytest.raises(seam.Error, match="unknown activation 'relu'"):
         model.compile(loss=loss, recompute=["relu"])
+    # A bias-free head's 16 rows in 4 chunks: four fused losses, the same loss within rounding.
+    g = seam.Graph()
+    x, y = g.input("x", [16, 12]), g.input("y", [16], "i32")
+    loss = seam.cross_entropy(seam.nn.linear(seam.tanh(seam.nn.linear(x, 24, "in")), 3, "head", bias=False), y)
+    whole = seam.Model(g, seed=1, device="cpu").compile(loss=loss, optimizer=seam.AdamW(lr=0.05))
+    chunked = seam.Model(g, seed=1, device="cpu").compile(loss=loss, optimizer=seam.AdamW(lr=0.05), output_chunks=4)
+    assert chunked.plan.count("cross_entropy_with_grad") == 4 and whole.plan.count("cross_entropy_with_grad") == 1
+    rng = np.random.default_rng(4)
+    xs, ys = rng.standard_normal((16, 12)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32)
+    losses = []
+    for step in (whole, chunked):
+        step.set_input("x", xs)
+        step.set_input("y", ys)
+        step.run()
+        losses.append(float(step.read(loss.name)))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    with pytest.raises(ValueError, match="output_chunks must be at least 1"):
+        seam.Model(g, seed=1, device="cpu").compile(loss=loss, output_chunks=0)
 
 
 def test_outputs_read_back_in_the_graphs_dtype_whatever_was_stored():
