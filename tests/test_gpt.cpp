@@ -310,6 +310,21 @@ TEST_F(GptCli, TokenizeTrainAndSampleContinueTheText) {
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.out.size(), 32u);  // the newline prompt, 30 bytes, a newline
+  // A vocabulary wider than the bytes (GPT-2's 50257 on byte tokens, here 300): the bytes
+  // it learnt print as text all the same.
+  std::string wide = model;
+  const std::string bytes_vocab = "\"vocab\": 256";
+  wide.replace(wide.find(bytes_vocab), bytes_vocab.size(), "\"vocab\": 300");
+  {
+    std::ofstream(dir / "wide.json") << wide;
+  }
+  r = run("train " + (dir / "wide.json").string() + " --data " + (dir / "tok").string() + " --out " +
+          (dir / "wide").string() + " --quiet");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("sample " + (dir / "wide" / "checkpoint.safetensors").string() + " --prompt 'the cat' --tokens 24 --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.size(), 7u + 24u + 1u) << r.out;  // the prompt, 24 bytes (not ids), a newline
+  EXPECT_EQ(r.out.rfind("the cat", 0), 0u) << r.out;
   // seam bench times a model of token ids on random tokens.
   r = run("bench " + (dir / "cat.json").string() + " --device cpu --steps 2 --repeats 1 --warmup 1");
   ASSERT_EQ(r.code, 0) << r.err;

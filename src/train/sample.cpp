@@ -55,10 +55,11 @@ int run_sample(const SampleOptions& o) {
     if (c >= V) fail("the prompt's byte ", int{c}, " is beyond the model's vocabulary of ", V);
     seq.push_back(c);
   }
-  const bool text = V <= 256;
+  // The tokens are bytes (the prompt's, as `seam tokenize` makes them), whatever the
+  // vocabulary's width: an id past 255, which byte data never trains toward, shows as <id>.
   auto show = [&](int32_t t) {
-    if (text) std::fputc(t, stdout);
-    else std::printf("%d ", t);
+    if (t < 256) std::fputc(t, stdout);
+    else std::printf("<%d>", t);
   };
   for (int32_t t : seq) show(t);
   std::mt19937_64 rng(o.seed);
