@@ -144,6 +144,32 @@ TEST(Chunk, MatmulAddsItsAddend) {
   p.run();
   const auto ys = p.read_as<float>(y.name()), zs = p.read_as<float>(z.name());
   for (size_t i = 0; i < ys.size(); ++i) EXPECT_NEAR(ys[i], zs[i] + cv[i], 1e-5) << i;
+  // Through the passes that rebuild matmuls: a transpose of the sum is not the operands
+  // swapped, and under bf16 the cast to f32 of its result stays a cast (the addend has
+  // the GEMM's dtype).
+  Graph t;
+  Var ta = t.input("a", {5, 7}), tb = t.input("b", {7, 3}), tc = t.input("c", {5, 3});
+  Var sum_t = transpose(t.var(t.add(Op::matmul, {ta.id(), tb.id(), tc.id()})[0]));
+  Var total = sum(cast(t.var(t.add(Op::matmul, {ta.id(), tb.id(), tc.id()})[0]), DType::f32));
+  for (Precision pr : {Precision::f32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(pr));
+    Model tm(t, {.precision = pr});
+    Program tp = tm.compile({.mode = Mode::eval, .outputs = {sum_t.id(), total.id()}});
+    tp.set_input("a", std::span<const float>(av));
+    tp.set_input("b", std::span<const float>(bv));
+    tp.set_input("c", std::span<const float>(cv));
+    tp.run();
+    const auto st = tp.read_as<float>(sum_t.name());
+    const double tol = pr == Precision::f32 ? 1e-5 : 5e-2;
+    double want_total = 0;
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 3; ++j) {
+        EXPECT_NEAR(st[static_cast<size_t>(j * 5 + i)], zs[static_cast<size_t>(i * 3 + j)] + cv[static_cast<size_t>(i * 3 + j)],
+                    tol * 4) << i << "," << j;
+        want_total += zs[static_cast<size_t>(i * 3 + j)] + cv[static_cast<size_t>(i * 3 + j)];
+      }
+    EXPECT_NEAR(tp.read_as<float>(total.name())[0], want_total, tol * 20);
+  }
   const std::string e = error_of([&] {
     Graph h;
     Var x = h.input("a", {5, 7}), w = h.input("b", {7, 3}), bad = h.input("c", {3, 5});
@@ -169,6 +195,21 @@ TEST(Chunk, TheLossOverAChunkDividesByEveryRow) {
     g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id(), dy.id()});
   });
   EXPECT_NE(acc.find("loss_acc needs row_offset >= 0"), std::string::npos) << acc;
+  const std::string count = error_of([] {
+    Graph g;
+    Var z = g.input("z", {4, 6}), y = g.input("y", {4}, DType::i32);
+    Var dy = full(g, {}, 1.0, DType::f32);
+    g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id(), dy.id(), dy.id()}, {{"row_offset", int64_t{0}}});
+  });
+  EXPECT_NE(count.find("correct_acc needs count_correct and an i32 scalar"), std::string::npos) << count;
+  const std::string smooth = error_of([] {
+    Graph g;
+    Var z = g.input("z", {4, 6}), y = g.input("y", {4}, DType::i32);
+    Var dy = full(g, {}, 1.0, DType::f32);
+    g.add(Op::cross_entropy_with_grad, {z.id(), y.id(), dy.id()},
+          {{"row_offset", int64_t{0}}, {"label_smoothing", 1.5}});
+  });
+  EXPECT_NE(smooth.find("label_smoothing must be in [0, 1], got 1.5"), std::string::npos) << smooth;
 }
 
 }  // namespace

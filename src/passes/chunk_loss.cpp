@@ -25,8 +25,8 @@ ValueId source_of(const Graph& g, ValueId v) {
 // One output layer: the GEMM that makes the logits, the fused loss that reads them, and
 // the GEMMs that read the logits' gradient (through reshapes).
 struct OutputLayer {
-  int linear = -1, loss = -1;
-  std::vector<int> views;      // reshapes of the gradient
+  int linear = -1;
+  std::vector<int> views;         // reshapes of the gradient
   std::vector<int> input_grads;   // matmul(dlogits, w): rows of the input's gradient
   std::vector<int> weight_grads;  // matmul(dlogits^T, x): the weight's gradient, summed
 };
@@ -54,11 +54,12 @@ FuseResult chunk_output_layer(const Graph& g, const std::vector<ValueId>& keep_l
     const Value& lv = g.value(logits);
     if (lv.kind != ValueKind::intermediate || keep.count(logits) || keep.count(dlogits)) continue;
     const Node& lin = g.node(lv.node);
-    if (lin.op != Op::linear || users[static_cast<size_t>(logits)].size() != 1) continue;
+    // Bias-free (a language model's head): a bias's gradient would be one more sum over chunks.
+    if (lin.op != Op::linear || lin.in.size() != 2 || users[static_cast<size_t>(logits)].size() != 1) continue;
     const int64_t classes = lv.type.shape.back(), rows = rows_of(lv.type, classes);
     const ValueId x = lin.in[0];
     if (rows < 2 || !before(x, k)) continue;
-    OutputLayer o{lv.node, k, {}, {}, {}};
+    OutputLayer o{lv.node, {}, {}, {}};
     bool ok = true;
     // Every reader of the gradient: a GEMM that takes it as its [rows, classes] a, maybe
     // through reshapes, with no addend; the weight's gradient reading x's bytes as b.
@@ -119,23 +120,15 @@ FuseResult chunk_output_layer(const Graph& g, const std::vector<ValueId>& keep_l
     ValueId x = map(lin.in[0]);
     if (g.value(lin.in[0]).type.shape.size() != 2)
       x = ng.add_named(Op::reshape, {x}, Attrs{{"shape", std::vector<int64_t>{rows, width}}}, lin.name + ".rows")[0];
-    std::vector<ValueId> lin_rest;  // w, b?
-    for (size_t i = 1; i < lin.in.size(); ++i) lin_rest.push_back(map(lin.in[i]));
     std::vector<std::vector<ValueId>> dx_parts(o.input_grads.size());
     std::vector<ValueId> dw(o.weight_grads.size(), -1);
     ValueId loss = -1, correct = -1;
     for (int c = 0; c < parts; ++c) {
       const int64_t r0 = rows * c / parts, r1 = rows * (c + 1) / parts;
       const std::string tag = ".chunk" + std::to_string(c);
-      Attrs sl;
-      sl.set("axis", int64_t{0});
-      sl.set("start", r0);
-      sl.set("end", r1);
-      sl.set("step", int64_t{1});
-      const ValueId xc = ng.add_named(Op::slice, {x}, sl, lin.name + tag + ".x")[0];
-      std::vector<ValueId> lin_in{xc};
-      lin_in.insert(lin_in.end(), lin_rest.begin(), lin_rest.end());
-      const ValueId lc = ng.add_named(Op::linear, lin_in, lin.attrs, lin.name + tag)[0];
+      const Attrs rows_c{{"axis", int64_t{0}}, {"start", r0}, {"end", r1}, {"step", int64_t{1}}};
+      const ValueId xc = ng.add_named(Op::slice, {x}, rows_c, lin.name + tag + ".x")[0];
+      const ValueId lc = ng.add_named(Op::linear, {xc, map(lin.in[1])}, lin.attrs, lin.name + tag)[0];
       std::vector<ValueId> f_in{lc, map(n.in[1]), map(n.in[2])};
       if (c > 0) {
         f_in.push_back(loss);

@@ -211,7 +211,9 @@ std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims, 
 // An addend c (y's type and layout) makes it beta = 1 with C = c, in place or not.
 Launch matmul(const StepArgs& a) {
   const DeviceTensor* c = a.in.size() == 3 ? &a.in[2] : nullptr;
-  const Types t = c ? gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0], c}) : gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]});
+  std::vector<const DeviceTensor*> outs{&a.out[0]};
+  if (c) outs.push_back(c);  // of y's type
+  const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, outs);
   const Shape& as = a.in[0].shape();
   const Shape& bs = a.in[1].shape();
   const Shape& ys = a.out[0].shape();
