@@ -1,5 +1,7 @@
 // Global -> shared copies that run while the warp computes (cp.async, sm_80 and up), for
-// the kernels that stage their operands' tiles in shared memory ahead of use.
+// the kernels that stage their operands' tiles in shared memory ahead of use; and bulk
+// copies (sm_90), where one thread hands a whole span to the copy engine and the block
+// waits on an mbarrier that counts its bytes.
 #pragma once
 #include <cstdint>
 
@@ -31,6 +33,36 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// An mbarrier for bulk copies: one arrival (the thread that issues the copy) a phase.
+// Initialised by one thread, then made visible to the copy engine (the async proxy) and,
+// by the caller's __syncthreads, to the block.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// bytes (a multiple of 16; both addresses 16-byte aligned) global -> shared by the copy
+// engine, counted on bar, whose phase then completes: called by one thread.
+__device__ __forceinline__ void bulk_load(void* s, const void* g, uint32_t bytes, uint64_t* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(s)),
+               "l"(g), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// Waits until bar's phase of this parity (0 for its first, then 1, 0, ...) has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
 }
 
 }  // namespace seam::cuda

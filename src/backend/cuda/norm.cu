@@ -69,6 +69,33 @@ __device__ __forceinline__ void load_pack(const S* __restrict__ p, float (&out)[
   }
 }
 
+// V values of a row as stored, loaded ahead of their use (the next row's, while this one
+// is computed): 16-byte words, or one value where V = 1.
+template <int V, class S>
+struct RawPack {
+  static constexpr int kWords = V == 1 ? 1 : V * static_cast<int>(sizeof(S)) / 16;
+  std::conditional_t<V == 1, S, uint4> w[kWords];
+  __device__ __forceinline__ void load(const S* __restrict__ p) {
+    if constexpr (V == 1) w[0] = p[0];
+    else
+#pragma unroll
+      for (int c = 0; c < kWords; ++c) w[c] = reinterpret_cast<const uint4*>(p)[c];
+  }
+  __device__ __forceinline__ void to(float (&out)[V]) const {
+    if constexpr (V == 1) {
+      out[0] = to_float(w[0]);
+    } else {
+      constexpr int kPer16 = 16 / sizeof(S);
+#pragma unroll
+      for (int c = 0; c < kWords; ++c) {
+        const S* v = reinterpret_cast<const S*>(&w[c]);
+#pragma unroll
+        for (int i = 0; i < kPer16; ++i) out[c * kPer16 + i] = to_float(v[i]);
+      }
+    }
+  }
+};
+
 template <int V, class S>
 __device__ __forceinline__ void store_pack(S* __restrict__ p, const float (&in)[V]) {
   if constexpr (V == 1) {
@@ -96,20 +123,30 @@ __global__ void __launch_bounds__(kWarpBlock)
   constexpr int kPacks = N / V;
   const int lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * (blockDim.x >> 5);
-  for (int64_t r = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); r < rows; r += stride) {
-    const T* xr = x + r * dim;
+  RawPack<V, T> next[kPacks];  // the warp's next row, loaded while this one is computed
+  auto fetch = [&](int64_t r) {
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j < dim) next[p].load(x + r * dim + j);
+    }
+  };
+  int64_t r = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5);
+  if (r < rows) fetch(r);
+  for (; r < rows; r += stride) {
     float v[kPacks][V];
     float s = 0.f;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
       const int j = (lane + 32 * p) * V;
-      if (j < dim) load_pack<V>(xr + j, v[p]);
+      if (j < dim) next[p].to(v[p]);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         if (j >= dim) v[p][i] = 0.f;
         s += v[p][i];
       }
     }
+    if (r + stride < rows) fetch(r + stride);
     const float mean = warp_sum(s) / static_cast<float>(dim);
     float sq = 0.f;
 #pragma unroll
@@ -208,24 +245,37 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
   if constexpr (S > 0)
     for (int k = 0; k < S * N; ++k) mine[k * 32] = 0.f;
   const int64_t stride = int64_t{gridDim.x} * kWarps;
-  for (int64_t r = blockIdx.x * int64_t{kWarps} + warp; r < rows; r += stride) {
-    const float m = mean[r], s = rstd[r];
-    const T* dyr = dy + r * dim;
-    const T* xr = x + r * dim;
-    float g[kPacks][V], xh[kPacks][V], d[kPacks][V];
+  // x, dy, mean and rstd of the warp's next row are loaded while this row is computed
+  // (a warp's rows were otherwise a wait on memory each), dr at the row's start: it is
+  // used last.
+  RawPack<V, T> next_x[kPacks], next_dy[kPacks];
+  float next_m = 0.f, next_s = 0.f;
+  auto fetch = [&](int64_t r) {
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
       const int j = (lane + 32 * p) * V;
       if (j >= dim) continue;
-      load_pack<V>(xr + j, xh[p]);
-      load_pack<V>(dyr + j, g[p]);
-      if (dr) {
-        load_pack<V>(dr + r * dim + j, d[p]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) d[p][i] = 0.f;
-      }
+      next_x[p].load(x + r * dim + j);
+      next_dy[p].load(dy + r * dim + j);
     }
+    next_m = mean[r];
+    next_s = rstd[r];
+  };
+  int64_t r = blockIdx.x * int64_t{kWarps} + warp;
+  if (r < rows) fetch(r);
+  for (; r < rows; r += stride) {
+    const float m = next_m, s = next_s;
+    float g[kPacks][V], xh[kPacks][V];
+    RawPack<V, T> rd[kPacks];
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j >= dim) continue;
+      next_x[p].to(xh[p]);
+      next_dy[p].to(g[p]);
+      if (dr) rd[p].load(dr + r * dim + j);
+    }
+    if (r + stride < rows) fetch(r + stride);
     float g_sum = 0.f, gx_sum = 0.f;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
@@ -253,15 +303,22 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
     for (int p = 0; p < kPacks; ++p) {
       const int j = (lane + 32 * p) * V;
       if (j >= dim) continue;
+      float d[V];
+      if (dr) {
+        rd[p].to(d);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) d[i] = 0.f;
+      }
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        d[p][i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
+        d[i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
         if constexpr (S == 3) {
-          d[p][i] = to_float(from_float<T>(d[p][i]));  // the value stored, which the sum adds
-          mine[(2 * N + p * V + i) * 32] += d[p][i];
+          d[i] = to_float(from_float<T>(d[i]));  // the value stored, which the sum adds
+          mine[(2 * N + p * V + i) * 32] += d[i];
         }
       }
-      store_pack<V>(dxr + j, d[p]);
+      store_pack<V>(dxr + j, d);
     }
   }
   if constexpr (S > 0) {
@@ -447,6 +504,17 @@ void launch_ln_warp(cudaStream_t st, unsigned blocks, int n, bool vec, const T* 
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
+// Blocks of ln_warp resident on an SM, for n values a lane.
+template <class T, class P>
+int ln_warp_resident(int n, bool vec) {
+  int resident = 0;
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &resident, ln_warp<decltype(nv)::value, decltype(vv)::value, T, P>, kWarpBlock, 0));
+  });
+  return std::max(resident, 1);
+}
+
 // Blocks of ln_grad_dx with S column sums resident on an SM, for n values a lane (their
 // shared memory allowed first); 0 where the row is too wide for them.
 template <class T, class P>
@@ -542,10 +610,12 @@ Launch prepare_layer_norm(const StepArgs& a) {
     const P* beta = a.in[2].as<P>();
     T* y = a.out[0].as<T>();
     if (dim <= kMaxWarpDim) {
-      const unsigned blocks = blocks_for(rows, kWarps, sms * 16);
       const int d = static_cast<int>(dim);
       const int n = lane_groups(dim);
       const bool vec = dim % kVec<T> == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
+      // One wave of resident blocks, each warp over several rows: its next row loads
+      // while this one is computed, where a second wave would start with a wait.
+      const unsigned blocks = blocks_for(rows, kWarps, sms * ln_warp_resident<T, P>(n, vec));
       launch = [=](cudaStream_t st) {
         launch_ln_warp(st, blocks, n, vec, x, gamma, beta, y, mean, rstd, rows, d, eps);
       };
