@@ -535,6 +535,22 @@ Plan Model::plan(const CompileOptions& o) const {
   // After the fusions: the GELU to recompute is the epilogue's, its source the record.
   if (c.layout.param_dtype == DType::f32) req.working = low_dtype(c.precision);
   std::string budget_note;
+  // The output layer in `k` chunks where one qualifies (chunk_output_layer); where none
+  // does, a note says so rather than nothing.
+  std::string unchunked;
+  auto chunk_into = [&](int k) {
+    FuseResult f = o.fuse ? chunk_output_layer(g, keep, k) : FuseResult{};
+    if (f.backward > 0) {
+      apply(std::move(f));
+      return true;
+    }
+    unchunked = "output_chunks " + std::to_string(k) + ": nothing chunked (" +
+                (o.fuse ? std::string("no output layer qualifies: a bias-free linear whose logits only the fused loss "
+                                      "reads, in training")
+                        : std::string("fusion is off: the chunks split the fused loss")) +
+                ")";
+    return false;
+  };
   if (o.memory_budget > 0) {
     // The model's buffers once this program holds what it needs (its moments, working copies).
     const int slots = req.optimizer ? req.optimizer->state_slots() : 0;
@@ -562,7 +578,7 @@ Plan Model::plan(const CompileOptions& o) const {
         have = more;
       }
     }
-    if (o.fuse && chunks > 1) apply(chunk_output_layer(g, keep, chunks));
+    if (chunks > 1 && !chunk_into(chunks)) chunks = 1;
     RecomputeChoice ch = recompute_within(g, loss_now, o.recompute, o.memory_budget, bytes_of);
     std::map<std::string, int> added;  // kind -> count
     for (const std::string& k : ch.added) ++added[k];
@@ -570,11 +586,13 @@ Plan Model::plan(const CompileOptions& o) const {
     for (auto& [k, n] : added) extra += (extra.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     budget_note = "memory budget " + bytes_str(o.memory_budget) + ": the model's buffers and the arena take " +
                   bytes_str(ch.bytes) + (chunks > 1 ? ", the output layer in " + std::to_string(chunks) + " chunks" : "") +
-                  (extra.empty() ? "" : ", recomputing " + extra + " outputs more");
+                  (extra.empty() ? "" : ", recomputing " + extra + " outputs more") +
+                  (unchunked.empty() ? "" : "; " + unchunked);
     apply(std::move(ch.result));
   } else {
-    if (o.fuse && o.output_chunks > 1) apply(chunk_output_layer(g, keep, o.output_chunks));
+    if (o.output_chunks > 1) chunk_into(o.output_chunks);
     if (!o.recompute.empty()) apply(recompute_activations(g, loss_now, o.recompute));
+    budget_note = unchunked;
   }
   Plan plan = lower(g, c.layout, req);
   plan.budget_note = budget_note;

@@ -125,6 +125,36 @@ TEST(Chunk, AMemoryBudgetChunksTheOutputLayerFirst) {
   EXPECT_THROW(plan(0, 0), Error);
 }
 
+// output_chunks where no output layer qualifies (a biased head; fusion off) chunks nothing
+// and the plan says so; where one does, the note stays empty.
+TEST(Chunk, OutputChunksSayWhenNothingIsChunked) {
+  const LanguageModel m;
+  Model model(m.g, {.seed = 5});
+  auto compile = [&](const Var& loss, Model& md, bool fuse, size_t budget = 0) {
+    return md.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adamw(1e-2, 0.1), .fuse = fuse,
+                       .output_chunks = 2, .memory_budget = budget}).plan();
+  };
+  const Plan chunked = compile(m.loss, model, true);
+  EXPECT_EQ(count(chunked, Op::cross_entropy_with_grad), 2);
+  EXPECT_EQ(chunked.budget_note, "");
+  const Plan unfused = compile(m.loss, model, false);
+  EXPECT_NE(unfused.budget_note.find("output_chunks 2: nothing chunked (fusion is off"), std::string::npos)
+      << unfused.budget_note;
+
+  Graph g;  // a classifier whose head has a bias
+  Var x = g.input("x", {8, 16}), y = g.input("y", {8}, DType::i32);
+  Var loss = cross_entropy(nn::linear(x, 300, "head"), y);
+  Model biased(g, {.seed = 5});
+  const Plan p = compile(loss, biased, true);
+  EXPECT_EQ(count(p, Op::cross_entropy_with_grad), 1);
+  EXPECT_NE(p.budget_note.find("output_chunks 2: nothing chunked (no output layer qualifies"), std::string::npos)
+      << p.budget_note;
+  // Under a budget the note follows the budget's, which claims no chunks.
+  const Plan under = compile(loss, biased, true, biased.device_bytes() + (size_t{64} << 20));
+  EXPECT_EQ(under.budget_note.find("chunks,"), std::string::npos) << under.budget_note;
+  EXPECT_NE(under.budget_note.find("; output_chunks 2: nothing chunked"), std::string::npos) << under.budget_note;
+}
+
 // matmul's addend: y = a b + c, in place where the planner puts y over c; its gradient dy.
 TEST(Chunk, MatmulAddsItsAddend) {
   Graph g;

@@ -97,7 +97,9 @@ struct Plan {
   size_t arena_bytes = 0;  // peak of the memory plan
   size_t naive_bytes = 0;  // what the arena would need without reuse
   size_t live_bytes = 0;   // bytes live at the busiest step: the best any placement can do
-  std::string budget_note;  // what CompileOptions::memory_budget made the compiler recompute
+  // What the memory options did: the chunks and recomputation CompileOptions::memory_budget
+  // chose, or that output_chunks found no output layer to chunk.
+  std::string budget_note;
   double flops() const;
   const Binding* input(const std::string& name) const;
   const Binding* output(const std::string& name) const;

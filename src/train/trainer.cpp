@@ -431,7 +431,7 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
                          {"precision", precision_name(spec.precision)}, {"parameters", layout.param_count()},
                          {"batch", B}, {"ranks", ranks}, {"steps_per_epoch", steps_per_epoch}, {"epochs", spec.epochs},
                          {"resumed_at_step", model.state().step}};
-    if (!budget.empty()) start["memory_budget"] = budget;
+    if (!budget.empty()) start["memory"] = budget;
     std::cout << start.dump() << std::endl;
   }
 
