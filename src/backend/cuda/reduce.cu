@@ -172,8 +172,9 @@ __global__ void __launch_bounds__(kThreads)
 // Block (32, kPartRows) over 32 outputs of partial set blockIdx.y: thread row ty adds
 // chunks ty, ty + kPartRows, ..., then thread row 0 adds the kPartRows sums in order.
 // Several threads a column keep enough loads in flight when there are few outputs and
-// many chunks (a column sum's kernel).
-constexpr int kPartRows = 8;
+// many chunks (a column sum's kernel): at layer norm's 3 x 768 sums of 264 slices, 8
+// rows (33 loads a thread) took 5.5 us, waiting on memory load after load; 32 rows, 3.2.
+constexpr int kPartRows = 32;
 __global__ void __launch_bounds__(32 * kPartRows) add_partials_kernel(const PartialSums p) {
   __shared__ double sums[kPartRows][32];
   const int tx = threadIdx.x, ty = threadIdx.y, r = blockIdx.y;
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(32 * kPartRows) add_partials_kernel(const Part
     const int64_t o = base + tx;
     double s = 0;
     if (o < p.kept)
+#pragma unroll 8
       for (int c = ty; c < p.chunks; c += kPartRows) s += p.partial[(int64_t{c} * p.outputs + r) * p.kept + o];
     sums[ty][tx] = s;
     __syncthreads();
