@@ -171,7 +171,7 @@ __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int
       for (int k = K - 1; k >= 0; --k)
         if (v[k] == mx) first = base + k;
     }
-    s = __fmul_rn(s, expf(m - mx));  // from m = -inf: s is 0
+    s = __fmul_rn(s, fast_exp2((m - mx) * kLog2e));  // from m = -inf: s is 0 (2^-inf = 0)
     m = mx;
   }
   float e[K];
@@ -228,13 +228,23 @@ __device__ inline GradRow grad_row(float m, float s, double sc, double smoothing
           static_cast<bool>(isfinite(m)), label, classes};
 }
 
+// The packs of a row before the first that holds padding, and the one that holds the
+// label (a class: >= 0), in the index type of the row's loop: the gradient's test per
+// pack is then two comparisons of that type.
+template <class T, class I>
+struct PackBounds {
+  I whole, label;
+  __device__ explicit PackBounds(const GradRow& r)
+      : whole(static_cast<I>(r.classes / kPer<T>)), label(static_cast<I>(r.label / kPer<T>)) {}
+};
+
 // Pack c of the gradient row from pack c of the logits; padding columns 0. A pack with
 // neither the label nor padding takes one FMA a value past its term.
 template <class T, class I>
-__device__ inline Pack<T> grad_pack(const Pack<T>& in, I c, const GradRow& r) {
+__device__ inline Pack<T> grad_pack(const Pack<T>& in, I c, const GradRow& r, const PackBounds<T, I>& pb) {
   Pack<T> out;
   const I j0 = kPer<T> * c;
-  if (r.fast && (j0 + kPer<T> <= r.classes) && (r.label < j0 || r.label >= j0 + kPer<T>)) {
+  if (r.fast && c < pb.whole && c != pb.label) {
 #pragma unroll
     for (int k = 0; k < kPer<T>; ++k)
       out.v[k] = from_float<T>(fmaf(fast_exp2(fmaf(to_float(in.v[k]), kLog2e, -r.ml)), r.a, -r.b));
@@ -288,9 +298,10 @@ struct Staged {
   }
   __device__ void grad(T* d, int rank, int size, const GradRow& r) const {
     auto* dv = reinterpret_cast<Pack<T>*>(d);
+    const PackBounds<T, int> pb(r);
     for (int c = rank; c < packs; c += size) {
       const Pack<T> p = s[c];
-      dv[c] = grad_pack(p, c, r);
+      dv[c] = grad_pack(p, c, r, pb);
     }
   }
   __device__ float at(int j) const { return to_float(reinterpret_cast<const T*>(s)[j]); }
@@ -335,7 +346,8 @@ __device__ void row_grad(const G& g, const T* z, T* d, int64_t stride, bool vec,
   if (vec) {
     const auto* zv = reinterpret_cast<const Pack<T>*>(z);
     auto* dv = reinterpret_cast<Pack<T>*>(d);
-    for (int64_t c = g.rank(); c < stride / kPer<T>; c += g.size()) dv[c] = grad_pack(zv[c], c, r);
+    const PackBounds<T, int64_t> pb(r);
+    for (int64_t c = g.rank(); c < stride / kPer<T>; c += g.size()) dv[c] = grad_pack(zv[c], c, r, pb);
     return;
   }
 #pragma unroll 4
