@@ -240,6 +240,7 @@ TEST(GpuLayerNorm, WarpPathRows) {
   compare_layer_norm({3, 1});
   compare_layer_norm({2, 3, 1024});
   compare_layer_norm({16384, 32});  // more rows than the backward's blocks have warps
+  compare_layer_norm({6000, 768});   // a GPT's rows, several a warp both ways: the next row loaded ahead
 }
 
 TEST(GpuLayerNorm, BlockPathRows) {

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kReduceBlock)
 // and read there, so it is read from memory once; with `buffers` = 2 the next row's copy
 // is issued before this row is computed, so the block's one row at a time still keeps the
 // memory busy. A bulk copy costs the block one instruction where per-thread 16-byte copies
-// cost one per pack: on an H100 the W6 loss ran 6% faster so. Else Streamed (read twice:
+// cost one per pack: on an H100 the W6 loss ran 4-6% faster so. Else Streamed (read twice:
 // for the stats, then for the gradient).
 // The next row's label is read a row ahead.
 template <class G, bool Counted, class T, bool Stage>

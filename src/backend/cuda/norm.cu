@@ -51,28 +51,11 @@ struct alignas(16) Pack8 {
 template <class T>
 constexpr int kVec = std::is_same_v<T, float> ? 4 : 8;
 
-// V values of a row from p (S: the storage type, or the parameters' f32).
-template <int V, class S>
-__device__ __forceinline__ void load_pack(const S* __restrict__ p, float (&out)[V]) {
-  if constexpr (V == 1) {
-    out[0] = to_float(p[0]);
-  } else {
-    constexpr int kPer16 = 16 / sizeof(S);
-    static_assert(V % kPer16 == 0);
-#pragma unroll
-    for (int c = 0; c < V / kPer16; ++c) {
-      const uint4 raw = reinterpret_cast<const uint4*>(p)[c];
-      const S* v = reinterpret_cast<const S*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kPer16; ++i) out[c * kPer16 + i] = to_float(v[i]);
-    }
-  }
-}
-
 // V values of a row as stored, loaded ahead of their use (the next row's, while this one
 // is computed): 16-byte words, or one value where V = 1.
 template <int V, class S>
 struct RawPack {
+  static_assert(V == 1 || V * sizeof(S) % 16 == 0);
   static constexpr int kWords = V == 1 ? 1 : V * static_cast<int>(sizeof(S)) / 16;
   std::conditional_t<V == 1, S, uint4> w[kWords];
   __device__ __forceinline__ void load(const S* __restrict__ p) {
@@ -95,6 +78,14 @@ struct RawPack {
     }
   }
 };
+
+// V values of a row from p (S: the storage type, or the parameters' f32).
+template <int V, class S>
+__device__ __forceinline__ void load_pack(const S* __restrict__ p, float (&out)[V]) {
+  RawPack<V, S> raw;
+  raw.load(p);
+  raw.to(out);
+}
 
 template <int V, class S>
 __device__ __forceinline__ void store_pack(S* __restrict__ p, const float (&in)[V]) {
