@@ -208,6 +208,34 @@ TEST(Chunk, MatmulAddsItsAddend) {
   EXPECT_NE(e.find("c must be y's f32[5,3], got f32[3,5]"), std::string::npos) << e;
 }
 
+// The epilogue pass folds an activation's gradient into the plain GEMM that makes its
+// incoming gradient (matmul_act_grad); a GEMM with an addend is not plain: its sum must
+// reach the derivative whole.
+TEST(Chunk, AnActivationGradientLeavesAGemmWithAnAddend) {
+  Graph g;
+  Var x = g.input("x", {6, 8}), w = g.input("w", {16, 8}), dy = g.input("dy", {6, 4}), w2 = g.input("w2", {4, 16}),
+      c = g.input("c", {6, 16});
+  Var pre = linear(x, w);
+  Var h = gelu(pre, true);  // the forward the pass fuses (linear_act_aux), pre its record
+  Var with_addend = g.var(g.add(Op::gelu_tanh_grad, {g.add(Op::matmul, {dy.id(), w2.id(), c.id()})[0], pre.id()})[0]);
+  Var added = g.var(g.add(Op::gelu_tanh_grad, {add(matmul(dy, w2), c).id(), pre.id()})[0]);
+  Model model(g, {});
+  Program p = model.compile({.mode = Mode::eval, .outputs = {h.id(), with_addend.id(), added.id()}});
+  EXPECT_EQ(count(p.plan(), Op::linear_act_aux), 1) << p.plan().str();
+  EXPECT_EQ(count(p.plan(), Op::matmul_act_grad), 0) << p.plan().str();
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0, 1);
+  for (auto [name, n] : {std::pair{"x", 48}, {"w", 128}, {"dy", 24}, {"w2", 64}, {"c", 96}}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& e : v) e = nd(rng);
+    p.set_input(name, std::span<const float>(v));
+  }
+  p.run();
+  const auto a = p.read_as<float>(with_addend.name()), b = p.read_as<float>(added.name());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * (1 + std::fabs(b[i]))) << i;
+}
+
 // The loss over chunks of the rows: each divides by the count of every label's rows, adds
 // the chunks' losses and counts before it, and reads its labels from row_offset on.
 TEST(Chunk, TheLossOverAChunkDividesByEveryRow) {
