@@ -1,14 +1,17 @@
 // The CPU kernels' pool (src/backend/cpu/parallel.h): chunks cover the range once, an
-// exception thrown in any chunk reaches the caller, and the pool works on after it.
+// exception thrown in any chunk reaches the caller, and the pool works on after it; the
+// parameters it draws are the ones one core draws.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
 #include "seam/error.h"
+#include "seam/seam.h"
 
 namespace seam::cpu {
 namespace {
@@ -41,6 +44,21 @@ TEST(CpuPool, AnExceptionInAWorkersChunkReachesTheCallerAndThePoolWorksOn) {
     for (int64_t i = b; i < e; ++i) parallel_for(5, 1, [&](int64_t bb, int64_t ee) { sum += (ee - bb) * i; });
   });
   EXPECT_EQ(sum.load(), 5 * 45);
+}
+
+// A model's initial parameters, drawn in chunks on three threads, are bit for bit those
+// drawn on one (a Model built inside a chunk: a nested call runs on its caller alone).
+TEST(CpuPool, ParametersDrawnInChunksAreTheOnesOneThreadDraws) {
+  ThreePoolThreads three;
+  Graph g;
+  g.param("w", {600, 500}, Init::normal(0, 0.02));
+  g.param("u", {300001}, Init::uniform(-1, 1));
+  const Model pooled(g, {.seed = 9});
+  std::optional<Model> alone;
+  parallel_for(3, 1, [&](int64_t b, int64_t) {
+    if (b == 0) alone.emplace(g, ModelOptions{.seed = 9});
+  });
+  for (const char* name : {"w", "u"}) EXPECT_EQ(pooled.read_param(name), alone->read_param(name)) << name;
 }
 
 }  // namespace
