@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.h"
 #include "ew_cases.h"
 #include "gpu_check.h"
 
@@ -21,6 +22,7 @@ using seam::gpu_testing::GpuCase;
 using seam::gpu_testing::Tolerance;
 using seam::gpu_testing::binary_ops;
 using seam::gpu_testing::unary_cases;
+using seam::testing::random_floats;
 
 namespace {
 
@@ -126,6 +128,35 @@ TEST(GpuReduce, LargeAndLopsidedReductions) {
           },
           f32());
     }
+}
+
+// A column sum in row chunks leaves the tile's count of finished chunks at zero for the
+// next run: each run after the first, with new values, gives their sums (a count left
+// over would make no block the last, and the output would keep the previous run's).
+TEST(GpuReduce, ChunkedColumnSumsRunAgainOnNewValues) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> axes;
+  };
+  for (const Case& k : {Case{{4099, 257}, {0}}, Case{{4099, 264}, {0}}, Case{{3, 5000, 40}, {1}}}) {
+    SCOPED_TRACE("sum over " + shape_str(k.shape));
+    Graph g;
+    Var x = g.input("x", k.shape);
+    Var y = sum(x, k.axes);
+    Model cpu(g, {.seed = 1}), gpu(g, {.seed = 1, .device = Device::cuda});
+    Program pc = cpu.compile({.mode = Mode::eval, .outputs = {y.id()}});
+    Program pg = gpu.compile({.mode = Mode::eval, .outputs = {y.id()}});
+    const size_t n = static_cast<size_t>(numel(k.shape));
+    for (uint64_t seed : {1, 2, 3}) {
+      const auto v = random_floats(n, seed);
+      pc.set_input("x", std::span<const float>(v));
+      pg.set_input("x", std::span<const float>(v));
+      pc.run();
+      pg.run();
+      seam::gpu_testing::expect_close(pg.read_as<float>(y.name()), pc.read_as<float>(y.name()), f32().tol,
+                                      "run with seed " + std::to_string(seed));
+    }
+  }
 }
 
 TEST(GpuReduce, BroadcastToMatchesTheCpu) {

@@ -10,10 +10,10 @@
 //  - the innermost group kept and at least 32 wide (axes=[0] of [M, N], (0, 2) of
 //    [A, B, C]): column tiles, 32 threads across the kept index (coalesced; 16-byte
 //    packs a thread where the width is whole packs) by 8 down
-//    the reduced rows, split into row chunks whose double partials a second kernel adds
-//    up in chunk order when there are few columns;
+//    the reduced rows, split into row chunks when there are few columns, whose double
+//    partials the tile's last block to finish adds up in chunk order;
 //  - otherwise one thread (L <= 16 reduced elements), one warp (L <= 4096) or one block
-//    per output element (larger L, split into chunks plus the same second pass when
+//    per output element (larger L, split into chunks plus a second pass over their partials when
 //    there are few outputs), walking the reduced elements through their strides.
 #include <array>
 #include <cstdint>
@@ -126,13 +126,23 @@ __global__ void __launch_bounds__(kThreads)
 // columns. P = 1 reads one value a lane; where the width is a whole number of 16-byte
 // packs, P = 16 / sizeof(TI) reads one pack a lane, so a warp reads 512 bytes of a row at
 // once instead of 32 to 128 (a 16-bit column sum ran at about 2 TB/s one value a lane).
-// Block (32, 8); grid.x = (outer kept index, tile of k), grid.y = chunks. The tile's 8
-// thread rows are added in order.
+// A thread loads kBatch rows before it adds them; 16-bit values are added in float a
+// batch at a time and the batch into double (the conversions to double, a quarter-rate
+// instruction, were one a value). Block (32, 8); grid.x = (outer kept index, tile of k),
+// grid.y = chunks. The tile's 8 thread rows are added in order.
+//
+// With several chunks each block stores its partial sums, and the tile's last block to
+// arrive (`arrived`, a counter a tile that it resets) adds them up in chunk order: the
+// same fixed order every run, without a second launch (which was 3 us and a gap at
+// GPT-2's bias gradients, against a column sum of 38).
+constexpr int kBatch = 4;
 template <class TI, class TO, int P>
 __global__ void __launch_bounds__(kThreads)
-    reduce_columns(const TI* x, TO* y, double* partial, Dims outer, int64_t width, int64_t tiles, Dims red,
-                   int64_t outputs, int64_t len, int64_t rows, double scale) {
+    reduce_columns(const TI* x, TO* y, double* partial, unsigned* arrived, Dims outer, int64_t width, int64_t tiles,
+                   Dims red, int64_t outputs, int64_t len, int64_t rows, double scale) {
+  using Part = std::conditional_t<sizeof(TI) == 2, float, double>;
   __shared__ double sum[8][32 * P];
+  __shared__ bool last;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t oo = blockIdx.x / tiles;
   const int64_t tile = (blockIdx.x % tiles) * 32 * P;
@@ -143,16 +153,32 @@ __global__ void __launch_bounds__(kThreads)
   double acc[P] = {};
   if (k < width) {
     const TI* p = x + offset_of(outer, oo) + k;
-#pragma unroll 4
-    for (int64_t j = j0 + ty; j < j1; j += 8) {
-      if constexpr (P == 1) {
-        acc[0] += load_d(p, offset_of(red, j));
-      } else {
-        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p + offset_of(red, j)));
-        const TI* v = reinterpret_cast<const TI*>(&raw);
+    struct alignas(sizeof(TI) * P) Pack {
+      TI v[P];
+    };
+    auto load = [&](int64_t j) {
+      Pack r;
+      if constexpr (P == 1) r.v[0] = p[offset_of(red, j)];
+      else *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p + offset_of(red, j)));
+      return r;
+    };
+    int64_t j = j0 + ty;
+    for (; j + (kBatch - 1) * 8 < j1; j += kBatch * 8) {
+      Pack v[kBatch];
 #pragma unroll
-        for (int q = 0; q < P; ++q) acc[q] += static_cast<double>(to_compute(v[q]));
-      }
+      for (int b = 0; b < kBatch; ++b) v[b] = load(j + b * 8);
+      Part part[P] = {};
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int q = 0; q < P; ++q) part[q] += static_cast<Part>(to_compute(v[b].v[q]));
+#pragma unroll
+      for (int q = 0; q < P; ++q) acc[q] += static_cast<double>(part[q]);
+    }
+    for (; j < j1; j += 8) {
+      const Pack v = load(j);
+#pragma unroll
+      for (int q = 0; q < P; ++q) acc[q] += static_cast<double>(to_compute(v.v[q]));
     }
   }
 #pragma unroll
@@ -167,6 +193,32 @@ __global__ void __launch_bounds__(kThreads)
     if (gridDim.y == 1) store_d(y, o, s * scale);
     else partial[c * outputs + o] = s;
   }
+  if (gridDim.y == 1) return;
+  __threadfence();  // this block's partials, before its arrival is counted
+  __syncthreads();
+  if (tx == 0 && ty == 0) last = atomicAdd(&arrived[blockIdx.x], 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The tile's 32 P columns by G = 256 / (32 P) threads each: thread group g adds chunks
+  // g, g + G, ...; then group 0 adds the G sums in order.
+  constexpr int G = 256 / (32 * P);
+  const int t = ty * 32 + tx, col = t % (32 * P), g = t / (32 * P);
+  const bool inside = tile + col < width;
+  double s = 0;
+  if (inside)
+#pragma unroll 8
+    for (int64_t ch = g; ch < gridDim.y; ch += G) s += __ldcg(&partial[ch * outputs + oo * width + tile + col]);
+  __syncthreads();  // every thread has read sum[][] above
+  sum[g][col] = s;
+  __syncthreads();
+  if (g == 0 && inside) {
+    double total = 0;
+#pragma unroll
+    for (int r = 0; r < G; ++r) total += sum[r][col];
+    store_d(y, oo * width + tile + col, total * scale);
+  }
+  if (t == 0) arrived[blockIdx.x] = 0;  // for the next run
 }
 
 // Block (32, kPartRows) over 32 outputs of partial set blockIdx.y: thread row ty adds
@@ -286,17 +338,17 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
     double* partial =
         chunks > 1 ? static_cast<double*>(a.ctx.scratch(static_cast<size_t>(chunks * outputs) * sizeof(double)))
                    : nullptr;
+    auto* arrived =
+        chunks > 1 ? static_cast<unsigned*>(a.ctx.scratch(static_cast<size_t>(blocks_x) * sizeof(unsigned))) : nullptr;
     const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(chunks));
-    const PartialSums fin = partial_sums(partial, y, scale, chunks, outputs);
     return [=](cudaStream_t stream) {
       if (packed)
-        reduce_columns<TI, TO, pack><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced,
-                                                                      outputs, len, rows, scale);
+        reduce_columns<TI, TO, pack><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, arrived, outer, width, tiles,
+                                                                      reduced, outputs, len, rows, scale);
       else
-        reduce_columns<TI, TO, 1><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, outer, width, tiles, reduced,
-                                                                   outputs, len, rows, scale);
+        reduce_columns<TI, TO, 1><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, arrived, outer, width, tiles,
+                                                                   reduced, outputs, len, rows, scale);
       SEAM_CUDA_LAUNCH_CHECK();
-      if (chunks > 1) add_partials(fin, stream);
     };
   }
   if (len <= 16) {
