@@ -93,10 +93,31 @@ std::vector<std::byte> Program::read(const std::string& output) const {
 
 namespace {
 
+// values[i] *= scale in f32, as the update multiplied the gradients it read.
+void scale_values(std::vector<std::byte>& values, DType t, float scale) {
+  const size_t w = dtype_size(t);
+  SEAM_ASSERT(t == DType::f32 || is_half(t));
+  for (size_t i = 0; i < values.size() / w; ++i) {
+    std::byte* p = values.data() + i * w;
+    if (t == DType::f32) {
+      float f;
+      std::memcpy(&f, p, 4);
+      f *= scale;
+      std::memcpy(p, &f, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      h = float_to_half(half_to_float(h, t) * scale, t);
+      std::memcpy(p, &h, 2);
+    }
+  }
+}
+
 // A stored value in fresh device memory, as the user reads it.
-DeviceArray export_value(Backend& be, const std::byte* src, const TensorType& stored, const TensorType& user, bool nhwc) {
+DeviceArray export_value(Backend& be, const std::byte* src, const TensorType& stored, const TensorType& user, bool nhwc,
+                         float scale = 1.0f) {
   DeviceArray a{be.alloc_exported(user.bytes()), user, be.device_index()};
-  be.copy_converted(a.data.get(), user.dtype, src, stored.dtype, user.shape, nhwc);
+  be.copy_converted(a.data.get(), user.dtype, src, stored.dtype, user.shape, nhwc, scale);
   return a;
 }
 
@@ -117,7 +138,7 @@ DeviceArray Program::read_grad_device(const std::string& param) const {
   const bool nhwc = s && s->type.layout == DataLayout::nhwc;
   const TensorType user{b->ref.type.dtype, nhwc ? s->user_type().shape : b->ref.type.shape};
   DeviceArray a = export_value(*core_->backend, core_->regions(arena_).base(b->ref.region) + b->ref.offset, b->ref.type,
-                               user, nhwc);
+                               user, nhwc, exe_->grad_read_scale());
   exe_->check();
   return a;
 }
@@ -140,7 +161,7 @@ void Executable::set_input_device(size_t, const void*, std::shared_ptr<const voi
 std::shared_ptr<std::byte> Backend::alloc_exported(size_t) {
   fail("the program runs on the CPU: its values are read into host memory (read, read_grad)");
 }
-void Backend::copy_converted(std::byte*, DType, const std::byte*, DType, const Shape&, bool) {
+void Backend::copy_converted(std::byte*, DType, const std::byte*, DType, const Shape&, bool, float) {
   fail("the program runs on the CPU: its values are read into host memory (read, read_grad)");
 }
 
@@ -149,6 +170,7 @@ std::vector<std::byte> Program::read_grad(const std::string& param) const {
   if (!b) fail("this program computes no gradient for '", param, "'");
   auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
+  if (const float scale = exe_->grad_read_scale(); scale != 1.0f) scale_values(out, b->ref.type.dtype, scale);
   const Slot* s = core_->layout.param(param);  // a channels-last filter's reads in NCHW order
   return s ? reordered(s->type, out, b->ref.type.dtype, true) : out;
 }

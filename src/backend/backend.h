@@ -60,6 +60,11 @@ class Executable {
   // Brings what the device keeps of the step state (StepState's comment) to `state`,
   // after the work queued so far; backends that update `state` directly have nothing to do.
   virtual void sync_state(StepState& /*state*/) {}
+  // What the gradient buffers must be multiplied by to give the gradients the last update
+  // used (unscaled and clipped), after the work queued so far: the CUDA update applies
+  // that factor as it reads them and leaves them as the backward wrote them; 1 where the
+  // update writes them back (the CPU) or none ran.
+  virtual float grad_read_scale() { return 1.0f; }
   virtual ExecStats stats() { return {}; }
   // Times each plan step alone (median of `reps` runs, milliseconds), for breakdowns.
   // The replays write what the steps write (parameters, running statistics, the step
@@ -80,12 +85,13 @@ class Backend {
   virtual int device_index() const { return -1; }
   // For Program::read_device: `bytes` of this backend's memory outside every arena, owned
   // by the pointer (freed once the device is done with it), and a copy into it of n
-  // values from src (dtype `from`) to dtype `to`, reordered from channels-last to NCHW
-  // order when `nhwc` (then `nchw_shape` is 4-d), finished before the call returns.
-  // Backends whose memory is the host's have neither.
+  // values from src (dtype `from`) to dtype `to`, each multiplied by `scale` in f32 on
+  // the way (a gradient's grad_read_scale), reordered from channels-last to NCHW order
+  // when `nhwc` (then `nchw_shape` is 4-d), finished before the call returns. Backends
+  // whose memory is the host's have neither.
   virtual std::shared_ptr<std::byte> alloc_exported(size_t bytes);
   virtual void copy_converted(std::byte* dst, DType to, const std::byte* src, DType from, const Shape& nchw_shape,
-                              bool nhwc);
+                              bool nhwc, float scale = 1.0f);
   // dst[i] = src[i] rounded to nearest even in `to` (bf16 or f16), for n f32 values in
   // this backend's memory: the parameters' working copies.
   virtual void round_f32(std::byte* dst, DType to, const std::byte* src, size_t n) = 0;

@@ -3,6 +3,7 @@
 // compared is what training did: each parameter's update (w_T - w_0), the last step's
 // gradients, the optimizer's moments and the running statistics, each with a tolerance
 // relative to its own size (a wrong update cannot hide under the initial weights).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -112,8 +113,9 @@ void train_both(Graph& g, Var loss, const OptimizerConfig& opt, size_t rows, siz
 }
 
 // Eight steps of `c` on a linear loss whose gradients are the inputs gw and gb. 1037
-// parameters take the update's scalar path, 1036 (a multiple of 4) its float4 path.
-Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37) {
+// parameters take the update's scalar path, 1036 (a multiple of 4) its float4 path. On
+// the GPU, `on_device` (if given) gets the gradients as read_grad_device gives them.
+Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37, Results* on_device = nullptr) {
   Graph g;
   Var w = g.param("w", {1000}, Init::uniform(-1, 1));
   Var b = g.param("b", {nb}, Init::uniform(-1, 1), false);
@@ -132,6 +134,13 @@ Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37) {
     prog.set_input("gb", std::span<const float>(bb));
     prog.run();
   }
+  if (on_device)
+    for (const char* name : {"w", "b"}) {
+      const DeviceArray a = prog.read_grad_device(name);
+      std::vector<float> host(static_cast<size_t>(a.type.numel()));
+      EXPECT_EQ(cudaMemcpy(host.data(), a.data.get(), a.type.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      (*on_device)[std::string("gradient of ") + name] = host;
+    }
   return results_of(m, prog, initial);
 }
 
@@ -168,12 +177,14 @@ TEST(GpuOptimizer, EveryOptimizerMatchesTheCpu) {
 }
 
 TEST(GpuOptimizer, AClippedStepLeavesTheClippedGradient) {
-  // The gradient region after a clipped step holds g * clip / ||g||, as on the CPU: not
-  // the gradient with weight decay or momentum folded in.
+  // The gradient read after a clipped step is g * clip / ||g||, as on the CPU: not the
+  // gradient with weight decay or momentum folded in. The GPU's update leaves its buffer
+  // unclipped and the reads (into host memory and on the device) apply the factor.
   for (auto& c : optimizer_configs()) {
     if (c.clip_norm <= 0) continue;
     SCOPED_TRACE(c.str());
-    const Results gpu = optimizer_steps(c, Device::cuda), cpu = optimizer_steps(c, Device::cpu);
+    Results device_reads;
+    const Results gpu = optimizer_steps(c, Device::cuda, 37, &device_reads), cpu = optimizer_steps(c, Device::cpu);
     double sq = 0;
     for (const char* p : {"w", "b"})
       for (float v : cpu.at(std::string("gradient of ") + p)) sq += static_cast<double>(v) * v;
@@ -181,6 +192,7 @@ TEST(GpuOptimizer, AClippedStepLeavesTheClippedGradient) {
     for (const char* p : {"w", "b"}) {
       const std::string name = std::string("gradient of ") + p;
       expect_close(gpu.at(name), cpu.at(name), Tolerance::f32(), name);
+      EXPECT_EQ(device_reads.at(name), gpu.at(name)) << name << " read on the device";
     }
   }
 }

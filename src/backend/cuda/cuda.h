@@ -46,6 +46,11 @@ struct DeviceCounters {
   int32_t scale_good;
   int64_t skipped_steps;
   int64_t skip_streak;
+  // The factor the last update applied to the gradients as it read them (unscaling and
+  // clipping): it leaves the buffers as the backward wrote them (writing the clipped
+  // values back was 0.5 GB a step at GPT-2 124M), and Executable::grad_read_scale gives
+  // it to whoever reads them.
+  float grad_scale;
 };
 
 // The first bad input a kernel met: which step, what, and two numbers for the message.

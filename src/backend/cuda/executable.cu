@@ -259,7 +259,8 @@ class CudaExecutable : public Executable {
                        static_cast<float>(state.loss_scale),
                        static_cast<int32_t>(state.scale_good),
                        state.skipped_steps,
-                       state.skip_streak};
+                       state.skip_streak,
+                       1.0f};
       SEAM_CUDA_CHECK(cudaMemcpyAsync(ctx_.counters, &c, sizeof c, cudaMemcpyHostToDevice, sh_->stream));
       SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));  // c lives on this stack frame
       dev = state;
@@ -308,6 +309,13 @@ class CudaExecutable : public Executable {
     state.skipped_steps = c.skipped_steps;
     state.skip_streak = c.skip_streak;
     *r_.synced = state;
+  }
+
+  float grad_read_scale() override {
+    float f = 1.0f;
+    SEAM_CUDA_CHECK(cudaMemcpyAsync(&f, &ctx_.counters->grad_scale, sizeof f, cudaMemcpyDeviceToHost, sh_->stream));
+    SEAM_CUDA_CHECK(cudaStreamSynchronize(sh_->stream));
+    return f;
   }
 
   void check() override {

@@ -210,7 +210,7 @@ struct alignas(4 * sizeof(T)) Pack4 {
 // The buffers start at value `base` of the flat parameters (a ZeRO-1 shard; a multiple of
 // 4 where vec4), whose index keys the rounding draws.
 template <class P, class W>
-__global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+__global__ void update(P* __restrict__ p, const P* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                        W* __restrict__ working, int64_t n, int64_t n_decay, Hyper h, DeviceCounters* c, const int* ok,
                        unsigned* done, bool vec4, int64_t base) {
   const int64_t step = c->step;
@@ -238,10 +238,10 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       pe[e] = to_float(pv.v[e]);
-      ge[e] = to_float(gv.v[e]) * k.scale;  // the unscaled, clipped gradient, as the CPU leaves it
+      ge[e] = to_float(gv.v[e]) * k.scale;  // the unscaled, clipped gradient
       update_one(h, k, i + e < n_decay ? h.weight_decay : 0.f, pe[e], ge[e], me[e], ve[e]);
     }
-    Pack4<P> po, go4;
+    Pack4<P> po;
     if constexpr (std::is_same_v<P, float>) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) po.v[e] = pe[e];
@@ -260,11 +260,6 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
     reinterpret_cast<Pack4<P>*>(p)[j] = po;
     if (has_m) reinterpret_cast<float4*>(m)[j] = mv;
     if (has_v) reinterpret_cast<float4*>(v)[j] = vv;
-    if (k.scale != 1.f) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) go4.v[e] = from_float<P>(ge[e]);
-      reinterpret_cast<Pack4<P>*>(g)[j] = go4;
-    }
   }
   const bool scalar = !vec4;
   for (int64_t i = first; go && scalar && i < n; i += stride) {
@@ -275,7 +270,6 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
     if (has_m) m[i] = mi;
     if (has_v) v[i] = vi;
     if constexpr (!std::is_void_v<W>) working[i] = from_float<W>(pi);
-    if (k.scale != 1.f) g[i] = from_float<P>(clipped);
   }
   __syncthreads();  // every thread of this block has read the counters
   if (threadIdx.x == 0) {
@@ -283,6 +277,7 @@ __global__ void update(P* __restrict__ p, P* __restrict__ g, float* __restrict__
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
       c->lr = k.lr;
       c->step = step + 1;
+      c->grad_scale = go ? k.scale : 1.f;
       if (!go) {
         ++c->skipped_steps;
         ++c->skip_streak;

@@ -198,13 +198,15 @@ __global__ void round_kernel(T* __restrict__ dst, const float* __restrict__ src,
     dst[i] = from_float<T>(src[i]);
 }
 
-// dst[i] = src[i] in T, i running over NCHW order, src holding the value channels-last (c
-// channels, hw pixels an image); with c = hw = 1 both orders are one.
+// dst[i] = src[i] * scale in T, i running over NCHW order, src holding the value
+// channels-last (c channels, hw pixels an image); with c = hw = 1 both orders are one.
 template <class F, class T>
-__global__ void convert_kernel(T* __restrict__ dst, const F* __restrict__ src, int64_t n, int64_t c, int64_t hw) {
+__global__ void convert_kernel(T* __restrict__ dst, const F* __restrict__ src, int64_t n, int64_t c, int64_t hw,
+                               float scale) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t p = i % hw, ch = i / hw % c, img = i / (hw * c);
-    dst[i] = from_float<T>(to_float(src[(img * hw + p) * c + ch]));
+    const float v = to_float(src[(img * hw + p) * c + ch]);
+    dst[i] = from_float<T>(scale == 1.0f ? v : v * scale);
   }
 }
 
@@ -278,10 +280,10 @@ class CudaBackend : public Backend {
     SEAM_CUDA_CHECK(e);
     return {static_cast<std::byte*>(p), [](std::byte* q) { cudaFree(q); }};
   }
-  void copy_converted(std::byte* dst, DType to, const std::byte* src, DType from, const Shape& shape,
-                      bool nhwc) override {
+  void copy_converted(std::byte* dst, DType to, const std::byte* src, DType from, const Shape& shape, bool nhwc,
+                      float scale) override {
     const int64_t n = numel(shape);
-    if (to == from && !nhwc) {
+    if (to == from && !nhwc && scale == 1.0f) {
       SEAM_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(to), cudaMemcpyDeviceToDevice,
                                       sh_->stream));
     } else {
@@ -291,7 +293,7 @@ class CudaBackend : public Backend {
       dispatch_storage(from, "reading a value on the device", [&]<class F>() {
         dispatch_storage(to, "reading a value on the device", [&]<class T>() {
           convert_kernel<F, T><<<blocks, 256, 0, sh_->stream>>>(reinterpret_cast<T*>(dst),
-                                                                 reinterpret_cast<const F*>(src), n, c, hw);
+                                                                 reinterpret_cast<const F*>(src), n, c, hw, scale);
         });
       });
       SEAM_CUDA_LAUNCH_CHECK();
