@@ -3,6 +3,8 @@
 // message, a non-zero exit, and nothing overwritten.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -161,6 +163,28 @@ TEST_F(Cli, ResumedRunGivesTheBitwiseSameLossCurve) {
     fs::remove_all(dir / "whole");
     fs::remove_all(dir / "parts");
   }
+}
+
+// The step events carry the gradient norm the update computed, before clipping: with
+// clipping at a norm the steps exceed, above the clip, and finite.
+TEST_F(Cli, StepEventsCarryTheGradientNorm) {
+  fs::path data = make_data();
+  const std::string common = " --data " + data.string() + " --json --log-every 1 --max-steps 3 --device cpu";
+  std::string clipped = kSmallMlp;
+  const std::string lr = R"("lr": 0.003)";
+  clipped.replace(clipped.find(lr), lr.size(), lr + R"(, "clip_norm": 1e-3)");
+  Result r = run("train " + write("clipped.json", clipped).string() + common + " --out " + (dir / "a").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  int steps = 0;
+  for (auto& l : json_lines(r.out))
+    if (l["event"] == "step") {
+      ASSERT_TRUE(l.contains("grad_norm")) << l.dump();
+      const double norm = l["grad_norm"].get<double>();
+      EXPECT_TRUE(std::isfinite(norm) && norm > 1e-3) << l.dump();
+      ++steps;
+    }
+  EXPECT_EQ(steps, 3);
+  fs::remove_all(dir / "a");
 }
 
 // --deterministic (ModelOptions::deterministic) fixes the GPU's algorithm picks; the

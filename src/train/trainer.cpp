@@ -455,6 +455,11 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
     // At a log point: the epoch's mean loss and accuracy so far (the same numbers whether
     // or not the run was interrupted and resumed in between).
     // Steps the update skipped (a non-finite loss or gradient) add no loss to the sums.
+    // The update computes the gradients' norm where it clips, guards against non-finite
+    // values or scales the loss; the log then shows the last step's (before clipping).
+    const OptimizerConfig& oc = spec.optimizer;
+    const bool has_norm =
+        oc.clip_norm > 0 || oc.skip_nonfinite || oc.loss_scaling.mode == LossScaling::Mode::dynamic;
     auto log_point = [&] {
       auto [loss_sum, correct] = read_metrics();
       const StepState& st = train.sync_state();
@@ -473,15 +478,17 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
              "); lower the learning rate or check the data. The last checkpoint, if any, is unchanged.");
       }
       char status[96];
-      std::snprintf(status, sizeof status, "loss %.4f  acc %.4f", loss, acc);
+      if (has_norm) std::snprintf(status, sizeof status, "loss %.4f  acc %.4f  norm %.3g", loss, acc, st.grad_norm);
+      else std::snprintf(status, sizeof status, "loss %.4f  acc %.4f", loss, acc);
       progress.update(pos.batch, status);
       if (root && o.on_progress) o.on_progress({pos.epoch + 1, spec.epochs, pos.batch, steps_per_epoch, loss, acc});
-      if (json)
-        std::cout << nlohmann::json{{"event", "step"}, {"step", model.state().step}, {"epoch", pos.epoch + 1},
-                                    {"loss", loss}, {"accuracy", acc}, {"lr", model.state().lr},
-                                    {"skipped_steps", st.skipped_steps}}
-                         .dump()
-                  << '\n';
+      if (json) {
+        nlohmann::json j{{"event", "step"}, {"step", model.state().step}, {"epoch", pos.epoch + 1},
+                         {"loss", loss}, {"accuracy", acc}, {"lr", model.state().lr},
+                         {"skipped_steps", st.skipped_steps}};
+        if (has_norm) j["grad_norm"] = st.grad_norm;
+        std::cout << j.dump() << '\n';
+      }
     };
     while (train_loader.next(b)) {
       set_batch(train, b);
