@@ -57,6 +57,9 @@ struct OptimizerConfig {
   static OptimizerConfig adamw(double lr, double weight_decay = 0.01);
 
   int state_slots() const;  // flat state buffers needed: momentum 1, Adam 2
+  // Whether an update needs the gradients' global norm (clipping, the non-finite guard, a
+  // dynamic loss scale); the GPU computes it only then, and `seam train` logs it.
+  bool needs_norm() const;
   void validate() const;    // throws seam::Error for out-of-range settings
   std::string str() const;
 };

@@ -63,7 +63,7 @@ class Executable {
   // What the gradient buffers must be multiplied by to give the gradients the last update
   // used (unscaled and clipped), after the work queued so far: the CUDA update applies
   // that factor as it reads them and leaves them as the backward wrote them; 1 where the
-  // update writes them back (the CPU) or none ran.
+  // update writes them back (the CPU) or no update ran since the step state was set.
   virtual float grad_read_scale() { return 1.0f; }
   virtual ExecStats stats() { return {}; }
   // Times each plan step alone (median of `reps` runs, milliseconds), for breakdowns.

@@ -84,6 +84,10 @@ int OptimizerConfig::state_slots() const {
   return 2;
 }
 
+bool OptimizerConfig::needs_norm() const {
+  return clip_norm > 0 || skip_nonfinite || loss_scaling.mode == LossScaling::Mode::dynamic;
+}
+
 void OptimizerConfig::validate() const {
   const char* n = optimizer_name(kind);
   if (!(lr >= 0)) fail(n, ": lr must be >= 0, got ", lr);

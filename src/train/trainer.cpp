@@ -455,11 +455,8 @@ int train_on_rank(const TrainOptions& o, const std::shared_ptr<dist::Comm>& comm
     // At a log point: the epoch's mean loss and accuracy so far (the same numbers whether
     // or not the run was interrupted and resumed in between).
     // Steps the update skipped (a non-finite loss or gradient) add no loss to the sums.
-    // The update computes the gradients' norm where it clips, guards against non-finite
-    // values or scales the loss; the log then shows the last step's (before clipping).
-    const OptimizerConfig& oc = spec.optimizer;
-    const bool has_norm =
-        oc.clip_norm > 0 || oc.skip_nonfinite || oc.loss_scaling.mode == LossScaling::Mode::dynamic;
+    // The last step's gradient norm (before clipping), where the update computes one.
+    const bool has_norm = spec.optimizer.needs_norm();
     auto log_point = [&] {
       auto [loss_sum, correct] = read_metrics();
       const StepState& st = train.sync_state();

@@ -311,6 +311,7 @@ class CudaExecutable : public Executable {
     *r_.synced = state;
   }
 
+  static_assert(sizeof(DeviceCounters) <= 64, "Regions::counters holds 64 bytes (model.cpp's kCounterBytes)");
   float grad_read_scale() override {
     float f = 1.0f;
     SEAM_CUDA_CHECK(cudaMemcpyAsync(&f, &ctx_.counters->grad_scale, sizeof f, cudaMemcpyDeviceToHost, sh_->stream));

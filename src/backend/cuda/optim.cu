@@ -342,7 +342,7 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   const int cap = ctx.sm_count * 8;
   const unsigned blocks = blocks_for(k, kThreads, cap);
   // The norm pass runs where something reads it: clipping, the guard, the loss scale.
-  const bool norm = c.clip_norm > 0 || h.skip_nonfinite || h.scaled;
+  const bool norm = c.needs_norm();
   float* partial = norm ? static_cast<float*>(ctx.scratch(blocks * sizeof(float))) : nullptr;
   int* ok = norm ? static_cast<int*>(ctx.scratch(sizeof(int))) : nullptr;
   auto* total = norm && shard ? static_cast<double*>(ctx.scratch(sizeof(double))) : nullptr;
