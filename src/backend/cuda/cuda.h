@@ -48,8 +48,8 @@ struct DeviceCounters {
   int64_t skip_streak;
   // The factor the last update applied to the gradients as it read them (unscaling and
   // clipping): it leaves the buffers as the backward wrote them (writing the clipped
-  // values back was 0.5 GB a step at GPT-2 124M), and Executable::grad_read_scale gives
-  // it to whoever reads them.
+  // values back was 0.5 GB on each clipped GPT-2 124M step), and
+  // Executable::grad_read_scale gives it to whoever reads them.
   float grad_scale;
 };
 
