@@ -1,0 +1,259 @@
+// The GEMM of wgmma_gemm.h.
+//
+// Shape of the work. Output tiles of 128 x 256, taken in turn by one persistent block an
+// SM (grid = min(tiles, SMs)); tiles walk groups of 8 row tiles across every column tile,
+// so that the blocks running at one time share A's rows and B's tiles in L2. A block is
+// 9 warps: warp 8 is the producer, one thread of it issuing TMA copies of A's 128 x 64
+// and B's 256 x 64 k-slices into a ring of 4 stages (48 KB each); warps 0-7 are two
+// consumer warpgroups, each multiplying its 64 rows of the tile with m64n256k16 wgmmas
+// (128 f32 accumulators a thread). A stage's `full` barrier completes when its bytes have
+// landed; its `empty` barrier when both groups' products that read it have finished, after
+// which the producer refills it, running ahead into the next tile while the consumers
+// store this one. 288 threads at up to 224 registers (`__maxnreg__`): the epilogues need
+// more than the 168 a 384-thread block with a whole producer warpgroup would leave.
+//
+// Epilogue. Each group writes its 64 x 256 rows 64 columns at a time into one of two
+// 8 KB shared buffers in the TMA's 128-byte swizzle (16-byte chunk c of row r at chunk
+// c ^ (r % 8): the eight rows a warp's store touches fall in distinct banks), then one
+// thread hands the buffer to a bulk tensor store and goes on; before a buffer is written
+// again its previous store must have read it. Rows and columns past the matrix are
+// clipped by the store, and read as zeros by the loads, so no shape needs padding.
+//
+// Measured in a probe on an H100 (bf16, W6's shapes, against cuBLASLt's best heuristic
+// candidate in the same run): bit-equal results; 440 TFLOP/s at K = 768 (cuBLASLt
+// 750-770) and 640 at K = 3072 (cuBLASLt 755). The gap is a fixed cost of about 6.7 us a
+// tile on top of 0.69 us a 64-deep k-slice (0.56 at the tensor cores' rate), not yet
+// located; until it is, no step offers this kernel.
+#include <cuda.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/storage.cuh"
+#include "backend/cuda/wgmma.cuh"
+#include "backend/cuda/wgmma_gemm.h"
+
+namespace seam::cuda {
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 288;
+constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kCBuf = 64 * 64 * 2;
+[[maybe_unused]] constexpr int kGroupRows = 8;  // row tiles a group of the tile order spans
+// The ring, the four store buffers, the barriers, and room to align the ring to 1024.
+constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + 2 * kStages * 8 + 1024;
+
+[[maybe_unused]] __device__ __forceinline__ float gelu_tanh(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
+  return 0.5f * x * (1.0f + t);
+}
+
+template <WgmmaEpilogue E>
+__global__ void __maxnreg__(224) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
+                                                   const __grid_constant__ CUtensorMap map_b,
+                                                   const __grid_constant__ CUtensorMap map_d,
+                                                   const __grid_constant__ CUtensorMap map_aux,
+                                                   const bf16_t* __restrict__ bias, int m, int n, int k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* s_a = smem;
+  uint8_t* s_b = s_a + kStages * kABytes;
+  uint8_t* s_c = s_b + kStages * kBBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 4 * kCBuf);
+  uint64_t* empty = full + kStages;
+
+  const int row_tiles = (m + kBM - 1) / kBM, col_tiles = (n + kBN - 1) / kBN;
+  const int tiles = row_tiles * col_tiles, slices = (k + kBK - 1) / kBK;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      wg::bar_init(&full[s], 1);
+      wg::bar_init(&empty[s], 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto tile_origin = [&](int t, int& m0, int& n0) {
+    const int per_group = kGroupRows * col_tiles, first = t / per_group * kGroupRows;
+    const int rows = min(kGroupRows, row_tiles - first), r = t % per_group;
+    m0 = (first + r % rows) * kBM;
+    n0 = r / rows * kBN;
+  };
+
+  if (threadIdx.x >= 256) {  // the producer warp
+    if (threadIdx.x == 256) {
+      int pos = 0;  // k-slices issued so far, over this block's tiles
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        tile_origin(t, m0, n0);
+        for (int kb = 0; kb < slices; ++kb, ++pos) {
+          const int s = pos % kStages;
+          if (pos >= kStages) mbar_wait(&empty[s], (pos / kStages - 1) & 1);
+          wg::bar_expect(&full[s], kABytes + kBBytes);  // a box past the edges still counts whole
+          wg::tma_load(s_a + s * kABytes, &map_a, kb * kBK, m0, &full[s]);
+          wg::tma_load(s_b + s * kBBytes, &map_b, kb * kBK, n0, &full[s]);
+        }
+      }
+    }
+    return;
+  }
+
+  const int group = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  float d[kBN / 2];
+  int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++j) {
+    int m0, n0;
+    tile_origin(t, m0, n0);
+    int pos = j * slices;
+    for (int kb = 0; kb < slices; ++kb, ++pos) {
+      const int s = pos % kStages;
+      mbar_wait(&full[s], (pos / kStages) & 1);
+      wg::mma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wg::mma_64x256x16(d, wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
+                          wg::sw128_desc(s_b + s * kBBytes + kk * 32), kb | kk);
+      wg::mma_commit();
+      wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
+      if (kb > 0 && tid == 0) wg::bar_arrive(&empty[(pos - 1) % kStages]);
+    }
+    wg::mma_wait<0>();
+    if (tid == 0) wg::bar_arrive(&empty[(pos - 1) % kStages]);
+
+    // One output: the two buffers alternate, a store may still read the other. Two (the
+    // GELU's record and its value): both buffers a piece, once the last stores have read.
+    constexpr bool two = E == WgmmaEpilogue::bias_gelu_aux;
+#pragma unroll
+    for (int p = 0; p < kBN / 64; ++p, ++piece) {
+      const int col0 = n0 + p * 64;
+      if (col0 >= n) break;  // the same for the whole group
+      uint8_t* buf = s_c + (group * 2 + (two ? 0 : piece & 1)) * kCBuf;
+      if (tid == 0) {
+        if constexpr (two) wg::tma_store_wait_read<0>();
+        else wg::tma_store_wait_read<1>();
+      }
+      wg::named_sync(1 + group, 128);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int col = col0 + q * 8 + 2 * (lane % 4);
+        float b0 = 0.0f, b1 = 0.0f;
+        if (E != WgmmaEpilogue::none && col < n) {  // col is even, n too: both in range
+          const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(bias + col);
+          b0 = __low2float(pair);
+          b1 = __high2float(pair);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp * 16 + lane / 4 + 8 * h;
+          const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
+          const float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
+          *reinterpret_cast<__nv_bfloat162*>(buf + at) = __floats2bfloat162_rn(x0, x1);
+          if constexpr (two)
+            *reinterpret_cast<__nv_bfloat162*>(buf + kCBuf + at) = __floats2bfloat162_rn(gelu_tanh(x0), gelu_tanh(x1));
+        }
+      }
+      wg::fence_to_async();
+      wg::named_sync(1 + group, 128);
+      if (tid == 0) {
+        wg::tma_store(two ? &map_aux : &map_d, buf, col0, m0 + group * 64);
+        if constexpr (two) wg::tma_store(&map_d, buf + kCBuf, col0, m0 + group * 64);
+      }
+    }
+  }
+  if (tid == 0) wg::tma_store_wait_all();
+#endif
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, found once through the runtime (no link to libcuda).
+EncodeTiled encoder() {
+  static EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    SEAM_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || p == nullptr)
+      fail("the CUDA driver has no cuTensorMapEncodeTiled (needed by the sm_90 GEMM)");
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// A row-major [rows, cols] bf16 matrix read or written in boxes of box_rows x 64 columns
+// (128 bytes: the swizzle span).
+CUtensorMap tensor_map(const void* p, int64_t rows, int64_t cols, uint32_t box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {64, box_rows}, steps[2] = {1, 1};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p), dims, strides, box,
+                               steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail("cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a [", rows, ", ", cols, "] matrix");
+  return map;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <WgmmaEpilogue E>
+Launch launch_of(int grid, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d, const CUtensorMap& aux,
+                 const void* bias, int m, int n, int k) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    SEAM_CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmemBytes)));
+  });
+  const auto* bias16 = static_cast<const bf16_t*>(bias);
+  return [=](cudaStream_t stream) {
+    wgmma_gemm_kernel<E><<<grid, kThreads, kSmemBytes, stream>>>(a, b, d, aux, bias16, m, n, k);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
+}  // namespace
+
+bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* d,
+                     const void* aux, std::string* why) {
+  auto no = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  int device = 0, major = 0, minor = 0;
+  SEAM_CUDA_CHECK(cudaGetDevice(&device));
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) return no("built for sm_90a only");
+  if (m <= 0 || n <= 0 || k <= 0) return no("an empty product");
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return no("a dimension past 2^31");
+  if (k % 8 != 0 || n % 8 != 0) return no("k and n must be multiples of 8");
+  if (!aligned16(a) || !aligned16(b) || !aligned16(d) || (aux && !aligned16(aux)))
+    return no("operands not 16-byte aligned");
+  return true;
+}
+
+Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
+                  WgmmaEpilogue epilogue, const void* bias, void* aux) {
+  std::string why;
+  if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why)) fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
+  if (epilogue != WgmmaEpilogue::none && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
+    fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
+  if (epilogue == WgmmaEpilogue::bias_gelu_aux && aux == nullptr) fail("the sm_90 GEMM's GELU epilogue needs its record");
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_b = tensor_map(b, n, k, kBN),
+                    map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(aux ? aux : d, m, n, 64);
+  const int64_t tiles = ((m + kBM - 1) / kBM) * ((n + kBN - 1) / kBN);
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  switch (epilogue) {
+    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none>(grid, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
+    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias>(grid, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
+    case WgmmaEpilogue::bias_gelu_aux:
+      return launch_of<WgmmaEpilogue::bias_gelu_aux>(grid, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
+  }
+  fail("unknown epilogue");
+}
+
+}  // namespace seam::cuda

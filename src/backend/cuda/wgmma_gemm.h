@@ -1,0 +1,37 @@
+// A GEMM of seam's own for Hopper (sm_90a): TMA copies, warpgroup MMAs, one persistent
+// block an SM. It exists for the epilogues cuBLASLt runs slowly or not at all beside its
+// main loop (W6's GELU record costs cuBLASLt ~45 us a layer over a plain GEMM): here an
+// epilogue is code of ours that writes its outputs through shared memory and bulk tensor
+// stores while the next tile's operands already load.
+//
+//   D[m, n] = epilogue(A[m, k] . B[n, k]^T), all row-major bf16, f32 accumulation
+//
+// which is a linear layer's forward, y = x W^T, with W stored [out, in]. Epilogues:
+//   none           D = A B^T
+//   bias           D = A B^T + bias[n]
+//   bias_gelu_aux  aux = A B^T + bias (the pre-activation, rounded to bf16: the record
+//                  matmul_act_grad reads), D = gelu_tanh of it
+//
+// Not yet one of the steps' variants (wgmma_gemm.cu says how far it is from cuBLASLt).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda.h"
+
+namespace seam::cuda {
+
+enum class WgmmaEpilogue { none, bias, bias_gelu_aux };
+
+// Whether this GPU and these operands can take the kernel; if not, why (in *why). It needs
+// compute capability 9.0 (the code is built for sm_90a only), k and n multiples of 8 (the
+// tensor maps' row pitch a multiple of 16 bytes) and 16-byte aligned pointers.
+bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* d,
+                     const void* aux, std::string* why);
+
+// The launch of one such GEMM on fixed buffers (the tensor maps are built here, once).
+// bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16 (bias_gelu_aux).
+Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
+                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr);
+
+}  // namespace seam::cuda

@@ -1,0 +1,137 @@
+// The sm_90 GEMM of seam's own (backend/cuda/wgmma_gemm.h) against a CPU product in
+// double, on fresh random bf16 operands: whole tiles and ragged edges in every dimension,
+// several tiles a block (a block count below the tile count), each epilogue, and the
+// shapes it must refuse. Skipped, by name, on GPUs other than compute capability 9.0.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/wgmma_gemm.h"
+
+namespace {
+
+using seam::cuda::WgmmaEpilogue;
+
+struct Buffer {
+  void* p = nullptr;
+  explicit Buffer(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess); }
+  ~Buffer() { cudaFree(p); }
+};
+
+std::vector<__nv_bfloat16> random_bf16(size_t n, std::mt19937& rng, float scale) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<__nv_bfloat16> v(n);
+  for (auto& x : v) x = __float2bfloat16(u(rng));
+  return v;
+}
+
+double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+// Every element within bf16's rounding of the reference (2^-8 relative), with a floor of
+// 1e-2 of the reference's RMS for the elements that cancel.
+void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<double>& want, const std::string& what) {
+  double sq = 0;
+  for (double w : want) sq += w * w;
+  const double rms = std::sqrt(sq / static_cast<double>(want.size()));
+  int bad = 0;
+  for (size_t i = 0; i < want.size() && bad < 5; ++i) {
+    const double g = __bfloat162float(got[i]), tol = 1e-2 * std::abs(want[i]) + 1e-2 * rms;
+    if (!(std::abs(g - want[i]) <= tol)) {
+      ADD_FAILURE() << what << ": element " << i << " is " << g << ", want " << want[i] << " (tolerance " << tol << ")";
+      ++bad;
+    }
+  }
+}
+
+// D = epilogue(A B^T) for one shape, `blocks` persistent blocks, two rounds of new values.
+void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigned seed) {
+  std::string why;
+  Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2);
+  if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why)) GTEST_SKIP() << why;
+  const bool with_bias = e != WgmmaEpilogue::none, gelu = e == WgmmaEpilogue::bias_gelu_aux;
+  const seam::cuda::Launch run =
+      seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr, gelu ? aux.p : nullptr);
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 2; ++round) {
+    const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
+    ASSERT_EQ(cudaMemcpy(a.p, ha.data(), m * k * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(b.p, hb.data(), n * k * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(bias.p, hbias.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
+    run(nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<double> pre(m * n), out(m * n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = with_bias ? __bfloat162float(hbias[j]) : 0.0;
+        for (int64_t x = 0; x < k; ++x)
+          s += static_cast<double>(__bfloat162float(ha[i * k + x])) * __bfloat162float(hb[j * k + x]);
+        pre[i * n + j] = s;
+        out[i * n + j] = gelu ? gelu_tanh(s) : s;
+      }
+    std::vector<__nv_bfloat16> hd(m * n), haux(m * n);
+    ASSERT_EQ(cudaMemcpy(hd.data(), d.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    const std::string what = "[" + std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(n) + ", " +
+                             std::to_string(k) + "], " + std::to_string(blocks) + " blocks, round " + std::to_string(round);
+    expect_close(hd, out, what + (gelu ? ", gelu" : ""));
+    if (gelu) {
+      ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      expect_close(haux, pre, what + ", record");
+    }
+  }
+}
+
+int sms() {
+  int device = 0, count = 0;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  return count;
+}
+
+TEST(GpuWgmma, WholeTilesMatchTheCpu) {
+  check(128, 256, 64, WgmmaEpilogue::none, sms(), 1);
+  check(256, 512, 768, WgmmaEpilogue::none, sms(), 2);
+}
+
+TEST(GpuWgmma, RaggedEdgesMatchTheCpu) {
+  check(300, 264, 200, WgmmaEpilogue::none, sms(), 3);  // every dimension past a tile
+  check(1, 8, 8, WgmmaEpilogue::none, sms(), 4);
+  check(1000, 776, 72, WgmmaEpilogue::bias, sms(), 5);
+}
+
+// Fewer blocks than tiles: each block takes several, its stage ring carrying its phases
+// from one tile to the next.
+TEST(GpuWgmma, SeveralTilesABlockMatchTheCpu) {
+  check(1040, 520, 320, WgmmaEpilogue::bias, 3, 6);  // 27 tiles on 3 blocks
+  check(640, 768, 136, WgmmaEpilogue::none, 7, 7);
+}
+
+TEST(GpuWgmma, GeluRecordAndValueMatchTheCpu) {
+  check(384, 512, 256, WgmmaEpilogue::bias_gelu_aux, sms(), 8);
+  check(200, 264, 96, WgmmaEpilogue::bias_gelu_aux, 2, 9);
+}
+
+TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
+  Buffer a(1 << 16), b(1 << 16), d(1 << 16);
+  std::string why;
+  if (!seam::cuda::wgmma_gemm_fits(64, 64, 64, a.p, b.p, d.p, nullptr, &why)) GTEST_SKIP() << why;
+  EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(64, 64, 60, a.p, b.p, d.p, nullptr, &why));
+  EXPECT_NE(why.find("multiples of 8"), std::string::npos) << why;
+  EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(64, 60, 64, a.p, b.p, d.p, nullptr, &why));
+  EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(64, 64, 64, static_cast<char*>(a.p) + 8, b.p, d.p, nullptr, &why));
+  EXPECT_NE(why.find("aligned"), std::string::npos) << why;
+  EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(0, 64, 64, a.p, b.p, d.p, nullptr, &why));
+  try {
+    seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::bias_gelu_aux, nullptr, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("bias"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
