@@ -27,9 +27,9 @@ if [ "${1:-}" = python ]; then
 fi
 build=build-gpu
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEAM_CUDA=ON -DSEAM_BLAS=OFF >/dev/null
-cmake --build "$build" --target seam seam_gpu_tests seam_tests
+cmake --build "$build" --target seam seam_gpu_tests seam_tests seam_wgmma_bench
 rm -rf .deps/bin .deps/bin.tar.xz && mkdir -p .deps/bin .deps/fashion-mnist
-cp "$build/seam" "$build/tests/seam_gpu_tests" "$build/tests/seam_tests" .deps/bin/
+cp "$build/seam" "$build/tests/seam_gpu_tests" "$build/tests/seam_tests" "$build/seam_wgmma_bench" .deps/bin/
 strip .deps/bin/*
 # The kernels' fatbins (sm_90a cubins and PTX for three storage types) compress about
 # sixfold: the binaries travel packed, within the carry limit, and run.sh unpacks them.

@@ -10,9 +10,10 @@
 //   none           D = A B^T
 //   bias           D = A B^T + bias[n]
 //   bias_gelu_aux  aux = A B^T + bias (the pre-activation, rounded to bf16: the record
-//                  matmul_act_grad reads), D = gelu_tanh of it
+//                  matmul_act_grad reads), D = gelu_tanh(A B^T + bias) from the f32 sum
 //
-// Not yet one of the steps' variants (wgmma_gemm.cu says how far it is from cuBLASLt).
+// Not yet one of the steps' variants (wgmma_gemm.cu says how far it is from cuBLASLt;
+// seam_wgmma_bench, bench/wgmma_bench.cu, measures it).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,0 +1,180 @@
+// seam's sm_90 GEMM (backend/cuda/wgmma_gemm.h) against cuBLASLt on W6's linear layers,
+// side by side on the same buffers: the plain product, with a bias, and with the GELU
+// record (cuBLASLt's GELU_AUX_BIAS). cuBLASLt runs every candidate its heuristic offers
+// and keeps the fastest; each time is the mean of `reps` launches after one warm-up, two
+// passes. The outputs are compared with cuBLASLt's (RMS of the difference over the RMS).
+//
+//   build-gpu/seam_wgmma_bench [reps]
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/wgmma_gemm.h"
+
+namespace {
+
+using seam::cuda::WgmmaEpilogue;
+
+__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed, float scale) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * scale);
+  }
+}
+
+__global__ void squared_difference(const __nv_bfloat16* x, const __nv_bfloat16* y, size_t n, double* sums) {
+  double d = 0, r = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const double a = __bfloat162float(x[i]), b = __bfloat162float(y[i]);
+    d += (a - b) * (a - b);
+    r += b * b;
+  }
+  atomicAdd(&sums[0], d);
+  atomicAdd(&sums[1], r);
+}
+
+double relative_rms(const void* got, const void* want, size_t n, double* sums) {
+  SEAM_CUDA_CHECK(cudaMemset(sums, 0, 2 * sizeof(double)));
+  squared_difference<<<1024, 256>>>(static_cast<const __nv_bfloat16*>(got), static_cast<const __nv_bfloat16*>(want), n,
+                                    sums);
+  SEAM_CUDA_LAUNCH_CHECK();
+  double h[2];
+  SEAM_CUDA_CHECK(cudaMemcpy(h, sums, sizeof h, cudaMemcpyDeviceToHost));
+  return std::sqrt(h[0] / (h[1] + 1e-300));
+}
+
+template <class F>
+float mean_us(F&& launch, int reps) {
+  cudaEvent_t e0, e1;
+  SEAM_CUDA_CHECK(cudaEventCreate(&e0));
+  SEAM_CUDA_CHECK(cudaEventCreate(&e1));
+  launch();
+  SEAM_CUDA_CHECK(cudaEventRecord(e0));
+  for (int r = 0; r < reps; ++r) launch();
+  SEAM_CUDA_CHECK(cudaEventRecord(e1));
+  SEAM_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  SEAM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  SEAM_CUDA_CHECK(cudaEventDestroy(e0));
+  SEAM_CUDA_CHECK(cudaEventDestroy(e1));
+  return ms * 1e3f / reps;
+}
+
+// cuBLASLt's fastest candidate for D[m, n] = A[m, k] B[n, k]^T (+ epilogue), row-major:
+// column-major D^T[n, m] = op_T(B as [k, n]) . A as [k, m].
+float cublaslt_us(cublasLtHandle_t lt, void* ws, size_t ws_bytes, int m, int n, int k, const void* a, const void* b,
+                  void* d, WgmmaEpilogue e, const void* bias, void* aux, int reps) {
+  cublasLtMatmulDesc_t desc;
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+  if (e != WgmmaEpilogue::none) {
+    const cublasLtEpilogue_t ep = e == WgmmaEpilogue::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+    SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    SEAM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    if (aux) {
+      const int64_t ld = n;
+      SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+      SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+    }
+  }
+  cublasLtMatrixLayout_t la, lb, ld;
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, n, k));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, k));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, m, n));
+  cublasLtMatmulPreference_t pref;
+  SEAM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  SEAM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                         sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t found[16];
+  int count = 0;
+  SEAM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 16, found, &count));
+  const float one = 1, zero = 0;
+  float best = INFINITY;
+  int pick = -1;
+  for (int i = 0; i < count; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(lt, desc, &one, b, la, a, lb, &zero, d, ld, d, ld, &found[i].algo, ws, ws_bytes, nullptr);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run is skipped
+    const float us = mean_us([&] { SEAM_CUBLAS_CHECK(run()); }, reps);
+    if (us < best) best = us, pick = i;
+  }
+  if (pick < 0) seam::fail("cuBLASLt offered no candidate that runs");
+  SEAM_CUBLAS_CHECK(
+      cublasLtMatmul(lt, desc, &one, b, la, a, lb, &zero, d, ld, d, ld, &found[pick].algo, ws, ws_bytes, nullptr));
+  SEAM_CUDA_CHECK(cudaDeviceSynchronize());
+  SEAM_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  int sms = 0;
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cublasLtHandle_t lt;
+  SEAM_CUBLAS_CHECK(cublasLtCreate(&lt));
+  const size_t ws_bytes = size_t{32} << 20;
+  void *ws, *sums;
+  SEAM_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  SEAM_CUDA_CHECK(cudaMalloc(&sums, 2 * sizeof(double)));
+  struct Shape {
+    const char* name;
+    int m, n, k;
+  };
+  const Shape shapes[] = {{"fc", 16384, 3072, 768},  {"qkv", 16384, 2304, 768}, {"fcproj", 16384, 768, 3072},
+                          {"proj", 16384, 768, 768}, {"lm_head", 16384, 50304, 768}};
+  for (const Shape& s : shapes) {
+    void *a, *b, *bias, *d0, *d1, *x0, *x1;
+    const size_t m = s.m, n = s.n, k = s.k, mn = m * n;
+    SEAM_CUDA_CHECK(cudaMalloc(&a, m * k * 2));
+    SEAM_CUDA_CHECK(cudaMalloc(&b, n * k * 2));
+    SEAM_CUDA_CHECK(cudaMalloc(&bias, n * 2));
+    for (void** p : {&d0, &d1, &x0, &x1}) SEAM_CUDA_CHECK(cudaMalloc(p, mn * 2));
+    fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(a), m * k, 1, 0.2f);
+    fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(b), n * k, 2, 0.2f);
+    fill<<<64, 256>>>(static_cast<__nv_bfloat16*>(bias), n, 3, 1.0f);
+    SEAM_CUDA_LAUNCH_CHECK();
+    const double flop = 2.0 * s.m * s.n * s.k;
+    for (int pass = 0; pass < 2; ++pass)
+      for (WgmmaEpilogue e : {WgmmaEpilogue::none, WgmmaEpilogue::bias, WgmmaEpilogue::bias_gelu_aux}) {
+        const bool gelu = e == WgmmaEpilogue::bias_gelu_aux;
+        const char* what = e == WgmmaEpilogue::none ? "plain" : gelu ? "gelu+record" : "bias";
+        const float lt_us = cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, a, b, d0, e, bias, gelu ? x0 : nullptr, reps);
+        const seam::cuda::Launch own =
+            seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu ? x1 : nullptr);
+        const float own_us = mean_us([&] { own(nullptr); }, reps);
+        SEAM_CUDA_CHECK(cudaDeviceSynchronize());
+        std::printf("%-8s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  own %8.1f us %4.0f TFLOP/s  "
+                    "%.2fx  diff %.1e%s\n",
+                    s.name, s.m, s.n, s.k, what, lt_us, flop / lt_us * 1e-6, own_us, flop / own_us * 1e-6,
+                    lt_us / own_us, relative_rms(d1, d0, mn, static_cast<double*>(sums)),
+                    gelu ? (" record " + std::to_string(relative_rms(x1, x0, mn, static_cast<double*>(sums)))).c_str()
+                         : "");
+      }
+    for (void* p : {a, b, bias, d0, d1, x0, x1}) SEAM_CUDA_CHECK(cudaFree(p));
+  }
+  SEAM_CUBLAS_CHECK(cublasLtDestroy(lt));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "seam_wgmma_bench: %s\n", e.what());
+  return 1;
+}
