@@ -228,11 +228,7 @@ Model::Model(Graph graph, ModelOptions options) : core_(std::make_shared<Core>()
   if (c.zero && c.device == Device::cpu && c.stored)
     fail("ZeRO-1 on the CPU shards f32 or f64 parameters; 16-bit ones (ModelOptions::master_weights false) need the "
          "GPU");
-  c.params = c.backend->alloc(c.layout.param_bytes);
-  c.grads = c.backend->alloc(c.layout.param_bytes);
-  c.state_buf = c.backend->alloc(c.layout.state_bytes);
-  c.counters = c.backend->alloc(kCounterBytes);
-  reset();
+  c.init_seed = options.seed;
 }
 
 Model::~Model() = default;
@@ -247,22 +243,45 @@ std::vector<std::string> Model::layout_choices() const {
 StepState& Model::state() { return core_->state; }
 Device Model::device() const { return core_->device; }
 
-void Model::reset() {
-  Core& c = *core_;
-  for (size_t i = 0; i < c.layout.params.size(); ++i) {
-    const Slot& s = c.layout.params[i];
+void Model::Core::allocate() {
+  if (params) return;
+  params = backend->alloc(layout.param_bytes);
+  grads = backend->alloc(layout.param_bytes);
+  state_buf = backend->alloc(layout.state_bytes);
+  counters = backend->alloc(kCounterBytes);
+}
+
+void Model::Core::draw(uint64_t seed) {
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const Slot& s = layout.params[i];
     // Seeded by position in the graph, not in the layout, so that the decay order
     // does not change the values.
-    auto index = static_cast<uint32_t>(*c.graph.find(s.name));
-    auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
+    auto index = static_cast<uint32_t>(*graph.find(s.name));
+    auto bytes = encode(init_values(s.init, s.type.numel(), seed, index), s.type.dtype);
     bytes = reordered(s.type, bytes, s.type.dtype, false);  // drawn in NCHW order, whatever the storage
-    c.backend->upload(c.params + s.offset, bytes.data(), bytes.size());
+    backend->upload(params + s.offset, bytes.data(), bytes.size());
   }
-  for (const Slot& s : c.layout.states) {
-    auto index = static_cast<uint32_t>(*c.graph.find(s.name));
-    auto bytes = encode(init_values(s.init, s.type.numel(), c.state.seed, index), s.type.dtype);
-    c.backend->upload(c.state_buf + s.offset, bytes.data(), bytes.size());
+  for (const Slot& s : layout.states) {
+    auto index = static_cast<uint32_t>(*graph.find(s.name));
+    auto bytes = encode(init_values(s.init, s.type.numel(), seed, index), s.type.dtype);
+    backend->upload(state_buf + s.offset, bytes.data(), bytes.size());
   }
+}
+
+// On first use (a program compiled, a tensor read or written): planning alone needs no
+// buffers, and drawing GPT-2 124M's values took 12 of `seam plan`'s 15 s on two cores.
+Model::Core& Model::Core::with_values() {
+  if (!params) {
+    allocate();
+    draw(init_seed);
+  }
+  return *this;
+}
+
+void Model::reset() {
+  Core& c = *core_;
+  c.allocate();
+  c.draw(c.state.seed);
   if (c.opt) c.backend->fill_zero(c.opt, c.opt_slots * c.moment_bytes());
   c.working_valid = false;
   c.state.step = 0;
@@ -280,6 +299,7 @@ size_t Model::device_bytes() const {
 
 std::vector<std::byte> Model::read_param(const std::string& name) const {
   const Slot& s = find_slot(core_->layout.params, name, "parameter");
+  core_->with_values();
   std::vector<std::byte> out(s.type.bytes());
   core_->backend->download(out.data(), core_->params + s.offset, out.size());
   return reordered(s.type, out, s.type.dtype, true);
@@ -291,6 +311,7 @@ void Model::write_param(const std::string& name, std::span<const std::byte> data
     fail("parameter '", name, "' is ", s.user_type().str(), " (", s.type.bytes(), " bytes), got ", data.size(),
          " bytes");
   const auto stored = reordered(s.type, data, s.type.dtype, false);
+  core_->with_values();
   core_->backend->upload(core_->params + s.offset, stored.data(), stored.size());
   core_->working_valid = false;
 }
@@ -298,6 +319,7 @@ void Model::write_param(const std::string& name, std::span<const std::byte> data
 std::vector<std::byte> Model::read_state(const std::string& name) const {
   const Slot& s = find_slot(core_->layout.states, name, "state tensor");
   std::vector<std::byte> out(s.type.bytes());
+  core_->with_values();
   core_->backend->download(out.data(), core_->state_buf + s.offset, out.size());
   return out;
 }
@@ -306,6 +328,7 @@ void Model::write_state(const std::string& name, std::span<const std::byte> data
   const Slot& s = find_slot(core_->layout.states, name, "state tensor");
   if (data.size() != s.type.bytes())
     fail("state '", name, "' is ", s.type.str(), " (", s.type.bytes(), " bytes), got ", data.size(), " bytes");
+  core_->with_values();
   core_->backend->upload(core_->state_buf + s.offset, data.data(), data.size());
 }
 
@@ -403,6 +426,7 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   for (auto& t : tensors)
     if (!known.count(t.name)) fail("tensor '", t.name, "' does not belong to this model");
 
+  c.allocate();  // every parameter and state is written below: nothing to draw first
   for (const Slot& s : c.layout.params) {
     const auto stored = reordered(s.type, by_name[s.name]->data, s.type.dtype, false);
     c.backend->upload(c.params + s.offset, stored.data(), stored.size());
@@ -635,7 +659,7 @@ std::string largest_buffers(const Plan& p, size_t n) {
 
 Program::Program(std::shared_ptr<Model::Core> core, Plan plan)
     : core_(std::move(core)), plan_(std::make_unique<Plan>(std::move(plan))) {
-  Model::Core& c = *core_;
+  Model::Core& c = core_->with_values();
   const int slots = plan_->optimizer ? plan_->optimizer->state_slots() : 0;
   if (slots > 0 && !c.opt) {
     c.opt = c.backend->alloc(slots * c.moment_bytes());

@@ -25,6 +25,10 @@ struct Model::Core {
   std::set<std::string> nhwc_convs;          // the convolutions they put channels-last
   int reuse_gap = 0;  // LowerRequest::reuse_gap: 1 when the backend runs steps concurrently
   std::shared_ptr<Backend> backend;
+  // params, grads, state_buf and counters are made, and the parameters and states drawn
+  // from init_seed (ModelOptions::seed), on first use (with_values, model.cpp): planning
+  // alone needs none of them.
+  uint64_t init_seed = 0;
   std::byte* params = nullptr;
   std::byte* grads = nullptr;
   std::byte* state_buf = nullptr;
@@ -54,6 +58,9 @@ struct Model::Core {
     working_valid = true;
   }
   Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced, working, comm.get()}; }
+  void allocate();             // params, grads, state_buf, counters, unless made already
+  void draw(uint64_t seed);    // every parameter and state tensor from its initializer
+  Core& with_values();         // made and drawn from init_seed, on first use
 };
 
 // Values as the bytes of dtype t (rounded to nearest even for the 16-bit types).

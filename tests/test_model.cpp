@@ -79,6 +79,35 @@ TEST(Program, APlanAloneAllocatesNothing) {
   EXPECT_EQ(n.plan(f).str(), n.compile(f).plan().str());
 }
 
+// A model's buffers are made, and its parameters drawn, on first use: a model whose
+// parameters no host could hold still plans, and fails only where it compiles. The values
+// first drawn come from the seed the model was made with, whatever state().seed says by
+// then (reset() draws from that one), the same as a model read at once.
+TEST(Model, ParametersAreDrawnOnFirstUseFromTheModelsSeed) {
+  using namespace seam;
+  Graph big;
+  Var x = big.input("x", {2, int64_t{1} << 23});
+  Var y = nn::linear(x, int64_t{1} << 23, "huge");  // 2^46 weights: 256 TiB of f32
+  Model m(big, {.seed = 1});
+  const CompileOptions o{.mode = Mode::eval, .outputs = {y.id()}};
+  EXPECT_EQ(m.plan(o).steps.size(), 1u);
+  EXPECT_NE(seam::testing::error_of([&] { m.compile(o); }).find("out of host memory"), std::string::npos);
+
+  Graph g;
+  Var in = g.input("in", {4, 8});
+  nn::linear(in, 3, "fc");
+  Model eager(g, {.seed = 7});
+  const std::vector<std::byte> first = eager.read_param("fc.weight");
+  Model lazy(g, {.seed = 7});
+  lazy.state().seed = 8;
+  EXPECT_EQ(lazy.read_param("fc.weight"), first);
+  lazy.reset();
+  EXPECT_NE(lazy.read_param("fc.weight"), first);
+  Model loaded(g, {.seed = 9});
+  loaded.load_tensors(eager.save_tensors());
+  EXPECT_EQ(loaded.read_param("fc.weight"), first);
+}
+
 // What read() returns is output_type(): a value the precision pass stored in bf16 reads
 // as the graph's f32. Memory of a GPU goes in and out only of a program on one: on the
 // CPU each way is an error that says so.
