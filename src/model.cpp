@@ -245,10 +245,20 @@ Device Model::device() const { return core_->device; }
 
 void Model::Core::allocate() {
   if (params) return;
-  params = backend->alloc(layout.param_bytes);
-  grads = backend->alloc(layout.param_bytes);
-  state_buf = backend->alloc(layout.state_bytes);
-  counters = backend->alloc(kCounterBytes);
+  // All four or none: a failed allocation leaves the model as it was, to be tried again.
+  std::byte* made[4] = {};
+  const size_t bytes[4] = {layout.param_bytes, layout.param_bytes, layout.state_bytes, kCounterBytes};
+  try {
+    for (int i = 0; i < 4; ++i) made[i] = backend->alloc(bytes[i]);
+  } catch (...) {
+    for (std::byte* p : made)
+      if (p) backend->release(p);
+    throw;
+  }
+  params = made[0];
+  grads = made[1];
+  state_buf = made[2];
+  counters = made[3];
 }
 
 void Model::Core::draw(uint64_t seed) {
@@ -271,9 +281,10 @@ void Model::Core::draw(uint64_t seed) {
 // On first use (a program compiled, a tensor read or written): planning alone needs no
 // buffers, and drawing GPT-2 124M's values took 12 of `seam plan`'s 15 s on two cores.
 Model::Core& Model::Core::with_values() {
-  if (!params) {
+  if (!drawn) {
     allocate();
     draw(init_seed);
+    drawn = true;
   }
   return *this;
 }
@@ -282,6 +293,7 @@ void Model::reset() {
   Core& c = *core_;
   c.allocate();
   c.draw(c.state.seed);
+  c.drawn = true;
   if (c.opt) c.backend->fill_zero(c.opt, c.opt_slots * c.moment_bytes());
   c.working_valid = false;
   c.state.step = 0;
@@ -434,6 +446,7 @@ void Model::load_tensors(const std::vector<HostTensor>& tensors) {
   c.working_valid = false;
   for (const Slot& s : c.layout.states)
     c.backend->upload(c.state_buf + s.offset, by_name[s.name]->data.data(), s.type.bytes());
+  c.drawn = true;
   if (slots > 0) {
     if (!c.opt) {
       c.opt = c.backend->alloc(slots * c.moment_bytes());

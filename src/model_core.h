@@ -27,8 +27,10 @@ struct Model::Core {
   std::shared_ptr<Backend> backend;
   // params, grads, state_buf and counters are made, and the parameters and states drawn
   // from init_seed (ModelOptions::seed), on first use (with_values, model.cpp): planning
-  // alone needs none of them.
+  // alone needs none of them. drawn: the parameters and states hold values (drawn, reset
+  // or loaded).
   uint64_t init_seed = 0;
+  bool drawn = false;
   std::byte* params = nullptr;
   std::byte* grads = nullptr;
   std::byte* state_buf = nullptr;
@@ -58,9 +60,9 @@ struct Model::Core {
     working_valid = true;
   }
   Regions regions(std::byte* arena) { return {arena, params, grads, state_buf, opt, counters, &synced, working, comm.get()}; }
-  void allocate();             // params, grads, state_buf, counters, unless made already
-  void draw(uint64_t seed);    // every parameter and state tensor from its initializer
-  Core& with_values();         // made and drawn from init_seed, on first use
+  void allocate();           // params, grads, state_buf, counters, unless made already
+  void draw(uint64_t seed);  // every parameter and state tensor from its initializer
+  Core& with_values();       // allocate() and draw(init_seed) unless drawn
 };
 
 // Values as the bytes of dtype t (rounded to nearest even for the 16-bit types).

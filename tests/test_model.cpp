@@ -92,6 +92,7 @@ TEST(Model, ParametersAreDrawnOnFirstUseFromTheModelsSeed) {
   const CompileOptions o{.mode = Mode::eval, .outputs = {y.id()}};
   EXPECT_EQ(m.plan(o).steps.size(), 1u);
   EXPECT_NE(seam::testing::error_of([&] { m.compile(o); }).find("out of host memory"), std::string::npos);
+  EXPECT_NE(seam::testing::error_of([&] { m.read_param("huge.weight"); }).find("out of host memory"), std::string::npos);
 
   Graph g;
   Var in = g.input("in", {4, 8});
