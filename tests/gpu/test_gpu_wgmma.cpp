@@ -126,12 +126,17 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(64, 64, 64, static_cast<char*>(a.p) + 8, b.p, d.p, nullptr, &why));
   EXPECT_NE(why.find("aligned"), std::string::npos) << why;
   EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(0, 64, 64, a.p, b.p, d.p, nullptr, &why));
-  try {
-    seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::bias_gelu_aux, nullptr, nullptr);
-    ADD_FAILURE() << "no error";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("bias"), std::string::npos) << e.what();
-  }
+  auto error_of = [&](int64_t k, WgmmaEpilogue e) {
+    try {
+      seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, nullptr, nullptr);
+    } catch (const std::exception& x) {
+      return std::string(x.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(64, WgmmaEpilogue::bias_gelu_aux).find("bias"), std::string::npos);
+  EXPECT_NE(error_of(60, WgmmaEpilogue::none).find("[64, 60] x [64, 60]: k and n must be multiples of 8"),
+            std::string::npos);
 }
 
 }  // namespace

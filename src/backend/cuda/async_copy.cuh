@@ -35,11 +35,11 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// An mbarrier for bulk copies: one arrival (the thread that issues the copy) a phase.
-// Initialised by one thread, then made visible to the copy engine (the async proxy) and,
-// by the caller's __syncthreads, to the block.
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+// An mbarrier for bulk copies: `arrivals` a phase (by default one, the thread that issues
+// the copy). Initialised by one thread, then made visible to the copy engine (the async
+// proxy) and, by the caller's __syncthreads, to the block.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals = 1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 

@@ -12,10 +12,7 @@
 
 namespace seam::cuda::wg {
 
-// An mbarrier whose phase completes after `count` arrivals (and the bytes announced).
-__device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
+// Barriers are made by mbar_init (async_copy.cuh) and waited on by mbar_wait.
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }

@@ -69,10 +69,10 @@ __global__ void __maxnreg__(224) wgmma_gemm_kernel(const __grid_constant__ CUten
   const int tiles = row_tiles * col_tiles, slices = (k + kBK - 1) / kBK;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      wg::bar_init(&full[s], 1);
-      wg::bar_init(&empty[s], 2);
+      mbar_init(&full[s]);
+      mbar_init(&empty[s], 2);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the inits before any arrival
   }
   __syncthreads();
   auto tile_origin = [&](int t, int& m0, int& n0) {
