@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "../test_util.h"
 #include "bench/bench.h"
 #include "gpu_check.h"
 #include "layout_case.h"
@@ -193,6 +194,35 @@ TEST(GpuOptimizer, AClippedStepLeavesTheClippedGradient) {
       const std::string name = std::string("gradient of ") + p;
       expect_close(gpu.at(name), cpu.at(name), Tolerance::f32(), name);
       EXPECT_EQ(device_reads.at(name), gpu.at(name)) << name << " read on the device";
+    }
+  }
+}
+
+// The gradient buffers are the model's: after a clipped update, a program of the same
+// model that writes the gradients without an update reads them as its backward wrote
+// them (here exactly the input gw), not with the factor the update left for its reads.
+TEST(GpuOptimizer, GradientsWithoutAnUpdateReadAsWrittenAfterAClippedOne) {
+  Graph g;
+  Var w = g.param("w", {1000}, Init::uniform(-1, 1));
+  Var gw = g.input("gw", {1000});
+  Var loss = sum(mul(w, gw));
+  auto clipped = OptimizerConfig::sgd(0.1);
+  clipped.clip_norm = 0.5;
+  const std::vector<float> x = seam::testing::random_floats(1000, 9);  // norm about 32
+  for (Device d : {Device::cuda, Device::cpu}) {
+    SCOPED_TRACE(d == Device::cuda ? "cuda" : "cpu");
+    Model m(g, {.seed = 2, .device = d});
+    Program train = m.compile({.loss = loss.id(), .optimizer = clipped});
+    Program grads = m.compile({.loss = loss.id(), .gradients = true});
+    for (Program* p : {&train, &grads}) p->set_input("gw", std::span<const float>(x));
+    train.run();
+    grads.run();
+    for (const Program* p : {&grads, &train}) EXPECT_EQ(p->grad_as<float>("w"), x);
+    if (d == Device::cuda) {
+      const DeviceArray a = grads.read_grad_device("w");
+      std::vector<float> host(1000);
+      EXPECT_EQ(cudaMemcpy(host.data(), a.data.get(), a.type.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(host, x);
     }
   }
 }

@@ -154,6 +154,8 @@ class CudaExecutable : public Executable {
       }
       launches_.push_back(
           prepare_optimizer(*plan.optimizer, plan.layout, r, ctx_, lp, plan.working, plan.zero ? &shard : nullptr));
+    } else if (!plan.grads.empty()) {
+      launches_.push_back(gradients_as_written(ctx_));
     }
     sched_ = schedule_lanes(step_dependencies(plan), static_cast<int>(sh_->lanes.size()));
     ctx_.set_lanes(sched_.lane, sched_.lanes_used);

@@ -298,6 +298,16 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
+__global__ void reset_grad_scale(DeviceCounters* c) { c->grad_scale = 1.f; }
+
+Launch gradients_as_written(Context& ctx) {
+  DeviceCounters* c = ctx.counters;
+  return [c](cudaStream_t stream) {
+    reset_grad_scale<<<1, 1, 0, stream>>>(c);
+    SEAM_CUDA_LAUNCH_CHECK();
+  };
+}
+
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
                          const float* loss, std::optional<DType> working, const OptimizerShard* shard) {
   if (working && (*working != DType::bf16 && *working != DType::f16))

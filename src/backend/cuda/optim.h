@@ -22,4 +22,9 @@ struct OptimizerShard {
 Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const Regions& r, Context& ctx,
                          const float* loss, std::optional<DType> working, const OptimizerShard* shard = nullptr);
 
+// For a plan that writes the gradients without an update: the gradient buffers then hold
+// what its backward wrote, so the factor an earlier update of the model left in the
+// counters (DeviceCounters::grad_scale, which the reads apply) goes back to 1.
+Launch gradients_as_written(Context& ctx);
+
 }  // namespace seam::cuda
