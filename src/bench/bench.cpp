@@ -267,11 +267,10 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
   if (o.explain) {
     // The kernel table against the same step without fusion (planned on the CPU: only its
     // steps are read), with each kernel's measured time.
-    Model plain_model(g, {.seed = 1});
-    Program plain = plain_model.compile({.loss = loss.id(), .optimizer = w.opt, .fuse = false});
+    const Plan plain = Model(g, {.seed = 1}).plan({.loss = loss.id(), .optimizer = w.opt, .fuse = false});
     const auto measured = p.time_steps(20);
     std::printf("\n%s: the plan's kernels\n%s", w.name.c_str(),
-                explain_plan(p.plan(), plain.plan(), DeviceModel{}, true, measured).c_str());
+                explain_plan(p.plan(), plain, DeviceModel{}, true, measured).c_str());
   }
   return res;
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "io/npy.h"
 #include "io/onnx.h"
@@ -111,18 +112,22 @@ int run_onnx(const RunOptions& o) {
 int plan_onnx(const RunOptions& o) {
   Imported m = load(o);
   Model model(m.imp.graph, {.seed = 0, .device = o.device, .precision = o.precision});
-  Program p = model.compile({.mode = Mode::eval, .outputs = m.outputs});
-  Model cpu_model(m.imp.graph, {.seed = 0});
-  Program unfused = cpu_model.compile({.mode = Mode::eval, .outputs = m.outputs, .fuse = false});
+  const CompileOptions eval{.mode = Mode::eval, .outputs = m.outputs};
+  // Only --measure runs the step; the plans alone need no program (src/train/trainer.cpp's
+  // run_plan does the same).
+  std::optional<Program> p;
+  if (o.measure) p.emplace(model.compile(eval));
+  const Plan fused = p ? p->plan() : model.plan(eval);
+  const Plan unfused = Model(m.imp.graph, {.seed = 0}).plan({.mode = Mode::eval, .outputs = m.outputs, .fuse = false});
   std::printf("%s (ONNX, opset %lld, %s; evaluation, %s, %s)\n%s", o.model.c_str(), static_cast<long long>(m.imp.opset),
               m.imp.producer.empty() ? "no producer named" : m.imp.producer.c_str(), device_name(model.device()),
-              precision_name(o.precision), p.plan().str().c_str());
+              precision_name(o.precision), fused.str().c_str());
   std::vector<double> measured;
-  if (o.measure) {
+  if (p) {
     load_initial(model, m.imp);  // measured on the file's values, not zeros
-    measured = p.time_steps(20);
+    measured = p->time_steps(20);
   }
-  std::printf("\n%s", explain_plan(p.plan(), unfused.plan(), DeviceModel{}, true, measured).c_str());
+  std::printf("\n%s", explain_plan(fused, unfused, DeviceModel{}, true, measured).c_str());
   for (const std::string& line : model.layout_choices()) std::printf("%s\n", line.c_str());
   return 0;
 }
