@@ -159,16 +159,18 @@ int main(int argc, char** argv) try {
         const bool gelu = e == WgmmaEpilogue::bias_gelu_aux;
         const char* what = e == WgmmaEpilogue::none ? "plain" : gelu ? "gelu+record" : "bias";
         const float lt_us = cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, a, b, d0, e, bias, gelu ? x0 : nullptr, reps);
-        const seam::cuda::Launch own =
-            seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu ? x1 : nullptr);
-        const float own_us = mean_us([&] { own(nullptr); }, reps);
-        SEAM_CUDA_CHECK(cudaDeviceSynchronize());
-        std::printf("%-8s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  own %8.1f us %4.0f TFLOP/s  "
-                    "%.2fx  diff %.1e%s\n",
-                    s.name, s.m, s.n, s.k, what, lt_us, flop / lt_us * 1e-6, own_us, flop / own_us * 1e-6,
-                    lt_us / own_us, relative_rms(d1, d0, mn, static_cast<double*>(sums)),
-                    gelu ? (" record " + std::to_string(relative_rms(x1, x0, mn, static_cast<double*>(sums)))).c_str()
-                         : "");
+        for (int cluster : {1, 2}) {
+          const seam::cuda::Launch own =
+              seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu ? x1 : nullptr, cluster);
+          const float own_us = mean_us([&] { own(nullptr); }, reps);
+          SEAM_CUDA_CHECK(cudaDeviceSynchronize());
+          std::printf("%-8s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  own (cluster %d) %8.1f us "
+                      "%4.0f TFLOP/s  %.2fx  diff %.1e%s\n",
+                      s.name, s.m, s.n, s.k, what, lt_us, flop / lt_us * 1e-6, cluster, own_us, flop / own_us * 1e-6,
+                      lt_us / own_us, relative_rms(d1, d0, mn, static_cast<double*>(sums)),
+                      gelu ? (" record " + std::to_string(relative_rms(x1, x0, mn, static_cast<double*>(sums)))).c_str()
+                           : "");
+        }
       }
     for (void* p : {a, b, bias, d0, d1, x0, x1}) SEAM_CUDA_CHECK(cudaFree(p));
   }

@@ -48,14 +48,14 @@ void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<doubl
   }
 }
 
-// D = epilogue(A B^T) for one shape, `blocks` persistent blocks, two rounds of new values.
-void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigned seed) {
+void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, unsigned seed) {
   std::string why;
   Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2);
   if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why)) GTEST_SKIP() << why;
   const bool with_bias = e != WgmmaEpilogue::none, gelu = e == WgmmaEpilogue::bias_gelu_aux;
   const seam::cuda::Launch run =
-      seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr, gelu ? aux.p : nullptr);
+      seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr, gelu ? aux.p : nullptr,
+                             cluster);
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
@@ -77,13 +77,20 @@ void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigne
     std::vector<__nv_bfloat16> hd(m * n), haux(m * n);
     ASSERT_EQ(cudaMemcpy(hd.data(), d.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     const std::string what = "[" + std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(n) + ", " +
-                             std::to_string(k) + "], " + std::to_string(blocks) + " blocks, round " + std::to_string(round);
+                             std::to_string(k) + "], " + std::to_string(blocks) + " blocks, clusters of " +
+                             std::to_string(cluster) + ", round " + std::to_string(round);
     expect_close(hd, out, what + (gelu ? ", gelu" : ""));
     if (gelu) {
       ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       expect_close(haux, pre, what + ", record");
     }
   }
+}
+
+// D = epilogue(A B^T) for one shape, `blocks` persistent blocks, two rounds of new values;
+// single blocks and pairs sharing B's tile.
+void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigned seed) {
+  for (int cluster : {1, 2}) check_one(m, n, k, e, blocks, cluster, seed + 100 * cluster);
 }
 
 int sms() {

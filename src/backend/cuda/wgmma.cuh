@@ -31,6 +31,43 @@ __device__ __forceinline__ void tma_load(void* s, const CUtensorMap* map, int x,
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
 }
+// The same box delivered to the same shared-memory offset of every block of the cluster
+// named in `blocks` (a bit a rank), completing bytes on each one's barrier at bar's offset.
+__device__ __forceinline__ void tma_load_multicast(void* s, const CUtensorMap* map, int x, int y, uint64_t* bar,
+                                                   uint16_t blocks) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(s)),
+      "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar)), "h"(blocks)
+      : "memory");
+}
+// One arrival on the barrier at bar's offset in the cluster's block `rank`.
+__device__ __forceinline__ void bar_arrive_at(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// Waits for a barrier's phase whose arrivals may come from other blocks of the cluster.
+__device__ __forceinline__ void bar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // A box from shared memory to the tensor at (x, y); the parts outside the tensor are not
 // written. Each store is its own bulk group.
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* s, int x, int y) {
@@ -59,6 +96,18 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ uint64_t sw128_desc(const void* p) {
   const uint64_t a = smem_addr(p);
   return ((a & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// Hands registers between the warpgroups of a block (all 128 threads of a group call it
+// with the same count): a register file part holds 512 per lane for its warps, which a
+// block of three groups shares 40 + 232 + 232 instead of 168 each.
+template <int N>
+__device__ __forceinline__ void regs_shrink() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_grow() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void mma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

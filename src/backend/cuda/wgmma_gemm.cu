@@ -3,14 +3,16 @@
 // Shape of the work. Output tiles of 128 x 256, taken in turn by one persistent block an
 // SM (grid = min(tiles, SMs)); tiles walk groups of 8 row tiles across every column tile,
 // so that the blocks running at one time share A's rows and B's tiles in L2. A block is
-// 9 warps: warp 8 is the producer, one thread of it issuing TMA copies of A's 128 x 64
+// 3 warpgroups: group 2 is the producer, one thread of it issuing TMA copies of A's 128 x 64
 // and B's 256 x 64 k-slices into a ring of 4 stages (48 KB each); warps 0-7 are two
 // consumer warpgroups, each multiplying its 64 rows of the tile with m64n256k16 wgmmas
 // (128 f32 accumulators a thread). A stage's `full` barrier completes when its bytes have
 // landed; its `empty` barrier when both groups' products that read it have finished, after
 // which the producer refills it, running ahead into the next tile while the consumers
-// store this one. 288 threads at up to 224 registers (`__maxnreg__`): the epilogues need
-// more than the 168 a 384-thread block with a whole producer warpgroup would leave.
+// store this one. Registers: a register file part (a quarter of the SM) holds 16K for the
+// warps placed on it, three of this block's twelve, so a block of 12 warps (or of 9: 288
+// threads fail to launch above 168) gets 168 a thread at launch; the producer group then
+// gives up all but 40 and the consumers take 232 (setmaxnreg), which the epilogues need.
 //
 // Epilogue. Each group writes its 64 x 256 rows 64 columns at a time into one of its two
 // 8 KB shared buffers (the GELU epilogue: both, the record and the value) in the TMA's
@@ -37,7 +39,7 @@
 namespace seam::cuda {
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 288;
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
 constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kCBuf = 64 * 64 * 2;
 [[maybe_unused]] constexpr int kGroupRows = 8;  // row tiles a group of the tile order spans
 // The ring, the four store buffers, the barriers, and room to align the ring to 1024.
@@ -50,8 +52,8 @@ constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + 2 * kS
   return 0.5f * x * (1.0f + t);
 }
 
-template <WgmmaEpilogue E>
-__global__ void __maxnreg__(224) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
+template <WgmmaEpilogue E, int CL>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                                    const __grid_constant__ CUtensorMap map_b,
                                                    const __grid_constant__ CUtensorMap map_d,
                                                    const __grid_constant__ CUtensorMap map_aux,
@@ -65,104 +67,120 @@ __global__ void __maxnreg__(224) wgmma_gemm_kernel(const __grid_constant__ CUten
   uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 4 * kCBuf);
   uint64_t* empty = full + kStages;
 
-  const int row_tiles = (m + kBM - 1) / kBM, col_tiles = (n + kBN - 1) / kBN;
-  const int tiles = row_tiles * col_tiles, slices = (k + kBK - 1) / kBK;
+  const int row_tiles = (m + kBM - 1) / kBM, col_tiles = (n + kBN - 1) / kBN, slices = (k + kBK - 1) / kBK;
+  // A unit: CL tiles one above the other, one a block of the cluster, sharing B's tile.
+  const int row_units = (row_tiles + CL - 1) / CL, units = row_units * col_tiles;
+  const int cluster = blockIdx.x / CL, clusters = gridDim.x / CL;
+  const uint32_t rank = CL > 1 ? wg::cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s]);
-      mbar_init(&empty[s], 2);
+      mbar_init(&empty[s], 2 * CL);  // both groups of every block read the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the inits before any arrival
   }
-  __syncthreads();
-  auto tile_origin = [&](int t, int& m0, int& n0) {
-    const int per_group = kGroupRows * col_tiles, first = t / per_group * kGroupRows;
-    const int rows = min(kGroupRows, row_tiles - first), r = t % per_group;
-    m0 = (first + r % rows) * kBM;
+  if constexpr (CL > 1) wg::cluster_sync();  // no block's copies or arrivals reach a peer not yet set up
+  else __syncthreads();
+  auto unit_origin = [&](int u, int& m0, int& n0) {
+    const int per_group = kGroupRows * col_tiles, first = u / per_group * kGroupRows;
+    const int rows = min(kGroupRows, row_units - first), r = u % per_group;
+    m0 = ((first + r % rows) * CL + static_cast<int>(rank)) * kBM;
     n0 = r / rows * kBN;
   };
 
-  if (threadIdx.x >= 256) {  // the producer warp
+  if (threadIdx.x >= 256) {  // the producer group
+    wg::regs_shrink<40>();
     if (threadIdx.x == 256) {
       int pos = 0;  // k-slices issued so far, over this block's tiles
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int u = cluster; u < units; u += clusters) {
         int m0, n0;
-        tile_origin(t, m0, n0);
+        unit_origin(u, m0, n0);
         for (int kb = 0; kb < slices; ++kb, ++pos) {
           const int s = pos % kStages;
-          if (pos >= kStages) mbar_wait(&empty[s], (pos / kStages - 1) & 1);
+          // Each block's share of B lands in every block: all of them must have freed s.
+          if (pos >= kStages) wg::bar_wait_cluster(&empty[s], (pos / kStages - 1) & 1);
           wg::bar_expect(&full[s], kABytes + kBBytes);  // a box past the edges still counts whole
           wg::tma_load(s_a + s * kABytes, &map_a, kb * kBK, m0, &full[s]);
-          wg::tma_load(s_b + s * kBBytes, &map_b, kb * kBK, n0, &full[s]);
+          if constexpr (CL == 1) wg::tma_load(s_b + s * kBBytes, &map_b, kb * kBK, n0, &full[s]);
+          else
+            wg::tma_load_multicast(s_b + s * kBBytes + rank * (kBBytes / CL), &map_b, kb * kBK,
+                                   n0 + static_cast<int>(rank) * (kBN / CL), &full[s], (1u << CL) - 1);
         }
       }
     }
-    return;
-  }
+  } else {  // the consumer groups
+    wg::regs_grow<232>();
+    const int group = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    float d[kBN / 2];
+    int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
+    auto release = [&](uint64_t* bar) {  // this group is done with a stage, in every block
+      if constexpr (CL == 1) wg::bar_arrive(bar);
+      else
+        for (int r = 0; r < CL; ++r) wg::bar_arrive_at(bar, r);
+    };
+    for (int u = cluster; u < units; u += clusters, ++j) {
+      int m0, n0;
+      unit_origin(u, m0, n0);
+      int pos = j * slices;
+      for (int kb = 0; kb < slices; ++kb, ++pos) {
+        const int s = pos % kStages;
+        mbar_wait(&full[s], (pos / kStages) & 1);
+        wg::mma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          wg::mma_64x256x16(d, wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
+                            wg::sw128_desc(s_b + s * kBBytes + kk * 32), kb | kk);
+        wg::mma_commit();
+        wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
+        if (kb > 0 && tid == 0) release(&empty[(pos - 1) % kStages]);
+      }
+      wg::mma_wait<0>();
+      if (tid == 0) release(&empty[(pos - 1) % kStages]);
+      if (m0 >= m) continue;  // a cluster's tile past the last row: its products were of zeros
 
-  const int group = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  float d[kBN / 2];
-  int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++j) {
-    int m0, n0;
-    tile_origin(t, m0, n0);
-    int pos = j * slices;
-    for (int kb = 0; kb < slices; ++kb, ++pos) {
-      const int s = pos % kStages;
-      mbar_wait(&full[s], (pos / kStages) & 1);
-      wg::mma_fence();
+      // One output: the two buffers alternate, a store may still read the other. Two (the
+      // GELU's record and its value): both buffers a piece, once the last stores have read.
+      constexpr bool two = E == WgmmaEpilogue::bias_gelu_aux;
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk)
-        wg::mma_64x256x16(d, wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
-                          wg::sw128_desc(s_b + s * kBBytes + kk * 32), kb | kk);
-      wg::mma_commit();
-      wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
-      if (kb > 0 && tid == 0) wg::bar_arrive(&empty[(pos - 1) % kStages]);
-    }
-    wg::mma_wait<0>();
-    if (tid == 0) wg::bar_arrive(&empty[(pos - 1) % kStages]);
-
-    // One output: the two buffers alternate, a store may still read the other. Two (the
-    // GELU's record and its value): both buffers a piece, once the last stores have read.
-    constexpr bool two = E == WgmmaEpilogue::bias_gelu_aux;
-#pragma unroll
-    for (int p = 0; p < kBN / 64; ++p, ++piece) {
-      const int col0 = n0 + p * 64;
-      if (col0 >= n) break;  // the same for the whole group
-      uint8_t* buf = s_c + (group * 2 + (two ? 0 : piece & 1)) * kCBuf;
-      if (tid == 0) {
-        if constexpr (two) wg::tma_store_wait_read<0>();
-        else wg::tma_store_wait_read<1>();
-      }
-      wg::named_sync(1 + group, 128);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const int col = col0 + q * 8 + 2 * (lane % 4);
-        float b0 = 0.0f, b1 = 0.0f;
-        if (E != WgmmaEpilogue::none && col < n) {  // col is even, n too: both in range
-          const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(bias + col);
-          b0 = __low2float(pair);
-          b1 = __high2float(pair);
+      for (int p = 0; p < kBN / 64; ++p, ++piece) {
+        const int col0 = n0 + p * 64;
+        if (col0 >= n) break;  // the same for the whole group
+        uint8_t* buf = s_c + (group * 2 + (two ? 0 : piece & 1)) * kCBuf;
+        if (tid == 0) {
+          if constexpr (two) wg::tma_store_wait_read<0>();
+          else wg::tma_store_wait_read<1>();
         }
+        wg::named_sync(1 + group, 128);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = warp * 16 + lane / 4 + 8 * h;
-          const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
-          const float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
-          *reinterpret_cast<__nv_bfloat162*>(buf + at) = __floats2bfloat162_rn(x0, x1);
-          if constexpr (two)
-            *reinterpret_cast<__nv_bfloat162*>(buf + kCBuf + at) = __floats2bfloat162_rn(gelu_tanh(x0), gelu_tanh(x1));
+        for (int q = 0; q < 8; ++q) {
+          const int col = col0 + q * 8 + 2 * (lane % 4);
+          float b0 = 0.0f, b1 = 0.0f;
+          if (E != WgmmaEpilogue::none && col < n) {  // col is even, n too: both in range
+            const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(bias + col);
+            b0 = __low2float(pair);
+            b1 = __high2float(pair);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + lane / 4 + 8 * h;
+            const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
+            const float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
+            *reinterpret_cast<__nv_bfloat162*>(buf + at) = __floats2bfloat162_rn(x0, x1);
+            if constexpr (two)
+              *reinterpret_cast<__nv_bfloat162*>(buf + kCBuf + at) = __floats2bfloat162_rn(gelu_tanh(x0), gelu_tanh(x1));
+          }
+        }
+        wg::fence_to_async();
+        wg::named_sync(1 + group, 128);
+        if (tid == 0) {
+          wg::tma_store(two ? &map_aux : &map_d, buf, col0, m0 + group * 64);
+          if constexpr (two) wg::tma_store(&map_d, buf + kCBuf, col0, m0 + group * 64);
         }
       }
-      wg::fence_to_async();
-      wg::named_sync(1 + group, 128);
-      if (tid == 0) {
-        wg::tma_store(two ? &map_aux : &map_d, buf, col0, m0 + group * 64);
-        if constexpr (two) wg::tma_store(&map_d, buf + kCBuf, col0, m0 + group * 64);
-      }
     }
+    if (tid == 0) wg::tma_store_wait_all();
   }
-  if (tid == 0) wg::tma_store_wait_all();
+  if constexpr (CL > 1) wg::cluster_sync();  // no block leaves while a peer may still write to it
 #endif
 }
 
@@ -199,17 +217,55 @@ CUtensorMap tensor_map(const void* p, int64_t rows, int64_t cols, uint32_t box_r
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <WgmmaEpilogue E>
-Launch launch_of(int grid, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d, const CUtensorMap& aux,
-                 const void* bias, int m, int n, int k) {
+// A persistent grid: one block an SM, or for clusters as many as can run at once (a GPC
+// whose free SMs are odd leaves one over), never more than there are units of work.
+template <WgmmaEpilogue E, int CL>
+Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
+                 const CUtensorMap& aux, const void* bias, int m, int n, int k) {
+  auto* kernel = wgmma_gemm_kernel<E, CL>;
   // A function's attribute holds for the current device: set where the launch is prepared.
-  SEAM_CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmemBytes)));
+  SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = CL;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int clusters = std::max(sm_count / CL, 1);
+  if (CL > 1) {
+    int fit = 0;
+    config.gridDim = dim3(clusters * CL);
+    SEAM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));
+    if (fit < 1) fail("the sm_90 GEMM: no cluster of ", CL, " blocks fits on this GPU");
+    clusters = std::min(clusters, fit);
+  }
+  const int grid = static_cast<int>(std::min<int64_t>(units, clusters)) * CL;
   const auto* bias16 = static_cast<const bf16_t*>(bias);
   return [=](cudaStream_t stream) {
-    wgmma_gemm_kernel<E><<<grid, kThreads, kSmemBytes, stream>>>(a, b, d, aux, bias16, m, n, k);
+    cudaLaunchConfig_t c = config;
+    cudaLaunchAttribute at = attr;
+    c.gridDim = dim3(grid);
+    c.stream = stream;
+    c.attrs = &at;
+    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, m, n, k));
     SEAM_CUDA_LAUNCH_CHECK();
   };
+}
+
+template <int CL>
+Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
+                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, int m, int n, int k) {
+  switch (epilogue) {
+    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::bias_gelu_aux:
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL>(sm_count, units, a, b, d, aux, bias, m, n, k);
+  }
+  fail("unknown epilogue");
 }
 
 }  // namespace
@@ -234,24 +290,19 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 }
 
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias, void* aux) {
+                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster) {
   std::string why;
   if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why)) fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
   if (epilogue != WgmmaEpilogue::none && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
   if (epilogue == WgmmaEpilogue::bias_gelu_aux && aux == nullptr) fail("the sm_90 GEMM's GELU epilogue needs its record");
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_b = tensor_map(b, n, k, kBN),
+  if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_b = tensor_map(b, n, k, kBN / cluster),
                     map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(aux ? aux : d, m, n, 64);
-  const int64_t tiles = ((m + kBM - 1) / kBM) * ((n + kBN - 1) / kBN);
-  const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
+  const int64_t units = (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  switch (epilogue) {
-    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none>(grid, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
-    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias>(grid, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
-    case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux>(grid, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
-  }
-  fail("unknown epilogue");
+  return cluster == 1 ? launch_with<1>(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki)
+                      : launch_with<2>(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
 }
 
 }  // namespace seam::cuda

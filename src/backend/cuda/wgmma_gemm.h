@@ -32,7 +32,9 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 
 // The launch of one such GEMM on fixed buffers (the tensor maps are built here, once).
 // bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16 (bias_gelu_aux).
+// cluster: 1, or 2 for pairs of blocks on tiles one above the other that load B's tile
+// once between them (each half, delivered to both), a third less traffic from L2.
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr);
+                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 2);
 
 }  // namespace seam::cuda
