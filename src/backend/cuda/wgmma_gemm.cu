@@ -22,11 +22,17 @@
 // have read it. Rows and columns past the matrix are clipped by the store, and read as
 // zeros by the loads, so no shape needs padding.
 //
-// Measured in a probe on an H100 (bf16, W6's shapes, against cuBLASLt's best heuristic
-// candidate in the same run): bit-equal results; 440 TFLOP/s at K = 768 (cuBLASLt
-// 750-770) and 640 at K = 3072 (cuBLASLt 755). The gap is a fixed cost of about 6.7 us a
-// tile on top of 0.69 us a 64-deep k-slice (0.56 at the tensor cores' rate), not yet
-// located; until it is, no step offers this kernel.
+// Clusters (cluster = 2): the blocks of a pair take tiles one above the other, and each
+// loads half of B's tile for both (TMA multicast), so a stage is free only once the
+// consumers of both blocks released it, and no block leaves while its peer may still
+// write to it.
+//
+// Measured in a probe (bf16, W6's shapes, against cuBLASLt's best heuristic candidate in
+// the same run): bit-equal results; single blocks at 440 TFLOP/s at K = 768 (cuBLASLt
+// 750-770) and 640 at K = 3072 (cuBLASLt 755). A clock trace put the gap in L2's
+// bandwidth (a slice lands 3300-4000 cycles after it is asked for) and in an epilogue
+// nothing overlaps; cuBLASLt's kernel for these shapes pairs its blocks as above. Until
+// this kernel beats cuBLASLt on a GPU, no step offers it.
 #include <cuda.h>
 
 #include <algorithm>
