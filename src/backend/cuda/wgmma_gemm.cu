@@ -1,7 +1,7 @@
 // The GEMM of wgmma_gemm.h.
 //
 // Shape of the work. Output tiles of 128 x 256, taken in turn by one persistent block an
-// SM (grid = min(tiles, SMs)); tiles walk groups of 8 row tiles across every column tile,
+// SM (or pair of blocks: below); tiles walk groups of 8 row tiles across every column tile,
 // so that the blocks running at one time share A's rows and B's tiles in L2. A block is
 // 3 warpgroups: group 2 is the producer, one thread of it issuing TMA copies of A's 128 x 64
 // and B's 256 x 64 k-slices into a ring of 4 stages (48 KB each); warps 0-7 are two
@@ -240,7 +240,7 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   config.attrs = &attr;
-  config.numAttrs = 1;
+  config.numAttrs = CL > 1 ? 1 : 0;  // single blocks launch as they always have
   int clusters = std::max(sm_count / CL, 1);
   if (CL > 1) {
     int fit = 0;
