@@ -133,15 +133,16 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(64, 64, 64, static_cast<char*>(a.p) + 8, b.p, d.p, nullptr, &why));
   EXPECT_NE(why.find("aligned"), std::string::npos) << why;
   EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(0, 64, 64, a.p, b.p, d.p, nullptr, &why));
-  auto error_of = [&](int64_t k, WgmmaEpilogue e) {
+  auto error_of = [&](int64_t k, WgmmaEpilogue e, int cluster = 2) {
     try {
-      seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, nullptr, nullptr);
+      seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, nullptr, nullptr, cluster);
     } catch (const std::exception& x) {
       return std::string(x.what());
     }
     return std::string("no error");
   };
   EXPECT_NE(error_of(64, WgmmaEpilogue::bias_gelu_aux).find("bias"), std::string::npos);
+  EXPECT_NE(error_of(64, WgmmaEpilogue::none, 3).find("clusters of 1 or 2 blocks, not 3"), std::string::npos);
   EXPECT_NE(error_of(60, WgmmaEpilogue::none).find("[64, 60] x [64, 60]: k and n must be multiples of 8"),
             std::string::npos);
 }

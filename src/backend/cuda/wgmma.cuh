@@ -12,7 +12,8 @@
 
 namespace seam::cuda::wg {
 
-// Barriers are made by mbar_init (async_copy.cuh) and waited on by mbar_wait.
+// Barriers are made by mbar_init (async_copy.cuh) and waited on by mbar_wait (mbar_wait<true>
+// where other blocks of the cluster arrive).
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -46,17 +47,6 @@ __device__ __forceinline__ void bar_arrive_at(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// Waits for a barrier's phase whose arrivals may come from other blocks of the cluster.
-__device__ __forceinline__ void bar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
 }
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         for (int kb = 0; kb < slices; ++kb, ++pos) {
           const int s = pos % kStages;
           // Each block's share of B lands in every block: all of them must have freed s.
-          if (pos >= kStages) wg::bar_wait_cluster(&empty[s], (pos / kStages - 1) & 1);
+          if (pos >= kStages) mbar_wait<(CL > 1)>(&empty[s], (pos / kStages - 1) & 1);
           wg::bar_expect(&full[s], kABytes + kBBytes);  // a box past the edges still counts whole
           wg::tma_load(s_a + s * kABytes, &map_a, kb * kBK, m0, &full[s]);
           if constexpr (CL == 1) wg::tma_load(s_b + s * kBBytes, &map_b, kb * kBK, n0, &full[s]);
