@@ -130,7 +130,9 @@ GemmRun prepare_gemm_run(Context& ctx, const GemmShape& shape, std::vector<GemmO
 // variants available, and used without timing on later runs (a build that offers another
 // variant times the step again). Records what it chose in ctx.choices for plan step `step`.
 // Running a variant must only write the step's outputs (timing runs it several times).
-// Every step offers "fused" and "split" (some also "split_t"); ctx.epilogue may force one.
+// Every step offers "fused" and "split" (some also "split_t"; bf16 linear layers on sm_90
+// also "wgmma", the GEMM of our own, wgmma_gemm.h); ctx.epilogue may force one, "fused"
+// forcing "wgmma" where it is offered (its epilogue is fused too).
 // A variant with an empty launch is not available (try_prepare_gemm found no algorithm,
 // or cuBLASLt's epilogue does not take the step's dtypes): it is never chosen, and a
 // policy forcing it gets "split" instead, noted in ctx.choices.

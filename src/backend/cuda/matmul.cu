@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/storage.cuh"
+#include "backend/cuda/wgmma_gemm.h"
 #include "ops/geometry.h"
 
 namespace seam::cuda {
@@ -342,7 +343,29 @@ Launch linear_gemm(const StepArgs& a, GemmShape g, const DeviceTensor* bias, con
   return bias ? in_order({plain, bias_kernel(a, pre, *bias)}) : plain;
 }
 
-// linear: BIAS with a bias, DEFAULT without.
+// The GEMM of our own for sm_90 (wgmma_gemm.h) where it takes a linear layer's forward:
+// bf16 throughout (x, w, the outputs, the bias), on a GPU it was built for. Empty with
+// the reason otherwise; `offered` says whether the step should list it at all (only
+// where the GPU is an sm_90 and the types are bf16, so other plans read as before).
+Launch own_linear(const StepArgs& a, int64_t rows, int64_t in, int64_t out, const DeviceTensor* b,
+                  const DeviceTensor& y, const DeviceTensor* aux, WgmmaEpilogue e, std::string* why, bool* offered) {
+  *offered = false;
+  const DeviceTensor& x = a.in[0];
+  const DeviceTensor& w = a.in[1];
+  for (const DeviceTensor* t : {&x, &w, &y, b, aux})
+    if (t && t->dtype() != DType::bf16) return {};
+  if (!wgmma_gemm_runs_here()) return {};
+  *offered = true;
+  if (!wgmma_gemm_fits(rows, out, in, x.data, w.data, y.data, aux ? aux->data : nullptr, why)) return {};
+  if (b && reinterpret_cast<uintptr_t>(b->data) % 4 != 0) {
+    *why = "the bias is not 4-byte aligned";
+    return {};
+  }
+  return wgmma_gemm(a.ctx.sm_count, rows, out, in, x.data, w.data, y.data, e, b ? b->data : nullptr,
+                    aux ? aux->data : nullptr);
+}
+
+// linear: BIAS with a bias, DEFAULT without; or the GEMM of our own, if faster.
 Launch linear(const StepArgs& a) {
   const bool bias = a.in.size() == 3;
   const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]}, bias ? &a.in[2] : nullptr);
@@ -354,7 +377,15 @@ Launch linear(const StepArgs& a) {
     return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
   }
   if (rows == 0) return nothing();
-  return linear_gemm(a, linear_shape(rows, in, out, t), bias ? &a.in[2] : nullptr, a.out[0]);
+  const DeviceTensor* b = bias ? &a.in[2] : nullptr;
+  Launch lt = linear_gemm(a, linear_shape(rows, in, out, t), b, a.out[0]);
+  std::string why;
+  bool offered = false;
+  Launch own = own_linear(a, rows, in, out, b, a.out[0], nullptr, bias ? WgmmaEpilogue::bias : WgmmaEpilogue::none,
+                          &why, &offered);
+  if (!offered) return lt;
+  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t),
+                        {{"cublaslt", lt}, {"wgmma", own, {}, why}});
 }
 
 // linear_add: y = x w^T + b + r. Fused: the GEMM reads r as its C with beta = 1 (with
@@ -443,8 +474,14 @@ Launch linear_act(const StepArgs& a) {
           " output";
   else
     fused = try_prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(y)}}, e, what_of(a), &why);
-  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t),
-                        {{"fused", fused, {}, why}, {"split", split}});
+  std::vector<Variant> variants{{"fused", fused, {}, why}, {"split", split}};
+  if (Aux && !relu && bias) {  // the GEMM of our own writes the record and the value together
+    std::string own_why;
+    bool offered = false;
+    Launch own = own_linear(a, rows, in, out, b, y, &a.out[1], WgmmaEpilogue::bias_gelu_aux, &own_why, &offered);
+    if (offered) variants.push_back({"wgmma", own, {}, own_why});
+  }
+  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t), std::move(variants));
 }
 
 // --------------------------------------------------------------------------------------

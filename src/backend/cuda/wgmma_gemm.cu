@@ -276,17 +276,21 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
 
 }  // namespace
 
+bool wgmma_gemm_runs_here() {
+  int device = 0, major = 0, minor = 0;
+  SEAM_CUDA_CHECK(cudaGetDevice(&device));
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+}
+
 bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* d,
                      const void* aux, std::string* why) {
   auto no = [&](std::string reason) {
     if (why) *why = std::move(reason);
     return false;
   };
-  int device = 0, major = 0, minor = 0;
-  SEAM_CUDA_CHECK(cudaGetDevice(&device));
-  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  SEAM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) return no("built for sm_90a only");
+  if (!wgmma_gemm_runs_here()) return no("built for sm_90a only");
   if (m <= 0 || n <= 0 || k <= 0) return no("an empty product");
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return no("a dimension past 2^31");
   if (k % 8 != 0 || n % 8 != 0) return no("k and n must be multiples of 8");

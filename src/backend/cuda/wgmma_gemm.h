@@ -12,8 +12,9 @@
 //   bias_gelu_aux  aux = A B^T + bias (the pre-activation, rounded to bf16: the record
 //                  matmul_act_grad reads), D = gelu_tanh(A B^T + bias) from the f32 sum
 //
-// Not yet one of the steps' variants (wgmma_gemm.cu says how far it is from cuBLASLt;
-// seam_wgmma_bench, bench/wgmma_bench.cu, measures it).
+// Offered as the variant `wgmma` of linear (bias or none) and linear_act_aux (gelu with a
+// bias), timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
+// (bench/wgmma_bench.cu) measures it alone.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,6 +24,9 @@
 namespace seam::cuda {
 
 enum class WgmmaEpilogue { none, bias, bias_gelu_aux };
+
+// Whether the current GPU is one the kernel is built for (compute capability 9.0).
+bool wgmma_gemm_runs_here();
 
 // Whether this GPU and these operands can take the kernel; if not, why (in *why). It needs
 // compute capability 9.0 (the code is built for sm_90a only), k and n multiples of 8 (the
