@@ -48,19 +48,23 @@ void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<doubl
   }
 }
 
-void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, unsigned seed) {
+void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, bool b_kn, unsigned seed) {
   std::string why;
   Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2);
   if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why)) GTEST_SKIP() << why;
   const bool with_bias = e != WgmmaEpilogue::none, gelu = e == WgmmaEpilogue::bias_gelu_aux;
   const seam::cuda::Launch run =
       seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr, gelu ? aux.p : nullptr,
-                             cluster);
+                             cluster, b_kn);
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
     ASSERT_EQ(cudaMemcpy(a.p, ha.data(), m * k * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(b.p, hb.data(), n * k * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    std::vector<__nv_bfloat16> stored = hb;  // B[n, k], or its transpose for b_kn
+    if (b_kn)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t x = 0; x < k; ++x) stored[x * n + j] = hb[j * k + x];
+    ASSERT_EQ(cudaMemcpy(b.p, stored.data(), n * k * 2, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(bias.p, hbias.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
     run(nullptr);
@@ -78,7 +82,8 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
     ASSERT_EQ(cudaMemcpy(hd.data(), d.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     const std::string what = "[" + std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(n) + ", " +
                              std::to_string(k) + "], " + std::to_string(blocks) + " blocks, clusters of " +
-                             std::to_string(cluster) + ", round " + std::to_string(round);
+                             std::to_string(cluster) + (b_kn ? ", B stored [k, n]" : "") + ", round " +
+                             std::to_string(round);
     expect_close(hd, out, what + (gelu ? ", gelu" : ""));
     if (gelu) {
       ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -88,9 +93,10 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
 }
 
 // D = epilogue(A B^T) for one shape, `blocks` persistent blocks, two rounds of new values;
-// single blocks and pairs sharing B's tile.
+// single blocks and pairs sharing B's tile, B stored [n, k] and [k, n].
 void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigned seed) {
-  for (int cluster : {1, 2}) check_one(m, n, k, e, blocks, cluster, seed + 100 * cluster);
+  for (bool b_kn : {false, true})
+    for (int cluster : {1, 2}) check_one(m, n, k, e, blocks, cluster, b_kn, seed + 100 * cluster + 1000 * b_kn);
 }
 
 int sms() {

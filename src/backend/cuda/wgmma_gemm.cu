@@ -58,7 +58,7 @@ constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + 2 * kS
   return 0.5f * x * (1.0f + t);
 }
 
-template <WgmmaEpilogue E, int CL>
+template <WgmmaEpilogue E, int CL, bool BT>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                                    const __grid_constant__ CUtensorMap map_b,
                                                    const __grid_constant__ CUtensorMap map_d,
@@ -107,10 +107,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           if (pos >= kStages) mbar_wait<(CL > 1)>(&empty[s], (pos / kStages - 1) & 1);
           wg::bar_expect(&full[s], kABytes + kBBytes);  // a box past the edges still counts whole
           wg::tma_load(s_a + s * kABytes, &map_a, kb * kBK, m0, &full[s]);
-          if constexpr (CL == 1) wg::tma_load(s_b + s * kBBytes, &map_b, kb * kBK, n0, &full[s]);
-          else
-            wg::tma_load_multicast(s_b + s * kBBytes + rank * (kBBytes / CL), &map_b, kb * kBK,
-                                   n0 + static_cast<int>(rank) * (kBN / CL), &full[s], (1u << CL) - 1);
+          // B [n, k]: one box of this block's kBN / CL rows. B [k, n]: boxes of 64 k-rows by
+          // 64 columns, side by side, this block's kBN / 64 / CL of them.
+          constexpr int boxes = BT ? kBN / 64 / CL : 1, box_bytes = kBBytes / CL / boxes;
+#pragma unroll
+          for (int i = 0; i < boxes; ++i) {
+            const int at = static_cast<int>(rank) * boxes + i;
+            uint8_t* dst = s_b + s * kBBytes + at * box_bytes;
+            const int x = BT ? n0 + at * 64 : kb * kBK, y = BT ? kb * kBK : n0 + at * (kBN / CL);
+            if constexpr (CL == 1) wg::tma_load(dst, &map_b, x, y, &full[s]);
+            else wg::tma_load_multicast(dst, &map_b, x, y, &full[s], (1u << CL) - 1);
+          }
         }
       }
     }
@@ -134,8 +141,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         wg::mma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk)
-          wg::mma_64x256x16(d, wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
-                            wg::sw128_desc(s_b + s * kBBytes + kk * 32), kb | kk);
+          wg::mma_64x256x16<BT>(d, wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
+                                BT ? wg::sw128_desc_mn(s_b + s * kBBytes + kk * 16 * 128)
+                                   : wg::sw128_desc(s_b + s * kBBytes + kk * 32),
+                                kb | kk);
         wg::mma_commit();
         wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
         if (kb > 0 && tid == 0) release(&empty[(pos - 1) % kStages]);
@@ -225,10 +234,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // A persistent grid: one block an SM, or for clusters as many as can run at once (a GPC
 // whose free SMs are odd leaves one over), never more than there are units of work.
-template <WgmmaEpilogue E, int CL>
+template <WgmmaEpilogue E, int CL, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
                  const CUtensorMap& aux, const void* bias, int m, int n, int k) {
-  auto* kernel = wgmma_gemm_kernel<E, CL>;
+  auto* kernel = wgmma_gemm_kernel<E, CL, BT>;
   // A function's attribute holds for the current device: set where the launch is prepared.
   SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
   cudaLaunchConfig_t config{};
@@ -262,14 +271,14 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
   };
 }
 
-template <int CL>
+template <int CL, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
                    const CUtensorMap& d, const CUtensorMap& aux, const void* bias, int m, int n, int k) {
   switch (epilogue) {
-    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL>(sm_count, units, a, b, d, aux, bias, m, n, k);
-    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL>(sm_count, units, a, b, d, aux, bias, m, n, k);
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
   }
   fail("unknown epilogue");
 }
@@ -300,19 +309,21 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 }
 
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster) {
+                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool b_kn) {
   std::string why;
   if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why)) fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
   if (epilogue != WgmmaEpilogue::none && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
   if (epilogue == WgmmaEpilogue::bias_gelu_aux && aux == nullptr) fail("the sm_90 GEMM's GELU epilogue needs its record");
   if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_b = tensor_map(b, n, k, kBN / cluster),
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM),
+                    map_b = b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / cluster),
                     map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(aux ? aux : d, m, n, 64);
   const int64_t units = (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  return cluster == 1 ? launch_with<1>(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki)
-                      : launch_with<2>(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
+  auto launch = cluster == 1 ? (b_kn ? launch_with<1, true> : launch_with<1, false>)
+                             : (b_kn ? launch_with<2, true> : launch_with<2, false>);
+  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
 }
 
 }  // namespace seam::cuda

@@ -6,7 +6,8 @@
 //
 //   D[m, n] = epilogue(A[m, k] . B[n, k]^T), all row-major bf16, f32 accumulation
 //
-// which is a linear layer's forward, y = x W^T, with W stored [out, in]. Epilogues:
+// which is a linear layer's forward, y = x W^T, with W stored [out, in]; or, with B
+// stored [k, n] (b_kn), D = A . B, a layer's data gradient dx = dy W. Epilogues:
 //   none           D = A B^T
 //   bias           D = A B^T + bias[n]
 //   bias_gelu_aux  aux = A B^T + bias (the pre-activation, rounded to bf16: the record
@@ -38,7 +39,9 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 // bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16 (bias_gelu_aux).
 // cluster: 1, or 2 for pairs of blocks on tiles one above the other that load B's tile
 // once between them (each half, delivered to both), a third less traffic from L2.
+// b_kn: B is stored [k, n] (row-major), not [n, k].
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 2);
+                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 2,
+                  bool b_kn = false);
 
 }  // namespace seam::cuda
