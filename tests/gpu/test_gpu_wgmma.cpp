@@ -30,6 +30,14 @@ std::vector<__nv_bfloat16> random_bf16(size_t n, std::mt19937& rng, float scale)
   return v;
 }
 
+// x [rows, cols] stored as [cols, rows].
+std::vector<__nv_bfloat16> transposed(const std::vector<__nv_bfloat16>& x, int64_t rows, int64_t cols) {
+  std::vector<__nv_bfloat16> t(x.size());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[j * rows + i] = x[i * cols + j];
+  return t;
+}
+
 double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 
 // Every element within bf16's rounding of the reference (2^-8 relative), with a floor of
@@ -48,23 +56,22 @@ void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<doubl
   }
 }
 
-void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, bool b_kn, unsigned seed) {
+void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, bool a_km, bool b_kn,
+               unsigned seed) {
   std::string why;
   Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2);
-  if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why)) GTEST_SKIP() << why;
+  if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why, a_km)) GTEST_SKIP() << why;
   const bool with_bias = e != WgmmaEpilogue::none, gelu = e == WgmmaEpilogue::bias_gelu_aux;
   const seam::cuda::Launch run =
       seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr, gelu ? aux.p : nullptr,
-                             cluster, b_kn);
+                             cluster, a_km, b_kn);
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
-    ASSERT_EQ(cudaMemcpy(a.p, ha.data(), m * k * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    std::vector<__nv_bfloat16> stored = hb;  // B[n, k], or its transpose for b_kn
-    if (b_kn)
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t x = 0; x < k; ++x) stored[x * n + j] = hb[j * k + x];
-    ASSERT_EQ(cudaMemcpy(b.p, stored.data(), n * k * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(a.p, (a_km ? transposed(ha, m, k) : ha).data(), m * k * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(b.p, (b_kn ? transposed(hb, n, k) : hb).data(), n * k * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
     ASSERT_EQ(cudaMemcpy(bias.p, hbias.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
     run(nullptr);
@@ -82,7 +89,8 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
     ASSERT_EQ(cudaMemcpy(hd.data(), d.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     const std::string what = "[" + std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(n) + ", " +
                              std::to_string(k) + "], " + std::to_string(blocks) + " blocks, clusters of " +
-                             std::to_string(cluster) + (b_kn ? ", B stored [k, n]" : "") + ", round " +
+                             std::to_string(cluster) + (a_km ? ", A stored [k, m]" : "") +
+                             (b_kn ? ", B stored [k, n]" : "") + ", round " +
                              std::to_string(round);
     expect_close(hd, out, what + (gelu ? ", gelu" : ""));
     if (gelu) {
@@ -93,10 +101,13 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
 }
 
 // D = epilogue(A B^T) for one shape, `blocks` persistent blocks, two rounds of new values;
-// single blocks and pairs sharing B's tile, B stored [n, k] and [k, n].
+// single blocks and pairs sharing B's tile, each operand stored either way (A [k, m] where
+// m is a multiple of 8).
 void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigned seed) {
-  for (bool b_kn : {false, true})
-    for (int cluster : {1, 2}) check_one(m, n, k, e, blocks, cluster, b_kn, seed + 100 * cluster + 1000 * b_kn);
+  for (bool a_km : {false, true})
+    for (bool b_kn : {false, true})
+      for (int cluster : {1, 2})
+        if (!a_km || m % 8 == 0) check_one(m, n, k, e, blocks, cluster, a_km, b_kn, seed + 100 * cluster + 1000 * b_kn + 2000 * a_km);
 }
 
 int sms() {
@@ -139,6 +150,9 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(64, 64, 64, static_cast<char*>(a.p) + 8, b.p, d.p, nullptr, &why));
   EXPECT_NE(why.find("aligned"), std::string::npos) << why;
   EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(0, 64, 64, a.p, b.p, d.p, nullptr, &why));
+  EXPECT_TRUE(seam::cuda::wgmma_gemm_fits(60, 64, 64, a.p, b.p, d.p, nullptr, &why));
+  EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(60, 64, 64, a.p, b.p, d.p, nullptr, &why, /*a_km=*/true));
+  EXPECT_NE(why.find("m must be a multiple of 8 with A stored [k, m]"), std::string::npos) << why;
   auto error_of = [&](int64_t k, WgmmaEpilogue e, int cluster = 2) {
     try {
       seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, nullptr, nullptr, cluster);

@@ -87,10 +87,11 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* p) {
   const uint64_t a = smem_addr(p);
   return ((a & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
-// The same for an N-major operand (B stored [k, n]) loaded as boxes of 64 k-rows of 64
-// values each (128 bytes, swizzled), the boxes side by side along n 8 KB apart: k-rows in
-// groups of 8 are 1024 bytes apart (the stride byte offset), blocks of 64 values along n
-// 8192 (the leading byte offset). A k-slice of 16 starts 16 rows (2048 bytes) further.
+// The same for an M- or N-major operand (A stored [k, m], B stored [k, n]) loaded as boxes
+// of 64 k-rows of 64 values each (128 bytes, swizzled), the boxes side by side along m or
+// n 8 KB apart: k-rows in groups of 8 are 1024 bytes apart (the stride byte offset),
+// blocks of 64 values along m or n 8192 (the leading byte offset). A k-slice of 16 starts
+// 16 rows (2048 bytes) further.
 __device__ __forceinline__ uint64_t sw128_desc_mn(const void* p) {
   const uint64_t a = smem_addr(p);
   return ((a & 0x3FFFF) >> 4) | (uint64_t{8192 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
@@ -119,9 +120,9 @@ __device__ __forceinline__ void mma_wait() {
 // d[64 x 256] (+)= a[64 x 16] . b[256 x 16]^T for one warpgroup, bf16 operands in shared
 // memory, f32 accumulators in registers: thread t of the group holds, for each 8-column
 // block j, d[4j], d[4j+1] at row 16 (t / 32) + (t % 32) / 4, columns 8j + 2 (t % 4) + 0, 1,
-// and d[4j+2], d[4j+3] eight rows below. accumulate = 0 overwrites d. kTransB: b is
-// N-major (sw128_desc_mn), else K-major.
-template <bool kTransB = false>
+// and d[4j+2], d[4j+3] eight rows below. accumulate = 0 overwrites d. kTransA, kTransB:
+// a is M-major, b N-major (sw128_desc_mn), else K-major.
+template <bool kTransA = false, bool kTransB = false>
 __device__ __forceinline__ void mma_64x256x16(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -134,7 +135,7 @@ __device__ __forceinline__ void mma_64x256x16(float (&d)[128], uint64_t a, uint6
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+      "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
       :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -152,7 +153,7 @@ __device__ __forceinline__ void mma_64x256x16(float (&d)[128], uint64_t a, uint6
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB ? 1 : 0));
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
 }
 
 }  // namespace seam::cuda::wg

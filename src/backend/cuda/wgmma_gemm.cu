@@ -58,7 +58,7 @@ constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + 2 * kS
   return 0.5f * x * (1.0f + t);
 }
 
-template <WgmmaEpilogue E, int CL, bool BT>
+template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                                    const __grid_constant__ CUtensorMap map_b,
                                                    const __grid_constant__ CUtensorMap map_d,
@@ -106,7 +106,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           // Each block's share of B lands in every block: all of them must have freed s.
           if (pos >= kStages) mbar_wait<(CL > 1)>(&empty[s], (pos / kStages - 1) & 1);
           wg::bar_expect(&full[s], kABytes + kBBytes);  // a box past the edges still counts whole
-          wg::tma_load(s_a + s * kABytes, &map_a, kb * kBK, m0, &full[s]);
+          // A [m, k]: one box of kBM rows. A [k, m]: two boxes of 64 k-rows by 64 columns.
+          if constexpr (AT) {
+            wg::tma_load(s_a + s * kABytes, &map_a, m0, kb * kBK, &full[s]);
+            wg::tma_load(s_a + s * kABytes + kABytes / 2, &map_a, m0 + 64, kb * kBK, &full[s]);
+          } else {
+            wg::tma_load(s_a + s * kABytes, &map_a, kb * kBK, m0, &full[s]);
+          }
           // B [n, k]: one box of this block's kBN / CL rows. B [k, n]: boxes of 64 k-rows by
           // 64 columns, side by side, this block's kBN / 64 / CL of them.
           constexpr int boxes = BT ? kBN / 64 / CL : 1, box_bytes = kBBytes / CL / boxes;
@@ -141,7 +147,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         wg::mma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk)
-          wg::mma_64x256x16<BT>(d, wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
+          wg::mma_64x256x16<AT, BT>(d,
+                                    AT ? wg::sw128_desc_mn(s_a + s * kABytes + group * (kABytes / 2) + kk * 16 * 128)
+                                       : wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
                                 BT ? wg::sw128_desc_mn(s_b + s * kBBytes + kk * 16 * 128)
                                    : wg::sw128_desc(s_b + s * kBBytes + kk * 32),
                                 kb | kk);
@@ -234,10 +242,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // A persistent grid: one block an SM, or for clusters as many as can run at once (a GPC
 // whose free SMs are odd leaves one over), never more than there are units of work.
-template <WgmmaEpilogue E, int CL, bool BT>
+template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
                  const CUtensorMap& aux, const void* bias, int m, int n, int k) {
-  auto* kernel = wgmma_gemm_kernel<E, CL, BT>;
+  auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   // A function's attribute holds for the current device: set where the launch is prepared.
   SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
   cudaLaunchConfig_t config{};
@@ -271,14 +279,14 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
   };
 }
 
-template <int CL, bool BT>
+template <int CL, bool AT, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
                    const CUtensorMap& d, const CUtensorMap& aux, const void* bias, int m, int n, int k) {
   switch (epilogue) {
-    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
-    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
   }
   fail("unknown epilogue");
 }
@@ -294,7 +302,7 @@ bool wgmma_gemm_runs_here() {
 }
 
 bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* d,
-                     const void* aux, std::string* why) {
+                     const void* aux, std::string* why, bool a_km) {
   auto no = [&](std::string reason) {
     if (why) *why = std::move(reason);
     return false;
@@ -303,26 +311,32 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
   if (m <= 0 || n <= 0 || k <= 0) return no("an empty product");
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return no("a dimension past 2^31");
   if (k % 8 != 0 || n % 8 != 0) return no("k and n must be multiples of 8");
+  if (a_km && m % 8 != 0) return no("m must be a multiple of 8 with A stored [k, m]");
   if (!aligned16(a) || !aligned16(b) || !aligned16(d) || (aux && !aligned16(aux)))
     return no("operands not 16-byte aligned");
   return true;
 }
 
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool b_kn) {
+                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool a_km, bool b_kn) {
   std::string why;
-  if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why)) fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
+  if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why, a_km)) fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
   if (epilogue != WgmmaEpilogue::none && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
   if (epilogue == WgmmaEpilogue::bias_gelu_aux && aux == nullptr) fail("the sm_90 GEMM's GELU epilogue needs its record");
   if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM),
+  const CUtensorMap map_a = a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
                     map_b = b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / cluster),
                     map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(aux ? aux : d, m, n, 64);
   const int64_t units = (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  auto launch = cluster == 1 ? (b_kn ? launch_with<1, true> : launch_with<1, false>)
-                             : (b_kn ? launch_with<2, true> : launch_with<2, false>);
+  using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
+                       const CUtensorMap&, const void*, int, int, int);
+  constexpr Fn by_layout[2][2][2] = {{{launch_with<1, false, false>, launch_with<1, false, true>},
+                                      {launch_with<1, true, false>, launch_with<1, true, true>}},
+                                     {{launch_with<2, false, false>, launch_with<2, false, true>},
+                                      {launch_with<2, true, false>, launch_with<2, true, true>}}};
+  const Fn launch = by_layout[cluster - 1][a_km][b_kn];
   return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
 }
 

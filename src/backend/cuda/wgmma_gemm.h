@@ -6,8 +6,9 @@
 //
 //   D[m, n] = epilogue(A[m, k] . B[n, k]^T), all row-major bf16, f32 accumulation
 //
-// which is a linear layer's forward, y = x W^T, with W stored [out, in]; or, with B
-// stored [k, n] (b_kn), D = A . B, a layer's data gradient dx = dy W. Epilogues:
+// which is a linear layer's forward, y = x W^T, with W stored [out, in]. A may be stored
+// [k, m] instead (a_km) and B [k, n] (b_kn): D = A B with B [k, n] is a layer's data
+// gradient dx = dy W, D = A^T B with both is its weight gradient dW = dy^T x. Epilogues:
 //   none           D = A B^T
 //   bias           D = A B^T + bias[n]
 //   bias_gelu_aux  aux = A B^T + bias (the pre-activation, rounded to bf16: the record
@@ -31,17 +32,18 @@ bool wgmma_gemm_runs_here();
 
 // Whether this GPU and these operands can take the kernel; if not, why (in *why). It needs
 // compute capability 9.0 (the code is built for sm_90a only), k and n multiples of 8 (the
-// tensor maps' row pitch a multiple of 16 bytes) and 16-byte aligned pointers.
+// tensor maps' row pitch a multiple of 16 bytes; m too with A stored [k, m]) and 16-byte
+// aligned pointers.
 bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* d,
-                     const void* aux, std::string* why);
+                     const void* aux, std::string* why, bool a_km = false);
 
 // The launch of one such GEMM on fixed buffers (the tensor maps are built here, once).
 // bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16 (bias_gelu_aux).
 // cluster: 1, or 2 for pairs of blocks on tiles one above the other that load B's tile
 // once between them (each half, delivered to both), a third less traffic from L2.
-// b_kn: B is stored [k, n] (row-major), not [n, k].
+// a_km, b_kn: A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k].
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
                   WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 2,
-                  bool b_kn = false);
+                  bool a_km = false, bool b_kn = false);
 
 }  // namespace seam::cuda
