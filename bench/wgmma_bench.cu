@@ -1,6 +1,7 @@
 // seam's sm_90 GEMM (backend/cuda/wgmma_gemm.h) against cuBLASLt on W6's linear layers,
 // side by side on the same buffers: the plain product, with a bias, and with the GELU
-// record (cuBLASLt's GELU_AUX_BIAS). cuBLASLt runs every candidate its heuristic offers
+// record (cuBLASLt's GELU_AUX_BIAS); and the backward's plain products, whose operands are
+// stored the other way. cuBLASLt runs every candidate its heuristic offers
 // and keeps the fastest; each time is the mean of `reps` launches after one warm-up, two
 // passes. The outputs are compared with cuBLASLt's (RMS of the difference over the RMS).
 //
@@ -69,14 +70,15 @@ float mean_us(F&& launch, int reps) {
 }
 
 // cuBLASLt's fastest candidate for D[m, n] = A[m, k] B[n, k]^T (+ epilogue), row-major:
-// column-major D^T[n, m] = op_T(B as [k, n]) . A as [k, m].
-float cublaslt_us(cublasLtHandle_t lt, void* ws, size_t ws_bytes, int m, int n, int k, const void* a, const void* b,
-                  void* d, WgmmaEpilogue e, const void* bias, void* aux, int reps) {
+// column-major D^T[n, m] = op_T(B as [k, n]) . A as [k, m]. With A stored [k, m] (a_km)
+// it reads column-major as [m, k] (op T), with B stored [k, n] (b_kn) as [n, k] (op N).
+float cublaslt_us(cublasLtHandle_t lt, void* ws, size_t ws_bytes, int m, int n, int k, bool a_km, bool b_kn,
+                  const void* a, const void* b, void* d, WgmmaEpilogue e, const void* bias, void* aux, int reps) {
   cublasLtMatmulDesc_t desc;
   SEAM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
-  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+  const cublasOperation_t op_b = b_kn ? CUBLAS_OP_N : CUBLAS_OP_T, op_a = a_km ? CUBLAS_OP_T : CUBLAS_OP_N;
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
+  SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
   if (e != WgmmaEpilogue::none) {
     const cublasLtEpilogue_t ep = e == WgmmaEpilogue::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     const cudaDataType_t bias_type = CUDA_R_16BF;
@@ -91,8 +93,10 @@ float cublaslt_us(cublasLtHandle_t lt, void* ws, size_t ws_bytes, int m, int n, 
     }
   }
   cublasLtMatrixLayout_t la, lb, ld;
-  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, n, k));
-  SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, k));
+  if (b_kn) SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, k, n));
+  else SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, n, k));
+  if (a_km) SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, m, k, m));
+  else SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, k));
   SEAM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, m, n));
   cublasLtMatmulPreference_t pref;
   SEAM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -139,9 +143,15 @@ int main(int argc, char** argv) try {
   struct Shape {
     const char* name;
     int m, n, k;
+    bool a_km = false, b_kn = false;  // the backward's layouts (plain products only)
   };
-  const Shape shapes[] = {{"fc", 16384, 3072, 768},  {"qkv", 16384, 2304, 768}, {"fcproj", 16384, 768, 3072},
-                          {"proj", 16384, 768, 768}, {"lm_head", 16384, 50304, 768}};
+  // The forward's products with every epilogue; the data gradients (B stored [k, n]) and
+  // weight gradients (A stored [k, m] too) of the fc, its projection and qkv.
+  const Shape shapes[] = {{"fc", 16384, 3072, 768},         {"qkv", 16384, 2304, 768},
+                          {"fcproj", 16384, 768, 3072},     {"proj", 16384, 768, 768},
+                          {"lm_head", 16384, 50304, 768},   {"dx fcproj", 16384, 3072, 768, false, true},
+                          {"dx fc", 16384, 768, 3072, false, true}, {"dW fc", 3072, 768, 16384, true, true},
+                          {"dW fcproj", 768, 3072, 16384, true, true}, {"dW qkv", 2304, 768, 16384, true, true}};
   for (const Shape& s : shapes) {
     void *a, *b, *bias, *d0, *d1, *x0, *x1;
     const size_t m = s.m, n = s.n, k = s.k, mn = m * n;
@@ -156,15 +166,17 @@ int main(int argc, char** argv) try {
     const double flop = 2.0 * s.m * s.n * s.k;
     for (int pass = 0; pass < 2; ++pass)
       for (WgmmaEpilogue e : {WgmmaEpilogue::none, WgmmaEpilogue::bias, WgmmaEpilogue::bias_gelu_aux}) {
+        if ((s.a_km || s.b_kn) && e != WgmmaEpilogue::none) continue;
         const bool gelu = e == WgmmaEpilogue::bias_gelu_aux;
         const char* what = e == WgmmaEpilogue::none ? "plain" : gelu ? "gelu+record" : "bias";
-        const float lt_us = cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, a, b, d0, e, bias, gelu ? x0 : nullptr, reps);
+        const float lt_us =
+            cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, s.a_km, s.b_kn, a, b, d0, e, bias, gelu ? x0 : nullptr, reps);
         for (int cluster : {1, 2}) {
           const seam::cuda::Launch own =
-              seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu ? x1 : nullptr, cluster);
+              seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu ? x1 : nullptr, cluster, s.a_km, s.b_kn);
           const float own_us = mean_us([&] { own(nullptr); }, reps);
           SEAM_CUDA_CHECK(cudaDeviceSynchronize());
-          std::printf("%-8s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  own (cluster %d) %8.1f us "
+          std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  own (cluster %d) %8.1f us "
                       "%4.0f TFLOP/s  %.2fx  diff %.1e%s\n",
                       s.name, s.m, s.n, s.k, what, lt_us, flop / lt_us * 1e-6, cluster, own_us, flop / own_us * 1e-6,
                       lt_us / own_us, relative_rms(d1, d0, mn, static_cast<double*>(sums)),
