@@ -80,12 +80,16 @@ float cublaslt_us(cublasLtHandle_t lt, void* ws, size_t ws_bytes, int m, int n, 
   SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
   SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
   if (e != WgmmaEpilogue::none) {
-    const cublasLtEpilogue_t ep = e == WgmmaEpilogue::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const cublasLtEpilogue_t ep = e == WgmmaEpilogue::bias            ? CUBLASLT_EPILOGUE_BIAS
+                                  : e == WgmmaEpilogue::bias_gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                      : CUBLASLT_EPILOGUE_DGELU;
     const cudaDataType_t bias_type = CUDA_R_16BF;
     SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-    SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    SEAM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    if (e != WgmmaEpilogue::dgelu) {
+      SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      SEAM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    }
     if (aux) {
       const int64_t ld = n;
       SEAM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
@@ -143,13 +147,13 @@ int main(int argc, char** argv) try {
   struct Shape {
     const char* name;
     int m, n, k;
-    bool a_km = false, b_kn = false;  // the backward's layouts (plain products only)
+    bool a_km = false, b_kn = false, gelu_grad = false;  // the backward's layouts
   };
   // The forward's products with every epilogue; the data gradients (B stored [k, n]) and
   // weight gradients (A stored [k, m] too) of the fc, its projection and qkv.
   const Shape shapes[] = {{"fc", 16384, 3072, 768},         {"qkv", 16384, 2304, 768},
                           {"fcproj", 16384, 768, 3072},     {"proj", 16384, 768, 768},
-                          {"lm_head", 16384, 50304, 768},   {"dx fcproj", 16384, 3072, 768, false, true},
+                          {"lm_head", 16384, 50304, 768},   {"dx fcproj", 16384, 3072, 768, false, true, true},
                           {"dx fc", 16384, 768, 3072, false, true}, {"dW fc", 3072, 768, 16384, true, true},
                           {"dW fcproj", 768, 3072, 16384, true, true}, {"dW qkv", 2304, 768, 16384, true, true}};
   for (const Shape& s : shapes) {
@@ -162,18 +166,25 @@ int main(int argc, char** argv) try {
     fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(a), m * k, 1, 0.2f);
     fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(b), n * k, 2, 0.2f);
     fill<<<64, 256>>>(static_cast<__nv_bfloat16*>(bias), n, 3, 1.0f);
+    fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x1), mn, 4, 6.0f);  // DGELU's record (read by both)
     SEAM_CUDA_LAUNCH_CHECK();
     const double flop = 2.0 * s.m * s.n * s.k;
     for (int pass = 0; pass < 2; ++pass)
-      for (WgmmaEpilogue e : {WgmmaEpilogue::none, WgmmaEpilogue::bias, WgmmaEpilogue::bias_gelu_aux}) {
-        if ((s.a_km || s.b_kn) && e != WgmmaEpilogue::none) continue;
+      for (WgmmaEpilogue e :
+           {WgmmaEpilogue::none, WgmmaEpilogue::bias, WgmmaEpilogue::bias_gelu_aux, WgmmaEpilogue::dgelu}) {
+        // The backward's products: plain, and the fc projection's data gradient with DGELU.
+        if ((s.a_km || s.b_kn) && e != WgmmaEpilogue::none && !(s.gelu_grad && e == WgmmaEpilogue::dgelu)) continue;
+        if (!(s.a_km || s.b_kn) && e == WgmmaEpilogue::dgelu) continue;
         const bool gelu = e == WgmmaEpilogue::bias_gelu_aux;
-        const char* what = e == WgmmaEpilogue::none ? "plain" : gelu ? "gelu+record" : "bias";
+        const bool dgelu = e == WgmmaEpilogue::dgelu;
+        const char* what = e == WgmmaEpilogue::none ? "plain" : gelu ? "gelu+record" : dgelu ? "dgelu" : "bias";
         const float lt_us =
-            cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, s.a_km, s.b_kn, a, b, d0, e, bias, gelu ? x0 : nullptr, reps);
+            cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, s.a_km, s.b_kn, a, b, d0, e, bias,
+                        gelu ? x0 : dgelu ? x1 : nullptr, reps);
         for (int cluster : {1, 2}) {
           const seam::cuda::Launch own =
-              seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu ? x1 : nullptr, cluster, s.a_km, s.b_kn);
+              seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu || dgelu ? x1 : nullptr, cluster,
+                                     s.a_km, s.b_kn);
           const float own_us = mean_us([&] { own(nullptr); }, reps);
           SEAM_CUDA_CHECK(cudaDeviceSynchronize());
           std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  own (cluster %d) %8.1f us "

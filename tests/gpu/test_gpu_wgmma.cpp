@@ -39,6 +39,10 @@ std::vector<__nv_bfloat16> transposed(const std::vector<__nv_bfloat16>& x, int64
 }
 
 double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double gelu_tanh_grad(double x) {
+  const double c = 0.7978845608028654, t = std::tanh(c * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+}
 
 // Every element within bf16's rounding of the reference (2^-8 relative), with a floor of
 // 1e-2 of the reference's RMS for the elements that cancel.
@@ -61,9 +65,11 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
   std::string why;
   Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2);
   if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why, a_km)) GTEST_SKIP() << why;
-  const bool with_bias = e != WgmmaEpilogue::none, gelu = e == WgmmaEpilogue::bias_gelu_aux;
+  const bool with_bias = e == WgmmaEpilogue::bias || e == WgmmaEpilogue::bias_gelu_aux,
+             gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu;
   const seam::cuda::Launch run =
-      seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr, gelu ? aux.p : nullptr,
+      seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr,
+                             gelu || dgelu ? aux.p : nullptr,
                              cluster, a_km, b_kn);
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
@@ -73,6 +79,9 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
     ASSERT_EQ(cudaMemcpy(b.p, (b_kn ? transposed(hb, n, k) : hb).data(), n * k * 2, cudaMemcpyHostToDevice),
               cudaSuccess);
     ASSERT_EQ(cudaMemcpy(bias.p, hbias.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    // DGELU's record: pre-activations over GELU's curved part and both tails.
+    const auto hpre = random_bf16(m * n, rng, 4.0f);
+    if (dgelu) ASSERT_EQ(cudaMemcpy(aux.p, hpre.data(), m * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
     run(nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -83,7 +92,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
         for (int64_t x = 0; x < k; ++x)
           s += static_cast<double>(__bfloat162float(ha[i * k + x])) * __bfloat162float(hb[j * k + x]);
         pre[i * n + j] = s;
-        out[i * n + j] = gelu ? gelu_tanh(s) : s;
+        out[i * n + j] = gelu ? gelu_tanh(s) : dgelu ? s * gelu_tanh_grad(__bfloat162float(hpre[i * n + j])) : s;
       }
     std::vector<__nv_bfloat16> hd(m * n), haux(m * n);
     ASSERT_EQ(cudaMemcpy(hd.data(), d.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -92,7 +101,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
                              std::to_string(cluster) + (a_km ? ", A stored [k, m]" : "") +
                              (b_kn ? ", B stored [k, n]" : "") + ", round " +
                              std::to_string(round);
-    expect_close(hd, out, what + (gelu ? ", gelu" : ""));
+    expect_close(hd, out, what + (gelu ? ", gelu" : dgelu ? ", dgelu" : ""));
     if (gelu) {
       ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       expect_close(haux, pre, what + ", record");
@@ -138,6 +147,12 @@ TEST(GpuWgmma, SeveralTilesABlockMatchTheCpu) {
 TEST(GpuWgmma, GeluRecordAndValueMatchTheCpu) {
   check(384, 512, 256, WgmmaEpilogue::bias_gelu_aux, sms(), 8);
   check(200, 264, 96, WgmmaEpilogue::bias_gelu_aux, 2, 9);
+}
+
+// The backward of the above: the record read a piece ahead, ragged pieces clipped.
+TEST(GpuWgmma, GeluGradientMatchesTheCpu) {
+  check(384, 512, 256, WgmmaEpilogue::dgelu, sms(), 10);
+  check(1000, 776, 72, WgmmaEpilogue::dgelu, 5, 11);
 }
 
 TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {

@@ -36,6 +36,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/storage.cuh"
@@ -57,13 +58,21 @@ constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + 2 * kS
   asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
   return 0.5f * x * (1.0f + t);
 }
+// d/dx gelu_tanh(x), from the same tanh.
+[[maybe_unused]] __device__ __forceinline__ float gelu_tanh_grad(float x) {
+  const float c = 0.7978845608028654f, u = c * (x + 0.044715f * x * x * x);
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+}
 
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                                    const __grid_constant__ CUtensorMap map_b,
                                                    const __grid_constant__ CUtensorMap map_d,
                                                    const __grid_constant__ CUtensorMap map_aux,
-                                                   const bf16_t* __restrict__ bias, int m, int n, int k) {
+                                                   const bf16_t* __restrict__ bias,
+                                                   const bf16_t* __restrict__ pre, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -157,6 +166,20 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
         if (kb > 0 && tid == 0) release(&empty[(pos - 1) % kStages]);
       }
+      // DGELU reads its record from global memory into registers, a piece (this thread's 32
+      // values of 64 columns) ahead of the one it scales: the first piece's loads go out
+      // while the last products finish.
+      constexpr bool dgelu = E == WgmmaEpilogue::dgelu;
+      uint32_t pre_next[16];
+      auto load_pre = [&](int p) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int row = m0 + group * 64 + warp * 16 + lane / 4 + 8 * (i % 2);
+          const int col = n0 + p * 64 + (i / 2) * 8 + 2 * (lane % 4);
+          pre_next[i] = row < m && col < n ? __ldg(reinterpret_cast<const unsigned*>(pre + int64_t{row} * n + col)) : 0u;
+        }
+      };
+      if constexpr (dgelu) load_pre(0);
       wg::mma_wait<0>();
       if (tid == 0) release(&empty[(pos - 1) % kStages]);
       if (m0 >= m) continue;  // a cluster's tile past the last row: its products were of zeros
@@ -173,12 +196,19 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           if constexpr (two) wg::tma_store_wait_read<0>();
           else wg::tma_store_wait_read<1>();
         }
+        uint32_t pre_now[16];
+        if constexpr (dgelu) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) pre_now[i] = pre_next[i];
+          if (p + 1 < kBN / 64) load_pre(p + 1);
+        }
         wg::named_sync(1 + group, 128);
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           const int col = col0 + q * 8 + 2 * (lane % 4);
           float b0 = 0.0f, b1 = 0.0f;
-          if (E != WgmmaEpilogue::none && col < n) {  // col is even, n too: both in range
+          constexpr bool biased = E == WgmmaEpilogue::bias || E == WgmmaEpilogue::bias_gelu_aux;
+          if (biased && col < n) {  // col is even, n too: both in range
             const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(bias + col);
             b0 = __low2float(pair);
             b1 = __high2float(pair);
@@ -187,7 +217,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + lane / 4 + 8 * h;
             const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
-            const float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
+            float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
+            if constexpr (dgelu) {
+              __nv_bfloat162 v;
+              static_assert(sizeof v == sizeof pre_now[0]);
+              memcpy(&v, &pre_now[2 * q + h], sizeof v);
+              x0 *= gelu_tanh_grad(__low2float(v));
+              x1 *= gelu_tanh_grad(__high2float(v));
+            }
             *reinterpret_cast<__nv_bfloat162*>(buf + at) = __floats2bfloat162_rn(x0, x1);
             if constexpr (two)
               *reinterpret_cast<__nv_bfloat162*>(buf + kCBuf + at) = __floats2bfloat162_rn(gelu_tanh(x0), gelu_tanh(x1));
@@ -244,7 +281,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // whose free SMs are odd leaves one over), never more than there are units of work.
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
-                 const CUtensorMap& aux, const void* bias, int m, int n, int k) {
+                 const CUtensorMap& aux, const void* bias, const void* pre, int m, int n, int k) {
   auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   // A function's attribute holds for the current device: set where the launch is prepared.
   SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
@@ -268,25 +305,29 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
   }
   const int grid = static_cast<int>(std::min<int64_t>(units, clusters)) * CL;
   const auto* bias16 = static_cast<const bf16_t*>(bias);
+  const auto* pre16 = static_cast<const bf16_t*>(pre);
   return [=](cudaStream_t stream) {
     cudaLaunchConfig_t c = config;
     cudaLaunchAttribute at = attr;
     c.gridDim = dim3(grid);
     c.stream = stream;
     c.attrs = &at;
-    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, m, n, k));
+    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, pre16, m, n, k));
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 
 template <int CL, bool AT, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
-                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, int m, int n, int k) {
+                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, const void* pre, int m, int n,
+                   int k) {
   switch (epilogue) {
-    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
-    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
+    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
+    case WgmmaEpilogue::dgelu:
+      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
   }
   fail("unknown epilogue");
 }
@@ -321,9 +362,11 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
                   WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool a_km, bool b_kn) {
   std::string why;
   if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why, a_km)) fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
-  if (epilogue != WgmmaEpilogue::none && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
+  const bool biased = epilogue == WgmmaEpilogue::bias || epilogue == WgmmaEpilogue::bias_gelu_aux;
+  if (biased && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
-  if (epilogue == WgmmaEpilogue::bias_gelu_aux && aux == nullptr) fail("the sm_90 GEMM's GELU epilogue needs its record");
+  if ((epilogue == WgmmaEpilogue::bias_gelu_aux || epilogue == WgmmaEpilogue::dgelu) && aux == nullptr)
+    fail("the sm_90 GEMM's GELU epilogues need their record");
   if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
   const CUtensorMap map_a = a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
                     map_b = b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / cluster),
@@ -331,13 +374,13 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
   const int64_t units = (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
-                       const CUtensorMap&, const void*, int, int, int);
+                       const CUtensorMap&, const void*, const void*, int, int, int);
   constexpr Fn by_layout[2][2][2] = {{{launch_with<1, false, false>, launch_with<1, false, true>},
                                       {launch_with<1, true, false>, launch_with<1, true, true>}},
                                      {{launch_with<2, false, false>, launch_with<2, false, true>},
                                       {launch_with<2, true, false>, launch_with<2, true, true>}}};
   const Fn launch = by_layout[cluster - 1][a_km][b_kn];
-  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
+  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, aux, mi, ni, ki);
 }
 
 }  // namespace seam::cuda

@@ -13,6 +13,7 @@
 //   bias           D = A B^T + bias[n]
 //   bias_gelu_aux  aux = A B^T + bias (the pre-activation, rounded to bf16: the record
 //                  matmul_act_grad reads), D = gelu_tanh(A B^T + bias) from the f32 sum
+//   dgelu          D = A B^T * gelu_tanh'(aux), aux the record above (read): matmul_act_grad
 //
 // Offered as the variant `wgmma` of linear (bias or none) and linear_act_aux (gelu with a
 // bias), timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
@@ -25,7 +26,7 @@
 
 namespace seam::cuda {
 
-enum class WgmmaEpilogue { none, bias, bias_gelu_aux };
+enum class WgmmaEpilogue { none, bias, bias_gelu_aux, dgelu };
 
 // Whether the current GPU is one the kernel is built for (compute capability 9.0).
 bool wgmma_gemm_runs_here();
@@ -38,7 +39,8 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
                      const void* aux, std::string* why, bool a_km = false);
 
 // The launch of one such GEMM on fixed buffers (the tensor maps are built here, once).
-// bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16 (bias_gelu_aux).
+// bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16, written by
+// bias_gelu_aux, read by dgelu.
 // cluster: 1, or 2 for pairs of blocks on tiles one above the other that load B's tile
 // once between them (each half, delivered to both), a third less traffic from L2.
 // a_km, b_kn: A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k].
