@@ -277,18 +277,17 @@ CUtensorMap tensor_map(const void* p, int64_t rows, int64_t cols, uint32_t box_r
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// A persistent grid: one block an SM, or for clusters as many as can run at once (a GPC
-// whose free SMs are odd leaves one over), never more than there are units of work.
-template <WgmmaEpilogue E, int CL, bool AT, bool BT>
-Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
-                 const CUtensorMap& aux, const void* bias, const void* pre, int m, int n, int k) {
-  auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
+// The launch's configuration, and its grid: persistent, one block an SM, or for clusters as
+// many as can run at once (a GPC whose free SMs are odd leaves one over), never more than
+// there are units of work.
+template <class Kernel>
+int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConfig_t& config, cudaLaunchAttribute& attr) {
   // A function's attribute holds for the current device: set where the launch is prepared.
   SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
-  cudaLaunchConfig_t config{};
+  config = {};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute attr{};
+  attr = {};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = CL;
   attr.val.clusterDim.y = 1;
@@ -303,7 +302,16 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
     if (fit < 1) fail("the sm_90 GEMM: no cluster of ", CL, " blocks fits on this GPU");
     clusters = std::min(clusters, fit);
   }
-  const int grid = static_cast<int>(std::min<int64_t>(units, clusters)) * CL;
+  return static_cast<int>(std::min<int64_t>(units, clusters)) * CL;
+}
+
+template <WgmmaEpilogue E, int CL, bool AT, bool BT>
+Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
+                 const CUtensorMap& aux, const void* bias, const void* pre, int m, int n, int k) {
+  auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
+  cudaLaunchConfig_t config;
+  cudaLaunchAttribute attr;
+  const int grid = configure(kernel, CL, sm_count, units, config, attr);
   const auto* bias16 = static_cast<const bf16_t*>(bias);
   const auto* pre16 = static_cast<const bf16_t*>(pre);
   return [=](cudaStream_t stream) {
@@ -332,7 +340,20 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
   fail("unknown epilogue");
 }
 
+// Work units: tiles, or pairs of tiles one above the other.
+int64_t units_of(int64_t m, int64_t n, int cluster) {
+  return (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
+}
+
 }  // namespace
+
+int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster) {
+  cudaLaunchConfig_t config;
+  cudaLaunchAttribute attr;
+  const int64_t units = units_of(m, n, cluster);
+  return cluster == 1 ? configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false>, 1, sm_count, units, config, attr)
+                      : configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 2, false, false>, 2, sm_count, units, config, attr);
+}
 
 bool wgmma_gemm_runs_here() {
   int device = 0, major = 0, minor = 0;
@@ -371,7 +392,7 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
   const CUtensorMap map_a = a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
                     map_b = b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / cluster),
                     map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(aux ? aux : d, m, n, 64);
-  const int64_t units = (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
+  const int64_t units = units_of(m, n, cluster);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
                        const CUtensorMap&, const void*, const void*, int, int, int);

@@ -48,4 +48,8 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
                   WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 2,
                   bool a_km = false, bool b_kn = false);
 
+// The blocks such a launch runs at once (a persistent grid: one an SM, or as many pairs as
+// fit), for reports.
+int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster);
+
 }  // namespace seam::cuda
