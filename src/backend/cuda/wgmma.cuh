@@ -42,11 +42,14 @@ __device__ __forceinline__ void tma_load_multicast(void* s, const CUtensorMap* m
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar)), "h"(blocks)
       : "memory");
 }
-// One arrival on the barrier at bar's offset in the cluster's block `rank`.
+// One arrival on the barrier at bar's offset in the cluster's block `rank`. It orders
+// nothing at cluster scope (a release there fences this thread's memory operations on
+// every arrival): what it announces is that products of the async proxy have finished
+// reading a stage, which the product group's wait already ensured.
 __device__ __forceinline__ void bar_arrive_at(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;

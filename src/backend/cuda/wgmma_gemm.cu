@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         for (int kb = 0; kb < slices; ++kb, ++pos) {
           const int s = pos % kStages;
           // Each block's share of B lands in every block: all of them must have freed s.
-          if (pos >= kStages) mbar_wait<(CL > 1)>(&empty[s], (pos / kStages - 1) & 1);
+          if (pos >= kStages) mbar_wait(&empty[s], (pos / kStages - 1) & 1);
           wg::bar_expect(&full[s], kABytes + kBBytes);  // a box past the edges still counts whole
           // A [m, k]: one box of kBM rows. A [k, m]: two boxes of 64 k-rows by 64 columns.
           if constexpr (AT) {
@@ -142,9 +142,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
     float d[kBN / 2];
     int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
     auto release = [&](uint64_t* bar) {  // this group is done with a stage, in every block
-      if constexpr (CL == 1) wg::bar_arrive(bar);
-      else
-        for (int r = 0; r < CL; ++r) wg::bar_arrive_at(bar, r);
+      if constexpr (CL == 1) {
+        if (tid == 0) wg::bar_arrive(bar);
+      } else {
+        if (tid < CL) wg::bar_arrive_at(bar, tid);  // thread r tells block r
+      }
     };
     for (int u = cluster; u < units; u += clusters, ++j) {
       int m0, n0;
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
                                 kb | kk);
         wg::mma_commit();
         wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
-        if (kb > 0 && tid == 0) release(&empty[(pos - 1) % kStages]);
+        if (kb > 0) release(&empty[(pos - 1) % kStages]);
       }
       // DGELU reads its record from global memory into registers, a piece (this thread's 32
       // values of 64 columns) ahead of the one it scales: the first piece's loads go out
@@ -181,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
       };
       if constexpr (dgelu) load_pre(0);
       wg::mma_wait<0>();
-      if (tid == 0) release(&empty[(pos - 1) % kStages]);
+      release(&empty[(pos - 1) % kStages]);
       if (m0 >= m) continue;  // a cluster's tile past the last row: its products were of zeros
 
       // One output: the two buffers alternate, a store may still read the other. Two (the
