@@ -27,12 +27,10 @@
 // consumers of both blocks released it, and no block leaves while its peer may still
 // write to it.
 //
-// Measured in a probe (bf16, W6's shapes, against cuBLASLt's best heuristic candidate in
-// the same run): bit-equal results; single blocks at 440 TFLOP/s at K = 768 (cuBLASLt
-// 750-770) and 640 at K = 3072 (cuBLASLt 755). A clock trace put the gap in L2's
-// bandwidth (a slice lands 3300-4000 cycles after it is asked for) and in an epilogue
-// nothing overlaps; cuBLASLt's kernel for these shapes pairs its blocks as above. Until
-// this kernel beats cuBLASLt on a GPU, no step offers it.
+// Measured (docs/perf.md, "the Hopper GEMM's first run"): single blocks at 0.88-1.01x
+// cuBLASLt on W6's layer products and at parity with its GELU_AUX_BIAS; pairs slower while
+// reading less from L2; DGELU ~75 us over the plain product; weight gradients on half the
+// SMs (too few tiles without split K). The steps offer it as a timed variant (matmul.cu).
 #include <cuda.h>
 
 #include <algorithm>
