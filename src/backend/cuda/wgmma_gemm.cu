@@ -34,7 +34,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/storage.cuh"
@@ -47,8 +46,9 @@ namespace {
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
 constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kCBuf = 64 * 64 * 2;
 [[maybe_unused]] constexpr int kGroupRows = 8;  // row tiles a group of the tile order spans
-// The ring, the four store buffers, the barriers, and room to align the ring to 1024.
-constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + 2 * kStages * 8 + 1024;
+// The ring, the four store buffers, the barriers (the ring's two a stage, DGELU's record
+// one a store buffer), and room to align the ring to 1024.
+constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + (2 * kStages + 4) * 8 + 1024;
 
 [[maybe_unused]] __device__ __forceinline__ float gelu_tanh(float x) {
   const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
@@ -69,8 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
                                                    const __grid_constant__ CUtensorMap map_b,
                                                    const __grid_constant__ CUtensorMap map_d,
                                                    const __grid_constant__ CUtensorMap map_aux,
-                                                   const bf16_t* __restrict__ bias,
-                                                   const bf16_t* __restrict__ pre, int m, int n, int k) {
+                                                   const bf16_t* __restrict__ bias, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -79,6 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
   uint8_t* s_c = s_b + kStages * kBBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 4 * kCBuf);
   uint64_t* empty = full + kStages;
+  uint64_t* record = empty + kStages;  // DGELU: a store buffer's record has landed
 
   const int row_tiles = (m + kBM - 1) / kBM, col_tiles = (n + kBN - 1) / kBN, slices = (k + kBK - 1) / kBK;
   // A unit: CL tiles one above the other, one a block of the cluster, sharing B's tile.
@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
       mbar_init(&full[s]);
       mbar_init(&empty[s], 2 * CL);  // both groups of every block read the stage
     }
+    for (int b = 0; b < 4; ++b) mbar_init(&record[b]);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the inits before any arrival
   }
   if constexpr (CL > 1) wg::cluster_sync();  // no block's copies or arrivals reach a peer not yet set up
@@ -139,6 +140,18 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
     const int group = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float d[kBN / 2];
     int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
+    // DGELU's record comes through the store buffers: piece p of a tile (64 columns) is
+    // loaded by the TMA into buffer p % 2 (pieces 0 and 1 during the tile's first slice,
+    // 2 and 3 once the stores of 0 and 1 have read their buffers), scaled in place and
+    // stored from there. record_phase: a bit a buffer, the phase its barrier waits for.
+    constexpr bool dgelu = E == WgmmaEpilogue::dgelu;
+    uint64_t* my_record = record + 2 * group;
+    uint32_t record_phase = 0;
+    auto load_record = [&](int p, int m0, int n0) {  // one thread of the group
+      uint8_t* buf = s_c + (group * 2 + p % 2) * kCBuf;
+      wg::bar_expect(&my_record[p % 2], kCBuf);
+      wg::tma_load(buf, &map_aux, n0 + p * 64, m0 + group * 64, &my_record[p % 2]);
+    };
     auto release = [&](uint64_t* bar) {  // this group is done with a stage, in every block
       if constexpr (CL == 1) {
         if (tid == 0) wg::bar_arrive(bar);
@@ -163,23 +176,16 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
                                    : wg::sw128_desc(s_b + s * kBBytes + kk * 32),
                                 kb | kk);
         wg::mma_commit();
+        if constexpr (dgelu) {
+          // While the first slice multiplies: the last tile's stores have read the buffers.
+          if (kb == 0 && tid == 0 && m0 < m) {
+            wg::tma_store_wait_read<0>();
+            for (int p = 0; p < 2 && n0 + p * 64 < n; ++p) load_record(p, m0, n0);
+          }
+        }
         wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
         if (kb > 0) release(&empty[(pos - 1) % kStages]);
       }
-      // DGELU reads its record from global memory into registers, a piece (this thread's 32
-      // values of 64 columns) ahead of the one it scales: the first piece's loads go out
-      // while the last products finish.
-      constexpr bool dgelu = E == WgmmaEpilogue::dgelu;
-      uint32_t pre_next[16];
-      auto load_pre = [&](int p) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int row = m0 + group * 64 + warp * 16 + lane / 4 + 8 * (i % 2);
-          const int col = n0 + p * 64 + (i / 2) * 8 + 2 * (lane % 4);
-          pre_next[i] = row < m && col < n ? __ldg(reinterpret_cast<const unsigned*>(pre + int64_t{row} * n + col)) : 0u;
-        }
-      };
-      if constexpr (dgelu) load_pre(0);
       wg::mma_wait<0>();
       release(&empty[(pos - 1) % kStages]);
       if (m0 >= m) continue;  // a cluster's tile past the last row: its products were of zeros
@@ -191,18 +197,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
       for (int p = 0; p < kBN / 64; ++p, ++piece) {
         const int col0 = n0 + p * 64;
         if (col0 >= n) break;  // the same for the whole group
-        uint8_t* buf = s_c + (group * 2 + (two ? 0 : piece & 1)) * kCBuf;
-        if (tid == 0) {
-          if constexpr (two) wg::tma_store_wait_read<0>();
-          else wg::tma_store_wait_read<1>();
+        uint8_t* buf = s_c + (group * 2 + (two ? 0 : dgelu ? p % 2 : piece & 1)) * kCBuf;
+        if constexpr (dgelu) {  // each thread rewrites only the values it reads
+          mbar_wait(&my_record[p % 2], (record_phase >> (p % 2)) & 1);
+          record_phase ^= 1u << (p % 2);
+        } else {
+          if (tid == 0) {
+            if constexpr (two) wg::tma_store_wait_read<0>();
+            else wg::tma_store_wait_read<1>();
+          }
+          wg::named_sync(1 + group, 128);
         }
-        uint32_t pre_now[16];
-        if constexpr (dgelu) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) pre_now[i] = pre_next[i];
-          if (p + 1 < kBN / 64) load_pre(p + 1);
-        }
-        wg::named_sync(1 + group, 128);
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           const int col = col0 + q * 8 + 2 * (lane % 4);
@@ -219,9 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
             float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
             if constexpr (dgelu) {
-              __nv_bfloat162 v;
-              static_assert(sizeof v == sizeof pre_now[0]);
-              memcpy(&v, &pre_now[2 * q + h], sizeof v);
+              const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(buf + at);
               x0 *= gelu_tanh_grad(__low2float(v));
               x1 *= gelu_tanh_grad(__high2float(v));
             }
@@ -235,6 +238,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         if (tid == 0) {
           wg::tma_store(two ? &map_aux : &map_d, buf, col0, m0 + group * 64);
           if constexpr (two) wg::tma_store(&map_d, buf + kCBuf, col0, m0 + group * 64);
+          if (dgelu && p + 2 < kBN / 64 && col0 + 128 < n) {  // the buffer's next piece, once read
+            wg::tma_store_wait_read<0>();
+            load_record(p + 2, m0, n0);
+          }
         }
       }
     }
@@ -307,35 +314,33 @@ int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConf
 
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
-                 const CUtensorMap& aux, const void* bias, const void* pre, int m, int n, int k) {
+                 const CUtensorMap& aux, const void* bias, int m, int n, int k) {
   auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
   const int grid = configure(kernel, CL, sm_count, units, config, attr);
   const auto* bias16 = static_cast<const bf16_t*>(bias);
-  const auto* pre16 = static_cast<const bf16_t*>(pre);
   return [=](cudaStream_t stream) {
     cudaLaunchConfig_t c = config;
     cudaLaunchAttribute at = attr;
     c.gridDim = dim3(grid);
     c.stream = stream;
     c.attrs = &at;
-    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, pre16, m, n, k));
+    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, m, n, k));
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 
 template <int CL, bool AT, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
-                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, const void* pre, int m, int n,
-                   int k) {
+                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, int m, int n, int k) {
   switch (epilogue) {
-    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
-    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
+    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
     case WgmmaEpilogue::dgelu:
-      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, pre, m, n, k);
+      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
   }
   fail("unknown epilogue");
 }
@@ -395,13 +400,13 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
   const int64_t units = units_of(m, n, cluster);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
-                       const CUtensorMap&, const void*, const void*, int, int, int);
+                       const CUtensorMap&, const void*, int, int, int);
   constexpr Fn by_layout[2][2][2] = {{{launch_with<1, false, false>, launch_with<1, false, true>},
                                       {launch_with<1, true, false>, launch_with<1, true, true>}},
                                      {{launch_with<2, false, false>, launch_with<2, false, true>},
                                       {launch_with<2, true, false>, launch_with<2, true, true>}}};
   const Fn launch = by_layout[cluster - 1][a_km][b_kn];
-  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, aux, mi, ni, ki);
+  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
 }
 
 }  // namespace seam::cuda
