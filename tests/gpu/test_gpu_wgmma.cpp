@@ -149,7 +149,8 @@ TEST(GpuWgmma, GeluRecordAndValueMatchTheCpu) {
   check(200, 264, 96, WgmmaEpilogue::bias_gelu_aux, 2, 9);
 }
 
-// The backward of the above: the record read a piece ahead, ragged pieces clipped.
+// The backward of the above: the record loaded through the store buffers, two pieces a
+// buffer, ragged pieces clipped.
 TEST(GpuWgmma, GeluGradientMatchesTheCpu) {
   check(384, 512, 256, WgmmaEpilogue::dgelu, sms(), 10);
   check(1000, 776, 72, WgmmaEpilogue::dgelu, 5, 11);
