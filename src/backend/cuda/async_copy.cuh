@@ -55,26 +55,14 @@ __device__ __forceinline__ void bulk_load(void* s, const void* g, uint32_t bytes
 }
 
 // Waits until bar's phase of this parity (0 for its first, then 1, 0, ...) has completed.
-// kCluster: the phase's arrivals may come from other blocks of a cluster, whose writes
-// before arriving the wait then sees too.
-template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
-  while (!done) {
-    if constexpr (kCluster)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(smem_addr(bar)), "r"(parity)
-          : "memory");
-    else
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(smem_addr(bar)), "r"(parity)
-          : "memory");
-  }
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
 }
 
 }  // namespace seam::cuda

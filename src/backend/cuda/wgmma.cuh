@@ -12,8 +12,7 @@
 
 namespace seam::cuda::wg {
 
-// Barriers are made by mbar_init (async_copy.cuh) and waited on by mbar_wait (mbar_wait<true>
-// where other blocks of the cluster arrive).
+// Barriers are made by mbar_init and waited on by mbar_wait (async_copy.cuh).
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }

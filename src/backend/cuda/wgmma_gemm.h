@@ -42,10 +42,11 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 // bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16, written by
 // bias_gelu_aux, read by dgelu.
 // cluster: 1, or 2 for pairs of blocks on tiles one above the other that load B's tile
-// once between them (each half, delivered to both), a third less traffic from L2.
+// once between them (each half, delivered to both), a third less traffic from L2. Single
+// blocks are the default: pairs have so far measured slower (docs/perf.md).
 // a_km, b_kn: A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k].
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 2,
+                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 1,
                   bool a_km = false, bool b_kn = false);
 
 // The blocks such a launch runs at once (a persistent grid: one an SM, or as many pairs as
