@@ -187,7 +187,8 @@ int main(int argc, char** argv) try {
                                      s.a_km, s.b_kn);
           const float own_us = mean_us([&] { own(nullptr); }, reps);
           SEAM_CUDA_CHECK(cudaDeviceSynchronize());
-          std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  own (cluster %d, %3d blocks) %8.1f us "
+          std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  "
+                      "own (cluster %d, %3d blocks) %8.1f us "
                       "%4.0f TFLOP/s  %.2fx  diff %.1e%s\n",
                       s.name, s.m, s.n, s.k, what, lt_us, flop / lt_us * 1e-6, cluster,
                       seam::cuda::wgmma_gemm_grid(sms, s.m, s.n, cluster), own_us, flop / own_us * 1e-6,

@@ -69,8 +69,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
              gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu;
   const seam::cuda::Launch run =
       seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr,
-                             gelu || dgelu ? aux.p : nullptr,
-                             cluster, a_km, b_kn);
+                             gelu || dgelu ? aux.p : nullptr, cluster, a_km, b_kn);
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
@@ -99,8 +98,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
     const std::string what = "[" + std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(n) + ", " +
                              std::to_string(k) + "], " + std::to_string(blocks) + " blocks, clusters of " +
                              std::to_string(cluster) + (a_km ? ", A stored [k, m]" : "") +
-                             (b_kn ? ", B stored [k, n]" : "") + ", round " +
-                             std::to_string(round);
+                             (b_kn ? ", B stored [k, n]" : "") + ", round " + std::to_string(round);
     expect_close(hd, out, what + (gelu ? ", gelu" : dgelu ? ", dgelu" : ""));
     if (gelu) {
       ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -116,7 +114,8 @@ void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigne
   for (bool a_km : {false, true})
     for (bool b_kn : {false, true})
       for (int cluster : {1, 2})
-        if (!a_km || m % 8 == 0) check_one(m, n, k, e, blocks, cluster, a_km, b_kn, seed + 100 * cluster + 1000 * b_kn + 2000 * a_km);
+        if (!a_km || m % 8 == 0)
+          check_one(m, n, k, e, blocks, cluster, a_km, b_kn, seed + 100 * cluster + 1000 * b_kn + 2000 * a_km);
 }
 
 int sms() {

@@ -288,9 +288,11 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // many as can run at once (a GPC whose free SMs are odd leaves one over), never more than
 // there are units of work.
 template <class Kernel>
-int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConfig_t& config, cudaLaunchAttribute& attr) {
+int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConfig_t& config,
+              cudaLaunchAttribute& attr) {
   // A function's attribute holds for the current device: set where the launch is prepared.
-  SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+  SEAM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
   config = {};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
@@ -335,8 +337,10 @@ template <int CL, bool AT, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
                    const CUtensorMap& d, const CUtensorMap& aux, const void* bias, int m, int n, int k) {
   switch (epilogue) {
-    case WgmmaEpilogue::none: return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
-    case WgmmaEpilogue::bias: return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::none:
+      return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+    case WgmmaEpilogue::bias:
+      return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
       return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
     case WgmmaEpilogue::dgelu:
@@ -355,9 +359,11 @@ int64_t units_of(int64_t m, int64_t n, int cluster) {
 int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster) {
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
+  if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
   const int64_t units = units_of(m, n, cluster);
-  return cluster == 1 ? configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false>, 1, sm_count, units, config, attr)
-                      : configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 2, false, false>, 2, sm_count, units, config, attr);
+  if (cluster == 1)
+    return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false>, 1, sm_count, units, config, attr);
+  return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 2, false, false>, 2, sm_count, units, config, attr);
 }
 
 bool wgmma_gemm_runs_here() {
@@ -387,7 +393,8 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
                   WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool a_km, bool b_kn) {
   std::string why;
-  if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why, a_km)) fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
+  if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why, a_km))
+    fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
   const bool biased = epilogue == WgmmaEpilogue::bias || epilogue == WgmmaEpilogue::bias_gelu_aux;
   if (biased && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
