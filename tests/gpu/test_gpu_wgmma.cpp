@@ -178,6 +178,12 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   };
   EXPECT_NE(error_of(64, WgmmaEpilogue::bias_gelu_aux).find("bias"), std::string::npos);
   EXPECT_NE(error_of(64, WgmmaEpilogue::none, 3).find("clusters of 1 or 2 blocks, not 3"), std::string::npos);
+  try {
+    seam::cuda::wgmma_gemm_grid(132, 64, 64, 4);
+    ADD_FAILURE() << "a grid for clusters of 4";
+  } catch (const std::exception& x) {
+    EXPECT_NE(std::string(x.what()).find("clusters of 1 or 2 blocks, not 4"), std::string::npos) << x.what();
+  }
   EXPECT_NE(error_of(60, WgmmaEpilogue::none).find("[64, 60] x [64, 60]: k and n must be multiples of 8"),
             std::string::npos);
 }

@@ -349,6 +349,10 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
   fail("unknown epilogue");
 }
 
+void check_cluster(int cluster) {
+  if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
+}
+
 // Work units: tiles, or pairs of tiles one above the other.
 int64_t units_of(int64_t m, int64_t n, int cluster) {
   return (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
@@ -359,7 +363,7 @@ int64_t units_of(int64_t m, int64_t n, int cluster) {
 int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster) {
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
-  if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
+  check_cluster(cluster);
   const int64_t units = units_of(m, n, cluster);
   if (cluster == 1)
     return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false>, 1, sm_count, units, config, attr);
@@ -400,7 +404,7 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
   if ((epilogue == WgmmaEpilogue::bias_gelu_aux || epilogue == WgmmaEpilogue::dgelu) && aux == nullptr)
     fail("the sm_90 GEMM's GELU epilogues need their record");
-  if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
+  check_cluster(cluster);
   const CUtensorMap map_a = a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
                     map_b = b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / cluster),
                     map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(aux ? aux : d, m, n, 64);
