@@ -172,9 +172,12 @@ int main(int argc, char** argv) try {
     for (int pass = 0; pass < 2; ++pass)
       for (WgmmaEpilogue e :
            {WgmmaEpilogue::none, WgmmaEpilogue::bias, WgmmaEpilogue::bias_gelu_aux, WgmmaEpilogue::dgelu}) {
-        // The backward's products: plain, and the fc projection's data gradient with DGELU.
-        if ((s.a_km || s.b_kn) && e != WgmmaEpilogue::none && !(s.gelu_grad && e == WgmmaEpilogue::dgelu)) continue;
-        if (!(s.a_km || s.b_kn) && e == WgmmaEpilogue::dgelu) continue;
+        // The forward's products with the forward's epilogues; the backward's plain, and the fc
+        // projection's data gradient with DGELU.
+        const bool backward = s.a_km || s.b_kn;
+        const bool wanted = backward ? e == WgmmaEpilogue::none || (s.gelu_grad && e == WgmmaEpilogue::dgelu)
+                                     : e != WgmmaEpilogue::dgelu;
+        if (!wanted) continue;
         const bool gelu = e == WgmmaEpilogue::bias_gelu_aux;
         const bool dgelu = e == WgmmaEpilogue::dgelu;
         const char* what = e == WgmmaEpilogue::none ? "plain" : gelu ? "gelu+record" : dgelu ? "dgelu" : "bias";

@@ -177,6 +177,7 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
     return std::string("no error");
   };
   EXPECT_NE(error_of(64, WgmmaEpilogue::bias_gelu_aux).find("bias"), std::string::npos);
+  EXPECT_NE(error_of(64, WgmmaEpilogue::dgelu).find("GELU epilogues need their record"), std::string::npos);
   EXPECT_NE(error_of(64, WgmmaEpilogue::none, 3).find("clusters of 1 or 2 blocks, not 3"), std::string::npos);
   try {
     seam::cuda::wgmma_gemm_grid(132, 64, 64, 4);

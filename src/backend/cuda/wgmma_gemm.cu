@@ -50,17 +50,19 @@ constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kCBuf = 64 
 // one a store buffer), and room to align the ring to 1024.
 constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + (2 * kStages + 4) * 8 + 1024;
 
-[[maybe_unused]] __device__ __forceinline__ float gelu_tanh(float x) {
-  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+// GELU (tanh form) and its derivative as ew_math.h has them, with the hardware's tanh: one
+// MUFU op a value where the shared forms' sigmoid takes two exponentials, which an
+// epilogue that stalls the tensor cores cannot spare.
+[[maybe_unused]] __device__ __forceinline__ float tanh_approx(float u) {
   float t;
   asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
-  return 0.5f * x * (1.0f + t);
+  return t;
 }
-// d/dx gelu_tanh(x), from the same tanh.
+[[maybe_unused]] __device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
 [[maybe_unused]] __device__ __forceinline__ float gelu_tanh_grad(float x) {
-  const float c = 0.7978845608028654f, u = c * (x + 0.044715f * x * x * x);
-  float t;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
+  const float c = 0.7978845608028654f, t = tanh_approx(c * (x + 0.044715f * x * x * x));
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
