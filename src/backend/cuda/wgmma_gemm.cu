@@ -66,6 +66,12 @@ constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + (2 * k
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+// Two values rounded to bf16, as the 32 bits a shared-memory store writes.
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return reinterpret_cast<const uint32_t&>(v);
+}
+
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                                    const __grid_constant__ CUtensorMap map_b,
@@ -225,14 +231,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             const int r = warp * 16 + lane / 4 + 8 * h;
             const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
             float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
+            const uint32_t where = smem_addr(buf) + at;
             if constexpr (dgelu) {
-              const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(buf + at);
-              x0 *= gelu_tanh_grad(__low2float(v));
-              x1 *= gelu_tanh_grad(__high2float(v));
+              const uint32_t v = wg::lds32(where);
+              x0 *= gelu_tanh_grad(__low2float(reinterpret_cast<const __nv_bfloat162&>(v)));
+              x1 *= gelu_tanh_grad(__high2float(reinterpret_cast<const __nv_bfloat162&>(v)));
             }
-            *reinterpret_cast<__nv_bfloat162*>(buf + at) = __floats2bfloat162_rn(x0, x1);
-            if constexpr (two)
-              *reinterpret_cast<__nv_bfloat162*>(buf + kCBuf + at) = __floats2bfloat162_rn(gelu_tanh(x0), gelu_tanh(x1));
+            wg::sts32(where, bf16_pair(x0, x1));
+            if constexpr (two) wg::sts32(where + kCBuf, bf16_pair(gelu_tanh(x0), gelu_tanh(x1)));
           }
         }
         wg::fence_to_async();
