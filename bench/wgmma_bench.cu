@@ -157,12 +157,13 @@ int main(int argc, char** argv) try {
                           {"dx fc", 16384, 768, 3072, false, true}, {"dW fc", 3072, 768, 16384, true, true},
                           {"dW fcproj", 768, 3072, 16384, true, true}, {"dW qkv", 2304, 768, 16384, true, true}};
   for (const Shape& s : shapes) {
-    void *a, *b, *bias, *d0, *d1, *x0, *x1;
+    void *a, *b, *bias, *d0, *d1, *x0, *x1, *col_sums;
     const size_t m = s.m, n = s.n, k = s.k, mn = m * n;
     SEAM_CUDA_CHECK(cudaMalloc(&a, m * k * 2));
     SEAM_CUDA_CHECK(cudaMalloc(&b, n * k * 2));
     SEAM_CUDA_CHECK(cudaMalloc(&bias, n * 2));
     for (void** p : {&d0, &d1, &x0, &x1}) SEAM_CUDA_CHECK(cudaMalloc(p, mn * 2));
+    SEAM_CUDA_CHECK(cudaMalloc(&col_sums, seam::cuda::wgmma_gemm_col_sum_rows(s.m) * n * 4));
     fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(a), m * k, 1, 0.2f);
     fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(b), n * k, 2, 0.2f);
     fill<<<64, 256>>>(static_cast<__nv_bfloat16*>(bias), n, 3, 1.0f);
@@ -184,23 +185,26 @@ int main(int argc, char** argv) try {
         const float lt_us =
             cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, s.a_km, s.b_kn, a, b, d0, e, bias,
                         gelu ? x0 : dgelu ? x1 : nullptr, reps);
-        for (int cluster : {1, 2}) {
+        // Single blocks, pairs, and DGELU's column sums too (which cuBLASLt leaves to a
+        // BGRADB pass of the weight gradient: ~40 us more there).
+        for (int run = 0; run < (dgelu ? 3 : 2); ++run) {
+          const int cluster = run == 1 ? 2 : 1;
           const seam::cuda::Launch own =
               seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu || dgelu ? x1 : nullptr, cluster,
-                                     s.a_km, s.b_kn);
+                                     s.a_km, s.b_kn, run == 2 ? static_cast<float*>(col_sums) : nullptr);
           const float own_us = mean_us([&] { own(nullptr); }, reps);
           SEAM_CUDA_CHECK(cudaDeviceSynchronize());
           std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  "
                       "own (cluster %d, %3d blocks) %8.1f us "
                       "%4.0f TFLOP/s  %.2fx  diff %.1e%s\n",
-                      s.name, s.m, s.n, s.k, what, lt_us, flop / lt_us * 1e-6, cluster,
+                      s.name, s.m, s.n, s.k, run == 2 ? "dgelu+sums" : what, lt_us, flop / lt_us * 1e-6, cluster,
                       seam::cuda::wgmma_gemm_grid(sms, s.m, s.n, cluster), own_us, flop / own_us * 1e-6,
                       lt_us / own_us, relative_rms(d1, d0, mn, static_cast<double*>(sums)),
                       gelu ? (" record " + std::to_string(relative_rms(x1, x0, mn, static_cast<double*>(sums)))).c_str()
                            : "");
         }
       }
-    for (void* p : {a, b, bias, d0, d1, x0, x1}) SEAM_CUDA_CHECK(cudaFree(p));
+    for (void* p : {a, b, bias, d0, d1, x0, x1, col_sums}) SEAM_CUDA_CHECK(cudaFree(p));
   }
   SEAM_CUBLAS_CHECK(cublasLtDestroy(lt));
   return 0;

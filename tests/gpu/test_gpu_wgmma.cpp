@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -63,13 +64,15 @@ void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<doubl
 void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, bool a_km, bool b_kn,
                unsigned seed) {
   std::string why;
-  Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2);
+  const int64_t sum_rows = seam::cuda::wgmma_gemm_col_sum_rows(m);
+  Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2), sums(sum_rows * n * 4);
   if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why, a_km)) GTEST_SKIP() << why;
   const bool with_bias = e == WgmmaEpilogue::bias || e == WgmmaEpilogue::bias_gelu_aux,
              gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu;
   const seam::cuda::Launch run =
       seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr,
-                             gelu || dgelu ? aux.p : nullptr, cluster, a_km, b_kn);
+                             gelu || dgelu ? aux.p : nullptr, cluster, a_km, b_kn,
+                             dgelu ? static_cast<float*>(sums.p) : nullptr);
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
@@ -80,8 +83,11 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
     ASSERT_EQ(cudaMemcpy(bias.p, hbias.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
     // DGELU's record: pre-activations over GELU's curved part and both tails.
     const auto hpre = random_bf16(m * n, rng, 4.0f);
-    if (dgelu) ASSERT_EQ(cudaMemcpy(aux.p, hpre.data(), m * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    if (dgelu) {
+      ASSERT_EQ(cudaMemcpy(aux.p, hpre.data(), m * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
     ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
+    ASSERT_EQ(cudaMemset(sums.p, 0xff, sum_rows * n * 4), cudaSuccess);
     run(nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<double> pre(m * n), out(m * n);
@@ -103,6 +109,26 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
     if (gelu) {
       ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       expect_close(haux, pre, what + ", record");
+    }
+    // DGELU's column sums over each 16 rows: each term carries D's bf16 rounding (0.4% of
+    // it at most), the roundings adding up like noise.
+    if (dgelu) {
+      std::vector<float> hs(sum_rows * n);
+      ASSERT_EQ(cudaMemcpy(hs.data(), sums.p, hs.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      int bad = 0;
+      for (int64_t t = 0; t < sum_rows && bad < 5; ++t)
+        for (int64_t j = 0; j < n && bad < 5; ++j) {
+          double want = 0, sq = 0;
+          for (int64_t i = 16 * t; i < std::min(m, 16 * t + 16); ++i) {
+            want += out[i * n + j];
+            sq += out[i * n + j] * out[i * n + j];
+          }
+          if (!(std::abs(hs[t * n + j] - want) <= 3e-2 * std::sqrt(sq) + 1e-6)) {
+            ADD_FAILURE() << what << ", column sum of rows " << 16 * t << "+ column " << j << ": " << hs[t * n + j]
+                          << ", want " << want;
+            ++bad;
+          }
+        }
     }
   }
 }
@@ -149,7 +175,7 @@ TEST(GpuWgmma, GeluRecordAndValueMatchTheCpu) {
 }
 
 // The backward of the above: the record loaded through the store buffers, two pieces a
-// buffer, ragged pieces clipped.
+// buffer, ragged pieces clipped; D's column sums.
 TEST(GpuWgmma, GeluGradientMatchesTheCpu) {
   check(384, 512, 256, WgmmaEpilogue::dgelu, sms(), 10);
   check(1000, 776, 72, WgmmaEpilogue::dgelu, 5, 11);
@@ -168,9 +194,9 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_TRUE(seam::cuda::wgmma_gemm_fits(60, 64, 64, a.p, b.p, d.p, nullptr, &why));
   EXPECT_FALSE(seam::cuda::wgmma_gemm_fits(60, 64, 64, a.p, b.p, d.p, nullptr, &why, /*a_km=*/true));
   EXPECT_NE(why.find("m must be a multiple of 8 with A stored [k, m]"), std::string::npos) << why;
-  auto error_of = [&](int64_t k, WgmmaEpilogue e, int cluster = 2) {
+  auto error_of = [&](int64_t k, WgmmaEpilogue e, int cluster = 2, float* sums = nullptr) {
     try {
-      seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, nullptr, nullptr, cluster);
+      seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, nullptr, nullptr, cluster, false, false, sums);
     } catch (const std::exception& x) {
       return std::string(x.what());
     }
@@ -179,6 +205,8 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_NE(error_of(64, WgmmaEpilogue::bias_gelu_aux).find("bias"), std::string::npos);
   EXPECT_NE(error_of(64, WgmmaEpilogue::dgelu).find("GELU epilogues need their record"), std::string::npos);
   EXPECT_NE(error_of(64, WgmmaEpilogue::none, 3).find("clusters of 1 or 2 blocks, not 3"), std::string::npos);
+  EXPECT_NE(error_of(64, WgmmaEpilogue::none, 1, static_cast<float*>(a.p)).find("sums D's columns only with DGELU"),
+            std::string::npos);
   try {
     seam::cuda::wgmma_gemm_grid(132, 64, 64, 4);
     ADD_FAILURE() << "a grid for clusters of 4";

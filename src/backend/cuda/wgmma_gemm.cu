@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
                                                    const __grid_constant__ CUtensorMap map_b,
                                                    const __grid_constant__ CUtensorMap map_d,
                                                    const __grid_constant__ CUtensorMap map_aux,
-                                                   const bf16_t* __restrict__ bias, int m, int n, int k) {
+                                                   const bf16_t* __restrict__ bias, float* __restrict__ col_sums,
+                                                   int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -228,6 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             b0 = __low2float(pair);
             b1 = __high2float(pair);
           }
+          float sum0 = 0.0f, sum1 = 0.0f;  // DGELU: this thread's two rows of the two columns
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + lane / 4 + 8 * h;
@@ -239,8 +241,25 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
               x0 *= gelu_tanh_grad(__low2float(reinterpret_cast<const __nv_bfloat162&>(v)));
               x1 *= gelu_tanh_grad(__high2float(reinterpret_cast<const __nv_bfloat162&>(v)));
             }
-            wg::sts32(where, bf16_pair(x0, x1));
+            const uint32_t y = bf16_pair(x0, x1);
+            wg::sts32(where, y);
             if constexpr (two) wg::sts32(where + kCBuf, bf16_pair(gelu_tanh(x0), gelu_tanh(x1)));
+            if constexpr (dgelu) {  // the values as stored
+              sum0 += __low2float(reinterpret_cast<const __nv_bfloat162&>(y));
+              sum1 += __high2float(reinterpret_cast<const __nv_bfloat162&>(y));
+            }
+          }
+          // DGELU's column sums over the warp's 16 rows: the eight lanes of a column pair
+          // (lane / 4) add up by shuffles in a fixed order; lanes 0-3 write the pair.
+          if (dgelu && col_sums) {
+#pragma unroll
+            for (int mask = 4; mask < 32; mask *= 2) {
+              sum0 += __shfl_xor_sync(0xffffffffu, sum0, mask);
+              sum1 += __shfl_xor_sync(0xffffffffu, sum1, mask);
+            }
+            const int row16 = (m0 + group * 64 + warp * 16) / 16;
+            if (lane < 4 && col < n && row16 * 16 < m)
+              *reinterpret_cast<float2*>(col_sums + static_cast<int64_t>(row16) * n + col) = make_float2(sum0, sum1);
           }
         }
         wg::fence_to_async();
@@ -326,7 +345,7 @@ int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConf
 
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
-                 const CUtensorMap& aux, const void* bias, int m, int n, int k) {
+                 const CUtensorMap& aux, const void* bias, float* col_sums, int m, int n, int k) {
   auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
@@ -338,23 +357,24 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
     c.gridDim = dim3(grid);
     c.stream = stream;
     c.attrs = &at;
-    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, m, n, k));
+    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, col_sums, m, n, k));
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 
 template <int CL, bool AT, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
-                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, int m, int n, int k) {
+                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, float* col_sums, int m, int n,
+                   int k) {
   switch (epilogue) {
     case WgmmaEpilogue::none:
-      return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+      return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::bias:
-      return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+      return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::dgelu:
-      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, m, n, k);
+      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
   }
   fail("unknown epilogue");
 }
@@ -369,6 +389,8 @@ int64_t units_of(int64_t m, int64_t n, int cluster) {
 }
 
 }  // namespace
+
+int64_t wgmma_gemm_col_sum_rows(int64_t m) { return (m + 15) / 16; }
 
 int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster) {
   cudaLaunchConfig_t config;
@@ -405,7 +427,8 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 }
 
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool a_km, bool b_kn) {
+                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool a_km, bool b_kn,
+                  float* col_sums) {
   std::string why;
   if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why, a_km))
     fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
@@ -414,6 +437,8 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
   if ((epilogue == WgmmaEpilogue::bias_gelu_aux || epilogue == WgmmaEpilogue::dgelu) && aux == nullptr)
     fail("the sm_90 GEMM's GELU epilogues need their record");
+  if (col_sums && epilogue != WgmmaEpilogue::dgelu) fail("the sm_90 GEMM sums D's columns only with DGELU");
+  if (reinterpret_cast<uintptr_t>(col_sums) % 8 != 0) fail("the sm_90 GEMM's column sums must be 8-byte aligned");
   check_cluster(cluster);
   const CUtensorMap map_a = a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
                     map_b = b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / cluster),
@@ -421,13 +446,13 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
   const int64_t units = units_of(m, n, cluster);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
-                       const CUtensorMap&, const void*, int, int, int);
+                       const CUtensorMap&, const void*, float*, int, int, int);
   constexpr Fn by_layout[2][2][2] = {{{launch_with<1, false, false>, launch_with<1, false, true>},
                                       {launch_with<1, true, false>, launch_with<1, true, true>}},
                                      {{launch_with<2, false, false>, launch_with<2, false, true>},
                                       {launch_with<2, true, false>, launch_with<2, true, true>}}};
   const Fn launch = by_layout[cluster - 1][a_km][b_kn];
-  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, mi, ni, ki);
+  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, col_sums, mi, ni, ki);
 }
 
 }  // namespace seam::cuda

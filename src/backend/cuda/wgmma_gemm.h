@@ -13,7 +13,10 @@
 //   bias           D = A B^T + bias[n]
 //   bias_gelu_aux  aux = A B^T + bias (the pre-activation, rounded to bf16: the record
 //                  matmul_act_grad reads), D = gelu_tanh(A B^T + bias) from the f32 sum
-//   dgelu          D = A B^T * gelu_tanh'(aux), aux the record above (read): matmul_act_grad
+//   dgelu          D = A B^T * gelu_tanh'(aux), aux the record above (read): matmul_act_grad;
+//                  with col_sums, also the column sums of D (as stored, bf16) over each 16
+//                  rows, f32 [wgmma_gemm_col_sum_rows(m), n]: summed over their rows, the
+//                  bias gradient of the layer whose input gradient D is
 //
 // Offered as the variant `wgmma` of linear (bias or none) and linear_act_aux (gelu with a
 // bias), timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
@@ -46,9 +49,13 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 // blocks are the default: pairs measure 1-3% slower on the layer products, 7% faster on
 // the output layer (docs/perf.md).
 // a_km, b_kn: A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k].
+// col_sums: DGELU only (above), 8-byte aligned.
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
                   WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 1,
-                  bool a_km = false, bool b_kn = false);
+                  bool a_km = false, bool b_kn = false, float* col_sums = nullptr);
+
+// The rows of DGELU's column sums for an m-row product: one a 16 rows.
+int64_t wgmma_gemm_col_sum_rows(int64_t m);
 
 // The blocks such a launch runs at once (a persistent grid: one an SM, or as many pairs as
 // fit), for reports.
