@@ -570,6 +570,7 @@ Plan Model::plan(const CompileOptions& o) const {
         sum_into_norm_grads, absorb_class_slices,    fuse_losses,           sums_into_embedding_grads,
         fold_casts,
         bias_grads_into_norm_grads,  // after fold_casts: db in the dtype gamma's gradient has
+        bias_grads_into_act_grads,   // after fold_casts: db in the dtype the weight gradient's has
         residual_adds_into_linears};
     if (o.fuse_elementwise) passes.push_back(fuse_elementwise);
     for (auto pass : passes) apply(pass(g, keep));

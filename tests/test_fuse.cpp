@@ -56,8 +56,14 @@ TEST(Fuse, MlpFusesEveryLayerAndChangesNoBit) {
   Var loss = cross_entropy(nn::linear(h, 10, "fc4"), y);
   Trained fused = train(g, loss, true, 32, 20), plain = train(g, loss, false, 32, 20);
   EXPECT_EQ(count(fused.plan, Op::linear_act_aux), 3) << fused.plan.str();
-  // fc1's input gradient is never needed; fc2..fc4's input gradients carry the derivative.
+  // fc1's input gradient is never needed; fc2..fc4's input gradients carry the derivative,
+  // and each writes the bias gradient of the layer before it (bias_grads_into_act_grads):
+  // only fc4's, whose output gradient is the loss's, stays with its weight gradient.
   EXPECT_EQ(count(fused.plan, Op::matmul_act_grad), 3) << fused.plan.str();
+  int summed = 0;
+  for (const PlanStep& s : fused.plan.steps) summed += s.op == Op::matmul_act_grad && s.out.size() == 2;
+  EXPECT_EQ(summed, 3) << fused.plan.str();
+  EXPECT_EQ(count(fused.plan, Op::linear_grad_weight_bias), 1) << fused.plan.str();
   EXPECT_EQ(count(fused.plan, Op::relu_grad) + count(fused.plan, Op::gelu_tanh_grad), 0);
   // The loss and its gradient: one op.
   EXPECT_EQ(count(fused.plan, Op::cross_entropy_with_grad), 1) << fused.plan.str();
@@ -514,4 +520,48 @@ TEST(Fuse, LinearAddChecksItsResidual) {
   const std::string e =
       seam::testing::error_of([&] { g.add(Op::linear_add, {x.id(), w.id(), g.input("r2", {5, 4}).id()}); });
   EXPECT_NE(e.find("r must have y's shape [5,3], got [5,4]"), std::string::npos) << e;
+}
+
+// matmul_act_grad's dx_sums takes 0 or 1; with 1 a second output, dx's column sums, in
+// sums_dtype (dx's when empty); a bf16 plan with f32 master weights has them in f32, the
+// dtype its weight gradients take.
+TEST(Fuse, ActivationGradientsSumTheirColumnsOnAFlag) {
+  Graph g;
+  Var dy = g.input("dy", {4, 6}), w = g.input("w", {6, 5}), pre = g.input("pre", {4, 5});
+  const std::vector<ValueId> in{dy.id(), w.id(), pre.id()};
+  const Attrs act{{"act", std::string("gelu_tanh")}};
+  EXPECT_EQ(g.add(Op::matmul_act_grad, in, act).size(), 1u);
+  Attrs sums = act;
+  sums.set("dx_sums", int64_t{1});
+  auto out = g.add(Op::matmul_act_grad, in, sums);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(g.value(out[1]).type, (TensorType{DType::f32, {5}}));
+  sums.set("sums_dtype", std::string("f64"));
+  EXPECT_EQ(g.value(g.add(Op::matmul_act_grad, in, sums)[1]).type, (TensorType{DType::f64, {5}}));
+  sums.set("sums_dtype", std::string("i32"));
+  EXPECT_NE(seam::testing::error_of([&] { g.add(Op::matmul_act_grad, in, sums); })
+                .find("sums_dtype must name a float dtype, got 'i32'"),
+            std::string::npos);
+  Attrs two = act;
+  two.set("dx_sums", int64_t{2});
+  EXPECT_NE(seam::testing::error_of([&] { g.add(Op::matmul_act_grad, in, two); }).find("dx_sums must be 0 or 1, got 2"),
+            std::string::npos);
+
+  // Rows in two dimensions, as a transformer's MLP has them: dx reaches fc1's weight
+  // gradient through reshapes.
+  Graph net;
+  Var x = net.input("x", {2, 8, 12});
+  Var y = net.input("y", {16}, DType::i32);
+  Var loss = cross_entropy(reshape(nn::linear(gelu(nn::linear(x, 24, "fc1"), true), 10, "fc2"), {16, 10}), y);
+  Model low(net, {.seed = 5, .precision = Precision::bf16});
+  const Plan plan = low.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)}).plan();
+  int summed = 0;
+  for (const PlanStep& s : plan.steps)
+    if (s.op == Op::matmul_act_grad && s.out.size() == 2) {
+      EXPECT_EQ(s.out[0].type.dtype, DType::bf16);
+      EXPECT_EQ(s.out[1].type.dtype, DType::f32);
+      ++summed;
+    }
+  EXPECT_EQ(summed, 1) << plan.str();
+  EXPECT_EQ(count(plan, Op::linear_grad_weight_bias), 1) << plan.str();  // fc2's, from the loss's gradient
 }

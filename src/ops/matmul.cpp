@@ -1,6 +1,9 @@
 // matmul and linear: schema, shapes, gradients. Gradients are themselves matmuls; for a
 // weight shared across leading dims ([B, T, K] x [K, N]) the weight gradient is one GEMM
 // over M = B*T through free reshapes, never per-batch GEMMs plus a reduction.
+#include <optional>
+#include <string>
+
 #include "ops/geometry.h"
 #include "ops/registry.h"
 
@@ -203,10 +206,12 @@ void register_fused_matmul(OpTable& t) {
     OpDef& d = def(t, Op::matmul_act_grad);
     d.name = "matmul_act_grad";
     d.inputs = {"dy", "w", "aux"};
-    d.outputs = {"dx"};
-    d.attrs = {{"act", std::string("relu")}};
+    d.outputs = {"dx", "dx_sums?"};
+    d.attrs = {{"act", std::string("relu")}, {"dx_sums", int64_t{0}}, {"sums_dtype", std::string()}};
     d.doc = "dx = (dy w) * act'(pre-activation recorded in aux): a linear layer's input gradient "
-            "through the activation before it, in one GEMM epilogue (made by fusion)";
+            "through the activation before it, in one GEMM epilogue (made by fusion); dx_sums 1: also "
+            "dx's column sums (of dx as stored, in sums_dtype, \"\": dx's: the bias gradient of the "
+            "linear layer whose output gradient dx is, bias_grads_into_act_grads)";
     d.infer = [](const InferCtx& c) {
       const std::string& act = act_of(c);
       c.expect_float(0);
@@ -216,7 +221,16 @@ void register_fused_matmul(OpTable& t) {
       int64_t m = c.shape(0)[0], k = c.shape(1)[1];
       TensorType want = aux_type(act, m, k, c.type(0).dtype);
       if (!(c.type(2) == want)) c.fail("aux must be ", want.str(), " for act ", act);
-      return std::vector<TensorType>{{c.type(0).dtype, {m, k}}};
+      std::vector<TensorType> out{{c.type(0).dtype, {m, k}}};
+      const int64_t sums = c.attrs.i("dx_sums");
+      if (sums != 0 && sums != 1) c.fail("dx_sums must be 0 or 1, got ", sums);
+      if (sums) {
+        const std::string& name = c.attrs.s("sums_dtype");
+        const auto t = name.empty() ? std::optional<DType>(c.type(0).dtype) : parse_dtype(name);
+        if (!t || !is_float(*t)) c.fail("sums_dtype must name a float dtype, got '", name, "'");
+        out.push_back({*t, {k}});
+      }
+      return out;
     };
     d.flops = [](const OpCostCtx& c) {
       return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(c.in[0].shape[1]);

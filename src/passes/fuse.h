@@ -117,8 +117,17 @@ FuseResult sum_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep)
 // column sums of the dx it stores. In a pre-norm transformer every residual projection's
 // output gradient is such a dx (the residual stream's gradient out of the next layer
 // norm's backward): its bias gradient costs no second read of the stream's gradient.
-// (src/passes/fuse_norm.cpp)
+// (src/passes/bias_grads.cpp)
 FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>& keep);
+
+// The same from an activation's gradient: linear_grad_weight_bias(dy, x) whose dy is the
+// dx of a matmul_act_grad (or dx with its rows folded) becomes a matmul for dw alone while
+// that matmul_act_grad, with dx_sums 1, writes db (in linear_grad_weight_bias's dtype for
+// it, sums_dtype) as the column sums of the dx it stores. A transformer MLP's first layer
+// takes its bias gradient this way, from the DGELU GEMM of the layer after it, where the
+// weight gradient's GEMM had summed dy again (cuBLASLt's BGRADB: a second pass over it).
+// (src/passes/bias_grads.cpp)
+FuseResult bias_grads_into_act_grads(const Graph& g, const std::vector<ValueId>& keep);
 
 // Activation recomputation, for memory: a GELU's or a layer norm's output that the
 // backward reads (a weight gradient's input) is not kept from the forward; just before

@@ -49,7 +49,7 @@ std::string covers(const PlanStep& s) {
     }
     case Op::linear_act: case Op::linear_act_aux: return "linear+" + act;
     case Op::linear_add: return "linear+add";
-    case Op::matmul_act_grad: return "matmul+" + act + "_grad";
+    case Op::matmul_act_grad: return "matmul+" + act + "_grad" + (s.out.size() > 1 ? "+bias_grad" : "");
     case Op::linear_grad_weight_bias: return "weight_grad+bias_grad";
     case Op::cross_entropy_with_grad: return "cross_entropy+cross_entropy_grad";
     case Op::embedding_grad: return s.in.size() > 2 ? "embedding_grad+add" : "embedding_grad";
@@ -85,7 +85,11 @@ std::string why(const PlanStep& s) {
       return "fused: bias and activation on the GEMM's output before it is stored (epilogue, or split if faster)";
     case Op::linear_add:
       return "fused: the residual read by the GEMM (beta = 1) and added to its output before it is stored";
-    case Op::matmul_act_grad: return "fused: the activation's derivative applied to the GEMM's output before it is stored";
+    case Op::matmul_act_grad:
+      return s.out.size() > 1 ? "fused: the activation's derivative applied to the GEMM's output before it is stored; "
+                                "its column sums (the bias gradient of the linear layer before the activation) "
+                                "from it, not from a second pass of that layer's weight-gradient GEMM"
+                              : "fused: the activation's derivative applied to the GEMM's output before it is stored";
     case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
     case Op::embedding_grad:

@@ -100,7 +100,8 @@ void linear_act(const KernelArgs& a) {
   });
 }
 
-// dx = (dy w) * act'(pre), with pre recorded by linear_act_aux.
+// dx = (dy w) * act'(pre), with pre recorded by linear_act_aux; with dx_sums, dx's column
+// sums (double accumulation).
 void matmul_act_grad(const KernelArgs& a) {
   const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
   const bool relu = a.attrs().s("act") == "relu";
@@ -116,6 +117,14 @@ void matmul_act_grad(const KernelArgs& a) {
     } else {
       const T* pre = a.in[2].as<T>();
       for (int64_t i = 0; i < m * k; ++i) dx[i] = dx[i] * seam_ew::gelu_tanh_grad(pre[i]);
+    }
+    if (a.out.size() == 2) {  // dx_sums: of dx as stored, as a sum step reading it would add
+      std::vector<double> acc(static_cast<size_t>(k), 0.0);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < k; ++j) acc[static_cast<size_t>(j)] += static_cast<double>(dx[i * k + j]);
+      dispatch_float(a.out[1].dtype(), [&]<class S>() {
+        for (int64_t j = 0; j < k; ++j) a.out[1].as<S>()[j] = static_cast<S>(acc[static_cast<size_t>(j)]);
+      });
     }
   });
 }

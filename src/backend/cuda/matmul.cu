@@ -616,8 +616,18 @@ Launch matmul_act_grad(const StepArgs& a) {
   auto release = [ctx, scratch] {
     if (scratch) ctx->release(scratch);
   };
-  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k}, t),
-                        {{"fused", fused, {}, why}, {"split", in_order({plain, scale}), release}});
+  // dx_sums (bias_grads_into_act_grads): dx's column sums, read back by the reduction
+  // kernel after either variant (what the next layer's BGRADB would have read again).
+  if (a.out.size() == 2) {
+    const Launch sums = prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
+                                        {dx}, {a.out[1]});
+    if (fused) fused = in_order({fused, sums});
+    plain = in_order({plain, scale, sums});
+  } else {
+    plain = in_order({plain, scale});
+  }
+  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k, static_cast<int64_t>(a.out.size())}, t),
+                        {{"fused", fused, {}, why}, {"split", plain, release}});
 }
 
 }  // namespace
