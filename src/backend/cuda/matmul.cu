@@ -562,8 +562,14 @@ Launch matmul_act_grad(const StepArgs& a) {
   const Types t = relu ? gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]})
                        : gemm_types(a, {&a.in[0], &a.in[1], &aux}, {&a.out[0]});
   const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
-  if (m == 0 || k == 0) return nothing();
-  if (n == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
+  const bool sums_out = a.out.size() == 2;  // dx_sums: zeros where dx has no rows
+  if (k == 0) return nothing();
+  if (m == 0) return sums_out ? zero_fill({{a.out[1].data, bytes_of(a.out[1])}}) : nothing();
+  if (n == 0) {
+    std::vector<std::pair<void*, size_t>> zeros{{a.out[0].data, bytes_of(a.out[0])}};
+    if (sums_out) zeros.emplace_back(a.out[1].data, bytes_of(a.out[1]));
+    return zero_fill(zeros);
+  }
   GemmShape g = typed({}, t);
   g.trans_a = false;
   g.trans_b = false;
@@ -618,7 +624,7 @@ Launch matmul_act_grad(const StepArgs& a) {
   };
   // dx_sums (bias_grads_into_act_grads): dx's column sums, read back by the reduction
   // kernel after either variant (what the next layer's BGRADB would have read again).
-  if (a.out.size() == 2) {
+  if (sums_out) {
     const Launch sums = prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
                                         {dx}, {a.out[1]});
     if (fused) fused = in_order({fused, sums});
