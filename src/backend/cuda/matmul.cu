@@ -623,7 +623,8 @@ Launch matmul_act_grad(const StepArgs& a) {
     if (scratch) ctx->release(scratch);
   };
   // dx_sums (bias_grads_into_act_grads): dx's column sums, read back by the reduction
-  // kernel after either variant (what the next layer's BGRADB would have read again).
+  // kernel after either variant (the read BGRADB made beside the weight gradient of the
+  // layer before the activation).
   if (sums_out) {
     const Launch sums = prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
                                         {dx}, {a.out[1]});
