@@ -46,6 +46,12 @@ namespace seam::cuda {
 namespace {
 
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
+// Registers a thread after setmaxnreg. A group's increase waits until the others'
+// decreases have freed enough of what the block got at launch (65536 / 384, rounded down
+// to 8: 168 a thread), so the three groups' counts must fit in three times that, or the
+// consumers wait forever.
+[[maybe_unused]] constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8, kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * kLaunchRegs, "setmaxnreg beyond the block's registers");
 constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kCBuf = 64 * 64 * 2;
 [[maybe_unused]] constexpr int kGroupRows = 8;  // row tiles a group of the tile order spans
 // The ring, the four store buffers, the barriers (the ring's two a stage, DGELU's record
@@ -114,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
   };
 
   if (threadIdx.x >= 256) {  // the producer group
-    wg::regs_shrink<40>();
+    wg::regs_shrink<kProducerRegs>();
     if (threadIdx.x == 256) {
       int pos = 0;  // k-slices issued so far, over this block's tiles
       for (int u = cluster; u < units; u += clusters) {
@@ -147,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
       }
     }
   } else {  // the consumer groups
-    wg::regs_grow<232>();
+    wg::regs_grow<kConsumerRegs>();
     const int group = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float d[kBN / 2];
     int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
