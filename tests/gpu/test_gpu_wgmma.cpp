@@ -207,6 +207,14 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_NE(error_of(64, WgmmaEpilogue::none, 3).find("clusters of 1 or 2 blocks, not 3"), std::string::npos);
   EXPECT_NE(error_of(64, WgmmaEpilogue::none, 1, static_cast<float*>(a.p)).find("sums D's columns only with DGELU"),
             std::string::npos);
+  Buffer aux(1 << 16);
+  try {
+    seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::dgelu, nullptr, aux.p, 1, false, false,
+                           static_cast<float*>(a.p) + 1);
+    ADD_FAILURE() << "column sums at a 4-byte offset";
+  } catch (const std::exception& x) {
+    EXPECT_NE(std::string(x.what()).find("column sums must be 8-byte aligned"), std::string::npos) << x.what();
+  }
   try {
     seam::cuda::wgmma_gemm_grid(132, 64, 64, 4);
     ADD_FAILURE() << "a grid for clusters of 4";

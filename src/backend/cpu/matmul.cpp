@@ -64,17 +64,25 @@ void linear_rows(const KernelArgs& x, const TensorView* b, const TensorView* r) 
 void linear(const KernelArgs& x) { linear_rows(x, x.in.size() == 3 ? &x.in[2] : nullptr, nullptr); }
 void linear_add(const KernelArgs& x) { linear_rows(x, x.in.size() == 4 ? &x.in[3] : nullptr, &x.in[2]); }
 
+// out[j] = the sum over rows of x [rows, cols] column j, added in double, stored in out's
+// dtype: a bias gradient.
+template <class T>
+void column_sums(const T* x, int64_t rows, int64_t cols, const TensorView& out) {
+  std::vector<double> acc(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) acc[static_cast<size_t>(j)] += static_cast<double>(x[r * cols + j]);
+  dispatch_float(out.dtype(), [&]<class S>() {
+    for (int64_t j = 0; j < cols; ++j) out.as<S>()[j] = static_cast<S>(acc[static_cast<size_t>(j)]);
+  });
+}
+
 // dw = dy^T x, db = column sums of dy (double accumulation).
 void linear_grad_weight_bias(const KernelArgs& a) {
   int64_t m = a.in[0].shape()[0], out = a.in[0].shape()[1], in = a.in[1].shape()[1];
   dispatch_float(a.in[0].dtype(), [&]<class T>() {
     const T* dy = a.in[0].as<T>();
     gemm(true, false, out, in, m, dy, a.in[1].as<T>(), T(0), a.out[0].as<T>());
-    std::vector<double> acc(static_cast<size_t>(out), 0.0);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < out; ++j) acc[static_cast<size_t>(j)] += static_cast<double>(dy[r * out + j]);
-    T* db = a.out[1].as<T>();
-    for (int64_t j = 0; j < out; ++j) db[j] = static_cast<T>(acc[static_cast<size_t>(j)]);
+    column_sums(dy, m, out, a.out[1]);
   });
 }
 
@@ -118,14 +126,7 @@ void matmul_act_grad(const KernelArgs& a) {
       const T* pre = a.in[2].as<T>();
       for (int64_t i = 0; i < m * k; ++i) dx[i] = dx[i] * seam_ew::gelu_tanh_grad(pre[i]);
     }
-    if (a.out.size() == 2) {  // dx_sums: of dx as stored, as a sum step reading it would add
-      std::vector<double> acc(static_cast<size_t>(k), 0.0);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < k; ++j) acc[static_cast<size_t>(j)] += static_cast<double>(dx[i * k + j]);
-      dispatch_float(a.out[1].dtype(), [&]<class S>() {
-        for (int64_t j = 0; j < k; ++j) a.out[1].as<S>()[j] = static_cast<S>(acc[static_cast<size_t>(j)]);
-      });
-    }
+    if (a.out.size() == 2) column_sums(dx, m, k, a.out[1]);  // dx_sums: of dx as stored
   });
 }
 

@@ -484,6 +484,12 @@ Launch linear_act(const StepArgs& a) {
   return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t), std::move(variants));
 }
 
+// out = the column sums of x [M, N], by the reduction kernel (a sum step over the rows):
+// the bias gradients the GEMMs' epilogues do not write.
+Launch column_sums(const StepArgs& a, const DeviceTensor& x, const DeviceTensor& out) {
+  return prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {x}, {out});
+}
+
 // --------------------------------------------------------------------------------------
 // linear_grad_weight_bias: dw[out, in] = dy[M, out]^T x[M, in], db[out] = column sums
 // of dy.
@@ -516,8 +522,7 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
   // Split: the plain GEMM, then db = the column sums of dy by the reduction kernel (which
   // reads dy's type and writes db's).
   Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
-  Launch sum = prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {a.in[0]},
-                          {a.out[1]});
+  Launch sum = column_sums(a, a.in[0], a.out[1]);
   // Split with dy transposed first (split_t): both operands above are M-major (the sum
   // runs over the rows), and TF32 tensor-core GEMMs read only K-major B' operands at
   // full speed. B' = dy^T, row-major [out, M], read column-major is dy [M, out]: op N,
@@ -626,8 +631,7 @@ Launch matmul_act_grad(const StepArgs& a) {
   // kernel after either variant (the read BGRADB made beside the weight gradient of the
   // layer before the activation).
   if (sums_out) {
-    const Launch sums = prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
-                                        {dx}, {a.out[1]});
+    const Launch sums = column_sums(a, dx, a.out[1]);
     if (fused) fused = in_order({fused, sums});
     plain = in_order({plain, scale, sums});
   } else {

@@ -74,10 +74,13 @@ constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + (2 * k
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-// Two values rounded to bf16, as the 32 bits a shared-memory store writes.
+// Two values rounded to bf16 as the 32 bits a shared-memory access moves, and back.
 __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return reinterpret_cast<const uint32_t&>(v);
+}
+__device__ __forceinline__ float2 bf16_unpair(uint32_t bits) {
+  return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(bits));
 }
 
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
@@ -243,16 +246,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
             const uint32_t where = smem_addr(buf) + at;
             if constexpr (dgelu) {
-              const uint32_t v = wg::lds32(where);
-              x0 *= gelu_tanh_grad(__low2float(reinterpret_cast<const __nv_bfloat162&>(v)));
-              x1 *= gelu_tanh_grad(__high2float(reinterpret_cast<const __nv_bfloat162&>(v)));
+              const float2 pre = bf16_unpair(wg::lds32(where));
+              x0 *= gelu_tanh_grad(pre.x);
+              x1 *= gelu_tanh_grad(pre.y);
             }
             const uint32_t y = bf16_pair(x0, x1);
             wg::sts32(where, y);
             if constexpr (two) wg::sts32(where + kCBuf, bf16_pair(gelu_tanh(x0), gelu_tanh(x1)));
             if constexpr (dgelu) {  // the values as stored
-              sum0 += __low2float(reinterpret_cast<const __nv_bfloat162&>(y));
-              sum1 += __high2float(reinterpret_cast<const __nv_bfloat162&>(y));
+              const float2 stored = bf16_unpair(y);
+              sum0 += stored.x;
+              sum1 += stored.y;
             }
           }
           // DGELU's column sums over the warp's 16 rows: the eight lanes of a column pair
