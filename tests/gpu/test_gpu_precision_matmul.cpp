@@ -252,13 +252,15 @@ TEST(GpuPrecisionEpilogue, MixedPlanRunsItsGemmsFusedInSixteenBits) {
         EXPECT_EQ(s.in[0].type.dtype, low.dtype) << s.name << "\n" << plan.str();
       }
       // Every fused step got its cuBLASLt epilogue at 16 bits, or, for a bf16 linear layer
-      // (plain or with GELU's record) on sm_90, the GEMM of our own with its epilogue.
+      // (plain or with GELU's record) or GELU's gradient on sm_90, the GEMM of our own with
+      // its epilogue.
       for (auto& [step, what] : p.executable().stats().choices) {
         const PlanStep& s = plan.steps.at(static_cast<size_t>(step));
         if (!is_gemm(s.op)) continue;
         if (what == "wgmma (forced)") {
           EXPECT_EQ(low.dtype, DType::bf16) << s.name;
-          EXPECT_TRUE(s.op == Op::linear || (s.op == Op::linear_act_aux && act == "gelu")) << s.name;
+          EXPECT_TRUE(s.op == Op::linear || ((s.op == Op::linear_act_aux || s.op == Op::matmul_act_grad) && act == "gelu"))
+              << s.name;
         } else {
           EXPECT_EQ(what, "fused (forced)") << s.name;
         }

@@ -637,8 +637,38 @@ Launch matmul_act_grad(const StepArgs& a) {
   } else {
     plain = in_order({plain, scale});
   }
+  std::vector<Variant> variants{{"fused", fused, {}, why}, {"split", plain, release}};
+  // The GEMM of our own (bf16, sm_90): DGELU with the record read through its store
+  // buffers, and with dx_sums the column sums of what it stores over each 16 rows, which
+  // the reduction kernel then adds (m / 16 rows of partials, not dx's m rows again).
+  const bool bf16 = dx.dtype() == DType::bf16 && a.in[0].dtype() == DType::bf16 && a.in[1].dtype() == DType::bf16 &&
+                    aux.dtype() == DType::bf16;
+  if (!relu && bf16 && wgmma_gemm_runs_here()) {
+    // Its m, n, k: dx [m, k] = dy [m, n] w [n, k], w stored [its k, its n] (b_kn).
+    std::string own_why;
+    Launch own;
+    void* partials = nullptr;
+    if (wgmma_gemm_fits(m, k, n, a.in[0].data, a.in[1].data, dx.data, aux.data, &own_why)) {
+      if (sums_out) {
+        const int64_t rows = wgmma_gemm_col_sum_rows(m);
+        partials = a.ctx.scratch(static_cast<size_t>(rows * k) * sizeof(float));
+        own = in_order({wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu,
+                                   nullptr, aux.data, 1, false, true, static_cast<float*>(partials)),
+                        prepare_as_step(a, Op::sum,
+                                        Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
+                                        {DeviceTensor{partials, TensorType{DType::f32, {rows, k}}}}, {a.out[1]})});
+      } else {
+        own = wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, nullptr,
+                         aux.data, 1, false, true);
+      }
+    }
+    variants.push_back({"wgmma", own, [ctx, partials] {
+                          if (partials) ctx->release(partials);
+                        },
+                        own_why});
+  }
   return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k, static_cast<int64_t>(a.out.size())}, t),
-                        {{"fused", fused, {}, why}, {"split", plain, release}});
+                        std::move(variants));
 }
 
 }  // namespace
