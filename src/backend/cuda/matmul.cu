@@ -654,9 +654,7 @@ Launch matmul_act_grad(const StepArgs& a) {
         partials = a.ctx.scratch(static_cast<size_t>(rows * k) * sizeof(float));
         own = in_order({wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu,
                                    nullptr, aux.data, 1, false, true, static_cast<float*>(partials)),
-                        prepare_as_step(a, Op::sum,
-                                        Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
-                                        {DeviceTensor{partials, TensorType{DType::f32, {rows, k}}}}, {a.out[1]})});
+                        column_sums(a, DeviceTensor{partials, TensorType{DType::f32, {rows, k}}}, a.out[1])});
       } else {
         own = wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, nullptr,
                          aux.data, 1, false, true);
