@@ -189,9 +189,10 @@ int main(int argc, char** argv) try {
         // BGRADB pass of the weight gradient: ~40 us more there).
         for (int run = 0; run < (dgelu ? 3 : 2); ++run) {
           const int cluster = run == 1 ? 2 : 1;
-          const seam::cuda::Launch own =
-              seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, bias, gelu || dgelu ? x1 : nullptr, cluster,
-                                     s.a_km, s.b_kn, run == 2 ? static_cast<float*>(col_sums) : nullptr);
+          seam::cuda::WgmmaOptions o{.bias = bias, .aux = gelu || dgelu ? x1 : nullptr, .cluster = cluster,
+                                     .a_km = s.a_km, .b_kn = s.b_kn};
+          if (run == 2) o.col_sums = [col_sums] { return static_cast<float*>(col_sums); };
+          const seam::cuda::Launch own = seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, o);
           const float own_us = mean_us([&] { own(nullptr); }, reps);
           SEAM_CUDA_CHECK(cudaDeviceSynchronize());
           std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  "

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -70,9 +71,14 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
   const bool with_bias = e == WgmmaEpilogue::bias || e == WgmmaEpilogue::bias_gelu_aux,
              gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu;
   const seam::cuda::Launch run =
-      seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e, with_bias ? bias.p : nullptr,
-                             gelu || dgelu ? aux.p : nullptr, cluster, a_km, b_kn,
-                             dgelu ? static_cast<float*>(sums.p) : nullptr);
+      seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e,
+                             {.bias = with_bias ? bias.p : nullptr,
+                              .aux = gelu || dgelu ? aux.p : nullptr,
+                              .cluster = cluster,
+                              .a_km = a_km,
+                              .b_kn = b_kn,
+                              .col_sums = dgelu ? std::function<float*()>([p = sums.p] { return static_cast<float*>(p); })
+                                                : std::function<float*()>()});
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
@@ -196,7 +202,9 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_NE(why.find("m must be a multiple of 8 with A stored [k, m]"), std::string::npos) << why;
   auto error_of = [&](int64_t k, WgmmaEpilogue e, int cluster = 2, float* sums = nullptr) {
     try {
-      seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, nullptr, nullptr, cluster, false, false, sums);
+      seam::cuda::WgmmaOptions o{.cluster = cluster};
+      if (sums) o.col_sums = [sums] { return sums; };
+      seam::cuda::wgmma_gemm(1, 64, 64, k, a.p, b.p, d.p, e, o);
     } catch (const std::exception& x) {
       return std::string(x.what());
     }
@@ -209,8 +217,8 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
             std::string::npos);
   Buffer aux(1 << 16);
   try {
-    seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::dgelu, nullptr, aux.p, 1, false, false,
-                           static_cast<float*>(a.p) + 1);
+    seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::dgelu,
+                           {.aux = aux.p, .col_sums = [p = a.p] { return static_cast<float*>(p) + 1; }});
     ADD_FAILURE() << "column sums at a 4-byte offset";
   } catch (const std::exception& x) {
     EXPECT_NE(std::string(x.what()).find("column sums must be 8-byte aligned"), std::string::npos) << x.what();

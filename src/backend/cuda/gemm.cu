@@ -528,6 +528,7 @@ Launch choose_variant(Context& ctx, int step, const std::string& key, std::vecto
     if (ctx.epilogue == EpiloguePolicy::split_t && named("split_t")) v = named("split_t");
     if (ctx.epilogue == EpiloguePolicy::fused && named("wgmma")) v = named("wgmma");  // our GEMM's epilogue
     if (!v) v = named("split");
+    if (!v) v = named("cublaslt");  // beside ours: cuBLASLt's GEMM, its own epilogue choice forced
     if (v) {
       ctx.choices.emplace_back(step, v->name + " (forced" + note_missing + ")");
       return keep(v);

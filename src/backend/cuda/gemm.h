@@ -130,9 +130,10 @@ GemmRun prepare_gemm_run(Context& ctx, const GemmShape& shape, std::vector<GemmO
 // variants available, and used without timing on later runs (a build that offers another
 // variant times the step again). Records what it chose in ctx.choices for plan step `step`.
 // Running a variant must only write the step's outputs (timing runs it several times).
-// Every step offers "fused" and "split" (some also "split_t"; bf16 linear layers on sm_90
-// also "wgmma", the GEMM of our own, wgmma_gemm.h); ctx.epilogue may force one, "fused"
-// forcing "wgmma" where it is offered (its epilogue is fused too).
+// Steps offer "fused" and "split" (some also "split_t"; on sm_90 bf16 GELU layers and their
+// gradients also "wgmma", the GEMM of our own, wgmma_gemm.h, and plain linear layers
+// "cublaslt" and "wgmma"); ctx.epilogue may force one, "fused" forcing "wgmma" where it is
+// offered (its epilogue is fused too), "split" forcing "cublaslt" where there is no split.
 // A variant with an empty launch is not available (try_prepare_gemm found no algorithm,
 // or cuBLASLt's epilogue does not take the step's dtypes): it is never chosen, and a
 // policy forcing it gets "split" instead, noted in ctx.choices.

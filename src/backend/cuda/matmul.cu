@@ -26,6 +26,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/reduce.h"
 #include "backend/cuda/storage.cuh"
 #include "backend/cuda/wgmma_gemm.h"
 #include "ops/geometry.h"
@@ -361,8 +362,8 @@ Launch own_linear(const StepArgs& a, int64_t rows, int64_t in, int64_t out, cons
     *why = "the bias is not 4-byte aligned";
     return {};
   }
-  return wgmma_gemm(a.ctx.sm_count, rows, out, in, x.data, w.data, y.data, e, b ? b->data : nullptr,
-                    aux ? aux->data : nullptr);
+  return wgmma_gemm(a.ctx.sm_count, rows, out, in, x.data, w.data, y.data, e,
+                    {.bias = b ? b->data : nullptr, .aux = aux ? aux->data : nullptr});
 }
 
 // linear: BIAS with a bias, DEFAULT without; or the GEMM of our own, if faster.
@@ -640,30 +641,30 @@ Launch matmul_act_grad(const StepArgs& a) {
   std::vector<Variant> variants{{"fused", fused, {}, why}, {"split", plain, release}};
   // The GEMM of our own (bf16, sm_90): DGELU with the record read through its store
   // buffers, and with dx_sums the column sums of what it stores over each 16 rows, which
-  // the reduction kernel then adds (m / 16 rows of partials, not dx's m rows again).
+  // the reduction kernel then adds (m / 16 rows of partials, not dx's m rows again). The
+  // partials live in the workspace (the stream's, shared by its steps: cuBLASLt's 32 MB
+  // already hold them at W6's shapes), whose address each launch reads as it runs.
   const bool bf16 = dx.dtype() == DType::bf16 && a.in[0].dtype() == DType::bf16 && a.in[1].dtype() == DType::bf16 &&
                     aux.dtype() == DType::bf16;
   if (!relu && bf16 && wgmma_gemm_runs_here()) {
     // Its m, n, k: dx [m, k] = dy [m, n] w [n, k], w stored [its k, its n] (b_kn).
     std::string own_why;
     Launch own;
-    void* partials = nullptr;
     if (wgmma_gemm_fits(m, k, n, a.in[0].data, a.in[1].data, dx.data, aux.data, &own_why)) {
+      WgmmaOptions o{.aux = aux.data, .b_kn = true};
       if (sums_out) {
         const int64_t rows = wgmma_gemm_col_sum_rows(m);
-        partials = a.ctx.scratch(static_cast<size_t>(rows * k) * sizeof(float));
-        own = in_order({wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu,
-                                   nullptr, aux.data, 1, false, true, static_cast<float*>(partials)),
-                        column_sums(a, DeviceTensor{partials, TensorType{DType::f32, {rows, k}}}, a.out[1])});
+        a.ctx.need_workspace(static_cast<size_t>(rows * k) * sizeof(float));
+        const Context* c = ctx;
+        o.col_sums = [c] { return static_cast<float*>(c->workspace()); };
+        own = in_order({wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, o),
+                        column_sums_at(a, [c] { return static_cast<const void*>(c->workspace()); },
+                                       TensorType{DType::f32, {rows, k}}, a.out[1])});
       } else {
-        own = wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, nullptr,
-                         aux.data, 1, false, true);
+        own = wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, o);
       }
     }
-    variants.push_back({"wgmma", own, [ctx, partials] {
-                          if (partials) ctx->release(partials);
-                        },
-                        own_why});
+    variants.push_back({"wgmma", own, {}, own_why});
   }
   return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k, static_cast<int64_t>(a.out.size())}, t),
                         std::move(variants));

@@ -17,12 +17,14 @@
 //    there are few outputs), walking the reduced elements through their strides.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/reduce.h"
 #include "backend/cuda/storage.cuh"
 
 namespace seam::cuda {
@@ -269,8 +271,9 @@ PartialSums partial_sums(const double* partial, TO* y, double scale, int64_t chu
   return p;
 }
 
+// x_at: where the input is when the launch runs, if not at a.in[0] (column_sums_at).
 template <class TI, class TO>
-Launch prepare_reduce_as(const StepArgs& a, bool mean) {
+Launch prepare_reduce_as(const StepArgs& a, bool mean, const std::function<const void*()>& x_at) {
   const Shape& s = a.in[0].shape();
   const size_t r = s.size();
   const auto& axes = a.step.attrs.ints("axes");
@@ -282,7 +285,8 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
   }
   const double scale =
       mean ? static_cast<double>(a.out[0].numel()) / static_cast<double>(a.in[0].numel()) : 1.0;
-  const TI* x = a.in[0].as<const TI>();
+  const TI* x = x_at ? static_cast<const TI*>(x_at()) : a.in[0].as<const TI>();  // for its alignment
+  auto in = [x, x_at] { return x_at ? static_cast<const TI*>(x_at()) : x; };
   TO* y = a.out[0].as<TO>();
 
   // Groups of neighbouring dims of one kind, outermost first: {size, stride, reduced}.
@@ -314,7 +318,7 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
   const size_t bytes = a.out[0].type.bytes();
   if (len == 1 && std::is_same_v<TI, TO>)  // nothing to add up (and scale == 1)
     return [=](cudaStream_t stream) {
-      SEAM_CUDA_CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream));
+      SEAM_CUDA_CHECK(cudaMemcpyAsync(y, in(), bytes, cudaMemcpyDeviceToDevice, stream));
     };
 
   const int64_t sms = std::max(a.ctx.sm_count, 1);
@@ -343,10 +347,10 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
     const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(chunks));
     return [=](cudaStream_t stream) {
       if (packed)
-        reduce_columns<TI, TO, pack><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, arrived, outer, width, tiles,
+        reduce_columns<TI, TO, pack><<<grid, dim3(32, 8), 0, stream>>>(in(), y, partial, arrived, outer, width, tiles,
                                                                       reduced, outputs, len, rows, scale);
       else
-        reduce_columns<TI, TO, 1><<<grid, dim3(32, 8), 0, stream>>>(x, y, partial, arrived, outer, width, tiles,
+        reduce_columns<TI, TO, 1><<<grid, dim3(32, 8), 0, stream>>>(in(), y, partial, arrived, outer, width, tiles,
                                                                    reduced, outputs, len, rows, scale);
       SEAM_CUDA_LAUNCH_CHECK();
     };
@@ -354,14 +358,14 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
   if (len <= 16) {
     const unsigned blocks = blocks_for(outputs, kThreads, static_cast<int>(cap));
     return [=](cudaStream_t stream) {
-      reduce_thread<TI, TO><<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
+      reduce_thread<TI, TO><<<blocks, kThreads, 0, stream>>>(in(), y, kept, reduced, outputs, len, scale);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
   if (len <= 4096) {
     const unsigned blocks = blocks_for(outputs * 32, kThreads, static_cast<int>(cap));
     return [=](cudaStream_t stream) {
-      reduce_warp<TI, TO><<<blocks, kThreads, 0, stream>>>(x, y, kept, reduced, outputs, len, scale);
+      reduce_warp<TI, TO><<<blocks, kThreads, 0, stream>>>(in(), y, kept, reduced, outputs, len, scale);
       SEAM_CUDA_LAUNCH_CHECK();
     };
   }
@@ -375,24 +379,24 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean) {
   const dim3 grid(static_cast<unsigned>(outputs), static_cast<unsigned>(chunks));
   const PartialSums fin = partial_sums(partial, y, scale, chunks, outputs);
   return [=](cudaStream_t stream) {
-    reduce_block<TI, TO><<<grid, kThreads, 0, stream>>>(x, y, partial, kept, reduced, outputs, len, rows, scale);
+    reduce_block<TI, TO><<<grid, kThreads, 0, stream>>>(in(), y, partial, kept, reduced, outputs, len, rows, scale);
     SEAM_CUDA_LAUNCH_CHECK();
     if (chunks > 1) add_partials(fin, stream);
   };
 }
 
 // The input and the output may each be stored as f32, bf16 or f16, or both as f64.
-Launch prepare_reduce(const StepArgs& a, bool mean) {
+Launch prepare_reduce(const StepArgs& a, bool mean, const std::function<const void*()>& x_at = {}) {
   const char* what = op_name(a.step.op);
   Launch l;
   if (a.in[0].dtype() == DType::f64 || a.out[0].dtype() == DType::f64) {
     expect_one_stored_dtype(a, {DType::f64});
-    return prepare_reduce_as<double, double>(a, mean);
+    return prepare_reduce_as<double, double>(a, mean, x_at);
   }
   expect_dtype(a, a.in[0], kStored);
   expect_dtype(a, a.out[0], kStored);
   dispatch_storage(a.in[0].dtype(), what, [&]<class TI>() {
-    dispatch_storage(a.out[0].dtype(), what, [&]<class TO>() { l = prepare_reduce_as<TI, TO>(a, mean); });
+    dispatch_storage(a.out[0].dtype(), what, [&]<class TO>() { l = prepare_reduce_as<TI, TO>(a, mean, x_at); });
   });
   return l;
 }
@@ -486,6 +490,14 @@ void add_partials(const PartialSums& p, cudaStream_t st) {
   const dim3 grid(blocks_for(p.kept, 32, 1 << 20), static_cast<unsigned>(p.outputs));
   add_partials_kernel<<<grid, dim3(32, kPartRows), 0, st>>>(p);
   SEAM_CUDA_LAUNCH_CHECK();
+}
+
+Launch column_sums_at(const StepArgs& a, std::function<const void*()> x, const TensorType& x_type,
+                      const DeviceTensor& out) {
+  SEAM_ASSERT(x && x_type.shape.size() == 2 && out.numel() == x_type.shape[1]);
+  PlanStep s{Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {}, {}, a.step.name, 0};
+  StepArgs sub{s, a.index, {DeviceTensor{nullptr, x_type}}, {out}, a.ctx};
+  return prepare_reduce(sub, false, x);
 }
 
 void register_reduce(PreparerTable& t) {

@@ -60,18 +60,25 @@ constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + (2 * k
 
 // GELU (tanh form) and its derivative as ew_math.h has them, with the hardware's tanh: one
 // MUFU op a value where the shared forms' sigmoid takes two exponentials, which an
-// epilogue that stalls the tensor cores cannot spare.
+// epilogue that stalls the tensor cores cannot spare. Written as the FMAs they are (the
+// compiler may not reassociate): with u = c (x + k x^3),
+//   gelu(x)  = 0.5 x (1 + tanh u)                           6 ops,
+//   gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)  10 ops, t = tanh u
+// where the plain spelling took 9 and 16.
 [[maybe_unused]] __device__ __forceinline__ float tanh_approx(float u) {
   float t;
   asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
   return t;
 }
+constexpr float kGeluC = 0.7978845608028654f, kGeluK = 0.044715f;
 [[maybe_unused]] __device__ __forceinline__ float gelu_tanh(float x) {
-  return 0.5f * x * (1.0f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  const float t = tanh_approx(x * fmaf(x * x, kGeluC * kGeluK, kGeluC)), h = 0.5f * x;
+  return fmaf(h, t, h);
 }
 [[maybe_unused]] __device__ __forceinline__ float gelu_tanh_grad(float x) {
-  const float c = 0.7978845608028654f, t = tanh_approx(c * (x + 0.044715f * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+  const float x2 = x * x, t = tanh_approx(x * fmaf(x2, kGeluC * kGeluK, kGeluC));
+  const float w = x * fmaf(x2, 1.5f * kGeluC * kGeluK, 0.5f * kGeluC);  // 0.5 x du/dx
+  return fmaf(w, fmaf(-t, t, 1.0f), fmaf(0.5f, t, 0.5f));
 }
 
 // Two values rounded to bf16 as the 32 bits a shared-memory access moves, and back.
@@ -79,8 +86,21 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return reinterpret_cast<const uint32_t&>(v);
 }
-__device__ __forceinline__ float2 bf16_unpair(uint32_t bits) {
-  return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(bits));
+__device__ __forceinline__ float2 bf16_unpair(uint32_t bits) {  // exact: a bf16 is a float's top half
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
+
+// One round of a reduce-scatter over lanes 2W apart: of the 2W values part[0, 2W) a lane
+// keeps the half its lane bit 2W names, adds its partner's copy of that half, and holds the
+// W sums in part[0, W). W a template argument: the array stays in registers.
+template <int W>
+__device__ __forceinline__ void halve_across(float (&part)[16], int lane) {
+  const bool upper = lane & (2 * W);
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const float keep = upper ? part[W + i] : part[i], send = upper ? part[i] : part[W + i];
+    part[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * W);
+  }
 }
 
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
@@ -228,6 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           }
           wg::named_sync(1 + group, 128);
         }
+        float part[16];  // DGELU: this thread's sums of its two rows, a column pair a q
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           const int col = col0 + q * 8 + 2 * (lane % 4);
@@ -243,7 +264,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + lane / 4 + 8 * h;
             const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
-            float x0 = d[4 * (p * 8 + q) + 2 * h] + b0, x1 = d[4 * (p * 8 + q) + 2 * h + 1] + b1;
+            float x0 = d[4 * (p * 8 + q) + 2 * h], x1 = d[4 * (p * 8 + q) + 2 * h + 1];
+            if constexpr (biased) {  // x + 0.0f is no identity (-0): not added where there is no bias
+              x0 += b0;
+              x1 += b1;
+            }
             const uint32_t where = smem_addr(buf) + at;
             if constexpr (dgelu) {
               const float2 pre = bf16_unpair(wg::lds32(where));
@@ -259,18 +284,23 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
               sum1 += stored.y;
             }
           }
-          // DGELU's column sums over the warp's 16 rows: the eight lanes of a column pair
-          // (lane / 4) add up by shuffles in a fixed order; lanes 0-3 write the pair.
-          if (dgelu && col_sums) {
-#pragma unroll
-            for (int mask = 4; mask < 32; mask *= 2) {
-              sum0 += __shfl_xor_sync(0xffffffffu, sum0, mask);
-              sum1 += __shfl_xor_sync(0xffffffffu, sum1, mask);
-            }
-            const int row16 = (m0 + group * 64 + warp * 16) / 16;
-            if (lane < 4 && col < n && row16 * 16 < m)
-              *reinterpret_cast<float2*>(col_sums + static_cast<int64_t>(row16) * n + col) = make_float2(sum0, sum1);
+          if constexpr (dgelu) {
+            part[2 * q] = sum0;
+            part[2 * q + 1] = sum1;
           }
+        }
+        // DGELU's column sums over the warp's 16 rows. The eight lanes sharing lane % 4 hold
+        // the same 16 columns, two rows each: a reduce-scatter among them (each round a lane
+        // keeps the half its lane bit names and adds its partner's copy of that half, three
+        // rounds, a fixed order) leaves lane l the 16 rows' sums of q = l / 4's pair, and the
+        // warp writes 64 columns in one coalesced store.
+        if (dgelu && col_sums) {
+          halve_across<8>(part, lane);
+          halve_across<4>(part, lane);
+          halve_across<2>(part, lane);
+          const int row16 = (m0 + group * 64 + warp * 16) / 16, col = col0 + lane / 4 * 8 + 2 * (lane % 4);
+          if (col < n && row16 * 16 < m)
+            *reinterpret_cast<float2*>(col_sums + static_cast<int64_t>(row16) * n + col) = make_float2(part[0], part[1]);
         }
         wg::fence_to_async();
         wg::named_sync(1 + group, 128);
@@ -355,7 +385,8 @@ int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConf
 
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
-                 const CUtensorMap& aux, const void* bias, float* col_sums, int m, int n, int k) {
+                 const CUtensorMap& aux, const void* bias, const std::function<float*()>& col_sums, int m, int n,
+                 int k) {
   auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
@@ -367,15 +398,16 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
     c.gridDim = dim3(grid);
     c.stream = stream;
     c.attrs = &at;
-    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, col_sums, m, n, k));
+    float* sums = col_sums ? col_sums() : nullptr;
+    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, sums, m, n, k));
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
 
 template <int CL, bool AT, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
-                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias, float* col_sums, int m, int n,
-                   int k) {
+                   const CUtensorMap& d, const CUtensorMap& aux, const void* bias,
+                   const std::function<float*()>& col_sums, int m, int n, int k) {
   switch (epilogue) {
     case WgmmaEpilogue::none:
       return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
@@ -437,32 +469,33 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 }
 
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias, void* aux, int cluster, bool a_km, bool b_kn,
-                  float* col_sums) {
+                  WgmmaEpilogue epilogue, const WgmmaOptions& o) {
   std::string why;
-  if (!wgmma_gemm_fits(m, n, k, a, b, d, aux, &why, a_km))
+  if (!wgmma_gemm_fits(m, n, k, a, b, d, o.aux, &why, o.a_km))
     fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
   const bool biased = epilogue == WgmmaEpilogue::bias || epilogue == WgmmaEpilogue::bias_gelu_aux;
-  if (biased && (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 4 != 0))
+  if (biased && (o.bias == nullptr || reinterpret_cast<uintptr_t>(o.bias) % 4 != 0))
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
-  if ((epilogue == WgmmaEpilogue::bias_gelu_aux || epilogue == WgmmaEpilogue::dgelu) && aux == nullptr)
+  if ((epilogue == WgmmaEpilogue::bias_gelu_aux || epilogue == WgmmaEpilogue::dgelu) && o.aux == nullptr)
     fail("the sm_90 GEMM's GELU epilogues need their record");
-  if (col_sums && epilogue != WgmmaEpilogue::dgelu) fail("the sm_90 GEMM sums D's columns only with DGELU");
-  if (reinterpret_cast<uintptr_t>(col_sums) % 8 != 0) fail("the sm_90 GEMM's column sums must be 8-byte aligned");
-  check_cluster(cluster);
-  const CUtensorMap map_a = a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
-                    map_b = b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / cluster),
-                    map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(aux ? aux : d, m, n, 64);
-  const int64_t units = units_of(m, n, cluster);
+  if (o.col_sums) {  // where they go now; the launch asks again, and its place keeps the alignment
+    if (epilogue != WgmmaEpilogue::dgelu) fail("the sm_90 GEMM sums D's columns only with DGELU");
+    if (reinterpret_cast<uintptr_t>(o.col_sums()) % 8 != 0) fail("the sm_90 GEMM's column sums must be 8-byte aligned");
+  }
+  check_cluster(o.cluster);
+  const CUtensorMap map_a = o.a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
+                    map_b = o.b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / o.cluster),
+                    map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(o.aux ? o.aux : d, m, n, 64);
+  const int64_t units = units_of(m, n, o.cluster);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
-                       const CUtensorMap&, const void*, float*, int, int, int);
+                       const CUtensorMap&, const void*, const std::function<float*()>&, int, int, int);
   constexpr Fn by_layout[2][2][2] = {{{launch_with<1, false, false>, launch_with<1, false, true>},
                                       {launch_with<1, true, false>, launch_with<1, true, true>}},
                                      {{launch_with<2, false, false>, launch_with<2, false, true>},
                                       {launch_with<2, true, false>, launch_with<2, true, true>}}};
-  const Fn launch = by_layout[cluster - 1][a_km][b_kn];
-  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, bias, col_sums, mi, ni, ki);
+  const Fn launch = by_layout[o.cluster - 1][o.a_km][o.b_kn];
+  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, o.bias, o.col_sums, mi, ni, ki);
 }
 
 }  // namespace seam::cuda

@@ -18,11 +18,12 @@
 //                  rows, f32 [wgmma_gemm_col_sum_rows(m), n]: summed over their rows, the
 //                  bias gradient of the layer whose input gradient D is
 //
-// Offered as the variant `wgmma` of linear (bias or none) and linear_act_aux (gelu with a
-// bias), timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
+// Offered as the variant `wgmma` of linear (bias or none), linear_act_aux (gelu with a
+// bias) and matmul_act_grad (gelu), timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
 // (bench/wgmma_bench.cu) measures it alone.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "backend/cuda/cuda.h"
@@ -41,18 +42,25 @@ bool wgmma_gemm_runs_here();
 bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* d,
                      const void* aux, std::string* why, bool a_km = false);
 
+// What a launch takes beyond its operands.
+struct WgmmaOptions {
+  const void* bias = nullptr;  // n bf16 values (bias and bias_gelu_aux)
+  void* aux = nullptr;         // [m, n] bf16, written by bias_gelu_aux, read by dgelu
+  // 1, or 2 for pairs of blocks on tiles one above the other that load B's tile once
+  // between them (each half, delivered to both), a third less traffic from L2. Single
+  // blocks are the default: pairs measure 1-3% slower on the layer products, 7% faster on
+  // the output layer (docs/perf.md).
+  int cluster = 1;
+  bool a_km = false, b_kn = false;  // A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k]
+  // DGELU only: where the column sums of D over each 16 rows go ([wgmma_gemm_col_sum_rows(m),
+  // n] f32, 8-byte aligned), asked each time the launch runs: a workspace's address is
+  // known only then.
+  std::function<float*()> col_sums;
+};
+
 // The launch of one such GEMM on fixed buffers (the tensor maps are built here, once).
-// bias: n bf16 values (bias and bias_gelu_aux); aux: [m, n] bf16, written by
-// bias_gelu_aux, read by dgelu.
-// cluster: 1, or 2 for pairs of blocks on tiles one above the other that load B's tile
-// once between them (each half, delivered to both), a third less traffic from L2. Single
-// blocks are the default: pairs measure 1-3% slower on the layer products, 7% faster on
-// the output layer (docs/perf.md).
-// a_km, b_kn: A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k].
-// col_sums: DGELU only (above), 8-byte aligned.
 Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                  WgmmaEpilogue epilogue, const void* bias = nullptr, void* aux = nullptr, int cluster = 1,
-                  bool a_km = false, bool b_kn = false, float* col_sums = nullptr);
+                  WgmmaEpilogue epilogue, const WgmmaOptions& options = {});
 
 // The rows of DGELU's column sums for an m-row product: one a 16 rows.
 int64_t wgmma_gemm_col_sum_rows(int64_t m);
