@@ -82,11 +82,11 @@ constexpr float kGeluC = 0.7978845608028654f, kGeluK = 0.044715f;
 }
 
 // Two values rounded to bf16 as the 32 bits a shared-memory access moves, and back.
-__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return reinterpret_cast<const uint32_t&>(v);
 }
-__device__ __forceinline__ float2 bf16_unpair(uint32_t bits) {  // exact: a bf16 is a float's top half
+[[maybe_unused]] __device__ __forceinline__ float2 bf16_unpair(uint32_t bits) {  // exact: a bf16 is a float's top half
   return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
 }
 
