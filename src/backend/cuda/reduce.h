@@ -1,5 +1,6 @@
-// The reduction kernels of `sum` for a preparer whose input is known only when its launch
-// runs (a workspace's: its address changes while the plan is prepared).
+// Column sums by the reduction kernels of `sum`, for GEMM preparers: bias gradients, and
+// partial sums whose place is known only when the launch runs (a workspace's: its address
+// changes while the plan is prepared).
 #pragma once
 #include <functional>
 
