@@ -148,6 +148,30 @@ TEST(MatmulForward, LinearAddsTheBiasPerRow) {
     }
 }
 
+// matmul_act_grad with dx_sums: dx = (dy w) * gelu'(pre) and dx's column sums, against
+// the formula in double.
+TEST(MatmulForward, ActivationGradientSumsItsColumns) {
+  for (int64_t m : {5, 33}) {
+    Runner r;
+    Var dy = r.in("dy", {m, 6}), w = r.in("w", {6, 4}), pre = r.in("pre", {m, 4}, -3, 3);
+    const auto out = r.g.add(Op::matmul_act_grad, {dy.id(), w.id(), pre.id()},
+                             {{"act", std::string("gelu_tanh")}, {"dx_sums", int64_t{1}}});
+    const auto sums = r.run(r.g.var(out[1]));
+    ASSERT_EQ(sums.size(), 4u);
+    const auto &DY = r.data("dy"), &W = r.data("w"), &P = r.data("pre");
+    for (size_t j = 0; j < 4; ++j) {
+      double want = 0;
+      for (size_t i = 0; i < static_cast<size_t>(m); ++i) {
+        double g = 0;
+        for (size_t o = 0; o < 6; ++o) g += DY[i * 6 + o] * W[o * 4 + j];
+        const double x = P[i * 4 + j], c = std::sqrt(2 / M_PI), t = std::tanh(c * (x + 0.044715 * x * x * x));
+        want += g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x));
+      }
+      EXPECT_NEAR(sums[j], want, 1e-12) << "m = " << m << ", column " << j;
+    }
+  }
+}
+
 TEST(ReduceForward, SumAndMeanOverAxes) {
   Runner r;
   Var x = r.in("x", {3, 4, 5});
