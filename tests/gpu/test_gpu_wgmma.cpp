@@ -178,6 +178,7 @@ TEST(GpuWgmma, SeveralTilesABlockMatchTheCpu) {
 TEST(GpuWgmma, GeluRecordAndValueMatchTheCpu) {
   check(384, 512, 256, WgmmaEpilogue::bias_gelu_aux, sms(), 8);
   check(200, 264, 96, WgmmaEpilogue::bias_gelu_aux, 2, 9);
+  check(384, 264, 768, WgmmaEpilogue::bias_gelu_aux, 2, 12);  // 3 tiles a block, 12 k-slices each
 }
 
 // The backward of the above: the record loaded through the store buffers, two pieces a
@@ -185,6 +186,7 @@ TEST(GpuWgmma, GeluRecordAndValueMatchTheCpu) {
 TEST(GpuWgmma, GeluGradientMatchesTheCpu) {
   check(384, 512, 256, WgmmaEpilogue::dgelu, sms(), 10);
   check(1000, 776, 72, WgmmaEpilogue::dgelu, 5, 11);
+  check(384, 264, 512, WgmmaEpilogue::dgelu, 2, 13);  // 3 tiles a block, 8 k-slices each
 }
 
 TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
