@@ -27,12 +27,13 @@
 // consumers of both blocks released it, and no block leaves while its peer may still
 // write to it.
 //
-// Measured (docs/perf.md, "the Hopper GEMM: pairs repaired..."): single blocks at
-// 0.90-1.00x cuBLASLt on W6's layer products, at parity with its GELU_AUX_BIAS, 0.92x its
-// DGELU; pairs within a few percent of single blocks; weight gradients on half the SMs (too
-// few tiles without split K). The epilogue overlaps nothing; handing it to spare warps and
-// ping-pong groups were both measured slower (docs/architecture.md). The steps offer it as
-// a timed variant (matmul.cu).
+// Measured (docs/perf.md, "W6 takes the Hopper GEMM..."): single blocks at 0.90-1.00x
+// cuBLASLt on W6's layer products, at parity with its GELU_AUX_BIAS, 0.94-0.97x its DGELU
+// (faster with the column sums, which cuBLASLt leaves to a second read of D); pairs within
+// a few percent of single blocks; weight gradients on half the SMs (too few tiles without
+// split K). The epilogue overlaps nothing; handing it to spare warps and ping-pong groups
+// were both measured slower (docs/architecture.md). The steps offer it as a timed variant
+// (matmul.cu).
 #include <cuda.h>
 
 #include <algorithm>
