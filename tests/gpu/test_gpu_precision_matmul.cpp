@@ -259,8 +259,8 @@ TEST(GpuPrecisionEpilogue, MixedPlanRunsItsGemmsFusedInSixteenBits) {
         if (!is_gemm(s.op)) continue;
         if (what == "wgmma (forced)") {
           EXPECT_EQ(low.dtype, DType::bf16) << s.name;
-          EXPECT_TRUE(s.op == Op::linear || ((s.op == Op::linear_act_aux || s.op == Op::matmul_act_grad) && act == "gelu"))
-              << s.name;
+          const bool gelu_op = s.op == Op::linear_act_aux || s.op == Op::matmul_act_grad;
+          EXPECT_TRUE(s.op == Op::linear || (gelu_op && act == "gelu")) << s.name;
         } else {
           EXPECT_EQ(what, "fused (forced)") << s.name;
         }

@@ -70,6 +70,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
   if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why, a_km)) GTEST_SKIP() << why;
   const bool with_bias = e == WgmmaEpilogue::bias || e == WgmmaEpilogue::bias_gelu_aux,
              gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu;
+  const std::function<float*()> sums_at = [p = sums.p] { return static_cast<float*>(p); };
   const seam::cuda::Launch run =
       seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e,
                              {.bias = with_bias ? bias.p : nullptr,
@@ -77,8 +78,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
                               .cluster = cluster,
                               .a_km = a_km,
                               .b_kn = b_kn,
-                              .col_sums = dgelu ? std::function<float*()>([p = sums.p] { return static_cast<float*>(p); })
-                                                : std::function<float*()>()});
+                              .col_sums = dgelu ? sums_at : std::function<float*()>()});
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);

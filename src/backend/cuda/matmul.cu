@@ -657,9 +657,9 @@ Launch matmul_act_grad(const StepArgs& a) {
         a.ctx.need_workspace(static_cast<size_t>(rows * k) * sizeof(float));
         const Context* c = ctx;
         o.col_sums = [c] { return static_cast<float*>(c->workspace()); };
-        own = in_order({wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, o),
-                        column_sums_at(a, [c] { return static_cast<const void*>(c->workspace()); },
-                                       TensorType{DType::f32, {rows, k}}, a.out[1])});
+        own = in_order({wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data,
+                                   WgmmaEpilogue::dgelu, o),
+                        column_sums_at(a, o.col_sums, TensorType{DType::f32, {rows, k}}, a.out[1])});
       } else {
         own = wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, o);
       }

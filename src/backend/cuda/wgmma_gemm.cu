@@ -301,7 +301,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           halve_across<2>(part, lane);
           const int row16 = (m0 + group * 64 + warp * 16) / 16, col = col0 + lane / 4 * 8 + 2 * (lane % 4);
           if (col < n && row16 * 16 < m)
-            *reinterpret_cast<float2*>(col_sums + static_cast<int64_t>(row16) * n + col) = make_float2(part[0], part[1]);
+            *reinterpret_cast<float2*>(col_sums + static_cast<int64_t>(row16) * n + col) =
+                make_float2(part[0], part[1]);
         }
         wg::fence_to_async();
         wg::named_sync(1 + group, 128);
@@ -415,7 +416,8 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
     case WgmmaEpilogue::bias:
       return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m,
+                                                                  n, k);
     case WgmmaEpilogue::dgelu:
       return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
   }
