@@ -569,9 +569,8 @@ Plan Model::plan(const CompileOptions& o) const {
         fuse_epilogues,       fold_matmul_transposes, fuse_norm_activations, fuse_conv_activations,
         sum_into_norm_grads, absorb_class_slices,    fuse_losses,           sums_into_embedding_grads,
         fold_casts,
-        bias_grads_into_norm_grads,       // after fold_casts: db in the dtype gamma's gradient has
-        bias_grads_into_act_grads,        // after fold_casts: db in the dtype the weight gradient's has
-        bias_grads_into_attention_grads,  // after fold_casts: the same
+        bias_grads_into_norm_grads,  // after fold_casts: db in the dtype gamma's gradient has
+        bias_grads_into_act_grads,   // after fold_casts: db in the dtype the weight gradient's has
         residual_adds_into_linears};
     if (o.fuse_elementwise) passes.push_back(fuse_elementwise);
     for (auto pass : passes) apply(pass(g, keep));

@@ -1,6 +1,5 @@
-// Attention (src/ops/attention.cpp): gradients against finite differences in double (a
-// fused qkv projection's bias gradient from the backward among them), the forward against
-// the same computation written with matmul and softmax, and the errors.
+// Attention (src/ops/attention.cpp): gradients against finite differences in double, the
+// forward against the same computation written with matmul and softmax, and the errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,7 +13,6 @@
 #include <vector>
 
 #include "grad_check.h"
-#include "passes/fuse.h"
 #include "seam/seam.h"
 #include "test_util.h"
 
@@ -106,130 +104,6 @@ TEST(Attention, PackedIsAttentionOnTheSlabs) {
     EXPECT_EQ(got[0][0], got[1][0]);
     EXPECT_EQ(got[0][1], got[1][1]);
   }
-}
-
-// A fused qkv projection with a bias, as GPT-2's: x [B T, in] -> linear -> [B T, 3 C]
-// -> qkv [B, T, 3, H, D] -> attention_qkv.
-struct Projection {
-  int64_t b = 2, t = 5, h = 2, d = 3, in = 4;
-  bool causal = true;
-  double dropout = 0;
-  int64_t c() const { return h * d; }
-  Var attend(Var x, Var w, std::optional<Var> bias) const {
-    return attention_qkv(reshape(linear(x, w, bias), {b, t, 3, h, d}), causal, std::nullopt, dropout);
-  }
-  Var build(GradCase& g) const {
-    return attend(g.param("x", {b * t, in}), g.param("w", {3 * c(), in}), g.param("bias", {3 * c()}));
-  }
-};
-
-// The steps of the plan of sum(build(...))'s gradients (fusion on) that write the
-// projection's bias gradient from attention_qkv_grad.
-int bias_sum_steps(const std::function<Var(GradCase&)>& build, Plan* plan = nullptr) {
-  GradCase c;
-  Var loss = sum(build(c));
-  Model m(c.g, {.seed = 1});
-  Program p = m.compile({.loss = loss.id(), .gradients = true});
-  int n = 0;
-  for (const PlanStep& s : p.plan().steps) n += s.op == Op::attention_qkv_grad && s.out.size() == 2;
-  if (plan) *plan = p.plan();
-  return n;
-}
-
-// The projection's bias gradient written by attention_qkv_grad
-// (bias_grads_into_attention_grads): [sum dq, 0, sum do] over the tokens, the value third
-// dv's sums where dropout applies (sum do is then wrong by the dropped probabilities); the
-// weight gradient a plain GEMM. Both, and x's, against finite differences.
-TEST(Attention, ProjectionBiasGradientFromTheBackward) {
-  for (double dropout : {0.0, 0.3})
-    for (bool causal : {true, false}) {
-      SCOPED_TRACE(std::string(causal ? "causal" : "full") + " dropout " + std::to_string(dropout));
-      Projection k;
-      k.causal = causal, k.dropout = dropout;
-      auto build = [&](GradCase& c) { return k.build(c); };
-      Plan plan;
-      EXPECT_EQ(bias_sum_steps(build, &plan), 1) << plan.str();
-      EXPECT_EQ(count(plan, Op::linear_grad_weight_bias), 0) << plan.str();
-      // Every element of x, w and the bias.
-      EXPECT_EQ(check_gradients(build), static_cast<size_t>(k.b * k.t * k.in + 3 * k.c() * (k.in + 1)));
-    }
-}
-
-// Where attention_qkv_grad's sums are not the bias gradient, the pass leaves it to
-// linear_grad_weight_bias: qkv read by another op too (the projection's output gradient
-// is dqkv plus the other's), one bias for q, k and v alike (rows of C, not of a token's
-// 3 C); and without a bias there is none to take. The gradients stay right.
-TEST(Attention, ProjectionBiasGradientStaysWhereTheSumsAreNotIt) {
-  const Projection k;
-  const std::vector<std::pair<std::string, std::function<Var(GradCase&)>>> builds = {
-      {"qkv read twice",
-       [&](GradCase& c) {
-         Var qkv = reshape(linear(c.param("x", {k.b * k.t, k.in}), c.param("w", {3 * k.c(), k.in}),
-                                  c.param("bias", {3 * k.c()})),
-                           {k.b, k.t, 3, k.h, k.d});
-         return add(attention_qkv(qkv, true), reshape(slice(qkv, 2, 0, 1), {k.b, k.t, k.h, k.d}));
-       }},
-      {"one bias for q, k and v",
-       [&](GradCase& c) {
-         Var y = linear(c.param("x", {3 * k.b * k.t, k.in}), c.param("w", {k.c(), k.in}), c.param("bias", {k.c()}));
-         return attention_qkv(reshape(y, {k.b, k.t, 3, k.h, k.d}), true);
-       }},
-      {"no bias",
-       [&](GradCase& c) { return k.attend(c.param("x", {k.b * k.t, k.in}), c.param("w", {3 * k.c(), k.in}), {}); }},
-  };
-  for (const auto& [what, build] : builds) {
-    SCOPED_TRACE(what);
-    Plan plan;
-    EXPECT_EQ(bias_sum_steps(build, &plan), 0) << plan.str();
-    EXPECT_EQ(count(plan, Op::attention_qkv_grad), 1) << plan.str();
-    check_gradients(build);
-  }
-}
-
-// The pass on graphs of its own: it takes an attention_qkv_grad whose dqkv (merged into
-// rows of 3 C) is a linear_grad_weight_bias's dy, db then in that op's dtype; not one that
-// already writes sums, nor a dy of other rows. bias_sums is a flag, sums_dtype a float.
-TEST(Attention, ProjectionBiasPassTakesOnlyTokenRows) {
-  const Projection k;
-  auto graph = [&](int64_t bias_sums, Shape dy_shape) {
-    Graph g;
-    Var qkv = g.input("qkv", {k.b, k.t, 3, k.h, k.d}, DType::f64);
-    auto fwd = g.add(Op::attention_qkv, {qkv.id()});
-    Var dout = g.input("do", {k.b, k.t, k.h, k.d}, DType::f64);
-    auto grad = g.add(Op::attention_qkv_grad, {dout.id(), qkv.id(), fwd[0], fwd[1]}, {{"bias_sums", bias_sums}});
-    Var dy = reshape(g.var(grad[0]), dy_shape);
-    g.add(Op::linear_grad_weight_bias, {dy.id(), g.input("x", {dy.shape()[0], k.in}, DType::f64).id()},
-          {{"dtype", std::string("f64")}});
-    return g;
-  };
-  const Shape tokens{k.b * k.t, 3 * k.c()};
-  FuseResult r = bias_grads_into_attention_grads(graph(0, tokens), {});
-  EXPECT_EQ(r.backward, 1);
-  int sums = 0, gemms = 0;
-  for (const Node& n : r.graph.nodes()) {
-    if (n.op == Op::attention_qkv_grad) {
-      ASSERT_EQ(n.out.size(), 2u);
-      EXPECT_EQ(r.graph.value(n.out[1]).type, (TensorType{DType::f64, {3 * k.c()}}));
-      EXPECT_EQ(n.attrs.s("sums_dtype"), "f64");
-      sums += n.attrs.i("bias_sums") == 1;
-    }
-    gemms += n.op == Op::linear_grad_weight_bias;
-  }
-  EXPECT_EQ(sums, 1);
-  EXPECT_EQ(gemms, 0);
-  EXPECT_EQ(bias_grads_into_attention_grads(graph(1, tokens), {}).backward, 0);
-  EXPECT_EQ(bias_grads_into_attention_grads(graph(0, {3 * k.b * k.t, k.c()}), {}).backward, 0);
-
-  EXPECT_NE(error_of([&] { graph(2, tokens); }).find("bias_sums must be 0 or 1, got 2"), std::string::npos);
-  Graph g = graph(0, tokens);
-  std::vector<ValueId> in;  // the gradient's operands
-  for (const Node& n : g.nodes())
-    if (n.op == Op::attention_qkv_grad) in = n.in;
-  const std::string e = error_of([&] {
-    g.add(Op::attention_qkv_grad, in, {{"bias_sums", int64_t{1}}, {"sums_dtype", std::string("i32")}});
-  });
-  EXPECT_NE(e.find("sums_dtype must name a float dtype, got 'i32'"), std::string::npos) << e;
-  EXPECT_NE(e.find("attention_qkv_grad node"), std::string::npos) << e;
 }
 
 std::vector<double> random_doubles(size_t n, uint64_t seed, double lo, double hi) {

@@ -133,24 +133,12 @@ void register_attention(OpTable& t) {
     };
   }
   {
-    // bias_sums: the bias gradient of the projection that wrote qkv (whose output gradient
-    // is dqkv with [3, H, D] merged into 3C), summed over the B T tokens without reading
-    // dqkv again. Why it is [sum dq, 0, sum do]: dk_j = scale sum_i ds_ij q_i, so
-    // sum_j dk_j = scale sum_i q_i (sum_j ds_ij), and every row of
-    // ds = p * (dp - rowsum(p * dp)) sums to 0 (causal or not, dropout or not). And
-    // dv_j = sum_i f_ij p_ij do_i (f: the dropout factors), so sum_j dv_j =
-    // sum_i do_i (sum_j f_ij p_ij), which is sum_i do_i where f = 1, every row of p
-    // summing to 1. With dropout in training it is not: the value third is dv's own sums.
     OpDef& d = def(t, Op::attention_qkv_grad);
     d.name = "attention_qkv_grad";
     d.inputs = {"do", "qkv", "o", "lse"};
-    d.outputs = {"dqkv", "db?"};
+    d.outputs = {"dqkv"};
     d.attrs = kAttrs;
-    d.attrs.push_back({"bias_sums", int64_t{0}});
-    d.attrs.push_back({"sums_dtype", std::string()});
-    d.doc = "the gradient of attention_qkv, packed as qkv is; bias_sums 1: also db [3 H D] (in sums_dtype, \"\": "
-            "dqkv's), dqkv's column sums over the tokens, which are [sum dq, 0, sum do] (sum dv with dropout in "
-            "training): the bias gradient of the fused projection that wrote qkv, bias_grads_into_attention_grads";
+    d.doc = "the gradient of attention_qkv, packed as qkv is";
     d.infer = [](const InferCtx& c) {
       const AttentionDims a = check_packed(c, 1);
       const TensorType o{c.type(1).dtype, {a.b, a.tq, a.h, a.dv}};
@@ -158,11 +146,7 @@ void register_attention(OpTable& t) {
       if (c.type(0) != o) c.fail("do must be ", o.str(), ", got ", c.type(0).str());
       if (c.type(2) != o) c.fail("o must be ", o.str(), ", got ", c.type(2).str());
       if (c.type(3) != lse) c.fail("lse must be ", lse.str(), ", got ", c.type(3).str());
-      std::vector<TensorType> out{c.type(1)};
-      const int64_t sums = c.attrs.i("bias_sums");
-      if (sums != 0 && sums != 1) c.fail("bias_sums must be 0 or 1, got ", sums);
-      if (sums) out.push_back({c.sums_dtype(c.type(1).dtype), {3 * a.h * a.d}});
-      return out;
+      return std::vector<TensorType>{c.type(1)};
     };
     d.flops = [](const OpCostCtx& c) { return 2.5 * packed_flops(c, 1); };
   }

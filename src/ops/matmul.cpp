@@ -224,7 +224,12 @@ void register_fused_matmul(OpTable& t) {
       std::vector<TensorType> out{{c.type(0).dtype, {m, k}}};
       const int64_t sums = c.attrs.i("dx_sums");
       if (sums != 0 && sums != 1) c.fail("dx_sums must be 0 or 1, got ", sums);
-      if (sums) out.push_back({c.sums_dtype(c.type(0).dtype), {k}});
+      if (sums) {
+        const std::string& name = c.attrs.s("sums_dtype");
+        const auto t = name.empty() ? std::optional<DType>(c.type(0).dtype) : parse_dtype(name);
+        if (!t || !is_float(*t)) c.fail("sums_dtype must name a float dtype, got '", name, "'");
+        out.push_back({*t, {k}});
+      }
       return out;
     };
     d.flops = [](const OpCostCtx& c) {

@@ -119,13 +119,6 @@ DType InferCtx::result_dtype(DType in) const {
   return *t;
 }
 
-DType InferCtx::sums_dtype(DType data) const {
-  const std::string& name = attrs.s("sums_dtype");
-  const auto t = name.empty() ? std::optional<DType>(data) : parse_dtype(name);
-  if (!t || !is_float(*t)) fail("sums_dtype must name a float dtype, got '", name, "'");
-  return *t;
-}
-
 int InferCtx::axis(const std::string& attr, size_t rank) const {
   int64_t a = attrs.i(attr);
   int r = normalize_axis(a, rank);

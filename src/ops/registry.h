@@ -49,9 +49,6 @@ struct InferCtx {
   // named one, which must be `in` or the dtype `in` computes in (a GEMM on bf16 inputs
   // may write f32, e.g. a weight gradient into the f32 gradient buffer).
   DType result_dtype(DType in) const;
-  // The dtype of column sums an op writes beside its data (a bias gradient): the
-  // `sums_dtype` attribute's, "" for `data`; it must name a float dtype.
-  DType sums_dtype(DType data) const;
   int axis(const std::string& attr, size_t rank) const;  // normalized, checked
   // The `layout` attribute (src/ops/layout.h), checked: true for "nhwc".
   bool nhwc() const;

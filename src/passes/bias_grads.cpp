@@ -1,7 +1,6 @@
 // A linear layer's bias gradient from the backward op that makes its output gradient:
-// bias_grads_into_norm_grads (layer_norm_grad), bias_grads_into_act_grads
-// (matmul_act_grad) and bias_grads_into_attention_grads (attention_qkv_grad). See
-// passes/fuse.h.
+// bias_grads_into_norm_grads (layer_norm_grad) and bias_grads_into_act_grads
+// (matmul_act_grad). See passes/fuse.h.
 #include <functional>
 #include <string>
 #include <vector>
@@ -12,13 +11,10 @@
 namespace seam {
 namespace {
 
-// linear_grad_weight_bias(dy, x) whose dy is out[0] of a node `row` accepts (or out[0]
-// reshaped) becomes a matmul for dw alone, while that node, with the attributes `sums`
-// gives it, writes db as one more output (under db's name). `row` says how many trailing
-// elements of out[0] make one row of the sums the node can write (0: it writes none
-// here); where that is dy's last dimension, row r of dy is row r of out[0] whatever the
-// reshapes between them (both row-major), so the node's column sums are db.
-FuseResult bias_grads_into(const Graph& g, const std::function<int64_t(const Node& maker, const Node& linear)>& row,
+// linear_grad_weight_bias(dy, x) whose dy is out[0] of a node `takes` accepts (or out[0]
+// with its rows folded by reshapes) becomes a matmul for dw alone, while that node, with
+// the attributes `sums` gives it, writes db as one more output (under db's name).
+FuseResult bias_grads_into(const Graph& g, const std::function<bool(const Node& maker, const Node& linear)>& takes,
                            const std::function<Attrs(const Node& maker, const Node& linear)>& sums) {
   const auto& nodes = g.nodes();
   const int nn = static_cast<int>(nodes.size());
@@ -35,9 +31,9 @@ FuseResult bias_grads_into(const Graph& g, const std::function<int64_t(const Nod
     }
     if (p < 0 || bias_of[static_cast<size_t>(p)] >= 0) continue;
     const Node& d = nodes[static_cast<size_t>(p)];
-    if (d.out[0] != dx) continue;
-    const int64_t cols = row(d, n);
-    if (cols == 0 || cols != g.value(n.in[0]).type.shape.back()) continue;
+    // dx's columns are dy's: reshapes between them that keep the last dimension only fold rows.
+    if (d.out[0] != dx || g.value(dx).type.shape.back() != g.value(n.in[0]).type.shape.back() || !takes(d, n))
+      continue;
     bias_of[static_cast<size_t>(p)] = k;
     weight_only[static_cast<size_t>(k)] = true;
   }
@@ -77,10 +73,9 @@ FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>
   (void)keep_list;  // no value disappears: db is written by the layer norm's gradient instead
   return bias_grads_into(
       g,
-      [&](const Node& d, const Node& n) -> int64_t {  // db takes gamma's gradient's dtype
-        const bool takes = d.op == Op::layer_norm_grad && d.attrs.i("dx_sums") == 0 &&
-                           g.value(n.out[1]).type.dtype == g.value(d.out[1]).type.dtype;
-        return takes ? g.value(d.out[0]).type.shape.back() : 0;
+      [&](const Node& d, const Node& n) {  // db takes gamma's gradient's dtype
+        return d.op == Op::layer_norm_grad && d.attrs.i("dx_sums") == 0 &&
+               g.value(n.out[1]).type.dtype == g.value(d.out[1]).type.dtype;
       },
       [](const Node& d, const Node&) {
         Attrs attrs = d.attrs;
@@ -92,30 +87,10 @@ FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>
 FuseResult bias_grads_into_act_grads(const Graph& g, const std::vector<ValueId>& keep_list) {
   (void)keep_list;  // no value disappears: db is written by the activation's gradient instead
   return bias_grads_into(
-      g,
-      [&](const Node& d, const Node&) -> int64_t {
-        return d.op == Op::matmul_act_grad && d.attrs.i("dx_sums") == 0 ? g.value(d.out[0]).type.shape.back() : 0;
-      },
+      g, [](const Node& d, const Node&) { return d.op == Op::matmul_act_grad && d.attrs.i("dx_sums") == 0; },
       [&](const Node& d, const Node& n) {
         Attrs attrs = d.attrs;
         attrs.set("dx_sums", int64_t{1});
-        attrs.set("sums_dtype", std::string(dtype_name(g.value(n.out[1]).type.dtype)));
-        return attrs;
-      });
-}
-
-FuseResult bias_grads_into_attention_grads(const Graph& g, const std::vector<ValueId>& keep_list) {
-  (void)keep_list;  // no value disappears: db is written by the attention's gradient instead
-  return bias_grads_into(
-      g,
-      [&](const Node& d, const Node&) -> int64_t {  // a token's dq, dk and dv: dqkv [B, T, 3, H, D]'s last three
-        if (d.op != Op::attention_qkv_grad || d.attrs.i("bias_sums") != 0) return 0;
-        const Shape& s = g.value(d.out[0]).type.shape;
-        return s.size() == 5 && s[2] == 3 ? s[2] * s[3] * s[4] : 0;
-      },
-      [&](const Node& d, const Node& n) {
-        Attrs attrs = d.attrs;
-        attrs.set("bias_sums", int64_t{1});
         attrs.set("sums_dtype", std::string(dtype_name(g.value(n.out[1]).type.dtype)));
         return attrs;
       });

@@ -129,15 +129,6 @@ FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>
 // (src/passes/bias_grads.cpp)
 FuseResult bias_grads_into_act_grads(const Graph& g, const std::vector<ValueId>& keep);
 
-// The same from attention's: linear_grad_weight_bias(dy, x) whose dy is the dqkv of an
-// attention_qkv_grad with its [3, H, D] merged into 3C (and its rows folded) becomes a
-// matmul for dw alone while that attention_qkv_grad, with bias_sums 1, writes db (in
-// linear_grad_weight_bias's dtype for it, sums_dtype): the fused qkv projection's bias
-// gradient, [sum dq, 0, sum do] over the tokens (the key third is zero and the value
-// third do's sums, dv's with dropout: see src/ops/attention.cpp), where BGRADB had read
-// all of dqkv again. (src/passes/bias_grads.cpp)
-FuseResult bias_grads_into_attention_grads(const Graph& g, const std::vector<ValueId>& keep);
-
 // Activation recomputation, for memory: a GELU's or a layer norm's output that the
 // backward reads (a weight gradient's input) is not kept from the forward; just before
 // each backward reader (a node after the loss's), it is computed again from what the

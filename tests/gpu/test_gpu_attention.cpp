@@ -208,34 +208,6 @@ TEST(GpuAttention, PackedMatchesTheCpu) {
   }
 }
 
-// The same behind a fused qkv projection with a bias, as GPT-2's: the bias gradient from
-// attention_qkv_grad (bias_grads_into_attention_grads), column sums of dq and do after
-// each variant's backward, of dv's view in dqkv where dropout applies (not by cuDNN, whose
-// generator draws other masks).
-TEST(GpuAttention, PackedProjectionBiasGradientMatchesTheCpu) {
-  const struct {
-    Shape qkv;
-    bool causal;
-  } cases[] = {{{2, 130, 3, 3, 64}, true}, {{1, 70, 3, 2, 128}, false}};
-  for (const char* variant : {"", "cudnn", "flash", "gemm", "plain"})
-    for (double dropout : {0.0, 0.2}) {
-      if (dropout > 0 && std::string(variant) == "cudnn") continue;
-      ForcedVariant force(variant);
-      for (const auto& k : cases)
-        for (const CompareOptions& o : {gpu_testing::bf16(), gpu_testing::f16()}) {
-          SCOPED_TRACE(std::string(variant) + " " + shape_str(k.qkv) + (k.causal ? " causal" : " full") +
-                       " dropout " + std::to_string(dropout) + (o.precision == Precision::bf16 ? " bf16" : " f16"));
-          const int64_t rows = k.qkv[0] * k.qkv[1], cols = 3 * k.qkv[3] * k.qkv[4];
-          compare_with_cpu(
-              [&](GpuCase& c) {
-                Var y = linear(c.data("x", {rows, 32}), c.param("w", {cols, 32}, -0.2, 0.2), c.param("b", {cols}));
-                return attention_qkv(reshape(y, k.qkv), k.causal, std::nullopt, dropout);
-              },
-              o);
-        }
-    }
-}
-
 TEST(GpuAttention, HeadsBeyondTheKernelsAreRefusedByName) {
   GpuCase c(1);
   Var o = attention(c.param("q", {1, 1, 4, 320}), c.param("k", {1, 1, 4, 320}), c.param("v", {1, 1, 4, 8}));

@@ -172,22 +172,6 @@ struct Slabs {
   void store(const TensorView& x) { move_heads(x.data, bytes.data(), shape, dtype_size(dtype), false); }
 };
 
-// bias_sums: db = [sum dq, 0, sum do] over the B T tokens, of dq as stored; the value
-// third is dv's sums instead where dropout applied (src/ops/attention.cpp says why).
-void bias_sums(const KernelArgs& a) {
-  const Shape& s = a.out[0].shape();  // [B, T, 3, H, D]
-  const int64_t rows = s[0] * s[1], c = s[3] * s[4];
-  const bool dropped = a.attrs().i("training") != 0 && a.attrs().f("dropout") > 0;
-  dispatch_float(a.out[0].dtype(), [&]<class T>() {
-    std::vector<double> acc(static_cast<size_t>(3 * c), 0.0);
-    const T* dqkv = a.out[0].as<T>();
-    add_columns(dqkv, rows, c, 3 * c, acc.data());
-    if (dropped) add_columns(dqkv + 2 * c, rows, c, 3 * c, acc.data() + 2 * c);
-    else add_columns(a.in[0].as<T>(), rows, c, c, acc.data() + 2 * c);  // do [B, T, H, D]
-    for (int64_t j = 0; j < 3 * c; ++j) store_value(a.out[1], j, acc[static_cast<size_t>(j)]);
-  });
-}
-
 // The packed ops: the plain kernels on qkv's slabs, o and dqkv moved back.
 void attention_qkv(const KernelArgs& a) {
   Slabs qkv(a.in[0], true), o(a.out[0], false);
@@ -202,7 +186,6 @@ void attention_qkv_grad(const KernelArgs& a) {
   const std::vector<TensorView> out{dqkv.slab(0), dqkv.slab(1), dqkv.slab(2)};
   attention_grad({a.step, in, out, a.state});
   dqkv.store(a.out[0]);
-  if (a.out.size() == 2) bias_sums(a);
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 // draws each (row, key) pair's Philox number as the CPU does (seed and step read from
 // DeviceCounters when the kernel runs).
 #include <cmath>
-#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 
@@ -18,7 +17,6 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/cuda.h"
-#include "backend/cuda/reduce.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/storage.cuh"
 #include "common/philox.h"
@@ -395,31 +393,7 @@ Launch prepare_attention_qkv(const StepArgs& a) {
   return forward(a, t, g, buf, true);
 }
 
-// bias_sums (bias_grads_into_attention_grads): db = [sum dq, 0, sum do] over the B T
-// tokens by the reduction kernel, after whichever backward variant ran; dq's rows are 3C
-// apart in dqkv, do's contiguous. Where dropout applied the value third is dv's sums
-// (src/ops/attention.cpp says why).
-Launch bias_sums(const StepArgs& a, const AttentionGeom& g) {
-  const DeviceTensor& db = a.out[1];
-  const int64_t rows = g.b * g.tq, c = g.h * g.d;
-  const TensorType part{a.out[0].dtype(), {rows, c}};
-  const size_t part_bytes = static_cast<size_t>(c) * dtype_size(part.dtype);
-  auto* dqkv = static_cast<const std::byte*>(a.out[0].data);
-  auto third = [&](int64_t k) {
-    return DeviceTensor{static_cast<std::byte*>(db.data) + static_cast<size_t>(k * c) * dtype_size(db.dtype()),
-                        TensorType{db.dtype(), {c}}};
-  };
-  auto at = [](const void* p) { return [p] { return p; }; };
-  const Launch dq = column_sums_at(a, at(dqkv), part, third(0), 3 * c);
-  const Launch dv = g.dropout > 0 ? column_sums_at(a, at(dqkv + 2 * part_bytes), part, third(2), 3 * c)
-                                  : column_sums_at(a, at(a.in[0].data), part, third(2));
-  const DeviceTensor dk = third(1);
-  const size_t dk_bytes = dk.type.bytes();
-  const Launch zero = [p = dk.data, dk_bytes](cudaStream_t s) { SEAM_CUDA_CHECK(cudaMemsetAsync(p, 0, dk_bytes, s)); };
-  return in_order({dq, zero, dv});
-}
-
-// inputs do, qkv, o, lse; outputs dqkv and, with bias_sums, db.
+// inputs do, qkv, o, lse; output dqkv.
 Launch prepare_attention_qkv_grad(const StepArgs& a) {
   const AttentionGeom g = packed_geom(a, a.in[1]);
   const DType t = a.in[1].dtype();
@@ -429,8 +403,7 @@ Launch prepare_attention_qkv_grad(const StepArgs& a) {
   set_packed(grad, a.out[0].data, g, t);
   buf.dout = a.in[0].data, buf.o = a.in[2].data, buf.lse = a.in[3].data;
   buf.dq = const_cast<void*>(grad.q), buf.dk = const_cast<void*>(grad.k), buf.dv = const_cast<void*>(grad.v);
-  const Launch run = backward(a, t, g, buf, true);
-  return a.out.size() == 2 ? in_order({run, bias_sums(a, g)}) : run;
+  return backward(a, t, g, buf, true);
 }
 
 }  // namespace

@@ -271,10 +271,9 @@ PartialSums partial_sums(const double* partial, TO* y, double scale, int64_t chu
   return p;
 }
 
-// x_at: where the input is when the launch runs, if not at a.in[0] (column_sums_at); ld:
-// a 2-d input's row stride, 0 where its rows are contiguous.
+// x_at: where the input is when the launch runs, if not at a.in[0] (column_sums_at).
 template <class TI, class TO>
-Launch prepare_reduce_as(const StepArgs& a, bool mean, const std::function<const void*()>& x_at, int64_t ld) {
+Launch prepare_reduce_as(const StepArgs& a, bool mean, const std::function<const void*()>& x_at) {
   const Shape& s = a.in[0].shape();
   const size_t r = s.size();
   const auto& axes = a.step.attrs.ints("axes");
@@ -301,10 +300,6 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean, const std::function<const
   for (size_t d = r; d-- > 0;) {
     st[d] = stride;
     stride *= s[d];
-  }
-  if (ld != 0) {  // the two dims differ in kind (a sum over the rows) and never merge
-    SEAM_ASSERT(r == 2 && ld >= s[1] && red[0] && !red[1]);
-    st[0] = ld;
   }
   for (size_t d = 0; d < r; ++d) {
     if (s[d] == 1) continue;
@@ -335,11 +330,9 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean, const std::function<const
     const int64_t width = groups.back().size;
     Dims outer;
     for (int d = 1; d < kept.n; ++d) outer.push(kept.size[d], kept.st[d]);
-    // Whole packs: the width and every stride (multiples of the width, the kept group
-    // being innermost, unless rows are ld apart) a multiple of the pack.
+    // Whole packs: every stride is a multiple of the width (the kept group is innermost).
     constexpr int pack = 16 / static_cast<int>(sizeof(TI));
-    bool packed = width % pack == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-    for (int d = 0; d < reduced.n; ++d) packed = packed && reduced.st[d] % pack == 0;
+    const bool packed = width % pack == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     const int64_t tiles = ceil_div(width, packed ? 32 * pack : 32);
     const int64_t blocks_x = tiles * outer.count();
     if (blocks_x > 0x7fffffff) fail(op_name(a.step.op), " '", a.step.name, "': too many columns");
@@ -393,17 +386,17 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean, const std::function<const
 }
 
 // The input and the output may each be stored as f32, bf16 or f16, or both as f64.
-Launch prepare_reduce(const StepArgs& a, bool mean, const std::function<const void*()>& x_at = {}, int64_t ld = 0) {
+Launch prepare_reduce(const StepArgs& a, bool mean, const std::function<const void*()>& x_at = {}) {
   const char* what = op_name(a.step.op);
   Launch l;
   if (a.in[0].dtype() == DType::f64 || a.out[0].dtype() == DType::f64) {
     expect_one_stored_dtype(a, {DType::f64});
-    return prepare_reduce_as<double, double>(a, mean, x_at, ld);
+    return prepare_reduce_as<double, double>(a, mean, x_at);
   }
   expect_dtype(a, a.in[0], kStored);
   expect_dtype(a, a.out[0], kStored);
   dispatch_storage(a.in[0].dtype(), what, [&]<class TI>() {
-    dispatch_storage(a.out[0].dtype(), what, [&]<class TO>() { l = prepare_reduce_as<TI, TO>(a, mean, x_at, ld); });
+    dispatch_storage(a.out[0].dtype(), what, [&]<class TO>() { l = prepare_reduce_as<TI, TO>(a, mean, x_at); });
   });
   return l;
 }
@@ -500,11 +493,11 @@ void add_partials(const PartialSums& p, cudaStream_t st) {
 }
 
 Launch column_sums_at(const StepArgs& a, std::function<const void*()> x, const TensorType& x_type,
-                      const DeviceTensor& out, int64_t ld) {
-  SEAM_ASSERT(x && x_type.shape.size() == 2 && out.numel() == x_type.shape[1] && (ld == 0 || ld >= x_type.shape[1]));
+                      const DeviceTensor& out) {
+  SEAM_ASSERT(x && x_type.shape.size() == 2 && out.numel() == x_type.shape[1]);
   PlanStep s{Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}}, {}, {}, a.step.name, 0};
   StepArgs sub{s, a.index, {DeviceTensor{nullptr, x_type}}, {out}, a.ctx};
-  return prepare_reduce(sub, false, x, ld);
+  return prepare_reduce(sub, false, x);
 }
 
 void register_reduce(PreparerTable& t) {

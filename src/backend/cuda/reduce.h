@@ -9,9 +9,8 @@
 namespace seam::cuda {
 
 // out [cols] = the column sums of x_type [rows, cols] (f32, bf16 or f16; out the same or
-// another of them), x read at x() when the launch runs, 16-byte aligned there; its rows
-// ld elements apart (0: cols; more: a view of wider rows, such as dq's in dqkv).
+// another of them), x read at x() when the launch runs, 16-byte aligned there.
 Launch column_sums_at(const StepArgs& a, std::function<const void*()> x, const TensorType& x_type,
-                      const DeviceTensor& out, int64_t ld = 0);
+                      const DeviceTensor& out);
 
 }  // namespace seam::cuda
