@@ -31,9 +31,9 @@
 // cuBLASLt on W6's layer products, at parity with its GELU_AUX_BIAS, 0.94-0.97x its DGELU
 // (faster with the column sums, which cuBLASLt leaves to a second read of D); pairs within
 // a few percent of single blocks; weight gradients on half the SMs (too few tiles without
-// split K). The epilogue overlaps nothing; handing it to spare warps and ping-pong groups
-// were both measured slower (docs/architecture.md). The steps offer it as a timed variant
-// (matmul.cu).
+// split K). The epilogue overlaps nothing; handing it to spare warps, ping-pong groups and
+// deferring it into the next tile's products (2f82e9b) were all measured slower
+// (docs/architecture.md). The steps offer it as a timed variant (matmul.cu).
 #include <cuda.h>
 
 #include <algorithm>
