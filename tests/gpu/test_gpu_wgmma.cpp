@@ -103,12 +103,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
         for (int64_t x = 0; x < k; ++x)
           s += static_cast<double>(__bfloat162float(ha[i * k + x])) * __bfloat162float(hb[j * k + x]);
         pre[i * n + j] = s;
-        // The GELU epilogues work from the product rounded to bf16 (the record; the product
-        // DGELU scales), as the CPU's kernels do.
-        const double rounded = __bfloat162float(__float2bfloat16(static_cast<float>(s)));
-        out[i * n + j] = gelu    ? gelu_tanh(rounded)
-                         : dgelu ? rounded * gelu_tanh_grad(__bfloat162float(hpre[i * n + j]))
-                                 : s;
+        out[i * n + j] = gelu ? gelu_tanh(s) : dgelu ? s * gelu_tanh_grad(__bfloat162float(hpre[i * n + j])) : s;
       }
     std::vector<__nv_bfloat16> hd(m * n), haux(m * n);
     ASSERT_EQ(cudaMemcpy(hd.data(), d.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -184,11 +179,11 @@ TEST(GpuWgmma, GeluRecordAndValueMatchTheCpu) {
   check(384, 512, 256, WgmmaEpilogue::bias_gelu_aux, sms(), 8);
   check(200, 264, 96, WgmmaEpilogue::bias_gelu_aux, 2, 9);
   check(384, 264, 768, WgmmaEpilogue::bias_gelu_aux, 2, 12);  // 3 tiles a block, 12 k-slices each
-  check(256, 520, 64, WgmmaEpilogue::bias_gelu_aux, 2, 14);   // one k-slice: a tile's pieces all after it
+  check(256, 520, 64, WgmmaEpilogue::bias_gelu_aux, 2, 14);   // one k-slice a tile
 }
 
-// The backward of the above: the record loaded a piece ahead into the group's buffer,
-// ragged pieces clipped; D's column sums.
+// The backward of the above: the record loaded through the store buffers, two pieces a
+// buffer, ragged pieces clipped; D's column sums.
 TEST(GpuWgmma, GeluGradientMatchesTheCpu) {
   check(384, 512, 256, WgmmaEpilogue::dgelu, sms(), 10);
   check(1000, 776, 72, WgmmaEpilogue::dgelu, 5, 11);
