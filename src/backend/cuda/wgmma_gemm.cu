@@ -1,12 +1,12 @@
 // The GEMM of wgmma_gemm.h.
 //
-// Shape of the work. Output tiles of 128 x 256 (128 x 192 under the GELU epilogues: below),
-// taken in turn by one persistent block an SM (or pair of blocks: below); tiles walk groups
-// of 8 row tiles across every column tile, so that the blocks running at one time share A's
-// rows and B's tiles in L2. A block is 3 warpgroups: group 2 is the producer, one thread of
-// it issuing TMA copies of A's 128 x 64 and B's 256 x 64 k-slices into a ring of 4 stages
-// (48 KB each, or 40); warps 0-7 are two consumer warpgroups, each multiplying its 64 rows
-// of the tile with m64n256k16 (or n192) wgmmas (128 or 96 f32 accumulators a thread). A stage's `full` barrier completes when its bytes have
+// Shape of the work. Output tiles of 128 x 256, taken in turn by one persistent block an
+// SM (or pair of blocks: below); tiles walk groups of 8 row tiles across every column tile,
+// so that the blocks running at one time share A's rows and B's tiles in L2. A block is
+// 3 warpgroups: group 2 is the producer, one thread of it issuing TMA copies of A's 128 x 64
+// and B's 256 x 64 k-slices into a ring of 4 stages (48 KB each); warps 0-7 are two
+// consumer warpgroups, each multiplying its 64 rows of the tile with m64n256k16 wgmmas
+// (128 f32 accumulators a thread). A stage's `full` barrier completes when its bytes have
 // landed; its `empty` barrier when both groups' products that read it have finished, after
 // which the producer refills it, running ahead into the next tile while the consumers
 // store this one. Registers: a register file part (a quarter of the SM) holds 16K for the
@@ -14,33 +14,26 @@
 // threads fail to launch above 168) gets 168 a thread at launch; the producer group then
 // gives up all but 40 and the consumers take 232 (setmaxnreg), which the epilogues need.
 //
-// Epilogue. Each group writes its 64 rows of the tile 64 columns (a piece) at a time into shared
-// memory in the TMA's 128-byte swizzle, and one thread hands each piece to a bulk tensor
-// store and goes on; before a buffer is written again its previous store must have read
-// it. Rows and columns past the matrix are clipped by the store, and read as zeros by the
-// loads, so no shape needs padding. Plain and bias epilogues do it at the tile's end from
-// two buffers a group that alternate. The GELU epilogues (GELU + record, DGELU + column
-// sums) cost several times more, with the tensor cores idle while they run, so they are
-// deferred: at a tile's end a group only rounds its sums into a 24 KB stash, and finishes
-// one piece after the products of each third of the next tile's k-slices have been issued,
-// while the tensor cores work. The stash must not cost the ring a stage: on three stages
-// the products, which nothing pauses any more, wait for their operands (docs/perf.md), so
-// these tiles are 192 columns wide, where four stages and the stash fit 227 KB. Single
-// blocks only (a pair's B boxes would split a 64-column box).
+// Epilogue. Each group writes its 64 x 256 rows 64 columns at a time into one of its two
+// 8 KB shared buffers (the GELU epilogue: both, the record and the value) in the TMA's
+// 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8): the eight rows a warp's
+// store touches fall in distinct banks), then one thread hands the buffer to a bulk
+// tensor store and goes on; before a buffer is written again its previous store must
+// have read it. Rows and columns past the matrix are clipped by the store, and read as
+// zeros by the loads, so no shape needs padding.
 //
 // Clusters (cluster = 2): the blocks of a pair take tiles one above the other, and each
 // loads half of B's tile for both (TMA multicast), so a stage is free only once the
 // consumers of both blocks released it, and no block leaves while its peer may still
 // write to it.
 //
-// Measured (docs/perf.md, "W6 takes the Hopper GEMM..." and "two W6 levers..."): single
-// blocks at 0.90-1.00x cuBLASLt on W6's layer products; with the epilogue at the tile's
-// end at parity with its GELU_AUX_BIAS and 0.94-0.97x its DGELU (faster with the column
-// sums, which cuBLASLt leaves to a second read of D); pairs within a few percent of single
-// blocks; weight gradients on half the SMs (too few tiles without split K). Handing the
-// epilogue to spare warps, ping-pong groups and a deferral on three stages (2f82e9b,
-// 34a57b2) were all measured slower (docs/architecture.md). The steps offer it as a timed
-// variant (matmul.cu).
+// Measured (docs/perf.md, "W6 takes the Hopper GEMM..."): single blocks at 0.90-1.00x
+// cuBLASLt on W6's layer products, at parity with its GELU_AUX_BIAS, 0.94-0.97x its DGELU
+// (faster with the column sums, which cuBLASLt leaves to a second read of D); pairs within
+// a few percent of single blocks; weight gradients on half the SMs (too few tiles without
+// split K). The epilogue overlaps nothing; handing it to spare warps, ping-pong groups and
+// deferring it into the next tile's products (2f82e9b) were all measured slower
+// (docs/architecture.md). The steps offer it as a timed variant (matmul.cu).
 #include <cuda.h>
 
 #include <algorithm>
@@ -53,33 +46,18 @@
 namespace seam::cuda {
 namespace {
 
-constexpr int kBM = 128, kBK = 64, kThreads = 384;
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
 // Registers a thread after setmaxnreg. A group's increase waits until the others'
 // decreases have freed enough of what the block got at launch (65536 / 384, rounded down
 // to 8: 168 a thread), so the three groups' counts must fit in three times that, or the
 // consumers wait forever.
 [[maybe_unused]] constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8, kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * kLaunchRegs, "setmaxnreg beyond the block's registers");
-constexpr uint32_t kABytes = kBM * kBK * 2, kCBuf = 64 * 64 * 2;
+constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kCBuf = 64 * 64 * 2;
 [[maybe_unused]] constexpr int kGroupRows = 8;  // row tiles a group of the tile order spans
-
-// The GELU epilogues are deferred (below): they hold a tile's sums in a stash while the
-// next tile's products run, which with a ring of four stages fits shared memory at 192
-// columns a tile (4 x 40 KB, a 48 KB stash, a buffer a group, the bias), not at 256. The
-// others store as they go at 256 columns, from four buffers.
-constexpr bool deferred(WgmmaEpilogue e) { return e == WgmmaEpilogue::bias_gelu_aux || e == WgmmaEpilogue::dgelu; }
-constexpr int bn_of(WgmmaEpilogue e) { return deferred(e) ? 192 : 256; }
-constexpr int kStages = 4;
-constexpr uint32_t b_bytes(WgmmaEpilogue e) { return static_cast<uint32_t>(bn_of(e)) * kBK * 2; }
-// The ring, the stashes, the store buffers, the bias, the barriers (the ring's two a stage,
-// DGELU's record one a group), and room to align the ring to 1024.
-constexpr size_t smem_bytes(WgmmaEpilogue e) {
-  const size_t pieces = bn_of(e) / 64, buffers = deferred(e) ? 2 : 4, stash = deferred(e) ? 2 * pieces * kCBuf : 0;
-  const size_t bias = deferred(e) ? 2 * bn_of(e) * 2 : 0;
-  return kStages * (kABytes + b_bytes(e)) + stash + buffers * kCBuf + bias + (2 * kStages + 4) * 8 + 1024;
-}
-static_assert(smem_bytes(WgmmaEpilogue::dgelu) <= 227 * 1024 && smem_bytes(WgmmaEpilogue::none) <= 227 * 1024,
-              "beyond the shared memory a block may have");
+// The ring, the four store buffers, the barriers (the ring's two a stage, DGELU's record
+// one a store buffer), and room to align the ring to 1024.
+constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + (2 * kStages + 4) * 8 + 1024;
 
 // GELU (tanh form) and its derivative as ew_math.h has them, with the hardware's tanh: one
 // MUFU op a value where the shared forms' sigmoid takes two exponentials, which an
@@ -134,21 +112,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
                                                    const bf16_t* __restrict__ bias, float* __restrict__ col_sums,
                                                    int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBN = bn_of(E), kPieces = kBN / 64;
-  constexpr uint32_t kBBytes = b_bytes(E);
-  static_assert(!deferred(E) || CL == 1, "the deferred epilogues take single blocks");
-  constexpr bool kDeferred = deferred(E), dgelu = E == WgmmaEpilogue::dgelu;
-  constexpr bool biased = E == WgmmaEpilogue::bias || E == WgmmaEpilogue::bias_gelu_aux;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint8_t* s_a = smem;
   uint8_t* s_b = s_a + kStages * kABytes;
-  uint8_t* s_stash = s_b + kStages * kBBytes;  // deferred: a group's 64-column pieces
-  uint8_t* s_c = s_stash + (kDeferred ? 2 * kPieces * kCBuf : 0);
-  auto* s_bias = reinterpret_cast<uint32_t*>(s_c + (kDeferred ? 2 : 4) * kCBuf);  // deferred: bf16 pairs a group
-  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(s_bias) + (kDeferred ? 2 * kBN * 2 : 0));
+  uint8_t* s_c = s_b + kStages * kBBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 4 * kCBuf);
   uint64_t* empty = full + kStages;
-  uint64_t* record = empty + kStages;  // DGELU: a group's record has landed
+  uint64_t* record = empty + kStages;  // DGELU: a store buffer's record has landed
 
   const int row_tiles = (m + kBM - 1) / kBM, col_tiles = (n + kBN - 1) / kBN, slices = (k + kBK - 1) / kBK;
   // A unit: CL tiles one above the other, one a block of the cluster, sharing B's tile.
@@ -210,12 +181,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
     const int group = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float d[kBN / 2];
     int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
-    // A thread's place in a 64 x 64 piece laid out as the TMA's 128-byte swizzle has it
-    // (16-byte chunk c of row r at chunk c ^ (r % 8): the eight rows a warp's access
-    // touches fall in distinct banks): its two values of column pair q, row half h.
-    auto at_of = [&](int q, int h) {
-      const int r = warp * 16 + lane / 4 + 8 * h;
-      return static_cast<uint32_t>(r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4));
+    // DGELU's record comes through the store buffers: piece p of a tile (64 columns) is
+    // loaded by the TMA into buffer p % 2 (pieces 0 and 1 during the tile's first slice,
+    // 2 and 3 once the stores of 0 and 1 have read their buffers), scaled in place and
+    // stored from there. record_phase: a bit a buffer, the phase its barrier waits for.
+    constexpr bool dgelu = E == WgmmaEpilogue::dgelu;
+    uint64_t* my_record = record + 2 * group;
+    uint32_t record_phase = 0;
+    auto load_record = [&](int p, int m0, int n0) {  // one thread of the group
+      uint8_t* buf = s_c + (group * 2 + p % 2) * kCBuf;
+      wg::bar_expect(&my_record[p % 2], kCBuf);
+      wg::tma_load(buf, &map_aux, n0 + p * 64, m0 + group * 64, &my_record[p % 2]);
     };
     auto release = [&](uint64_t* bar) {  // this group is done with a stage, in every block
       if constexpr (CL == 1) {
@@ -224,83 +200,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         if (tid < CL) wg::bar_arrive_at(bar, tid);  // thread r tells block r
       }
     };
-
-    // The deferred epilogue. At a tile's end a group only rounds its sums (plus the bias) to
-    // bf16 into its stash, as the GELU's record or as the product DGELU scales; the rest, 64
-    // columns (a piece) at a time, runs after the next tile's products of each third of
-    // its k-slices have been issued, while the tensor cores work: GELU of the stored
-    // record, or gelu' of the record (loaded by the TMA a piece ahead into the group's
-    // buffer) times the stored product, DGELU's column sums, and the stores. What the last
-    // tile leaves finishes after it. The stash and the stored record are what the CPU's
-    // kernels compute from (bf16 products).
-    uint8_t* stash = s_stash + group * kPieces * kCBuf;
-    uint8_t* buf = s_c + group * kCBuf;  // GELU: the value's; DGELU: the record's
-    uint32_t* tile_bias = s_bias + group * (kBN / 2);
-    uint64_t* my_record = record + group;
-    uint32_t record_phase = 0;
-    int pend_m0 = 0, pend_n0 = 0, pend = 0, next = 0;  // the stashed tile: origin, pieces, the next to finish
-    auto load_record = [&](int col0, int row0) {  // one thread of the group, once buf has been read
-      wg::bar_expect(my_record, kCBuf);
-      wg::tma_load(buf, &map_aux, col0, row0, my_record);
-    };
-    auto finish = [&](int p) {
-      const int col0 = pend_n0 + p * 64, row0 = pend_m0 + group * 64;
-      const uint32_t piece_at = smem_addr(stash + p * kCBuf), buf_at = smem_addr(buf);
-      if constexpr (dgelu) {
-        mbar_wait(my_record, record_phase);
-        record_phase ^= 1;
-      } else {
-        if (tid == 0) wg::tma_store_wait_read<0>();  // the last piece's value has left buf
-        wg::named_sync(1 + group, 128);
-      }
-      float part[16];  // DGELU: this thread's sums of its two rows, a column pair a q
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t at = at_of(q, h);
-          const float2 x = bf16_unpair(wg::lds32(piece_at + at));
-          if constexpr (dgelu) {
-            const float2 pre = bf16_unpair(wg::lds32(buf_at + at));
-            const uint32_t y = bf16_pair(x.x * gelu_tanh_grad(pre.x), x.y * gelu_tanh_grad(pre.y));
-            wg::sts32(piece_at + at, y);
-            const float2 stored = bf16_unpair(y);  // the values as stored
-            sum0 += stored.x;
-            sum1 += stored.y;
-          } else {
-            wg::sts32(buf_at + at, bf16_pair(gelu_tanh(x.x), gelu_tanh(x.y)));
-          }
-        }
-        part[2 * q] = sum0;
-        part[2 * q + 1] = sum1;
-      }
-      // DGELU's column sums over the warp's 16 rows. The eight lanes sharing lane % 4 hold
-      // the same 16 columns, two rows each: a reduce-scatter among them (each round a lane
-      // keeps the half its lane bit names and adds its partner's copy of that half, three
-      // rounds, a fixed order) leaves lane l the 16 rows' sums of q = l / 4's pair, and the
-      // warp writes 64 columns in one coalesced store.
-      if (dgelu && col_sums) {
-        halve_across<8>(part, lane);
-        halve_across<4>(part, lane);
-        halve_across<2>(part, lane);
-        const int row16 = row0 / 16 + warp, col = col0 + lane / 4 * 8 + 2 * (lane % 4);
-        if (col < n && row16 * 16 < m)
-          *reinterpret_cast<float2*>(col_sums + static_cast<int64_t>(row16) * n + col) = make_float2(part[0], part[1]);
-      }
-      wg::fence_to_async();
-      wg::named_sync(1 + group, 128);
-      if (tid == 0) {
-        if constexpr (dgelu) {
-          wg::tma_store(&map_d, stash + p * kCBuf, col0, row0);
-          if (p + 1 < pend) load_record(col0 + 64, row0);
-        } else {
-          wg::tma_store(&map_aux, stash + p * kCBuf, col0, row0);
-          wg::tma_store(&map_d, buf, col0, row0);
-        }
-      }
-    };
-
     for (int u = cluster; u < units; u += clusters, ++j) {
       int m0, n0;
       unit_origin(u, m0, n0);
@@ -311,103 +210,111 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         wg::mma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk)
-          wg::mma_64xNx16<kBN, AT, BT>(d,
+          wg::mma_64x256x16<AT, BT>(d,
                                     AT ? wg::sw128_desc_mn(s_a + s * kABytes + group * (kABytes / 2) + kk * 16 * 128)
                                        : wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
                                 BT ? wg::sw128_desc_mn(s_b + s * kBBytes + kk * 16 * 128)
                                    : wg::sw128_desc(s_b + s * kBBytes + kk * 32),
                                 kb | kk);
         wg::mma_commit();
-        if constexpr (kDeferred && biased) {
-          if (kb == 0 && m0 < m && tid < kBN / 2) {  // the tile's bias, for its end: copied as the products run
-            const int col = n0 + 2 * tid;  // even, as n is: the pair is whole
-            cp4(tile_bias + tid, col < n ? bias + col : bias, col < n);
+        if constexpr (dgelu) {
+          // While the first slice multiplies: the last tile's stores have read the buffers.
+          if (kb == 0 && tid == 0 && m0 < m) {
+            wg::tma_store_wait_read<0>();
+            for (int p = 0; p < 2 && n0 + p * 64 < n; ++p) load_record(p, m0, n0);
           }
-          if (kb == 0 && m0 < m) cp_commit();
         }
         wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
         if (kb > 0) release(&empty[(pos - 1) % kStages]);
-        // The last tile's pieces, one a third of this tile's slices, while this slice's
-        // products run, after the release (the producer refills the stage meanwhile).
-        if constexpr (kDeferred) {
-          while (next < pend && kPieces * (kb + 1) >= (next + 1) * slices) finish(next++);
-        }
       }
       wg::mma_wait<0>();
       release(&empty[(pos - 1) % kStages]);
-      if (m0 >= m) {  // a cluster's tile past the last row: its products were of zeros
-        pend = next = 0;
-        continue;
-      }
+      if (m0 >= m) continue;  // a cluster's tile past the last row: its products were of zeros
 
-      if constexpr (kDeferred) {
-        if constexpr (biased) cp_wait<0>();           // this thread's part of the bias has landed
-        if (tid == 0) wg::tma_store_wait_read<0>();  // the last tile's stores have read the stash
-        wg::named_sync(1 + group, 128);              // and every thread sees the bias
-        const uint32_t stash_at = smem_addr(stash), bias_at = smem_addr(tile_bias);
-        pend = min(kPieces, (n - n0 + 63) / 64);
-        pend_m0 = m0;
-        pend_n0 = n0;
-        next = 0;
+      // One output: the two buffers alternate, a store may still read the other. Two (the
+      // GELU's record and its value): both buffers a piece, once the last stores have read.
+      constexpr bool two = E == WgmmaEpilogue::bias_gelu_aux;
 #pragma unroll
-        for (int p = 0; p < kPieces; ++p) {
-          if (p >= pend) break;
+      for (int p = 0; p < kBN / 64; ++p, ++piece) {
+        const int col0 = n0 + p * 64;
+        if (col0 >= n) break;  // the same for the whole group
+        uint8_t* buf = s_c + (group * 2 + (two ? 0 : dgelu ? p % 2 : piece & 1)) * kCBuf;
+        if constexpr (dgelu) {  // each thread rewrites only the values it reads
+          mbar_wait(&my_record[p % 2], (record_phase >> (p % 2)) & 1);
+          record_phase ^= 1u << (p % 2);
+        } else {
+          if (tid == 0) {
+            if constexpr (two) wg::tma_store_wait_read<0>();
+            else wg::tma_store_wait_read<1>();
+          }
+          wg::named_sync(1 + group, 128);
+        }
+        float part[16];  // DGELU: this thread's sums of its two rows, a column pair a q
 #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            float2 b = make_float2(0.0f, 0.0f);
-            if constexpr (biased) b = bf16_unpair(wg::lds32(bias_at + 4 * (p * 32 + q * 4 + lane % 4)));
+        for (int q = 0; q < 8; ++q) {
+          const int col = col0 + q * 8 + 2 * (lane % 4);
+          float b0 = 0.0f, b1 = 0.0f;
+          constexpr bool biased = E == WgmmaEpilogue::bias || E == WgmmaEpilogue::bias_gelu_aux;
+          if (biased && col < n) {  // col is even, n too: both in range
+            const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(bias + col);
+            b0 = __low2float(pair);
+            b1 = __high2float(pair);
+          }
+          float sum0 = 0.0f, sum1 = 0.0f;  // DGELU: this thread's two rows of the two columns
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float x0 = d[4 * (p * 8 + q) + 2 * h], x1 = d[4 * (p * 8 + q) + 2 * h + 1];
-              if constexpr (biased) {  // x + 0.0f is no identity (-0): not added where there is no bias
-                x0 += b.x;
-                x1 += b.y;
-              }
-              wg::sts32(stash_at + p * kCBuf + at_of(q, h), bf16_pair(x0, x1));
+          for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + lane / 4 + 8 * h;
+            const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
+            float x0 = d[4 * (p * 8 + q) + 2 * h], x1 = d[4 * (p * 8 + q) + 2 * h + 1];
+            if constexpr (biased) {  // x + 0.0f is no identity (-0): not added where there is no bias
+              x0 += b0;
+              x1 += b1;
+            }
+            const uint32_t where = smem_addr(buf) + at;
+            if constexpr (dgelu) {
+              const float2 pre = bf16_unpair(wg::lds32(where));
+              x0 *= gelu_tanh_grad(pre.x);
+              x1 *= gelu_tanh_grad(pre.y);
+            }
+            const uint32_t y = bf16_pair(x0, x1);
+            wg::sts32(where, y);
+            if constexpr (two) wg::sts32(where + kCBuf, bf16_pair(gelu_tanh(x0), gelu_tanh(x1)));
+            if constexpr (dgelu) {  // the values as stored
+              const float2 stored = bf16_unpair(y);
+              sum0 += stored.x;
+              sum1 += stored.y;
             }
           }
-        }
-        if constexpr (biased) wg::named_sync(1 + group, 128);  // read by all before the next tile's overwrites it
-        if constexpr (dgelu) {
-          if (tid == 0) load_record(n0, m0 + group * 64);
-        }
-      } else {
-        // Not deferred: 64 columns at a time into one of the group's two buffers, which
-        // alternate (a store may still read the other).
-#pragma unroll
-        for (int p = 0; p < kBN / 64; ++p, ++piece) {
-          const int col0 = n0 + p * 64;
-          if (col0 >= n) break;  // the same for the whole group
-          uint8_t* out = s_c + (group * 2 + (piece & 1)) * kCBuf;
-          if (tid == 0) wg::tma_store_wait_read<1>();
-          wg::named_sync(1 + group, 128);
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            const int col = col0 + q * 8 + 2 * (lane % 4);
-            float b0 = 0.0f, b1 = 0.0f;
-            if (biased && col < n) {  // col is even, n too: both in range
-              const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(bias + col);
-              b0 = __low2float(pair);
-              b1 = __high2float(pair);
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float x0 = d[4 * (p * 8 + q) + 2 * h], x1 = d[4 * (p * 8 + q) + 2 * h + 1];
-              if constexpr (biased) {
-                x0 += b0;
-                x1 += b1;
-              }
-              wg::sts32(smem_addr(out) + at_of(q, h), bf16_pair(x0, x1));
-            }
+          if constexpr (dgelu) {
+            part[2 * q] = sum0;
+            part[2 * q + 1] = sum1;
           }
-          wg::fence_to_async();
-          wg::named_sync(1 + group, 128);
-          if (tid == 0) wg::tma_store(&map_d, out, col0, m0 + group * 64);
+        }
+        // DGELU's column sums over the warp's 16 rows. The eight lanes sharing lane % 4 hold
+        // the same 16 columns, two rows each: a reduce-scatter among them (each round a lane
+        // keeps the half its lane bit names and adds its partner's copy of that half, three
+        // rounds, a fixed order) leaves lane l the 16 rows' sums of q = l / 4's pair, and the
+        // warp writes 64 columns in one coalesced store.
+        if (dgelu && col_sums) {
+          halve_across<8>(part, lane);
+          halve_across<4>(part, lane);
+          halve_across<2>(part, lane);
+          const int row16 = (m0 + group * 64 + warp * 16) / 16, col = col0 + lane / 4 * 8 + 2 * (lane % 4);
+          if (col < n && row16 * 16 < m)
+            *reinterpret_cast<float2*>(col_sums + static_cast<int64_t>(row16) * n + col) =
+                make_float2(part[0], part[1]);
+        }
+        wg::fence_to_async();
+        wg::named_sync(1 + group, 128);
+        if (tid == 0) {
+          wg::tma_store(two ? &map_aux : &map_d, buf, col0, m0 + group * 64);
+          if constexpr (two) wg::tma_store(&map_d, buf + kCBuf, col0, m0 + group * 64);
+          if (dgelu && p + 2 < kBN / 64 && col0 + 128 < n) {  // the buffer's next piece, once read
+            wg::tma_store_wait_read<0>();
+            load_record(p + 2, m0, n0);
+          }
         }
       }
-    }
-    if constexpr (kDeferred) {
-      while (next < pend) finish(next++);
     }
     if (tid == 0) wg::tma_store_wait_all();
   }
@@ -452,13 +359,14 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // many as can run at once (a GPC whose free SMs are odd leaves one over), never more than
 // there are units of work.
 template <class Kernel>
-int configure(Kernel kernel, size_t smem, int CL, int sm_count, int64_t units, cudaLaunchConfig_t& config,
+int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConfig_t& config,
               cudaLaunchAttribute& attr) {
   // A function's attribute holds for the current device: set where the launch is prepared.
-  SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  SEAM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
   config = {};
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
+  config.dynamicSmemBytes = kSmemBytes;
   attr = {};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = CL;
@@ -484,7 +392,7 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
   auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
-  const int grid = configure(kernel, smem_bytes(E), CL, sm_count, units, config, attr);
+  const int grid = configure(kernel, CL, sm_count, units, config, attr);
   const auto* bias16 = static_cast<const bf16_t*>(bias);
   return [=](cudaStream_t stream) {
     cudaLaunchConfig_t c = config;
@@ -508,16 +416,11 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
     case WgmmaEpilogue::bias:
       return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      if constexpr (CL == 1)
-        return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m,
-                                                                    n, k);
-      break;
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m,
+                                                                  n, k);
     case WgmmaEpilogue::dgelu:
-      if constexpr (CL == 1)
-        return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
-      break;
+      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
   }
-  if (deferred(epilogue)) fail("the sm_90 GEMM's GELU epilogues take single blocks, not clusters of ", CL);
   fail("unknown epilogue");
 }
 
@@ -525,9 +428,9 @@ void check_cluster(int cluster) {
   if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
 }
 
-// Work units: tiles (of bn columns), or pairs of tiles one above the other.
-int64_t units_of(int64_t m, int64_t n, int cluster, int bn) {
-  return (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + bn - 1) / bn);
+// Work units: tiles, or pairs of tiles one above the other.
+int64_t units_of(int64_t m, int64_t n, int cluster) {
+  return (((m + kBM - 1) / kBM + cluster - 1) / cluster) * ((n + kBN - 1) / kBN);
 }
 
 }  // namespace
@@ -538,12 +441,10 @@ int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster) {
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
   check_cluster(cluster);
-  const int64_t units = units_of(m, n, cluster, bn_of(WgmmaEpilogue::none));
+  const int64_t units = units_of(m, n, cluster);
   if (cluster == 1)
-    return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false>, smem_bytes(WgmmaEpilogue::none), 1,
-                     sm_count, units, config, attr);
-  return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 2, false, false>, smem_bytes(WgmmaEpilogue::none), 2,
-                   sm_count, units, config, attr);
+    return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false>, 1, sm_count, units, config, attr);
+  return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 2, false, false>, 2, sm_count, units, config, attr);
 }
 
 bool wgmma_gemm_runs_here() {
@@ -585,13 +486,10 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
     if (reinterpret_cast<uintptr_t>(o.col_sums()) % 8 != 0) fail("the sm_90 GEMM's column sums must be 8-byte aligned");
   }
   check_cluster(o.cluster);
-  if (deferred(epilogue) && o.cluster != 1)
-    fail("the sm_90 GEMM's GELU epilogues take single blocks, not clusters of ", o.cluster);
-  const int bn = bn_of(epilogue);
   const CUtensorMap map_a = o.a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
-                    map_b = o.b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, bn / o.cluster),
+                    map_b = o.b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / o.cluster),
                     map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(o.aux ? o.aux : d, m, n, 64);
-  const int64_t units = units_of(m, n, o.cluster, bn);
+  const int64_t units = units_of(m, n, o.cluster);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
                        const CUtensorMap&, const void*, const std::function<float*()>&, int, int, int);
