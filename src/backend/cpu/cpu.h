@@ -61,14 +61,6 @@ inline void set(KernelTable& t, Op op, Kernel k) { t.at(static_cast<size_t>(op))
 double load_value(const TensorView& t, int64_t i);
 void store_value(const TensorView& t, int64_t i, double v);
 
-// acc[j] += the sum of column j of x [rows, cols], its rows ld apart, added in double: the
-// bias gradients' column sums.
-template <class T>
-void add_columns(const T* x, int64_t rows, int64_t cols, int64_t ld, double* acc) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(x[r * ld + j]);
-}
-
 // layer_norm over rows of `dim` (src/backend/cpu/norm.cpp); y may be x (in place). For
 // the layer_norm kernel and fused groups ending in one, so both give the same bits.
 template <class T>

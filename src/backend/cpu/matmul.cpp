@@ -69,7 +69,8 @@ void linear_add(const KernelArgs& x) { linear_rows(x, x.in.size() == 4 ? &x.in[3
 template <class T>
 void column_sums(const T* x, int64_t rows, int64_t cols, const TensorView& out) {
   std::vector<double> acc(static_cast<size_t>(cols), 0.0);
-  add_columns(x, rows, cols, cols, acc.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) acc[static_cast<size_t>(j)] += static_cast<double>(x[r * cols + j]);
   for (int64_t j = 0; j < cols; ++j) store_value(out, j, acc[static_cast<size_t>(j)]);
 }
 
