@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -154,7 +155,8 @@ int main(int argc, char** argv) try {
   const Shape shapes[] = {{"fc", 16384, 3072, 768},         {"qkv", 16384, 2304, 768},
                           {"fcproj", 16384, 768, 3072},     {"proj", 16384, 768, 768},
                           {"lm_head", 16384, 50304, 768},   {"dx fcproj", 16384, 3072, 768, false, true, true},
-                          {"dx fc", 16384, 768, 3072, false, true}, {"dW fc", 3072, 768, 16384, true, true},
+                          {"dx fc", 16384, 768, 3072, false, true}, {"dx qkv", 16384, 768, 2304, false, true},
+                          {"dx proj", 16384, 768, 768, false, true}, {"dW fc", 3072, 768, 16384, true, true},
                           {"dW fcproj", 768, 3072, 16384, true, true}, {"dW qkv", 2304, 768, 16384, true, true}};
   for (const Shape& s : shapes) {
     void *a, *b, *bias, *d0, *d1, *x0, *x1, *col_sums;
@@ -163,7 +165,8 @@ int main(int argc, char** argv) try {
     SEAM_CUDA_CHECK(cudaMalloc(&b, n * k * 2));
     SEAM_CUDA_CHECK(cudaMalloc(&bias, n * 2));
     for (void** p : {&d0, &d1, &x0, &x1}) SEAM_CUDA_CHECK(cudaMalloc(p, mn * 2));
-    SEAM_CUDA_CHECK(cudaMalloc(&col_sums, seam::cuda::wgmma_gemm_col_sum_rows(s.m) * n * 4));
+    SEAM_CUDA_CHECK(cudaMalloc(&col_sums, std::max(seam::cuda::wgmma_gemm_col_sum_rows(s.m) * n,
+                                                   seam::cuda::wgmma_gemm_a_sum_rows(s.m) * k) * 4));
     fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(a), m * k, 1, 0.2f);
     fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(b), n * k, 2, 0.2f);
     fill<<<64, 256>>>(static_cast<__nv_bfloat16*>(bias), n, 3, 1.0f);
@@ -185,20 +188,22 @@ int main(int argc, char** argv) try {
         const float lt_us =
             cublaslt_us(lt, ws, ws_bytes, s.m, s.n, s.k, s.a_km, s.b_kn, a, b, d0, e, bias,
                         gelu ? x0 : dgelu ? x1 : nullptr, reps);
-        // Single blocks, pairs, and DGELU's column sums too (which cuBLASLt leaves to a
-        // BGRADB pass of the weight gradient: ~40 us more there).
-        for (int run = 0; run < (dgelu ? 3 : 2); ++run) {
+        // Single blocks, pairs, and the column sums too: DGELU's of D, a data gradient's of A
+        // (which cuBLASLt leaves to a BGRADB pass of the weight gradient: ~40 us more there).
+        const bool sums_a = e == WgmmaEpilogue::none && s.b_kn && !s.a_km;
+        for (int run = 0; run < (dgelu || sums_a ? 3 : 2); ++run) {
           const int cluster = run == 1 ? 2 : 1;
           seam::cuda::WgmmaOptions o{.bias = bias, .aux = gelu || dgelu ? x1 : nullptr, .cluster = cluster,
                                      .a_km = s.a_km, .b_kn = s.b_kn};
           if (run == 2) o.col_sums = [col_sums] { return static_cast<float*>(col_sums); };
-          const seam::cuda::Launch own = seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, e, o);
+          const WgmmaEpilogue own_e = run == 2 && sums_a ? WgmmaEpilogue::sums_a : e;
+          const seam::cuda::Launch own = seam::cuda::wgmma_gemm(sms, s.m, s.n, s.k, a, b, d1, own_e, o);
           const float own_us = mean_us([&] { own(nullptr); }, reps);
           SEAM_CUDA_CHECK(cudaDeviceSynchronize());
           std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  "
                       "own (cluster %d, %3d blocks) %8.1f us "
                       "%4.0f TFLOP/s  %.2fx  diff %.1e%s\n",
-                      s.name, s.m, s.n, s.k, run == 2 ? "dgelu+sums" : what, lt_us, flop / lt_us * 1e-6, cluster,
+                      s.name, s.m, s.n, s.k, run == 2 ? (dgelu ? "dgelu+sums" : "plain+sums_a") : what, lt_us, flop / lt_us * 1e-6, cluster,
                       seam::cuda::wgmma_gemm_grid(sms, s.m, s.n, cluster), own_us, flop / own_us * 1e-6,
                       lt_us / own_us, relative_rms(d1, d0, mn, static_cast<double*>(sums)),
                       gelu ? (" record " + std::to_string(relative_rms(x1, x0, mn, static_cast<double*>(sums)))).c_str()

@@ -571,6 +571,7 @@ Plan Model::plan(const CompileOptions& o) const {
         fold_casts,
         bias_grads_into_norm_grads,  // after fold_casts: db in the dtype gamma's gradient has
         bias_grads_into_act_grads,   // after fold_casts: db in the dtype the weight gradient's has
+        bias_grads_into_data_grads,  // after the two above: only the bias gradients they left
         residual_adds_into_linears};
     if (o.fuse_elementwise) passes.push_back(fuse_elementwise);
     for (auto pass : passes) apply(pass(g, keep));

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "fuse_check.h"
+#include "passes/fuse.h"
 #include "test_util.h"
 #include "seam/seam.h"
 
@@ -564,4 +565,129 @@ TEST(Fuse, ActivationGradientsSumTheirColumnsOnAFlag) {
     }
   EXPECT_EQ(summed, 1) << plan.str();
   EXPECT_EQ(count(plan, Op::linear_grad_weight_bias), 1) << plan.str();  // fc2's, from the loss's gradient
+}
+
+// linear_grad_input_bias: dy [M, N] and w [N, K] of one float dtype give dx [M, K] in
+// theirs and db [N] in sums_dtype (theirs when empty); anything else is refused by name.
+TEST(Fuse, LinearGradInputBiasChecksItsOperands) {
+  Graph g;
+  Var dy = g.input("dy", {4, 6}), w = g.input("w", {6, 5});
+  auto with = [&](Var b, const std::string& sums) {
+    return g.add(Op::linear_grad_input_bias, {dy.id(), b.id()}, {{"sums_dtype", sums}});
+  };
+  auto out = with(w, "");
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(g.value(out[0]).type, (TensorType{DType::f32, {4, 5}}));
+  EXPECT_EQ(g.value(out[1]).type, (TensorType{DType::f32, {6}}));
+  EXPECT_EQ(g.value(with(w, "f64")[1]).type, (TensorType{DType::f64, {6}}));
+  auto error = [&](Var b, const std::string& sums) { return seam::testing::error_of([&] { with(b, sums); }); };
+  const std::string bad = error(w, "i32"), apart = error(g.input("w2", {5, 6}), ""),
+                    mixed = error(g.input("w3", {6, 5}, DType::f64), "");
+  EXPECT_NE(bad.find("sums_dtype must name a float dtype, got 'i32'"), std::string::npos) << bad;
+  EXPECT_NE(apart.find("dy [M, N] and w [N, K] do not chain"), std::string::npos) << apart;
+  EXPECT_NE(mixed.find("dy and w differ in dtype: f32 and f64"), std::string::npos) << mixed;
+}
+
+// A bias gradient that neither an activation's gradient nor a layer norm's takes (fc2's:
+// its output gradient is the loss's, its input gradient a plain GEMM before tanh's
+// derivative) comes from that input gradient's GEMM (bias_grads_into_data_grads), and the
+// weight gradient is a plain GEMM; fc1, whose input gradient nothing needs, keeps
+// linear_grad_weight_bias. The same bits as unfused; under bf16, db in f32 as dw.
+TEST(Fuse, BiasGradientsFromDataGradientsChangeNoBit) {
+  Graph g;
+  Var x = g.input("x", {32, 20});
+  Var y = g.input("y", {32}, DType::i32);
+  Var loss = cross_entropy(nn::linear(tanh(nn::linear(x, 24, "fc1")), 10, "fc2"), y);
+  Trained fused = train(g, loss, true, 32, 20), plain = train(g, loss, false, 32, 20);
+  EXPECT_EQ(count(fused.plan, Op::linear_grad_input_bias), 1) << fused.plan.str();
+  EXPECT_EQ(count(fused.plan, Op::linear_grad_weight_bias), 1) << fused.plan.str();
+  for (const PlanStep& s : fused.plan.steps) {
+    if (s.op == Op::linear_grad_input_bias) {
+      EXPECT_EQ(s.out[0].type, (TensorType{DType::f32, {32, 24}}));
+      EXPECT_EQ(s.out[1].type, (TensorType{DType::f32, {10}}));
+    }
+    if (s.op == Op::linear_grad_weight_bias) {
+      EXPECT_EQ(s.out[0].type, (TensorType{DType::f32, {24, 20}}));  // fc1's
+    }
+  }
+  EXPECT_EQ(count(plain.plan, Op::linear_grad_input_bias), 0);
+  EXPECT_EQ(count(plain.plan, Op::linear_grad_weight_bias), 2);
+  EXPECT_EQ(fused.losses, plain.losses);
+  EXPECT_EQ(fused.params, plain.params);
+
+  Model low(g, {.seed = 5, .precision = Precision::bf16});
+  const Plan plan = low.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adam(1e-3)}).plan();
+  int summed = 0;
+  for (const PlanStep& s : plan.steps)
+    if (s.op == Op::linear_grad_input_bias) {
+      EXPECT_EQ(s.out[0].type.dtype, DType::bf16);
+      EXPECT_EQ(s.out[1].type.dtype, DType::f32);
+      ++summed;
+    }
+  EXPECT_EQ(summed, 1) << plan.str();
+}
+
+// The input gradient's matmul may come after the weight gradient: db then moves to the
+// matmul's place, where nothing before it reads db; where something does, the pair is
+// left alone. Values as the graph's.
+TEST(Fuse, BiasGradientsMoveToALaterDataGradientOnlyPastNoReader) {
+  for (bool read_between : {false, true}) {
+    SCOPED_TRACE(read_between ? "db read before the matmul" : "db read after the matmul only");
+    Graph g;
+    Var dy = g.input("dy", {8, 6}), x = g.input("x", {8, 5}), w = g.input("w", {6, 5});
+    const auto wb = g.add(Op::linear_grad_weight_bias, {dy.id(), x.id()});
+    Var db = g.var(wb[1]);
+    Var early = read_between ? scale(db, 2.0) : db;
+    Var dx = matmul(dy, w);
+    Var late = add(scale(db, 3.0), early);
+    const FuseResult r = bias_grads_into_data_grads(g, {});
+    EXPECT_EQ(r.backward, read_between ? 0 : 1);
+    int fused = -1, dw = -1;
+    for (int k = 0; k < static_cast<int>(r.graph.nodes().size()); ++k) {
+      const Node& n = r.graph.node(k);
+      if (n.op == Op::linear_grad_input_bias) fused = k;
+      if (n.op == Op::matmul && n.attrs.i("transpose_a") == 1) dw = k;
+    }
+    if (!read_between) {
+      ASSERT_GE(fused, 0);
+      EXPECT_LT(dw, fused);  // each at its own node's place
+    }
+    // Both graphs unfused, on the same inputs: the same bits.
+    std::vector<std::vector<std::byte>> got[2];
+    for (int i = 0; i < 2; ++i) {
+      const Graph& h = i ? r.graph : g;
+      std::vector<ValueId> outs;
+      for (Var v : {dx, g.var(wb[0]), late}) outs.push_back(i ? r.map[static_cast<size_t>(v.id())] : v.id());
+      Model m(h);
+      Program p = m.compile({.mode = Mode::eval, .outputs = outs, .fuse = false});
+      uint64_t seed = 7;
+      for (const char* in : {"dy", "x", "w"}) {
+        const auto v = seam::testing::random_floats(static_cast<size_t>(h.value(*h.find(in)).type.numel()), seed++);
+        p.set_input(in, std::span<const float>(v));
+      }
+      p.run();
+      for (ValueId v : outs) got[i].push_back(p.read(h.value(v).name));
+    }
+    EXPECT_EQ(got[0], got[1]);
+  }
+}
+
+// In a GPT without dropout every bias gradient comes from an op that reads or writes its
+// dy anyway: the residual projections' from layer norms' gradients, the MLP's first
+// layer's from DGELU's, the qkv projection's from its input gradient's GEMM. No
+// linear_grad_weight_bias is left.
+TEST(Fuse, EveryGptBiasGradientComesFromAnOpOnItsDy) {
+  Graph g;
+  nn::GptConfig cfg;
+  cfg.n_layer = 2, cfg.n_head = 2, cfg.n_embd = 16, cfg.vocab = 32, cfg.block_size = 8;
+  Var loss = cross_entropy(nn::gpt(g.input("tokens", {2, 8}, DType::i32), cfg), g.input("y", {2, 8}, DType::i32));
+  Model m(g, {.seed = 1});
+  const Plan plan = m.compile({.loss = loss.id(), .optimizer = OptimizerConfig::adamw(1e-3, 0.1)}).plan();
+  EXPECT_EQ(count(plan, Op::linear_grad_weight_bias), 0) << plan.str();
+  EXPECT_EQ(count(plan, Op::linear_grad_input_bias), 2) << plan.str();
+  for (const PlanStep& s : plan.steps) {
+    if (s.op == Op::linear_grad_input_bias) {
+      EXPECT_EQ(s.out[1].type, (TensorType{DType::f32, {48}}));  // qkv's
+    }
+  }
 }

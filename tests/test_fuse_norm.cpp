@@ -284,9 +284,10 @@ TEST(FuseNorm, BiasGradientsFromLayerNormGradsTrainAsUnfused) {
   // Both projections' bias gradients come from the layer norm gradients after them, and
   // the input layer's too (its output's two gradients, the first layer norm's and the
   // residual's, are summed there by sum_into_norm_grads); the output layer's, whose dy is
-  // the loss's gradient, stays with its weight gradient.
+  // the loss's gradient, from its input gradient's GEMM (bias_grads_into_data_grads).
   EXPECT_EQ(count_dx_sums(m.fused.plan()), 3);
-  EXPECT_EQ(count(m.fused.plan(), Op::linear_grad_weight_bias), 1);
+  EXPECT_EQ(count(m.fused.plan(), Op::linear_grad_weight_bias), 0);
+  EXPECT_EQ(count(m.fused.plan(), Op::linear_grad_input_bias), 1);
   EXPECT_EQ(count(m.plain.plan(), Op::linear_grad_weight_bias), 4);
   m.train(net);
   // In bf16 with f32 master weights too: db is f32 there once its cast folds into the

@@ -172,6 +172,60 @@ TEST(MatmulForward, ActivationGradientSumsItsColumns) {
   }
 }
 
+// linear_grad_input_bias: dx = dy w and dy's column sums, against the formula in double
+// on the values the inputs hold (f32 ones rounded from the draws); db in f64 from f32
+// inputs too (sums_dtype).
+TEST(MatmulForward, InputGradientSumsDyColumns) {
+  struct Case {
+    DType t;
+    std::string sums;
+    double dx_tol, db_tol;
+  };
+  constexpr size_t n = 6, k = 4;
+  for (const Case& c : {Case{DType::f64, "", 1e-12, 1e-12}, Case{DType::f32, "", 1e-4, 1e-4},
+                        Case{DType::f32, "f64", 1e-4, 1e-12}})
+    for (size_t m : {5, 33}) {
+      SCOPED_TRACE(std::string(dtype_name(c.t)) + " sums '" + c.sums + "', m = " + std::to_string(m));
+      std::vector<double> dyv = random_vec(m * n, 1), wv = random_vec(n * k, 2);
+      Graph g;
+      Var dy = g.input("dy", {static_cast<int64_t>(m), n}, c.t), w = g.input("w", {n, k}, c.t);
+      const auto out = g.add(Op::linear_grad_input_bias, {dy.id(), w.id()}, {{"sums_dtype", c.sums}});
+      EXPECT_EQ(g.value(out[1]).type.dtype, c.sums == "f64" ? DType::f64 : c.t);
+      Model model(g);
+      Program p = model.compile({.mode = Mode::eval, .outputs = {out[0], out[1]}});
+      for (auto [name, v] : {std::pair{"dy", &dyv}, std::pair{"w", &wv}}) {
+        if (c.t == DType::f64) {
+          p.set_input(name, std::span<const double>(*v));
+          continue;
+        }
+        const std::vector<float> f(v->begin(), v->end());
+        v->assign(f.begin(), f.end());  // the reference reads what the op reads
+        p.set_input(name, std::span<const float>(f));
+      }
+      p.run();
+      auto read = [&](ValueId v) {
+        const std::string& name = g.value(v).name;
+        if (g.value(v).type.dtype == DType::f64) return p.read_as<double>(name);
+        const auto f = p.read_as<float>(name);
+        return std::vector<double>(f.begin(), f.end());
+      };
+      const auto dx = read(out[0]), db = read(out[1]);
+      ASSERT_EQ(dx.size(), m * k);
+      ASSERT_EQ(db.size(), n);
+      for (size_t i = 0; i < m; ++i)
+        for (size_t j = 0; j < k; ++j) {
+          double want = 0;
+          for (size_t o = 0; o < n; ++o) want += dyv[i * n + o] * wv[o * k + j];
+          EXPECT_NEAR(dx[i * k + j], want, c.dx_tol) << "dx[" << i << ", " << j << "]";
+        }
+      for (size_t o = 0; o < n; ++o) {
+        double want = 0;
+        for (size_t i = 0; i < m; ++i) want += dyv[i * n + o];
+        EXPECT_NEAR(db[o], want, c.db_tol) << "db[" << o << "]";
+      }
+    }
+}
+
 TEST(ReduceForward, SumAndMeanOverAxes) {
   Runner r;
   Var x = r.in("x", {3, 4, 5});

@@ -236,6 +236,31 @@ void register_fused_matmul(OpTable& t) {
       return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(c.in[0].shape[1]);
     };
   }
+  {
+    OpDef& d = def(t, Op::linear_grad_input_bias);
+    d.name = "linear_grad_input_bias";
+    d.inputs = {"dy", "w"};
+    d.outputs = {"dx", "db"};
+    d.attrs = {{"sums_dtype", std::string()}};
+    d.doc = "dx = dy w and db = the column sums of dy (in sums_dtype, \"\": dy's): a linear layer's input and "
+            "bias gradients from one GEMM, which sums dy as it reads it (made by fusion: bias_grads_into_data_grads)";
+    d.infer = [](const InferCtx& c) {
+      c.expect_float(0);
+      c.expect_rank(0, 2);
+      c.expect_rank(1, 2);
+      if (c.type(0).dtype != c.type(1).dtype)
+        c.fail("dy and w differ in dtype: ", dtype_name(c.type(0).dtype), " and ", dtype_name(c.type(1).dtype));
+      if (c.shape(0)[1] != c.shape(1)[0]) c.fail("dy [M, N] and w [N, K] do not chain");
+      const int64_t m = c.shape(0)[0], n = c.shape(0)[1], k = c.shape(1)[1];
+      const std::string& name = c.attrs.s("sums_dtype");
+      const auto t = name.empty() ? std::optional<DType>(c.type(0).dtype) : parse_dtype(name);
+      if (!t || !is_float(*t)) c.fail("sums_dtype must name a float dtype, got '", name, "'");
+      return std::vector<TensorType>{{c.type(0).dtype, {m, k}}, {*t, {n}}};
+    };
+    d.flops = [](const OpCostCtx& c) {
+      return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(c.in[0].shape[1]);
+    };
+  }
 }
 
 Var matmul(Var a, Var b, bool transpose_a, bool transpose_b) {

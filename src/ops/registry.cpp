@@ -136,7 +136,7 @@ bool is_gradient_op(Op op) {
 bool is_gemm(Op op) {
   switch (op) {
     case Op::matmul: case Op::linear: case Op::linear_act: case Op::linear_act_aux: case Op::linear_add:
-    case Op::matmul_act_grad: case Op::linear_grad_weight_bias:
+    case Op::matmul_act_grad: case Op::linear_grad_weight_bias: case Op::linear_grad_input_bias:
       return true;
     default:
       return false;

@@ -129,6 +129,16 @@ FuseResult bias_grads_into_norm_grads(const Graph& g, const std::vector<ValueId>
 // (src/passes/bias_grads.cpp)
 FuseResult bias_grads_into_act_grads(const Graph& g, const std::vector<ValueId>& keep);
 
+// Else from the input gradient's GEMM: linear_grad_weight_bias(dy, x) left by the two
+// passes above and the plain matmul(dy, w) that reads the same dy for the layer's input
+// gradient (no transposes, no addend, dx in dy's dtype) become linear_grad_input_bias(dy,
+// w), at the matmul's place, writing dx and db (sums_dtype: db's dtype), and a matmul for
+// dw alone. The input gradient's GEMM reads dy anyway; summing it there leaves the weight
+// gradient a plain GEMM, without BGRADB's second pass over dy. Where the matmul comes
+// after the weight gradient, a pair whose db is read in between is left alone.
+// (src/passes/bias_grads.cpp)
+FuseResult bias_grads_into_data_grads(const Graph& g, const std::vector<ValueId>& keep);
+
 // Activation recomputation, for memory: a GELU's or a layer norm's output that the
 // backward reads (a weight gradient's input) is not kept from the forward; just before
 // each backward reader (a node after the loss's), it is computed again from what the

@@ -51,6 +51,7 @@ std::string covers(const PlanStep& s) {
     case Op::linear_add: return "linear+add";
     case Op::matmul_act_grad: return "matmul+" + act + "_grad" + (s.out.size() > 1 ? "+bias_grad" : "");
     case Op::linear_grad_weight_bias: return "weight_grad+bias_grad";
+    case Op::linear_grad_input_bias: return "matmul+bias_grad";
     case Op::cross_entropy_with_grad: return "cross_entropy+cross_entropy_grad";
     case Op::embedding_grad: return s.in.size() > 2 ? "embedding_grad+add" : "embedding_grad";
     default: return op_name(s.op);
@@ -91,6 +92,9 @@ std::string why(const PlanStep& s) {
                                 "from it, not from a second pass of that layer's weight-gradient GEMM"
                               : "fused: the activation's derivative applied to the GEMM's output before it is stored";
     case Op::linear_grad_weight_bias: return "fused: the bias gradient from the weight gradient's GEMM (or split if faster)";
+    case Op::linear_grad_input_bias:
+      return "fused: the bias gradient as the column sums of dy, taken by the data gradient's GEMM as it reads dy "
+             "(not a second read beside the weight gradient)";
     case Op::cross_entropy_with_grad: return "fused: loss and gradient from one read of the logits";
     case Op::embedding_grad:
       if (s.in.size() > 2) return "fused: the rows added into the tied weight's other gradient where it lies (no add pass)";

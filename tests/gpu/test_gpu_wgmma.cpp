@@ -65,8 +65,10 @@ void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<doubl
 void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, bool a_km, bool b_kn,
                unsigned seed) {
   std::string why;
-  const int64_t sum_rows = seam::cuda::wgmma_gemm_col_sum_rows(m);
-  Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2), sums(sum_rows * n * 4);
+  const bool sums_a = e == WgmmaEpilogue::sums_a;
+  const int64_t sum_rows = sums_a ? seam::cuda::wgmma_gemm_a_sum_rows(m) : seam::cuda::wgmma_gemm_col_sum_rows(m),
+                sum_cols = sums_a ? k : n;
+  Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2), sums(sum_rows * sum_cols * 4);
   if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why, a_km)) GTEST_SKIP() << why;
   const bool with_bias = e == WgmmaEpilogue::bias || e == WgmmaEpilogue::bias_gelu_aux,
              gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu;
@@ -78,7 +80,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
                               .cluster = cluster,
                               .a_km = a_km,
                               .b_kn = b_kn,
-                              .col_sums = dgelu ? sums_at : std::function<float*()>()});
+                              .col_sums = dgelu || sums_a ? sums_at : std::function<float*()>()});
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
     const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
@@ -93,7 +95,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
       ASSERT_EQ(cudaMemcpy(aux.p, hpre.data(), m * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
     }
     ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
-    ASSERT_EQ(cudaMemset(sums.p, 0xff, sum_rows * n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(sums.p, 0xff, sum_rows * sum_cols * 4), cudaSuccess);
     run(nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<double> pre(m * n), out(m * n);
@@ -111,7 +113,7 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
                              std::to_string(k) + "], " + std::to_string(blocks) + " blocks, clusters of " +
                              std::to_string(cluster) + (a_km ? ", A stored [k, m]" : "") +
                              (b_kn ? ", B stored [k, n]" : "") + ", round " + std::to_string(round);
-    expect_close(hd, out, what + (gelu ? ", gelu" : dgelu ? ", dgelu" : ""));
+    expect_close(hd, out, what + (gelu ? ", gelu" : dgelu ? ", dgelu" : sums_a ? ", sums_a" : ""));
     if (gelu) {
       ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       expect_close(haux, pre, what + ", record");
@@ -136,6 +138,26 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
           }
         }
     }
+    // A's column sums over each 64 rows: sums of exact bf16 values in f32.
+    if (sums_a) {
+      std::vector<float> hs(sum_rows * k);
+      ASSERT_EQ(cudaMemcpy(hs.data(), sums.p, hs.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      int bad = 0;
+      for (int64_t t = 0; t < sum_rows && bad < 5; ++t)
+        for (int64_t j = 0; j < k && bad < 5; ++j) {
+          double want = 0, sq = 0;
+          for (int64_t i = 64 * t; i < std::min(m, 64 * t + 64); ++i) {
+            const double x = __bfloat162float(ha[i * k + j]);
+            want += x;
+            sq += x * x;
+          }
+          if (!(std::abs(hs[t * k + j] - want) <= 1e-5 * std::sqrt(sq) + 1e-6)) {
+            ADD_FAILURE() << what << ", A's column sum of rows " << 64 * t << "+ column " << j << ": "
+                          << hs[t * k + j] << ", want " << want;
+            ++bad;
+          }
+        }
+    }
   }
 }
 
@@ -146,7 +168,7 @@ void check(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, unsigne
   for (bool a_km : {false, true})
     for (bool b_kn : {false, true})
       for (int cluster : {1, 2})
-        if (!a_km || m % 8 == 0)
+        if (!a_km || (m % 8 == 0 && e != WgmmaEpilogue::sums_a))  // sums_a reads A [m, k] only
           check_one(m, n, k, e, blocks, cluster, a_km, b_kn, seed + 100 * cluster + 1000 * b_kn + 2000 * a_km);
 }
 
@@ -189,6 +211,16 @@ TEST(GpuWgmma, GeluGradientMatchesTheCpu) {
   check(1000, 776, 72, WgmmaEpilogue::dgelu, 5, 11);
   check(384, 264, 512, WgmmaEpilogue::dgelu, 2, 13);  // 3 tiles a block, 8 k-slices each
   check(256, 520, 64, WgmmaEpilogue::dgelu, 2, 15);    // one k-slice
+}
+
+// A data gradient's product with A's column sums (the bias gradient's partials): one
+// column tile (every block sums every slice), three (a third each), ragged rows and
+// columns, one k-slice, several tiles a block.
+TEST(GpuWgmma, ColumnSumsOfAMatchTheCpu) {
+  check(256, 256, 512, WgmmaEpilogue::sums_a, sms(), 16);
+  check(384, 768, 320, WgmmaEpilogue::sums_a, sms(), 17);
+  check(1000, 264, 200, WgmmaEpilogue::sums_a, 5, 18);
+  check(200, 520, 64, WgmmaEpilogue::sums_a, 2, 19);
 }
 
 TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {

@@ -128,12 +128,24 @@ void matmul_act_grad(const KernelArgs& a) {
   });
 }
 
+// dx = dy w, db = column sums of dy (double accumulation): the GEMM matmul_act_grad runs,
+// without the derivative.
+void linear_grad_input_bias(const KernelArgs& a) {
+  const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
+  dispatch_float(a.in[0].dtype(), [&]<class T>() {
+    const T* dy = a.in[0].as<T>();
+    gemm(false, false, m, k, n, dy, a.in[1].as<T>(), T(0), a.out[0].as<T>());
+    column_sums(dy, m, n, a.out[1]);
+  });
+}
+
 }  // namespace
 
 void register_matmul(KernelTable& t) {
   set(t, Op::linear_act, linear_act<false>);
   set(t, Op::linear_act_aux, linear_act<true>);
   set(t, Op::matmul_act_grad, matmul_act_grad);
+  set(t, Op::linear_grad_input_bias, linear_grad_input_bias);
   set(t, Op::matmul, matmul);
   set(t, Op::linear, linear);
   set(t, Op::linear_grad_weight_bias, linear_grad_weight_bias);

@@ -190,6 +190,29 @@ std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims, 
   return k + ":" + dtype_name(t.in) + (t.out != t.in ? std::string("-") + dtype_name(t.out) : "");
 }
 
+// The GEMM of our own for a data gradient dx [m, n] = dy [m, k] w [k, n] (inputs 0 and 1,
+// output 0), all bf16 on an sm_90; with `sums` (db, out[1]) also dy's column sums, which
+// its producer warps add from the tiles as they land (partials in the stream's workspace,
+// then the reduction kernel over them). Empty with the reason otherwise; `offered` as in
+// own_linear.
+Launch own_data_grad(const StepArgs& a, int64_t m, int64_t k, int64_t n, const DeviceTensor* sums, std::string* why,
+                     bool* offered) {
+  *offered = false;
+  const DeviceTensor &dy = a.in[0], &w = a.in[1], &dx = a.out[0];
+  for (const DeviceTensor* t : {&dy, &w, &dx})
+    if (t->dtype() != DType::bf16) return {};
+  if (!wgmma_gemm_runs_here()) return {};
+  *offered = true;
+  if (!wgmma_gemm_fits(m, n, k, dy.data, w.data, dx.data, nullptr, why)) return {};
+  if (!sums) return wgmma_gemm(a.ctx.sm_count, m, n, k, dy.data, w.data, dx.data, WgmmaEpilogue::none, {.b_kn = true});
+  const int64_t rows = wgmma_gemm_a_sum_rows(m);
+  a.ctx.need_workspace(static_cast<size_t>(rows * k) * sizeof(float));
+  const Context* c = &a.ctx;
+  const WgmmaOptions o{.b_kn = true, .col_sums = [c] { return static_cast<float*>(c->workspace()); }};
+  return in_order({wgmma_gemm(a.ctx.sm_count, m, n, k, dy.data, w.data, dx.data, WgmmaEpilogue::sums_a, o),
+                   column_sums_at(a, o.col_sums, TensorType{DType::f32, {rows, k}}, *sums)});
+}
+
 // --------------------------------------------------------------------------------------
 // matmul: y[..., M, N] = op(a)[..., M, K] op(b)[..., K, N], batch dims broadcast.
 //
@@ -238,7 +261,14 @@ Launch matmul(const StepArgs& a) {
   g.ldc = n;
   if (bs.size() == 2 && !ta) {
     g.n = a.in[0].numel() / k;
-    return prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0]), c ? c->data : nullptr}}, {}, what_of(a));
+    Launch lt =
+        prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0]), c ? c->data : nullptr}}, {}, what_of(a));
+    // A data gradient dx = dy w (w stored [k, n]): the GEMM of our own may take it too.
+    std::string why;
+    bool offered = false;
+    Launch own = c || tb ? Launch{} : own_data_grad(a, g.n, k, n, nullptr, &why, &offered);
+    if (!offered) return lt;
+    return choose_variant(a.ctx, a.index, variant_key(a, {g.n, k, n}, t), {{"cublaslt", lt}, {"wgmma", own, {}, why}});
   }
   g.n = m;
 
@@ -670,6 +700,36 @@ Launch matmul_act_grad(const StepArgs& a) {
                         std::move(variants));
 }
 
+// --------------------------------------------------------------------------------------
+// linear_grad_input_bias: dx[M, K] = dy[M, N] w[N, K], db[N] = the column sums of dy
+// (bias_grads_into_data_grads). The GEMM is matmul_act_grad's without the epilogue (its
+// derivation above). cuBLASLt has no epilogue for these sums (BGRADB on this layout sums
+// dy's rows), so its variant reads dy again after the GEMM; ours sums dy's tiles as they
+// land (own_data_grad).
+Launch linear_grad_input_bias(const StepArgs& a) {
+  const Types t = gemm_types(a, {&a.in[0], &a.in[1]}, {&a.out[0]});
+  const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
+  if (n == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
+  if (m == 0) return zero_fill({{a.out[1].data, bytes_of(a.out[1])}});
+  GemmShape g = typed({}, t);
+  g.trans_a = false;
+  g.trans_b = false;
+  g.m = k;
+  g.n = m;
+  g.k = n;
+  g.lda = k;
+  g.ldb = n;
+  g.ldc = k;
+  Launch split = k == 0 ? column_sums(a, a.in[0], a.out[1])
+                        : in_order({prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, {}, what_of(a)),
+                                    column_sums(a, a.in[0], a.out[1])});
+  std::string why;
+  bool offered = false;
+  Launch own = k == 0 ? Launch{} : own_data_grad(a, m, n, k, &a.out[1], &why, &offered);
+  if (!offered) return split;
+  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k}, t), {{"split", split}, {"wgmma", own, {}, why}});
+}
+
 }  // namespace
 
 void register_matmul(PreparerTable& t) {
@@ -680,6 +740,7 @@ void register_matmul(PreparerTable& t) {
   set(t, Op::linear_act, linear_act<false>);
   set(t, Op::linear_act_aux, linear_act<true>);
   set(t, Op::matmul_act_grad, matmul_act_grad);
+  set(t, Op::linear_grad_input_bias, linear_grad_input_bias);
 }
 
 }  // namespace seam::cuda

@@ -22,6 +22,16 @@
 // have read it. Rows and columns past the matrix are clipped by the store, and read as
 // zeros by the loads, so no shape needs padding.
 //
+// A's column sums (sums_a). The producer group has one thread issuing copies and three
+// warps with nothing to do: two of them read each landed A tile from shared memory, one
+// its upper 64 rows, one its lower, a 16-byte chunk (8 columns) of 16 rows a thread, add
+// across the four lanes that share the chunk and store the 64 rows' sums of the slice's 64
+// columns. Of the col_tiles tiles that read the same A rows, the one whose column index is
+// the slice's number modulo col_tiles sums it, so each partial is written once, by a
+// fixed order, and the work spreads over the blocks. Those warps release a stage as the
+// consumers do (the `empty` barrier counts them), so the ring waits for them too; they
+// read 16 KB a slice where the tensor cores take ~0.6 us over it.
+//
 // Clusters (cluster = 2): the blocks of a pair take tiles one above the other, and each
 // loads half of B's tile for both (TMA multicast), so a stage is free only once the
 // consumers of both blocks released it, and no block leaves while its peer may still
@@ -130,7 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s]);
-      mbar_init(&empty[s], 2 * CL);  // both groups of every block read the stage
+      // Both groups of every block read the stage, and the summing warps their own A.
+      mbar_init(&empty[s], 2 * CL + (E == WgmmaEpilogue::sums_a ? 2 : 0));
     }
     for (int b = 0; b < 4; ++b) mbar_init(&record[b]);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the inits before any arrival
@@ -173,6 +184,50 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             const int x = BT ? n0 + at * 64 : kb * kBK, y = BT ? kb * kBK : n0 + at * (kBN / CL);
             if constexpr (CL == 1) wg::tma_load(dst, &map_b, x, y, &full[s]);
             else wg::tma_load_multicast(dst, &map_b, x, y, &full[s], (1u << CL) - 1);
+          }
+        }
+      }
+    } else if constexpr (E == WgmmaEpilogue::sums_a && !AT) {  // A's column sums (above)
+      if (threadIdx.x >= 320) {
+        // Warp w sums rows 64 w + lane / 8 + 4 i of the tile, chunk lane % 8 of each.
+        const int t = threadIdx.x - 320, lane = t % 32, chunk = lane % 8, row0 = t / 32 * 64 + lane / 8;
+        int pos = 0;
+        for (int u = cluster; u < units; u += clusters) {
+          int m0, n0;
+          unit_origin(u, m0, n0);
+          const int mine = n0 / kBN;
+          for (int kb = 0; kb < slices; ++kb, ++pos) {
+            const int s = pos % kStages;
+            mbar_wait(&full[s], (pos / kStages) & 1);
+            if (kb % col_tiles == mine && m0 < m) {
+              float acc[8] = {};
+              const uint32_t tile = smem_addr(s_a + s * kABytes);
+#pragma unroll 4
+              for (int i = 0; i < 16; ++i) {
+                const int r = row0 + 4 * i;  // line r's chunk c sits at chunk c ^ (r % 8)
+                const uint4 v = wg::lds128(tile + r * 128 + ((chunk ^ (r & 7)) * 16));
+                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                  const float2 f = bf16_unpair(w[q]);
+                  acc[2 * q] += f.x;
+                  acc[2 * q + 1] += f.y;
+                }
+              }
+#pragma unroll
+              for (int q = 0; q < 8; ++q) {  // lanes chunk, chunk + 8, + 16, + 24
+                acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], 8);
+                acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], 16);
+              }
+              const int col = kb * kBK + chunk * 8;
+              if (lane < 8 && col < k) {
+                float4* dst = reinterpret_cast<float4*>(col_sums + static_cast<int64_t>(m0 / 64 + t / 32) * k + col);
+                dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+              }
+            }
+            __syncwarp();
+            if (lane == 0) wg::bar_arrive(&empty[s]);
           }
         }
       }
@@ -421,6 +476,10 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
                                                                   n, k);
     case WgmmaEpilogue::dgelu:
       return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
+    case WgmmaEpilogue::sums_a:
+      if constexpr (!AT)
+        return launch_of<WgmmaEpilogue::sums_a, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
+      fail("the sm_90 GEMM sums A's columns only with A stored [m, k]");
   }
   fail("unknown epilogue");
 }
@@ -437,6 +496,7 @@ int64_t units_of(int64_t m, int64_t n, int cluster) {
 }  // namespace
 
 int64_t wgmma_gemm_col_sum_rows(int64_t m) { return (m + 15) / 16; }
+int64_t wgmma_gemm_a_sum_rows(int64_t m) { return (m + kBM - 1) / kBM * 2; }
 
 int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster) {
   cudaLaunchConfig_t config;
@@ -482,9 +542,12 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
   if ((epilogue == WgmmaEpilogue::bias_gelu_aux || epilogue == WgmmaEpilogue::dgelu) && o.aux == nullptr)
     fail("the sm_90 GEMM's GELU epilogues need their record");
+  const bool sums_a = epilogue == WgmmaEpilogue::sums_a;
+  if (sums_a && (!o.col_sums || o.a_km)) fail("the sm_90 GEMM sums A's columns into given partials, A stored [m, k]");
   if (o.col_sums) {  // where they go now; the launch asks again, and its place keeps the alignment
-    if (epilogue != WgmmaEpilogue::dgelu) fail("the sm_90 GEMM sums D's columns only with DGELU");
-    if (reinterpret_cast<uintptr_t>(o.col_sums()) % 8 != 0) fail("the sm_90 GEMM's column sums must be 8-byte aligned");
+    if (epilogue != WgmmaEpilogue::dgelu && !sums_a) fail("the sm_90 GEMM sums columns only with DGELU or sums_a");
+    if (reinterpret_cast<uintptr_t>(o.col_sums()) % (sums_a ? 16 : 8) != 0)
+      fail("the sm_90 GEMM's column sums must be ", sums_a ? 16 : 8, "-byte aligned");
   }
   check_cluster(o.cluster);
   const CUtensorMap map_a = o.a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),

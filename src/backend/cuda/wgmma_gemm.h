@@ -17,9 +17,13 @@
 //                  with col_sums, also the column sums of D (as stored, bf16) over each 16
 //                  rows, f32 [wgmma_gemm_col_sum_rows(m), n]: summed over their rows, the
 //                  bias gradient of the layer whose input gradient D is
+//   sums_a         D = A B^T, and the column sums of A ([m, k], as read) over each 64
+//                  rows, f32 [wgmma_gemm_a_sum_rows(m), k]: with A = dy, a linear layer's
+//                  data gradient dx = dy W and its bias gradient's partials in one read of
+//                  dy (linear_grad_input_bias)
 //
 // Offered as the variant `wgmma` of linear (bias or none), linear_act_aux (gelu with a
-// bias) and matmul_act_grad (gelu), timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
+// bias), matmul_act_grad (gelu), matmul (2-D, plain) and linear_grad_input_bias, timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
 // (bench/wgmma_bench.cu) measures it alone.
 #pragma once
 #include <cstdint>
@@ -30,7 +34,7 @@
 
 namespace seam::cuda {
 
-enum class WgmmaEpilogue { none, bias, bias_gelu_aux, dgelu };
+enum class WgmmaEpilogue { none, bias, bias_gelu_aux, dgelu, sums_a };
 
 // Whether the current GPU is one the kernel is built for (compute capability 9.0).
 bool wgmma_gemm_runs_here();
@@ -52,9 +56,10 @@ struct WgmmaOptions {
   // the output layer (docs/perf.md).
   int cluster = 1;
   bool a_km = false, b_kn = false;  // A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k]
-  // DGELU only: where the column sums of D over each 16 rows go ([wgmma_gemm_col_sum_rows(m),
-  // n] f32, 8-byte aligned), asked each time the launch runs: a workspace's address is
-  // known only then.
+  // Where the column sums go, asked each time the launch runs (a workspace's address is
+  // known only then): DGELU's of D over each 16 rows ([wgmma_gemm_col_sum_rows(m), n] f32,
+  // 8-byte aligned), sums_a's of A over each 64 rows ([wgmma_gemm_a_sum_rows(m), k] f32,
+  // 16-byte aligned).
   std::function<float*()> col_sums;
 };
 
@@ -64,6 +69,8 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
 
 // The rows of DGELU's column sums for an m-row product: one a 16 rows.
 int64_t wgmma_gemm_col_sum_rows(int64_t m);
+// The rows of sums_a's column sums of A for an m-row product: two a 128-row tile.
+int64_t wgmma_gemm_a_sum_rows(int64_t m);
 
 // The blocks such a launch runs at once (a persistent grid: one an SM, or as many pairs as
 // fit), for reports.
