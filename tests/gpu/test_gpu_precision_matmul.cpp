@@ -375,9 +375,10 @@ DirectRun run_direct(const Direct& d, Device dev, EpiloguePolicy e) {
 }
 
 // Every GEMM op on (M, K, N): matmul in three layouts, linear, linear_act and
-// linear_act_aux with each activation, matmul_act_grad with each record, and
-// linear_grad_weight_bias; matmul and linear_grad_weight_bias also writing f32 from
-// 16-bit inputs (their dtype attribute). gelu's record needs a width that is a multiple
+// linear_act_aux with each activation, matmul_act_grad with each record,
+// linear_grad_weight_bias and linear_grad_input_bias; matmul and linear_grad_weight_bias
+// also writing f32 from 16-bit inputs (their dtype attribute), linear_grad_input_bias its
+// sums. gelu's record needs a width that is a multiple
 // of 8: `wide`.
 void build_direct(Direct& d, const Mnk& s, int64_t wide) {
   const Attrs relu{{"act", std::string("relu")}}, gelu{{"act", std::string("gelu_tanh")}};
@@ -409,6 +410,11 @@ void build_direct(Direct& d, const Mnk& s, int64_t wide) {
   d.out(d.op(Op::matmul_act_grad, {dy, wg, pre}, gelu)[0]);
   for (Var v : d.op(Op::linear_grad_weight_bias, {dy, a})) d.out(v);
   for (Var v : d.op(Op::linear_grad_weight_bias, {dy, a}, {{"dtype", std::string("f32")}})) d.out_f32(v);
+  // dx [M, K] = dy w with dy's column sums, in dy's dtype and in f32.
+  for (Var v : d.op(Op::linear_grad_input_bias, {dy, bt})) d.out(v);
+  const auto sums32 = d.op(Op::linear_grad_input_bias, {dy, bt}, {{"sums_dtype", std::string("f32")}});
+  d.out(sums32[0]);
+  d.out_f32(sums32[1]);
 }
 
 }  // namespace
@@ -437,16 +443,20 @@ TEST(GpuPrecisionKernels, EveryGemmOpOnSixteenBitInputsMatchesTheCpu) {
         // On the aligned shape cuBLASLt has every epilogue at 16 bits: a forced policy
         // gets what it asked for. On the odd one a fused variant may be missing (cuBLASLt
         // 13 on the H200 has them all) and the step falls back to split, which the values
-        // above checked. Where a bf16 step offers the GEMM of our own (sm_90: linear, and
-        // linear_act_aux and matmul_act_grad with gelu), fused forces it, and split
-        // forces linear's cuBLASLt GEMM, whose epilogue is then split.
+        // above checked. Where a bf16 step offers the GEMM of our own (sm_90: linear, a
+        // plain matmul, linear_grad_input_bias, and linear_act_aux and matmul_act_grad
+        // with gelu), fused forces it, and split forces the cuBLASLt GEMM of linear and
+        // matmul, whose epilogue is then split.
         if (policies[p] == EpiloguePolicy::fastest || s.n % 8 != 0) continue;
         for (auto& [op, what] : gpu.choices) {
           if (!is_gemm(op)) continue;
           const bool own = low.dtype == DType::bf16 &&
-                           (op == Op::linear || op == Op::linear_act_aux || op == Op::matmul_act_grad);
+                           (op == Op::linear || op == Op::linear_act_aux || op == Op::matmul_act_grad ||
+                            op == Op::matmul || op == Op::linear_grad_input_bias);
           if (own && policies[p] == EpiloguePolicy::fused && what == "wgmma (forced)") continue;
-          if (own && op == Op::linear && policies[p] != EpiloguePolicy::fused && what == "cublaslt (forced)") continue;
+          if (own && (op == Op::linear || op == Op::matmul) && policies[p] != EpiloguePolicy::fused &&
+              what == "cublaslt (forced)")
+            continue;
           const bool split_t = policies[p] == EpiloguePolicy::split_t && op == Op::linear_grad_weight_bias;
           const std::string want = policies[p] == EpiloguePolicy::fused ? "fused (forced)"
                                    : split_t                            ? "split_t (forced)"
