@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             if (kb % col_tiles == mine && m0 < m) {
               float acc[8] = {};
               const uint32_t tile = smem_addr(s_a + s * kABytes);
-#pragma unroll 4
+#pragma unroll 2
               for (int i = 0; i < 16; ++i) {
                 const int r = row0 + 4 * i;  // line r's chunk c sits at chunk c ^ (r % 8)
                 const uint4 v = wg::lds128(tile + r * 128 + ((chunk ^ (r & 7)) * 16));
