@@ -591,6 +591,20 @@ Launch linear_grad_weight_bias(const StepArgs& a) {
 // The aux is indexed like D, element (j, i) = pre[i, j]: DRELU reads the bitmask with
 // AUX_LD = relu_mask_row_bytes(K) * 8 bits (bit j + i*ld, as linear_act_aux wrote it for
 // out = K); DGELU reads pre [M, K] row-major = [K, M] column-major, AUX_LD = K.
+// The GEMM dx = dy w as derived (linear_grad_input_bias's too), epilogue left to the caller.
+GemmShape data_grad_shape(int64_t m, int64_t n, int64_t k, Types t) {
+  GemmShape g = typed({}, t);
+  g.trans_a = false;
+  g.trans_b = false;
+  g.m = k;
+  g.n = m;
+  g.k = n;
+  g.lda = k;
+  g.ldb = n;
+  g.ldc = k;
+  return g;
+}
+
 Launch matmul_act_grad(const StepArgs& a) {
   const bool relu = is_relu(a);
   const DeviceTensor& aux = a.in[2];
@@ -606,15 +620,7 @@ Launch matmul_act_grad(const StepArgs& a) {
     if (sums_out) zeros.emplace_back(a.out[1].data, bytes_of(a.out[1]));
     return zero_fill(zeros);
   }
-  GemmShape g = typed({}, t);
-  g.trans_a = false;
-  g.trans_b = false;
-  g.m = k;
-  g.n = m;
-  g.k = n;
-  g.lda = k;
-  g.ldb = n;
-  g.ldc = k;
+  GemmShape g = data_grad_shape(m, n, k, t);
   const GemmOperands ops{at(a.in[1]), at(a.in[0]), at(a.out[0])};
   // Split: the plain GEMM into dx, then dx *= act'(pre) in place by a separate kernel.
   Launch plain = prepare_gemm(a.ctx, g, {ops}, {}, what_of(a));
@@ -702,8 +708,8 @@ Launch matmul_act_grad(const StepArgs& a) {
 
 // --------------------------------------------------------------------------------------
 // linear_grad_input_bias: dx[M, K] = dy[M, N] w[N, K], db[N] = the column sums of dy
-// (bias_grads_into_data_grads). The GEMM is matmul_act_grad's without the epilogue (its
-// derivation above). cuBLASLt has no epilogue for these sums (BGRADB on this layout sums
+// (bias_grads_into_data_grads). The GEMM is matmul_act_grad's without the epilogue
+// (data_grad_shape, derived above). cuBLASLt has no epilogue for these sums (BGRADB on this layout sums
 // dy's rows), so its variant reads dy again after the GEMM; ours sums dy's tiles as they
 // land (own_data_grad).
 Launch linear_grad_input_bias(const StepArgs& a) {
@@ -711,15 +717,7 @@ Launch linear_grad_input_bias(const StepArgs& a) {
   const int64_t m = a.in[0].shape()[0], n = a.in[0].shape()[1], k = a.in[1].shape()[1];
   if (n == 0) return zero_fill({{a.out[0].data, bytes_of(a.out[0])}});
   if (m == 0) return zero_fill({{a.out[1].data, bytes_of(a.out[1])}});
-  GemmShape g = typed({}, t);
-  g.trans_a = false;
-  g.trans_b = false;
-  g.m = k;
-  g.n = m;
-  g.k = n;
-  g.lda = k;
-  g.ldb = n;
-  g.ldc = k;
+  const GemmShape g = data_grad_shape(m, n, k, t);
   Launch split = k == 0 ? column_sums(a, a.in[0], a.out[1])
                         : in_order({prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, {}, what_of(a)),
                                     column_sums(a, a.in[0], a.out[1])});
