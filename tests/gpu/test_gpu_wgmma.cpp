@@ -249,8 +249,9 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   EXPECT_NE(error_of(64, WgmmaEpilogue::bias_gelu_aux).find("bias"), std::string::npos);
   EXPECT_NE(error_of(64, WgmmaEpilogue::dgelu).find("GELU epilogues need their record"), std::string::npos);
   EXPECT_NE(error_of(64, WgmmaEpilogue::none, 3).find("clusters of 1 or 2 blocks, not 3"), std::string::npos);
-  EXPECT_NE(error_of(64, WgmmaEpilogue::none, 1, static_cast<float*>(a.p)).find("sums D's columns only with DGELU"),
-            std::string::npos);
+  const std::string plain_sums = error_of(64, WgmmaEpilogue::none, 1, static_cast<float*>(a.p));
+  EXPECT_NE(plain_sums.find("sums columns only with DGELU or sums_a"), std::string::npos) << plain_sums;
+  EXPECT_NE(error_of(64, WgmmaEpilogue::sums_a).find("sums A's columns into given partials"), std::string::npos);
   Buffer aux(1 << 16);
   try {
     seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::dgelu,
