@@ -203,7 +203,8 @@ int main(int argc, char** argv) try {
           std::printf("%-10s %5d x %5d x %4d %-12s cuBLASLt %8.1f us %4.0f TFLOP/s  "
                       "own (cluster %d, %3d blocks) %8.1f us "
                       "%4.0f TFLOP/s  %.2fx  diff %.1e%s\n",
-                      s.name, s.m, s.n, s.k, run == 2 ? (dgelu ? "dgelu+sums" : "plain+sums_a") : what, lt_us, flop / lt_us * 1e-6, cluster,
+                      s.name, s.m, s.n, s.k, run == 2 ? (dgelu ? "dgelu+sums" : "plain+sums_a") : what, lt_us,
+                      flop / lt_us * 1e-6, cluster,
                       seam::cuda::wgmma_gemm_grid(sms, s.m, s.n, cluster), own_us, flop / own_us * 1e-6,
                       lt_us / own_us, relative_rms(d1, d0, mn, static_cast<double*>(sums)),
                       gelu ? (" record " + std::to_string(relative_rms(x1, x0, mn, static_cast<double*>(sums)))).c_str()

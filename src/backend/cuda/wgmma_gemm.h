@@ -23,8 +23,9 @@
 //                  dy (linear_grad_input_bias)
 //
 // Offered as the variant `wgmma` of linear (bias or none), linear_act_aux (gelu with a
-// bias), matmul_act_grad (gelu), matmul (2-D, plain) and linear_grad_input_bias, timed against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench
-// (bench/wgmma_bench.cu) measures it alone.
+// bias), matmul_act_grad (gelu), matmul (2-D, plain) and linear_grad_input_bias, timed
+// against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench (bench/wgmma_bench.cu)
+// measures it alone.
 #pragma once
 #include <cstdint>
 #include <functional>
