@@ -162,6 +162,14 @@ const std::string& act_of(const InferCtx& c) {
 
 std::vector<TensorType> infer_linear(const InferCtx& c) { return op_def(Op::linear).infer(c); }
 
+// The dtype of a fused GEMM's column sums: the attribute sums_dtype, "" for input 0's.
+DType sums_dtype(const InferCtx& c) {
+  const std::string& name = c.attrs.s("sums_dtype");
+  const auto t = name.empty() ? std::optional<DType>(c.type(0).dtype) : parse_dtype(name);
+  if (!t || !is_float(*t)) c.fail("sums_dtype must name a float dtype, got '", name, "'");
+  return *t;
+}
+
 TensorType aux_type(const std::string& act, int64_t rows, int64_t n, DType t) {
   if (act == "relu") return {DType::u8, {rows, relu_mask_row_bytes(n)}};
   return {t, {rows, n}};
@@ -225,10 +233,7 @@ void register_fused_matmul(OpTable& t) {
       const int64_t sums = c.attrs.i("dx_sums");
       if (sums != 0 && sums != 1) c.fail("dx_sums must be 0 or 1, got ", sums);
       if (sums) {
-        const std::string& name = c.attrs.s("sums_dtype");
-        const auto t = name.empty() ? std::optional<DType>(c.type(0).dtype) : parse_dtype(name);
-        if (!t || !is_float(*t)) c.fail("sums_dtype must name a float dtype, got '", name, "'");
-        out.push_back({*t, {k}});
+        out.push_back({sums_dtype(c), {k}});
       }
       return out;
     };
@@ -252,14 +257,9 @@ void register_fused_matmul(OpTable& t) {
         c.fail("dy and w differ in dtype: ", dtype_name(c.type(0).dtype), " and ", dtype_name(c.type(1).dtype));
       if (c.shape(0)[1] != c.shape(1)[0]) c.fail("dy [M, N] and w [N, K] do not chain");
       const int64_t m = c.shape(0)[0], n = c.shape(0)[1], k = c.shape(1)[1];
-      const std::string& name = c.attrs.s("sums_dtype");
-      const auto t = name.empty() ? std::optional<DType>(c.type(0).dtype) : parse_dtype(name);
-      if (!t || !is_float(*t)) c.fail("sums_dtype must name a float dtype, got '", name, "'");
-      return std::vector<TensorType>{{c.type(0).dtype, {m, k}}, {*t, {n}}};
+      return std::vector<TensorType>{{c.type(0).dtype, {m, k}}, {sums_dtype(c), {n}}};
     };
-    d.flops = [](const OpCostCtx& c) {
-      return 2.0 * static_cast<double>(c.out[0].numel()) * static_cast<double>(c.in[0].shape[1]);
-    };
+    d.flops = def(t, Op::matmul_act_grad).flops;  // the same GEMM, dx = dy w
   }
 }
 

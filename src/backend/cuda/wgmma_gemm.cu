@@ -479,7 +479,7 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
     case WgmmaEpilogue::sums_a:
       if constexpr (!AT)
         return launch_of<WgmmaEpilogue::sums_a, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
-      fail("the sm_90 GEMM sums A's columns only with A stored [m, k]");
+      fail("the sm_90 GEMM sums A's columns only with A stored [m, k]");  // wgmma_gemm refuses it first
   }
   fail("unknown epilogue");
 }
