@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/storage.cuh"
@@ -78,6 +79,37 @@ __device__ inline void block_lse(float& m, float& s, int64_t& i) {
   warp_lse<Find>(m, s, i);
 }
 
+// A sum s, with WithSum a second sum z, with Find a minimum i, over a warp in one round of
+// shuffles (a fixed order: every lane ends with the same bits).
+template <bool WithSum, bool Find>
+__device__ inline void warp_sums(float& s, float& z, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    if constexpr (WithSum) z += __shfl_xor_sync(0xffffffffu, z, o);
+    if constexpr (Find) i = min(i, __shfl_xor_sync(0xffffffffu, i, o));
+  }
+}
+
+template <bool WithSum, bool Find>
+__device__ inline void block_sums(float& s, float& z, int& i) {
+  __shared__ float ps[32], pz[32];
+  __shared__ int pi[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  warp_sums<WithSum, Find>(s, z, i);
+  __syncthreads();  // ps, pz, pi may still be read by a previous call
+  if (lane == 0) {
+    ps[warp] = s;
+    if constexpr (WithSum) pz[warp] = z;
+    if constexpr (Find) pi[warp] = i;
+  }
+  __syncthreads();
+  const bool in = lane < ((blockDim.x + 31) >> 5);
+  s = in ? ps[lane] : 0.f;
+  if constexpr (WithSum) z = in ? pz[lane] : 0.f;
+  if constexpr (Find) i = in ? pi[lane] : INT32_MAX;
+  warp_sums<WithSum, Find>(s, z, i);
+}
+
 // A group of threads that handles one row at a time: a warp or a whole block. Rows are
 // distributed first(), first() + stride(), ...; every branch that depends only on the row
 // is uniform over the group, so the group's reductions are reached by all its threads.
@@ -87,6 +119,9 @@ struct WarpGroup {
   __device__ int64_t first() const { return blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); }
   __device__ int64_t stride() const { return int64_t{gridDim.x} * (blockDim.x >> 5); }
   __device__ float sum(float v) const { return warp_sum(v); }
+  __device__ float max(float v) const { return warp_max(v); }
+  template <bool WithSum, bool Find>
+  __device__ void sums(float& s, float& z, int& i) const { warp_sums<WithSum, Find>(s, z, i); }
   template <bool Find>
   __device__ void lse(float& m, float& s, int64_t& i) const { warp_lse<Find>(m, s, i); }
 };
@@ -97,6 +132,9 @@ struct BlockGroup {
   __device__ int64_t first() const { return blockIdx.x; }
   __device__ int64_t stride() const { return gridDim.x; }
   __device__ float sum(float v) const { return block_sum(v); }
+  __device__ float max(float v) const { return block_max(v); }
+  template <bool WithSum, bool Find>
+  __device__ void sums(float& s, float& z, int& i) const { block_sums<WithSum, Find>(s, z, i); }
   template <bool Find>
   __device__ void lse(float& m, float& s, int64_t& i) const { block_lse<Find>(m, s, i); }
 };
@@ -267,18 +305,46 @@ struct Streamed {
   const T* z;
   int64_t classes;
   bool vec;
-  template <bool WithSum, bool Find>
-  __device__ void stats(int64_t rank, int64_t size, float& m, float& s, float& zsum, int64_t& first) const {
-    if (!vec) return stats_scalar<WithSum, Find>(z, classes, rank, size, m, s, zsum, first);
-    const auto* zv = reinterpret_cast<const Pack<T>*>(z);
+  // One pass: each thread's (m, s) rescaled as its maximum grows, then merged over the group.
+  template <class G, bool WithSum, bool Find>
+  __device__ void stats(const G& g, float& m, float& s, float& zsum, int64_t& first) const {
+    if (!vec) {
+      stats_scalar<WithSum, Find>(z, classes, g.rank(), g.size(), m, s, zsum, first);
+    } else {
+      const auto* zv = reinterpret_cast<const Pack<T>*>(z);
 #pragma unroll 4
-    for (int64_t c = rank; c < (classes + kPer<T> - 1) / kPer<T>; c += size) {
-      float v[kPer<T>];
-      unpack<WithSum>(zv[c], c, classes, v, zsum);  // int64_t
-      lse_add_pack<Find>(m, s, v, c * kPer<T>, first);
+      for (int64_t c = g.rank(); c < (classes + kPer<T> - 1) / kPer<T>; c += g.size()) {
+        float v[kPer<T>];
+        unpack<WithSum>(zv[c], c, classes, v, zsum);  // int64_t
+        lse_add_pack<Find>(m, s, v, c * kPer<T>, first);
+      }
     }
+    g.template lse<Find>(m, s, first);
+    if constexpr (WithSum) zsum = g.sum(zsum);
   }
 };
+
+// The largest value of a pack, padding columns (from `classes` on) left out; a NaN is
+// passed over (fmaxf's rule: its term then makes the sum NaN). 16-bit values compared in
+// pairs where the pack has no padding.
+template <class T, class I>
+__device__ inline float pack_max(const Pack<T>& p, I c, I classes) {
+  if constexpr (sizeof(T) == 2) {
+    if ((c + 1) * kPer<T> <= classes) {
+      using T2 = std::conditional_t<std::is_same_v<T, bf16_t>, __nv_bfloat162, __half2>;
+      const T2* v = reinterpret_cast<const T2*>(p.v);
+      const T2 h = __hmax2(__hmax2(v[0], v[1]), __hmax2(v[2], v[3]));
+      const T* two = reinterpret_cast<const T*>(&h);
+      return fmaxf(to_float(two[0]), to_float(two[1]));
+    }
+  }
+  float v[kPer<T>], unused = 0.f;
+  unpack<false>(p, c, classes, v, unused);
+  float mx = v[0];
+#pragma unroll
+  for (int k = 1; k < kPer<T>; ++k) mx = fmaxf(mx, v[k]);
+  return mx;
+}
 
 // A row staged in shared memory (16-byte packs, `packs` of them, the whole stride) by
 // the block before it is used: the stats and the gradient read it there, so the row is
@@ -287,14 +353,60 @@ template <class T>
 struct Staged {
   const Pack<T>* s;
   int classes, packs;
-  template <bool WithSum, bool Find>
-  __device__ void stats(int rank, int size, float& m, float& sum, float& zsum, int64_t& first) const {
-    for (int c = rank; c < packs; c += size) {
+  // Two passes over the staged row: its maximum m (and the pack where each thread first
+  // met its own), then the terms exp(v - m), which need no rescaling. In one pass (as
+  // Streamed) nearly every pack rescaled, since some lane of a warp meets a new maximum:
+  // the rescale, the first index's search and the merges' exponentials were over half the
+  // loss kernel's instructions (Nsight Compute, W6 on an H100).
+  template <class G, bool WithSum, bool Find>
+  __device__ void stats(const G& g, float& m, float& sum, float& zsum, int64_t& first) const {
+    float mine = -INFINITY;
+    int at = -1;  // the first pack holding mine
+    for (int c = g.rank(); c < packs; c += g.size()) {
       const Pack<T> p = s[c];  // one 16-byte load (through a reference: a load per value)
-      float v[kPer<T>];
-      unpack<WithSum>(p, c, classes, v, zsum);
-      lse_add_pack<Find>(m, sum, v, int64_t{c} * kPer<T>, first);
+      const float pm = pack_max(p, c, classes);
+      if (pm > mine) {
+        mine = pm;
+        at = c;
+      }
     }
+    m = g.max(mine);
+    int index = INT32_MAX;  // the row's first column holding m, if this thread holds it
+    if (Find && at >= 0 && mine == m) {
+      float v[kPer<T>], unused = 0.f;
+      unpack<false>(s[at], at, classes, v, unused);
+#pragma unroll
+      for (int k = kPer<T> - 1; k >= 0; --k)
+        if (v[k] == m) index = at * kPer<T> + k;
+    }
+    float part = 0.f;
+    if (isfinite(m)) {
+      const float ml = m * kLog2e;
+      for (int c = g.rank(); c < packs; c += g.size()) {
+        const Pack<T> p = s[c];
+        float v[kPer<T>], e[kPer<T>];
+        unpack<WithSum>(p, c, classes, v, zsum);
+#pragma unroll
+        for (int k = 0; k < kPer<T>; ++k) e[k] = fast_exp2(fmaf(v[k], kLog2e, -ml));  // -inf: 0
+#pragma unroll
+        for (int w = 1; w < kPer<T>; w *= 2)
+#pragma unroll
+          for (int k = 0; k + w < kPer<T>; k += 2 * w) e[k] = __fadd_rn(e[k], e[k + w]);
+        part = __fadd_rn(part, e[0]);
+      }
+    } else {  // every value -inf or NaN (m = -inf), or m = +inf: lse_add's terms
+      for (int c = g.rank(); c < packs; c += g.size()) {
+        const Pack<T> p = s[c];
+        float v[kPer<T>];
+        unpack<WithSum>(p, c, classes, v, zsum);
+#pragma unroll
+        for (int k = 0; k < kPer<T>; ++k)
+          part = __fadd_rn(part, v[k] == -INFINITY ? 0.f : v[k] == m ? 1.f : expf(v[k] - m));
+      }
+    }
+    g.template sums<WithSum, Find>(part, zsum, index);
+    sum = part;
+    if constexpr (Find) first = index == INT32_MAX ? INT64_MAX : index;
   }
   __device__ void grad(T* d, int rank, int size, const GradRow& r) const {
     auto* dv = reinterpret_cast<Pack<T>*>(d);
@@ -316,9 +428,7 @@ __device__ void row_stats(const G& g, const Src& src, float& m, float& s, float&
   s = 0.f;
   zsum = 0.f;
   first = INT64_MAX;
-  src.template stats<WithSum, Find>(g.rank(), g.size(), m, s, zsum, first);
-  g.template lse<Find>(m, s, first);
-  if constexpr (WithSum) zsum = g.sum(zsum);
+  src.template stats<G, WithSum, Find>(g, m, s, zsum, first);
 }
 
 // A counting row's stats (known to every thread of the group) and its loss:
