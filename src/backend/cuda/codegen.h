@@ -87,7 +87,7 @@ struct EwSignature {
 
 // Values a lane of a warp holds to keep a row of `dim` (<= 1024) in registers: the
 // smallest of 1, 2, 4, 8, 12, 16, 24, 32 groups of 32 that covers it. Few sizes, so few
-// kernels (generated norm walks; layer_norm's own kernels spread a row over warps).
+// kernels; layer_norm's kernels and generated norm walks share them.
 inline int lane_groups(int64_t dim) {
   for (int n : {1, 2, 4, 8, 12, 16, 24})
     if (32 * n >= dim) return n;

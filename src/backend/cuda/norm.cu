@@ -2,26 +2,27 @@
 // CPU reference (src/backend/cpu/norm.cpp): biased variance from a second, centred pass;
 // outputs y, mean [rows], rstd [rows].
 //
-//   D <= 1024: a group of ceil(D / 256) warps per row, the row in registers (at most 8
-//              values a lane), in 16-byte packs where the row allows (with_rows);
+//   D <= 1024: one warp per row, the row in registers (N values per lane: ceil(D/32)
+//              rounded up to 1, 2, 4, 8, 12, 16, 24 or 32), in 16-byte packs where
+//              the row allows (with_packs);
 //   D >  1024: one block per row, passes over the row through L1.
 // The backward computes dx row by row and the column sums dgamma = sum_rows dy * xhat,
-// dbeta = sum_rows dy deterministically: the rows of each block (D <= 1024: each lane's
-// in registers, then the block's row groups in order; D > 1024: the block's rows) are
-// added in a fixed order into the block's own slice of scratch ([blocks][2][D], double),
-// then a last kernel sums the slices in block order. No atomics. With dx_sums
-// (bias_grads_into_norm_grads) the column sums of dx as stored are a third: in the dx
-// kernel's slices ([blocks][3][D]) on rows of up to 1024, else a sum step over dx.
+// dbeta = sum_rows dy deterministically: each chunk of rows (D <= 1024: the rows of one
+// block of the dx kernel where a lane holds at most kMaxColsN values, else a column kernel
+// over a fixed chunk; D > 1024: the rows of one block) is added in a fixed order into its
+// own slice of scratch ([chunks][2][D], double), then a last kernel sums the slices in
+// chunk order. No atomics. With dx_sums (bias_grads_into_norm_grads) the column sums of dx
+// as stored are a third: in the dx kernel's slices ([chunks][3][D]) where it sums, else
+// a sum step over dx.
 //
 // x, y, dy and dx are stored as T (f32, bf16 or f16), gamma, beta, dgamma and dbeta as P
 // (f32, or T), mean and rstd as f32; everything computes in float (the column sums in
-// double, past each lane's float sum of its few rows in the dx kernel), one template for
+// double, past each warp's float sum of its few rows in the dx kernel), one template for
 // every storage type.
 #include <cmath>
 
 #include <type_traits>
 
-#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/device_util.cuh"
@@ -31,11 +32,19 @@ namespace seam::cuda {
 
 namespace {
 
+constexpr int kWarpBlock = 256;  // warp path: 8 warps (rows in flight) per block
+constexpr int kWarps = kWarpBlock / 32;
 constexpr int kRowBlock = 512;   // block path
-constexpr int kMaxRowDim = 1024;  // row path (ln_rows, ln_grad_rows) up to here
+constexpr int kMaxWarpDim = 1024;
 
-// Rows in registers: a lane holds N values of its row in N / V packs of V neighbouring
-// values (their places: RowGroup). V = 1 reads one value at
+// Eight 16-bit values: one 16-byte load, as a float4 is for f32.
+template <class T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+// Rows in registers: a lane holds N values of its row, N / V packs of V neighbouring
+// values, pack p of lane l at columns (l + 32 p) V ... + V - 1. V = 1 reads one value at
 // a time; V = kVec<T> (4 f32 or 8 16-bit values) reads 16 bytes at a time, where the row
 // length is a multiple of V and every operand is 16-byte aligned: a warp then has a whole
 // row's loads in flight at once instead of 2 bytes a lane.
@@ -97,164 +106,68 @@ __device__ __forceinline__ void store_pack(S* __restrict__ p, const float (&in)[
 
 // ---- forward ----
 
-// Rows of up to 1024 (the row path): a group of W = ceil(D / 256) warps per row, each lane
-// N <= 8 values of it (N / V packs of V neighbouring values, pack p of the group's lane l
-// at columns (l + 32 W p) V ... + V - 1). A lane's share of the row, of gamma and beta
-// and, in the backward, of the column sums then fits in registers with room for many
-// warps an SM: with the whole row a warp's (24 values a lane at D = 768) an SM held 16 to
-// 24 warps and each waited on its own long chains. A block holds `groups` rows in flight.
-constexpr int kMaxGroups = 16;
-
-// The lane's place in its row group, the group's place in the block.
-template <int W>
-struct RowGroup {
-  int lane, group;
-  __device__ RowGroup() : lane(threadIdx.x % (32 * W)), group(threadIdx.x / (32 * W)) {}
-  __device__ int col(int p) const { return lane + 32 * W * p; }  // pack p's index along the row
-};
-
-// Sums over the row group's W warps of K values each warp has summed already: lane 0 of
-// each writes its own into slot ([K][W] floats, this row's parity: a warp may run one
-// row ahead), the group meets at its own named barrier, every lane adds the W values in
-// warp order: the same floats in every warp of the group.
-template <int W, int K>
-__device__ __forceinline__ void group_sum(float (&v)[K], float* slot, int group) {
-  if constexpr (W > 1) {
-    const int w = threadIdx.x / 32 % W;
-    if (threadIdx.x % 32 == 0)
-#pragma unroll
-      for (int k = 0; k < K; ++k) slot[k * W + w] = v[k];
-    asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(32 * W) : "memory");
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float t = 0.f;
-#pragma unroll
-      for (int i = 0; i < W; ++i) t += slot[k * W + i];
-      v[k] = t;
-    }
-  }
-}
-
-// A warp's rows, read kAhead rows ahead of their use. With 16-byte packs (V > 1) each lane
-// copies its own packs into its own slots of shared memory (cp.async): no lane waits on
-// another, and no registers hold the rows in flight, so an SM keeps several rows a warp in
-// flight at the occupancy of a few registers. Rows of no 16-byte packs (V = 1) are read
-// where used. Arrays: x (and dy, dr in the backward).
-constexpr int kAhead = 4;
-
-template <int V, int kPacks, int kArrays, class T>
-struct Staged {
-  static constexpr int kWords = V > 1 ? kAhead * kArrays * kPacks * 32 : 0;  // 16-byte words a warp
-  static constexpr int kStage = kArrays * kPacks * 32;
-  uint4* slots;  // this lane's first of its warp's [kAhead][kArrays][kPacks][32]
-  __device__ explicit Staged(uint4* warp_slots) : slots(warp_slots + (threadIdx.x & 31)) {}
-  __device__ uint4* at(int stage, int a, int p) const { return slots + stage * kStage + (a * kPacks + p) * 32; }
-  __device__ void fetch(int stage, int a, int p, const T* g) const {
-    if constexpr (V > 1) cp16(at(stage, a, p), g, true);
-  }
-  __device__ void take(int stage, int a, int p, const T* g, float (&out)[V]) const {
-    if constexpr (V > 1) {
-      RawPack<V, T> raw;
-      raw.w[0] = *at(stage, a, p);
-      raw.to(out);
-    } else {
-      load_pack<1>(g, out);
-    }
-  }
-};
-
-template <int W, int N, int V, class T, class P>
-__global__ void __launch_bounds__(512)
-    ln_rows(const T* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, T* __restrict__ y,
+template <int N, int V, class T, class P>
+__global__ void __launch_bounds__(kWarpBlock)
+    ln_warp(const T* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, T* __restrict__ y,
             float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int dim, double eps) {
-  static_assert(N % V == 0 && (W == 1 || N <= 8));
-  constexpr bool kHold = N <= 8;  // gamma and beta in registers, else read (from L1) each row
+  static_assert(N % V == 0);
   constexpr int kPacks = N / V;
-  using Rows = Staged<V, kPacks, 1, T>;
-  extern __shared__ uint4 stage_words[];  // [warps][Rows::kWords]
-  __shared__ float slots[kMaxGroups][2][2][W];  // [group][row parity][mean, variance][warp]
-  const RowGroup<W> rg;
-  const Rows staged(stage_words + (threadIdx.x >> 5) * Rows::kWords);
-  const int groups = blockDim.x / (32 * W);
-  const int64_t stride = int64_t{gridDim.x} * groups;
-  float g[kHold ? kPacks : 1][V], b[kHold ? kPacks : 1][V];  // the lane's columns are the same in every row
-  if constexpr (kHold)
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = int64_t{gridDim.x} * (blockDim.x >> 5);
+  RawPack<V, T> next[kPacks];  // the warp's next row, loaded while this one is computed
+  auto fetch = [&](int64_t r) {
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
-      const int j = rg.col(p) * V;
-      if (j < dim) {
-        load_pack<V>(gamma + j, g[p]);
-        load_pack<V>(beta + j, b[p]);
-      }
+      const int j = (lane + 32 * p) * V;
+      if (j < dim) next[p].load(x + r * dim + j);
     }
-  // Rows by their first element's offset: the group's rows are `step` elements apart.
-  const int64_t step = stride * dim;
-  auto fetch = [&](int64_t r, int64_t off, int stage) {  // a copy group every time: cp_wait counts them
-    if (r < rows)
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) {
-        const int j = rg.col(p) * V;
-        if (j < dim) staged.fetch(stage, 0, p, x + off + j);
-      }
-    if constexpr (V > 1) cp_commit();
   };
-  int64_t r = blockIdx.x * int64_t{groups} + rg.group, off = r * dim;
-#pragma unroll
-  for (int k = 0; k + 1 < kAhead; ++k) fetch(r + k * stride, off + k * step, k);
-  for (int it = 0; r < rows; r += stride, off += step, ++it) {
-    const int stage = it % kAhead;
-    fetch(r + (kAhead - 1) * stride, off + (kAhead - 1) * step, (it + kAhead - 1) % kAhead);
-    if constexpr (V > 1) cp_wait<kAhead - 1>();
-    float* slot = slots[rg.group][it & 1][0];
+  int64_t r = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5);
+  if (r < rows) fetch(r);
+  for (; r < rows; r += stride) {
     float v[kPacks][V];
-    float s[1] = {0.f};
+    float s = 0.f;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
-      const int j = rg.col(p) * V;
-      if (j < dim) staged.take(stage, 0, p, x + off + j, v[p]);
+      const int j = (lane + 32 * p) * V;
+      if (j < dim) next[p].to(v[p]);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         if (j >= dim) v[p][i] = 0.f;
-        s[0] += v[p][i];
+        s += v[p][i];
       }
     }
-    s[0] = warp_sum(s[0]);
-    group_sum<W>(s, slot, rg.group);
-    const float mean = s[0] / static_cast<float>(dim);
-    float sq[1] = {0.f};
+    if (r + stride < rows) fetch(r + stride);
+    const float mean = warp_sum(s) / static_cast<float>(dim);
+    float sq = 0.f;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
-      const int j = rg.col(p) * V;
+      const int j = (lane + 32 * p) * V;
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         v[p][i] = j < dim ? v[p][i] - mean : 0.f;
-        sq[0] += v[p][i] * v[p][i];
+        sq += v[p][i] * v[p][i];
       }
     }
-    sq[0] = warp_sum(sq[0]);
-    group_sum<W>(sq, slot + W, rg.group);
-    const float var = sq[0] / static_cast<float>(dim);
+    const float var = warp_sum(sq) / static_cast<float>(dim);
     const float rstd = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
-    T* yr = y + off;
+    T* yr = y + r * dim;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
-      const int j = rg.col(p) * V;
+      const int j = (lane + 32 * p) * V;
       if (j >= dim) continue;
-      const int q = kHold ? p : 0;
-      if constexpr (!kHold) {
-        load_pack<V>(gamma + j, g[0]);
-        load_pack<V>(beta + j, b[0]);
-      }
+      float g[V], b[V];
+      load_pack<V>(gamma + j, g);
+      load_pack<V>(beta + j, b);
 #pragma unroll
-      for (int i = 0; i < V; ++i) v[p][i] = fmaf(v[p][i] * rstd, g[q][i], b[q][i]);
+      for (int i = 0; i < V; ++i) v[p][i] = fmaf(v[p][i] * rstd, g[i], b[i]);
       store_pack<V>(yr + j, v[p]);
     }
-    if (rg.lane == 0) {
+    if (lane == 0) {
       mean_out[r] = mean;
       rstd_out[r] = rstd;
     }
   }
-  if constexpr (V > 1) cp_wait<0>();  // copies past the last row are none, but leave no group behind
 }
 
 // One block per row; the row loop is block-uniform, so every thread meets the barriers
@@ -296,106 +209,94 @@ __global__ void __launch_bounds__(kRowBlock)
 // (x - mean) * rstd in double and every column sum accumulates in double, as the CPU
 // does; the row sums of dx stay in f32.
 
-// Rows of up to 1024: dx by a row group (W warps, as in ln_rows), the row's dy * gamma
-// and xhat held in registers between the row sums and the write. With dr
-// (sum_into_norm_grads), dx = the layer norm's own input gradient + dr, added in float and
-// stored once; dr is loaded with x and dy, so that a row waits on memory once.
-// S column sums come from the same read: dgamma (dy * xhat), dbeta (dy) and, with S = 3,
-// dx as stored (dx_sums: a linear layer's bias gradient). A lane adds its rows' terms in
-// float in registers (its columns are the same in every row); at the end each group puts
-// its sums in shared memory ([groups][S][D]) and the block adds them in group order, in
-// double, into its slice of partial ([blocks][S][D]): the same sums every run.
-template <int W, int N, int V, int S, class T, class P>
-__global__ void __launch_bounds__(512, 2)
-    ln_grad_rows(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-                 const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
-                 T* __restrict__ dx, double* __restrict__ partial, int64_t rows, int dim) {
-  static_assert(N % V == 0 && N <= 8 && S >= 2 && S <= 3);
+// Rows of up to 1024: dx by a warp per row, the row's dy * gamma and xhat held in
+// registers between the row sums and the write. With dr (sum_into_norm_grads), dx = the
+// layer norm's own input gradient + dr, added in float and stored once; dr is loaded with
+// x and dy, so that a row waits on memory once.
+// S > 0 (N <= kMaxColsN): S column sums come from the same read: dgamma (dy * xhat),
+// dbeta (dy) and, with S = 3, dx as stored (dx_sums: a linear layer's bias gradient).
+// Each warp adds its rows' terms in float into its own slice of shared memory ([warp][S]
+// [N][32], value i of pack p of lane l at [p V + i][l]: a warp's 32 accesses fall in 32
+// banks; a column only ever touched by the lane that owns it: no barrier until the end),
+// then the block adds its warps' slices in warp order, in double, into its slice of
+// partial ([blocks][S][D]). Without column sums (wider rows) ln_grad_params reads dy and x
+// a second time. S > 0 asks for two blocks an SM (16 rows in flight).
+constexpr int kMaxColsN = 24;
+template <int N, int V, int S, class T, class P>
+__global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
+    ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+               const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
+               T* __restrict__ dx, double* __restrict__ partial, int64_t rows, int dim) {
+  static_assert(N % V == 0);
+  static_assert(S == 0 || (S >= 2 && S <= 3 && N <= kMaxColsN));
   constexpr int kPacks = N / V;
-  using Rows = Staged<V, kPacks, 3, T>;  // x, dy, dr
-  // [warps][Rows::kWords] 16-byte words, then (V > 1) [warps][kAhead][mean, rstd][32]
-  // floats; once the rows are done, the groups' column sums [groups][S][dim] floats.
-  extern __shared__ uint4 stage_words[];
-  __shared__ float slots[kMaxGroups][2][2][W];  // [group][row parity][g, g xhat][warp]
-  const RowGroup<W> rg;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  const Rows staged(stage_words + warp * Rows::kWords);
-  float* stats = reinterpret_cast<float*>(stage_words + warps * Rows::kWords) + warp * (kAhead * 2 * 32) + lane;
-  const int groups = blockDim.x / (32 * W);
-  const int64_t stride = int64_t{gridDim.x} * groups;
-  float sums[S][kPacks][V];
-#pragma unroll
-  for (int p = 0; p < kPacks; ++p)
-#pragma unroll
-    for (int i = 0; i < V; ++i)
-#pragma unroll
-      for (int k = 0; k < S; ++k) sums[k][p][i] = 0.f;
-  const int64_t step = stride * dim;  // elements between the group's rows
-  auto fetch = [&](int64_t r, int64_t off, int stage) {  // a copy group every time: cp_wait counts them
-    if constexpr (V > 1) {
-      if (r < rows) {
-#pragma unroll
-        for (int p = 0; p < kPacks; ++p) {
-          const int j = rg.col(p) * V;
-          if (j >= dim) continue;
-          staged.fetch(stage, 0, p, x + off + j);
-          staged.fetch(stage, 1, p, dy + off + j);
-          if (dr) staged.fetch(stage, 2, p, dr + off + j);
-        }
-        cp4(stats + stage * 64, mean + r, true);
-        cp4(stats + stage * 64 + 32, rstd + r, true);
-      }
-      cp_commit();
-    }
-  };
-  int64_t r = blockIdx.x * int64_t{groups} + rg.group, off = r * dim;
-#pragma unroll
-  for (int k = 0; k + 1 < kAhead; ++k) fetch(r + k * stride, off + k * step, k);
-  for (int it = 0; r < rows; r += stride, off += step, ++it) {
-    const int stage = it % kAhead;
-    fetch(r + (kAhead - 1) * stride, off + (kAhead - 1) * step, (it + kAhead - 1) % kAhead);
-    float m, s;
-    if constexpr (V > 1) {
-      cp_wait<kAhead - 1>();
-      m = stats[stage * 64];
-      s = stats[stage * 64 + 32];
-    } else {
-      m = mean[r];
-      s = rstd[r];
-    }
-    float g[kPacks][V], xh[kPacks][V];
-    float row[2] = {0.f, 0.f};  // sums of g and of g xhat
+  extern __shared__ float cols[];  // S > 0: [kWarps][S][N][32]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* mine = cols + warp * (S * N * 32) + lane;  // mine[(s N + p V + i) 32]: sum s of value i of pack p
+  if constexpr (S > 0)
+    for (int k = 0; k < S * N; ++k) mine[k * 32] = 0.f;
+  const int64_t stride = int64_t{gridDim.x} * kWarps;
+  // x, dy, mean and rstd of the warp's next row are loaded while this row is computed
+  // (a warp's rows were otherwise a wait on memory each), dr at the row's start: it is
+  // used last.
+  RawPack<V, T> next_x[kPacks], next_dy[kPacks];
+  float next_m = 0.f, next_s = 0.f;
+  auto fetch = [&](int64_t r) {
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
-      const int j = rg.col(p) * V;
+      const int j = (lane + 32 * p) * V;
       if (j >= dim) continue;
-      staged.take(stage, 0, p, x + off + j, xh[p]);
-      staged.take(stage, 1, p, dy + off + j, g[p]);
-      float gm[V];  // from L1 each row: registers for two blocks an SM
+      next_x[p].load(x + r * dim + j);
+      next_dy[p].load(dy + r * dim + j);
+    }
+    next_m = mean[r];
+    next_s = rstd[r];
+  };
+  int64_t r = blockIdx.x * int64_t{kWarps} + warp;
+  if (r < rows) fetch(r);
+  for (; r < rows; r += stride) {
+    const float m = next_m, s = next_s;
+    float g[kPacks][V], xh[kPacks][V];
+    RawPack<V, T> rd[kPacks];
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j >= dim) continue;
+      next_x[p].to(xh[p]);
+      next_dy[p].to(g[p]);
+      if (dr) rd[p].load(dr + r * dim + j);
+    }
+    if (r + stride < rows) fetch(r + stride);
+    float g_sum = 0.f, gx_sum = 0.f;
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int j = (lane + 32 * p) * V;
+      if (j >= dim) continue;
+      float gm[V];
       load_pack<V>(gamma + j, gm);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         xh[p][i] = (xh[p][i] - m) * s;
-        sums[0][p][i] = fmaf(g[p][i], xh[p][i], sums[0][p][i]);
-        sums[1][p][i] += g[p][i];
+        if constexpr (S > 0) {
+          float* c = mine + (p * V + i) * 32;
+          c[0] = fmaf(g[p][i], xh[p][i], c[0]);
+          c[N * 32] += g[p][i];
+        }
         g[p][i] *= gm[i];
-        row[0] += g[p][i];
-        row[1] += g[p][i] * xh[p][i];
+        g_sum += g[p][i];
+        gx_sum += g[p][i] * xh[p][i];
       }
     }
-    row[0] = warp_sum(row[0]);
-    row[1] = warp_sum(row[1]);
-    group_sum<W>(row, slots[rg.group][it & 1][0], rg.group);
-    const float g_mean = row[0] / static_cast<float>(dim);
-    const float gx_mean = row[1] / static_cast<float>(dim);
-    T* dxr = dx + off;
+    const float g_mean = warp_sum(g_sum) / static_cast<float>(dim);
+    const float gx_mean = warp_sum(gx_sum) / static_cast<float>(dim);
+    T* dxr = dx + r * dim;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
-      const int j = rg.col(p) * V;
+      const int j = (lane + 32 * p) * V;
       if (j >= dim) continue;
       float d[V];
       if (dr) {
-        staged.take(stage, 2, p, dr + off + j, d);
+        rd[p].to(d);
       } else {
 #pragma unroll
         for (int i = 0; i < V; ++i) d[i] = 0.f;
@@ -405,42 +306,81 @@ __global__ void __launch_bounds__(512, 2)
         d[i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
         if constexpr (S == 3) {
           d[i] = to_float(from_float<T>(d[i]));  // the value stored, which the sum adds
-          sums[2][p][i] += d[i];
+          mine[(2 * N + p * V + i) * 32] += d[i];
         }
       }
       store_pack<V>(dxr + j, d);
     }
   }
-  if constexpr (V > 1) cp_wait<0>();
-  __syncthreads();  // the column sums take the rows' shared memory
-  float* cols = reinterpret_cast<float*>(stage_words);
-  float* mine = cols + rg.group * (S * dim);
-#pragma unroll
-  for (int p = 0; p < kPacks; ++p) {
-    const int j = rg.col(p) * V;
-    if (j >= dim) continue;
-#pragma unroll
-    for (int k = 0; k < S; ++k)
-#pragma unroll
-      for (int i = 0; i < V; ++i) mine[k * dim + j + i] = sums[k][p][i];
-  }
-  __syncthreads();
-  double* out = partial + blockIdx.x * (S * int64_t{dim});
-  for (int k = threadIdx.x; k < S * dim; k += blockDim.x) {
-    double sum = 0.0;
-    for (int w = 0; w < groups; ++w) sum += cols[w * (S * dim) + k];  // in group order
-    out[k] = sum;
+  if constexpr (S > 0) {
+    __syncthreads();
+    double* out = partial + blockIdx.x * (S * int64_t{dim});
+    for (int k = threadIdx.x; k < S * N * 32; k += blockDim.x) {
+      const int sum_of = k / (N * 32), e = k / 32 % N, l = k % 32;
+      const int j = (l + 32 * (e / V)) * V + e % V;
+      if (j >= dim) continue;
+      double sum = 0.0;
+      for (int w = 0; w < kWarps; ++w) sum += cols[w * (S * N * 32) + k];  // in warp order: the same sums every run
+      out[sum_of * dim + j] = sum;
+    }
   }
 }
 
-// Shared memory of ln_rows (s = 0) and ln_grad_rows (s column sums) for rows of dim in
-// blocks of `warps`, with V values a pack and N a lane.
-size_t ln_rows_bytes(int warps, int groups, int v, int n, int s, int dim) {
-  if (v == 1) return static_cast<size_t>(groups) * s * static_cast<size_t>(dim) * sizeof(float);
-  const size_t arrays = s == 0 ? 1 : 3;
-  size_t rows = static_cast<size_t>(warps) * kAhead * arrays * (n / v) * 32 * 16;
-  if (s > 0) rows += static_cast<size_t>(warps) * kAhead * 2 * 32 * sizeof(float);
-  return std::max(rows, static_cast<size_t>(groups) * s * static_cast<size_t>(dim) * sizeof(float));
+// Shared memory of ln_grad_dx with s column sums, n values a lane.
+size_t ln_grad_cols_bytes(int s, int n) { return static_cast<size_t>(kWarps) * s * n * 32 * sizeof(float); }
+
+// The chunk blockIdx.y of rows (`chunk` rows each) for 32 * V columns, V neighbouring
+// columns a thread (V > 1: 16-byte loads, where D is a multiple of V: 4 f32 values or 8
+// 16-bit ones): thread row ty adds rows ty, ty + kColRows, ... in double, then thread
+// row 0 adds the kColRows sums in order into partial[chunk][0][j] (dgamma) and
+// partial[chunk][1][j] (dbeta).
+constexpr int kColRows = 8;
+template <int V, class T>
+__global__ void __launch_bounds__(32 * kColRows)
+    ln_grad_params(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+                   const float* __restrict__ rstd, double* __restrict__ partial, int64_t rows, int64_t dim,
+                   int64_t chunk) {
+  static_assert(V == 1 || V == kVec<T>);
+  using Vec = std::conditional_t<V == 1, T, std::conditional_t<std::is_same_v<T, float>, float4, Pack8<T>>>;
+  __shared__ double sums[2][V][kColRows][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = (blockIdx.x * int64_t{32} + tx) * V;
+  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  double acc_g[V] = {}, acc_b[V] = {};
+  if (j < dim) {
+#pragma unroll 4
+    for (int64_t r = r0 + ty; r < r1; r += kColRows) {
+      const Vec dv = *reinterpret_cast<const Vec*>(dy + r * dim + j);
+      const Vec xv = *reinterpret_cast<const Vec*>(x + r * dim + j);
+      const double m = mean[r], s = rstd[r];
+      const T* d = reinterpret_cast<const T*>(&dv);
+      const T* xs = reinterpret_cast<const T*>(&xv);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float dj = to_float(d[v]);
+        acc_g[v] += static_cast<double>(dj) * ((static_cast<double>(to_float(xs[v])) - m) * s);
+        acc_b[v] += dj;
+      }
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    sums[0][v][ty][tx] = acc_g[v];
+    sums[1][v][ty][tx] = acc_b[v];
+  }
+  __syncthreads();
+  if (ty != 0 || j >= dim) return;
+  double* p = partial + blockIdx.y * (2 * dim);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    double sg = 0, sb = 0;
+    for (int k = 0; k < kColRows; ++k) {
+      sg += sums[0][v][k][tx];
+      sb += sums[1][v][k][tx];
+    }
+    p[j + v] = sg;
+    p[dim + j + v] = sb;
+  }
 }
 
 // One block per row (rows blockIdx.x + k * gridDim.x). Thread t owns columns t + i *
@@ -514,126 +454,100 @@ __global__ void __launch_bounds__(kRowBlock)
 
 // ---- preparers ----
 
-// Warps a row group spans (ln_rows, ln_grad_rows): a lane then holds at most 8 values;
-// one where `one_warp` (the forward's choice: a row a warp, up to 32 values a lane).
-int row_warps(int64_t dim, bool one_warp) { return one_warp ? 1 : static_cast<int>((dim + 255) / 256); }
-// Row groups a block holds: 16 warps (the backward's column sums are added a block at a
-// time, so blocks of many rows keep partial short).
-int row_groups(int64_t dim, bool one_warp) { return std::max(16 / row_warps(dim, one_warp), 1); }
+// Calls f(std::integral_constant<int, N>{}) for the register-row width N = lane_groups.
+template <class F>
+void with_lane_groups(int n, F&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 12: f(std::integral_constant<int, 12>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 24: f(std::integral_constant<int, 24>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
+  }
+}
 
-// Calls f(W, N, V) (std::integral_constant<int, ...>) for rows of dim (<= 1024): W warps
-// a row, N values a lane (8 past one warp; else 1, 2, 4 or 8, with kOneWarp lane_groups'
-// sizes up to 32, rounded up to a pack where `vec`), in packs of V: 16 bytes where `vec`,
-// else one value.
-template <class T, bool kOneWarp, class F>
-void with_rows(int64_t dim, bool vec, F&& f) {
-  using std::integral_constant;
-  auto go = [&](auto w, auto n) {
-    if constexpr (decltype(n)::value % kVec<T> == 0) {
-      if (vec) return f(w, n, integral_constant<int, kVec<T>>{});
+// The warp kernels at N values a lane (lane_groups), in packs of 16 bytes where `vec`
+// (N then rounded up to a multiple of the pack: 12 -> 16 for 16-bit values), else one
+// value at a time.
+template <class T, class F>
+void with_packs(int n, bool vec, F&& f) {
+  auto go = [&](auto w) {
+    constexpr int kN = decltype(w)::value;
+    if constexpr (kN % kVec<T> == 0) {
+      if (vec) return f(std::integral_constant<int, kN>{}, std::integral_constant<int, kVec<T>>{});
     }
-    f(w, n, integral_constant<int, 1>{});
+    f(std::integral_constant<int, kN>{}, std::integral_constant<int, 1>{});
   };
-  constexpr integral_constant<int, 1> one;
-  if constexpr (kOneWarp) {
-    int n = lane_groups(dim);
-    if (vec && n % kVec<T> != 0) n = n < kVec<T> ? kVec<T> : n + kVec<T> - n % kVec<T>;
-    switch (n) {
-      case 1: return go(one, integral_constant<int, 1>{});
-      case 2: return go(one, integral_constant<int, 2>{});
-      case 4: return go(one, integral_constant<int, 4>{});
-      case 8: return go(one, integral_constant<int, 8>{});
-      case 12: return go(one, integral_constant<int, 12>{});
-      case 16: return go(one, integral_constant<int, 16>{});
-      case 24: return go(one, integral_constant<int, 24>{});
-      default: return go(one, integral_constant<int, 32>{});
-    }
-  } else {
-    switch (row_warps(dim, false)) {
-      case 2: return go(integral_constant<int, 2>{}, integral_constant<int, 8>{});
-      case 3: return go(integral_constant<int, 3>{}, integral_constant<int, 8>{});
-      case 4: return go(integral_constant<int, 4>{}, integral_constant<int, 8>{});
-      default: break;
-    }
-    int n = dim <= 32 ? 1 : dim <= 64 ? 2 : dim <= 128 ? 4 : 8;
-    if (vec) n = std::max(n, kVec<T>);
-    switch (n) {
-      case 1: return go(one, integral_constant<int, 1>{});
-      case 2: return go(one, integral_constant<int, 2>{});
-      case 4: return go(one, integral_constant<int, 4>{});
-      default: return go(one, integral_constant<int, 8>{});
-    }
-  }
+  if (vec && n % kVec<T> != 0) n = n < kVec<T> ? kVec<T> : n + kVec<T> - n % kVec<T>;
+  with_lane_groups(n, go);
 }
 
-// Allows a kernel its shared memory and returns its blocks resident on an SM (at least 1).
-template <class K>
-int resident_blocks(K kernel, int threads, size_t bytes) {
-  SEAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  int n = 0;
-  SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, bytes));
-  return std::max(n, 1);
+template <class T, class P>
+void launch_ln_warp(cudaStream_t st, unsigned blocks, int n, bool vec, const T* x, const P* gamma, const P* beta, T* y,
+                    float* mean, float* rstd, int64_t rows, int dim, double eps) {
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    ln_warp<decltype(nv)::value, decltype(vv)::value>
+        <<<blocks, kWarpBlock, 0, st>>>(x, gamma, beta, y, mean, rstd, rows, dim, eps);
+  });
+  SEAM_CUDA_LAUNCH_CHECK();
 }
 
-// ln_rows for rows of dim: its block, its blocks resident on an SM (call before launch:
-// it allows the kernel its shared memory), its launch.
+// Blocks of ln_warp resident on an SM, for n values a lane.
 template <class T, class P>
-struct LnRows {
-  int64_t dim;
-  bool vec, one_warp;
-  int threads() const { return 32 * row_warps(dim, one_warp) * row_groups(dim, one_warp); }
-  template <class F>
-  void with_kernel(F&& f) const {
-    auto go = [&](auto w, auto nv, auto v) {
-      constexpr int kW = decltype(w)::value, kN = decltype(nv)::value, kV = decltype(v)::value;
-      f(ln_rows<kW, kN, kV, T, P>, ln_rows_bytes(threads() / 32, 0, kV, kN, 0, 0));
-    };
-    if (one_warp) with_rows<T, true>(dim, vec, go);
-    else with_rows<T, false>(dim, vec, go);
-  }
-  int resident() const {
-    int n = 1;
-    with_kernel([&](auto kernel, size_t bytes) { n = resident_blocks(kernel, threads(), bytes); });
-    return n;
-  }
-  void launch(cudaStream_t st, unsigned blocks, const T* x, const P* gamma, const P* beta, T* y, float* mean,
-              float* rstd, int64_t rows, double eps) const {
-    with_kernel([&](auto kernel, size_t bytes) {
-      kernel<<<blocks, threads(), bytes, st>>>(x, gamma, beta, y, mean, rstd, rows, static_cast<int>(dim), eps);
-    });
-    SEAM_CUDA_LAUNCH_CHECK();
-  }
-};
+int ln_warp_resident(int n, bool vec) {
+  int resident = 0;
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &resident, ln_warp<decltype(nv)::value, decltype(vv)::value, T, P>, kWarpBlock, 0));
+  });
+  return std::max(resident, 1);
+}
 
-// ln_grad_rows with s column sums (2, 3 with dx's) for rows of dim, as LnRows.
+// Blocks of ln_grad_dx with S column sums resident on an SM, for n values a lane (their
+// shared memory allowed first); 0 where the row is too wide for them.
 template <class T, class P>
-struct LnGradRows {
-  int64_t dim;
-  bool vec;
-  int s;
-  int threads() const { return 32 * row_warps(dim, false) * row_groups(dim, false); }
-  template <class F>
-  void with_kernel(F&& f) const {
-    with_rows<T, false>(dim, vec, [&](auto w, auto nv, auto v) {
-      constexpr int kW = decltype(w)::value, kN = decltype(nv)::value, kV = decltype(v)::value;
-      const size_t bytes = ln_rows_bytes(threads() / 32, row_groups(dim, false), kV, kN, s, static_cast<int>(dim));
-      if (s == 3) f(ln_grad_rows<kW, kN, kV, 3, T, P>, bytes);
-      else f(ln_grad_rows<kW, kN, kV, 2, T, P>, bytes);
-    });
-  }
-  int resident() const {
-    int n = 1;
-    with_kernel([&](auto kernel, size_t bytes) { n = resident_blocks(kernel, threads(), bytes); });
-    return n;
-  }
-  void launch(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean, const float* rstd,
-              const P* gamma, const T* dr, T* dx, double* partial, int64_t rows) const {
-    with_kernel([&](auto kernel, size_t bytes) {
-      kernel<<<blocks, threads(), bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, static_cast<int>(dim));
-    });
-    SEAM_CUDA_LAUNCH_CHECK();
-  }
-};
+int ln_grad_cols_resident(int n, bool vec, int s) {
+  int resident = 0;
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
+    if constexpr (kN <= kMaxColsN) {
+      auto occupancy = [&](auto kernel) {
+        const size_t bytes = ln_grad_cols_bytes(s, kN);
+        SEAM_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+        SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWarpBlock, bytes));
+      };
+      if (s == 3) occupancy(ln_grad_dx<kN, kV, 3, T, P>);
+      else occupancy(ln_grad_dx<kN, kV, 2, T, P>);
+    }
+  });
+  return resident;
+}
+
+// sums: the column sums ln_grad_dx adds into partial (2, 3 with dx's), or 0.
+template <class T, class P>
+void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const T* dy, const T* x, const float* mean,
+                       const float* rstd, const P* gamma, const T* dr, T* dx, double* partial, int sums,
+                       int64_t rows, int dim) {
+  with_packs<T>(n, vec, [&](auto nv, auto vv) {
+    constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
+    if constexpr (kN <= kMaxColsN) {
+      if (sums > 0) {
+        const size_t bytes = ln_grad_cols_bytes(sums, kN);
+        if (sums == 3)
+          ln_grad_dx<kN, kV, 3><<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        else
+          ln_grad_dx<kN, kV, 2><<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        return;
+      }
+    }
+    ln_grad_dx<kN, kV, 0><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, nullptr, rows, dim);
+  });
+  SEAM_CUDA_LAUNCH_CHECK();
+}
 
 template <int M, class T, class P>
 void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean,
@@ -686,14 +600,16 @@ Launch prepare_layer_norm(const StepArgs& a) {
     const P* gamma = a.in[1].as<P>();
     const P* beta = a.in[2].as<P>();
     T* y = a.out[0].as<T>();
-    if (dim <= kMaxRowDim) {
+    if (dim <= kMaxWarpDim) {
+      const int d = static_cast<int>(dim);
+      const int n = lane_groups(dim);
       const bool vec = dim % kVec<T> == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
-      // One wave of resident blocks, each row group over several rows: its next row loads
+      // One wave of resident blocks, each warp over several rows: its next row loads
       // while this one is computed, where a second wave would start with a wait.
-      const bool one_warp = false;  // a row a warp (up to 32 values a lane): measured against row groups
-      const LnRows<T, P> k{dim, vec, one_warp};
-      const unsigned blocks = blocks_for(rows, row_groups(dim, one_warp), sms * k.resident());
-      launch = [=](cudaStream_t st) { k.launch(st, blocks, x, gamma, beta, y, mean, rstd, rows, eps); };
+      const unsigned blocks = blocks_for(rows, kWarps, sms * ln_warp_resident<T, P>(n, vec));
+      launch = [=](cudaStream_t st) {
+        launch_ln_warp(st, blocks, n, vec, x, gamma, beta, y, mean, rstd, rows, d, eps);
+      };
       return;
     }
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{sms} * 4));
@@ -726,17 +642,27 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     // Blocks (and so partial slices) fixed here: the summation order is the same every
     // run. With no rows the kernels still run: they write zero partials, so dgamma =
     // dbeta = 0.
-    const bool row_path = dim <= kMaxRowDim;
-    // Row path: every column sum in the dx kernel (3 with dx's), one slice a block, as many
-    // blocks as stay resident. Block path: a slice per block, blocks as rows up to 2 an
-    // SM; dx's sums are then a sum step's over the dx written.
+    const bool warp_path = dim <= kMaxWarpDim;
+    // Warp path: chunks of rows until about eight column blocks an SM, each chunk at
+    // least 32 * V rows (4 * V a thread: shorter chunks' partials cost more than their
+    // extra blocks gain). Block path: a slice per block, blocks as rows up to 2 an SM.
+    // Column sums in the dx kernel (ln_grad_dx's S): one slice a block, as many blocks
+    // as stay resident; elsewhere dx's sums are a sum step's over the dx written.
     constexpr int kV = kVec<T>;
-    const bool vec = dim % kV == 0 && aligned16(dy) && aligned16(x) && aligned16(gamma) && aligned16(dx) &&
-                     (!dr || aligned16(dr));
-    const int in_kernel = row_path && dx_sums ? 3 : 2;  // column sums in partial's slices
-    const LnGradRows<T, P> k{dim, vec, in_kernel};
-    const int64_t parts = row_path ? blocks_for(rows, row_groups(dim, false), sms * k.resident())
-                                   : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
+    const int vec = dim % kV == 0 && aligned16(dy) && aligned16(x) ? kV : 1;
+    const bool vec_dx = vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr));
+    const int n = warp_path ? lane_groups(dim) : 0;
+    const int cols_resident = warp_path ? ln_grad_cols_resident<T, P>(n, vec_dx, dx_sums ? 3 : 2) : 0;
+    const int in_kernel = cols_resident > 0 ? (dx_sums ? 3 : 2) : 2;  // column sums in partial's slices
+    const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
+    const int64_t chunks =
+        cols_resident > 0 ? std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, int64_t{sms} * cols_resident)
+        : warp_path       ? std::clamp<int64_t>((int64_t{sms} * 8 + col_tiles - 1) / col_tiles, 1,
+                                                std::max<int64_t>((rows + 32 * vec - 1) / (32 * vec), 1))
+                          : std::clamp<int64_t>(rows, 1, int64_t{sms} * 2);
+    const int64_t chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
+    const bool col_kernel = warp_path && cols_resident == 0;  // ln_grad_params' chunks
+    const int parts = static_cast<int>(col_kernel ? std::max<int64_t>((rows + chunk - 1) / chunk, 1) : chunks);
     auto* partial = static_cast<double*>(
         a.ctx.scratch(static_cast<size_t>(parts) * in_kernel * static_cast<size_t>(dim) * sizeof(double)));
     PartialSums sums;
@@ -747,21 +673,39 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
       sums.scale[i] = 1.0;
     }
     sums.outputs = in_kernel;
-    sums.chunks = static_cast<int>(parts);
+    sums.chunks = parts;
     sums.kept = dim;
+    const dim3 col_block(32, kColRows);
     const auto blocks = static_cast<unsigned>(parts);
-    if (row_path) {
+    // dx's sums where the kernel adds none: the sum step's reduction over dx as written.
+    Launch dx_sum = dx_sums && in_kernel == 2
+                        ? prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
+                                          {DeviceTensor{a.out[0].data, TensorType{a.out[0].dtype(), {rows, dim}}}}, {a.out[3]})
+                        : Launch([](cudaStream_t) {});
+    if (warp_path && cols_resident > 0) {
+      const int d = static_cast<int>(dim);
       launch = [=](cudaStream_t st) {
-        k.launch(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows);
+        launch_ln_grad_dx(st, blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, partial, in_kernel, rows, d);
         add_partials(sums, st);
       };
       return;
     }
-    // dx's sums: the sum step's reduction over dx as written.
-    Launch dx_sum = dx_sums
-                        ? prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
-                                          {DeviceTensor{a.out[0].data, TensorType{a.out[0].dtype(), {rows, dim}}}}, {a.out[3]})
-                        : Launch([](cudaStream_t) {});
+    if (warp_path) {
+      const int d = static_cast<int>(dim);
+      const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
+      const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
+      launch = [=](cudaStream_t st) {
+        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, nullptr, 0, rows, d);
+        dx_sum(st);
+        if (vec > 1)
+          ln_grad_params<kV><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+        else
+          ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+        SEAM_CUDA_LAUNCH_CHECK();
+        add_partials(sums, st);
+      };
+      return;
+    }
     const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
     launch = [=](cudaStream_t st) {
       if (per_thread <= 4) launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
