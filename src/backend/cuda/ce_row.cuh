@@ -119,13 +119,11 @@ struct WarpGroup {
   __device__ int64_t first() const { return blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); }
   __device__ int64_t stride() const { return int64_t{gridDim.x} * (blockDim.x >> 5); }
   __device__ float sum(float v) const { return warp_sum(v); }
-  __device__ float max(float v) const { return warp_max(v); }
-  template <bool WithSum, bool Find>
-  __device__ void sums(float& s, float& z, int& i) const { warp_sums<WithSum, Find>(s, z, i); }
   template <bool Find>
   __device__ void lse(float& m, float& s, int64_t& i) const { warp_lse<Find>(m, s, i); }
 };
 
+// Rows staged in shared memory (Staged) are a block's: only BlockGroup has max and sums.
 struct BlockGroup {
   __device__ int rank() const { return threadIdx.x; }
   __device__ int size() const { return blockDim.x; }
