@@ -80,7 +80,8 @@ TEST(Chunk, TheOutputLayerInChunksMatchesItWhole) {
     EXPECT_LT(part.plan.arena_bytes, arena);
     arena = part.plan.arena_bytes;
     EXPECT_EQ(part.counts, whole.counts);
-    for (size_t s = 0; s < whole.losses.size(); ++s) EXPECT_NEAR(part.losses[s], whole.losses[s], 1e-5 * whole.losses[s]);
+    for (size_t s = 0; s < whole.losses.size(); ++s)
+      EXPECT_NEAR(part.losses[s], whole.losses[s], 1e-5 * whole.losses[s]);
     // By each tensor's relative L2 error: Adam's step turns a gradient of rounding noise
     // (a bias whose gradient is near 0) into a full step either way. The key third of the
     // qkv projection's bias is left out: its gradient is 0 in exact arithmetic (a key bias
@@ -202,9 +203,9 @@ TEST(Chunk, MatmulAddsItsAddend) {
     double want_total = 0;
     for (int i = 0; i < 5; ++i)
       for (int j = 0; j < 3; ++j) {
-        EXPECT_NEAR(st[static_cast<size_t>(j * 5 + i)], zs[static_cast<size_t>(i * 3 + j)] + cv[static_cast<size_t>(i * 3 + j)],
-                    tol * 4) << i << "," << j;
-        want_total += zs[static_cast<size_t>(i * 3 + j)] + cv[static_cast<size_t>(i * 3 + j)];
+        const double want = zs[static_cast<size_t>(i * 3 + j)] + cv[static_cast<size_t>(i * 3 + j)];
+        EXPECT_NEAR(st[static_cast<size_t>(j * 5 + i)], want, tol * 4) << i << "," << j;
+        want_total += want;
       }
     EXPECT_NEAR(tp.read_as<float>(total.name())[0], want_total, tol * 20);
   }

@@ -83,7 +83,8 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
                               .col_sums = dgelu || sums_a ? sums_at : std::function<float*()>()});
   std::mt19937 rng(seed);
   for (int round = 0; round < 2; ++round) {
-    const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f), hbias = random_bf16(n, rng, 2.0f);
+    const auto ha = random_bf16(m * k, rng, 1.0f), hb = random_bf16(n * k, rng, 1.0f);
+    const auto hbias = random_bf16(n, rng, 2.0f);
     ASSERT_EQ(cudaMemcpy(a.p, (a_km ? transposed(ha, m, k) : ha).data(), m * k * 2, cudaMemcpyHostToDevice),
               cudaSuccess);
     ASSERT_EQ(cudaMemcpy(b.p, (b_kn ? transposed(hb, n, k) : hb).data(), n * k * 2, cudaMemcpyHostToDevice),

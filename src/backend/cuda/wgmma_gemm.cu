@@ -405,7 +405,8 @@ CUtensorMap tensor_map(const void* p, int64_t rows, int64_t cols, uint32_t box_r
   const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p), dims, strides, box,
                                steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail("cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a [", rows, ", ", cols, "] matrix");
+  if (r != CUDA_SUCCESS)
+    fail("cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a [", rows, ", ", cols, "] matrix");
   return map;
 }
 
