@@ -87,10 +87,13 @@ __device__ __forceinline__ void load_pack(const S* __restrict__ p, float (&out)[
   raw.to(out);
 }
 
-template <int V, class S>
-__device__ __forceinline__ void store_pack(S* __restrict__ p, const float (&in)[V]) {
+// Stores V values as S; with kStored, in[] then holds the values as stored (rounded to S),
+// from the same conversion.
+template <int V, class S, bool kStored = false>
+__device__ __forceinline__ void store_pack(S* __restrict__ p, float (&in)[V]) {
   if constexpr (V == 1) {
     p[0] = from_float<S>(in[0]);
+    if constexpr (kStored) in[0] = to_float(p[0]);
   } else {
     constexpr int kPer16 = 16 / sizeof(S);
 #pragma unroll
@@ -100,8 +103,25 @@ __device__ __forceinline__ void store_pack(S* __restrict__ p, const float (&in)[
 #pragma unroll
       for (int i = 0; i < kPer16; ++i) v[i] = from_float<S>(in[c * kPer16 + i]);
       reinterpret_cast<uint4*>(p)[c] = raw;
+      if constexpr (kStored) {
+#pragma unroll
+        for (int i = 0; i < kPer16; ++i) in[c * kPer16 + i] = to_float(v[i]);
+      }
     }
   }
+}
+
+// Adds to kQ neighbouring floats of shared memory in one load and one store (16 bytes
+// where kQ = 4): f(e, value e).
+template <int kQ, class F>
+__device__ __forceinline__ void update_floats(float* at, F&& f) {
+  static_assert(kQ == 1 || kQ == 4);
+  using Words = std::conditional_t<kQ == 4, float4, float>;
+  Words w = *reinterpret_cast<const Words*>(at);
+  float* v = reinterpret_cast<float*>(&w);
+#pragma unroll
+  for (int e = 0; e < kQ; ++e) f(e, v[e]);
+  *reinterpret_cast<Words*>(at) = w;
 }
 
 // ---- forward ----
@@ -215,12 +235,17 @@ __global__ void __launch_bounds__(kRowBlock)
 // x and dy, so that a row waits on memory once.
 // S > 0 (N <= kMaxColsN): S column sums come from the same read: dgamma (dy * xhat),
 // dbeta (dy) and, with S = 3, dx as stored (dx_sums: a linear layer's bias gradient).
-// Each warp adds its rows' terms in float into its own slice of shared memory ([warp][S]
-// [N][32], value i of pack p of lane l at [p V + i][l]: a warp's 32 accesses fall in 32
-// banks; a column only ever touched by the lane that owns it: no barrier until the end),
-// then the block adds its warps' slices in warp order, in double, into its slice of
-// partial ([blocks][S][D]). Without column sums (wider rows) ln_grad_params reads dy and x
-// a second time. S > 0 asks for two blocks an SM (16 rows in flight).
+// Each warp adds its rows' terms in float into its own slice of shared memory, then the
+// block adds its warps' slices in warp order, in double, into its slice of partial
+// ([blocks][S][D]). A slice is [S][N / Q][32][Q] floats: lane l's values in chunks of Q
+// neighbours (value c Q + e at [c][l][e]), Q = 4 with 16-byte packs (one 16-byte load and
+// store a chunk, a warp's 512 bytes contiguous: no bank conflicts), else 1. A column is
+// only ever touched by the lane that owns it: no barrier until the end. A sum's update
+// costs 3 instructions a chunk instead of 3 a value: the row loop's 1106 -> 962 at D = 768
+// (bf16, with dx's sums); W6's step on an H100 did not change with it (the kernel waits on
+// memory latency there, 16 warps an SM), the H200 at its power cap counts instructions.
+// Without column sums (wider rows) ln_grad_params reads dy and x a second time.
+// S > 0 asks for two blocks an SM (16 rows in flight).
 constexpr int kMaxColsN = 24;
 template <int N, int V, int S, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
@@ -230,11 +255,15 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
   static_assert(N % V == 0);
   static_assert(S == 0 || (S >= 2 && S <= 3 && N <= kMaxColsN));
   constexpr int kPacks = N / V;
-  extern __shared__ float cols[];  // S > 0: [kWarps][S][N][32]
+  constexpr int kQ = V > 1 ? 4 : 1;  // floats of a chunk
+  constexpr int kChunks = N / kQ;    // a sum's chunks a lane
+  extern __shared__ float4 col_words[];  // S > 0: [kWarps][S][kChunks][32][kQ] floats
+  float* cols = reinterpret_cast<float*>(col_words);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float* mine = cols + warp * (S * N * 32) + lane;  // mine[(s N + p V + i) 32]: sum s of value i of pack p
-  if constexpr (S > 0)
-    for (int k = 0; k < S * N; ++k) mine[k * 32] = 0.f;
+  float* mine = cols + warp * (S * N * 32) + lane * kQ;  // sum k's chunk c at mine + (k kChunks + c) 32 kQ
+  if constexpr (S > 0)  // each lane its own chunks: no lane reads what another wrote
+    for (int c = 0; c < S * kChunks; ++c)
+      for (int e = 0; e < kQ; ++e) mine[c * 32 * kQ + e] = 0.f;
   const int64_t stride = int64_t{gridDim.x} * kWarps;
   // x, dy, mean and rstd of the warp's next row are loaded while this row is computed
   // (a warp's rows were otherwise a wait on memory each), dr at the row's start: it is
@@ -275,13 +304,19 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
       float gm[V];
       load_pack<V>(gamma + j, gm);
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        xh[p][i] = (xh[p][i] - m) * s;
-        if constexpr (S > 0) {
-          float* c = mine + (p * V + i) * 32;
-          c[0] = fmaf(g[p][i], xh[p][i], c[0]);
-          c[N * 32] += g[p][i];
+      for (int i = 0; i < V; ++i) xh[p][i] = (xh[p][i] - m) * s;
+      if constexpr (S > 0) {
+#pragma unroll
+        for (int c = p * V / kQ; c < (p + 1) * V / kQ; ++c) {  // the pack's chunks
+          update_floats<kQ>(mine + c * 32 * kQ, [&](int e, float& a) {
+            const int i = (c * kQ + e) % V;
+            a = fmaf(g[p][i], xh[p][i], a);
+          });
+          update_floats<kQ>(mine + (kChunks + c) * 32 * kQ, [&](int e, float& a) { a += g[p][(c * kQ + e) % V]; });
         }
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
         g[p][i] *= gm[i];
         g_sum += g[p][i];
         gx_sum += g[p][i] * xh[p][i];
@@ -302,22 +337,23 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
         for (int i = 0; i < V; ++i) d[i] = 0.f;
       }
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        d[i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
-        if constexpr (S == 3) {
-          d[i] = to_float(from_float<T>(d[i]));  // the value stored, which the sum adds
-          mine[(2 * N + p * V + i) * 32] += d[i];
-        }
+      for (int i = 0; i < V; ++i) d[i] += s * (g[p][i] - g_mean - xh[p][i] * gx_mean);
+      store_pack<V, T, S == 3>(dxr + j, d);  // S = 3: d then holds the values stored, which the sum adds
+      if constexpr (S == 3) {
+#pragma unroll
+        for (int c = p * V / kQ; c < (p + 1) * V / kQ; ++c)
+          update_floats<kQ>(mine + (2 * kChunks + c) * 32 * kQ, [&](int e, float& a) { a += d[(c * kQ + e) % V]; });
       }
-      store_pack<V>(dxr + j, d);
     }
   }
   if constexpr (S > 0) {
     __syncthreads();
     double* out = partial + blockIdx.x * (S * int64_t{dim});
     for (int k = threadIdx.x; k < S * N * 32; k += blockDim.x) {
-      const int sum_of = k / (N * 32), e = k / 32 % N, l = k % 32;
-      const int j = (l + 32 * (e / V)) * V + e % V;
+      // k: sum `sum_of`, chunk c, lane l, element e: the lane's value c kQ + e, of pack v / V
+      const int sum_of = k / (N * 32), c = k % (N * 32) / (32 * kQ), l = k / kQ % 32;
+      const int v = c * kQ + k % kQ;
+      const int j = (l + 32 * (v / V)) * V + v % V;
       if (j >= dim) continue;
       double sum = 0.0;
       for (int w = 0; w < kWarps; ++w) sum += cols[w * (S * N * 32) + k];  // in warp order: the same sums every run
