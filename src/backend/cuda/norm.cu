@@ -92,8 +92,9 @@ __device__ __forceinline__ void load_pack(const S* __restrict__ p, float (&out)[
 template <int V, class S, bool kStored = false>
 __device__ __forceinline__ void store_pack(S* __restrict__ p, float (&in)[V]) {
   if constexpr (V == 1) {
-    p[0] = from_float<S>(in[0]);
-    if constexpr (kStored) in[0] = to_float(p[0]);
+    const S v = from_float<S>(in[0]);
+    p[0] = v;
+    if constexpr (kStored) in[0] = to_float(v);  // from the register, not read back from memory
   } else {
     constexpr int kPer16 = 16 / sizeof(S);
 #pragma unroll
@@ -350,7 +351,7 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
     __syncthreads();
     double* out = partial + blockIdx.x * (S * int64_t{dim});
     for (int k = threadIdx.x; k < S * N * 32; k += blockDim.x) {
-      // k: sum `sum_of`, chunk c, lane l, element e: the lane's value c kQ + e, of pack v / V
+      // k: sum `sum_of`, chunk c, lane l, element k % kQ: the lane's value v, of pack v / V
       const int sum_of = k / (N * 32), c = k % (N * 32) / (32 * kQ), l = k / kQ % 32;
       const int v = c * kQ + k % kQ;
       const int j = (l + 32 * (v / V)) * V + v % V;
