@@ -51,6 +51,18 @@ struct alignas(16) Pack8 {
 template <class T>
 constexpr int kVec = std::is_same_v<T, float> ? 4 : 8;
 
+// The eight bf16 of a 16-byte word as floats. A bf16 is a float's top half: a 32-bit
+// word's low value is the word shifted up, its high value the word masked, one
+// instruction each (the conversion intrinsics take two for the high half).
+__device__ __forceinline__ void bf16_words(const uint4& w, float* out) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(u[i] << 16);
+    out[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+
 // V values of a row as stored, loaded ahead of their use (the next row's, while this one
 // is computed): 16-byte words, or one value where V = 1.
 template <int V, class S>
@@ -71,9 +83,13 @@ struct RawPack {
       constexpr int kPer16 = 16 / sizeof(S);
 #pragma unroll
       for (int c = 0; c < kWords; ++c) {
-        const S* v = reinterpret_cast<const S*>(&w[c]);
+        if constexpr (std::is_same_v<S, bf16_t>) {
+          bf16_words(w[c], out + c * kPer16);
+        } else {
+          const S* v = reinterpret_cast<const S*>(&w[c]);
 #pragma unroll
-        for (int i = 0; i < kPer16; ++i) out[c * kPer16 + i] = to_float(v[i]);
+          for (int i = 0; i < kPer16; ++i) out[c * kPer16 + i] = to_float(v[i]);
+        }
       }
     }
   }
@@ -104,7 +120,9 @@ __device__ __forceinline__ void store_pack(S* __restrict__ p, float (&in)[V]) {
 #pragma unroll
       for (int i = 0; i < kPer16; ++i) v[i] = from_float<S>(in[c * kPer16 + i]);
       reinterpret_cast<uint4*>(p)[c] = raw;
-      if constexpr (kStored) {
+      if constexpr (kStored && std::is_same_v<S, bf16_t>) {
+        bf16_words(raw, in + c * kPer16);
+      } else if constexpr (kStored) {
 #pragma unroll
         for (int i = 0; i < kPer16; ++i) in[c * kPer16 + i] = to_float(v[i]);
       }
