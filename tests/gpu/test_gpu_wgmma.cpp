@@ -63,20 +63,22 @@ void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<doubl
 }
 
 void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int cluster, bool a_km, bool b_kn,
-               unsigned seed) {
+               unsigned seed, bool in_place = false) {
   std::string why;
   const bool sums_a = e == WgmmaEpilogue::sums_a;
   const int64_t sum_rows = sums_a ? seam::cuda::wgmma_gemm_a_sum_rows(m) : seam::cuda::wgmma_gemm_col_sum_rows(m),
                 sum_cols = sums_a ? k : n;
   Buffer a(m * k * 2), b(n * k * 2), d(m * n * 2), aux(m * n * 2), bias(n * 2), sums(sum_rows * sum_cols * 4);
   if (!seam::cuda::wgmma_gemm_fits(m, n, k, a.p, b.p, d.p, aux.p, &why, a_km)) GTEST_SKIP() << why;
-  const bool with_bias = e == WgmmaEpilogue::bias || e == WgmmaEpilogue::bias_gelu_aux,
-             gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu;
+  const bool gelu = e == WgmmaEpilogue::bias_gelu_aux, dgelu = e == WgmmaEpilogue::dgelu,
+             residual = e == WgmmaEpilogue::bias_add, with_bias = e == WgmmaEpilogue::bias || gelu || residual;
+  // bias_add's residual: its own buffer, or D itself (the stream updated in place).
+  void* aux_p = residual && in_place ? d.p : aux.p;
   const std::function<float*()> sums_at = [p = sums.p] { return static_cast<float*>(p); };
   const seam::cuda::Launch run =
       seam::cuda::wgmma_gemm(blocks, m, n, k, a.p, b.p, d.p, e,
                              {.bias = with_bias ? bias.p : nullptr,
-                              .aux = gelu || dgelu ? aux.p : nullptr,
+                              .aux = gelu || dgelu || residual ? aux_p : nullptr,
                               .cluster = cluster,
                               .a_km = a_km,
                               .b_kn = b_kn,
@@ -95,7 +97,12 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
     if (dgelu) {
       ASSERT_EQ(cudaMemcpy(aux.p, hpre.data(), m * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
     }
-    ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
+    if (!(residual && in_place)) {
+      ASSERT_EQ(cudaMemset(d.p, 0xff, m * n * 2), cudaSuccess);  // NaNs wherever nothing is written
+    }
+    if (residual) {  // the residual stream's values
+      ASSERT_EQ(cudaMemcpy(aux_p, hpre.data(), m * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
     ASSERT_EQ(cudaMemset(sums.p, 0xff, sum_rows * sum_cols * 4), cudaSuccess);
     run(nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -106,7 +113,8 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
         for (int64_t x = 0; x < k; ++x)
           s += static_cast<double>(__bfloat162float(ha[i * k + x])) * __bfloat162float(hb[j * k + x]);
         pre[i * n + j] = s;
-        out[i * n + j] = gelu ? gelu_tanh(s) : dgelu ? s * gelu_tanh_grad(__bfloat162float(hpre[i * n + j])) : s;
+        const double aux_value = __bfloat162float(hpre[i * n + j]);
+        out[i * n + j] = gelu ? gelu_tanh(s) : dgelu ? s * gelu_tanh_grad(aux_value) : residual ? s + aux_value : s;
       }
     std::vector<__nv_bfloat16> hd(m * n), haux(m * n);
     ASSERT_EQ(cudaMemcpy(hd.data(), d.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -114,7 +122,12 @@ void check_one(int64_t m, int64_t n, int64_t k, WgmmaEpilogue e, int blocks, int
                              std::to_string(k) + "], " + std::to_string(blocks) + " blocks, clusters of " +
                              std::to_string(cluster) + (a_km ? ", A stored [k, m]" : "") +
                              (b_kn ? ", B stored [k, n]" : "") + ", round " + std::to_string(round);
-    expect_close(hd, out, what + (gelu ? ", gelu" : dgelu ? ", dgelu" : sums_a ? ", sums_a" : ""));
+    const char* epilogue = gelu       ? ", gelu"
+                           : dgelu    ? ", dgelu"
+                           : sums_a   ? ", sums_a"
+                           : residual ? (in_place ? ", residual added in place" : ", residual added")
+                                      : "";
+    expect_close(hd, out, what + epilogue);
     if (gelu) {
       ASSERT_EQ(cudaMemcpy(haux.data(), aux.p, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       expect_close(haux, pre, what + ", record");
@@ -214,6 +227,22 @@ TEST(GpuWgmma, GeluGradientMatchesTheCpu) {
   check(256, 520, 64, WgmmaEpilogue::dgelu, 2, 15);    // one k-slice
 }
 
+// A residual added with the bias (a linear layer's forward onto its residual stream): the
+// residual loaded through the store buffers as DGELU's record is, into D's own buffer or
+// another; one layout (A [m, k], B [n, k]), single blocks and pairs.
+TEST(GpuWgmma, ResidualAddMatchesTheCpu) {
+  const auto one = [](int64_t m, int64_t n, int64_t k, int blocks, unsigned seed) {
+    for (int cluster : {1, 2})
+      for (bool in_place : {false, true})
+        check_one(m, n, k, WgmmaEpilogue::bias_add, blocks, cluster, false, false, seed + 10 * cluster + in_place,
+                  in_place);
+  };
+  one(384, 512, 256, sms(), 20);
+  one(1000, 776, 72, 5, 21);   // ragged rows and columns, several tiles a block
+  one(384, 264, 768, 2, 22);   // 12 k-slices a tile
+  one(256, 520, 64, 2, 23);    // one k-slice a tile
+}
+
 // A data gradient's product with A's column sums (the bias gradient's partials): one
 // column tile (every block sums every slice), three (a third each), ragged rows and
 // columns, one k-slice, several tiles a block.
@@ -253,6 +282,17 @@ TEST(GpuWgmma, ShapesItCannotTakeAreRefusedByReason) {
   const std::string plain_sums = error_of(64, WgmmaEpilogue::none, 1, static_cast<float*>(a.p));
   EXPECT_NE(plain_sums.find("sums columns only with DGELU or sums_a"), std::string::npos) << plain_sums;
   EXPECT_NE(error_of(64, WgmmaEpilogue::sums_a).find("sums A's columns into given partials"), std::string::npos);
+  for (const bool b_kn : {false, true}) {  // no residual given; B stored [k, n]
+    try {
+      seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::bias_add,
+                             {.bias = b.p, .aux = b_kn ? a.p : nullptr, .b_kn = b_kn});
+      ADD_FAILURE() << "a residual add " << (b_kn ? "with B stored [k, n]" : "without a residual");
+    } catch (const std::exception& x) {
+      EXPECT_NE(std::string(x.what()).find("adds a residual (aux) with A stored [m, k] and B [n, k] only"),
+                std::string::npos)
+          << x.what();
+    }
+  }
   Buffer aux(1 << 16);
   try {
     seam::cuda::wgmma_gemm(1, 64, 64, 64, a.p, b.p, d.p, WgmmaEpilogue::dgelu,

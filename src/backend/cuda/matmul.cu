@@ -421,7 +421,8 @@ Launch linear(const StepArgs& a) {
 
 // linear_add: y = x w^T + b + r. Fused: the GEMM reads r as its C with beta = 1 (with
 // BIAS where cuBLASLt takes the bias), so r is added as y is stored; split: linear's
-// GEMM, then y += r by the add kernel (a third pass over y).
+// GEMM, then y += r by the add kernel (a third pass over y); wgmma (with a bias, bf16 on
+// sm_90): the GEMM of our own with its bias_add epilogue.
 Launch linear_add(const StepArgs& a) {
   const DeviceTensor &y = a.out[0], &r = a.in[2];
   const DeviceTensor* b = a.in.size() == 4 ? &a.in[3] : nullptr;
@@ -447,8 +448,14 @@ Launch linear_add(const StepArgs& a) {
     }
     fused = try_prepare_gemm(a.ctx, ga, {{at(a.in[1]), at(a.in[0]), at(y), r.data}}, e, what_of(a), &why);
   }
-  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, b != nullptr}, t),
-                        {{"fused", fused, {}, why}, {"split", split}});
+  std::vector<Variant> variants{{"fused", fused, {}, why}, {"split", split}};
+  if (b) {  // the GEMM of our own reads r through its store buffers and adds it with the bias
+    std::string own_why;
+    bool offered = false;
+    Launch own = own_linear(a, rows, in, out, b, y, &r, WgmmaEpilogue::bias_add, &own_why, &offered);
+    if (offered) variants.push_back({"wgmma", own, {}, own_why});
+  }
+  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, b != nullptr}, t), std::move(variants));
 }
 
 // linear_act: RELU_BIAS / GELU_BIAS (RELU / GELU without a bias). linear_act_aux: the

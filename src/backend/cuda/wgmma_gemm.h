@@ -17,13 +17,15 @@
 //                  with col_sums, also the column sums of D (as stored, bf16) over each 16
 //                  rows, f32 [wgmma_gemm_col_sum_rows(m), n]: summed over their rows, the
 //                  bias gradient of the layer whose input gradient D is
+//   bias_add       D = A B^T + bias + aux, aux [m, n] read (a residual stream; it may be D
+//                  itself): linear_add; A [m, k] and B [n, k] only
 //   sums_a         D = A B^T, and the column sums of A ([m, k], as read) over each 64
 //                  rows, f32 [wgmma_gemm_a_sum_rows(m), k]: with A = dy, a linear layer's
 //                  data gradient dx = dy W and its bias gradient's partials in one read of
 //                  dy (linear_grad_input_bias)
 //
-// Offered as the variant `wgmma` of linear (bias or none), linear_act_aux (gelu with a
-// bias), matmul_act_grad (gelu), matmul (2-D, plain) and linear_grad_input_bias, timed
+// Offered as the variant `wgmma` of linear (bias or none), linear_add (with a bias),
+// linear_act_aux (gelu with a bias), matmul_act_grad (gelu), matmul (2-D, plain) and linear_grad_input_bias, timed
 // against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench (bench/wgmma_bench.cu)
 // measures it alone.
 #pragma once
@@ -35,7 +37,7 @@
 
 namespace seam::cuda {
 
-enum class WgmmaEpilogue { none, bias, bias_gelu_aux, dgelu, sums_a };
+enum class WgmmaEpilogue { none, bias, bias_gelu_aux, dgelu, sums_a, bias_add };
 
 // Whether the current GPU is one the kernel is built for (compute capability 9.0).
 bool wgmma_gemm_runs_here();
@@ -50,7 +52,7 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 // What a launch takes beyond its operands.
 struct WgmmaOptions {
   const void* bias = nullptr;  // n bf16 values (bias and bias_gelu_aux)
-  void* aux = nullptr;         // [m, n] bf16, written by bias_gelu_aux, read by dgelu
+  void* aux = nullptr;         // [m, n] bf16, written by bias_gelu_aux, read by dgelu and bias_add
   // 1, or 2 for pairs of blocks on tiles one above the other that load B's tile once
   // between them (each half, delivered to both), a third less traffic from L2. Single
   // blocks are the default: pairs measure 1-3% slower on the layer products, 7% faster on
