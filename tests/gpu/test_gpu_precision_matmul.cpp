@@ -26,6 +26,7 @@
 #include "backend/backend.h"
 #include "ops/registry.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/wgmma_gemm.h"
 #include "common/half.h"
 #include "gpu_check.h"
 #include "mlp_case.h"
@@ -527,7 +528,8 @@ TEST(GpuPrecisionGemmCache, SixteenBitGemmsAreChosenApartFromF32) {
 // ---------------------------------------------------------------------------------------
 // A residual and a bias added by one GEMM at a language model's shapes
 
-// linear_add with a bias (cuBLASLt's BIAS epilogue with beta = 1) on GPT-2 124M's residual
+// linear_add with a bias (cuBLASLt's BIAS epilogue with beta = 1, or on sm_90 the GEMM of
+// our own with its bias_add epilogue) and without on GPT-2 124M's residual
 // projections, 16384 tokens of 768 and of 3072 features into 768: the shapes at which
 // cuBLASLt picks its own kernels, not the small ones above. A CPU model of this size takes
 // minutes, so every 61st row is checked on the host, in double, from the same bf16 inputs.
@@ -541,9 +543,12 @@ TEST(GpuPrecisionMatmul, BiasAndResidualAddedByTheGemmAtLanguageModelShapes) {
       Var x = d.input("x", {kRows, in}), w = d.input("w", {kOut, in}), r = d.input("r", {kRows, kOut});
       d.out(with_bias ? d.op(Op::linear_add, {x, w, r, d.input("b", {kOut})})[0] : d.op(Op::linear_add, {x, w, r})[0]);
       const DirectRun gpu = run_direct(d, Device::cuda, EpiloguePolicy::fused);
+      // The policy forces the GEMM of our own where it takes the step (a bias, sm_90),
+      // cuBLASLt's fused epilogue elsewhere.
+      const bool ours = with_bias && seam::cuda::wgmma_gemm_runs_here();
       for (auto& [op, what] : gpu.choices) {
         if (op == Op::linear_add) {
-          EXPECT_EQ(what, "fused (forced)");
+          EXPECT_EQ(what, ours ? "wgmma (forced)" : "fused (forced)");
         }
       }
       auto fed = [&](const char* name) {
