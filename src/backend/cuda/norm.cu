@@ -593,9 +593,11 @@ void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const 
       if (sums > 0) {
         const size_t bytes = ln_grad_cols_bytes(sums, kN);
         if (sums == 3)
-          ln_grad_dx<kN, kV, 3><<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+          ln_grad_dx<kN, kV, 3>
+              <<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
         else
-          ln_grad_dx<kN, kV, 2><<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+          ln_grad_dx<kN, kV, 2>
+              <<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
         return;
       }
     }
@@ -734,8 +736,10 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const auto blocks = static_cast<unsigned>(parts);
     // dx's sums where the kernel adds none: the sum step's reduction over dx as written.
     Launch dx_sum = dx_sums && in_kernel == 2
-                        ? prepare_as_step(a, Op::sum, Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
-                                          {DeviceTensor{a.out[0].data, TensorType{a.out[0].dtype(), {rows, dim}}}}, {a.out[3]})
+                        ? prepare_as_step(a, Op::sum,
+                                          Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}},
+                                          {DeviceTensor{a.out[0].data, TensorType{a.out[0].dtype(), {rows, dim}}}},
+                                          {a.out[3]})
                         : Launch([](cudaStream_t) {});
     if (warp_path && cols_resident > 0) {
       const int d = static_cast<int>(dim);
@@ -763,10 +767,14 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     }
     const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
     launch = [=](cudaStream_t st) {
-      if (per_thread <= 4) launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
-      else if (per_thread <= 8) launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
-      else if (per_thread <= 16) launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
-      else launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      if (per_thread <= 4)
+        launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      else if (per_thread <= 8)
+        launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      else if (per_thread <= 16)
+        launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+      else
+        launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
       add_partials(sums, st);
       dx_sum(st);
     };

@@ -48,7 +48,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/storage.cuh"
@@ -122,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
                                                    const __grid_constant__ CUtensorMap map_d,
                                                    const __grid_constant__ CUtensorMap map_aux,
                                                    const bf16_t* __restrict__ bias, float* __restrict__ col_sums,
-                                                   bf16_t* __restrict__ direct, int m, int n, int k) {
+                                                   int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -320,14 +319,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           for (int q = 0; q < 8; ++q) bias_now[q] = bias_next[q];
           if (p + 1 < kBN / 64) load_bias(p + 1);
         }
-        const bool value_direct = two && direct != nullptr;
-        uint8_t* buf = s_c + (group * 2 + (two && !value_direct ? 0 : reads_aux ? p % 2 : piece & 1)) * kCBuf;
+        uint8_t* buf = s_c + (group * 2 + (two ? 0 : reads_aux ? p % 2 : piece & 1)) * kCBuf;
         if constexpr (reads_aux) {  // each thread rewrites only the values it reads
           mbar_wait(&my_record[p % 2], (record_phase >> (p % 2)) & 1);
           record_phase ^= 1u << (p % 2);
         } else {
           if (tid == 0) {
-            if (two && !value_direct) wg::tma_store_wait_read<0>();
+            if constexpr (two) wg::tma_store_wait_read<0>();
             else wg::tma_store_wait_read<1>();
           }
           wg::named_sync(1 + group, 128);
@@ -359,15 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             }
             const uint32_t y = bf16_pair(x0, x1);
             wg::sts32(where, y);
-            if constexpr (two) {
-              const uint32_t v = bf16_pair(gelu_tanh(x0), gelu_tanh(x1));
-              if (!value_direct) {
-                wg::sts32(where + kCBuf, v);
-              } else {
-                const int row = m0 + group * 64 + r, col = col0 + q * 8 + 2 * (lane % 4);
-                if (row < m && col < n) *reinterpret_cast<uint32_t*>(direct + static_cast<int64_t>(row) * n + col) = v;
-              }
-            }
+            if constexpr (two) wg::sts32(where + kCBuf, bf16_pair(gelu_tanh(x0), gelu_tanh(x1)));
             if constexpr (dgelu) {  // the values as stored
               const float2 stored = bf16_unpair(y);
               sum0 += stored.x;
@@ -397,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         wg::named_sync(1 + group, 128);
         if (tid == 0) {
           wg::tma_store(two ? &map_aux : &map_d, buf, col0, m0 + group * 64);
-          if (two && !value_direct) wg::tma_store(&map_d, buf + kCBuf, col0, m0 + group * 64);
+          if constexpr (two) wg::tma_store(&map_d, buf + kCBuf, col0, m0 + group * 64);
           if (reads_aux && p + 2 < kBN / 64 && col0 + 128 < n) {  // the buffer's next piece, once read
             wg::tma_store_wait_read<0>();
             load_record(p + 2, m0, n0);
@@ -477,15 +467,13 @@ int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConf
 
 template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
-                 const CUtensorMap& aux, const void* bias, const std::function<float*()>& col_sums, void* dptr, int m,
-                 int n, int k) {
+                 const CUtensorMap& aux, const void* bias, const std::function<float*()>& col_sums, int m, int n,
+                 int k) {
   auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
   const int grid = configure(kernel, CL, sm_count, units, config, attr);
   const auto* bias16 = static_cast<const bf16_t*>(bias);
-  static const bool env_direct = std::getenv("SEAM_WGMMA_GELU_DIRECT") != nullptr;
-  auto* direct = E == WgmmaEpilogue::bias_gelu_aux && env_direct ? static_cast<bf16_t*>(dptr) : nullptr;
   return [=](cudaStream_t stream) {
     cudaLaunchConfig_t c = config;
     cudaLaunchAttribute at = attr;
@@ -493,7 +481,7 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
     c.stream = stream;
     c.attrs = &at;
     float* sums = col_sums ? col_sums() : nullptr;
-    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, sums, direct, m, n, k));
+    SEAM_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, a, b, d, aux, bias16, sums, m, n, k));
     SEAM_CUDA_LAUNCH_CHECK();
   };
 }
@@ -501,25 +489,24 @@ Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtens
 template <int CL, bool AT, bool BT>
 Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
                    const CUtensorMap& d, const CUtensorMap& aux, const void* bias,
-                   const std::function<float*()>& col_sums, void* dptr, int m, int n, int k) {
+                   const std::function<float*()>& col_sums, int m, int n, int k) {
   switch (epilogue) {
     case WgmmaEpilogue::none:
-      return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, dptr, m, n, k);
+      return launch_of<WgmmaEpilogue::none, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::bias:
-      return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, dptr, m, n, k);
+      return launch_of<WgmmaEpilogue::bias, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::bias_gelu_aux:
-      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, dptr,
-                                                                  m, n, k);
+      return launch_of<WgmmaEpilogue::bias_gelu_aux, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m,
+                                                                  n, k);
     case WgmmaEpilogue::dgelu:
-      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, dptr, m, n, k);
+      return launch_of<WgmmaEpilogue::dgelu, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
     case WgmmaEpilogue::bias_add:  // a linear layer's forward only: no other layout instantiated
       if constexpr (!AT && !BT)
-        return launch_of<WgmmaEpilogue::bias_add, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, dptr, m, n,
-                                                              k);
+        return launch_of<WgmmaEpilogue::bias_add, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
       fail("the sm_90 GEMM adds a residual only with A stored [m, k] and B [n, k]");  // wgmma_gemm refuses it first
     case WgmmaEpilogue::sums_a:
       if constexpr (!AT)
-        return launch_of<WgmmaEpilogue::sums_a, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, dptr, m, n, k);
+        return launch_of<WgmmaEpilogue::sums_a, CL, AT, BT>(sm_count, units, a, b, d, aux, bias, col_sums, m, n, k);
       fail("the sm_90 GEMM sums A's columns only with A stored [m, k]");  // wgmma_gemm refuses it first
   }
   fail("unknown epilogue");
@@ -600,13 +587,13 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
   const int64_t units = units_of(m, n, o.cluster);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   using Fn = Launch (*)(WgmmaEpilogue, int, int64_t, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,
-                       const CUtensorMap&, const void*, const std::function<float*()>&, void*, int, int, int);
+                       const CUtensorMap&, const void*, const std::function<float*()>&, int, int, int);
   constexpr Fn by_layout[2][2][2] = {{{launch_with<1, false, false>, launch_with<1, false, true>},
                                       {launch_with<1, true, false>, launch_with<1, true, true>}},
                                      {{launch_with<2, false, false>, launch_with<2, false, true>},
                                       {launch_with<2, true, false>, launch_with<2, true, true>}}};
   const Fn launch = by_layout[o.cluster - 1][o.a_km][o.b_kn];
-  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, o.bias, o.col_sums, d, mi, ni, ki);
+  return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, o.bias, o.col_sums, mi, ni, ki);
 }
 
 }  // namespace seam::cuda
