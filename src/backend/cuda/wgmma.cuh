@@ -31,12 +31,6 @@ __device__ __forceinline__ void tma_load(void* s, const CUtensorMap* map, int x,
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
 }
-// A box of a 2-D tensor map fetched into L2 only: a later tma_load of it then waits on L2,
-// not on memory.
-__device__ __forceinline__ void tma_prefetch(const CUtensorMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(map), "r"(x), "r"(y)
-               : "memory");
-}
 // The same box delivered to the same shared-memory offset of every block of the cluster
 // named in `blocks` (a bit a rank), completing bytes on each one's barrier at bar's offset.
 __device__ __forceinline__ void tma_load_multicast(void* s, const CUtensorMap* map, int x, int y, uint64_t* bar,
