@@ -70,6 +70,11 @@ constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kCBuf = 64 
 // one a store buffer), and room to align the ring to 1024.
 constexpr size_t kSmemBytes = kStages * (kABytes + kBBytes) + 4 * kCBuf + (2 * kStages + 4) * 8 + 1024;
 
+// The epilogues that add a bias.
+constexpr bool biased(WgmmaEpilogue e) {
+  return e == WgmmaEpilogue::bias || e == WgmmaEpilogue::bias_gelu_aux || e == WgmmaEpilogue::bias_add;
+}
+
 // GELU (tanh form) and its derivative as ew_math.h has them, with the hardware's tanh: one
 // MUFU op a value where the shared forms' sigmoid takes two exponentials, which an
 // epilogue that stalls the tensor cores cannot spare. Written as the FMAs they are (the
@@ -288,8 +293,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
       // A piece's bias pairs are loaded a piece ahead: loads issued after the barriers below
       // would wait out their latency there, the tensor cores idle (Nsight Compute: a fifth
       // of the epilogue's stalls).
-      constexpr bool biased =
-          E == WgmmaEpilogue::bias || E == WgmmaEpilogue::bias_gelu_aux || E == WgmmaEpilogue::bias_add;
       uint32_t bias_next[8];
       auto load_bias = [&](int p) {
 #pragma unroll
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
           bias_next[q] = col < n ? __ldg(reinterpret_cast<const unsigned int*>(bias + col)) : 0u;
         }
       };
-      if constexpr (biased) load_bias(0);
+      if constexpr (biased(E)) load_bias(0);
       wg::mma_wait<0>();
       release(&empty[(pos - 1) % kStages]);
       if (m0 >= m) continue;  // a cluster's tile past the last row: its products were of zeros
@@ -311,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
         const int col0 = n0 + p * 64;
         if (col0 >= n) break;  // the same for the whole group
         uint32_t bias_now[8];
-        if constexpr (biased) {
+        if constexpr (biased(E)) {
 #pragma unroll
           for (int q = 0; q < 8; ++q) bias_now[q] = bias_next[q];
           if (p + 1 < kBN / 64) load_bias(p + 1);
@@ -331,14 +334,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           float2 b = make_float2(0.0f, 0.0f);
-          if constexpr (biased) b = bf16_unpair(bias_now[q]);
+          if constexpr (biased(E)) b = bf16_unpair(bias_now[q]);
           float sum0 = 0.0f, sum1 = 0.0f;  // DGELU: this thread's two rows of the two columns
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + lane / 4 + 8 * h;
             const int at = r * 128 + ((q ^ (r & 7)) * 16) + 4 * (lane % 4);
             float x0 = d[4 * (p * 8 + q) + 2 * h], x1 = d[4 * (p * 8 + q) + 2 * h + 1];
-            if constexpr (biased) {  // x + 0.0f is no identity (-0): not added where there is no bias
+            if constexpr (biased(E)) {  // x + 0.0f is no identity (-0): not added where there is no bias
               x0 += b.x;
               x1 += b.y;
             }
@@ -562,9 +565,7 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
   std::string why;
   if (!wgmma_gemm_fits(m, n, k, a, b, d, o.aux, &why, o.a_km))
     fail("the sm_90 GEMM cannot take [", m, ", ", k, "] x [", n, ", ", k, "]: ", why);
-  const bool biased = epilogue == WgmmaEpilogue::bias || epilogue == WgmmaEpilogue::bias_gelu_aux ||
-                      epilogue == WgmmaEpilogue::bias_add;
-  if (biased && (o.bias == nullptr || reinterpret_cast<uintptr_t>(o.bias) % 4 != 0))
+  if (biased(epilogue) && (o.bias == nullptr || reinterpret_cast<uintptr_t>(o.bias) % 4 != 0))
     fail("the sm_90 GEMM's epilogue needs a 4-byte aligned bias");
   if ((epilogue == WgmmaEpilogue::bias_gelu_aux || epilogue == WgmmaEpilogue::dgelu) && o.aux == nullptr)
     fail("the sm_90 GEMM's GELU epilogues need their record");

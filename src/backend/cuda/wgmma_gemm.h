@@ -25,9 +25,9 @@
 //                  dy (linear_grad_input_bias)
 //
 // Offered as the variant `wgmma` of linear (bias or none), linear_add (with a bias),
-// linear_act_aux (gelu with a bias), matmul_act_grad (gelu), matmul (2-D, plain) and linear_grad_input_bias, timed
-// against cuBLASLt's like any variant (matmul.cu); seam_wgmma_bench (bench/wgmma_bench.cu)
-// measures it alone.
+// linear_act_aux (gelu with a bias), matmul_act_grad (gelu), matmul (2-D, plain) and
+// linear_grad_input_bias, timed against cuBLASLt's like any variant (matmul.cu);
+// seam_wgmma_bench (bench/wgmma_bench.cu) measures it alone.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -51,7 +51,7 @@ bool wgmma_gemm_fits(int64_t m, int64_t n, int64_t k, const void* a, const void*
 
 // What a launch takes beyond its operands.
 struct WgmmaOptions {
-  const void* bias = nullptr;  // n bf16 values (bias and bias_gelu_aux)
+  const void* bias = nullptr;  // n bf16 values (bias, bias_gelu_aux and bias_add)
   void* aux = nullptr;         // [m, n] bf16, written by bias_gelu_aux, read by dgelu and bias_add
   // 1, or 2 for pairs of blocks on tiles one above the other that load B's tile once
   // between them (each half, delivered to both), a third less traffic from L2. Single
