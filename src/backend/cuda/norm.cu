@@ -51,15 +51,14 @@ struct alignas(16) Pack8 {
 template <class T>
 constexpr int kVec = std::is_same_v<T, float> ? 4 : 8;
 
-// The eight bf16 of a 16-byte word as floats. A bf16 is a float's top half: a 32-bit
-// word's low value is the word shifted up, its high value the word masked, one
-// instruction each (the conversion intrinsics take two for the high half).
+// The eight bf16 of a 16-byte word as floats (bf16_unpair a 32-bit word).
 __device__ __forceinline__ void bf16_words(const uint4& w, float* out) {
   const uint32_t u[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(u[i] << 16);
-    out[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    const float2 f = bf16_unpair(u[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
   }
 }
 

@@ -29,6 +29,18 @@ __device__ __forceinline__ T from_float(float v) {
   else return __float2half_rn(v);
 }
 
+// Two values rounded to bf16 as the 32 bits they are stored in, and back. The way back is
+// exact and one instruction a value: a bf16 is a float's top half, so the low value is
+// the word shifted up and the high one the word masked (the conversion intrinsics take
+// two for the high half).
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return reinterpret_cast<const uint32_t&>(v);
+}
+__device__ __forceinline__ float2 bf16_unpair(uint32_t bits) {
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
+
 // Calls f.template operator()<T>() with the storage type of a float dtype the kernels
 // take (f32, bf16, f16); throws naming `what` otherwise.
 template <class F>

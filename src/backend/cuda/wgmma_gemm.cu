@@ -98,15 +98,6 @@ constexpr float kGeluC = 0.7978845608028654f, kGeluK = 0.044715f;
   return fmaf(w, fmaf(-t, t, 1.0f), fmaf(0.5f, t, 0.5f));
 }
 
-// Two values rounded to bf16 as the 32 bits a shared-memory access moves, and back.
-[[maybe_unused]] __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return reinterpret_cast<const uint32_t&>(v);
-}
-[[maybe_unused]] __device__ __forceinline__ float2 bf16_unpair(uint32_t bits) {  // exact: a bf16 is a float's top half
-  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
-}
-
 // One round of a reduce-scatter over lanes 2W apart: of the 2W values part[0, 2W) a lane
 // keeps the half its lane bit 2W names, adds its partner's copy of that half, and holds the
 // W sums in part[0, W). W a template argument: the array stays in registers.
