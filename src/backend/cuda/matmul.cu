@@ -190,50 +190,27 @@ std::string variant_key(const StepArgs& a, std::initializer_list<int64_t> dims, 
   return k + ":" + dtype_name(t.in) + (t.out != t.in ? std::string("-") + dtype_name(t.out) : "");
 }
 
-// Our GEMM offered as single blocks ("wgmma") and as pairs of blocks ("wgmma_pair": a
-// pair takes two row tiles one above the other and loads B's tile once for both, a third
-// less traffic from L2), each timed like any variant. Pairs ran the output layer's
-// products 7% faster on an H100 and the layer products 1-3% slower (docs/perf.md), and a
-// GPU at its power cap may weigh the traffic otherwise: the timing decides, per shape.
-// `make` builds the launch for a cluster size; a non-empty `why` says why none fits. A GPU
-// whose SMs are partitioned may have room for no pair: that variant is then not available.
-void offer_own(std::vector<Variant>& variants, const std::string& why, const std::function<Launch(int)>& make) {
-  if (!why.empty()) {
-    variants.push_back({"wgmma", {}, {}, why});
-    return;
-  }
-  variants.push_back({"wgmma", make(1)});
-  try {
-    variants.push_back({"wgmma_pair", make(2)});
-  } catch (const Error& e) {
-    variants.push_back({"wgmma_pair", {}, {}, e.what()});
-  }
-}
-
 // The GEMM of our own for a data gradient dx [m, n] = dy [m, k] w [k, n] (inputs 0 and 1,
 // output 0), all bf16 on an sm_90; with `sums` (db, out[1]) also dy's column sums, which
 // its producer warps add from the tiles as they land (partials in the stream's workspace,
-// then the reduction kernel over them). Adds its variants (offer_own) to `variants`; none
-// where the step should not list it at all (not an sm_90, not bf16).
-void own_data_grad(const StepArgs& a, int64_t m, int64_t k, int64_t n, const DeviceTensor* sums,
-                   std::vector<Variant>& variants) {
+// then the reduction kernel over them). Empty with the reason otherwise; `offered` as in
+// own_linear.
+Launch own_data_grad(const StepArgs& a, int64_t m, int64_t k, int64_t n, const DeviceTensor* sums, std::string* why,
+                     bool* offered) {
+  *offered = false;
   const DeviceTensor &dy = a.in[0], &w = a.in[1], &dx = a.out[0];
   for (const DeviceTensor* t : {&dy, &w, &dx})
-    if (t->dtype() != DType::bf16) return;
-  if (!wgmma_gemm_runs_here()) return;
-  std::string why;
-  wgmma_gemm_fits(m, n, k, dy.data, w.data, dx.data, nullptr, &why);
-  if (sums && why.empty()) a.ctx.need_workspace(static_cast<size_t>(wgmma_gemm_a_sum_rows(m) * k) * sizeof(float));
+    if (t->dtype() != DType::bf16) return {};
+  if (!wgmma_gemm_runs_here()) return {};
+  *offered = true;
+  if (!wgmma_gemm_fits(m, n, k, dy.data, w.data, dx.data, nullptr, why)) return {};
+  if (!sums) return wgmma_gemm(a.ctx.sm_count, m, n, k, dy.data, w.data, dx.data, WgmmaEpilogue::none, {.b_kn = true});
+  const int64_t rows = wgmma_gemm_a_sum_rows(m);
+  a.ctx.need_workspace(static_cast<size_t>(rows * k) * sizeof(float));
   const Context* c = &a.ctx;
-  offer_own(variants, why, [&a, m, k, n, sums, c, &dy, &w, &dx](int cluster) -> Launch {
-    if (!sums)
-      return wgmma_gemm(a.ctx.sm_count, m, n, k, dy.data, w.data, dx.data, WgmmaEpilogue::none,
-                        {.cluster = cluster, .b_kn = true});
-    const WgmmaOptions o{.cluster = cluster, .b_kn = true,
-                         .col_sums = [c] { return static_cast<float*>(c->workspace()); }};
-    return in_order({wgmma_gemm(a.ctx.sm_count, m, n, k, dy.data, w.data, dx.data, WgmmaEpilogue::sums_a, o),
-                     column_sums_at(a, o.col_sums, TensorType{DType::f32, {wgmma_gemm_a_sum_rows(m), k}}, *sums)});
-  });
+  const WgmmaOptions o{.b_kn = true, .col_sums = [c] { return static_cast<float*>(c->workspace()); }};
+  return in_order({wgmma_gemm(a.ctx.sm_count, m, n, k, dy.data, w.data, dx.data, WgmmaEpilogue::sums_a, o),
+                   column_sums_at(a, o.col_sums, TensorType{DType::f32, {rows, k}}, *sums)});
 }
 
 // --------------------------------------------------------------------------------------
@@ -287,10 +264,11 @@ Launch matmul(const StepArgs& a) {
     Launch lt =
         prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0]), c ? c->data : nullptr}}, {}, what_of(a));
     // A data gradient dx = dy w (w stored [k, n]): the GEMM of our own may take it too.
-    std::vector<Variant> variants{{"cublaslt", lt}};
-    if (!c && !tb) own_data_grad(a, g.n, k, n, nullptr, variants);
-    if (variants.size() == 1) return lt;
-    return choose_variant(a.ctx, a.index, variant_key(a, {g.n, k, n}, t), std::move(variants));
+    std::string why;
+    bool offered = false;
+    Launch own = c || tb ? Launch{} : own_data_grad(a, g.n, k, n, nullptr, &why, &offered);
+    if (!offered) return lt;
+    return choose_variant(a.ctx, a.index, variant_key(a, {g.n, k, n}, t), {{"cublaslt", lt}, {"wgmma", own, {}, why}});
   }
   g.n = m;
 
@@ -397,26 +375,25 @@ Launch linear_gemm(const StepArgs& a, GemmShape g, const DeviceTensor* bias, con
 }
 
 // The GEMM of our own for sm_90 (wgmma_gemm.h) where it takes a linear layer's forward:
-// bf16 throughout (x, w, the outputs, the bias), on a GPU it was built for. Adds its
-// variants (offer_own) to `variants`; none where the step should not list it at all (only
+// bf16 throughout (x, w, the outputs, the bias), on a GPU it was built for. Empty with
+// the reason otherwise; `offered` says whether the step should list it at all (only
 // where the GPU is an sm_90 and the types are bf16, so other plans read as before).
-void own_linear(const StepArgs& a, int64_t rows, int64_t in, int64_t out, const DeviceTensor* b,
-                const DeviceTensor& y, const DeviceTensor* aux, WgmmaEpilogue e, std::vector<Variant>& variants) {
+Launch own_linear(const StepArgs& a, int64_t rows, int64_t in, int64_t out, const DeviceTensor* b,
+                  const DeviceTensor& y, const DeviceTensor* aux, WgmmaEpilogue e, std::string* why, bool* offered) {
+  *offered = false;
   const DeviceTensor& x = a.in[0];
   const DeviceTensor& w = a.in[1];
   for (const DeviceTensor* t : {&x, &w, &y, b, aux})
-    if (t && t->dtype() != DType::bf16) return;
-  if (!wgmma_gemm_runs_here()) return;
-  std::string why;
-  if (wgmma_gemm_fits(rows, out, in, x.data, w.data, y.data, aux ? aux->data : nullptr, &why) && b &&
-      reinterpret_cast<uintptr_t>(b->data) % 4 != 0)
-    why = "the bias is not 4-byte aligned";
-  const void* bias = b ? b->data : nullptr;
-  void* aux_data = aux ? aux->data : nullptr;
-  offer_own(variants, why, [&a, rows, in, out, &x, &w, &y, e, bias, aux_data](int cluster) {
-    return wgmma_gemm(a.ctx.sm_count, rows, out, in, x.data, w.data, y.data, e,
-                      {.bias = bias, .aux = aux_data, .cluster = cluster});
-  });
+    if (t && t->dtype() != DType::bf16) return {};
+  if (!wgmma_gemm_runs_here()) return {};
+  *offered = true;
+  if (!wgmma_gemm_fits(rows, out, in, x.data, w.data, y.data, aux ? aux->data : nullptr, why)) return {};
+  if (b && reinterpret_cast<uintptr_t>(b->data) % 4 != 0) {
+    *why = "the bias is not 4-byte aligned";
+    return {};
+  }
+  return wgmma_gemm(a.ctx.sm_count, rows, out, in, x.data, w.data, y.data, e,
+                    {.bias = b ? b->data : nullptr, .aux = aux ? aux->data : nullptr});
 }
 
 // linear: BIAS with a bias, DEFAULT without; or the GEMM of our own, if faster.
@@ -433,10 +410,13 @@ Launch linear(const StepArgs& a) {
   if (rows == 0) return nothing();
   const DeviceTensor* b = bias ? &a.in[2] : nullptr;
   Launch lt = linear_gemm(a, linear_shape(rows, in, out, t), b, a.out[0]);
-  std::vector<Variant> variants{{"cublaslt", lt}};
-  own_linear(a, rows, in, out, b, a.out[0], nullptr, bias ? WgmmaEpilogue::bias : WgmmaEpilogue::none, variants);
-  if (variants.size() == 1) return lt;
-  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t), std::move(variants));
+  std::string why;
+  bool offered = false;
+  Launch own = own_linear(a, rows, in, out, b, a.out[0], nullptr, bias ? WgmmaEpilogue::bias : WgmmaEpilogue::none,
+                          &why, &offered);
+  if (!offered) return lt;
+  return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t),
+                        {{"cublaslt", lt}, {"wgmma", own, {}, why}});
 }
 
 // linear_add: y = x w^T + b + r. Fused: the GEMM reads r as its C with beta = 1 (with
@@ -469,8 +449,12 @@ Launch linear_add(const StepArgs& a) {
     fused = try_prepare_gemm(a.ctx, ga, {{at(a.in[1]), at(a.in[0]), at(y), r.data}}, e, what_of(a), &why);
   }
   std::vector<Variant> variants{{"fused", fused, {}, why}, {"split", split}};
-  // The GEMM of our own reads r through its store buffers and adds it with the bias.
-  if (b) own_linear(a, rows, in, out, b, y, &r, WgmmaEpilogue::bias_add, variants);
+  if (b) {  // the GEMM of our own reads r through its store buffers and adds it with the bias
+    std::string own_why;
+    bool offered = false;
+    Launch own = own_linear(a, rows, in, out, b, y, &r, WgmmaEpilogue::bias_add, &own_why, &offered);
+    if (offered) variants.push_back({"wgmma", own, {}, own_why});
+  }
   return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, b != nullptr}, t), std::move(variants));
 }
 
@@ -529,8 +513,12 @@ Launch linear_act(const StepArgs& a) {
   else
     fused = try_prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(y)}}, e, what_of(a), &why);
   std::vector<Variant> variants{{"fused", fused, {}, why}, {"split", split}};
-  // The GEMM of our own writes the record and the value together.
-  if (Aux && !relu && bias) own_linear(a, rows, in, out, b, y, &a.out[1], WgmmaEpilogue::bias_gelu_aux, variants);
+  if (Aux && !relu && bias) {  // the GEMM of our own writes the record and the value together
+    std::string own_why;
+    bool offered = false;
+    Launch own = own_linear(a, rows, in, out, b, y, &a.out[1], WgmmaEpilogue::bias_gelu_aux, &own_why, &offered);
+    if (offered) variants.push_back({"wgmma", own, {}, own_why});
+  }
   return choose_variant(a.ctx, a.index, variant_key(a, {rows, in, out, bias}, t), std::move(variants));
 }
 
@@ -704,17 +692,22 @@ Launch matmul_act_grad(const StepArgs& a) {
   if (!relu && bf16 && wgmma_gemm_runs_here()) {
     // Its m, n, k: dx [m, k] = dy [m, n] w [n, k], w stored [its k, its n] (b_kn).
     std::string own_why;
-    wgmma_gemm_fits(m, k, n, a.in[0].data, a.in[1].data, dx.data, aux.data, &own_why);
-    const int64_t rows = wgmma_gemm_col_sum_rows(m);
-    if (sums_out && own_why.empty()) a.ctx.need_workspace(static_cast<size_t>(rows * k) * sizeof(float));
-    offer_own(variants, own_why, [&a, m, k, n, rows, sums_out, ctx, &dx, &aux](int cluster) -> Launch {
-      WgmmaOptions o{.aux = aux.data, .cluster = cluster, .b_kn = true};
-      if (sums_out) o.col_sums = [ctx] { return static_cast<float*>(ctx->workspace()); };
-      const Launch gemm =
-          wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, o);
-      if (!sums_out) return gemm;
-      return in_order({gemm, column_sums_at(a, o.col_sums, TensorType{DType::f32, {rows, k}}, a.out[1])});
-    });
+    Launch own;
+    if (wgmma_gemm_fits(m, k, n, a.in[0].data, a.in[1].data, dx.data, aux.data, &own_why)) {
+      WgmmaOptions o{.aux = aux.data, .b_kn = true};
+      if (sums_out) {
+        const int64_t rows = wgmma_gemm_col_sum_rows(m);
+        a.ctx.need_workspace(static_cast<size_t>(rows * k) * sizeof(float));
+        const Context* c = ctx;
+        o.col_sums = [c] { return static_cast<float*>(c->workspace()); };
+        own = in_order({wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data,
+                                   WgmmaEpilogue::dgelu, o),
+                        column_sums_at(a, o.col_sums, TensorType{DType::f32, {rows, k}}, a.out[1])});
+      } else {
+        own = wgmma_gemm(a.ctx.sm_count, m, k, n, a.in[0].data, a.in[1].data, dx.data, WgmmaEpilogue::dgelu, o);
+      }
+    }
+    variants.push_back({"wgmma", own, {}, own_why});
   }
   return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k, static_cast<int64_t>(a.out.size())}, t),
                         std::move(variants));
@@ -735,10 +728,11 @@ Launch linear_grad_input_bias(const StepArgs& a) {
   Launch split = k == 0 ? column_sums(a, a.in[0], a.out[1])
                         : in_order({prepare_gemm(a.ctx, g, {{at(a.in[1]), at(a.in[0]), at(a.out[0])}}, {}, what_of(a)),
                                     column_sums(a, a.in[0], a.out[1])});
-  std::vector<Variant> variants{{"split", split}};
-  if (k != 0) own_data_grad(a, m, n, k, &a.out[1], variants);
-  if (variants.size() == 1) return split;
-  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k}, t), std::move(variants));
+  std::string why;
+  bool offered = false;
+  Launch own = k == 0 ? Launch{} : own_data_grad(a, m, n, k, &a.out[1], &why, &offered);
+  if (!offered) return split;
+  return choose_variant(a.ctx, a.index, variant_key(a, {m, n, k}, t), {{"split", split}, {"wgmma", own, {}, why}});
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 // (src/backend/cpu/optim.cpp: PyTorch's SGD, Adam, AdamW and clip_grad_norm_), in f32
 // with the bias corrections and learning rate computed once per launch in double.
 #include <algorithm>
-#include <array>
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -295,14 +294,6 @@ __global__ void update(P* __restrict__ p, const P* __restrict__ g, float* __rest
   }
 }
 
-// At most `blocks` of `kernel`, and no more than fit on the GPU at once.
-template <class K>
-unsigned one_wave(K* kernel, unsigned blocks, int sm_count) {
-  int per_sm = 0;
-  SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-  return std::min(blocks, static_cast<unsigned>(std::max(per_sm, 1) * sm_count));
-}
-
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
@@ -372,14 +363,6 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
   dispatch_storage(pt, "optimizer", [&]<class P>() {
     auto* pp = reinterpret_cast<P*>(p);
     auto* gp = reinterpret_cast<P*>(g);
-    // The update's grid: at most the blocks resident at once. Its loop gives every block
-    // the same share, so blocks past one wave would run alone at the end (W6's f32 update
-    // holds 6 blocks an SM of the 8 the cap allows: a second wave of a quarter). Working
-    // copies come only with f32 masters.
-    std::array<unsigned, 3> resident{one_wave(update<P, void>, blocks, ctx.sm_count), 0, 0};
-    if constexpr (std::is_same_v<P, float>)
-      resident = {resident[0], one_wave(update<P, bf16_t>, blocks, ctx.sm_count),
-                  one_wave(update<P, f16_t>, blocks, ctx.sm_count)};
     launch = [=](cudaStream_t s) {
       if (partial) {
         sumsq_partial<P><<<blocks, kThreads, 0, s>>>(gp, k, partial);
@@ -393,8 +376,7 @@ Launch prepare_optimizer(const OptimizerConfig& c, const Layout& layout, const R
         }
       }
       auto run = [&]<class W>(W* wp) {
-        const unsigned grid = resident[std::is_same_v<W, bf16_t> ? 1 : std::is_same_v<W, f16_t> ? 2 : 0];
-        update<P, W><<<grid, kThreads, 0, s>>>(pp, gp, m, v, wp, k, k_decay, h, counters, ok, done, vec4, lo);
+        update<P, W><<<blocks, kThreads, 0, s>>>(pp, gp, m, v, wp, k, k_decay, h, counters, ok, done, vec4, lo);
         SEAM_CUDA_LAUNCH_CHECK();
         if (!nccl) return;
         // Every rank's new shard to every rank (a skipped step sends the values unchanged),
