@@ -56,7 +56,7 @@ struct WgmmaOptions {
   // 1, or 2 for pairs of blocks on tiles one above the other that load B's tile once
   // between them (each half, delivered to both), a third less traffic from L2. Single
   // blocks are what the steps run: offered beside them at W6's ten shapes, pairs lost each
-  // by 0.1-5% (docs/perf.md, 2026-12-07).
+  // by 0.1-5.5% (docs/perf.md, 2026-12-07).
   int cluster = 1;
   bool a_km = false, b_kn = false;  // A is stored [k, m], B [k, n] (row-major), not [m, k] and [n, k]
   // Where the column sums go, asked each time the launch runs (a workspace's address is
