@@ -116,11 +116,12 @@ void train_both(Graph& g, Var loss, const OptimizerConfig& opt, size_t rows, siz
 // Eight steps of `c` on a linear loss whose gradients are the inputs gw and gb. 1037
 // parameters take the update's scalar path, 1036 (a multiple of 4) its float4 path. On
 // the GPU, `on_device` (if given) gets the gradients as read_grad_device gives them.
-Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37, Results* on_device = nullptr) {
+Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37, Results* on_device = nullptr,
+                        int64_t nw = 1000) {
   Graph g;
-  Var w = g.param("w", {1000}, Init::uniform(-1, 1));
+  Var w = g.param("w", {nw}, Init::uniform(-1, 1));
   Var b = g.param("b", {nb}, Init::uniform(-1, 1), false);
-  Var gw = g.input("gw", {1000}), gb = g.input("gb", {nb});
+  Var gw = g.input("gw", {nw}), gb = g.input("gb", {nb});
   Var loss = add(sum(mul(w, gw)), sum(mul(b, gb)));
   Model m(g, {.seed = 2, .device = d});
   const Results initial = initial_params(m);
@@ -128,7 +129,7 @@ Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37, Res
   std::mt19937_64 rng(8);
   std::normal_distribution<float> nd(0, 1);
   for (int s = 0; s < 8; ++s) {
-    std::vector<float> a(1000), bb(static_cast<size_t>(nb));
+    std::vector<float> a(static_cast<size_t>(nw)), bb(static_cast<size_t>(nb));
     for (auto& v : a) v = nd(rng);
     for (auto& v : bb) v = nd(rng);
     prog.set_input("gw", std::span<const float>(a));
@@ -175,6 +176,20 @@ TEST(GpuOptimizer, EveryOptimizerMatchesTheCpu) {
       SCOPED_TRACE(c.str() + ", " + std::to_string(1000 + nb) + " parameters");
       compare(optimizer_steps(c, Device::cuda, nb), optimizer_steps(c, Device::cpu, nb), 1e-5);
     }
+}
+
+TEST(GpuOptimizer, ManyPacksAThreadMatchTheCpu) {
+  // More packs of four than the grid has threads: the update's pairs of packs and its
+  // single-pack tail both run, as do the norm's four loads a thread and its tail.
+  auto adamw = OptimizerConfig::adamw(1e-3, 0.1);
+  adamw.clip_norm = 1.0;
+  auto sgd = OptimizerConfig::sgd(0.01, 0.9);
+  sgd.weight_decay = 0.01;
+  for (const auto& c : {adamw, sgd}) {
+    SCOPED_TRACE(c.str());
+    const int64_t nw = 3300000;
+    compare(optimizer_steps(c, Device::cuda, 36, nullptr, nw), optimizer_steps(c, Device::cpu, 36, nullptr, nw), 1e-5);
+  }
 }
 
 TEST(GpuOptimizer, AClippedStepLeavesTheClippedGradient) {

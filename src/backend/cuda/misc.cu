@@ -487,20 +487,43 @@ Launch embedding(const StepArgs& a) {
 // copied in first unless it is dweight's own buffer); a 16-bit one goes through an f32
 // buffer in the workspace, rounded into dweight once all are in, rather than rounding
 // every add of a repeated id.
-template <class T>
+// V = 4 (dim % 4 == 0, dy and the sums 16-byte aligned at every row): a thread adds four
+// consecutive values with one of sm_90's vector atomics (red.global.add.v4.f32, rounded
+// as the scalar add), a quarter of the atomics, which bound this kernel.
+template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     embedding_grad_kernel(const T* dy, const int32_t* ids, float* dw, int64_t n, int64_t rows, int64_t dim,
                           DeviceError* err, int step_index) {
-  const int64_t total = n * dim;
+  const int64_t per_row = dim / V, total = n * per_row;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = e / dim, c = e - i * dim;
+    const int64_t i = e / per_row, c = (e - i * per_row) * V;
     const int64_t id = ids[i];
     if (id < 0 || id >= rows) {
       if (c == 0) report_error(err, step_index, kEmbeddingId, i, id, rows);
+    } else if constexpr (V == 4) {
+      struct alignas(4 * sizeof(T)) Four { T v[4]; };
+      const Four x = *reinterpret_cast<const Four*>(dy + i * dim + c);
+      atomicAdd(reinterpret_cast<float4*>(dw + id * dim + c),
+                float4{to_float(x.v[0]), to_float(x.v[1]), to_float(x.v[2]), to_float(x.v[3])});
     } else {
-      atomicAdd(dw + id * dim + c, to_float(dy[e]));
+      atomicAdd(dw + id * dim + c, to_float(dy[i * dim + c]));
     }
   }
+}
+
+// The atomic adds of dy's rows into the f32 sums, four values at a time where the rows allow.
+template <class T>
+void launch_embedding_grad(const T* dy, const int32_t* ids, float* sums, int64_t n, int64_t rows, int64_t dim,
+                           DeviceError* err, int index, int cap, cudaStream_t stream) {
+  if (n == 0) return;
+  const bool four = dim % 4 == 0 && reinterpret_cast<uintptr_t>(dy) % (4 * sizeof(T)) == 0 && aligned16(sums);
+  if (four)
+    embedding_grad_kernel<T, 4><<<blocks_for(n * dim / 4, kThreads, cap), kThreads, 0, stream>>>(dy, ids, sums, n, rows,
+                                                                                                 dim, err, index);
+  else
+    embedding_grad_kernel<T, 1><<<blocks_for(n * dim, kThreads, cap), kThreads, 0, stream>>>(dy, ids, sums, n, rows,
+                                                                                             dim, err, index);
+  SEAM_CUDA_LAUNCH_CHECK();
 }
 
 template <class T, class TO>
@@ -513,20 +536,18 @@ Launch embedding_grad_as(const StepArgs& a) {
   if (total == 0) return [](cudaStream_t) {};
   DeviceError* err = a.ctx.error;
   const int index = a.index;
-  const unsigned blocks = n > 0 ? blocks_for(n * dim, kThreads, static_cast<int>(grid_cap(a.ctx))) : 0;
+  const int cap = static_cast<int>(grid_cap(a.ctx));
   const auto sum_bytes = static_cast<size_t>(total) * sizeof(float);
   if constexpr (std::is_same_v<TO, float>) {
     return [=](cudaStream_t stream) {
       if (!acc) SEAM_CUDA_CHECK(cudaMemsetAsync(dw, 0, sum_bytes, stream));
       else if (acc != dw) SEAM_CUDA_CHECK(cudaMemcpyAsync(dw, acc, sum_bytes, cudaMemcpyDeviceToDevice, stream));
-      if (blocks == 0) return;
-      embedding_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, ids, dw, n, rows, dim, err, index);
-      SEAM_CUDA_LAUNCH_CHECK();
+      launch_embedding_grad(dy, ids, dw, n, rows, dim, err, index, cap, stream);
     };
   } else {
     a.ctx.need_workspace(sum_bytes);
     const Context* ctx = &a.ctx;
-    const unsigned cast_blocks = blocks_for(total, kThreads, static_cast<int>(grid_cap(a.ctx)));
+    const unsigned cast_blocks = blocks_for(total, kThreads, cap);
     return [=](cudaStream_t stream) {
       auto* sums = static_cast<float*>(ctx->workspace());  // the lane's, read when the step runs
       if (acc) {
@@ -536,10 +557,7 @@ Launch embedding_grad_as(const StepArgs& a) {
       } else {
         SEAM_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes, stream));
       }
-      if (blocks > 0) {
-        embedding_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(dy, ids, sums, n, rows, dim, err, index);
-        SEAM_CUDA_LAUNCH_CHECK();
-      }
+      launch_embedding_grad(dy, ids, sums, n, rows, dim, err, index, cap, stream);
       const int64_t nvec = aligned16(sums) && aligned16(dw) ? total / 8 : 0;
       cast_stored<float, TO><<<cast_blocks, kThreads, 0, stream>>>(sums, dw, total, nvec);
       SEAM_CUDA_LAUNCH_CHECK();
