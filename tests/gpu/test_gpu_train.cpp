@@ -187,8 +187,12 @@ TEST(GpuOptimizer, ManyPacksAThreadMatchTheCpu) {
   sgd.weight_decay = 0.01;
   for (const auto& c : {adamw, sgd}) {
     SCOPED_TRACE(c.str());
+    // 1e-4, not 1e-5: f32 against the CPU's double, p is rounded twice a step and AdamW's
+    // decay factor 1 - lr wd, rounded to f32, errs the same way every step, so among 3.3
+    // million values the worst drifts ~10 ulps of p (6.6e-7 measured), past 1e-5 of the
+    // update's scale. A pack skipped or updated twice is off by a whole step, ~1e-3.
     const int64_t nw = 3300000;
-    compare(optimizer_steps(c, Device::cuda, 36, nullptr, nw), optimizer_steps(c, Device::cpu, 36, nullptr, nw), 1e-5);
+    compare(optimizer_steps(c, Device::cuda, 36, nullptr, nw), optimizer_steps(c, Device::cpu, 36, nullptr, nw), 1e-4);
   }
 }
 
