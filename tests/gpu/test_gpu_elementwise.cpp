@@ -106,8 +106,6 @@ TEST(GpuReduce, LargeAndLopsidedReductions) {
       {{4099, 257}, {0}},      // columns, split into chunks plus a second pass
       {{4099, 264}, {0}},      // columns in 16-byte packs, a tile partly past the width
       {{16, 64, 768}, {0}},    // few rows of many packed columns: one chunk
-      {{13, 512, 384}, {0}},   // few rows under a wave of packs: a thread a pack (a batch and a tail)
-      {{4, 8, 40000}, {1}},    // the same with an outer kept dim
       {{4099, 257}, {1}},      // warp per row
       {{4099, 257}, {}},       // everything: block per chunk plus a second pass
       {{1000, 1027}, {}},      //

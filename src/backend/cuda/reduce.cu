@@ -11,8 +11,7 @@
 //    [A, B, C]): column tiles, 32 threads across the kept index (coalesced; 16-byte
 //    packs a thread where the width is whole packs) by 8 down
 //    the reduced rows, split into row chunks when there are few columns, whose double
-//    partials the tile's last block to finish adds up in chunk order; or, with at most
-//    32 rows under a wave's worth of 16-byte packs, a thread a pack down all the rows;
+//    partials the tile's last block to finish adds up in chunk order;
 //  - otherwise one thread (L <= 16 reduced elements), one warp (L <= 4096) or one block
 //    per output element (larger L, split into chunks plus a second pass over their partials when
 //    there are few outputs), walking the reduced elements through their strides.
@@ -129,18 +128,16 @@ __global__ void __launch_bounds__(kThreads)
 // columns. P = 1 reads one value a lane; where the width is a whole number of 16-byte
 // packs, P = 16 / sizeof(TI) reads one pack a lane, so a warp reads 512 bytes of a row at
 // once instead of 32 to 128 (a 16-bit column sum ran at about 2 TB/s one value a lane).
-// A thread loads kBatch rows before it adds them (8: a chunk's 64 rows are one wait on
-// memory a thread; at 4, two, and the bias gradients' [1024 x 3072] partials read at
-// ~1.4 TB/s on an H100); 16-bit values are added in float a batch at a time and the
-// batch into double (the conversions to double, a quarter-rate instruction, were one a
-// value). Block (32, 8); grid.x = (outer kept index, tile of k),
+// A thread loads kBatch rows before it adds them; 16-bit values are added in float a
+// batch at a time and the batch into double (the conversions to double, a quarter-rate
+// instruction, were one a value). Block (32, 8); grid.x = (outer kept index, tile of k),
 // grid.y = chunks. The tile's 8 thread rows are added in order.
 //
 // With several chunks each block stores its partial sums, and the tile's last block to
 // arrive (`arrived`, a counter a tile that it resets) adds them up in chunk order: the
 // same fixed order every run, without a second launch (which was 3 us and a gap at
 // GPT-2's bias gradients, against a column sum of 38).
-constexpr int kBatch = 8;
+constexpr int kBatch = 4;
 template <class TI, class TO, int P>
 __global__ void __launch_bounds__(kThreads)
     reduce_columns(const TI* x, TO* y, double* partial, unsigned* arrived, Dims outer, int64_t width, int64_t tiles,
@@ -224,53 +221,6 @@ __global__ void __launch_bounds__(kThreads)
     store_d(y, oo * width + tile + col, total * scale);
   }
   if (t == 0) arrived[blockIdx.x] = 0;  // for the next run
-}
-
-// Few reduced rows under many packed columns (the position embedding's gradient: 16
-// rows of [1024 x 768]): a thread a 16-byte pack adds its column's rows in order, its
-// loads in flight kBatch at a time, with no shared memory and no second pass. The column
-// tiles gave each thread two rows and each block 8 KB, and read at ~1.25 TB/s on an H100.
-constexpr int64_t kShortRows = 32;
-template <class TI, class TO, int P>
-__global__ void __launch_bounds__(kThreads)
-    reduce_short_columns(const TI* x, TO* y, Dims outer, int64_t width, int64_t packs, Dims red, int64_t len,
-                         double scale) {
-  using Part = std::conditional_t<sizeof(TI) == 2, float, double>;
-  struct alignas(sizeof(TI) * P) Pack {
-    TI v[P];
-  };
-  const int64_t per = width / P;
-  for (int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; t < packs; t += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t oo = t / per, k = (t - oo * per) * P;
-    const TI* p = x + offset_of(outer, oo) + k;
-    auto load = [&](int64_t j) {
-      Pack r;
-      *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p + offset_of(red, j)));
-      return r;
-    };
-    double acc[P] = {};
-    int64_t j = 0;
-#pragma unroll 2
-    for (; j + kBatch <= len; j += kBatch) {
-      Pack v[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) v[b] = load(j + b);
-      Part part[P] = {};
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-        for (int q = 0; q < P; ++q) part[q] += static_cast<Part>(to_compute(v[b].v[q]));
-#pragma unroll
-      for (int q = 0; q < P; ++q) acc[q] += static_cast<double>(part[q]);
-    }
-    for (; j < len; ++j) {
-      const Pack v = load(j);
-#pragma unroll
-      for (int q = 0; q < P; ++q) acc[q] += static_cast<double>(to_compute(v.v[q]));
-    }
-#pragma unroll
-    for (int q = 0; q < P; ++q) store_d(y, oo * width + k + q, acc[q] * scale);
-  }
 }
 
 // Block (32, kPartRows) over 32 outputs of partial set blockIdx.y: thread row ty adds
@@ -383,15 +333,6 @@ Launch prepare_reduce_as(const StepArgs& a, bool mean, const std::function<const
     // Whole packs: every stride is a multiple of the width (the kept group is innermost).
     constexpr int pack = 16 / static_cast<int>(sizeof(TI));
     const bool packed = width % pack == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-    const int64_t packs = outer.count() * (width / pack);
-    if (packed && len <= kShortRows && packs >= sms * kThreads) {  // a wave of threads at least
-      const unsigned blocks = blocks_for(packs, kThreads, static_cast<int>(cap));
-      return [=](cudaStream_t stream) {
-        reduce_short_columns<TI, TO, pack><<<blocks, kThreads, 0, stream>>>(in(), y, outer, width, packs, reduced, len,
-                                                                             scale);
-        SEAM_CUDA_LAUNCH_CHECK();
-      };
-    }
     const int64_t tiles = ceil_div(width, packed ? 32 * pack : 32);
     const int64_t blocks_x = tiles * outer.count();
     if (blocks_x > 0x7fffffff) fail(op_name(a.step.op), " '", a.step.name, "': too many columns");
