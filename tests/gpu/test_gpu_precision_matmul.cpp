@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -491,15 +492,18 @@ TEST(GpuPrecisionGemmCache, SixteenBitGemmsAreChosenApartFromF32) {
   const auto s1 = cuda::gemm_cache_stats();
   EXPECT_GT(s1.tuned, s0.tuned);
   EXPECT_GT(s1.variants_timed, s0.variants_timed);
+  std::map<std::string, int64_t> timed;  // variant choices timed at each 16-bit type
   for (DType t : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(t));
     const auto before = cuda::gemm_cache_stats();
     compile_one(t);
     const auto after = cuda::gemm_cache_stats();
-    // The same GEMMs and variants as the f32 model's, none taken from its choices.
+    // The same GEMMs as the f32 model's and at least its variant choices (bf16 adds one:
+    // our Hopper GEMM is offered for the plain product), none taken from its choices.
     EXPECT_EQ(after.tuned - before.tuned, s1.tuned - s0.tuned);
     EXPECT_EQ(after.memory_hits, before.memory_hits);
-    EXPECT_EQ(after.variants_timed - before.variants_timed, s1.variants_timed - s0.variants_timed);
+    timed[dtype_name(t)] = static_cast<int64_t>(after.variants_timed - before.variants_timed);
+    EXPECT_GE(timed[dtype_name(t)], static_cast<int64_t>(s1.variants_timed - s0.variants_timed));
     EXPECT_EQ(after.variant_hits, before.variant_hits);
   }
   // The file names each GEMM's types (cudaDataType_t: 0 f32, 14 bf16, 2 f16) and each
@@ -521,8 +525,8 @@ TEST(GpuPrecisionGemmCache, SixteenBitGemmsAreChosenApartFromF32) {
   EXPECT_GT(f32, 0);
   EXPECT_EQ(bf16, f32);
   EXPECT_EQ(f16, f32);
-  EXPECT_EQ(bf16_picks, 1);
-  EXPECT_EQ(f16_picks, 1);
+  EXPECT_EQ(bf16_picks, timed["bf16"]);  // a pick a timed choice, under its own type
+  EXPECT_EQ(f16_picks, timed["f16"]);
 }
 
 // ---------------------------------------------------------------------------------------
