@@ -180,7 +180,7 @@ TEST(GpuOptimizer, EveryOptimizerMatchesTheCpu) {
 
 TEST(GpuOptimizer, ManyPacksAThreadMatchTheCpu) {
   // More packs of four than the grid has threads: the update's pairs of packs and its
-  // single-pack tail both run, as do the norm's four loads a thread and its tail.
+  // single-pack tail both run, as do the norm's pairs of loads and its tail.
   auto adamw = OptimizerConfig::adamw(1e-3, 0.1);
   adamw.clip_norm = 1.0;
   auto sgd = OptimizerConfig::sgd(0.01, 0.9);

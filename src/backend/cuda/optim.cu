@@ -72,36 +72,33 @@ __device__ __forceinline__ float sumsq_of(const G (&v)[K]) {
 }
 
 // Squared norm of the gradients: per-block partial sums, then one block adds them up,
-// in a fixed order so the result is the same on every run. Each thread keeps four 16-byte
-// loads in flight: the read is latency-bound, and at two a thread it stayed under the
-// H200's copy rate. The values before g's first 16-byte boundary (a ZeRO-1 shard starts
-// anywhere) and after its last whole pack are read one by one.
+// in a fixed order so the result is the same on every run. Each thread keeps two 16-byte
+// loads in flight (one scalar load at a time would leave the read latency-bound at about
+// half the memory's bandwidth); the values before g's first 16-byte boundary (a ZeRO-1
+// shard starts anywhere) and after its last whole pack are read one by one.
 template <class G>
 __global__ void sumsq_partial(const G* __restrict__ g, int64_t n, float* __restrict__ partial) {
   constexpr int64_t kPer = 16 / sizeof(G);
-  constexpr int kLoads = 4;
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
   const auto head = min(n, static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(g) % 16) % 16 / sizeof(G)));
-  float s[kLoads] = {};
-  if (first < head) s[0] = to_float(g[first]) * to_float(g[first]);
+  float s0 = 0.f, s1 = 0.f;
+  if (first < head) s0 = to_float(g[first]) * to_float(g[first]);
   g += head, n -= head;
   const auto* gv = reinterpret_cast<const Vec16<G>*>(g);
   const int64_t packs = n / kPer;
   int64_t j = first;
-  for (; j + (kLoads - 1) * stride < packs; j += kLoads * stride) {
-    Vec16<G> a[kLoads];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) a[l] = gv[j + l * stride];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) s[l] += sumsq_of(a[l].v);
+  for (; j + stride < packs; j += 2 * stride) {
+    const Vec16<G> a = gv[j], b = gv[j + stride];
+    s0 += sumsq_of(a.v);
+    s1 += sumsq_of(b.v);
   }
-  for (; j < packs; j += stride) s[1] += sumsq_of(gv[j].v);
+  if (j < packs) s0 += sumsq_of(gv[j].v);
   for (int64_t i = packs * kPer + first; i < n; i += stride) {
     const float x = to_float(g[i]);
-    s[2] = fmaf(x, x, s[2]);
+    s1 = fmaf(x, x, s1);
   }
-  const float t = block_sum((s[0] + s[1]) + (s[2] + s[3]));
-  if (threadIdx.x == 0) partial[blockIdx.x] = t;
+  const float s = block_sum(s0 + s1);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 // The norm of the unscaled gradients from their sum of squares, and whether the step may
