@@ -349,6 +349,40 @@ TEST(GpuMisc, EmbeddingAndItsGradientMatchTheCpu) {
   compare_with_cpu([](GpuCase& c) { return embedding(c.labels("ids", {4, 64}, 3), c.param("w", {3, 128})); }, f32());
 }
 
+// The gradient's own report, on its four-wide path (rows of 8 values, added by 16-byte
+// atomics) and its scalar one (rows of 6): an evaluation plan of the gradient alone, as
+// a forward embedding would report the id first.
+TEST(GpuMisc, AnEmbeddingGradientsIdOutOfRangeIsReported) {
+  for (int64_t dim : {8, 6}) {
+    SCOPED_TRACE("rows of " + std::to_string(dim));
+    Graph g;
+    Var ids = g.input("ids", {3}, DType::i32);
+    Var dy = g.input("dy", {3, dim});
+    Var dw = g.add1(Op::embedding_grad, {dy.id(), ids.id()}, {{"num", int64_t{4}}});
+    Model m(g, {.device = Device::cuda});
+    Program p = m.compile({.mode = Mode::eval, .outputs = {dw.id()}});
+    const std::vector<float> d = random_floats(static_cast<size_t>(3 * dim), 3);
+    p.set_input("dy", std::span<const float>(d));
+    std::vector<int32_t> good{3, 0, 3}, bad{0, 4, 1};
+    p.set_input("ids", std::span<const int32_t>(good));
+    p.run();
+    const std::vector<float> sums = p.read_as<float>(dw.name());
+    const auto n = static_cast<size_t>(dim);
+    for (size_t c = 0; c < n; ++c) {  // row 3 adds positions 0 and 2, row 0 is position 1's
+      EXPECT_FLOAT_EQ(sums[3 * n + c], d[c] + d[2 * n + c]);
+      EXPECT_EQ(sums[c], d[n + c]);
+    }
+    p.set_input("ids", std::span<const int32_t>(bad));
+    try {
+      p.run();
+      p.read(dw.name());
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("id 4 at position 1"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GpuMisc, AnEmbeddingIdOutOfRangeIsReportedOnRead) {
   Graph g;
   Var ids = g.input("ids", {3}, DType::i32);
