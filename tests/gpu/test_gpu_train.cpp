@@ -113,9 +113,10 @@ void train_both(Graph& g, Var loss, const OptimizerConfig& opt, size_t rows, siz
   compare(res[1], res[0], rel, /*elementwise=*/precision == Precision::f32);
 }
 
-// Eight steps of `c` on a linear loss whose gradients are the inputs gw and gb. 1037
-// parameters take the update's scalar path, 1036 (a multiple of 4) its float4 path. On
-// the GPU, `on_device` (if given) gets the gradients as read_grad_device gives them.
+// Eight steps of `c` on a linear loss whose gradients are the inputs gw (nw values) and
+// gb (nb). With nw = 1000, 1037 parameters take the update's scalar path, 1036 (a
+// multiple of 4) its float4 path. On the GPU, `on_device` (if given) gets the gradients
+// as read_grad_device gives them.
 Results optimizer_steps(const OptimizerConfig& c, Device d, int64_t nb = 37, Results* on_device = nullptr,
                         int64_t nw = 1000) {
   Graph g;
