@@ -74,7 +74,8 @@ struct Layout {
 struct GradBucket {
   std::vector<BufferRef> parts;     // in the grads region; gradients adjacent there are one part
   std::vector<std::string> params;  // whose gradients it holds, in the order they become final
-  int after = -1;                   // the last step writing into it or reading it (-1: none)
+  int after = -1;                   // the last step writing into it or reading it, in the
+                                    // plan's order (-1: none)
   size_t bytes() const;
 };
 

@@ -175,7 +175,21 @@ class CudaExecutable : public Executable {
       for (int l = 1; l < sched_.lanes_used; ++l) joined_.push_back(event());
     }
     if (!plan.buckets.empty()) {
-      for (size_t k = 0; k <= plan.buckets.size(); ++k) bucket_ready_.push_back(event());
+      // A bucket's `after` is its last step in program order; a step before it on another
+      // lane (the bias sums beside the weight gradient reading the same dy) may still run
+      // when `after` is done, so the sum waits for every lane that reads or writes its bytes.
+      for (const GradBucket& b : plan.buckets) {
+        std::vector<int> lanes;
+        for (size_t j = 0; j < plan.steps.size(); ++j)
+          if (touches(plan.steps[j], b)) lanes.push_back(sched_.lane[j]);
+        std::sort(lanes.begin(), lanes.end());
+        lanes.erase(std::unique(lanes.begin(), lanes.end()), lanes.end());
+        if (lanes.empty()) lanes.push_back(0);
+        std::vector<cudaEvent_t> ready;
+        for (size_t i = 0; i < lanes.size(); ++i) ready.push_back(event());
+        bucket_lanes_.push_back(std::move(lanes));
+        bucket_ready_.push_back(std::move(ready));
+      }
       summed_ = event();
       if (plan.optimizer && !plan.loss.empty())
         if (const Binding* b = plan.output(plan.loss)) loss_ = r.base(b->ref.region) + b->ref.offset;
@@ -204,7 +218,8 @@ class CudaExecutable : public Executable {
     for (cudaEvent_t e : done_)
       if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : joined_) cudaEventDestroy(e);
-    for (cudaEvent_t e : bucket_ready_) cudaEventDestroy(e);
+    for (auto& ready : bucket_ready_)
+      for (cudaEvent_t e : ready) cudaEventDestroy(e);
     if (summed_) cudaEventDestroy(summed_);
     if (fork_) cudaEventDestroy(fork_);
     for (auto& in : inputs_)
@@ -423,7 +438,7 @@ class CudaExecutable : public Executable {
     for (auto& in : inputs_)
       SEAM_CUDA_CHECK(cudaMemcpyAsync(in.arena, in.landing[s], in.bytes, cudaMemcpyDeviceToDevice, stream));
     const int lanes = sched_.lanes_used;
-    auto lane_stream = [&](int l) { return l == 0 ? stream : sh_->lanes[static_cast<size_t>(l)]; };
+    auto lane_stream = [&](int l) { return lane_stream_of(l, stream); };
     if (lanes > 1) {
       SEAM_CUDA_CHECK(cudaEventRecord(fork_, stream));
       for (int l = 1; l < lanes; ++l) SEAM_CUDA_CHECK(cudaStreamWaitEvent(lane_stream(l), fork_, 0));
@@ -438,7 +453,7 @@ class CudaExecutable : public Executable {
       ctx_.set_lane(l);
       launches_[j](ls);
       if (signals_[j]) SEAM_CUDA_CHECK(cudaEventRecord(done_[j], ls));
-      sum_buckets(static_cast<int>(j), ls);
+      sum_buckets(static_cast<int>(j), stream);
     }
     ctx_.set_lane(0);
     for (int l = 1; l < lanes; ++l) {
@@ -455,14 +470,31 @@ class CudaExecutable : public Executable {
     for (size_t k = n; k < launches_.size(); ++k) launches_[k](stream);  // the optimizer
   }
 
-  // The buckets whose last step is `after` (on stream `from`), each summed on the
-  // communication stream as soon as that step is done, beside the rest of the step.
-  void sum_buckets(int after, cudaStream_t from) {
+  cudaStream_t lane_stream_of(int l, cudaStream_t stream) const {
+    return l == 0 ? stream : sh_->lanes[static_cast<size_t>(l)];
+  }
+
+  // Whether step s reads or writes any of bucket b's bytes.
+  static bool touches(const PlanStep& s, const GradBucket& b) {
+    for (const auto* list : {&s.in, &s.out})
+      for (const BufferRef& o : *list)
+        for (const BufferRef& p : b.parts)
+          if (o.region == Region::grads && o.offset < p.offset + p.bytes() && p.offset < o.offset + o.bytes())
+            return true;
+    return false;
+  }
+
+  // The buckets whose last step is `after` (-1: none), each summed on the communication
+  // stream as soon as every lane has done what it was given up to that step (`stream`
+  // is lane 0's), beside the rest of the step.
+  void sum_buckets(int after, cudaStream_t stream) {
     for (size_t k = 0; k < plan_.buckets.size(); ++k) {
       const GradBucket& b = plan_.buckets[k];
       if (b.after != after) continue;
-      SEAM_CUDA_CHECK(cudaEventRecord(bucket_ready_[k], from));
-      SEAM_CUDA_CHECK(cudaStreamWaitEvent(sh_->comm_stream, bucket_ready_[k], 0));
+      for (size_t i = 0; i < bucket_lanes_[k].size(); ++i) {
+        SEAM_CUDA_CHECK(cudaEventRecord(bucket_ready_[k][i], lane_stream_of(bucket_lanes_[k][i], stream)));
+        SEAM_CUDA_CHECK(cudaStreamWaitEvent(sh_->comm_stream, bucket_ready_[k][i], 0));
+      }
       for (const BufferRef& p : b.parts) {
         const auto n = static_cast<size_t>(p.type.numel());
         if (!plan_.zero) {
@@ -510,7 +542,8 @@ class CudaExecutable : public Executable {
   std::vector<cudaEvent_t> done_;    // recorded after step j where signals_[j]
   std::vector<cudaEvent_t> joined_;  // lane l's last work, for lanes 1..
   cudaEvent_t fork_ = nullptr;
-  std::vector<cudaEvent_t> bucket_ready_;  // bucket k's last step is done
+  std::vector<std::vector<int>> bucket_lanes_;          // the lanes reading or writing bucket k
+  std::vector<std::vector<cudaEvent_t>> bucket_ready_;  // each of them done with it
   cudaEvent_t summed_ = nullptr;           // every bucket summed
   std::byte* loss_ = nullptr;              // averaged over the ranks before the update
   std::vector<StagedInput> inputs_;
