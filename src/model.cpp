@@ -610,8 +610,16 @@ Plan Model::plan(const CompileOptions& o) const {
       for (auto& [v, slot] : r.grads) v = f.map[static_cast<size_t>(v)];
       return own + lower(f.graph, c.layout, r).arena_bytes;
     };
-    // The output layer in more chunks first (a few more passes over its weight's gradient
-    // each), while they make the step smaller; then recomputation.
+    // Where the step does not fit as it is: layer norm's backward from its output first (no
+    // time, no byte moved), then the output layer in more chunks (a few more passes over
+    // its weight's gradient each) while they make the step smaller, then recomputation.
+    int from_outputs = 0;
+    if (o.fuse && std::find(o.recompute.begin(), o.recompute.end(), "layer_norm") == o.recompute.end() &&
+        own + lower(g, c.layout, req).arena_bytes > o.memory_budget) {
+      FuseResult f = norm_grads_from_outputs(g, loss_now);
+      from_outputs = f.backward;
+      if (from_outputs > 0) apply(std::move(f));
+    }
     int chunks = o.output_chunks;
     if (o.fuse) {
       size_t have = bytes_of(chunk_output_layer(g, keep, chunks));
@@ -630,7 +638,10 @@ Plan Model::plan(const CompileOptions& o) const {
     std::string extra;
     for (auto& [k, n] : added) extra += (extra.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     budget_note = "memory budget " + bytes_str(o.memory_budget) + ": the model's buffers and the arena take " +
-                  bytes_str(ch.bytes) + (chunks > 1 ? ", the output layer in " + std::to_string(chunks) + " chunks" : "") +
+                  bytes_str(ch.bytes) +
+                  (from_outputs > 0 ? ", " + std::to_string(from_outputs) + " layer norm gradients from their outputs"
+                                    : "") +
+                  (chunks > 1 ? ", the output layer in " + std::to_string(chunks) + " chunks" : "") +
                   (extra.empty() ? "" : ", recomputing " + extra + " outputs more") +
                   (unchunked.empty() ? "" : "; " + unchunked);
     apply(std::move(ch.result));

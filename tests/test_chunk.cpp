@@ -107,8 +107,9 @@ TEST(Chunk, TheOutputLayerInChunksMatchesItWhole) {
   for (size_t s = 0; s < half.losses.size(); ++s) EXPECT_NEAR(half4.losses[s], half.losses[s], 1e-2 * half.losses[s]);
 }
 
-// A memory budget splits the output layer before it recomputes anything: the fewest
-// chunks that fit, and no chunks where the logits are not what the peak holds.
+// A memory budget takes layer norm gradients from the norms' outputs first, then splits
+// the output layer before it recomputes anything: the fewest chunks that fit, and no
+// chunks where the logits are not what the peak holds.
 TEST(Chunk, AMemoryBudgetChunksTheOutputLayerFirst) {
   const LanguageModel m;
   Model model(m.g, {.seed = 5});
@@ -119,16 +120,21 @@ TEST(Chunk, AMemoryBudgetChunksTheOutputLayerFirst) {
   const Plan whole = plan(0), two = plan(0, 2), four = plan(0, 4);
   ASSERT_LT(four.arena_bytes, two.arena_bytes);
   const size_t own = model.device_bytes();
-  const Plan p2 = plan(own + two.arena_bytes);
+  const Plan fits = plan(own + whole.arena_bytes);
+  EXPECT_EQ(count(fits, Op::cross_entropy_with_grad), 1) << fits.budget_note;
+  EXPECT_EQ(fits.budget_note.find("from their outputs"), std::string::npos) << fits.budget_note;
+  const Plan p1 = plan(own + whole.arena_bytes - 1);
+  EXPECT_EQ(count(p1, Op::cross_entropy_with_grad), 1) << p1.budget_note;
+  EXPECT_NE(p1.budget_note.find("layer norm gradients from their outputs"), std::string::npos) << p1.budget_note;
+  const Plan p2 = plan(own + p1.arena_bytes - 1);
   EXPECT_EQ(count(p2, Op::cross_entropy_with_grad), 2) << p2.budget_note;
   EXPECT_NE(p2.budget_note.find("the output layer in 2 chunks"), std::string::npos) << p2.budget_note;
   EXPECT_EQ(p2.budget_note.find("recomputing"), std::string::npos) << p2.budget_note;
-  const Plan p4 = plan(own + two.arena_bytes - 1);
+  const Plan p4 = plan(own + p2.arena_bytes - 1);
   EXPECT_EQ(count(p4, Op::cross_entropy_with_grad), 4) << p4.budget_note;
-  const Plan fits = plan(own + whole.arena_bytes);
-  EXPECT_EQ(count(fits, Op::cross_entropy_with_grad), 1) << fits.budget_note;
+  EXPECT_EQ(p4.budget_note.find("recomputing"), std::string::npos) << p4.budget_note;
   // Below four chunks' arena: four chunks and recomputation.
-  const Plan less = plan(own + four.arena_bytes - 1);
+  const Plan less = plan(own + p4.arena_bytes - 1);
   EXPECT_EQ(count(less, Op::cross_entropy_with_grad), 4) << less.budget_note;
   EXPECT_NE(less.budget_note.find("recomputing"), std::string::npos) << less.budget_note;
   EXPECT_THROW(plan(0, 0), Error);

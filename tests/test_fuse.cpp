@@ -138,9 +138,12 @@ TEST(Fuse, RecomputedLayerNormsChangeNoBitAndShrinkTheArena) {
   }
 }
 
-// A memory budget: nothing recomputed where the step fits; where it does not, GELU
-// outputs and then layer norm outputs recomputed, the fewest that fit, and the same bits;
-// an error that names the step's least where nothing fits.
+int from_outputs(const Plan& p);
+
+// A memory budget: nothing changed where the step fits; where it does not, layer norm
+// gradients from the norms' outputs first, then GELU outputs and then layer norm outputs
+// recomputed, the fewest that fit, and the same bits as without the recomputation; an
+// error that names the step's least where nothing fits.
 TEST(Fuse, AMemoryBudgetRecomputesTheFewestOutputsThatFit) {
   NormBlocks m;
   Model model(m.g, {.seed = 3});
@@ -153,8 +156,9 @@ TEST(Fuse, AMemoryBudgetRecomputesTheFewestOutputsThatFit) {
   EXPECT_EQ(all.arena_bytes, plain.arena_bytes);
   EXPECT_NE(all.budget_note.find("the model's buffers and the arena take"), std::string::npos) << all.budget_note;
   EXPECT_EQ(all.budget_note.find("recomputing"), std::string::npos) << all.budget_note;
-  const size_t least = compile(own + plain.arena_bytes).plan().arena_bytes;
-  EXPECT_EQ(least, plain.arena_bytes);
+  const Plan exact = compile(own + plain.arena_bytes).plan();
+  EXPECT_EQ(exact.arena_bytes, plain.arena_bytes);
+  EXPECT_EQ(from_outputs(exact), 0);
   // A model's first program counts the moments and working copies it is about to make.
   for (size_t less : {size_t{0}, size_t{1}}) {
     Model fresh(m.g, {.seed = 3, .precision = Precision::bf16});
@@ -163,37 +167,75 @@ TEST(Fuse, AMemoryBudgetRecomputesTheFewestOutputsThatFit) {
         sized.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2)}).plan().arena_bytes;
     const Plan p = fresh.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2),
                                   .memory_budget = sized.device_bytes() + arena - less}).plan();
-    EXPECT_EQ(p.budget_note.find("recomputing") != std::string::npos, less == 1) << p.budget_note;
+    EXPECT_EQ(from_outputs(p) > 0, less == 1) << p.budget_note;
+    EXPECT_EQ(p.budget_note.find("recomputing"), std::string::npos) << p.budget_note;
   }
-  // Every candidate recomputed: the smallest arena there is.
+  // The norms' gradients from their outputs alone; below that, recomputation.
+  const size_t just_under = own + plain.arena_bytes - 1;
+  const Plan from = compile(just_under).plan();
+  EXPECT_EQ(from.budget_note.find("recomputing"), std::string::npos) << from.budget_note;
   const Plan most = model.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2),
                                    .recompute = {"gelu", "layer_norm"}}).plan();
-  ASSERT_LT(most.arena_bytes, plain.arena_bytes);
+  ASSERT_LT(most.arena_bytes, from.arena_bytes);
   int fitted = 0;
-  for (size_t arena = most.arena_bytes; arena < plain.arena_bytes; arena += (plain.arena_bytes - most.arena_bytes) / 5) {
+  for (size_t arena = most.arena_bytes; arena < from.arena_bytes; arena += (from.arena_bytes - most.arena_bytes) / 5) {
     SCOPED_TRACE("budget: the model's own bytes + " + std::to_string(arena));
     const Plan p = compile(own + arena).plan();
     EXPECT_LE(p.arena_bytes, arena) << p.budget_note;
     EXPECT_NE(p.budget_note.find("recomputing"), std::string::npos) << p.budget_note;
+    EXPECT_EQ(from_outputs(p), 4) << p.budget_note;
     ++fitted;
   }
   EXPECT_GE(fitted, 5);
-  // A budget between: GELUs go first; the bits are the plain step's.
-  const size_t mid = own + (most.arena_bytes + plain.arena_bytes) / 2;
+  // A budget between: GELUs go first; the bits are those without recomputation.
+  const size_t mid = own + (most.arena_bytes + from.arena_bytes) / 2;
   const Plan p = compile(mid).plan();
   EXPECT_NE(p.budget_note.find(" gelu"), std::string::npos) << p.budget_note;
   EXPECT_LE(own + p.arena_bytes, mid);
-  const Trained kept = train(m.g, m.loss, true, 32, 20), within = train(m.g, m.loss, true, 32, 20, {}, mid);
+  const Trained kept = train(m.g, m.loss, true, 32, 20, {}, just_under);
+  const Trained within = train(m.g, m.loss, true, 32, 20, {}, mid);
   EXPECT_EQ(within.plan.arena_bytes, p.arena_bytes);
   EXPECT_EQ(within.losses, kept.losses);
   EXPECT_EQ(within.params, kept.params);
-  for (size_t budget : {own + most.arena_bytes - 1, own / 2}) {
+  for (size_t budget : {own + 1, own / 2}) {
     const std::string e = seam::testing::error_of([&] { compile(budget); });
     EXPECT_NE(e.find("compile: memory budget of "), std::string::npos) << e;
     EXPECT_TRUE(e.find("even with every GELU and layer norm output the backward reads recomputed") != std::string::npos ||
                 e.find("the model's own buffers") != std::string::npos)
         << e;
   }
+}
+
+int from_outputs(const Plan& p) {
+  int n = 0;
+  for (const PlanStep& st : p.steps) n += st.op == Op::layer_norm_grad && st.attrs.i("from_output") == 1;
+  return n;
+}
+
+// A step over its memory budget takes layer norm's gradients from the norms' outputs
+// first (norm_grads_from_outputs): their inputs are not kept, nothing is recomputed, and
+// training follows the plain step's to f32's rounding (xhat from y, not from x). A step
+// within its budget keeps its plain backward.
+TEST(Fuse, AMemoryBudgetTakesLayerNormGradientsFromTheirOutputsFirst) {
+  NormBlocks m;
+  Model model(m.g, {.seed = 3});
+  const Plan plain = model.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2)}).plan();
+  const size_t own = model.device_bytes(), budget = own + plain.arena_bytes - 1;
+  const Trained kept = train(m.g, m.loss, true, 32, 20), within = train(m.g, m.loss, true, 32, 20, {}, budget);
+  EXPECT_EQ(from_outputs(kept.plan), 0);
+  EXPECT_EQ(from_outputs(within.plan), 4) << within.plan.str();  // three blocks' and the final one
+  EXPECT_NE(within.plan.budget_note.find("4 layer norm gradients from their outputs"), std::string::npos)
+      << within.plan.budget_note;
+  EXPECT_EQ(within.plan.budget_note.find("recomputing"), std::string::npos) << within.plan.budget_note;
+  EXPECT_LT(within.plan.arena_bytes, plain.arena_bytes);
+  for (size_t i = 0; i < kept.losses.size(); ++i) EXPECT_NEAR(within.losses[i], kept.losses[i], 1e-5);
+  for (size_t i = 0; i < kept.params.size(); ++i)
+    for (size_t j = 0; j < kept.params[i].size(); ++j)
+      ASSERT_NEAR(within.params[i][j], kept.params[i][j], 1e-4) << "parameter " << i << " value " << j;
+  // Asked to recompute layer norm outputs, the budget keeps the backward from the inputs.
+  const Plan asked = model.compile({.loss = m.loss.id(), .optimizer = OptimizerConfig::adam(1e-2),
+                                    .recompute = {"layer_norm"}, .memory_budget = budget}).plan();
+  EXPECT_EQ(from_outputs(asked), 0);
 }
 
 // The fused loss keeps ignore_index and label smoothing, and is made only where the

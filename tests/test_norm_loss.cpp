@@ -494,6 +494,47 @@ TEST(Norm, LayerNormGradMatchesFiniteDifferences) {
   }
 }
 
+// layer_norm_grad from the norm's output (from_output: y and beta in place of x and mean,
+// xhat = (y - beta) / gamma) gives the gradients taken from the input, with dr and dx's
+// column sums, gammas of either sign; a zero gamma is an error that names it.
+TEST(Norm, LayerNormGradFromTheOutputMatchesTheInputs) {
+  for (Shape s : {Shape{5, 7}, Shape{2, 3, 16}}) {
+    SCOPED_TRACE(shape_str(s));
+    const Shape dim{s.back()};
+    const auto d = static_cast<size_t>(s.back()), n = static_cast<size_t>(numel(s));
+    Graph g;
+    Var x = g.input("x", s, DType::f64), dy = g.input("dy", s, DType::f64), dr = g.input("dr", s, DType::f64);
+    Var gamma = g.input("gamma", dim, DType::f64), beta = g.input("beta", dim, DType::f64);
+    auto st = g.add(Op::layer_norm, {x.id(), gamma.id(), beta.id()});
+    const Attrs sums{{"dx_sums", int64_t{1}}};
+    Attrs from_y = sums;
+    from_y.set("from_output", int64_t{1});
+    auto a = g.add(Op::layer_norm_grad, {dy.id(), x.id(), st[1], st[2], gamma.id(), dr.id()}, sums);
+    auto b = g.add(Op::layer_norm_grad, {dy.id(), st[0], beta.id(), st[2], gamma.id(), dr.id()}, from_y);
+    std::vector<ValueId> outs(a.begin(), a.end());
+    outs.insert(outs.end(), b.begin(), b.end());
+    Model m(g, {});
+    Program p = m.compile(forward(Mode::eval, outs));
+    std::vector<double> gs = random_values(d, 7, 0.5, 1.5), bs = random_values(d, 8, -1, 1);
+    for (size_t j = 0; j < d; j += 2) gs[j] = -gs[j];
+    for (const char* in : {"x", "dy", "dr"}) {
+      const std::vector<double> v = random_values(n, in[1] + 11, -2, 2);
+      p.set_input(in, std::span<const double>(v));
+    }
+    p.set_input("beta", std::span<const double>(bs));
+    p.set_input("gamma", std::span<const double>(gs));
+    p.run();
+    for (size_t i = 0; i < a.size(); ++i) {
+      SCOPED_TRACE("output " + std::to_string(i));
+      expect_near_all(p.read_as<double>(g.value(b[i]).name), p.read_as<double>(g.value(a[i]).name), 1e-10, 1e-12);
+    }
+    gs[2] = 0;
+    p.set_input("gamma", std::span<const double>(gs));
+    const std::string e = seam::testing::error_of([&] { p.run(); });
+    EXPECT_NE(e.find("gamma[2] is 0"), std::string::npos) << e;
+  }
+}
+
 TEST(Norm, BatchNormTrainingGradMatchesFiniteDifferences) {
   for (Shape s : {Shape{4, 3}, Shape{2, 3, 2, 3}, Shape{1, 2, 3, 1}}) {
     SCOPED_TRACE(shape_str(s));

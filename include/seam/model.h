@@ -82,10 +82,11 @@ struct CompileOptions {
   int output_chunks = 1;
   // Bytes the model's buffers (parameters, gradients, working copies, optimizer state) and
   // the step's arena may take together (library workspaces aside); 0: no limit. Where the
-  // step needs more, the output layer runs in more chunks (up to 4), then more
-  // GELU and then layer norm outputs are recomputed (after those `recompute` names), the
-  // fewest that fit; Plan::budget_note says which. An error where even all of them do not
-  // fit.
+  // step needs more, layer norm gradients come from the norms' outputs (their inputs no
+  // longer kept; not where `recompute` names "layer_norm"), the output layer runs in more
+  // chunks (up to 4), then more GELU and then layer norm outputs are recomputed (after
+  // those `recompute` names), the fewest that fit; Plan::budget_note says which. An error
+  // where even all of them do not fit.
   size_t memory_budget = 0;
   // Steps between a buffer's last read and the reuse of its space (LowerRequest); -1:
   // the backend's choice (1 where it runs independent steps concurrently, else 0).

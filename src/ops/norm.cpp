@@ -47,17 +47,23 @@ void register_norm(OpTable& t) {
     d.name = "layer_norm_grad";
     d.inputs = {"dy", "x", "mean", "rstd", "gamma", "dr?"};
     d.outputs = {"dx", "dgamma", "dbeta", "dx_sums?"};
-    d.attrs = {{"eps", 1e-5}, {"dx_sums", int64_t{0}}};
+    d.attrs = {{"eps", 1e-5}, {"dx_sums", int64_t{0}}, {"from_output", int64_t{0}}};
     d.doc = "gradients of layer_norm; with dr (x's other gradient, of x's dtype and shape: "
             "sum_into_norm_grads), dx = layer norm's own input gradient + dr, added as dx is stored; "
             "dx_sums 1: also dx's column sums (of dx as stored, in gamma's dtype: the bias gradient of "
-            "a linear layer whose output gradient dx is, bias_grads_into_norm_grads)";
+            "a linear layer whose output gradient dx is, bias_grads_into_norm_grads); from_output 1: "
+            "x is the norm's output y and mean is beta, xhat = (y - beta) / gamma (norm_grads_from_outputs)";
     d.infer = [](const InferCtx& c) {
       c.expect_float(1);
       if (c.type(0).dtype != c.type(1).dtype) c.fail("dy and x must share one dtype");
       c.expect_dtype_or_compute(1, {4});
+      const int64_t from_output = c.attrs.i("from_output");
+      if (from_output != 0 && from_output != 1) c.fail("from_output must be 0 or 1, got ", from_output);
+      if (from_output && c.type(2) != c.type(4))
+        c.fail("beta must be gamma's type ", c.type(4).str(), ", got ", c.type(2).str());
       for (size_t i : {2, 3})
-        if (c.type(i).dtype != compute_dtype(c.type(1).dtype)) c.fail("mean and rstd must be ", dtype_name(compute_dtype(c.type(1).dtype)));
+        if ((i == 3 || !from_output) && c.type(i).dtype != compute_dtype(c.type(1).dtype))
+          c.fail("mean and rstd must be ", dtype_name(compute_dtype(c.type(1).dtype)));
       if (c.shape(0) != c.shape(1)) c.fail("dy and x differ in shape");
       if (c.in.size() == 6 && c.type(5) != c.type(1))
         c.fail("dr must be x's dtype and shape ", c.type(1).str(), ", got ", c.type(5).str());

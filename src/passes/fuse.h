@@ -151,6 +151,16 @@ FuseResult bias_grads_into_data_grads(const Graph& g, const std::vector<ValueId>
 FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector<std::string>& what);
 std::vector<std::string> recompute_names();
 
+// Layer norm's backward from its output, for memory: layer_norm_grad reads the norm's
+// output y and beta in place of its input x and mean (from_output: xhat = (y - beta) /
+// gamma, as Apex's memory-efficient layer norm does), where the backward reads y anyway
+// (the next GEMM's weight gradient). x, a transformer's residual stream, is then not kept
+// from the forward: 576 MiB of GPT-2 124M's activations at W6, for no extra pass. A zero
+// in gamma leaves y without x's information; the kernels report it. Layer norm outputs so
+// read are no recompute candidates any more (recomputing y would keep x again).
+// (src/passes/recompute.cpp)
+FuseResult norm_grads_from_outputs(const Graph& g, ValueId loss);
+
 // Recomputation chosen for a memory budget: what `what` names, then as many more of the
 // candidates (GELU outputs, then layer norm outputs, each in forward order) as the step
 // needs to fit `budget` bytes as bytes_of measures a rewritten graph (the model's buffers

@@ -58,6 +58,13 @@ Candidates find_candidates(const Graph& g, ValueId loss, const std::vector<std::
     const ValueId y = n.out[0];
     const auto& u = users[static_cast<size_t>(y)];
     if (std::none_of(u.begin(), u.end(), [&](int r) { return r > last_forward; })) continue;
+    // A norm whose backward reads its output (norm_grads_from_outputs) keeps that output
+    // in place of its input: recomputing it would keep the input again.
+    if (std::any_of(u.begin(), u.end(), [&](int r) {
+          const Node& b = nodes[static_cast<size_t>(r)];
+          return b.op == Op::layer_norm_grad && b.attrs.i("from_output") == 1;
+        }))
+      continue;
     c.sources[y] = s;
     c.kind[y] = n.op == Op::layer_norm ? "layer_norm" : "gelu";
     (n.op == Op::layer_norm ? norms : gelus).push_back(y);
@@ -118,6 +125,38 @@ std::vector<std::string> recompute_names() { return {"gelu", "layer_norm"}; }
 FuseResult recompute_activations(const Graph& g, ValueId loss, const std::vector<std::string>& what) {
   const Candidates c = find_candidates(g, loss, what);
   return rewrite(g, loss, c, c.order);
+}
+
+FuseResult norm_grads_from_outputs(const Graph& g, ValueId loss) {
+  const auto& nodes = g.nodes();
+  const int nn = static_cast<int>(nodes.size());
+  const int last_forward = loss >= 0 ? g.value(loss).node : nn;
+  const std::vector<std::vector<int>> users = value_users(g);
+  FuseResult r = start_rebuild(g);
+  for (int k = 0; k < nn; ++k) {
+    const Node& n = nodes[static_cast<size_t>(k)];
+    std::vector<ValueId> in;
+    for (ValueId v : n.in) in.push_back(mapped(r, v));
+    const Node* f = nullptr;  // the forward layer_norm whose statistics n reads
+    if (n.op == Op::layer_norm_grad && n.attrs.i("from_output") == 0 && g.value(n.in[2]).node >= 0) {
+      f = &nodes[static_cast<size_t>(g.value(n.in[2]).node)];
+      if (f->op != Op::layer_norm || f->out[1] != n.in[2] || f->out[2] != n.in[3] || f->in[0] != n.in[1]) f = nullptr;
+    }
+    // Only where the backward reads the output anyway (a weight gradient's input): there
+    // it costs no byte, and the input need not be kept for this node.
+    const std::vector<int>* u = f ? &users[static_cast<size_t>(f->out[0])] : nullptr;
+    if (!u || std::none_of(u->begin(), u->end(), [&](int x) { return x > last_forward && x != k; })) {
+      copy_node(r, g, n, in);
+      continue;
+    }
+    in[1] = mapped(r, f->out[0]);
+    in[2] = mapped(r, f->in[2]);  // beta
+    Node m = n;
+    m.attrs.set("from_output", int64_t{1});
+    copy_node(r, g, m, in);
+    ++r.backward;
+  }
+  return r;
 }
 
 RecomputeChoice recompute_within(const Graph& g, ValueId loss, const std::vector<std::string>& what, size_t budget,

@@ -117,12 +117,23 @@ double compare_with_cpu(const std::function<Var(GpuCase&)>& build, const Compare
   for (ValueId id : c.g.params()) params.push_back(c.g.value(id).name);
   const std::string out_name = out.name();
 
-  auto run = [&](Device d, std::vector<std::vector<float>>& results) {
-    Model m(c.g, {.seed = 23, .device = d, .precision = o.precision, .layout = o.layout, .epilogue = o.epilogue,
-                  .deterministic = o.deterministic});
+  auto options = [&] {
     CompileOptions co{.mode = o.mode, .outputs = outputs, .fuse = o.fuse, .recompute = o.recompute,
                       .output_chunks = o.output_chunks};
     if (o.gradients) co.loss = loss.id(), co.gradients = true;
+    return co;
+  };
+  size_t budget = 0;
+  if (o.budget_just_under) {
+    Model m(c.g, {.seed = 23, .precision = o.precision, .layout = o.layout});
+    const size_t arena = m.compile(options()).plan().arena_bytes;
+    budget = m.device_bytes() + arena - 1;
+  }
+  auto run = [&](Device d, std::vector<std::vector<float>>& results) {
+    Model m(c.g, {.seed = 23, .device = d, .precision = o.precision, .layout = o.layout, .epilogue = o.epilogue,
+                  .deterministic = o.deterministic});
+    CompileOptions co = options();
+    co.memory_budget = budget;
     Program p = m.compile(co);
     for (int k = 0; k < o.runs; ++k) {
       for (auto& [name, bytes] : c.feeds) p.set_input(name, bytes);

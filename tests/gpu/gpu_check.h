@@ -89,6 +89,9 @@ struct CompareOptions {
   bool output_is_loss = false;
   std::vector<std::string> recompute;  // CompileOptions::recompute on both sides
   int output_chunks = 1;               // CompileOptions::output_chunks on both sides
+  // A memory budget one byte under what the step takes without one (the CPU's plan), on
+  // both sides: what the planner does first to fit.
+  bool budget_just_under = false;
 };
 
 // An f32 comparison with gradients, and a TF32 one.

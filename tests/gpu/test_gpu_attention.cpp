@@ -253,6 +253,17 @@ TEST(GpuGpt, OneStepMatchesTheCpuRecomputingGelusAndLayerNorms) {
   }
 }
 
+// A memory budget just under the step's need: the layer norms' gradients from their
+// outputs (their inputs not kept), on both sides.
+TEST(GpuGpt, OneStepMatchesTheCpuWithLayerNormGradientsFromTheirOutputs) {
+  CompareOptions f32(Precision::f32, {1e-4, 1e-2, 1e-4}), bf16(Precision::bf16, {1e-2, 1e9, 1e9});
+  for (CompareOptions o : {f32, bf16}) {
+    SCOPED_TRACE(precision_name(o.precision));
+    o.budget_just_under = true;
+    compare_with_cpu(tiny_gpt, o);
+  }
+}
+
 // Each forced epilogue policy: the GEMMs' fused or split variants (the residual
 // projections' linear_add among them), and attention's kernels, which are no epilogue's
 // and stay chosen by time.

@@ -388,6 +388,52 @@ TEST(GpuPrecisionLayerNorm, DxSumsMatchTheCpu) {
           }
 }
 
+// layer_norm_grad from the norm's output (from_output: y and beta in place of x and mean),
+// on f32 and bf16 data, with dr and dx's sums, gammas of either sign, on every row path:
+// the dx kernel's column sums with 16-byte packs (768) and single values (37, 100), the
+// column kernel beside it (1024) and the block path (2048). Then a zero gamma, reported.
+TEST(GpuPrecisionLayerNorm, GradientFromTheOutputMatchesTheCpu) {
+  auto norm_grad = [](GpuCase& c, const Shape& shape, DType t, bool zero) {
+    const Shape d{shape.back()};
+    Var x = cast(c.data("x", shape, -2, 3), t), dy = cast(c.data("dy", shape, -1, 1), t);
+    Var sign = c.data("sign", d, -1, 1);  // gamma's signs, mixed
+    Var gamma = mul(c.data("gamma", d, 0.5, 1.5), div(sign, abs(sign)));
+    if (zero) gamma = mul(gamma, c.g.input("mask", d));
+    Var beta = c.data("beta", d, -0.5, 0.5);
+    auto st = c.g.add(Op::layer_norm, {x.id(), gamma.id(), beta.id()});
+    Var dr = cast(c.data("dr", shape, -1, 1), t);
+    const std::vector<ValueId> in{dy.id(), st[0], beta.id(), st[2], gamma.id(), dr.id()};
+    return c.g.add(Op::layer_norm_grad, in, {{"dx_sums", int64_t{1}}, {"from_output", int64_t{1}}});
+  };
+  for (DType t : {DType::f32, DType::bf16})
+    for (int64_t dim : {768, 100, 37, 1024, 2048})
+      for (int out : {0, 1, 2, 3}) {
+        const int64_t rows = dim == 2048 ? 129 : 1001;
+        SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(dim) + " output " +
+                     std::to_string(out));
+        CompareOptions o = t == DType::f32 ? seam::gpu_testing::f32() : seam::gpu_testing::bf16();
+        o.gradients = false;
+        compare_with_cpu(
+            [&](GpuCase& c) { return cast(c.g.var(norm_grad(c, {rows, dim}, t, false)[out]), DType::f32); }, o);
+      }
+  for (int64_t dim : {768, 37, 2048}) {
+    SCOPED_TRACE("a zero gamma at " + std::to_string(dim));
+    GpuCase c;
+    const auto g = norm_grad(c, {8, dim}, DType::bf16, true);
+    Model m(c.g, {.device = Device::cuda});
+    Program p = m.compile({.mode = Mode::eval, .outputs = {g[0]}});
+    std::vector<float> mask(static_cast<size_t>(dim), 1.f);
+    mask[5] = 0.f;
+    for (const auto& [name, bytes] : c.feeds) p.set_input(name, std::span<const std::byte>(bytes));
+    p.set_input("mask", std::span<const float>(mask));
+    const std::string e = seam::testing::error_of([&] {
+      p.run();
+      p.read(c.g.value(g[0]).name);
+    });
+    EXPECT_NE(e.find("gamma[5] is 0"), std::string::npos) << e;
+  }
+}
+
 // The fused loss counting the rows its argmax gets right (what the training accuracy
 // becomes, fuse_losses): the count equals the CPU's exactly, on each row path (warp and
 // block rows, 16-byte packs and single values, one launch or the labels counted first),

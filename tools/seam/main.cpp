@@ -212,8 +212,9 @@ int main(int argc, char** argv) {
   std::string train_layout, plan_layout, bench_layout;
   // --memory-budget for train, plan and bench (CompileOptions::memory_budget), in GiB.
   const std::string budget_help =
-      "GiB that the model's buffers and the step's arena may take: more GELU and layer norm outputs are recomputed "
-      "in the backward until the step fits (default: the model file's memory_budget_gib, else no limit)";
+      "GiB that the model's buffers and the step's arena may take: where the step needs more, layer norm gradients "
+      "from the norms' outputs, the output layer in up to 4 chunks, then GELU and layer norm outputs recomputed in "
+      "the backward until it fits (default: the model file's memory_budget_gib, else no limit)";
   // --output-chunks for train, plan and bench (CompileOptions::output_chunks).
   const std::string chunks_help =
       "row chunks of the output layer (logits, loss and their gradient GEMMs a chunk at a time: a language model's "

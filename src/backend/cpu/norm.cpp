@@ -53,13 +53,19 @@ void layer_norm(const KernelArgs& a) {
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dr); dgamma, dbeta sum over rows.
 void layer_norm_grad(const KernelArgs& a) {
   const int64_t dim = a.in[1].shape().back();
-  const int64_t rows = a.in[2].numel();
+  const int64_t rows = a.in[3].numel();
   dispatch_float(a.in[1].dtype(), [&]<class T>() {
     const T* dy = a.in[0].as<T>();
     const T* x = a.in[1].as<T>();
+    // from_output: x is y and "mean" is beta; xhat = (y - beta) / gamma.
+    const bool from_y = a.attrs().i("from_output") == 1;
     const T* mean = a.in[2].as<T>();
     const T* rstd = a.in[3].as<T>();
     const T* gamma = a.in[4].as<T>();
+    if (from_y)
+      for (int64_t j = 0; j < dim; ++j)
+        if (gamma[j] == T(0))
+          fail("layer_norm_grad from its output: gamma[", j, "] is 0, so the output does not determine the input");
     const T* dr = a.in.size() == 6 ? a.in[5].as<T>() : nullptr;
     T* dx = a.out[0].as<T>();
     const bool sums = a.out.size() == 4;  // dx_sums: of dx as stored, as a sum step reading it would add
@@ -67,12 +73,13 @@ void layer_norm_grad(const KernelArgs& a) {
         dx_sum(sums ? static_cast<size_t>(dim) : 0, 0.0);
     std::vector<double> xhat(static_cast<size_t>(dim));
     for (int64_t r = 0; r < rows; ++r) {
-      const double m = static_cast<double>(mean[r]), s = static_cast<double>(rstd[r]);
+      const double m = from_y ? 0.0 : static_cast<double>(mean[r]), s = static_cast<double>(rstd[r]);
       double g_sum = 0, gx_sum = 0;
       for (int64_t j = 0; j < dim; ++j) {
         const auto k = static_cast<size_t>(j);
         const double d = static_cast<double>(dy[r * dim + j]);
-        xhat[k] = (static_cast<double>(x[r * dim + j]) - m) * s;
+        const double v = static_cast<double>(x[r * dim + j]);
+        xhat[k] = from_y ? (v - static_cast<double>(mean[j])) / static_cast<double>(gamma[j]) : (v - m) * s;
         const double g = d * static_cast<double>(gamma[j]);
         g_sum += g;
         gx_sum += g * xhat[k];

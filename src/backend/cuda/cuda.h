@@ -64,6 +64,7 @@ enum ErrorCode : int32_t {
   kNoError = 0,
   kEmbeddingId = 1,   // a: position, b: id, c: rows
   kLabelRange = 2,    // a: row, b: label, c: classes
+  kZeroGamma = 3,     // a: column (layer norm's backward from its output)
 };
 
 class GemmCache;

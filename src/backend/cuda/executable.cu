@@ -37,6 +37,9 @@ std::string error_message(const DeviceError& e, const Plan& plan) {
     case kLabelRange:
       return where + ": label " + std::to_string(e.b) + " of row " + std::to_string(e.a) + " is outside [0, " +
              std::to_string(e.c) + ") and is not ignore_index";
+    case kZeroGamma:
+      return where + ": gamma[" + std::to_string(e.a) + "] is 0, so this layer norm's backward cannot recover its "
+             "input from its output (a memory budget chose that backward: raise the budget)";
     default:
       return where + ": device error code " + std::to_string(e.code);
   }

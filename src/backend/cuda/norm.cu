@@ -268,8 +268,9 @@ constexpr int kMaxColsN = 24;
 template <int N, int V, int S, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
     ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-               const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
-               T* __restrict__ dx, double* __restrict__ partial, int64_t rows, int dim) {
+               const float* __restrict__ rstd, const P* __restrict__ gamma, const P* __restrict__ beta,
+               const T* __restrict__ dr, T* __restrict__ dx, double* __restrict__ partial, int64_t rows, int dim,
+               DeviceError* err, int step) {
   static_assert(N % V == 0);
   static_assert(S == 0 || (S >= 2 && S <= 3 && N <= kMaxColsN));
   constexpr int kPacks = N / V;
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
       next_x[p].load(x + r * dim + j);
       next_dy[p].load(dy + r * dim + j);
     }
-    next_m = mean[r];
+    next_m = beta ? 0.f : mean[r];
     next_s = rstd[r];
   };
   int64_t r = blockIdx.x * int64_t{kWarps} + warp;
@@ -321,8 +322,18 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
       if (j >= dim) continue;
       float gm[V];
       load_pack<V>(gamma + j, gm);
+      if (beta) {  // x is the norm's output y (from_output)
+        float bt[V];
+        load_pack<V>(beta + j, bt);
 #pragma unroll
-      for (int i = 0; i < V; ++i) xh[p][i] = (xh[p][i] - m) * s;
+        for (int i = 0; i < V; ++i) {
+          if (gm[i] == 0.f) report_error(err, step, kZeroGamma, j + i, 0, 0);
+          xh[p][i] = __fdividef(xh[p][i] - bt[i], gm[i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) xh[p][i] = (xh[p][i] - m) * s;
+      }
       if constexpr (S > 0) {
 #pragma unroll
         for (int c = p * V / kQ; c < (p + 1) * V / kQ; ++c) {  // the pack's chunks
@@ -389,11 +400,11 @@ size_t ln_grad_cols_bytes(int s, int n) { return static_cast<size_t>(kWarps) * s
 // row 0 adds the kColRows sums in order into partial[chunk][0][j] (dgamma) and
 // partial[chunk][1][j] (dbeta).
 constexpr int kColRows = 8;
-template <int V, class T>
+template <int V, class T, class P>
 __global__ void __launch_bounds__(32 * kColRows)
     ln_grad_params(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-                   const float* __restrict__ rstd, double* __restrict__ partial, int64_t rows, int64_t dim,
-                   int64_t chunk) {
+                   const float* __restrict__ rstd, const P* __restrict__ gamma, const P* __restrict__ beta,
+                   double* __restrict__ partial, int64_t rows, int64_t dim, int64_t chunk) {
   static_assert(V == 1 || V == kVec<T>);
   using Vec = std::conditional_t<V == 1, T, std::conditional_t<std::is_same_v<T, float>, float4, Pack8<T>>>;
   __shared__ double sums[2][V][kColRows][33];
@@ -401,18 +412,25 @@ __global__ void __launch_bounds__(32 * kColRows)
   const int64_t j = (blockIdx.x * int64_t{32} + tx) * V;
   const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
   double acc_g[V] = {}, acc_b[V] = {};
+  double shift[V] = {}, scale[V] = {};  // from_output: xhat = (y - beta) / gamma, the same for every row
+  if (beta && j < dim)
+    for (int v = 0; v < V; ++v) {
+      shift[v] = to_float(beta[j + v]);
+      scale[v] = 1.0 / static_cast<double>(to_float(gamma[j + v]));
+    }
   if (j < dim) {
 #pragma unroll 4
     for (int64_t r = r0 + ty; r < r1; r += kColRows) {
       const Vec dv = *reinterpret_cast<const Vec*>(dy + r * dim + j);
       const Vec xv = *reinterpret_cast<const Vec*>(x + r * dim + j);
-      const double m = mean[r], s = rstd[r];
+      const double m = beta ? 0.0 : mean[r], s = beta ? 0.0 : rstd[r];
       const T* d = reinterpret_cast<const T*>(&dv);
       const T* xs = reinterpret_cast<const T*>(&xv);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const float dj = to_float(d[v]);
-        acc_g[v] += static_cast<double>(dj) * ((static_cast<double>(to_float(xs[v])) - m) * s);
+        const double xv = to_float(xs[v]);
+        acc_g[v] += static_cast<double>(dj) * (beta ? (xv - shift[v]) * scale[v] : (xv - m) * s);
         acc_b[v] += dj;
       }
     }
@@ -444,9 +462,9 @@ __global__ void __launch_bounds__(32 * kColRows)
 template <int M, class T, class P>
 __global__ void __launch_bounds__(kRowBlock)
     ln_grad_block(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-                  const float* __restrict__ rstd, const P* __restrict__ gamma, const T* __restrict__ dr,
-                  T* __restrict__ dx,
-                  double* __restrict__ partial, int64_t rows, int64_t dim) {
+                  const float* __restrict__ rstd, const P* __restrict__ gamma, const P* __restrict__ beta,
+                  const T* __restrict__ dr, T* __restrict__ dx, double* __restrict__ partial, int64_t rows,
+                  int64_t dim, DeviceError* err, int step) {
   double* pg = partial + blockIdx.x * (2 * dim);
   double* pb = pg + dim;
   constexpr int kRegs = M > 0 ? M : 1;
@@ -455,8 +473,14 @@ __global__ void __launch_bounds__(kRowBlock)
   for (int k = 0; k < kRegs; ++k) acc_g[k] = acc_b[k] = 0.0;
   if constexpr (M == 0)
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) pg[j] = pb[j] = 0.0;
+  // xhat of column j's value v: from the input, or from the output (from_output).
+  auto xhat = [&](double v, int64_t j, double m, double s) {
+    if (!beta) return (v - m) * s;
+    if (gamma[j] == P(0)) report_error(err, step, kZeroGamma, j, 0, 0);
+    return (v - to_float(beta[j])) / to_float(gamma[j]);
+  };
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float m = mean[r], s = rstd[r];
+    const float m = beta ? 0.f : mean[r], s = rstd[r];
     const T* dyr = dy + r * dim;
     const T* xr = x + r * dim;
     float g_sum = 0.f, gx_sum = 0.f;
@@ -466,10 +490,11 @@ __global__ void __launch_bounds__(kRowBlock)
         const int64_t j = threadIdx.x + int64_t{k} * blockDim.x;
         if (j < dim) {
           const float d = to_float(dyr[j]), xv = to_float(xr[j]);
-          const float xh = (xv - m) * s, g = d * to_float(gamma[j]);
+          const double xd = xhat(xv, j, m, s);
+          const float xh = static_cast<float>(xd), g = d * to_float(gamma[j]);
           g_sum += g;
           gx_sum += g * xh;
-          acc_g[k] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
+          acc_g[k] += static_cast<double>(d) * xd;
           acc_b[k] += d;
         }
       }
@@ -477,10 +502,11 @@ __global__ void __launch_bounds__(kRowBlock)
 #pragma unroll 4
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
         const float d = to_float(dyr[j]), xv = to_float(xr[j]);
-        const float xh = (xv - m) * s, g = d * to_float(gamma[j]);
+        const double xd = xhat(xv, j, m, s);
+        const float xh = static_cast<float>(xd), g = d * to_float(gamma[j]);
         g_sum += g;
         gx_sum += g * xh;
-        pg[j] += static_cast<double>(d) * ((static_cast<double>(xv) - m) * s);
+        pg[j] += static_cast<double>(d) * xd;
         pb[j] += d;
       }
     }
@@ -489,7 +515,7 @@ __global__ void __launch_bounds__(kRowBlock)
     T* dxr = dx + r * dim;
 #pragma unroll 4
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      const float xh = (to_float(xr[j]) - m) * s;
+      const auto xh = static_cast<float>(xhat(to_float(xr[j]), j, m, s));
       const float sum = dr ? to_float(dr[r * dim + j]) : 0.f;
       dxr[j] = from_float<T>(s * (to_float(dyr[j]) * to_float(gamma[j]) - g_mean - xh * gx_mean) + sum);
     }
@@ -584,8 +610,8 @@ int ln_grad_cols_resident(int n, bool vec, int s) {
 // sums: the column sums ln_grad_dx adds into partial (2, 3 with dx's), or 0.
 template <class T, class P>
 void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const T* dy, const T* x, const float* mean,
-                       const float* rstd, const P* gamma, const T* dr, T* dx, double* partial, int sums,
-                       int64_t rows, int dim) {
+                       const float* rstd, const P* gamma, const P* beta, const T* dr, T* dx, double* partial, int sums,
+                       int64_t rows, int dim, DeviceError* err, int step) {
   with_packs<T>(n, vec, [&](auto nv, auto vv) {
     constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
     if constexpr (kN <= kMaxColsN) {
@@ -593,23 +619,26 @@ void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const 
         const size_t bytes = ln_grad_cols_bytes(sums, kN);
         if (sums == 3)
           ln_grad_dx<kN, kV, 3>
-              <<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+              <<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err,
+                                                  step);
         else
           ln_grad_dx<kN, kV, 2>
-              <<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+              <<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err,
+                                                  step);
         return;
       }
     }
-    ln_grad_dx<kN, kV, 0><<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, nullptr, rows, dim);
+    ln_grad_dx<kN, kV, 0>
+        <<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, beta, dr, dx, nullptr, rows, dim, err, step);
   });
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
 template <int M, class T, class P>
 void launch_ln_grad_block(cudaStream_t st, unsigned blocks, const T* dy, const T* x, const float* mean,
-                          const float* rstd, const P* gamma, const T* dr, T* dx, double* partial, int64_t rows,
-                          int64_t dim) {
-  ln_grad_block<M><<<blocks, kRowBlock, 0, st>>>(dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+                          const float* rstd, const P* gamma, const P* beta, const T* dr, T* dx, double* partial,
+                          int64_t rows, int64_t dim, DeviceError* err, int step) {
+  ln_grad_block<M><<<blocks, kRowBlock, 0, st>>>(dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err, step);
   SEAM_CUDA_LAUNCH_CHECK();
 }
 
@@ -677,14 +706,18 @@ Launch prepare_layer_norm(const StepArgs& a) {
   return launch;
 }
 
+// from_output: in[1] is the norm's output y and in[2] its beta (xhat = (y - beta) / gamma).
 Launch prepare_layer_norm_grad(const StepArgs& a) {
-  expect_ln_dtypes(a, {&a.in[1], &a.in[0], &a.out[0]}, {&a.in[4], &a.out[1], &a.out[2]}, {&a.in[2], &a.in[3]});
+  const bool from_y = a.step.attrs.i("from_output") == 1;
+  if (from_y)
+    expect_ln_dtypes(a, {&a.in[1], &a.in[0], &a.out[0]}, {&a.in[4], &a.in[2], &a.out[1], &a.out[2]}, {&a.in[3]});
+  else expect_ln_dtypes(a, {&a.in[1], &a.in[0], &a.out[0]}, {&a.in[4], &a.out[1], &a.out[2]}, {&a.in[2], &a.in[3]});
   if (a.in.size() == 6) expect_dtype(a, a.in[5], {a.in[1].dtype()});
   const bool dx_sums = a.out.size() == 4;  // also dx's column sums (bias_grads_into_norm_grads)
   if (dx_sums) expect_dtype(a, a.out[3], {a.in[4].dtype()});
   const int64_t dim = a.in[1].shape().back();
-  const int64_t rows = a.in[2].numel();
-  const float* mean = a.in[2].as<float>();
+  const int64_t rows = a.in[3].numel();
+  const float* mean = from_y ? nullptr : a.in[2].as<float>();
   const float* rstd = a.in[3].as<float>();
   const int sms = std::max(a.ctx.sm_count, 1);
   if (dim == 0) return [](cudaStream_t) {};
@@ -693,6 +726,9 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const T* dy = a.in[0].as<T>();
     const T* x = a.in[1].as<T>();
     const P* gamma = a.in[4].as<P>();
+    const P* beta = from_y ? a.in[2].as<P>() : nullptr;
+    DeviceError* err = a.ctx.error;
+    const int step = a.index;
     const T* dr = a.in.size() == 6 ? a.in[5].as<T>() : nullptr;
     T* dx = a.out[0].as<T>();
     // Blocks (and so partial slices) fixed here: the summation order is the same every
@@ -706,7 +742,8 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     // as stay resident; elsewhere dx's sums are a sum step's over the dx written.
     constexpr int kV = kVec<T>;
     const int vec = dim % kV == 0 && aligned16(dy) && aligned16(x) ? kV : 1;
-    const bool vec_dx = vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr));
+    const bool vec_dx =
+        vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr)) && (!beta || aligned16(beta));
     const int n = warp_path ? lane_groups(dim) : 0;
     const int cols_resident = warp_path ? ln_grad_cols_resident<T, P>(n, vec_dx, dx_sums ? 3 : 2) : 0;
     const int in_kernel = cols_resident > 0 ? (dx_sums ? 3 : 2) : 2;  // column sums in partial's slices
@@ -743,7 +780,8 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     if (warp_path && cols_resident > 0) {
       const int d = static_cast<int>(dim);
       launch = [=](cudaStream_t st) {
-        launch_ln_grad_dx(st, blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, partial, in_kernel, rows, d);
+        launch_ln_grad_dx(st, blocks, n, vec_dx, dy, x, mean, rstd, gamma, beta, dr, dx, partial, in_kernel, rows, d,
+                          err, step);
         add_partials(sums, st);
       };
       return;
@@ -753,12 +791,15 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
       const unsigned dx_blocks = blocks_for(rows, kWarps, sms * 16);
       const dim3 param_grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(parts));
       launch = [=](cudaStream_t st) {
-        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, dr, dx, nullptr, 0, rows, d);
+        launch_ln_grad_dx(st, dx_blocks, n, vec_dx, dy, x, mean, rstd, gamma, beta, dr, dx, nullptr, 0, rows, d, err,
+                          step);
         dx_sum(st);
         if (vec > 1)
-          ln_grad_params<kV><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+          ln_grad_params<kV><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, gamma, beta, partial, rows, dim,
+                                                               chunk);
         else
-          ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, partial, rows, dim, chunk);
+          ln_grad_params<1><<<param_grid, col_block, 0, st>>>(dy, x, mean, rstd, gamma, beta, partial, rows, dim,
+                                                              chunk);
         SEAM_CUDA_LAUNCH_CHECK();
         add_partials(sums, st);
       };
@@ -767,13 +808,13 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const int64_t per_thread = (dim + kRowBlock - 1) / kRowBlock;
     launch = [=](cudaStream_t st) {
       if (per_thread <= 4)
-        launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        launch_ln_grad_block<4>(st, blocks, dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err, step);
       else if (per_thread <= 8)
-        launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        launch_ln_grad_block<8>(st, blocks, dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err, step);
       else if (per_thread <= 16)
-        launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        launch_ln_grad_block<16>(st, blocks, dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err, step);
       else
-        launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, dr, dx, partial, rows, dim);
+        launch_ln_grad_block<0>(st, blocks, dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err, step);
       add_partials(sums, st);
       dx_sum(st);
     };
