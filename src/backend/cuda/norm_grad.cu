@@ -259,31 +259,25 @@ __global__ void __launch_bounds__(kRowBlock)
     const T* dyr = dy + r * dim;
     const T* xr = x + r * dim;
     float g_sum = 0.f, gx_sum = 0.f;
+    // Column j's terms: the row sums', and dgamma's and dbeta's into sg and sb.
+    auto add_terms = [&](int64_t j, double& sg, double& sb) {
+      const float d = to_float(dyr[j]);
+      const double xd = xhat(to_float(xr[j]), j, m, s);
+      const float g = d * to_float(gamma[j]);
+      g_sum += g;
+      gx_sum += g * static_cast<float>(xd);
+      sg += static_cast<double>(d) * xd;
+      sb += d;
+    };
     if constexpr (M > 0) {
 #pragma unroll
       for (int k = 0; k < M; ++k) {
         const int64_t j = threadIdx.x + int64_t{k} * blockDim.x;
-        if (j < dim) {
-          const float d = to_float(dyr[j]), xv = to_float(xr[j]);
-          const double xd = xhat(xv, j, m, s);
-          const float xh = static_cast<float>(xd), g = d * to_float(gamma[j]);
-          g_sum += g;
-          gx_sum += g * xh;
-          acc_g[k] += static_cast<double>(d) * xd;
-          acc_b[k] += d;
-        }
+        if (j < dim) add_terms(j, acc_g[k], acc_b[k]);
       }
     } else {
 #pragma unroll 4
-      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-        const float d = to_float(dyr[j]), xv = to_float(xr[j]);
-        const double xd = xhat(xv, j, m, s);
-        const float xh = static_cast<float>(xd), g = d * to_float(gamma[j]);
-        g_sum += g;
-        gx_sum += g * xh;
-        pg[j] += static_cast<double>(d) * xd;
-        pb[j] += d;
-      }
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) add_terms(j, pg[j], pb[j]);
     }
     const float g_mean = block_sum(g_sum) / static_cast<float>(dim);
     const float gx_mean = block_sum(gx_sum) / static_cast<float>(dim);
