@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           if (gm[i] == 0.f) report_error(err, step, kZeroGamma, j + i, 0, 0);
-          xh[p][i] = __fdividef(xh[p][i] - bt[i], gm[i]);
+          xh[p][i] = (xh[p][i] - bt[i]) / gm[i];
         }
       } else {
 #pragma unroll
