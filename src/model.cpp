@@ -611,8 +611,9 @@ Plan Model::plan(const CompileOptions& o) const {
       return own + lower(f.graph, c.layout, r).arena_bytes;
     };
     // Where the step does not fit as it is: layer norm's backward from its output first (no
-    // time, no byte moved), then the output layer in more chunks (a few more passes over
-    // its weight's gradient each) while they make the step smaller, then recomputation.
+    // pass more, a division a value), then the output layer in more chunks (a few more
+    // passes over its weight's gradient each) while they make the step smaller, then
+    // recomputation.
     int from_outputs = 0;
     if (o.fuse && std::find(o.recompute.begin(), o.recompute.end(), "layer_norm") == o.recompute.end() &&
         own + lower(g, c.layout, req).arena_bytes > o.memory_budget) {
