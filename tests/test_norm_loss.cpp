@@ -533,6 +533,19 @@ TEST(Norm, LayerNormGradFromTheOutputMatchesTheInputs) {
     const std::string e = seam::testing::error_of([&] { p.run(); });
     EXPECT_NE(e.find("gamma[2] is 0"), std::string::npos) << e;
   }
+  // Its inputs as the op states them: beta of gamma's type, the flag 0 or 1.
+  Graph g;
+  Var y = g.input("y", {4, 6}), dy = g.input("dy", {4, 6}), rstd = g.input("rstd", {4});
+  Var gamma = g.input("gamma", {6}), beta = g.input("beta", {6}), short_beta = g.input("b5", {5});
+  auto grad = [&](Var b, int64_t flag) {
+    return seam::testing::error_of([&] {
+      g.add(Op::layer_norm_grad, {dy.id(), y.id(), b.id(), rstd.id(), gamma.id()}, {{"from_output", flag}});
+    });
+  };
+  EXPECT_NE(grad(short_beta, 1).find("beta must be gamma's type f32[6], got f32[5]"), std::string::npos)
+      << grad(short_beta, 1);
+  EXPECT_NE(grad(beta, 2).find("from_output must be 0 or 1, got 2"), std::string::npos) << grad(beta, 2);
+  EXPECT_EQ(grad(beta, 1), "");
 }
 
 TEST(Norm, BatchNormTrainingGradMatchesFiniteDifferences) {
