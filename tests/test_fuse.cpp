@@ -138,7 +138,12 @@ TEST(Fuse, RecomputedLayerNormsChangeNoBitAndShrinkTheArena) {
   }
 }
 
-int from_outputs(const Plan& p);
+// Layer norm gradients taken from the norms' outputs (norm_grads_from_outputs).
+int from_outputs(const Plan& p) {
+  int n = 0;
+  for (const PlanStep& st : p.steps) n += st.op == Op::layer_norm_grad && st.attrs.i("from_output") == 1;
+  return n;
+}
 
 // A memory budget: nothing changed where the step fits; where it does not, layer norm
 // gradients from the norms' outputs first, then GELU outputs and then layer norm outputs
@@ -204,12 +209,6 @@ TEST(Fuse, AMemoryBudgetRecomputesTheFewestOutputsThatFit) {
                 e.find("the model's own buffers") != std::string::npos)
         << e;
   }
-}
-
-int from_outputs(const Plan& p) {
-  int n = 0;
-  for (const PlanStep& st : p.steps) n += st.op == Op::layer_norm_grad && st.attrs.i("from_output") == 1;
-  return n;
 }
 
 // A step over its memory budget takes layer norm's gradients from the norms' outputs

@@ -19,7 +19,7 @@ namespace {
 // The column sums add one term per row. In f32 the rounding of each term (xhat, dy * xhat)
 // alone, summed over thousands of rows, shows as an error of 1e-3 or more relative to a
 // column whose sum nearly cancels. So the terms of dgamma are formed from
-// (x - mean) * rstd in double and every column sum accumulates in double, as the CPU
+// (x - mean) * rstd (from the output: (y - beta) / gamma) in double and every column sum accumulates in double, as the CPU
 // does; the row sums of dx stay in f32.
 
 // Rows of up to 1024: dx by a warp per row, the row's dy * gamma and xhat held in
