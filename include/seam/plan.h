@@ -26,6 +26,11 @@ struct BufferRef {
   size_t offset = 0;  // bytes from the region's start
   TensorType type;
   size_t bytes() const { return type.bytes(); }
+  // Whether the two share a byte (empty references share none).
+  bool overlaps(const BufferRef& o) const {
+    return region == o.region && offset < o.offset + o.bytes() && o.offset < offset + bytes() && bytes() > 0 &&
+           o.bytes() > 0;
+  }
 };
 
 struct PlanStep {

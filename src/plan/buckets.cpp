@@ -35,13 +35,9 @@ void plan_gradient_buckets(Plan& plan, int ranks, size_t bucket_bytes) {
   std::vector<int> last(n, -1);
   for (size_t i = 0; i < plan.steps.size(); ++i)
     for (const auto* list : {&plan.steps[i].out, &plan.steps[i].in})
-    for (const BufferRef& o : *list) {
-      if (o.region != Region::grads) continue;
-      for (size_t g = 0; g < n; ++g) {
-        const BufferRef& r = plan.grads[g].ref;
-        if (o.offset < r.offset + r.bytes() && r.offset < o.offset + o.bytes()) last[g] = static_cast<int>(i);
-      }
-    }
+      for (const BufferRef& o : *list)
+        for (size_t g = 0; g < n; ++g)
+          if (o.overlaps(plan.grads[g].ref)) last[g] = static_cast<int>(i);
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return last[a] < last[b]; });

@@ -8,21 +8,10 @@ namespace seam {
 
 namespace {
 
-struct Range {
-  Region region;
-  size_t begin, end;
-};
-
-bool overlap(const Range& a, const Range& b) {
-  return a.region == b.region && a.begin < b.end && b.begin < a.end;
-}
-
-Range range_of(const BufferRef& b) { return {b.region, b.offset, b.offset + b.bytes()}; }
-
-bool any_overlap(const std::vector<Range>& a, const std::vector<Range>& b) {
-  for (const Range& x : a)
-    for (const Range& y : b)
-      if (overlap(x, y)) return true;
+bool any_overlap(const std::vector<BufferRef>& a, const std::vector<BufferRef>& b) {
+  for (const BufferRef& x : a)
+    for (const BufferRef& y : b)
+      if (x.overlaps(y)) return true;
   return false;
 }
 
@@ -30,17 +19,15 @@ bool any_overlap(const std::vector<Range>& a, const std::vector<Range>& b) {
 
 std::vector<std::vector<int>> step_dependencies(const Plan& plan) {
   const size_t n = plan.steps.size();
-  std::vector<std::vector<Range>> reads(n), writes(n);
+  std::vector<std::vector<BufferRef>> reads(n), writes(n);
   for (size_t i = 0; i < n; ++i) {
     const PlanStep& s = plan.steps[i];
     for (const BufferRef& b : s.in) {
-      if (b.bytes() == 0) continue;
-      reads[i].push_back(range_of(b));
+      reads[i].push_back(b);
       // Inputs in the state region are updated in place (running statistics, metrics).
-      if (b.region == Region::state) writes[i].push_back(range_of(b));
+      if (b.region == Region::state) writes[i].push_back(b);
     }
-    for (const BufferRef& b : s.out)
-      if (b.bytes() > 0) writes[i].push_back(range_of(b));
+    writes[i].insert(writes[i].end(), s.out.begin(), s.out.end());
   }
   std::vector<std::vector<int>> deps(n);
   for (size_t j = 0; j < n; ++j)

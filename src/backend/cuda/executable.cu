@@ -482,8 +482,7 @@ class CudaExecutable : public Executable {
     for (const auto* list : {&s.in, &s.out})
       for (const BufferRef& o : *list)
         for (const BufferRef& p : b.parts)
-          if (o.region == Region::grads && o.offset < p.offset + p.bytes() && p.offset < o.offset + o.bytes())
-            return true;
+          if (o.overlaps(p)) return true;
     return false;
   }
 
