@@ -175,9 +175,15 @@ RecomputeChoice recompute_within(const Graph& g, ValueId loss, const std::vector
   RecomputeChoice best = attempt(asked.order.size());
   if (best.bytes <= budget) return best;
   RecomputeChoice most = attempt(order.size());
-  if (most.bytes > budget)
+  if (most.bytes > budget) {
+    std::map<std::string, int> kinds;  // what could be recomputed, by kind
+    for (ValueId y : order) ++kinds[all.kind.at(y)];
+    std::string list;
+    for (auto& [k, n] : kinds) list += (list.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     fail("compile: memory budget of ", bytes_str(budget), ": the step needs ", bytes_str(most.bytes),
-         " even with every GELU and layer norm output the backward reads recomputed (", order.size(), " values)");
+         " even with every output the backward could compute again recomputed (",
+         list.empty() ? std::string("none") : list, ")");
+  }
   // The fewest extra values, in order, that fit (by bisection: a plan's peak falls as
   // values go, give or take the placement's slack).
   size_t lo = asked.order.size(), hi = order.size();
