@@ -58,6 +58,20 @@ Plan mlp_training_plan(int reuse_gap = 1) {
 
 }  // namespace
 
+// Byte ranges share a byte only in one region, adjacent ranges none, empty ones none.
+TEST(StepDependencies, BufferRangesOverlapWhereTheyShareAByte) {
+  auto ref = [](Region r, size_t offset, int64_t floats) { return BufferRef{r, offset, {DType::f32, {floats}}}; };
+  const BufferRef a = ref(Region::arena, 64, 4);  // bytes 64..80
+  EXPECT_TRUE(a.overlaps(ref(Region::arena, 76, 1)));
+  EXPECT_TRUE(ref(Region::arena, 0, 100).overlaps(a));  // containing it
+  EXPECT_TRUE(a.overlaps(a));
+  EXPECT_FALSE(a.overlaps(ref(Region::arena, 80, 4)));  // adjacent
+  EXPECT_FALSE(ref(Region::arena, 48, 4).overlaps(a));
+  EXPECT_FALSE(a.overlaps(ref(Region::grads, 64, 4)));  // another region, the same offsets
+  EXPECT_FALSE(a.overlaps(ref(Region::arena, 68, 0)));  // empty, inside it
+  EXPECT_FALSE(ref(Region::arena, 68, 0).overlaps(a));
+}
+
 // Each step follows the last step before it that wrote any byte it reads or writes, and
 // every step before it that read any byte it writes (memory reuse in the arena).
 TEST(StepDependencies, FollowEveryWriterAndEveryReaderOfWhatAStepOverwrites) {
