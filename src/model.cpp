@@ -634,10 +634,7 @@ Plan Model::plan(const CompileOptions& o) const {
     }
     if (chunks > 1 && !chunk_into(chunks)) chunks = 1;
     RecomputeChoice ch = recompute_within(g, loss_now, o.recompute, o.memory_budget, bytes_of);
-    std::map<std::string, int> added;  // kind -> count
-    for (const std::string& k : ch.added) ++added[k];
-    std::string extra;
-    for (auto& [k, n] : added) extra += (extra.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    const std::string extra = count_kinds(ch.added);
     budget_note = "memory budget " + bytes_str(o.memory_budget) + ": the model's buffers and the arena take " +
                   bytes_str(ch.bytes) +
                   (from_outputs > 0 ? ", " + std::to_string(from_outputs) + " layer norm gradients from their outputs"

@@ -210,6 +210,9 @@ TEST(Fuse, AMemoryBudgetRecomputesTheFewestOutputsThatFit) {
   EXPECT_NE(e.find(" gelu"), std::string::npos) << e;
   const std::string below = seam::testing::error_of([&] { compile(own / 2); });
   EXPECT_NE(below.find("the model's own buffers"), std::string::npos) << below;
+  // The note's and the error's counts: each kind once, in name order.
+  EXPECT_EQ(count_kinds({"layer_norm", "gelu", "gelu"}), "2 gelu, 1 layer_norm");
+  EXPECT_EQ(count_kinds({}), "");
 }
 
 // A step over its memory budget takes layer norm's gradients from the norms' outputs

@@ -174,6 +174,8 @@ struct RecomputeChoice {
 };
 RecomputeChoice recompute_within(const Graph& g, ValueId loss, const std::vector<std::string>& what, size_t budget,
                                  const std::function<size_t(const FuseResult&)>& bytes_of);
+// Kinds counted, in name order: {"gelu", "layer_norm", "gelu"} -> "2 gelu, 1 layer_norm".
+std::string count_kinds(const std::vector<std::string>& kinds);
 
 // Convolution + ReLU fusion, for convolutions that no batch norm follows: a conv2d whose
 // result only a relu reads becomes conv2d with activation relu, writing relu's value (and

@@ -159,6 +159,14 @@ FuseResult norm_grads_from_outputs(const Graph& g, ValueId loss) {
   return r;
 }
 
+std::string count_kinds(const std::vector<std::string>& kinds) {
+  std::map<std::string, int> n;
+  for (const std::string& k : kinds) ++n[k];
+  std::string list;
+  for (auto& [k, c] : n) list += (list.empty() ? "" : ", ") + std::to_string(c) + " " + k;
+  return list;
+}
+
 RecomputeChoice recompute_within(const Graph& g, ValueId loss, const std::vector<std::string>& what, size_t budget,
                                  const std::function<size_t(const FuseResult&)>& bytes_of) {
   const Candidates asked = find_candidates(g, loss, what);
@@ -176,13 +184,11 @@ RecomputeChoice recompute_within(const Graph& g, ValueId loss, const std::vector
   if (best.bytes <= budget) return best;
   RecomputeChoice most = attempt(order.size());
   if (most.bytes > budget) {
-    std::map<std::string, int> kinds;  // what could be recomputed, by kind
-    for (ValueId y : order) ++kinds[all.kind.at(y)];
-    std::string list;
-    for (auto& [k, n] : kinds) list += (list.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    std::vector<std::string> kinds;  // what could be recomputed
+    for (ValueId y : order) kinds.push_back(all.kind.at(y));
     fail("compile: memory budget of ", bytes_str(budget), ": the step needs ", bytes_str(most.bytes),
          " even with every output the backward could compute again recomputed (",
-         list.empty() ? std::string("none") : list, ")");
+         kinds.empty() ? std::string("none") : count_kinds(kinds), ")");
   }
   // The fewest extra values, in order, that fit (by bisection: a plan's peak falls as
   // values go, give or take the placement's slack).
