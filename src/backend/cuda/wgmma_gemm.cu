@@ -111,13 +111,7 @@ __device__ __forceinline__ void halve_across(float (&part)[16], int lane) {
   }
 }
 
-// Two bf16 values through GELU, rounded back to bf16: A's operands with gelu_a.
-[[maybe_unused]] __device__ __forceinline__ uint32_t gelu_pair(uint32_t w) {
-  const float2 x = bf16_unpair(w);
-  return bf16_pair(gelu_tanh(x.x), gelu_tanh(x.y));
-}
-
-template <WgmmaEpilogue E, int CL, bool AT, bool BT, bool GA>
+template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                                    const __grid_constant__ CUtensorMap map_b,
                                                    const __grid_constant__ CUtensorMap map_d,
@@ -125,7 +119,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
                                                    const bf16_t* __restrict__ bias, float* __restrict__ col_sums,
                                                    int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!GA || !AT, "A through registers is read K-major");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint8_t* s_a = smem;
@@ -239,7 +232,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
     wg::regs_grow<kConsumerRegs>();
     const int group = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float d[kBN / 2];
-    [[maybe_unused]] uint32_t frag[GA ? kBK / 16 : 1][4];  // gelu_a: A's k16 slices of a stage
     int j = 0, piece = 0;  // tiles done by this block; stores issued by this group
     // DGELU's record (bias_add's residual) comes through the store buffers: piece p of a
     // tile (64 columns) is loaded by the TMA into buffer p % 2 (pieces 0 and 1 during the
@@ -253,9 +245,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
       uint8_t* buf = s_c + (group * 2 + p % 2) * kCBuf;
       wg::bar_expect(&my_record[p % 2], kCBuf);
       wg::tma_load(buf, &map_aux, n0 + p * 64, m0 + group * 64, &my_record[p % 2]);
-    };
-    auto b_desc = [&](int s, int kk) {  // B's k16 slice kk of stage s
-      return BT ? wg::sw128_desc_mn(s_b + s * kBBytes + kk * 16 * 128) : wg::sw128_desc(s_b + s * kBBytes + kk * 32);
     };
     auto release = [&](uint64_t* bar) {  // this group is done with a stage, in every block
       if constexpr (CL == 1) {
@@ -271,39 +260,16 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
       for (int kb = 0; kb < slices; ++kb, ++pos) {
         const int s = pos % kStages;
         mbar_wait(&full[s], (pos / kStages) & 1);
-        if constexpr (GA) {
-          // A through GELU (gelu_a): each k16 slice of the group's 64 rows loaded into registers
-          // (ldmatrix: lanes 0-15 name rows 0-15 of the warp's 16 at the slice's first 8
-          // columns, lanes 16-31 the same rows 8 columns on), GELU applied, and multiplied
-          // from there. Each slice has registers of its own and a commit group of its own, so
-          // a slice's registers are rewritten only once its product a stage ago has completed
-          // (at most three groups in flight), and the tensor cores keep three products queued
-          // while the next slice's GELU is computed. With the fourth slice's wait the last
-          // stage's products are all done: it may refill.
-          const int r = warp * 16 + lane % 16;
-          const uint32_t row = smem_addr(s_a + s * kABytes + group * 64 * 128) + r * 128;
+        wg::mma_fence();
 #pragma unroll
-          for (int kk = 0; kk < kBK / 16; ++kk) {
-            uint32_t raw[4];
-            wg::ldmatrix_x4(row + (((2 * kk + lane / 16) ^ (r & 7)) * 16), raw);
-            wg::mma_wait<kBK / 16 - 1>();
-            if (kk == kBK / 16 - 1 && kb > 0) release(&empty[(pos - 1) % kStages]);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) frag[kk][q] = gelu_pair(raw[q]);
-            wg::mma_fence();
-            wg::mma_64x256x16_rs<BT>(d, frag[kk], b_desc(s, kk), kb | kk);
-            wg::mma_commit();
-          }
-        } else {
-          wg::mma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kBK / 16; ++kk)
-            wg::mma_64x256x16<AT, BT>(d,
-                                      AT ? wg::sw128_desc_mn(s_a + s * kABytes + group * (kABytes / 2) + kk * 16 * 128)
-                                         : wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
-                                      b_desc(s, kk), kb | kk);
-          wg::mma_commit();
-        }
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          wg::mma_64x256x16<AT, BT>(d,
+                                    AT ? wg::sw128_desc_mn(s_a + s * kABytes + group * (kABytes / 2) + kk * 16 * 128)
+                                       : wg::sw128_desc(s_a + s * kABytes + group * 64 * 128 + kk * 32),
+                                BT ? wg::sw128_desc_mn(s_b + s * kBBytes + kk * 16 * 128)
+                                   : wg::sw128_desc(s_b + s * kBBytes + kk * 32),
+                                kb | kk);
+        wg::mma_commit();
         if constexpr (reads_aux) {
           // While the first slice multiplies: the last tile's stores have read the buffers.
           // (Fetching pieces 2 and 3 into L2 here too made DGELU 3% slower on the H200.)
@@ -312,10 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gemm_kernel(const __grid_co
             for (int p = 0; p < 2 && n0 + p * 64 < n; ++p) load_record(p, m0, n0);
           }
         }
-        if constexpr (!GA) {
-          wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
-          if (kb > 0) release(&empty[(pos - 1) % kStages]);
-        }
+        wg::mma_wait<1>();  // the previous slice's products are done: its stage may refill
+        if (kb > 0) release(&empty[(pos - 1) % kStages]);
       }
       // A piece's bias pairs are loaded a piece ahead: loads issued after the barriers below
       // would wait out their latency there, the tensor cores idle (Nsight Compute: a fifth
@@ -492,11 +456,11 @@ int configure(Kernel kernel, int CL, int sm_count, int64_t units, cudaLaunchConf
   return static_cast<int>(std::min<int64_t>(units, clusters)) * CL;
 }
 
-template <WgmmaEpilogue E, int CL, bool AT, bool BT, bool GA = false>
+template <WgmmaEpilogue E, int CL, bool AT, bool BT>
 Launch launch_of(int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
                  const CUtensorMap& aux, const void* bias, const std::function<float*()>& col_sums, int m, int n,
                  int k) {
-  auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT, GA>;
+  auto* kernel = wgmma_gemm_kernel<E, CL, AT, BT>;
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attr;
   const int grid = configure(kernel, CL, sm_count, units, config, attr);
@@ -539,26 +503,6 @@ Launch launch_with(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CU
   fail("unknown epilogue");
 }
 
-// gelu_a's launches: the forward's layout, single blocks, the epilogues of a layer's
-// forward (wgmma_gemm refuses the rest first).
-Launch launch_gelu_a(WgmmaEpilogue epilogue, int sm_count, int64_t units, const CUtensorMap& a, const CUtensorMap& b,
-                     const CUtensorMap& d, const CUtensorMap& aux, const void* bias,
-                     const std::function<float*()>& col_sums, int m, int n, int k) {
-  switch (epilogue) {
-    case WgmmaEpilogue::none:
-      return launch_of<WgmmaEpilogue::none, 1, false, false, true>(sm_count, units, a, b, d, aux, bias, col_sums, m, n,
-                                                                   k);
-    case WgmmaEpilogue::bias:
-      return launch_of<WgmmaEpilogue::bias, 1, false, false, true>(sm_count, units, a, b, d, aux, bias, col_sums, m, n,
-                                                                   k);
-    case WgmmaEpilogue::bias_add:
-      return launch_of<WgmmaEpilogue::bias_add, 1, false, false, true>(sm_count, units, a, b, d, aux, bias, col_sums,
-                                                                       m, n, k);
-    default:
-      fail("the sm_90 GEMM applies GELU to A only with the epilogues none, bias and bias_add");
-  }
-}
-
 void check_cluster(int cluster) {
   if (cluster != 1 && cluster != 2) fail("the sm_90 GEMM takes clusters of 1 or 2 blocks, not ", cluster);
 }
@@ -579,9 +523,8 @@ int wgmma_gemm_grid(int sm_count, int64_t m, int64_t n, int cluster) {
   check_cluster(cluster);
   const int64_t units = units_of(m, n, cluster);
   if (cluster == 1)
-    return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false, false>, 1, sm_count, units, config,
-                     attr);
-  return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 2, false, false, false>, 2, sm_count, units, config, attr);
+    return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 1, false, false>, 1, sm_count, units, config, attr);
+  return configure(wgmma_gemm_kernel<WgmmaEpilogue::none, 2, false, false>, 2, sm_count, units, config, attr);
 }
 
 bool wgmma_gemm_runs_here() {
@@ -627,11 +570,6 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
       fail("the sm_90 GEMM's column sums must be ", sums_a ? 16 : 8, "-byte aligned");
   }
   check_cluster(o.cluster);
-  if (o.gelu_a && (o.a_km || o.b_kn || o.cluster != 1 ||
-                   (epilogue != WgmmaEpilogue::none && epilogue != WgmmaEpilogue::bias &&
-                    epilogue != WgmmaEpilogue::bias_add)))
-    fail("the sm_90 GEMM applies GELU to A with A stored [m, k], B [n, k], single blocks and the epilogues none, bias "
-         "or bias_add only");
   const CUtensorMap map_a = o.a_km ? tensor_map(a, k, m, kBK) : tensor_map(a, m, k, kBM),
                     map_b = o.b_kn ? tensor_map(b, k, n, kBK) : tensor_map(b, n, k, kBN / o.cluster),
                     map_d = tensor_map(d, m, n, 64), map_aux = tensor_map(o.aux ? o.aux : d, m, n, 64);
@@ -643,7 +581,7 @@ Launch wgmma_gemm(int sm_count, int64_t m, int64_t n, int64_t k, const void* a, 
                                       {launch_with<1, true, false>, launch_with<1, true, true>}},
                                      {{launch_with<2, false, false>, launch_with<2, false, true>},
                                       {launch_with<2, true, false>, launch_with<2, true, true>}}};
-  const Fn launch = o.gelu_a ? launch_gelu_a : by_layout[o.cluster - 1][o.a_km][o.b_kn];
+  const Fn launch = by_layout[o.cluster - 1][o.a_km][o.b_kn];
   return launch(epilogue, sm_count, units, map_a, map_b, map_d, map_aux, o.bias, o.col_sums, mi, ni, ki);
 }
 

@@ -64,10 +64,6 @@ struct WgmmaOptions {
   // 8-byte aligned), sums_a's of A over each 64 rows ([wgmma_gemm_a_sum_rows(m), k] f32,
   // 16-byte aligned).
   std::function<float*()> col_sums;
-  // A enters the products as gelu_tanh(A), rounded to bf16 (the hardware's tanh, as in the
-  // GELU epilogue): A is a pre-activation, and the GELU's value need never be stored. A
-  // stored [m, k], B [n, k], single blocks, the epilogues none, bias and bias_add.
-  bool gelu_a = false;
 };
 
 // The launch of one such GEMM on fixed buffers (the tensor maps are built here, once).
