@@ -39,7 +39,16 @@ namespace {
 // memory latency there, 16 warps an SM), the H200 at its power cap counts instructions.
 // Without column sums (wider rows) ln_grad_params reads dy and x a second time.
 // S > 0 asks for two blocks an SM (16 rows in flight).
+// From the output (beta given), xhat = (y - beta) / gamma. With 16-bit data each block
+// first forms a column's 1 / gamma and beta / gamma into shared memory after the column
+// sums' slices (reporting a zero gamma there, once a column), and a value's xhat is one
+// FMA, y / gamma - beta / gamma: the per-value division, beta's loads and gamma's test
+// made this path ~6 us a call slower than the input's at W6 (H100). The two forms differ
+// by an f32 ulp or two, which 16-bit dx and its sums do not resolve; f32 data divides
+// exactly, value by value (its tests resolve an ulp in a cancelling column sum).
 constexpr int kMaxColsN = 24;
+template <class T>
+constexpr bool kGammaTable = sizeof(T) == 2;
 template <int N, int V, int S, class T, class P>
 __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
     ln_grad_dx(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
@@ -51,9 +60,20 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
   constexpr int kPacks = N / V;
   constexpr int kQ = V > 1 ? 4 : 1;  // floats of a chunk
   constexpr int kChunks = N / kQ;    // a sum's chunks a lane
-  extern __shared__ float4 col_words[];  // S > 0: [kWarps][S][kChunks][32][kQ] floats
+  extern __shared__ float4 col_words[];  // S > 0: [kWarps][S][kChunks][32][kQ] floats; the table
   float* cols = reinterpret_cast<float*>(col_words);
+  float* inv_gamma = cols + (S > 0 ? kWarps * S * N * 32 : 0);  // from the output, 16-bit data: [dim]
+  float* shift = inv_gamma + dim;                                // beta / gamma, [dim]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (kGammaTable<T> && beta) {
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+      const float gc = to_float(gamma[c]);
+      if (gc == 0.f) report_error(err, step, kZeroGamma, c, 0, 0);
+      inv_gamma[c] = 1.f / gc;
+      shift[c] = to_float(beta[c]) / gc;
+    }
+    __syncthreads();
+  }
   float* mine = cols + warp * (S * N * 32) + lane * kQ;  // sum k's chunk c at mine + (k kChunks + c) 32 kQ
   if constexpr (S > 0)  // each lane its own chunks: no lane reads what another wrote
     for (int c = 0; c < S * kChunks; ++c)
@@ -97,7 +117,23 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
       if (j >= dim) continue;
       float gm[V];
       load_pack<V>(gamma + j, gm);
-      if (beta) {  // x is the norm's output y (from_output)
+      if (kGammaTable<T> && beta) {  // x is the norm's output y (from_output)
+        float ig[V], sh[V];
+        if constexpr (V % 4 == 0) {  // 16-byte loads: j and dim are multiples of V
+#pragma unroll
+          for (int c = 0; c < V; c += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(inv_gamma + j + c);
+            const float4 b = *reinterpret_cast<const float4*>(shift + j + c);
+            ig[c] = a.x, ig[c + 1] = a.y, ig[c + 2] = a.z, ig[c + 3] = a.w;
+            sh[c] = b.x, sh[c + 1] = b.y, sh[c + 2] = b.z, sh[c + 3] = b.w;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < V; ++i) ig[i] = inv_gamma[j + i], sh[i] = shift[j + i];
+        }
+#pragma unroll
+        for (int i = 0; i < V; ++i) xh[p][i] = fmaf(xh[p][i], ig[i], -sh[i]);
+      } else if (beta) {
         float bt[V];
         load_pack<V>(beta + j, bt);
 #pragma unroll
@@ -304,13 +340,13 @@ __global__ void __launch_bounds__(kRowBlock)
 // Blocks of ln_grad_dx with S column sums resident on an SM, for n values a lane (their
 // shared memory allowed first); 0 where the row is too wide for them.
 template <class T, class P>
-int ln_grad_cols_resident(int n, bool vec, int s) {
+int ln_grad_cols_resident(int n, bool vec, int s, size_t table) {
   int resident = 0;
   with_packs<T>(n, vec, [&](auto nv, auto vv) {
     constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
     if constexpr (kN <= kMaxColsN) {
       auto occupancy = [&](auto kernel) {
-        const size_t bytes = ln_grad_cols_bytes(s, kN);
+        const size_t bytes = ln_grad_cols_bytes(s, kN) + table;
         SEAM_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
         SEAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWarpBlock, bytes));
@@ -322,16 +358,24 @@ int ln_grad_cols_resident(int n, bool vec, int s) {
   return resident;
 }
 
+// Shared memory of ln_grad_dx's table of 1 / gamma and beta / gamma (from the output,
+// 16-bit data), beside its column sums.
+template <class T>
+size_t ln_grad_table_bytes(bool from_output, int64_t dim) {
+  return kGammaTable<T> && from_output ? 2 * static_cast<size_t>(dim) * sizeof(float) : 0;
+}
+
 // sums: the column sums ln_grad_dx adds into partial (2, 3 with dx's), or 0.
 template <class T, class P>
 void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const T* dy, const T* x, const float* mean,
                        const float* rstd, const P* gamma, const P* beta, const T* dr, T* dx, double* partial, int sums,
                        int64_t rows, int dim, DeviceError* err, int step) {
+  const size_t table = ln_grad_table_bytes<T>(beta != nullptr, dim);
   with_packs<T>(n, vec, [&](auto nv, auto vv) {
     constexpr int kN = decltype(nv)::value, kV = decltype(vv)::value;
     if constexpr (kN <= kMaxColsN) {
       if (sums > 0) {
-        const size_t bytes = ln_grad_cols_bytes(sums, kN);
+        const size_t bytes = ln_grad_cols_bytes(sums, kN) + table;
         if (sums == 3)
           ln_grad_dx<kN, kV, 3>
               <<<blocks, kWarpBlock, bytes, st>>>(dy, x, mean, rstd, gamma, beta, dr, dx, partial, rows, dim, err,
@@ -344,7 +388,7 @@ void launch_ln_grad_dx(cudaStream_t st, unsigned blocks, int n, bool vec, const 
       }
     }
     ln_grad_dx<kN, kV, 0>
-        <<<blocks, kWarpBlock, 0, st>>>(dy, x, mean, rstd, gamma, beta, dr, dx, nullptr, rows, dim, err, step);
+        <<<blocks, kWarpBlock, table, st>>>(dy, x, mean, rstd, gamma, beta, dr, dx, nullptr, rows, dim, err, step);
   });
   SEAM_CUDA_LAUNCH_CHECK();
 }
@@ -398,7 +442,8 @@ Launch prepare_layer_norm_grad(const StepArgs& a) {
     const bool vec_dx =
         vec > 1 && aligned16(gamma) && aligned16(dx) && (!dr || aligned16(dr)) && (!beta || aligned16(beta));
     const int n = warp_path ? lane_groups(dim) : 0;
-    const int cols_resident = warp_path ? ln_grad_cols_resident<T, P>(n, vec_dx, dx_sums ? 3 : 2) : 0;
+    const int cols_resident =
+        warp_path ? ln_grad_cols_resident<T, P>(n, vec_dx, dx_sums ? 3 : 2, ln_grad_table_bytes<T>(from_y, dim)) : 0;
     const int in_kernel = cols_resident > 0 ? (dx_sums ? 3 : 2) : 2;  // column sums in partial's slices
     const int64_t col_tiles = (dim + 32 * vec - 1) / (32 * vec);
     const int64_t chunks =
