@@ -254,3 +254,52 @@ TEST(MemPlan, TheGradientSeedIsComputedOnceNotEveryStep) {
   for (size_t i = 0; i < w0.size(); ++i) EXPECT_NEAR(w3[i], w0[i] - 3 * 0.1f * 8, 1e-5);  // d loss/d w = 8 each step
   (void)unused;
 }
+
+// Rows of a row-major matrix are one contiguous run: a slice of them is a view at the
+// run's start, and a concat of such runs has its inputs written in place into it, so
+// neither copies (the output layer's chunks). Runs that start off kAlign (256 bytes), a
+// slice along a later axis or with a step, and a concat's input that is read twice copy
+// as before. Values and gradients as computed by hand.
+TEST(MemPlan, ContiguousSlicesAndConcatsAreViewsNotCopies) {
+  Graph g;
+  const int64_t rows = 64, cols = 8;  // a row 32 bytes, 32 rows 1 KB
+  Var x = g.input("x", {rows, cols});
+  Var w = g.param("w", {rows, cols}, Init::uniform(-1, 1));
+  Var a = slice(x, 0, 0, 32), b = slice(x, 0, 32, 64);  // views at 0 and 1024 bytes
+  Var joined = concat({seam::tanh(a), sigmoid(b)}, 0);   // written in place
+  Var odd = slice(x, 0, 1, 33);                          // 32 bytes in: a copy
+  Var cols_of = slice(x, 1, 0, 4);                       // along the rows: a copy
+  Var twice = concat({cols_of, cols_of}, 1);             // one input twice: a copy
+  Var loss = add(add(sum(mul(joined, w)), sum(odd)), sum(twice));
+  Model m(g, {.seed = 4});
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {joined.id()}});
+  const Plan& plan = p.plan();
+  EXPECT_EQ(seam::testing::count(plan, Op::slice), 2) << plan.str();
+  EXPECT_EQ(seam::testing::count(plan, Op::concat), 1) << plan.str();
+  const BufferRef& out = plan.output(joined.name())->ref;
+  int inside = 0;
+  for (const PlanStep& s : plan.steps)
+    if (s.op == Op::tanh || s.op == Op::sigmoid) {
+      EXPECT_EQ(s.out[0].offset, out.offset + (s.op == Op::tanh ? 0 : 1024)) << plan.str();
+      EXPECT_EQ(s.in[0].offset, plan.input("x")->ref.offset + (s.op == Op::tanh ? 0 : 1024)) << plan.str();
+      ++inside;
+    }
+  EXPECT_EQ(inside, 2) << plan.str();
+  std::vector<float> xs = seam::testing::random_floats(static_cast<size_t>(rows * cols), 5);
+  p.set_input("x", std::span<const float>(xs));
+  const auto w0 = Program::cast_bytes<float>(m.read_param("w"));
+  p.run();
+  const auto y = p.read_as<float>(joined.name()), dw = p.grad_as<float>("w");
+  double want = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const auto k = static_cast<size_t>(i);
+    const double v = i < 32 * cols ? std::tanh(double{xs[k]}) : 1.0 / (1.0 + std::exp(-double{xs[k]}));
+    EXPECT_NEAR(y[k], v, 1e-6) << i;
+    EXPECT_NEAR(dw[k], v, 1e-6) << i;
+    want += v * w0[k];
+  }
+  for (int64_t i = cols; i < 33 * cols; ++i) want += xs[static_cast<size_t>(i)];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < 4; ++c) want += 2.0 * xs[static_cast<size_t>(r * cols + c)];
+  EXPECT_NEAR(p.read_as<float>(loss.name())[0], want, 1e-4 * std::abs(want) + 1e-4);
+}

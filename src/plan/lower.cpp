@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "ops/geometry.h"
 #include "ops/registry.h"
 #include "passes/memplan.h"
 
@@ -11,6 +12,25 @@ namespace seam {
 namespace {
 constexpr size_t kAlign = 256;  // cuBLAS/cuDNN-friendly, and 16-byte vector access
 size_t align_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+// Elements of a shape before `axis` (1: a range along the axis is one contiguous run).
+int64_t outer_of(const Shape& s, int axis) {
+  int64_t n = 1;
+  for (int d = 0; d < axis; ++d) n *= s[static_cast<size_t>(d)];
+  return n;
+}
+
+// Where a slice reads one contiguous run of its input at a kAlign-aligned byte offset
+// (step 1, nothing outside the axis before it), its output is that run: the offset, or
+// -1 where it must copy.
+int64_t slice_view_offset(const Graph& g, const Node& n) {
+  const TensorType& t = g.value(n.in[0]).type;
+  const int axis = normalize_axis(n.attrs.i("axis"), t.shape.size());
+  if (n.attrs.i("step") != 1 || outer_of(t.shape, axis) != 1) return -1;
+  const SliceRange r = normalize_slice(n.attrs.i("start"), n.attrs.i("end"), 1, t.shape[static_cast<size_t>(axis)]);
+  const int64_t offset = r.start * (t.numel() / t.shape[static_cast<size_t>(axis)]) * dtype_size(t.dtype);
+  return offset % static_cast<int64_t>(kAlign) == 0 ? offset : -1;
+}
 }  // namespace
 
 Layout make_layout(const Graph& g) {
@@ -59,14 +79,70 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     if (live_node[static_cast<size_t>(k)])
       for (ValueId o : g.node(k).out) needed[static_cast<size_t>(o)] = true;
 
-  // 2. Where each needed value lives. Views resolve to the value they alias.
-  std::vector<ValueId> root(nv);
-  for (size_t v = 0; v < nv; ++v) root[v] = static_cast<ValueId>(v);
+  // 2. Where each needed value lives. Views resolve to the value they alias, at a byte
+  // offset into it: reshapes and the like at 0; a slice that is one contiguous run of its
+  // input (rows of a row-major matrix: the output layer's chunks) at the run's start; and
+  // the inputs of a concat along such runs are written in place into its output, each at
+  // its run's start, so neither copies. Offsets stay multiples of kAlign, as every place
+  // the arena gives is.
+  std::vector<ValueId> parent(nv);
+  std::vector<size_t> parent_offset(nv, 0);
+  for (size_t v = 0; v < nv; ++v) parent[v] = static_cast<ValueId>(v);
+  std::vector<bool> aliased(static_cast<size_t>(nn), false);  // a view: no step
+  std::vector<int> producer(nv, -1);
+  std::vector<int> joined;  // concats written in place, in graph order
+  std::vector<bool> is_grad(nv, false);
+  for (auto& [v, slot] : req.grads) is_grad[static_cast<size_t>(v)] = true;
+  for (int k = 0; k < nn; ++k)
+    if (live_node[static_cast<size_t>(k)])
+      for (ValueId o : g.node(k).out) producer[static_cast<size_t>(o)] = k;
   for (int k = 0; k < nn; ++k) {
+    if (!live_node[static_cast<size_t>(k)]) continue;
     const Node& n = g.node(k);
-    int view = op_def(n.op).view_of;
-    if (view >= 0 && live_node[static_cast<size_t>(k)])
-      root[static_cast<size_t>(n.out[0])] = root[static_cast<size_t>(n.in[static_cast<size_t>(view)])];
+    const auto out = static_cast<size_t>(n.out.empty() ? 0 : n.out[0]);
+    if (const int view = op_def(n.op).view_of; view >= 0) {
+      parent[out] = n.in[static_cast<size_t>(view)];
+      aliased[static_cast<size_t>(k)] = true;
+    } else if (n.op == Op::slice && !is_grad[out] && slice_view_offset(g, n) >= 0) {  // a gradient: its own buffer
+      parent[out] = n.in[0];
+      parent_offset[out] = static_cast<size_t>(slice_view_offset(g, n));
+      aliased[static_cast<size_t>(k)] = true;
+    } else if (n.op == Op::concat) {
+      // The output and each input: intermediates of their own (no gradient buffer), each
+      // input written by a step of its own and read once here.
+      const TensorType& t = g.value(n.out[0]).type;
+      const int axis = normalize_axis(n.attrs.i("axis"), t.shape.size());
+      bool in_place = outer_of(t.shape, axis) == 1 && parent[out] == n.out[0] &&
+                      g.value(n.out[0]).kind == ValueKind::intermediate && !is_grad[out];
+      size_t offset = 0;
+      std::vector<size_t> at;
+      for (size_t i = 0; i < n.in.size() && in_place; ++i) {
+        const auto v = static_cast<size_t>(n.in[i]);
+        const int p = producer[v];
+        in_place = g.value(n.in[i]).kind == ValueKind::intermediate && !is_grad[v] && parent[v] == n.in[i] && p >= 0 &&
+                   !g.node(p).in.empty() && op_def(g.node(p).op).view_of < 0 && !aliased[static_cast<size_t>(p)] &&
+                   !(g.node(p).op == Op::cast && g.value(g.node(p).in[0]).kind == ValueKind::param) &&  // working copies
+                   offset % kAlign == 0 && std::count(n.in.begin(), n.in.end(), n.in[i]) == 1;
+        at.push_back(offset);
+        offset += g.value(n.in[i]).type.bytes();
+      }
+      if (in_place) {
+        for (size_t i = 0; i < n.in.size(); ++i) {
+          parent[static_cast<size_t>(n.in[i])] = n.out[0];
+          parent_offset[static_cast<size_t>(n.in[i])] = at[i];
+        }
+        aliased[static_cast<size_t>(k)] = true;
+        joined.push_back(k);
+      }
+    }
+  }
+  std::vector<ValueId> root(nv);
+  std::vector<size_t> view_offset(nv, 0);
+  for (size_t v = 0; v < nv; ++v) {
+    size_t r = v, offset = 0;
+    while (parent[r] != static_cast<ValueId>(r)) offset += parent_offset[r], r = static_cast<size_t>(parent[r]);
+    root[v] = static_cast<ValueId>(r);
+    view_offset[v] = offset;
   }
   std::vector<BufferRef> place(nv);
   std::vector<bool> placed(nv, false);
@@ -116,7 +192,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     if (!live_node[static_cast<size_t>(k)]) continue;
     const Node& n = g.node(k);
     const OpDef& d = op_def(n.op);
-    if (d.view_of >= 0 || working_cast[static_cast<size_t>(k)]) continue;
+    if (aliased[static_cast<size_t>(k)] || working_cast[static_cast<size_t>(k)]) continue;
     // A node of no inputs (the gradient seed) gives the same value every step; its output
     // keeps its arena place, so it is computed once. (Not into the gradient buffers:
     // another program of the model may write there.)
@@ -135,6 +211,13 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     step_values.emplace_back(k, s);
   }
   const int end = static_cast<int>(plan.steps.size());
+  // A concat written in place lives from its first input's step.
+  for (int k : joined) {
+    const Node& n = g.node(k);
+    int from = end;
+    for (ValueId i : n.in) from = std::min(from, first[static_cast<size_t>(i)]);
+    first[static_cast<size_t>(n.out[0])] = from;
+  }
   for (ValueId o : req.outputs) use(o, end);
   // Backends keep each input where a run copies it from into the arena as the step
   // begins (an input set once stays valid for later steps), so a float input's place is
@@ -194,6 +277,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     BufferRef r = place[static_cast<size_t>(root[v])];
     SEAM_ASSERT(placed[static_cast<size_t>(root[v])]);
     r.type = g.value(static_cast<ValueId>(v)).type;
+    r.offset += view_offset[v];
     place[v] = r;
     placed[v] = true;
   }

@@ -30,7 +30,8 @@ struct LowerRequest {
 };
 
 // Keeps only the nodes the requested values need, places every value, and plans the
-// arena. Views (reshape, flatten, stop_gradient) become aliases, not steps.
+// arena. Views (reshape, flatten, stop_gradient, a slice of one contiguous run) become
+// aliases, not steps, and so does a concat of such runs, its inputs written in place.
 Plan lower(const Graph& g, const Layout& layout, const LowerRequest& request);
 
 }  // namespace seam
