@@ -100,12 +100,14 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     if (!live_node[static_cast<size_t>(k)]) continue;
     const Node& n = g.node(k);
     const auto out = static_cast<size_t>(n.out.empty() ? 0 : n.out[0]);
+    // A gradient keeps a buffer of its own (its slot), so a slice into one copies.
+    const int64_t slice_at = n.op == Op::slice && !is_grad[out] ? slice_view_offset(g, n) : -1;
     if (const int view = op_def(n.op).view_of; view >= 0) {
       parent[out] = n.in[static_cast<size_t>(view)];
       aliased[static_cast<size_t>(k)] = true;
-    } else if (n.op == Op::slice && !is_grad[out] && slice_view_offset(g, n) >= 0) {  // a gradient: its own buffer
+    } else if (slice_at >= 0) {
       parent[out] = n.in[0];
-      parent_offset[out] = static_cast<size_t>(slice_view_offset(g, n));
+      parent_offset[out] = static_cast<size_t>(slice_at);
       aliased[static_cast<size_t>(k)] = true;
     } else if (n.op == Op::concat) {
       // The output and each input: intermediates of their own (no gradient buffer), each
