@@ -389,7 +389,8 @@ TEST(GpuPrecisionLayerNorm, DxSumsMatchTheCpu) {
 }
 
 // layer_norm_grad from the norm's output (from_output: y and beta in place of x and mean),
-// on f32 and bf16 data, with dr and dx's sums, gammas of either sign, on every row path:
+// on f32, bf16 and f16 data (16-bit data through the kernel's table of 1 / gamma and
+// beta / gamma), with dr and dx's sums, gammas of either sign, on every row path:
 // the dx kernel's column sums with 16-byte packs (768) and single values (37, 100), the
 // column kernel beside it (1024) and the block path (2048). y and rstd are the same data
 // on both sides, not a forward's: in bf16 the CPU's and the GPU's forward round y apart
@@ -407,13 +408,15 @@ TEST(GpuPrecisionLayerNorm, GradientFromTheOutputMatchesTheCpu) {
     const std::vector<ValueId> in{dy.id(), y.id(), beta.id(), rstd.id(), gamma.id(), dr.id()};
     return c.g.add(Op::layer_norm_grad, in, {{"dx_sums", int64_t{1}}, {"from_output", int64_t{1}}});
   };
-  for (DType t : {DType::f32, DType::bf16})
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
     for (int64_t dim : {768, 100, 37, 1024, 2048})
       for (int out : {0, 1, 2, 3}) {
         const int64_t rows = dim == 2048 ? 129 : 1001;
         SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(dim) + " output " +
                      std::to_string(out));
-        CompareOptions o = t == DType::f32 ? seam::gpu_testing::f32() : seam::gpu_testing::bf16();
+        CompareOptions o = t == DType::f32    ? seam::gpu_testing::f32()
+                           : t == DType::bf16 ? seam::gpu_testing::bf16()
+                                              : seam::gpu_testing::f16();
         o.gradients = false;
         compare_with_cpu(
             [&](GpuCase& c) { return cast(c.g.var(norm_grad(c, {rows, dim}, t, false)[out]), DType::f32); }, o);
