@@ -165,6 +165,12 @@ void Backend::copy_converted(std::byte*, DType, const std::byte*, DType, const S
   fail("the program runs on the CPU: its values are read into host memory (read, read_grad)");
 }
 
+void Program::elements_mismatch(const std::string& what, DType t, size_t element_bytes) {
+  fail(what, " holds ", dtype_name(t), " values, which a ", element_bytes,
+       "-byte element type does not read: read_as and grad_as copy bytes (float for f32, double for f64, int32_t "
+       "for i32, uint8_t for u8, uint16_t for the bits of bf16 and f16); read() gives them in any case");
+}
+
 std::vector<std::byte> Program::read_grad(const std::string& param) const {
   const Binding* b = plan_->grad(param);
   if (!b) fail("this program computes no gradient for '", param, "'");

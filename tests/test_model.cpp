@@ -140,3 +140,30 @@ TEST(Program, OutputsReadInTheGraphsTypeAndDeviceIoNeedsAGpu) {
   expect_error([&] { (void)p.read_device(y.name()); }, "runs on the CPU");
   expect_error([&] { (void)p.read_device("nope"); }, "no output named 'nope'");
 }
+
+// read_as and grad_as copy bytes: the element type must be the value's (uint16_t for the
+// bits of a bf16 value), or the read is an error naming the value and its dtype, never
+// bf16 pairs read back as floats.
+TEST(Program, ReadAsTakesOnlyTheElementTypeOfTheValue) {
+  using namespace seam;
+  Graph g;
+  Var x = g.input("x", {4, 2});
+  Var w = g.param("w", {4, 2}, Init::uniform(-1, 1));
+  Var half = cast(mul(x, w), DType::bf16);
+  Var loss = sum(cast(half, DType::f32));
+  Model m(g, {.seed = 1});
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {half.id()}});
+  std::vector<float> xs{1, 2, 3, 4, 5, 6, 7, 8};
+  p.set_input("x", std::span<const float>(xs));
+  p.run();
+  const std::string e = seam::testing::error_of([&] { p.read_as<float>(half.name()); });
+  EXPECT_NE(e.find("output '" + half.name() + "' holds bf16 values"), std::string::npos) << e;
+  const std::vector<uint16_t> bits = p.read_as<uint16_t>(half.name());
+  const std::vector<std::byte> bytes = p.read(half.name());
+  ASSERT_EQ(bits.size() * 2, bytes.size());
+  EXPECT_EQ(std::memcmp(bits.data(), bytes.data(), bytes.size()), 0);
+  EXPECT_EQ(p.read_as<float>(loss.name()).size(), 1u);
+  EXPECT_EQ(p.grad_as<float>("w").size(), 8u);
+  const std::string eg = seam::testing::error_of([&] { p.grad_as<double>("w"); });
+  EXPECT_NE(eg.find("the gradient of 'w' holds f32 values"), std::string::npos) << eg;
+}

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "seam/error.h"
@@ -276,14 +277,32 @@ class Program {
   // the work queued so far done. Fails on the CPU.
   DeviceArray read_device(const std::string& output) const;
   DeviceArray read_grad_device(const std::string& param) const;
+  // An output's or a gradient's elements as T, the type of its dtype: float for f32,
+  // double for f64, int32_t for i32, uint8_t for u8, uint16_t for the bits of bf16 and
+  // f16. The bytes are copied, not converted, so any other T is an error naming the value.
   template <class T>
   std::vector<T> read_as(const std::string& output) const {
+    expect_elements<T>(output_type(output).dtype, "output '" + output + "'");
     return cast_bytes<T>(read(output));
   }
   template <class T>
   std::vector<T> grad_as(const std::string& param) const {
-    return cast_bytes<T>(read_grad(param));
+    std::vector<std::byte> bytes = read_grad(param);  // which fails where there is no gradient
+    expect_elements<T>(plan_->grad(param)->ref.type.dtype, "the gradient of '" + param + "'");
+    return cast_bytes<T>(bytes);
   }
+
+  template <class T>
+  static void expect_elements(DType t, const std::string& what) {
+    const bool fits = std::is_same_v<T, float>      ? t == DType::f32
+                      : std::is_same_v<T, double>   ? t == DType::f64
+                      : std::is_same_v<T, int32_t>  ? t == DType::i32
+                      : std::is_same_v<T, uint8_t>  ? t == DType::u8
+                      : std::is_same_v<T, uint16_t> ? is_half(t)
+                                                    : false;
+    if (!fits) elements_mismatch(what, t, sizeof(T));
+  }
+  [[noreturn]] static void elements_mismatch(const std::string& what, DType t, size_t element_bytes);
 
   template <class T>
   static std::vector<T> cast_bytes(const std::vector<std::byte>& b) {
