@@ -326,3 +326,30 @@ TEST(MemPlan, ContiguousSlicesAndConcatsAreViewsNotCopies) {
     for (int64_t c = 0; c < 4; ++c) want += 2.0 * xs[static_cast<size_t>(r * cols + c)];
   EXPECT_NEAR(p.read_as<float>(loss.name())[0], want, 1e-4 * std::abs(want) + 1e-4);
 }
+
+// Under bf16 a parameter's cast is its working copy, in the working copies' region, and
+// no step writes it: a concat of two such copies still copies them (written in place,
+// nothing would fill it) and holds their values.
+TEST(MemPlan, AConcatOfWorkingCopiesStillCopies) {
+  Graph g;
+  Var x = g.input("x", {64, 8});
+  Var a = g.param("a", {32, 8}, Init::uniform(-1, 1)), b = g.param("b", {32, 8}, Init::uniform(-1, 1));
+  Var joined = concat({cast(a, DType::bf16), cast(b, DType::bf16)}, 0);  // 512 bytes each: aligned
+  Var loss = sum(mul(cast(joined, DType::f32), x));
+  Model m(g, {.seed = 6, .precision = Precision::bf16});
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {joined.id()}});
+  EXPECT_EQ(seam::testing::count(p.plan(), Op::concat), 1) << p.plan().str();
+  for (const PlanStep& s : p.plan().steps)
+    if (s.op == Op::concat)
+      for (const BufferRef& in : s.in) EXPECT_EQ(in.region, Region::working) << p.plan().str();
+  std::vector<float> xs(64 * 8, 1.0f);
+  p.set_input("x", std::span<const float>(xs));
+  p.run();
+  const std::vector<float> y = seam::testing::as_floats(p.read(joined.name()), DType::bf16);
+  const auto av = Program::cast_bytes<float>(m.read_param("a")), bv = Program::cast_bytes<float>(m.read_param("b"));
+  ASSERT_EQ(y.size(), av.size() + bv.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float want = i < av.size() ? av[i] : bv[i - av.size()];
+    EXPECT_NEAR(y[i], want, 4e-3 * std::abs(want)) << i;  // the working copy's bf16 rounding
+  }
+}

@@ -293,6 +293,17 @@ class Program {
   }
 
   template <class T>
+  static std::vector<T> cast_bytes(const std::vector<std::byte>& b) {
+    std::vector<T> r(b.size() / sizeof(T));
+    std::memcpy(r.data(), b.data(), r.size() * sizeof(T));
+    return r;
+  }
+
+ private:
+  friend class Model;
+  Program(std::shared_ptr<Model::Core> core, Plan plan);
+  // read_as's and grad_as's test of T against the value's dtype.
+  template <class T>
   static void expect_elements(DType t, const std::string& what) {
     const bool fits = std::is_same_v<T, float>      ? t == DType::f32
                       : std::is_same_v<T, double>   ? t == DType::f64
@@ -304,16 +315,6 @@ class Program {
   }
   [[noreturn]] static void elements_mismatch(const std::string& what, DType t, size_t element_bytes);
 
-  template <class T>
-  static std::vector<T> cast_bytes(const std::vector<std::byte>& b) {
-    std::vector<T> r(b.size() / sizeof(T));
-    std::memcpy(r.data(), b.data(), r.size() * sizeof(T));
-    return r;
-  }
-
- private:
-  friend class Model;
-  Program(std::shared_ptr<Model::Core> core, Plan plan);
   // An input's binding in the plan; nullptr for an input of the model this plan does not
   // read; fails naming the model's inputs for any other name.
   const Binding* input_binding(const std::string& name) const;

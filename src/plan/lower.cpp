@@ -79,6 +79,17 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
     if (live_node[static_cast<size_t>(k)])
       for (ValueId o : g.node(k).out) needed[static_cast<size_t>(o)] = true;
 
+  // A cast of an f32 parameter to the working dtype reads the parameter's working copy
+  // (at half its offset): no step, no arena space, no cast kernel on the step's path.
+  std::vector<bool> working_cast(static_cast<size_t>(nn), false);
+  if (req.working && layout.param_dtype == DType::f32)
+    for (int k = 0; k < nn; ++k) {
+      const Node& n = g.node(k);
+      working_cast[static_cast<size_t>(k)] = live_node[static_cast<size_t>(k)] && n.op == Op::cast &&
+                                             g.value(n.in[0]).kind == ValueKind::param &&
+                                             g.value(n.out[0]).type.dtype == *req.working;
+    }
+
   // 2. Where each needed value lives. Views resolve to the value they alias, at a byte
   // offset into it: reshapes and the like at 0; a slice that is one contiguous run of its
   // input (rows of a row-major matrix: the output layer's chunks) at the run's start; and
@@ -111,7 +122,8 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
       aliased[static_cast<size_t>(k)] = true;
     } else if (n.op == Op::concat) {
       // The output and each input: intermediates of their own (no gradient buffer), each
-      // input written by a step of its own and read once here.
+      // input written by a step of its own (not a working copy, which no step writes) and
+      // read once here.
       const TensorType& t = g.value(n.out[0]).type;
       const int axis = normalize_axis(n.attrs.i("axis"), t.shape.size());
       bool in_place = outer_of(t.shape, axis) == 1 && parent[out] == n.out[0] &&
@@ -123,7 +135,7 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
         const int p = producer[v];
         in_place = g.value(n.in[i]).kind == ValueKind::intermediate && !is_grad[v] && parent[v] == n.in[i] && p >= 0 &&
                    !g.node(p).in.empty() && op_def(g.node(p).op).view_of < 0 && !aliased[static_cast<size_t>(p)] &&
-                   !(g.node(p).op == Op::cast && g.value(g.node(p).in[0]).kind == ValueKind::param) &&  // working copies
+                   !working_cast[static_cast<size_t>(p)] &&
                    offset % kAlign == 0 && std::count(n.in.begin(), n.in.end(), n.in[i]) == 1;
         at.push_back(offset);
         offset += g.value(n.in[i]).type.bytes();
@@ -159,17 +171,10 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   Plan plan;
   plan.layout = layout;
   plan.optimizer = req.optimizer;
-  // A cast of an f32 parameter to the working dtype reads the parameter's working copy
-  // (at half its offset): no step, no arena space, no cast kernel on the step's path.
-  std::vector<bool> working_cast(static_cast<size_t>(nn), false);
-  if (req.working && layout.param_dtype == DType::f32)
-    for (int k = 0; k < nn; ++k) {
+  for (int k = 0; k < nn; ++k)
+    if (working_cast[static_cast<size_t>(k)]) {
       const Node& n = g.node(k);
-      if (!live_node[static_cast<size_t>(k)] || n.op != Op::cast) continue;
-      const Value& src = g.value(n.in[0]);
-      if (src.kind != ValueKind::param || g.value(n.out[0]).type.dtype != *req.working) continue;
-      working_cast[static_cast<size_t>(k)] = true;
-      fixed(n.out[0], Region::working, layout.param(src.name)->offset / 2);
+      fixed(n.out[0], Region::working, layout.param(g.value(n.in[0]).name)->offset / 2);
       plan.working = req.working;
     }
   for (auto& [v, slot] : req.grads) {

@@ -117,7 +117,10 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
       if (j >= dim) continue;
       float gm[V];
       load_pack<V>(gamma + j, gm);
-      if (kGammaTable<T> && beta) {  // x is the norm's output y (from_output)
+      if (!beta) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) xh[p][i] = (xh[p][i] - m) * s;
+      } else if constexpr (kGammaTable<T>) {  // x is the norm's output y (from_output)
         float ig[V], sh[V];
         if constexpr (V % 4 == 0) {  // 16-byte loads: j and dim are multiples of V
 #pragma unroll
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
         }
 #pragma unroll
         for (int i = 0; i < V; ++i) xh[p][i] = fmaf(xh[p][i], ig[i], -sh[i]);
-      } else if (beta) {
+      } else {  // f32 data: exactly, value by value
         float bt[V];
         load_pack<V>(beta + j, bt);
 #pragma unroll
@@ -141,9 +144,6 @@ __global__ void __launch_bounds__(kWarpBlock, S > 0 ? 2 : 1)
           if (gm[i] == 0.f) report_error(err, step, kZeroGamma, j + i, 0, 0);
           xh[p][i] = (xh[p][i] - bt[i]) / gm[i];
         }
-      } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) xh[p][i] = (xh[p][i] - m) * s;
       }
       if constexpr (S > 0) {
 #pragma unroll
