@@ -350,7 +350,7 @@ std::optional<Launch> prepare_engine_conv(const StepArgs& a, const EngineConv& c
     // for a fused epilogue, whose caller has kernels of its own for it: compiling a fused
     // graph at run time took seconds a shape, every time a process prepares it. But for
     // the data gradient with z: cuDNN 9.14 precompiles none, and its runtime-compiled
-    // ones beat the plain data gradient alone (architecture.md).
+    // ones beat the plain data gradient alone (docs/architecture/fusion.md).
     Built b = build(h, c, nullptr, false);
     if (!b.error.empty() && (!fused || (c.pass == 1 && c.residual))) b = build(h, c, nullptr, true);
     if (!b.error.empty()) {

@@ -43,7 +43,7 @@
 // a few percent of single blocks; weight gradients on half the SMs (too few tiles without
 // split K). The epilogue overlaps nothing; handing it to spare warps, ping-pong groups and
 // deferring it into the next tile's products (2f82e9b, 34a57b2, 3631655) were all
-// measured slower (docs/architecture.md). The steps offer it as a timed variant
+// measured slower (docs/architecture/gemm.md). The steps offer it as a timed variant
 // (matmul.cu).
 #include <cuda.h>
 
