@@ -70,8 +70,11 @@ Readout readout(const Plan& plan, const Graph& g, const std::string& output) {
 
 TensorType Program::output_type(const std::string& output) const { return readout(*plan_, core_->graph, output).type; }
 
-std::vector<std::byte> Program::read(const std::string& output) const {
+std::vector<std::byte> Program::read(const std::string& output) const { return read(output, nullptr, 0); }
+
+std::vector<std::byte> Program::read(const std::string& output, bool (*fits)(DType), size_t element_bytes) const {
   const Readout r = readout(*plan_, core_->graph, output);
+  if (fits && !fits(r.type.dtype)) elements_mismatch("output '" + output + "'", r.type.dtype, element_bytes);
   auto out = read_ref(*core_->backend, core_->regions(arena_), *r.ref);
   exe_->check();
   if (r.nhwc) {
@@ -171,9 +174,13 @@ void Program::elements_mismatch(const std::string& what, DType t, size_t element
        "for i32, uint8_t for u8, uint16_t for the bits of bf16 and f16); read() gives them in any case");
 }
 
-std::vector<std::byte> Program::read_grad(const std::string& param) const {
+std::vector<std::byte> Program::read_grad(const std::string& param) const { return read_grad(param, nullptr, 0); }
+
+std::vector<std::byte> Program::read_grad(const std::string& param, bool (*fits)(DType), size_t element_bytes) const {
   const Binding* b = plan_->grad(param);
   if (!b) fail("this program computes no gradient for '", param, "'");
+  if (fits && !fits(b->ref.type.dtype))
+    elements_mismatch("the gradient of '" + param + "'", b->ref.type.dtype, element_bytes);
   auto out = read_ref(*core_->backend, core_->regions(arena_), b->ref);
   exe_->check();
   if (const float scale = exe_->grad_read_scale(); scale != 1.0f) scale_values(out, b->ref.type.dtype, scale);

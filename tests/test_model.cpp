@@ -166,4 +166,6 @@ TEST(Program, ReadAsTakesOnlyTheElementTypeOfTheValue) {
   EXPECT_EQ(p.grad_as<float>("w").size(), 8u);
   const std::string eg = seam::testing::error_of([&] { p.grad_as<double>("w"); });
   EXPECT_NE(eg.find("the gradient of 'w' holds f32 values"), std::string::npos) << eg;
+  const std::string en = seam::testing::error_of([&] { p.grad_as<float>("x"); });
+  EXPECT_NE(en.find("computes no gradient for 'x'"), std::string::npos) << en;
 }

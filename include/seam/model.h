@@ -282,14 +282,11 @@ class Program {
   // f16. The bytes are copied, not converted, so any other T is an error naming the value.
   template <class T>
   std::vector<T> read_as(const std::string& output) const {
-    expect_elements<T>(output_type(output).dtype, "output '" + output + "'");
-    return cast_bytes<T>(read(output));
+    return cast_bytes<T>(read(output, &elements_fit<T>, sizeof(T)));
   }
   template <class T>
   std::vector<T> grad_as(const std::string& param) const {
-    std::vector<std::byte> bytes = read_grad(param);  // which fails where there is no gradient
-    expect_elements<T>(plan_->grad(param)->ref.type.dtype, "the gradient of '" + param + "'");
-    return cast_bytes<T>(bytes);
+    return cast_bytes<T>(read_grad(param, &elements_fit<T>, sizeof(T)));
   }
 
   template <class T>
@@ -304,15 +301,18 @@ class Program {
   Program(std::shared_ptr<Model::Core> core, Plan plan);
   // read_as's and grad_as's test of T against the value's dtype.
   template <class T>
-  static void expect_elements(DType t, const std::string& what) {
-    const bool fits = std::is_same_v<T, float>      ? t == DType::f32
-                      : std::is_same_v<T, double>   ? t == DType::f64
-                      : std::is_same_v<T, int32_t>  ? t == DType::i32
-                      : std::is_same_v<T, uint8_t>  ? t == DType::u8
-                      : std::is_same_v<T, uint16_t> ? is_half(t)
-                                                    : false;
-    if (!fits) elements_mismatch(what, t, sizeof(T));
+  static bool elements_fit(DType t) {
+    return std::is_same_v<T, float>      ? t == DType::f32
+           : std::is_same_v<T, double>   ? t == DType::f64
+           : std::is_same_v<T, int32_t>  ? t == DType::i32
+           : std::is_same_v<T, uint8_t>  ? t == DType::u8
+           : std::is_same_v<T, uint16_t> ? is_half(t)
+                                         : false;
   }
+  // read() and read_grad() that first test the element type (fits) of the value they
+  // resolve, so a mismatch fails before anything is copied.
+  std::vector<std::byte> read(const std::string& output, bool (*fits)(DType), size_t element_bytes) const;
+  std::vector<std::byte> read_grad(const std::string& param, bool (*fits)(DType), size_t element_bytes) const;
   [[noreturn]] static void elements_mismatch(const std::string& what, DType t, size_t element_bytes);
 
   // An input's binding in the plan; nullptr for an input of the model this plan does not
