@@ -10,7 +10,10 @@
 // comparison, which reads them as floats.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -487,3 +490,64 @@ TEST(GpuPrecisionLoss, TheFusedLossCountsItsArgmaxAsTheCpu) {
       }
   }
 }
+
+// Rows whose maximum is not finite, on each row path (warp rows of 1000 classes, block
+// rows of 3000 read twice, GPT-2's 50304 staged in shared memory): two +inf logits, the
+// label at one (the CPU's shifted sum is inf - inf: NaN), one +inf away from the label,
+// a row of -inf only (NaN), a NaN among finite values (NaN), -inf among finite values
+// (their terms 0) and a finite row. Each gradient value equals the CPU's, NaN where the
+// CPU's is, and the loss is NaN on both.
+TEST(GpuPrecisionLoss, RowsWithInfiniteOrNanLogitsMatchTheCpu) {
+  for (const CompareOptions& o : {seam::gpu_testing::f32(), bf16()}) {
+    SCOPED_TRACE(policy_name(o));
+    const DType t = o.precision == Precision::f32 ? DType::f32 : low(o);
+    const double tol = o.precision == Precision::f32 ? 1e-5 : 1e-2;
+    for (int64_t classes : {int64_t{1000}, int64_t{3000}, int64_t{50304}}) {
+      SCOPED_TRACE(std::to_string(classes) + " classes");
+      const int64_t rows = 7;
+      Graph g;
+      Var w = g.param("w", {rows, classes}, Init::zeros());
+      Var y = g.input("y", {rows}, DType::i32);
+      Var loss = cross_entropy(cast(w, t), y);
+      std::mt19937_64 rng(static_cast<uint64_t>(classes));
+      std::uniform_real_distribution<float> d(-3.f, 3.f);
+      std::vector<float> ws(static_cast<size_t>(rows * classes));
+      for (auto& v : ws) v = d(rng);
+      auto at = [&](int64_t r, int64_t c) -> float& { return ws[static_cast<size_t>(r * classes + c)]; };
+      const float inf = std::numeric_limits<float>::infinity();
+      at(0, 5) = inf, at(0, classes - 7) = inf;
+      at(1, 123) = inf;
+      for (int64_t c = 0; c < classes; ++c) at(2, c) = -inf;
+      at(3, 999) = std::numeric_limits<float>::quiet_NaN();
+      at(4, 0) = -inf, at(4, classes / 2) = -inf;
+      const std::vector<int32_t> ys{5, 7, 3, 2, 0, 11, static_cast<int32_t>(classes - 1)};
+      std::vector<std::vector<float>> grads;
+      std::vector<float> losses;
+      for (Device dev : {Device::cpu, Device::cuda}) {
+        Model m(g, {.device = dev, .precision = o.precision});
+        Program p = m.compile({.loss = loss.id(), .gradients = true});
+        m.write_param("w", seam::testing::bytes_of(ws));
+        p.set_input("y", std::span<const int32_t>(ys));
+        p.run();
+        losses.push_back(p.read_as<float>(loss.name())[0]);
+        grads.push_back(p.grad_as<float>("w"));
+      }
+      EXPECT_TRUE(std::isnan(losses[0]) && std::isnan(losses[1])) << losses[0] << " " << losses[1];
+      for (int64_t r = 0; r < rows; ++r) {
+        float scale = 0.f;
+        for (int64_t c = 0; c < classes; ++c) scale = std::max(scale, std::abs(grads[0][r * classes + c]));
+        int bad = 0, nans = 0;
+        for (int64_t c = 0; c < classes && bad < 3; ++c) {
+          const float cpu = grads[0][r * classes + c], gpu = grads[1][r * classes + c];
+          nans += std::isnan(cpu);
+          const bool same = std::isnan(cpu) ? std::isnan(gpu) : std::abs(gpu - cpu) <= tol * scale + 1e-12f;
+          if (!same) ++bad;
+          EXPECT_TRUE(same) << "row " << r << ", class " << c << ": the GPU's " << gpu << ", the CPU's " << cpu;
+        }
+        // Rows 0 to 3 are NaN throughout on the CPU, rows 4 to 6 nowhere.
+        EXPECT_EQ(nans, r < 4 ? classes : 0) << "row " << r;
+      }
+    }
+  }
+}
+

@@ -427,6 +427,9 @@ __device__ void row_stats(const G& g, const Src& src, float& m, float& s, float&
   zsum = 0.f;
   first = INT64_MAX;
   src.template stats<G, WithSum, Find>(g, m, s, zsum, first);
+  // A +inf logit: the CPU's (and PyTorch's) log-sum-exp shifted by the maximum is then
+  // inf - inf, so the row's loss and every value of its gradient are NaN here too.
+  if (m == INFINITY) s = NAN;
 }
 
 // A counting row's stats (known to every thread of the group) and its loss:
