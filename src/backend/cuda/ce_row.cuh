@@ -193,8 +193,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // A pack of values into (m, s): one rescale to the pack's maximum, then its terms, which
-// do not depend on each other (added pairwise). A value equal to an infinite m counts 1,
-// as lse_add counts a new maximum; fmaxf passes over a NaN, whose term then makes s NaN.
+// do not depend on each other (added pairwise). A +inf m makes the row's sum NaN
+// (row_stats), whatever its terms; fmaxf passes over a NaN, whose term then makes s NaN.
 // Find: a new maximum's first index (base + k) goes to first.
 template <bool Find, int K>
 __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int64_t base, int64_t& first) {
@@ -217,7 +217,7 @@ __device__ inline void lse_add_pack(float& m, float& s, const float (&v)[K], int
     for (int k = 0; k < K; ++k) e[k] = fast_exp2(fmaf(v[k], kLog2e, -ml));  // -inf: 0
   } else {
 #pragma unroll
-    for (int k = 0; k < K; ++k) e[k] = v[k] == -INFINITY ? 0.f : v[k] == m ? 1.f : expf(v[k] - m);
+    for (int k = 0; k < K; ++k) e[k] = v[k] == -INFINITY ? 0.f : expf(v[k] - m);
   }
 #pragma unroll
   for (int w = 1; w < K; w *= 2)
@@ -392,14 +392,14 @@ struct Staged {
           for (int k = 0; k + w < kPer<T>; k += 2 * w) e[k] = __fadd_rn(e[k], e[k + w]);
         part = __fadd_rn(part, e[0]);
       }
-    } else {  // every value -inf or NaN (m = -inf), or m = +inf: lse_add's terms
+    } else {  // every value -inf or NaN (m = -inf), or m = +inf (the sum NaN: row_stats)
       for (int c = g.rank(); c < packs; c += g.size()) {
         const Pack<T> p = s[c];
         float v[kPer<T>];
         unpack<WithSum>(p, c, classes, v, zsum);
 #pragma unroll
         for (int k = 0; k < kPer<T>; ++k)
-          part = __fadd_rn(part, v[k] == -INFINITY ? 0.f : v[k] == m ? 1.f : expf(v[k] - m));
+          part = __fadd_rn(part, v[k] == -INFINITY ? 0.f : expf(v[k] - m));
       }
     }
     g.template sums<WithSum, Find>(part, zsum, index);
