@@ -1,9 +1,13 @@
 // The summary of a device trace (seam bench --trace) on spans whose busy time, idle time
-// and overlap are known by construction.
+// and overlap are known by construction; the GPU clock report of the timed steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
+#include "backend/backend.h"
+#include "backend/clocks.h"
 #include "bench/trace_report.h"
 
 namespace seam {
@@ -39,6 +43,26 @@ TEST(TraceReport, BusyIdleAndOverlapOfTwoSteps) {
 
 TEST(TraceReport, NothingTracedSaysSo) {
   EXPECT_NE(bench::trace_report({}, 3, true).find("nothing ran"), std::string::npos);
+}
+
+TEST(ClockReport, SaysTheClockThePowerAndWhatHeldItDown) {
+  ClockReport r;
+  r.samples = 40;
+  r.sm_mhz_mean = 1754.6, r.sm_mhz_min = 1605, r.sm_mhz_max = 1980;
+  r.watts_mean = 688.2, r.watts_max = 702.4;
+  r.power_capped = 0.875, r.thermal = 0;
+  EXPECT_EQ(r.str(),
+            "the GPU in the timed steps: SM clock 1755 MHz (1605-1980), 688 W (702 at most); held down by the power "
+            "cap in 88% of 40 samples, by heat or hardware slowdown in 0%");
+}
+
+// Without a GPU a watch reads nothing and says so by reporting nothing (the GPU suite's
+// GpuClocks reads a real one).
+TEST(ClockWatch, WithoutAGpuReportsNothing) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present: GpuClocks.AWindowOfWorkReportsItsClockAndPower reads it";
+  ClockWatch w(5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_FALSE(w.stop().has_value());
 }
 
 }  // namespace

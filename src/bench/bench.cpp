@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "backend/clocks.h"
 #include "ops/registry.h"
 #include "dist/comm.h"
 #include "bench/workload_models.h"
@@ -141,6 +142,7 @@ struct Result {
   int kernels;
   double memory_mib = 0;  // the model's buffers, the arena and the steps' workspaces and scratch
   std::string budget_note;  // Plan::budget_note
+  std::string clock_note;   // ClockReport::str() of the timed steps, where the GPU's clock could be read
   // The GPU's memory in use after the timed steps less before the model was made, as the
   // driver counts it (libraries' handles and the allocator's pool included); -1 on the CPU.
   double device_mib = -1;
@@ -205,6 +207,8 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
   }
   p.check();
   using Clock = std::chrono::steady_clock;
+  std::optional<ClockWatch> clocks;
+  if (dev == Device::cuda) clocks.emplace();
   std::vector<double> per_step, host;
   for (int r = 0; r < o.repeats; ++r) {
     double in_run = 0;
@@ -220,6 +224,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
     per_step.push_back(ms);
     host.push_back(in_run / o.steps);
   }
+  const std::optional<ClockReport> clock_report = clocks ? clocks->stop() : std::nullopt;
   auto loss_now = p.read_as<float>(loss.name())[0];
   if (!std::isfinite(loss_now)) fail(w.name, ": the loss is ", loss_now, " after the timed steps");
   std::vector<double> sorted = per_step;
@@ -230,6 +235,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
   res.memory_mib = static_cast<double>(m.device_bytes() + p.plan().arena_bytes + p.executable().stats().device_bytes) /
                    1048576.0;
   res.budget_note = p.plan().budget_note;
+  if (clock_report) res.clock_note = clock_report->str();
   if (const std::optional<size_t> used = used_before ? cuda_device_used_bytes() : std::nullopt)
     res.device_mib = (static_cast<double>(*used) - static_cast<double>(*used_before)) / 1048576.0;
   res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
@@ -311,6 +317,7 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
     }
     results.push_back(bench_one(w, o, dev, comm));
     if (report && !results.back().budget_note.empty()) std::printf("  %s\n", results.back().budget_note.c_str());
+    if (report && !results.back().clock_note.empty()) std::printf("  %s\n", results.back().clock_note.c_str());
   }
   if (!report) return 0;
   // MiB: what seam accounts for (its buffers, arena, workspaces); device MiB: what the

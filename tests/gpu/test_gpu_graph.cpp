@@ -3,9 +3,11 @@
 // exactly as on the CPU.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 
 #include "backend/backend.h"
+#include "backend/clocks.h"
 #include "backend/cuda/graph_memset.h"
 #include "../test_util.h"
 #include "gpu_check.h"
@@ -210,3 +212,36 @@ TEST(GpuGraph, MemsetNodesBecomeKernelsThatWriteTheSameBytes) {
   cudaFree(buf);
   cudaFree(dst);
 }
+
+// A watch over ~0.3 s of copies on the GPU reads its clock and power from NVML (which
+// every machine with the driver has): samples every 5 ms, plausible clocks and watts,
+// shares within [0, 1].
+TEST(GpuClocks, AWindowOfWorkReportsItsClockAndPower) {
+  const size_t n = size_t{256} << 20;
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, n), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, n), cudaSuccess);
+  ASSERT_EQ(cudaMemset(a, 1, n), cudaSuccess);
+  ClockWatch w(5);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_EQ(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  }
+  const std::optional<ClockReport> r = w.stop();
+  ASSERT_EQ(cudaFree(a), cudaSuccess);
+  ASSERT_EQ(cudaFree(b), cudaSuccess);
+  ASSERT_TRUE(r.has_value()) << "NVML (libnvidia-ml.so.1, or SEAM_NVML) gave no sample";
+  EXPECT_GE(r->samples, 10);
+  EXPECT_GT(r->sm_mhz_min, 100);
+  EXPECT_LE(r->sm_mhz_min, r->sm_mhz_mean);
+  EXPECT_LE(r->sm_mhz_mean, r->sm_mhz_max);
+  EXPECT_LT(r->sm_mhz_max, 5000);
+  EXPECT_GT(r->watts_mean, 10);
+  EXPECT_LE(r->watts_mean, r->watts_max);
+  for (double share : {r->power_capped, r->thermal}) {
+    EXPECT_GE(share, 0);
+    EXPECT_LE(share, 1);
+  }
+}
+

@@ -1,0 +1,140 @@
+// ClockWatch on NVML (backend/clocks.h), loaded at run time so that seam neither links the
+// driver's management library nor fails to start without it. The device is found by its
+// PCI bus id: NVML's indices need not be CUDA's (CUDA_VISIBLE_DEVICES).
+#include "backend/clocks.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace seam {
+
+namespace {
+
+using NvmlDevice = struct nvmlDevice_st*;
+constexpr int kNvmlSuccess = 0;
+constexpr int kNvmlClockSm = 1;
+// nvml.h's clock event reasons.
+constexpr unsigned long long kSwPowerCap = 0x4, kHwSlowdown = 0x8, kSwThermal = 0x20, kHwThermal = 0x40,
+                             kHwPowerBrake = 0x80;
+
+struct Nvml {
+  void* lib = nullptr;
+  int (*init)() = nullptr;
+  int (*shutdown)() = nullptr;
+  int (*by_bus_id)(const char*, NvmlDevice*) = nullptr;
+  int (*clock)(NvmlDevice, int, unsigned*) = nullptr;
+  int (*power)(NvmlDevice, unsigned*) = nullptr;  // milliwatts
+  int (*reasons)(NvmlDevice, unsigned long long*) = nullptr;
+};
+
+// NVML's functions (SEAM_NVML=FILE names the library), or nullopt where it or one of them
+// is missing.
+std::optional<Nvml> load_nvml() {
+  const char* env = std::getenv("SEAM_NVML");
+  void* lib = dlopen(env ? env : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return std::nullopt;
+  Nvml n;
+  n.lib = lib;
+  auto sym = [&](auto& f, const char* name) {
+    f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
+    return f != nullptr;
+  };
+  bool ok = sym(n.init, "nvmlInit_v2") && sym(n.shutdown, "nvmlShutdown") &&
+            sym(n.by_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") && sym(n.clock, "nvmlDeviceGetClockInfo") &&
+            sym(n.power, "nvmlDeviceGetPowerUsage");
+  // The reasons' older name, from drivers before 535.
+  if (ok && !sym(n.reasons, "nvmlDeviceGetCurrentClocksEventReasons"))
+    ok = sym(n.reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  if (!ok) {
+    dlclose(lib);
+    return std::nullopt;
+  }
+  return n;
+}
+
+struct Sample {
+  unsigned mhz, milliwatts;
+  unsigned long long reasons;
+};
+
+}  // namespace
+
+struct ClockWatch::Impl {
+  Nvml nvml;
+  NvmlDevice device = nullptr;
+  std::atomic<bool> done{false};
+  std::vector<Sample> samples;  // the thread's alone until it is joined
+  std::thread thread;
+
+  ~Impl() {
+    done = true;
+    if (thread.joinable()) thread.join();
+    nvml.shutdown();
+    dlclose(nvml.lib);
+  }
+};
+
+ClockWatch::ClockWatch(int period_ms) {
+  int dev = 0;
+  char bus[32] = {};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess) {
+    cudaGetLastError();  // no GPU: nothing to watch, and the next CUDA call starts clean
+    return;
+  }
+  std::optional<Nvml> nvml = load_nvml();
+  if (!nvml) return;
+  if (nvml->init() != kNvmlSuccess) {
+    dlclose(nvml->lib);
+    return;
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->nvml = *nvml;
+  if (impl->nvml.by_bus_id(bus, &impl->device) != kNvmlSuccess) return;  // ~Impl shuts NVML down
+  impl_ = std::move(impl);
+  Impl* s = impl_.get();
+  s->thread = std::thread([s, period_ms] {
+    while (!s->done) {
+      Sample x{};
+      if (s->nvml.clock(s->device, kNvmlClockSm, &x.mhz) == kNvmlSuccess &&
+          s->nvml.power(s->device, &x.milliwatts) == kNvmlSuccess &&
+          s->nvml.reasons(s->device, &x.reasons) == kNvmlSuccess)
+        s->samples.push_back(x);
+      std::this_thread::sleep_for(std::chrono::milliseconds(period_ms));
+    }
+  });
+}
+
+ClockWatch::~ClockWatch() = default;
+
+std::optional<ClockReport> ClockWatch::stop() {
+  if (!impl_) return std::nullopt;
+  impl_->done = true;
+  impl_->thread.join();
+  const std::vector<Sample> xs = std::move(impl_->samples);
+  impl_.reset();
+  if (xs.empty()) return std::nullopt;
+  ClockReport r;
+  r.samples = static_cast<int>(xs.size());
+  r.sm_mhz_min = r.sm_mhz_max = xs[0].mhz;
+  for (const Sample& x : xs) {
+    r.sm_mhz_mean += x.mhz;
+    r.sm_mhz_min = std::min<double>(r.sm_mhz_min, x.mhz);
+    r.sm_mhz_max = std::max<double>(r.sm_mhz_max, x.mhz);
+    r.watts_mean += x.milliwatts / 1000.0;
+    r.watts_max = std::max(r.watts_max, x.milliwatts / 1000.0);
+    r.power_capped += (x.reasons & (kSwPowerCap | kHwPowerBrake)) != 0;
+    r.thermal += (x.reasons & (kSwThermal | kHwThermal | kHwSlowdown)) != 0;
+  }
+  for (double* v : {&r.sm_mhz_mean, &r.watts_mean, &r.power_capped, &r.thermal}) *v /= r.samples;
+  return r;
+}
+
+}  // namespace seam
