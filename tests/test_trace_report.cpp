@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "backend/backend.h"
@@ -63,6 +64,35 @@ TEST(ClockWatch, WithoutAGpuReportsNothing) {
   ClockWatch w(5);
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   EXPECT_FALSE(w.stop().has_value());
+}
+
+// The watch's reading and summing, and its NVML handling, on NVML's stand-in
+// (tests/fake_nvml.cpp): the k-th sample reads 1500 + 200 (k % 3) MHz, 600 + 50 (k % 3) W
+// and the power cap on even k. A bus id the library does not know gives no report.
+TEST(ClockWatch, SumsWhatNvmlReads) {
+  ASSERT_EQ(setenv("SEAM_NVML", SEAM_FAKE_NVML, 1), 0);
+  ClockWatch w("0000:42:00.0", 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  const std::optional<ClockReport> r = w.stop();
+  ClockWatch elsewhere("0000:07:00.0", 1);
+  const std::optional<ClockReport> none = elsewhere.stop();
+  unsetenv("SEAM_NVML");
+  ASSERT_TRUE(r.has_value());
+  ASSERT_GE(r->samples, 6);
+  double mhz = 0, watts = 0, capped = 0;
+  for (int k = 0; k < r->samples; ++k) {
+    mhz += 1500 + 200 * (k % 3);
+    watts += 600 + 50 * (k % 3);
+    capped += k % 2 == 0;
+  }
+  EXPECT_EQ(r->sm_mhz_min, 1500);
+  EXPECT_EQ(r->sm_mhz_max, 1900);
+  EXPECT_NEAR(r->sm_mhz_mean, mhz / r->samples, 1e-9);
+  EXPECT_NEAR(r->watts_mean, watts / r->samples, 1e-9);
+  EXPECT_EQ(r->watts_max, 700);
+  EXPECT_NEAR(r->power_capped, capped / r->samples, 1e-12);
+  EXPECT_EQ(r->thermal, 0);
+  EXPECT_FALSE(none.has_value());
 }
 
 }  // namespace

@@ -31,10 +31,16 @@ struct ClockReport {
   }
 };
 
+// The current CUDA device's PCI bus id (what NVML finds it by); nullopt without a CUDA
+// build or a GPU.
+std::optional<std::string> cuda_pci_bus_id();
+
 // Samples the current GPU every `period_ms` from construction until stop().
 class ClockWatch {
  public:
   explicit ClockWatch(int period_ms = 20);
+  // The GPU at this PCI bus id ("0000:17:00.0").
+  ClockWatch(const std::string& pci_bus_id, int period_ms);
   ~ClockWatch();
   ClockWatch(const ClockWatch&) = delete;
   ClockWatch& operator=(const ClockWatch&) = delete;
@@ -42,6 +48,7 @@ class ClockWatch {
   std::optional<ClockReport> stop();
 
  private:
+  void start(const std::string& pci_bus_id, int period_ms);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -296,10 +296,7 @@ bool cuda_available(std::string* why) {
 }
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions) { fail("this build of seam has no CUDA backend (nvcc was not found)"); }
 std::optional<size_t> cuda_device_used_bytes() { return std::nullopt; }
-struct ClockWatch::Impl {};
-ClockWatch::ClockWatch(int) {}
-ClockWatch::~ClockWatch() = default;
-std::optional<ClockReport> ClockWatch::stop() { return std::nullopt; }
+std::optional<std::string> cuda_pci_bus_id() { return std::nullopt; }
 std::optional<GeneratedKernelReport> generated_kernel_report(const PlanStep&) { return std::nullopt; }
 #endif
 

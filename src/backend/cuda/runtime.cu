@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backend/backend.h"
+#include "backend/clocks.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/storage.cuh"
 #include "backend/cuda/cuda.h"
@@ -348,6 +349,15 @@ std::optional<size_t> cuda_device_used_bytes() {
   size_t free = 0, total = 0;
   SEAM_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return total - free;
+}
+
+std::optional<std::string> cuda_pci_bus_id() {
+  if (!cuda_available()) return std::nullopt;
+  int dev = 0;
+  char bus[32] = {};
+  SEAM_CUDA_CHECK(cudaGetDevice(&dev));
+  SEAM_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
+  return std::string(bus);
 }
 
 std::shared_ptr<Backend> make_cuda_backend(CudaOptions options) {

@@ -3,7 +3,6 @@
 // PCI bus id: NVML's indices need not be CUDA's (CUDA_VISIBLE_DEVICES).
 #include "backend/clocks.h"
 
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -83,12 +82,12 @@ struct ClockWatch::Impl {
 };
 
 ClockWatch::ClockWatch(int period_ms) {
-  int dev = 0;
-  char bus[32] = {};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess) {
-    cudaGetLastError();  // no GPU: nothing to watch, and the next CUDA call starts clean
-    return;
-  }
+  if (const std::optional<std::string> bus = cuda_pci_bus_id()) start(*bus, period_ms);
+}
+
+ClockWatch::ClockWatch(const std::string& pci_bus_id, int period_ms) { start(pci_bus_id, period_ms); }
+
+void ClockWatch::start(const std::string& pci_bus_id, int period_ms) {
   std::optional<Nvml> nvml = load_nvml();
   if (!nvml) return;
   if (nvml->init() != kNvmlSuccess) {
@@ -97,7 +96,7 @@ ClockWatch::ClockWatch(int period_ms) {
   }
   auto impl = std::make_unique<Impl>();
   impl->nvml = *nvml;
-  if (impl->nvml.by_bus_id(bus, &impl->device) != kNvmlSuccess) return;  // ~Impl shuts NVML down
+  if (impl->nvml.by_bus_id(pci_bus_id.c_str(), &impl->device) != kNvmlSuccess) return;  // ~Impl shuts NVML down
   impl_ = std::move(impl);
   Impl* s = impl_.get();
   s->thread = std::thread([s, period_ms] {
