@@ -36,6 +36,9 @@ def main():
             best_t = min(theirs, key=lambda r: float(r["ms_per_step"]))
             print(f"  seam vs the best PyTorch variant ({best_t['variant']}, torch {best_t.get('version', '?')}): "
                   f"{float(best_t['ms_per_step']) / b:.2f}x")
+        if best.get("sm_mhz"):  # the clock seam's best window ran at (empty without NVML)
+            print(f"  seam's window: SM clock {float(best['sm_mhz']):.0f} MHz, {float(best['watts']):.0f} W, "
+                  f"held down by the power cap in {100 * float(best['power_capped']):.0f}% of samples")
         gemm = [float(r["gemm_ms"]) for r in mine if r.get("gemm_ms") and float(r["gemm_ms"]) > 0]
         if gemm:
             print(f"  GEMMs alone: {gemm[0]:.4f} ms; the step is {b / gemm[0]:.2f}x the sum of its GEMMs")

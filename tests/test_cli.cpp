@@ -506,12 +506,17 @@ TEST_F(Cli, BenchReportsATableAndCsv) {
   std::string text = slurp(csv);
   EXPECT_EQ(text.rfind("framework,workload,variant", 0), 0u) << text;
   EXPECT_NE(text.find("seam,W1,eager,cpu,"), std::string::npos) << text;
-  EXPECT_NE(text.find(",gemm_ms,precision,memory_mib,device_memory_mib\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(",gemm_ms,precision,memory_mib,device_memory_mib,sm_mhz,watts,power_capped\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find(",tf32,"), std::string::npos) << text;  // W1 says what it means: TF32 GEMMs
   // The memory it holds: W1's 784-1024-1024-10 MLP has 1.9 M parameters, 7.4 MiB in f32;
   // parameters, gradients, two moments and the arena hold more than three times that.
-  // The last two columns: that, and the driver's count of device memory (none on the CPU).
-  const std::string row = text.substr(text.find("seam,W1,"), text.find('\n', text.find("seam,W1,")) - text.find("seam,W1,"));
+  // Then the driver's count of device memory (none on the CPU), and the GPU's clock, power
+  // and power-capped share in the timed steps: empty without a GPU.
+  std::string row = text.substr(text.find("seam,W1,"), text.find('\n', text.find("seam,W1,")) - text.find("seam,W1,"));
+  ASSERT_TRUE(row.ends_with(",,,")) << row;
+  row.resize(row.size() - 3);
   const size_t last = row.rfind(','), before = row.rfind(',', last - 1);
   const double mib = std::stod(row.substr(before + 1, last - before - 1));
   EXPECT_GT(mib, 3 * 7.4) << row;

@@ -142,7 +142,7 @@ struct Result {
   int kernels;
   double memory_mib = 0;  // the model's buffers, the arena and the steps' workspaces and scratch
   std::string budget_note;  // Plan::budget_note
-  std::string clock_note;   // ClockReport::str() of the timed steps, where the GPU's clock could be read
+  std::optional<ClockReport> clocks;  // the GPU in the timed steps, where its clock could be read
   // The GPU's memory in use after the timed steps less before the model was made, as the
   // driver counts it (libraries' handles and the allocator's pool included); -1 on the CPU.
   double device_mib = -1;
@@ -235,7 +235,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
   res.memory_mib = static_cast<double>(m.device_bytes() + p.plan().arena_bytes + p.executable().stats().device_bytes) /
                    1048576.0;
   res.budget_note = p.plan().budget_note;
-  if (clock_report) res.clock_note = clock_report->str();
+  res.clocks = clock_report;
   if (const std::optional<size_t> used = used_before ? cuda_device_used_bytes() : std::nullopt)
     res.device_mib = (static_cast<double>(*used) - static_cast<double>(*used_before)) / 1048576.0;
   res.tflops = p.plan().flops() / (res.ms * 1e-3) / 1e12;
@@ -317,7 +317,7 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
     }
     results.push_back(bench_one(w, o, dev, comm));
     if (report && !results.back().budget_note.empty()) std::printf("  %s\n", results.back().budget_note.c_str());
-    if (report && !results.back().clock_note.empty()) std::printf("  %s\n", results.back().clock_note.c_str());
+    if (report && results.back().clocks) std::printf("  %s\n", results.back().clocks->str().c_str());
   }
   if (!report) return 0;
   // MiB: what seam accounts for (its buffers, arena, workspaces); device MiB: what the
@@ -336,8 +336,8 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
     std::ofstream f(o.csv);
     if (!f) fail(o.csv, ": cannot write");
     f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
-         "tflops,gbps,gemm_ms,precision,memory_mib,device_memory_mib\n";
-    for (auto& r : results)
+         "tflops,gbps,gemm_ms,precision,memory_mib,device_memory_mib,sm_mhz,watts,power_capped\n";
+    for (auto& r : results) {
       f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
         << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
         << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
@@ -348,7 +348,14 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
         << (o.zero ? std::string("+zero1") : std::string()) << "," << r.device << "," << r.ms << "," << r.ms_min << ","
         << r.ms_max << "," << static_cast<double>(r.batch * ranks) / (r.ms * 1e-3) << "," << r.kernels
         << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << ","
-        << r.memory_mib << "," << r.device_mib << "\n";
+        << r.memory_mib << "," << r.device_mib;
+      // The clock the window ran at, so that a figure read later says whether the power
+      // cap bound it; empty where it could not be read (the CPU, no NVML).
+      if (r.clocks)
+        f << "," << r.clocks->sm_mhz_mean << "," << r.clocks->watts_mean << "," << r.clocks->power_capped << "\n";
+      else
+        f << ",,,\n";
+    }
   }
   return 0;
 }
