@@ -208,7 +208,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
   p.check();
   using Clock = std::chrono::steady_clock;
   std::optional<ClockWatch> clocks;
-  if (dev == Device::cuda) clocks.emplace();
+  if (dev == Device::cuda && (!comm || comm->rank() == 0)) clocks.emplace();  // rank 0 reports
   std::vector<double> per_step, host;
   for (int r = 0; r < o.repeats; ++r) {
     double in_run = 0;
