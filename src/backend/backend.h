@@ -123,5 +123,8 @@ bool cuda_available(std::string* why = nullptr);
 // The current GPU's memory in use by every process, as the driver counts it
 // (cudaMemGetInfo's total - free); nullopt without a CUDA build or GPU.
 std::optional<size_t> cuda_device_used_bytes();
+// The current CUDA device's PCI bus id ("0000:17:00.0", what NVML finds it by); nullopt
+// without a CUDA build or a GPU.
+std::optional<std::string> cuda_pci_bus_id();
 
 }  // namespace seam

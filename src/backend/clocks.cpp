@@ -8,12 +8,25 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "backend/backend.h"
+
 namespace seam {
+
+std::string ClockReport::str() const {
+  char b[256];
+  std::snprintf(b, sizeof b,
+                "the GPU in the timed steps: SM clock %.0f MHz (%.0f-%.0f), %.0f W (%.0f at most); held down "
+                "by the power cap in %.0f%% of %d samples, by heat or hardware slowdown in %.0f%%",
+                sm_mhz_mean, sm_mhz_min, sm_mhz_max, watts_mean, watts_max, 100 * power_capped, samples,
+                100 * thermal);
+  return b;
+}
 
 namespace {
 

@@ -5,7 +5,6 @@
 // library, is loaded when a watch starts; without a CUDA build, a GPU or NVML a watch
 // reports nothing.
 #pragma once
-#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,20 +19,9 @@ struct ClockReport {
   // software power cap, the hardware power brake), for heat or by the hardware's own
   // slowdown (thermal slowdowns, HW slowdown).
   double power_capped = 0, thermal = 0;
-  std::string str() const {
-    char b[256];
-    std::snprintf(b, sizeof b,
-                  "the GPU in the timed steps: SM clock %.0f MHz (%.0f-%.0f), %.0f W (%.0f at most); held down "
-                  "by the power cap in %.0f%% of %d samples, by heat or hardware slowdown in %.0f%%",
-                  sm_mhz_mean, sm_mhz_min, sm_mhz_max, watts_mean, watts_max, 100 * power_capped, samples,
-                  100 * thermal);
-    return b;
-  }
+  // One line: the clock, the power and the shares held down.
+  std::string str() const;
 };
-
-// The current CUDA device's PCI bus id (what NVML finds it by); nullopt without a CUDA
-// build or a GPU.
-std::optional<std::string> cuda_pci_bus_id();
 
 // Samples the current GPU every `period_ms` from construction until stop().
 class ClockWatch {

@@ -8,7 +8,6 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "backend/clocks.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/optim.h"
 #include "common/half.h"

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "backend/backend.h"
-#include "backend/clocks.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/storage.cuh"
 #include "backend/cuda/cuda.h"
