@@ -95,5 +95,20 @@ TEST(ClockWatch, SumsWhatNvmlReads) {
   EXPECT_FALSE(none.has_value());
 }
 
+// stop() ends the window when asked, not when the sampler's period runs out: a watch of
+// one sample a minute stops at once, with the sample it took on starting.
+TEST(ClockWatch, StopsWithoutWaitingOutItsPeriod) {
+  ASSERT_EQ(setenv("SEAM_NVML", SEAM_FAKE_NVML, 1), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ClockWatch w("0000:42:00.0", 60000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::optional<ClockReport> r = w.stop();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  unsetenv("SEAM_NVML");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->samples, 1);
+  EXPECT_LT(seconds, 30.0);
+}
+
 }  // namespace
 }  // namespace seam

@@ -6,10 +6,11 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -82,13 +83,24 @@ struct Sample {
 struct ClockWatch::Impl {
   Nvml nvml;
   NvmlDevice device = nullptr;
-  std::atomic<bool> done{false};
+  // The thread waits out its period on `wake`, so that stop() ends the window at once
+  // rather than after the sleep that is under way.
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool done = false;            // under mutex
   std::vector<Sample> samples;  // the thread's alone until it is joined
   std::thread thread;
 
-  ~Impl() {
-    done = true;
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+    }
+    wake.notify_one();
     if (thread.joinable()) thread.join();
+  }
+  ~Impl() {
+    finish();
     nvml.shutdown();
     dlclose(nvml.lib);
   }
@@ -113,13 +125,16 @@ void ClockWatch::start(const std::string& pci_bus_id, int period_ms) {
   impl_ = std::move(impl);
   Impl* s = impl_.get();
   s->thread = std::thread([s, period_ms] {
+    std::unique_lock<std::mutex> lock(s->mutex);
     while (!s->done) {
+      lock.unlock();
       Sample x{};
       if (s->nvml.clock(s->device, kNvmlClockSm, &x.mhz) == kNvmlSuccess &&
           s->nvml.power(s->device, &x.milliwatts) == kNvmlSuccess &&
           s->nvml.reasons(s->device, &x.reasons) == kNvmlSuccess)
         s->samples.push_back(x);
-      std::this_thread::sleep_for(std::chrono::milliseconds(period_ms));
+      lock.lock();
+      s->wake.wait_for(lock, std::chrono::milliseconds(period_ms), [s] { return s->done; });
     }
   });
 }
@@ -128,8 +143,7 @@ ClockWatch::~ClockWatch() = default;
 
 std::optional<ClockReport> ClockWatch::stop() {
   if (!impl_) return std::nullopt;
-  impl_->done = true;
-  impl_->thread.join();
+  impl_->finish();
   const std::vector<Sample> xs = std::move(impl_->samples);
   impl_.reset();
   if (xs.empty()) return std::nullopt;
