@@ -165,10 +165,11 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
     loss_id = cross_entropy(w.net(g, x), y).id();
   }
   const Var loss = g.var(loss_id);
-  // Rank 0 alone reads the driver's count: it runs on GPU 0, the device a process that has
-  // not chosen one yet asks (and would make a context on); the others stay off it.
-  const std::optional<size_t> used_before =
-      dev == Device::cuda && (!comm || comm->rank() == 0) ? cuda_device_used_bytes() : std::nullopt;
+  // Rank 0 alone reads the driver's count and the clock: it runs on GPU 0, the device a
+  // process that has not chosen one yet asks (and would make a context on); the others
+  // stay off it.
+  const bool reads_gpu = dev == Device::cuda && (!comm || comm->rank() == 0);
+  const std::optional<size_t> used_before = reads_gpu ? cuda_device_used_bytes() : std::nullopt;
   const EpiloguePolicy epilogue = parse_epilogue_policy(o.epilogue).value_or(EpiloguePolicy::fastest);
   const Precision precision = o.precision.value_or(w.precision);
   Model m(g, {.seed = 1,
@@ -208,7 +209,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
   p.check();
   using Clock = std::chrono::steady_clock;
   std::optional<ClockWatch> clocks;
-  if (dev == Device::cuda && (!comm || comm->rank() == 0)) clocks.emplace();  // rank 0 reports
+  if (reads_gpu) clocks.emplace();
   std::vector<double> per_step, host;
   for (int r = 0; r < o.repeats; ++r) {
     double in_run = 0;
