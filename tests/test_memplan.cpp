@@ -327,6 +327,49 @@ TEST(MemPlan, ContiguousSlicesAndConcatsAreViewsNotCopies) {
   EXPECT_NEAR(p.read_as<float>(loss.name())[0], want, 1e-4 * std::abs(want) + 1e-4);
 }
 
+// A concat of an in-place concat joins it: the inner one's inputs are written at their
+// offsets within the outer run, and neither concat copies; the inner value, an output
+// too, is read from its place inside the outer one.
+TEST(MemPlan, NestedConcatsAreWrittenInPlace) {
+  Graph g;
+  const int64_t rows = 96, cols = 8;  // 32 rows 1 KB
+  Var x = g.input("x", {rows, cols});
+  Var w = g.param("w", {rows, cols}, Init::uniform(-1, 1));
+  Var inner = concat({seam::tanh(slice(x, 0, 0, 32)), sigmoid(slice(x, 0, 32, 64))}, 0);
+  Var outer = concat({inner, seam::exp(slice(x, 0, 64, 96))}, 0);
+  Var loss = sum(mul(outer, w));
+  Model m(g, {.seed = 8});
+  Program p = m.compile({.loss = loss.id(), .gradients = true, .outputs = {outer.id(), inner.id()}});
+  const Plan& plan = p.plan();
+  EXPECT_EQ(seam::testing::count(plan, Op::concat), 0) << plan.str();
+  const BufferRef& out = plan.output(outer.name())->ref;
+  EXPECT_EQ(plan.output(inner.name())->ref.offset, out.offset) << plan.str();
+  int inside = 0;
+  for (const PlanStep& s : plan.steps) {
+    const size_t at = s.op == Op::tanh ? 0 : s.op == Op::sigmoid ? 1024 : 2048;
+    if (s.op != Op::tanh && s.op != Op::sigmoid && s.op != Op::exp) continue;
+    EXPECT_EQ(s.out[0].offset, out.offset + at) << plan.str();
+    ++inside;
+  }
+  EXPECT_EQ(inside, 3) << plan.str();
+  std::vector<float> xs = seam::testing::random_floats(static_cast<size_t>(rows * cols), 9);
+  p.set_input("x", std::span<const float>(xs));
+  p.run();
+  const auto y = p.read_as<float>(outer.name()), yi = p.read_as<float>(inner.name()), dw = p.grad_as<float>("w");
+  ASSERT_EQ(yi.size(), static_cast<size_t>(64 * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const auto k = static_cast<size_t>(i);
+    const double v = i < 32 * cols   ? std::tanh(double{xs[k]})
+                     : i < 64 * cols ? 1.0 / (1.0 + std::exp(-double{xs[k]}))
+                                     : std::exp(double{xs[k]});
+    EXPECT_NEAR(y[k], v, 1e-6 * std::max(1.0, std::abs(v))) << i;
+    EXPECT_NEAR(dw[k], v, 1e-6 * std::max(1.0, std::abs(v))) << i;
+    if (k < yi.size()) {
+      EXPECT_EQ(yi[k], y[k]) << i;
+    }
+  }
+}
+
 // Under bf16 a parameter's cast is its working copy, in the working copies' region, and
 // no step writes it: a concat of two such copies still copies them (written in place,
 // nothing would fill it) and holds their values.
