@@ -9,8 +9,28 @@
 #   tools/device/prepare.sh python    also the Python package's wheel with its CUDA backend,
 #                                     for the GPU machine's Python ($SEAM_DEVICE_PYTHON, a
 #                                     3.12 interpreter here: gpu-facts.md) -> .deps/py/
+#   tools/device/prepare.sh pack NAME the checked-out tree's seam and GPU tests alone, packed
+#                                     as .deps/packs/NAME.tar.xz (~17 MB) with its commit, for
+#                                     run.sh's `ab` step: check out each build to compare, pack
+#                                     it, and carry [".deps/packs"] (three fit the 64 MiB carry)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${1:-}" = pack ]; then
+  name=${2:?prepare.sh pack NAME}
+  build=build-gpu
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEAM_CUDA=ON -DSEAM_BLAS=OFF >/dev/null
+  cmake --build "$build" --target seam seam_gpu_tests
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/bin" .deps/packs
+  cp "$build/seam" "$build/tests/seam_gpu_tests" "$tmp/bin/"
+  strip "$tmp/bin/"*
+  tar -C "$tmp" -cJf ".deps/packs/$name.tar.xz" bin
+  rm -rf "$tmp"
+  { git rev-parse --short HEAD; git diff --quiet && git diff --cached --quiet || echo "+uncommitted"; } |
+    paste -sd ' ' > ".deps/packs/$name.commit"
+  du -sh ".deps/packs/$name.tar.xz" .deps/packs
+  exit 0
+fi
 tools/setup.sh
 if [ "${1:-}" = python ]; then
   py=${SEAM_DEVICE_PYTHON:-}

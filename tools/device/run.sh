@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after tools/device/prepare.sh here:
 #   tools/device/run.sh [tests] [sanitize] [train] [lm] [crash] [plan] [bench] [bench16] [w6] [numerics] [onnx]
-#                       [onnx_models] [python] [scale] ...
+#                       [onnx_models] [python] [scale] [ab] ...
 #   (default: tests train)
 # Writes a few logs under $OUT (or out/ when $OUT is unset; at most 8 files come back
 # from the GPU machine) and prints a short summary last.
@@ -259,6 +259,41 @@ for step in "${steps[@]}"; do
       } > "$out/scale.log" 2>&1
       note "scale: rc=$?"
       grep -E '^(W[0-9]|name|seam,|torch,)' "$out/scale.log" | grep -v '^framework' | tail -40
+      ;;
+    ab)
+      # Builds compared in alternation, the way docs/perf.md compares two figures (the same
+      # machine, one window, each build's rounds between the other's: the clock drifts with
+      # the GPU's temperature and power): every pack of prepare.sh's (.deps/packs/NAME.tar.xz)
+      # runs `seam bench` of SEAM_AB_WORK (default W6) with SEAM_AB_FLAGS in turn, for
+      # SEAM_AB_ROUNDS rounds (default 2), each build with a tuning cache of its own. With
+      # SEAM_AB_TESTS (a gtest filter), each build's GPU tests of it run first.
+      work=${SEAM_AB_WORK:-W6}
+      read -r -a flags <<< "${SEAM_AB_FLAGS:---streams 1 --steps 100 --repeats 3}"
+      packs=()
+      for p in .deps/packs/*.tar.xz; do [ -e "$p" ] && packs+=("$(basename "$p" .tar.xz)"); done
+      if [ ${#packs[@]} -eq 0 ]; then
+        note "ab: no packs in .deps/packs (tools/device/prepare.sh pack NAME)"
+        continue
+      fi
+      for n in "${packs[@]}"; do mkdir -p ".deps/ab/$n" && tar -C ".deps/ab/$n" -xJf ".deps/packs/$n.tar.xz"; done
+      {
+        if [ -n "${SEAM_AB_TESTS:-}" ]; then
+          for n in "${packs[@]}"; do
+            echo "### $n tests: $(".deps/ab/$n/bin/seam_gpu_tests" --gtest_filter="$SEAM_AB_TESTS" 2>&1 |
+              grep -E '^\[  (PASSED|FAILED)' | tr '\n' ' ')"
+          done
+        fi
+        for r in $(seq "${SEAM_AB_ROUNDS:-2}"); do
+          for n in "${packs[@]}"; do
+            echo "### $n round $r ($(cat ".deps/packs/$n.commit" 2>/dev/null))"
+            XDG_CACHE_HOME=$PWD/.cache-ab-$n ".deps/ab/$n/bin/seam" bench "$work" --device cuda "${flags[@]}"
+          done
+        done
+      } > "$out/ab.log" 2>&1
+      note "ab: rc=$?"
+      # Each round's table row and clock line, under its build's name.
+      awk '/^### /{what=$2" "$3" "$4; if ($3 == "tests:") print} /^name /{getline; print what": "$0}
+           /in the timed steps/{print what": "$0}' "$out/ab.log"
       ;;
     *)
       note "unknown step '$step'"
