@@ -28,7 +28,7 @@ if [ "${1:-}" = pack ]; then
   rm -rf "$tmp"
   { git rev-parse --short HEAD; git diff --quiet && git diff --cached --quiet || echo "+uncommitted"; } |
     paste -sd ' ' > ".deps/packs/$name.commit"
-  du -sh ".deps/packs/$name.tar.xz" .deps/packs
+  du -ch .deps/packs/*.tar.xz  # each pack, and the total to carry
   exit 0
 fi
 tools/setup.sh
