@@ -96,7 +96,8 @@ TEST(ClockWatch, SumsWhatNvmlReads) {
 }
 
 // stop() ends the window when asked, not when the sampler's period runs out: a watch of
-// one sample a minute stops at once, with the sample it took on starting.
+// one sample a minute stops at once, with the one sample it takes on starting (taken
+// even where stop() comes first).
 TEST(ClockWatch, StopsWithoutWaitingOutItsPeriod) {
   ASSERT_EQ(setenv("SEAM_NVML", SEAM_FAKE_NVML, 1), 0);
   const auto t0 = std::chrono::steady_clock::now();

@@ -124,9 +124,11 @@ void ClockWatch::start(const std::string& pci_bus_id, int period_ms) {
   if (impl->nvml.by_bus_id(pci_bus_id.c_str(), &impl->device) != kNvmlSuccess) return;  // ~Impl shuts NVML down
   impl_ = std::move(impl);
   Impl* s = impl_.get();
+  // A sample first, then one a period until stopped: a window stopped before the thread
+  // ran still has the one.
   s->thread = std::thread([s, period_ms] {
     std::unique_lock<std::mutex> lock(s->mutex);
-    while (!s->done) {
+    do {
       lock.unlock();
       Sample x{};
       if (s->nvml.clock(s->device, kNvmlClockSm, &x.mhz) == kNvmlSuccess &&
@@ -134,8 +136,7 @@ void ClockWatch::start(const std::string& pci_bus_id, int period_ms) {
           s->nvml.reasons(s->device, &x.reasons) == kNvmlSuccess)
         s->samples.push_back(x);
       lock.lock();
-      s->wake.wait_for(lock, std::chrono::milliseconds(period_ms), [s] { return s->done; });
-    }
+    } while (!s->wake.wait_for(lock, std::chrono::milliseconds(period_ms), [s] { return s->done; }));
   });
 }
 
