@@ -8,10 +8,13 @@ namespace seam {
 
 namespace {
 
-bool any_overlap(const std::vector<BufferRef>& a, const std::vector<BufferRef>& b) {
-  for (const BufferRef& x : a)
-    for (const BufferRef& y : b)
-      if (x.overlaps(y)) return true;
+// The steps' buffers by address (the plan outlives the call): no copy of their types.
+using Refs = std::vector<const BufferRef*>;
+
+bool any_overlap(const Refs& a, const Refs& b) {
+  for (const BufferRef* x : a)
+    for (const BufferRef* y : b)
+      if (x->overlaps(*y)) return true;
   return false;
 }
 
@@ -19,15 +22,15 @@ bool any_overlap(const std::vector<BufferRef>& a, const std::vector<BufferRef>& 
 
 std::vector<std::vector<int>> step_dependencies(const Plan& plan) {
   const size_t n = plan.steps.size();
-  std::vector<std::vector<BufferRef>> reads(n), writes(n);
+  std::vector<Refs> reads(n), writes(n);
   for (size_t i = 0; i < n; ++i) {
     const PlanStep& s = plan.steps[i];
     for (const BufferRef& b : s.in) {
-      reads[i].push_back(b);
+      reads[i].push_back(&b);
       // Inputs in the state region are updated in place (running statistics, metrics).
-      if (b.region == Region::state) writes[i].push_back(b);
+      if (b.region == Region::state) writes[i].push_back(&b);
     }
-    writes[i].insert(writes[i].end(), s.out.begin(), s.out.end());
+    for (const BufferRef& b : s.out) writes[i].push_back(&b);
   }
   std::vector<std::vector<int>> deps(n);
   for (size_t j = 0; j < n; ++j)
