@@ -1,14 +1,17 @@
 // The summary of a device trace (seam bench --trace) on spans whose busy time, idle time
-// and overlap are known by construction; the GPU clock report of the timed steps.
+// and overlap are known by construction; the GPU clock report of the timed steps, and
+// the bench CSV's columns that carry it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "backend/backend.h"
 #include "backend/clocks.h"
+#include "bench/bench.h"
 #include "bench/trace_report.h"
 
 namespace seam {
@@ -55,6 +58,33 @@ TEST(ClockReport, SaysTheClockThePowerAndWhatHeldItDown) {
   EXPECT_EQ(r.str(),
             "the GPU in the timed steps: SM clock 1755 MHz (1605-1980), 688 W (702 at most); held down by the power "
             "cap in 88% of 40 samples, by heat or hardware slowdown in 0%");
+}
+
+// The bench CSV carries the window's clock where it was read (a GPU with NVML) and leaves
+// its three columns empty where it was not; the variant names the options off their
+// defaults and the rate counts every rank's batch.
+TEST(BenchCsv, CarriesTheWindowsClockWhereItWasRead) {
+  bench::BenchResult read{"W6", "cuda", "bf16", true, 16, 28.25, 28.2, 28.3, 1352.5, 468.8, 1353.9, -1, 378};
+  read.memory_mib = 8628.5, read.device_mib = 8744;
+  ClockReport c;
+  c.samples = 40, c.sm_mhz_mean = 1754.5, c.watts_mean = 688.25, c.power_capped = 0.875;
+  read.clocks = c;
+  bench::BenchResult unread = read;
+  unread.name = "W1", unread.device = "cpu", unread.clocks.reset(), unread.device_mib = -1;
+  bench::BenchOptions o;
+  o.streams = 1;
+  std::ostringstream out;
+  bench::write_csv(out, {read, unread}, o, 2);
+  std::istringstream lines(out.str());
+  std::string header, first, second, extra;
+  ASSERT_TRUE(std::getline(lines, header) && std::getline(lines, first) && std::getline(lines, second));
+  EXPECT_FALSE(std::getline(lines, extra)) << out.str();
+  EXPECT_TRUE(header.ends_with(",device_memory_mib,sm_mhz,watts,power_capped")) << header;
+  EXPECT_TRUE(first.starts_with("seam,W6,graph+streams1+ranks2,cuda,28.25,28.2,28.3,")) << first;
+  EXPECT_NE(first.find(",1132.74,378,1352.5,"), std::string::npos) << first;  // 32 rows in 28.25 ms
+  EXPECT_TRUE(first.ends_with(",bf16,8628.5,8744,1754.5,688.25,0.875")) << first;
+  EXPECT_TRUE(second.starts_with("seam,W1,graph+streams1+ranks2,cpu,")) << second;
+  EXPECT_TRUE(second.ends_with(",8628.5,-1,,,")) << second;
 }
 
 // Without a GPU a watch reads nothing and says so by reporting nothing (the GPU suite's

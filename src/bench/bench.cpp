@@ -134,23 +134,9 @@ double step_bytes(const Plan& p) {
   return b;
 }
 
-struct Result {
-  std::string name, device, precision;
-  bool graph;
-  int64_t batch;
-  double ms, ms_min, ms_max, host_us, tflops, gbps, gemm_ms = -1;
-  int kernels;
-  double memory_mib = 0;  // the model's buffers, the arena and the steps' workspaces and scratch
-  std::string budget_note;  // Plan::budget_note
-  std::optional<ClockReport> clocks;  // the GPU in the timed steps, where its clock could be read
-  // The GPU's memory in use after the timed steps less before the model was made, as the
-  // driver counts it (libraries' handles and the allocator's pool included); -1 on the CPU.
-  double device_mib = -1;
-};
-
 // `comm`: the ranks this process benches with (each on its own batch share and GPU), or
 // null for one process alone.
-Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std::shared_ptr<dist::Comm>& comm) {
+BenchResult bench_one(const Workload& w, const BenchOptions& o, Device dev, const std::shared_ptr<dist::Comm>& comm) {
   Graph g;
   ValueId loss_id = -1;
   std::vector<PrecisionOverride> overrides;
@@ -231,7 +217,7 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
   std::vector<double> sorted = per_step;
   std::sort(sorted.begin(), sorted.end());
   std::sort(host.begin(), host.end());
-  Result res{w.name, device_name(dev), precision_name(precision), o.graph && dev == Device::cuda, w.batch, sorted[sorted.size() / 2], sorted.front(),
+  BenchResult res{w.name, device_name(dev), precision_name(precision), o.graph && dev == Device::cuda, w.batch, sorted[sorted.size() / 2], sorted.front(),
              sorted.back(), host[host.size() / 2], 0, 0, -1, p.executable().stats().kernels};
   res.memory_mib = static_cast<double>(m.device_bytes() + p.plan().arena_bytes + p.executable().stats().device_bytes) /
                    1048576.0;
@@ -284,6 +270,30 @@ Result bench_one(const Workload& w, const BenchOptions& o, Device dev, const std
 
 }  // namespace
 
+void write_csv(std::ostream& f, const std::vector<BenchResult>& results, const BenchOptions& o, int ranks) {
+  f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
+       "tflops,gbps,gemm_ms,precision,memory_mib,device_memory_mib,sm_mhz,watts,power_capped\n";
+  for (auto& r : results) {
+    f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
+      << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
+      << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
+      << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string())
+      << (o.master_weights ? std::string() : std::string("+no-masters"))
+      << (o.deterministic ? std::string("+deterministic") : std::string())
+      << (ranks > 1 ? "+ranks" + std::to_string(ranks) : o.one_rank ? std::string("+one-rank") : std::string())
+      << (o.zero ? std::string("+zero1") : std::string()) << "," << r.device << "," << r.ms << "," << r.ms_min << ","
+      << r.ms_max << "," << static_cast<double>(r.batch * ranks) / (r.ms * 1e-3) << "," << r.kernels << ","
+      << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << ","
+      << r.memory_mib << "," << r.device_mib;
+    // The clock the window ran at, so that a figure read later says whether the power
+    // cap bound it; empty where it could not be read (the CPU, no NVML).
+    if (r.clocks)
+      f << "," << r.clocks->sm_mhz_mean << "," << r.clocks->watts_mean << "," << r.clocks->power_capped << "\n";
+    else
+      f << ",,,\n";
+  }
+}
+
 io::ModelSpec resnet18_spec() { return io::parse_model_json(kResnet18Json, kResnet18Name); }
 io::ModelSpec gpt2_spec() { return io::parse_model_json(kGpt2Json, kGpt2Name); }
 
@@ -297,7 +307,7 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
     fail("--breakdown, --explain and --trace time steps on one rank alone, which a step summed over ", ranks,
          " ranks cannot do: run them without --nproc");
   Device dev = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : default_device();
-  std::vector<Result> results;
+  std::vector<BenchResult> results;
   std::vector<Workload> chosen;
   for (const std::string& name : o.workloads) {
     std::vector<Workload> builtin = workloads();
@@ -336,27 +346,7 @@ int bench_on_rank(const BenchOptions& o, const std::shared_ptr<dist::Comm>& comm
   if (!o.csv.empty()) {
     std::ofstream f(o.csv);
     if (!f) fail(o.csv, ": cannot write");
-    f << "framework,workload,variant,device,ms_per_step,ms_min,ms_max,samples_per_s,kernels_per_step,host_us_per_step,"
-         "tflops,gbps,gemm_ms,precision,memory_mib,device_memory_mib,sm_mhz,watts,power_capped\n";
-    for (auto& r : results) {
-      f << "seam," << r.name << "," << (r.graph ? "graph" : "eager") << (o.upload ? "+upload" : "")
-        << (o.epilogue != "fastest" ? "+" + o.epilogue : std::string())
-        << (o.streams != 4 ? "+streams" + std::to_string(o.streams) : std::string())
-        << (o.fusion != "all" ? "+fusion-" + o.fusion : std::string())
-        << (o.master_weights ? std::string() : std::string("+no-masters"))
-        << (o.deterministic ? std::string("+deterministic") : std::string())
-        << (ranks > 1 ? "+ranks" + std::to_string(ranks) : o.one_rank ? std::string("+one-rank") : std::string())
-        << (o.zero ? std::string("+zero1") : std::string()) << "," << r.device << "," << r.ms << "," << r.ms_min << ","
-        << r.ms_max << "," << static_cast<double>(r.batch * ranks) / (r.ms * 1e-3) << "," << r.kernels
-        << "," << r.host_us << "," << r.tflops << "," << r.gbps << "," << r.gemm_ms << "," << r.precision << ","
-        << r.memory_mib << "," << r.device_mib;
-      // The clock the window ran at, so that a figure read later says whether the power
-      // cap bound it; empty where it could not be read (the CPU, no NVML).
-      if (r.clocks)
-        f << "," << r.clocks->sm_mhz_mean << "," << r.clocks->watts_mean << "," << r.clocks->power_capped << "\n";
-      else
-        f << ",,,\n";
-    }
+    write_csv(f, results, o, ranks);
   }
   return 0;
 }

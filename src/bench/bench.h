@@ -4,9 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
+#include "backend/clocks.h"
 #include "io/model_file.h"
 #include "seam/model.h"
 
@@ -47,6 +49,26 @@ struct BenchOptions {
 };
 
 int run_bench(const BenchOptions& o);
+
+// One workload's figures from `seam bench`.
+struct BenchResult {
+  std::string name, device, precision;
+  bool graph;
+  int64_t batch;
+  double ms, ms_min, ms_max, host_us, tflops, gbps, gemm_ms = -1;
+  int kernels;
+  double memory_mib = 0;  // the model's buffers, the arena and the steps' workspaces and scratch
+  std::string budget_note;  // Plan::budget_note
+  std::optional<ClockReport> clocks;  // the GPU in the timed steps, where its clock could be read
+  // The GPU's memory in use after the timed steps less before the model was made, as the
+  // driver counts it (libraries' handles and the allocator's pool included); -1 on the CPU.
+  double device_mib = -1;
+};
+
+// The results as `--csv` writes them (bench/report.py's columns): a header and a row a
+// result, each row's variant naming the options that differ from the defaults; `ranks`
+// benched together, each on its own batch.
+void write_csv(std::ostream& out, const std::vector<BenchResult>& results, const BenchOptions& o, int ranks);
 
 // W5's and W6's models: examples/resnet18_cifar.json and gpt2_124m.json as built into the
 // binary.
