@@ -217,8 +217,9 @@ BenchResult bench_one(const Workload& w, const BenchOptions& o, Device dev, cons
   std::vector<double> sorted = per_step;
   std::sort(sorted.begin(), sorted.end());
   std::sort(host.begin(), host.end());
-  BenchResult res{w.name, device_name(dev), precision_name(precision), o.graph && dev == Device::cuda, w.batch, sorted[sorted.size() / 2], sorted.front(),
-             sorted.back(), host[host.size() / 2], 0, 0, -1, p.executable().stats().kernels};
+  BenchResult res{w.name, device_name(dev), precision_name(precision), o.graph && dev == Device::cuda, w.batch,
+                  sorted[sorted.size() / 2], sorted.front(), sorted.back(), host[host.size() / 2], 0, 0, -1,
+                  p.executable().stats().kernels};
   res.memory_mib = static_cast<double>(m.device_bytes() + p.plan().arena_bytes + p.executable().stats().device_bytes) /
                    1048576.0;
   res.budget_note = p.plan().budget_note;

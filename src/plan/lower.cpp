@@ -102,7 +102,6 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
   std::vector<bool> aliased(static_cast<size_t>(nn), false);  // a view: no step
   std::vector<int> producer(nv, -1);
   std::vector<int> joined;  // concats written in place, in graph order
-  std::vector<bool> is_joined(static_cast<size_t>(nn), false);
   std::vector<bool> is_grad(nv, false);
   for (auto& [v, slot] : req.grads) is_grad[static_cast<size_t>(v)] = true;
   for (int k = 0; k < nn; ++k)
@@ -134,9 +133,10 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
       for (size_t i = 0; i < n.in.size() && in_place; ++i) {
         const auto v = static_cast<size_t>(n.in[i]);
         const int p = producer[v];
-        // An input that is itself a concat written in place joins this one too: its
-        // inputs land at their offsets within its run.
-        const bool written = p >= 0 && (!aliased[static_cast<size_t>(p)] || is_joined[static_cast<size_t>(p)]);
+        // An input that is itself a concat written in place (the only concat a view)
+        // joins this one too: its inputs land at their offsets within its run.
+        const bool written =
+            p >= 0 && (!aliased[static_cast<size_t>(p)] || g.node(p).op == Op::concat);
         in_place = g.value(n.in[i]).kind == ValueKind::intermediate && !is_grad[v] && parent[v] == n.in[i] && written &&
                    !g.node(p).in.empty() && op_def(g.node(p).op).view_of < 0 && !working_cast[static_cast<size_t>(p)] &&
                    offset % kAlign == 0 && std::count(n.in.begin(), n.in.end(), n.in[i]) == 1;
@@ -149,7 +149,6 @@ Plan lower(const Graph& g, const Layout& layout, const LowerRequest& req) {
           parent_offset[static_cast<size_t>(n.in[i])] = at[i];
         }
         aliased[static_cast<size_t>(k)] = true;
-        is_joined[static_cast<size_t>(k)] = true;
         joined.push_back(k);
       }
     }
